@@ -1,0 +1,42 @@
+package reqlock
+
+import (
+	"context"
+	"time"
+)
+
+// Store is the shared backend that holds locks. Implementations must be safe
+// for concurrent use. The stores/storetest package holds the conformance
+// suite every Store must pass.
+//
+// Keys and tokens arrive as given: the Locker has already applied its key
+// prefix. A Store returns ErrNotHeld from Release and Refresh when the key
+// does not hold the token; any other error is a store failure, which the
+// Locker wraps with ErrStore.
+type Store interface {
+	// Acquire sets key to token with the given TTL only if key is absent,
+	// and in the same atomic step issues a fencing token for the grant.
+	// A held key is not an error: it returns a Grant with OK false.
+	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
+
+	// Release deletes key if it still holds token, else returns ErrNotHeld.
+	Release(ctx context.Context, key, token string) error
+
+	// Refresh resets the TTL of key if it still holds token, else returns
+	// ErrNotHeld.
+	Refresh(ctx context.Context, key, token string, ttl time.Duration) error
+}
+
+// Grant is the outcome of one Store.Acquire attempt.
+type Grant struct {
+	// OK reports whether the lock was granted.
+	OK bool
+
+	// Fence is the fencing token of the grant: larger than every fence
+	// issued for the same key before. Zero when OK is false.
+	Fence int64
+
+	// HolderTTL is the remaining TTL of the current holder when OK is
+	// false, or zero when the store does not know it.
+	HolderTTL time.Duration
+}
