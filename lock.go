@@ -129,3 +129,10 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 	lock, ok := ctx.Value(lockContextKey{}).(*Lock)
 	return lock, ok && lock != nil
 }
+
+// Released reports whether Release was called on the lock.
+func (l *Lock) Released() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.released
+}

@@ -91,14 +91,15 @@ func (l *Locker) Logger() *slog.Logger { return l.logger }
 // With wait zero it tries once. Otherwise it retries with exponential backoff
 // and jitter, sleeping on a timer between attempts (never longer than the
 // holder's remaining TTL), until the lock is granted, wait has passed, or ctx
-// ends, whichever comes first.
+// ends, whichever comes first. Each store call is bounded by the same
+// deadline, so a stalled store cannot hold the caller past its wait.
 //
 // Errors:
 //   - ErrHeld: tried once and the key is held by another owner;
-//   - ErrWaitEnded joined with ctx's error (and with ErrHeld when an attempt
-//     saw the key held): the wait limit or ctx ended first;
+//   - ErrWaitEnded joined with ctx's error, and with ErrHeld when an attempt
+//     saw the key held (without ErrHeld, the store never answered in time);
 //   - ErrStore: the store failed; Obtain does not retry store failures;
-//   - ErrInvalid: empty key or non-positive TTL.
+//   - ErrInvalid: empty key, non-positive TTL or negative wait.
 //
 // When ctx ends while the store may already have granted the lock, Obtain
 // releases that grant before it returns, so nothing is left until its TTL.
@@ -116,51 +117,42 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 	}
 	storeKey := l.prefix + key
 	token := newToken()
-	start := time.Now()
-
-	// The first attempt runs on the caller's context: an uncontended lock
-	// costs no timer and no derived context.
-	attemptStart := start
-	grant, err := l.store.Acquire(ctx, storeKey, token, ttl)
-	if grant.OK && err == nil && ctx.Err() == nil {
-		return l.newLock(key, storeKey, token, grant.Fence, ttl, attemptStart), nil
-	}
-	if err == nil && !grant.OK && wait == 0 {
-		return nil, ErrHeld
-	}
-
-	waitCtx, cancel := ctx, context.CancelFunc(func() {})
 	if wait > 0 {
-		waitCtx, cancel = context.WithDeadline(ctx, start.Add(wait))
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
 	}
-	defer cancel()
 
 	var (
 		schedule *backoffSchedule
 		sawHeld  bool
 	)
 	for {
-		if err != nil || grant.OK {
-			if cerr := waitCtx.Err(); cerr != nil {
-				// The store may have granted the lock after we stopped
-				// listening: release it rather than leave it to its TTL.
+		attemptStart := time.Now()
+		grant, err := l.store.Acquire(ctx, storeKey, token, ttl)
+		if cerr := ctx.Err(); cerr != nil {
+			// The store may have granted the lock after we stopped
+			// listening: release it rather than leave it to its TTL.
+			if err != nil || grant.OK {
 				l.releaseAbandoned(storeKey, token)
-				return nil, waitEnded(sawHeld, cerr)
 			}
-			if err != nil {
-				return nil, wrapStoreError(err)
-			}
+			return nil, waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
+		}
+		switch {
+		case err != nil:
+			return nil, wrapStoreError(err)
+		case grant.OK:
 			return l.newLock(key, storeKey, token, grant.Fence, ttl, attemptStart), nil
+		case wait == 0:
+			return nil, ErrHeld
 		}
 		sawHeld = true
 		if schedule == nil {
 			schedule = newBackoffSchedule(l.backoff)
 		}
-		if !schedule.sleep(waitCtx, grant.HolderTTL) {
-			return nil, waitEnded(sawHeld, waitCtx.Err())
+		if !schedule.sleep(ctx, grant.HolderTTL) {
+			return nil, waitEnded(true, ctx.Err())
 		}
-		attemptStart = time.Now()
-		grant, err = l.store.Acquire(waitCtx, storeKey, token, ttl)
 	}
 }
 
