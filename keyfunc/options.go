@@ -1,0 +1,50 @@
+package keyfunc
+
+import "fmt"
+
+// Defaults of a Template, written in one place.
+const (
+	// DefaultMaxBodyBytes bounds the body read for json and form
+	// placeholders: 1 MiB.
+	DefaultMaxBodyBytes = 1 << 20
+	// DefaultMaxValueLen is the escaped length above which a value is
+	// replaced by its hash.
+	DefaultMaxValueLen = 64
+
+	// minMaxValueLen is the smallest MaxValueLen an option may set.
+	minMaxValueLen = 16
+)
+
+// Option configures a Template at Parse.
+type Option func(*options)
+
+type options struct {
+	maxBodyBytes int64
+	maxValueLen  int
+}
+
+func defaultOptions() options {
+	return options{maxBodyBytes: DefaultMaxBodyBytes, maxValueLen: DefaultMaxValueLen}
+}
+
+// WithMaxBodyBytes bounds the request body read for json and form
+// placeholders; a longer body makes Key fail with ErrBodyTooLarge. n must be
+// greater than 0, else Parse returns an error wrapping ErrSyntax. Default
+// DefaultMaxBodyBytes (1 MiB).
+func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBodyBytes = n } }
+
+// WithMaxValueLen sets the escaped length above which a value is replaced by
+// "#" and the hex of a hash of the raw value, which bounds the key's length.
+// n must be at least 16, else Parse returns an error wrapping ErrSyntax.
+// Default DefaultMaxValueLen (64).
+func WithMaxValueLen(n int) Option { return func(o *options) { o.maxValueLen = n } }
+
+func (o options) validate() error {
+	if o.maxBodyBytes <= 0 {
+		return fmt.Errorf("%w: option WithMaxBodyBytes(%d): must be greater than 0", ErrSyntax, o.maxBodyBytes)
+	}
+	if o.maxValueLen < minMaxValueLen {
+		return fmt.Errorf("%w: option WithMaxValueLen(%d): must be at least %d", ErrSyntax, o.maxValueLen, minMaxValueLen)
+	}
+	return nil
+}

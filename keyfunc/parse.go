@@ -1,0 +1,292 @@
+package keyfunc
+
+import (
+	"fmt"
+	"net/textproto"
+	"strings"
+)
+
+// MaxTemplateLen is the longest template Parse accepts, in bytes.
+const MaxTemplateLen = 512
+
+// source is where a placeholder's value comes from.
+type source uint8
+
+const (
+	srcPath source = iota
+	srcQuery
+	srcHeader
+	srcForm
+	srcJSON
+	srcCtx
+)
+
+var sourceNames = [...]string{
+	srcPath:   "path",
+	srcQuery:  "query",
+	srcHeader: "header",
+	srcForm:   "form",
+	srcJSON:   "json",
+	srcCtx:    "ctx",
+}
+
+const validSources = "want path, query, header, form, json or ctx"
+
+func (s source) String() string { return sourceNames[s] }
+
+// stepKind is the kind of one step of a json path. Only object fields exist
+// today; an array step such as the "[*]" of items[*].sku would be a new kind.
+type stepKind uint8
+
+const stepField stepKind = iota
+
+// jsonStep is one step of a json placeholder's path.
+type jsonStep struct {
+	kind  stepKind
+	field string
+}
+
+// placeholder is one parsed <source:name>.
+type placeholder struct {
+	src  source
+	name string     // header names are canonical
+	path []jsonStep // json only
+	text string     // as written, such as "<json:sku>"
+}
+
+// part is a literal or a placeholder.
+type part struct {
+	literal string
+	ph      *placeholder
+}
+
+// Template is a parsed key template. It is immutable and safe for concurrent
+// use. Create it with Parse or MustParse; a zero Template renders no key.
+type Template struct {
+	raw          string
+	parts        []part
+	literalLen   int
+	holes        int
+	needsBody    bool
+	maxBodyBytes int64
+	maxValueLen  int
+}
+
+// Parse parses a key template; see the package documentation for the
+// grammar. Options default to DefaultMaxBodyBytes and DefaultMaxValueLen.
+// Every error wraps ErrSyntax and names the problem and its byte offset, or
+// the invalid option.
+func Parse(template string, opts ...Option) (*Template, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	t := &Template{raw: template, maxBodyBytes: o.maxBodyBytes, maxValueLen: o.maxValueLen}
+	if err := t.parse(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// MustParse is like Parse but panics when Parse returns an error. Use it at
+// start-up only.
+func MustParse(template string, opts ...Option) *Template {
+	t, err := Parse(template, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// String returns the template as written.
+func (t *Template) String() string {
+	if t == nil {
+		return ""
+	}
+	return t.raw
+}
+
+// NeedsBody reports whether the template reads the request body, that is
+// whether it has json or form placeholders.
+func (t *Template) NeedsBody() bool { return t != nil && t.needsBody }
+
+func (t *Template) parse() error {
+	s := t.raw
+	if s == "" {
+		return t.errAt(0, "empty template", "")
+	}
+	if len(s) > MaxTemplateLen {
+		return fmt.Errorf("%w: template is %d bytes, longer than the %d-byte limit at offset %d",
+			ErrSyntax, len(s), MaxTemplateLen, MaxTemplateLen)
+	}
+	placeholderEnd := -1 // offset just after the last placeholder
+	for i := 0; i < len(s); {
+		switch c := s[i]; c {
+		case '<':
+			if i == placeholderEnd {
+				return t.errAt(i, "adjacent placeholders", "separate them with a literal")
+			}
+			end := i + 1
+			for end < len(s) && s[end] != '>' && s[end] != '<' {
+				end++
+			}
+			if end == len(s) || s[end] == '<' {
+				return t.errAt(i, "unclosed placeholder", "")
+			}
+			if end == i+1 {
+				return t.errAt(i, "empty placeholder", "")
+			}
+			ph, err := t.parsePlaceholder(i, end)
+			if err != nil {
+				return err
+			}
+			t.parts = append(t.parts, part{ph: ph})
+			t.holes++
+			t.needsBody = t.needsBody || ph.src == srcJSON || ph.src == srcForm
+			i = end + 1
+			placeholderEnd = i
+		case '>':
+			return t.errAt(i, "stray '>'", "")
+		default:
+			start := i
+			for i < len(s) && s[i] != '<' && s[i] != '>' {
+				if !isLiteralByte(s[i]) {
+					return t.errAt(i, "invalid character "+quoteByte(s[i])+" in literal", "")
+				}
+				i++
+			}
+			t.parts = append(t.parts, part{literal: s[start:i]})
+			t.literalLen += i - start
+		}
+	}
+	return nil
+}
+
+// parsePlaceholder parses s[open:close], where s[open] is '<' and s[close]
+// is '>'.
+func (t *Template) parsePlaceholder(open, close int) (*placeholder, error) {
+	body := t.raw[open+1 : close]
+	ph := &placeholder{src: srcPath, name: body, text: t.raw[open : close+1]}
+	nameOff := open + 1
+	if colon := strings.IndexByte(body, ':'); colon >= 0 {
+		src, ok := lookupSource(body[:colon])
+		if !ok {
+			if colon == 0 {
+				return nil, t.errAt(open+1, "empty source", validSources)
+			}
+			return nil, t.errAt(open+1, fmt.Sprintf("unknown source %q", body[:colon]), validSources)
+		}
+		ph.src, ph.name = src, body[colon+1:]
+		nameOff += colon + 1
+	}
+	if ph.name == "" {
+		return nil, t.errAt(nameOff, "empty "+ph.src.String()+" name", "")
+	}
+	var bad int // offset in name of the first invalid byte, or -1
+	switch ph.src {
+	case srcPath:
+		if isDigit(ph.name[0]) {
+			return nil, t.errAt(nameOff, "path name starts with a digit", "")
+		}
+		bad = invalidIndex(ph.name, isPathNameByte)
+	case srcHeader:
+		bad = invalidIndex(ph.name, isTokenByte)
+		ph.name = textproto.CanonicalMIMEHeaderKey(ph.name)
+	case srcJSON:
+		return ph, t.parseJSONPath(ph, nameOff)
+	default: // query, form, ctx
+		bad = invalidIndex(ph.name, isNameByte)
+	}
+	if bad >= 0 {
+		c := t.raw[nameOff+bad]
+		return nil, t.errAt(nameOff+bad, "invalid character "+quoteByte(c)+" in "+ph.src.String()+" name", "")
+	}
+	return ph, nil
+}
+
+// parseJSONPath splits ph.name, which starts at offset off, into steps.
+func (t *Template) parseJSONPath(ph *placeholder, off int) error {
+	name := ph.name
+	start := 0
+	for i := 0; i <= len(name); i++ {
+		if i < len(name) && name[i] != '.' {
+			if c := name[i]; !isJSONFieldByte(c) {
+				hint := ""
+				if c == '[' || c == ']' {
+					hint = "arrays are not supported"
+				}
+				return t.errAt(off+i, "invalid character "+quoteByte(c)+" in json path", hint)
+			}
+			continue
+		}
+		if i == start {
+			return t.errAt(off+i, "empty segment in json path", "")
+		}
+		ph.path = append(ph.path, jsonStep{kind: stepField, field: name[start:i]})
+		start = i + 1
+	}
+	return nil
+}
+
+// errAt returns a syntax error for the problem at byte offset off, with an
+// optional hint in parentheses.
+func (t *Template) errAt(off int, problem, hint string) error {
+	if hint != "" {
+		return fmt.Errorf("%w: %q: %s at offset %d (%s)", ErrSyntax, t.raw, problem, off, hint)
+	}
+	return fmt.Errorf("%w: %q: %s at offset %d", ErrSyntax, t.raw, problem, off)
+}
+
+func lookupSource(s string) (source, bool) {
+	for i, n := range sourceNames {
+		if n == s {
+			return source(i), true
+		}
+	}
+	return 0, false
+}
+
+// quoteByte renders c for an error message: 'x' when printable ASCII, else
+// its hex value.
+func quoteByte(c byte) string {
+	if c >= 0x20 && c < 0x7f {
+		return fmt.Sprintf("%q", rune(c))
+	}
+	return fmt.Sprintf("byte 0x%02X", c)
+}
+
+func invalidIndex(s string, valid func(byte) bool) int {
+	for i := 0; i < len(s); i++ {
+		if !valid(s[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+func isLetter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
+
+// isLiteralByte reports whether c may appear in a literal: printable ASCII
+// except '<', '>' and space.
+func isLiteralByte(c byte) bool { return c > ' ' && c < 0x7f && c != '<' && c != '>' }
+
+// isNameByte reports whether c may appear in a query, form or ctx name.
+func isNameByte(c byte) bool { return isLiteralByte(c) }
+
+func isPathNameByte(c byte) bool { return isLetter(c) || isDigit(c) || c == '_' }
+
+// isTokenByte reports whether c is an RFC 7230 tchar.
+func isTokenByte(c byte) bool {
+	return isLetter(c) || isDigit(c) || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+func isJSONFieldByte(c byte) bool {
+	return isLiteralByte(c) && c != '.' && c != '[' && c != ']'
+}

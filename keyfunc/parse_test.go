@@ -1,0 +1,200 @@
+package keyfunc
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseValid(t *testing.T) {
+	tests := []struct {
+		template  string
+		needsBody bool
+		want      []part // literal parts, or placeholders by source, name and path
+	}{
+		{"sku:<id>", false, []part{lit("sku:"), ph(srcPath, "id", "<id>")}},
+		{"sku:<path:id>", false, []part{lit("sku:"), ph(srcPath, "id", "<path:id>")}},
+		{"<_Id9>", false, []part{ph(srcPath, "_Id9", "<_Id9>")}},
+		{"global", false, []part{lit("global")}},
+		{"{cart}:<query:cart_id>", false, []part{lit("{cart}:"), ph(srcQuery, "cart_id", "<query:cart_id>")}},
+		{"q:<query:a:b[0]!>", false, []part{lit("q:"), ph(srcQuery, "a:b[0]!", "<query:a:b[0]!>")}},
+		{"t:<header:x-tenant-id>", false, []part{lit("t:"), ph(srcHeader, "X-Tenant-Id", "<header:x-tenant-id>")}},
+		{"t:<header:X_Odd!#$%&'*+-.^_`|~1>", false, []part{lit("t:"), ph(srcHeader, "X_odd!#$%&'*+-.^_`|~1", "<header:X_Odd!#$%&'*+-.^_`|~1>")}},
+		{"f:<form:sku>", true, []part{lit("f:"), ph(srcForm, "sku", "<form:sku>")}},
+		{"j:<json:sku>", true, []part{lit("j:"), jph("<json:sku>", "sku")}},
+		{"j:<json:order.item.sku>:x", true, []part{lit("j:"), jph("<json:order.item.sku>", "order", "item", "sku"), lit(":x")}},
+		{"j:<json:a-b~c:d>", true, []part{lit("j:"), jph("<json:a-b~c:d>", "a-b~c:d")}},
+		{"u:<ctx:user.id>", false, []part{lit("u:"), ph(srcCtx, "user.id", "<ctx:user.id>")}},
+		{"<a>:<b>", false, []part{ph(srcPath, "a", "<a>"), lit(":"), ph(srcPath, "b", "<b>")}},
+		{"!#$%&'()*+,-./09:;=?@AZ[\\]^_`az{|}~", false, []part{lit("!#$%&'()*+,-./09:;=?@AZ[\\]^_`az{|}~")}},
+		{strings.Repeat("a", 512), false, []part{lit(strings.Repeat("a", 512))}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.template, func(t *testing.T) {
+			tmpl, err := Parse(tt.template)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if got := tmpl.String(); got != tt.template {
+				t.Errorf("String() = %q, want %q", got, tt.template)
+			}
+			if got := tmpl.NeedsBody(); got != tt.needsBody {
+				t.Errorf("NeedsBody() = %v, want %v", got, tt.needsBody)
+			}
+			if !reflect.DeepEqual(tmpl.parts, tt.want) {
+				t.Errorf("parts = %s, want %s", dumpParts(tmpl.parts), dumpParts(tt.want))
+			}
+		})
+	}
+}
+
+func TestParseInvalid(t *testing.T) {
+	long := strings.Repeat("a", 513)
+	tests := []struct {
+		template string
+		want     string
+	}{
+		{"", `keyfunc: invalid template: "": empty template at offset 0`},
+		{long, `keyfunc: invalid template: template is 513 bytes, longer than the 512-byte limit at offset 512`},
+		{"sku:<id", `keyfunc: invalid template: "sku:<id": unclosed placeholder at offset 4`},
+		{"sku:<", `keyfunc: invalid template: "sku:<": unclosed placeholder at offset 4`},
+		{"<a<b>", `keyfunc: invalid template: "<a<b>": unclosed placeholder at offset 0`},
+		{"sku:id>", `keyfunc: invalid template: "sku:id>": stray '>' at offset 6`},
+		{"<a>>", `keyfunc: invalid template: "<a>>": stray '>' at offset 3`},
+		{"sku:<>", `keyfunc: invalid template: "sku:<>": empty placeholder at offset 4`},
+		{"x:<body:id>", `keyfunc: invalid template: "x:<body:id>": unknown source "body" at offset 3 (want path, query, header, form, json or ctx)`},
+		{"x:<Query:id>", `keyfunc: invalid template: "x:<Query:id>": unknown source "Query" at offset 3 (want path, query, header, form, json or ctx)`},
+		{"x:<:id>", `keyfunc: invalid template: "x:<:id>": empty source at offset 3 (want path, query, header, form, json or ctx)`},
+		{"x:<query:>", `keyfunc: invalid template: "x:<query:>": empty query name at offset 9`},
+		{"x:<path:>", `keyfunc: invalid template: "x:<path:>": empty path name at offset 8`},
+		{"x:<json:>", `keyfunc: invalid template: "x:<json:>": empty json name at offset 8`},
+		{"x:<1id>", `keyfunc: invalid template: "x:<1id>": path name starts with a digit at offset 3`},
+		{"x:<sku-id>", `keyfunc: invalid template: "x:<sku-id>": invalid character '-' in path name at offset 6`},
+		{"x:<path:é>", `keyfunc: invalid template: "x:<path:é>": invalid character byte 0xC3 in path name at offset 8`},
+		{"x:<query:a b>", `keyfunc: invalid template: "x:<query:a b>": invalid character ' ' in query name at offset 10`},
+		{"x:<form:a\tb>", `keyfunc: invalid template: "x:<form:a\tb>": invalid character byte 0x09 in form name at offset 9`},
+		{"x:<ctx:a\x7fb>", `keyfunc: invalid template: "x:<ctx:a\x7fb>": invalid character byte 0x7F in ctx name at offset 8`},
+		{"x:<header:X:Y>", `keyfunc: invalid template: "x:<header:X:Y>": invalid character ':' in header name at offset 11`},
+		{"x:<header:X(Y)>", `keyfunc: invalid template: "x:<header:X(Y)>": invalid character '(' in header name at offset 11`},
+		{"x:<json:a..b>", `keyfunc: invalid template: "x:<json:a..b>": empty segment in json path at offset 10`},
+		{"x:<json:.a>", `keyfunc: invalid template: "x:<json:.a>": empty segment in json path at offset 8`},
+		{"x:<json:a.>", `keyfunc: invalid template: "x:<json:a.>": empty segment in json path at offset 10`},
+		{"x:<json:items[*].sku>", `keyfunc: invalid template: "x:<json:items[*].sku>": invalid character '[' in json path at offset 13 (arrays are not supported)`},
+		{"x:<json:a]>", `keyfunc: invalid template: "x:<json:a]>": invalid character ']' in json path at offset 9 (arrays are not supported)`},
+		{"x:<json:a b>", `keyfunc: invalid template: "x:<json:a b>": invalid character ' ' in json path at offset 9`},
+		{"<a><b>", `keyfunc: invalid template: "<a><b>": adjacent placeholders at offset 3 (separate them with a literal)`},
+		{"x:<a><query:b>", `keyfunc: invalid template: "x:<a><query:b>": adjacent placeholders at offset 5 (separate them with a literal)`},
+		{"sku <id>", `keyfunc: invalid template: "sku <id>": invalid character ' ' in literal at offset 3`},
+		{"sku:\n<id>", `keyfunc: invalid template: "sku:\n<id>": invalid character byte 0x0A in literal at offset 4`},
+		{"<id>:\x00", `keyfunc: invalid template: "<id>:\x00": invalid character byte 0x00 in literal at offset 5`},
+		{"ключ:<id>", `keyfunc: invalid template: "ключ:<id>": invalid character byte 0xD0 in literal at offset 0`},
+	}
+	for _, tt := range tests {
+		name := tt.template
+		if len(name) > 40 {
+			name = name[:40]
+		}
+		t.Run(name, func(t *testing.T) {
+			tmpl, err := Parse(tt.template)
+			if err == nil {
+				t.Fatalf("Parse(%q) = %v, want error", tt.template, tmpl)
+			}
+			if !errors.Is(err, ErrSyntax) {
+				t.Errorf("error %v does not wrap ErrSyntax", err)
+			}
+			if err.Error() != tt.want {
+				t.Errorf("error\n got: %s\nwant: %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	tests := []struct {
+		name string
+		opts []Option
+		want string // error; "" for success
+	}{
+		{"defaults", nil, ""},
+		{"nil option", []Option{nil}, ""},
+		{"body 1", []Option{WithMaxBodyBytes(1)}, ""},
+		{"value 16", []Option{WithMaxValueLen(16)}, ""},
+		{"body 0", []Option{WithMaxBodyBytes(0)}, "keyfunc: invalid template: option WithMaxBodyBytes(0): must be greater than 0"},
+		{"body negative", []Option{WithMaxBodyBytes(-5)}, "keyfunc: invalid template: option WithMaxBodyBytes(-5): must be greater than 0"},
+		{"value 15", []Option{WithMaxValueLen(15)}, "keyfunc: invalid template: option WithMaxValueLen(15): must be at least 16"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tmpl, err := Parse("sku:<id>", tt.opts...)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Parse: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Parse = %v, want error %q", tmpl, tt.want)
+			}
+			if !errors.Is(err, ErrSyntax) || err.Error() != tt.want {
+				t.Errorf("error = %v, want %q wrapping ErrSyntax", err, tt.want)
+			}
+		})
+	}
+	tmpl := MustParse("sku:<id>", WithMaxBodyBytes(10), WithMaxValueLen(20))
+	if tmpl.maxBodyBytes != 10 || tmpl.maxValueLen != 20 {
+		t.Errorf("options not applied: body %d, value %d", tmpl.maxBodyBytes, tmpl.maxValueLen)
+	}
+	tmpl = MustParse("sku:<id>")
+	if tmpl.maxBodyBytes != DefaultMaxBodyBytes || tmpl.maxValueLen != DefaultMaxValueLen {
+		t.Errorf("defaults: body %d, value %d", tmpl.maxBodyBytes, tmpl.maxValueLen)
+	}
+}
+
+func TestMustParsePanics(t *testing.T) {
+	defer func() {
+		err, _ := recover().(error)
+		if !errors.Is(err, ErrSyntax) {
+			t.Errorf("recovered %v, want an error wrapping ErrSyntax", err)
+		}
+	}()
+	MustParse("sku:<id")
+}
+
+func TestNilAndZeroTemplate(t *testing.T) {
+	var nilT *Template
+	if nilT.String() != "" || nilT.NeedsBody() {
+		t.Error("nil Template: want empty String and no body")
+	}
+	for _, tmpl := range []*Template{nilT, {}} {
+		if _, err := tmpl.Key(HTTPRequest(nil)); !errors.Is(err, ErrSyntax) {
+			t.Errorf("Key on unparsed template: err = %v, want ErrSyntax", err)
+		}
+	}
+}
+
+func lit(s string) part { return part{literal: s} }
+
+func ph(src source, name, text string) part {
+	return part{ph: &placeholder{src: src, name: name, text: text}}
+}
+
+func jph(text string, fields ...string) part {
+	p := &placeholder{src: srcJSON, name: text[len("<json:") : len(text)-1], text: text}
+	for _, f := range fields {
+		p.path = append(p.path, jsonStep{kind: stepField, field: f})
+	}
+	return part{ph: p}
+}
+
+func dumpParts(ps []part) string {
+	var b strings.Builder
+	for _, p := range ps {
+		if p.ph == nil {
+			b.WriteString("lit(" + p.literal + ") ")
+			continue
+		}
+		b.WriteString(p.ph.src.String() + "(" + p.ph.name + ") ")
+	}
+	return b.String()
+}
