@@ -1,0 +1,196 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/reqlock/reqlock/keyfunc"
+)
+
+// ErrInvalidConfig is wrapped by every error that rejects a route's
+// configuration at start-up.
+var ErrInvalidConfig = errors.New("reqlock/middleware: invalid configuration")
+
+// NoWait as Config.Wait makes a route try the lock once and answer the
+// timeout status at once when the key is held.
+const NoWait time.Duration = -1
+
+// FailurePolicy says what a route does when the lock store fails.
+type FailurePolicy int
+
+const (
+	// FailClosed answers 503 with Retry-After and never runs the handler.
+	// It is the default.
+	FailClosed FailurePolicy = iota
+	// FailOpen runs the handler without the lock and logs a warning. Only
+	// for routes where running unlocked is harmless.
+	FailOpen
+)
+
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailClosed:
+		return "fail-closed"
+	case FailOpen:
+		return "fail-open"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(p))
+}
+
+// Config is one route's lock configuration. A zero field takes its value
+// from DefaultConfig; only Key is required.
+type Config struct {
+	// Key is the key template, such as "sku:<id>"; see package keyfunc for
+	// the grammar. Required.
+	Key string
+
+	// TTL is the lease of each lock; it must outlast the handler.
+	// Default 10s.
+	TTL time.Duration
+
+	// Wait bounds how long a request waits for a held key; the request's own
+	// deadline bounds it too. Default 2s; NoWait tries once.
+	Wait time.Duration
+
+	// TimeoutStatus is the status answered when the wait runs out:
+	// 423 Locked (default), 409 Conflict, 429 Too Many Requests or
+	// 503 Service Unavailable.
+	TimeoutStatus int
+
+	// RetryAfter is the Retry-After delay sent with timeout and store-failure
+	// answers, rounded up to whole seconds. Default 1s.
+	RetryAfter time.Duration
+
+	// OnStoreError is the failure policy when the store fails or times out.
+	// Default FailClosed.
+	OnStoreError FailurePolicy
+
+	// MaxBodyBytes bounds the request body read to derive a key (json and
+	// form placeholders) and buffered before a wait. Default 1 MiB.
+	MaxBodyBytes int64
+
+	// MaxValueLen is the escaped length above which a key value is hashed.
+	// Default 64.
+	MaxValueLen int
+
+	// Skipper, when it returns true, lets a request through without a lock.
+	// Default nil: every request is locked.
+	Skipper func(*http.Request) bool
+
+	// Responder writes every rejection. Default nil: WriteProblem, a JSON
+	// problem details body (the echo adapter returns an *echo.HTTPError
+	// instead, which echo's error handler renders).
+	Responder Responder
+
+	// Logger receives warnings (store failures, failed releases, fail-open
+	// runs). Default the Locker's logger.
+	Logger *slog.Logger
+}
+
+// DefaultConfig holds the default of every Config field.
+var DefaultConfig = Config{
+	TTL:           10 * time.Second,
+	Wait:          2 * time.Second,
+	TimeoutStatus: http.StatusLocked,
+	RetryAfter:    time.Second,
+	OnStoreError:  FailClosed,
+	MaxBodyBytes:  keyfunc.DefaultMaxBodyBytes,
+	MaxValueLen:   keyfunc.DefaultMaxValueLen,
+}
+
+// Option changes one field of a route's Config.
+type Option func(*Config)
+
+// WithTTL sets Config.TTL.
+func WithTTL(ttl time.Duration) Option { return func(c *Config) { c.TTL = ttl } }
+
+// WithWait sets Config.Wait; zero means NoWait (try once).
+func WithWait(wait time.Duration) Option {
+	return func(c *Config) {
+		if wait == 0 {
+			wait = NoWait
+		}
+		c.Wait = wait
+	}
+}
+
+// WithTimeoutStatus sets Config.TimeoutStatus.
+func WithTimeoutStatus(status int) Option { return func(c *Config) { c.TimeoutStatus = status } }
+
+// WithRetryAfter sets Config.RetryAfter.
+func WithRetryAfter(d time.Duration) Option { return func(c *Config) { c.RetryAfter = d } }
+
+// WithFailOpen sets Config.OnStoreError to FailOpen: when the store fails,
+// the handler runs without the lock and a warning is logged.
+func WithFailOpen() Option { return func(c *Config) { c.OnStoreError = FailOpen } }
+
+// WithMaxBodyBytes sets Config.MaxBodyBytes.
+func WithMaxBodyBytes(n int64) Option { return func(c *Config) { c.MaxBodyBytes = n } }
+
+// WithMaxValueLen sets Config.MaxValueLen.
+func WithMaxValueLen(n int) Option { return func(c *Config) { c.MaxValueLen = n } }
+
+// WithSkipper sets Config.Skipper.
+func WithSkipper(skip func(*http.Request) bool) Option {
+	return func(c *Config) { c.Skipper = skip }
+}
+
+// WithResponder sets Config.Responder.
+func WithResponder(r Responder) Option { return func(c *Config) { c.Responder = r } }
+
+// WithLogger sets Config.Logger.
+func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l } }
+
+// withDefaults fills zero fields from DefaultConfig.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig
+	if c.TTL == 0 {
+		c.TTL = d.TTL
+	}
+	if c.Wait == 0 {
+		c.Wait = d.Wait
+	}
+	if c.TimeoutStatus == 0 {
+		c.TimeoutStatus = d.TimeoutStatus
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = d.RetryAfter
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = d.MaxBodyBytes
+	}
+	if c.MaxValueLen == 0 {
+		c.MaxValueLen = d.MaxValueLen
+	}
+	return c
+}
+
+// validate reports the first problem of a defaulted Config.
+func (c Config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: route %q: %s", ErrInvalidConfig, c.Key, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Key == "":
+		return fmt.Errorf("%w: key template is empty", ErrInvalidConfig)
+	case c.TTL < time.Millisecond:
+		return bad("ttl %v is below 1ms", c.TTL)
+	case c.Wait < 0 && c.Wait != NoWait:
+		return bad("wait %v is negative (use NoWait to try once)", c.Wait)
+	case c.RetryAfter < 0:
+		return bad("retry-after %v is negative", c.RetryAfter)
+	case c.MaxBodyBytes < 0:
+		return bad("max body bytes %d is negative", c.MaxBodyBytes)
+	case c.OnStoreError != FailClosed && c.OnStoreError != FailOpen:
+		return bad("unknown store failure policy %v", c.OnStoreError)
+	}
+	switch c.TimeoutStatus {
+	case http.StatusLocked, http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		return bad("timeout status %d is not one of 423, 409, 429, 503", c.TimeoutStatus)
+	}
+	return nil
+}

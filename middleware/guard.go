@@ -1,0 +1,221 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/keyfunc"
+)
+
+// Guard is one route's lock: its parsed key template and resolved
+// configuration. Build it once at start-up with New or NewWithConfig; it is
+// immutable and safe for concurrent use, and keeps no per-request state.
+//
+// Guard holds the request flow every adapter shares: Enter derives the key
+// and obtains the lock, Exit releases it, Reject answers a request that will
+// not reach its handler. Handler is the net/http adapter; packages ginlock and
+// echolock adapt it to gin and echo.
+type Guard struct {
+	locker   *reqlock.Locker
+	template *keyfunc.Template
+	cfg      Config
+	wait     time.Duration // cfg.Wait, with NoWait as 0
+	logger   *slog.Logger
+}
+
+// New builds a Guard for the key template key, starting from DefaultConfig
+// and applying opts. It returns an error wrapping ErrInvalidConfig that names
+// the problem when locker is nil, the template does not parse, or an option
+// is invalid.
+func New(locker *reqlock.Locker, key string, opts ...Option) (*Guard, error) {
+	cfg := Config{Key: key}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	return NewWithConfig(locker, cfg)
+}
+
+// NewWithConfig builds a Guard from cfg; zero fields take their values from
+// DefaultConfig. Errors are those of New.
+func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
+	if locker == nil {
+		return nil, fmt.Errorf("%w: route %q: locker is nil", ErrInvalidConfig, cfg.Key)
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	tmpl, err := keyfunc.Parse(cfg.Key,
+		keyfunc.WithMaxBodyBytes(cfg.MaxBodyBytes),
+		keyfunc.WithMaxValueLen(cfg.MaxValueLen))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	g := &Guard{locker: locker, template: tmpl, cfg: cfg, wait: max(cfg.Wait, 0), logger: cfg.Logger}
+	if g.logger == nil {
+		g.logger = locker.Logger()
+	}
+	return g, nil
+}
+
+// Config returns the route's configuration with defaults applied.
+func (g *Guard) Config() Config { return g.cfg }
+
+// Skip reports whether the route's Skipper lets r through without a lock.
+func (g *Guard) Skip(r *http.Request) bool {
+	return g.cfg.Skipper != nil && g.cfg.Skipper(r)
+}
+
+// Enter derives the request's key and obtains its lock, waiting up to the
+// route's wait limit or the request's deadline, whichever is sooner.
+//
+// It returns the lock to hand to Exit once the handler is done, or a
+// rejection to answer instead of running the handler. A nil lock with a nil
+// rejection means the store failed on a FailOpen route: run the handler
+// unlocked (the warning is already logged).
+func (g *Guard) Enter(req keyfunc.Request) (*reqlock.Lock, *Rejection) {
+	r := req.HTTPRequest()
+	key, err := g.template.Key(req)
+	if err != nil {
+		return nil, g.keyRejection(err)
+	}
+	if g.wait > 0 && !g.template.NeedsBody() {
+		// net/http notices a client that leaves only once the body has been
+		// read: buffer it so a waiter stops as soon as its client is gone.
+		bufferBody(r, g.cfg.MaxBodyBytes)
+	}
+	ctx := r.Context()
+	lock, err := g.locker.Obtain(ctx, key, g.cfg.TTL, g.wait)
+	if err == nil {
+		return lock, nil
+	}
+	return nil, g.obtainRejection(ctx, key, err)
+}
+
+// Exit releases lock after the handler returned or panicked. The release
+// runs on a context the request's cancellation cannot end, bounded by the
+// Locker's release timeout. A failed release is logged, never panicked on.
+// A nil lock (fail-open run) or a lock the handler released itself is left
+// alone.
+func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
+	if lock == nil || lock.Released() {
+		return
+	}
+	err := lock.Release(ctx)
+	switch {
+	case err == nil:
+	case errors.Is(err, reqlock.ErrNotHeld):
+		g.logger.WarnContext(ctx, "reqlock: lock expired before the handler finished; raise the route's TTL",
+			slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
+	default:
+		g.logger.WarnContext(ctx, "reqlock: release failed; the lock expires with its TTL",
+			slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Any("error", err))
+	}
+}
+
+// WithLock returns r with lock in its context, where reqlock.FromContext
+// finds it; r itself when lock is nil.
+func WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
+	if lock == nil {
+		return r
+	}
+	return r.WithContext(reqlock.NewContext(r.Context(), lock))
+}
+
+// Reject writes rej with the route's Responder (WriteProblem by default).
+func (g *Guard) Reject(w http.ResponseWriter, r *http.Request, rej *Rejection) {
+	if g.cfg.Responder != nil {
+		g.cfg.Responder(w, r, rej)
+		return
+	}
+	WriteProblem(w, r, rej)
+}
+
+// HasResponder reports whether the route has its own Responder.
+func (g *Guard) HasResponder() bool { return g.cfg.Responder != nil }
+
+func (g *Guard) keyRejection(err error) *Rejection {
+	if errors.Is(err, keyfunc.ErrBodyTooLarge) {
+		return &Rejection{
+			Status: http.StatusRequestEntityTooLarge,
+			Reason: ReasonBodyTooLarge,
+			Detail: fmt.Sprintf("the request body needed to derive the lock key exceeds %d bytes", g.cfg.MaxBodyBytes),
+			Err:    err,
+		}
+	}
+	if errors.Is(err, keyfunc.ErrMissing) || errors.Is(err, keyfunc.ErrBadValue) {
+		// keyfunc's messages name the placeholder, never the request's value.
+		return &Rejection{Status: http.StatusBadRequest, Reason: ReasonBadKey, Detail: err.Error(), Err: err}
+	}
+	return g.internalRejection(err)
+}
+
+func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rejection {
+	switch {
+	case errors.Is(err, context.Canceled) && !errors.Is(err, reqlock.ErrStore):
+		return &Rejection{Status: StatusClientClosedRequest, Reason: ReasonCanceled,
+			Detail: "the request was cancelled while it waited for the lock", Err: err}
+	case errors.Is(err, reqlock.ErrHeld):
+		return &Rejection{Status: g.cfg.TimeoutStatus, Reason: ReasonTimeout, RetryAfter: g.cfg.RetryAfter,
+			Detail: "the resource is locked by another request; retry later", Err: err}
+	case errors.Is(err, reqlock.ErrStore), errors.Is(err, reqlock.ErrWaitEnded):
+		// ErrWaitEnded without ErrHeld: the store never answered in time.
+		if g.cfg.OnStoreError == FailOpen {
+			g.logger.WarnContext(ctx, "reqlock: lock store failed; running the handler WITHOUT the lock (route fails open)",
+				slog.String("key", key), slog.Any("error", err))
+			return nil
+		}
+		g.logger.ErrorContext(ctx, "reqlock: lock store failed; answering 503",
+			slog.String("key", key), slog.Any("error", err))
+		return &Rejection{Status: http.StatusServiceUnavailable, Reason: ReasonStoreError, RetryAfter: g.cfg.RetryAfter,
+			Detail: "the lock store is unavailable; retry later", Err: err}
+	}
+	return g.internalRejection(err)
+}
+
+func (g *Guard) internalRejection(err error) *Rejection {
+	g.logger.Error("reqlock: unexpected error deriving or obtaining the lock", slog.Any("error", err))
+	return &Rejection{Status: http.StatusInternalServerError, Reason: ReasonInternal,
+		Detail: "the lock could not be obtained", Err: err}
+}
+
+// bufferBody reads an unread request body (up to limit bytes) into memory
+// and puts it back, so the handler reads the same bytes. A larger body is
+// put back as the buffered part followed by the rest of the stream.
+func bufferBody(r *http.Request, limit int64) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || r.ContentLength > limit {
+		return
+	}
+	if _, done := r.Body.(bufferedBody); done {
+		return
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	switch {
+	case err != nil || n > limit:
+		// Unread or partly read: hand the handler what we read plus the rest.
+		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), r.Body}
+	default:
+		r.Body = bufferedBody{bytes.NewReader(buf.Bytes())}
+	}
+}
+
+// bufferedBody is a request body held in memory.
+type bufferedBody struct{ *bytes.Reader }
+
+func (bufferedBody) Close() error { return nil }
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}

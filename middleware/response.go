@@ -1,0 +1,106 @@
+package middleware
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// StatusClientClosedRequest is the status recorded when the client went away
+// while its request waited. The client never sees it; it shows in access logs.
+const StatusClientClosedRequest = 499
+
+// Reason says why a request was rejected.
+type Reason string
+
+// The reasons a request is rejected.
+const (
+	// ReasonTimeout: the wait for a held key ran out (TimeoutStatus).
+	ReasonTimeout Reason = "timeout"
+	// ReasonStoreError: the lock store failed or timed out (503).
+	ReasonStoreError Reason = "store_error"
+	// ReasonBadKey: the key could not be derived from the request (400).
+	ReasonBadKey Reason = "bad_key"
+	// ReasonBodyTooLarge: the body needed for the key is too large (413).
+	ReasonBodyTooLarge Reason = "body_too_large"
+	// ReasonCanceled: the client went away while waiting (499).
+	ReasonCanceled Reason = "canceled"
+	// ReasonInternal: anything else (500).
+	ReasonInternal Reason = "internal"
+)
+
+// Rejection describes a request that will not reach its handler.
+type Rejection struct {
+	// Status is the HTTP status to answer.
+	Status int
+	// Reason is why.
+	Reason Reason
+	// RetryAfter is the delay for the Retry-After header; zero sends none.
+	RetryAfter time.Duration
+	// Detail is a human-readable explanation, safe to show to clients: it
+	// never holds request values or store addresses.
+	Detail string
+	// Err is the underlying error, for logs; it is not shown to clients.
+	Err error
+}
+
+// Problem is an RFC 9457 problem details body.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// Reason is the Rejection's reason, for clients that branch on it.
+	Reason Reason `json:"reason"`
+}
+
+// Problem returns the problem details body of the rejection.
+func (r *Rejection) Problem() Problem {
+	return Problem{
+		Type:   "about:blank",
+		Title:  statusTitle(r.Status),
+		Status: r.Status,
+		Detail: r.Detail,
+		Reason: r.Reason,
+	}
+}
+
+// RetryAfterHeader returns the Retry-After header value: whole seconds,
+// rounded up, at least 1; or "" when RetryAfter is zero.
+func (r *Rejection) RetryAfterHeader() string {
+	if r.RetryAfter <= 0 {
+		return ""
+	}
+	secs := int64((r.RetryAfter + time.Second - 1) / time.Second)
+	return strconv.FormatInt(max(secs, 1), 10)
+}
+
+// Responder writes a rejection. Set one per route to replace the default
+// JSON problem details.
+type Responder func(w http.ResponseWriter, r *http.Request, rej *Rejection)
+
+// WriteProblem is the default Responder: it sets Retry-After when the
+// rejection has one and writes the problem details as
+// application/problem+json.
+func WriteProblem(w http.ResponseWriter, _ *http.Request, rej *Rejection) {
+	h := w.Header()
+	if v := rej.RetryAfterHeader(); v != "" {
+		h.Set("Retry-After", v)
+	}
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(rej.Status)
+	body, _ := json.Marshal(rej.Problem()) // a Problem always marshals
+	_, _ = w.Write(body)
+}
+
+func statusTitle(status int) string {
+	switch status {
+	case StatusClientClosedRequest:
+		return "Client Closed Request"
+	case http.StatusRequestEntityTooLarge:
+		return "Content Too Large"
+	}
+	return http.StatusText(status)
+}
