@@ -1,0 +1,98 @@
+// Package echolock puts reqlock's per-request lock on echo v4 routes.
+//
+//	locker := reqlock.MustNew(memstore.New())
+//	e.POST("/skus/:id/deduct", deduct, echolock.Must(echolock.New(locker, "sku:<id>")))
+//
+// Path placeholders read c.Param; ctx placeholders read c.Get, then the
+// request context. The handler finds its lock with Lock(c). A rejection is
+// returned as an *echo.HTTPError whose Message is the problem details and
+// whose Internal is the cause, so the app's error handler renders it; a route
+// with its own middleware.Responder writes the response itself instead.
+package echolock
+
+import (
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/keyfunc"
+	"github.com/reqlock/reqlock/middleware"
+)
+
+// New returns echo middleware that locks each request on the key template
+// key. Errors wrap middleware.ErrInvalidConfig and name the problem.
+func New(locker *reqlock.Locker, key string, opts ...middleware.Option) (echo.MiddlewareFunc, error) {
+	g, err := middleware.New(locker, key, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return Middleware(g), nil
+}
+
+// NewWithConfig is New with a whole middleware.Config.
+func NewWithConfig(locker *reqlock.Locker, cfg middleware.Config) (echo.MiddlewareFunc, error) {
+	g, err := middleware.NewWithConfig(locker, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return Middleware(g), nil
+}
+
+// Must panics when err is not nil; wrap New at start-up with it.
+func Must(m echo.MiddlewareFunc, err error) echo.MiddlewareFunc {
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// Middleware adapts a Guard to echo. The next handler runs while the lock is
+// held, and the lock is released when it returns or panics.
+func Middleware(g *middleware.Guard) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			r := c.Request()
+			if g.Skip(r) {
+				return next(c)
+			}
+			lock, rej := g.Enter(request{c})
+			if rej != nil {
+				return reject(g, c, rej)
+			}
+			defer g.Exit(r.Context(), lock)
+			c.SetRequest(middleware.WithLock(r, lock))
+			return next(c)
+		}
+	}
+}
+
+// Lock returns the lock the middleware holds for c's request.
+func Lock(c echo.Context) (*reqlock.Lock, bool) {
+	return reqlock.FromContext(c.Request().Context())
+}
+
+func reject(g *middleware.Guard, c echo.Context, rej *middleware.Rejection) error {
+	if g.HasResponder() {
+		g.Reject(c.Response(), c.Request(), rej)
+		return nil
+	}
+	if v := rej.RetryAfterHeader(); v != "" {
+		c.Response().Header().Set("Retry-After", v)
+	}
+	return &echo.HTTPError{Code: rej.Status, Message: rej.Problem(), Internal: rej.Err}
+}
+
+// request is echo's view of keyfunc.Request.
+type request struct{ c echo.Context }
+
+func (r request) HTTPRequest() *http.Request   { return r.c.Request() }
+func (r request) PathValue(name string) string { return r.c.Param(name) }
+
+func (r request) ContextValue(name string) (any, bool) {
+	if v := r.c.Get(name); v != nil {
+		return v, true
+	}
+	v := r.c.Request().Context().Value(keyfunc.ContextKey(name))
+	return v, v != nil
+}

@@ -1,0 +1,86 @@
+// Package ginlock puts reqlock's per-request lock on gin routes.
+//
+//	locker := reqlock.MustNew(memstore.New())
+//	r.POST("/skus/:id/deduct", ginlock.Must(ginlock.New(locker, "sku:<id>")), deduct)
+//
+// Path placeholders read c.Param; ctx placeholders read c.Get, then the
+// request context. The handler finds its lock with Lock(c). The request flow,
+// responses and configuration are those of package middleware.
+package ginlock
+
+import (
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/keyfunc"
+	"github.com/reqlock/reqlock/middleware"
+)
+
+// New returns gin middleware that locks each request on the key template
+// key. Errors wrap middleware.ErrInvalidConfig and name the problem.
+func New(locker *reqlock.Locker, key string, opts ...middleware.Option) (gin.HandlerFunc, error) {
+	g, err := middleware.New(locker, key, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return Handler(g), nil
+}
+
+// NewWithConfig is New with a whole middleware.Config.
+func NewWithConfig(locker *reqlock.Locker, cfg middleware.Config) (gin.HandlerFunc, error) {
+	g, err := middleware.NewWithConfig(locker, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return Handler(g), nil
+}
+
+// Must panics when err is not nil; wrap New at start-up with it.
+func Must(h gin.HandlerFunc, err error) gin.HandlerFunc {
+	if err != nil {
+		panic(err)
+	}
+	return h
+}
+
+// Handler adapts a Guard to gin. A rejected request is answered by the
+// guard's Responder and aborted; otherwise the rest of the chain runs while
+// the lock is held, and the lock is released when it returns or panics.
+func Handler(g *middleware.Guard) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if g.Skip(c.Request) {
+			c.Next()
+			return
+		}
+		lock, rej := g.Enter(request{c})
+		if rej != nil {
+			g.Reject(c.Writer, c.Request, rej)
+			c.Abort()
+			return
+		}
+		defer g.Exit(c.Request.Context(), lock)
+		c.Request = middleware.WithLock(c.Request, lock)
+		c.Next()
+	}
+}
+
+// Lock returns the lock the middleware holds for c's request.
+func Lock(c *gin.Context) (*reqlock.Lock, bool) {
+	return reqlock.FromContext(c.Request.Context())
+}
+
+// request is gin's view of keyfunc.Request.
+type request struct{ c *gin.Context }
+
+func (r request) HTTPRequest() *http.Request   { return r.c.Request }
+func (r request) PathValue(name string) string { return r.c.Param(name) }
+
+func (r request) ContextValue(name string) (any, bool) {
+	if v, ok := r.c.Get(name); ok {
+		return v, true
+	}
+	v := r.c.Request.Context().Value(keyfunc.ContextKey(name))
+	return v, v != nil
+}
