@@ -1,0 +1,229 @@
+package keyfunc
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+)
+
+// bodyState caches the body and what was parsed from it during one Key call.
+type bodyState struct {
+	read bool
+	buf  []byte
+	err  error // reading failed or the body is too large
+
+	jsonDone bool
+	jsonObj  map[string]any
+	jsonErr  string // why the body is not a JSON object
+
+	formDone bool
+	form     url.Values
+	formErr  string // why the body is not a form
+}
+
+// value returns the raw value of a json or form placeholder, "" when absent.
+func (bs *bodyState) value(r *http.Request, maxBody int64, ph *placeholder) (string, error) {
+	if r == nil {
+		return "", nil
+	}
+	if !bs.read {
+		bs.read = true
+		bs.buf, bs.err = readBody(r, maxBody)
+	}
+	if bs.err != nil {
+		if errors.Is(bs.err, ErrBodyTooLarge) {
+			return "", fmt.Errorf("%w: %s: over %d bytes", ErrBodyTooLarge, ph.text, maxBody)
+		}
+		return "", fmt.Errorf("%w: %s: reading body: %w", ErrBadValue, ph.text, bs.err)
+	}
+	if len(bs.buf) == 0 {
+		return "", nil // no body: every field is missing
+	}
+	if ph.src == srcJSON {
+		return bs.jsonValue(ph)
+	}
+	return bs.formValue(r, maxBody, ph)
+}
+
+// readBody reads up to maxBody bytes of r.Body and restores r.Body (and
+// r.GetBody) so that the handler reads the same bytes. A body longer than
+// maxBody yields ErrBodyTooLarge; r.Body then replays what was read followed
+// by the rest of the original stream.
+func readBody(r *http.Request, maxBody int64) ([]byte, error) {
+	orig := r.Body
+	if orig == nil || orig == http.NoBody {
+		return nil, nil
+	}
+	limit := maxBody
+	if limit < math.MaxInt64 {
+		limit++ // one byte more tells a body of exactly maxBody from a longer one
+	}
+	var buf []byte
+	if cl := r.ContentLength; cl > 0 && cl <= maxBody {
+		buf = make([]byte, 0, cl+1) // +1: the final read that sees EOF needs no growth
+	}
+	buf, err := readAll(io.LimitReader(orig, limit), buf)
+	if err == nil && int64(len(buf)) > maxBody {
+		err = ErrBodyTooLarge
+	}
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			err = ErrBodyTooLarge
+		}
+		r.Body = replayBody{io.MultiReader(bytes.NewReader(buf), orig), orig}
+		return nil, err
+	}
+	_ = orig.Close() // fully read; nothing else will close it
+	r.Body = io.NopCloser(bytes.NewReader(buf))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+	return buf, nil
+}
+
+// replayBody reads what was read already, then the rest of the original body.
+type replayBody struct {
+	io.Reader
+	io.Closer
+}
+
+// readAll is io.ReadAll appending to buf.
+func readAll(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+func (bs *bodyState) jsonValue(ph *placeholder) (string, error) {
+	if !bs.jsonDone {
+		bs.jsonDone = true
+		bs.jsonObj, bs.jsonErr = decodeObject(bs.buf)
+	}
+	if bs.jsonErr != "" {
+		return "", badValue(ph, bs.jsonErr)
+	}
+	obj := bs.jsonObj
+	var v any
+	for i, step := range ph.path {
+		// step.kind is stepField: the only kind so far.
+		var ok bool
+		if v, ok = obj[step.field]; !ok {
+			return "", nil
+		}
+		if i == len(ph.path)-1 {
+			break
+		}
+		if obj, ok = v.(map[string]any); !ok {
+			return "", badValue(ph, "a parent of the field is "+jsonKind(v)+", not an object")
+		}
+	}
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case json.Number:
+		return string(v), nil
+	case bool:
+		if v {
+			return "true", nil
+		}
+		return "false", nil
+	}
+	return "", badValue(ph, "value is "+jsonKind(v))
+}
+
+// decodeObject decodes a body that must be exactly one JSON object. The
+// reason it returns never quotes the body.
+func decodeObject(buf []byte) (map[string]any, string) {
+	dec := json.NewDecoder(bytes.NewReader(buf))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, "body is not valid JSON"
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, "body is not valid JSON: data after the top-level value"
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, "body is " + jsonKind(v) + ", not a JSON object"
+	}
+	return obj, ""
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case map[string]any:
+		return "an object"
+	case []any:
+		return "an array"
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+func (bs *bodyState) formValue(r *http.Request, maxBody int64, ph *placeholder) (string, error) {
+	if !bs.formDone {
+		bs.formDone = true
+		bs.form, bs.formErr = parseForm(r.Header.Get("Content-Type"), bs.buf, maxBody)
+	}
+	if bs.formErr != "" {
+		return "", badValue(ph, bs.formErr)
+	}
+	if vs := bs.form[ph.name]; len(vs) > 0 {
+		return vs[0], nil
+	}
+	return "", nil
+}
+
+// parseForm parses a copy of an urlencoded or multipart body. The reason it
+// returns never quotes the body.
+func parseForm(contentType string, buf []byte, maxBody int64) (url.Values, string) {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return nil, "body is not a form: missing or invalid Content-Type"
+	}
+	switch mt {
+	case "application/x-www-form-urlencoded":
+		vs, err := url.ParseQuery(string(buf))
+		if err != nil {
+			return nil, "body is not a valid urlencoded form"
+		}
+		return vs, ""
+	case "multipart/form-data":
+		boundary := params["boundary"]
+		if boundary == "" {
+			return nil, "body is not a form: multipart Content-Type without boundary"
+		}
+		// The whole body is in buf, so maxBody keeps every part in memory.
+		f, err := multipart.NewReader(bytes.NewReader(buf), boundary).ReadForm(maxBody)
+		if err != nil {
+			return nil, "body is not a valid multipart form"
+		}
+		_ = f.RemoveAll()
+		return url.Values(f.Value), ""
+	}
+	return nil, "body is not a form: Content-Type is neither urlencoded nor multipart"
+}

@@ -1,0 +1,227 @@
+package keyfunc
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+)
+
+// hashedLen is the length of a hashed value: "#" and 32 hex digits.
+const hashedLen = 1 + 2*16
+
+// Key renders the key of r. It returns an error wrapping ErrMissing when a
+// value is absent or empty, ErrBadValue when a value or the body is unusable,
+// and ErrBodyTooLarge when the body needed for json or form placeholders is
+// longer than MaxBodyBytes; messages name the placeholder, never the value.
+//
+// Key reads the body at most once and then restores r.HTTPRequest().Body
+// (and GetBody) in place, so the handler can read the same bytes again. It is
+// safe to call concurrently for different requests, not for one request.
+func (t *Template) Key(r Request) (string, error) {
+	if t == nil || len(t.parts) == 0 {
+		return "", fmt.Errorf("%w: template not parsed (use Parse)", ErrSyntax)
+	}
+	if t.holes == 0 {
+		return t.raw, nil
+	}
+	st := keyState{req: r, maxBody: t.maxBodyBytes}
+	var small [8]string
+	vals := small[:0]
+	n := t.literalLen
+	for _, p := range t.parts {
+		if p.ph == nil {
+			continue
+		}
+		v, err := st.value(p.ph)
+		if err != nil {
+			return "", err
+		}
+		vals = append(vals, v)
+		n += renderedLen(v, t.maxValueLen)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	i := 0
+	for _, p := range t.parts {
+		if p.ph == nil {
+			b.WriteString(p.literal)
+			continue
+		}
+		writeValue(&b, vals[i], t.maxValueLen)
+		i++
+	}
+	return b.String(), nil
+}
+
+// keyState caches what one Key call parsed from the request.
+type keyState struct {
+	req     Request
+	maxBody int64
+
+	hr       *http.Request
+	hrLoaded bool
+
+	query       url.Values
+	queryParsed bool
+
+	body *bodyState
+}
+
+func (st *keyState) http() *http.Request {
+	if !st.hrLoaded {
+		st.hrLoaded = true
+		if st.req != nil {
+			st.hr = st.req.HTTPRequest()
+		}
+	}
+	return st.hr
+}
+
+// value returns the raw, non-empty value of ph.
+func (st *keyState) value(ph *placeholder) (string, error) {
+	var v string
+	switch ph.src {
+	case srcPath:
+		if st.req != nil {
+			v = st.req.PathValue(ph.name)
+		}
+	case srcQuery:
+		if hr := st.http(); hr != nil && hr.URL != nil {
+			if !st.queryParsed {
+				st.query, st.queryParsed = hr.URL.Query(), true
+			}
+			v = st.query.Get(ph.name)
+		}
+	case srcHeader:
+		if hr := st.http(); hr != nil {
+			v = hr.Header.Get(ph.name)
+		}
+	case srcJSON, srcForm:
+		if st.body == nil {
+			st.body = &bodyState{}
+		}
+		var err error
+		if v, err = st.body.value(st.http(), st.maxBody, ph); err != nil {
+			return "", err
+		}
+	case srcCtx:
+		if st.req != nil {
+			var err error
+			if v, err = ctxValue(st.req, ph); err != nil {
+				return "", err
+			}
+		}
+	}
+	if v == "" {
+		return "", missing(ph)
+	}
+	return v, nil
+}
+
+func missing(ph *placeholder) error { return fmt.Errorf("%w: %s", ErrMissing, ph.text) }
+
+func badValue(ph *placeholder, why string) error {
+	return fmt.Errorf("%w: %s: %s", ErrBadValue, ph.text, why)
+}
+
+// ctxValue renders the context value of a ctx placeholder.
+func ctxValue(r Request, ph *placeholder) (string, error) {
+	v, ok := r.ContextValue(ph.name)
+	if !ok || v == nil {
+		return "", nil
+	}
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case []byte:
+		return string(v), nil
+	case int:
+		return strconv.Itoa(v), nil
+	case int64:
+		return strconv.FormatInt(v, 10), nil
+	case bool:
+		return strconv.FormatBool(v), nil
+	}
+	rv := reflect.ValueOf(v)
+	if s, ok := v.(fmt.Stringer); ok {
+		if rv.Kind() == reflect.Pointer && rv.IsNil() {
+			return "", nil
+		}
+		return s.String(), nil
+	}
+	switch rv.Kind() {
+	case reflect.String:
+		return rv.String(), nil
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return strconv.FormatInt(rv.Int(), 10), nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return strconv.FormatUint(rv.Uint(), 10), nil
+	case reflect.Bool:
+		return strconv.FormatBool(rv.Bool()), nil
+	case reflect.Slice:
+		if rv.Type().Elem().Kind() == reflect.Uint8 {
+			return string(rv.Bytes()), nil
+		}
+	}
+	return "", badValue(ph, fmt.Sprintf("context value of unsupported type %T", v))
+}
+
+// unreserved marks the bytes that escaping keeps: [A-Za-z0-9._~-].
+var unreserved = func() (u [256]bool) {
+	for c := 0; c < 256; c++ {
+		b := byte(c)
+		u[c] = isLetter(b) || isDigit(b) || b == '.' || b == '_' || b == '~' || b == '-'
+	}
+	return u
+}()
+
+// escapedLen returns the length of v once escaped.
+func escapedLen(v string) int {
+	n := len(v)
+	for i := 0; i < len(v); i++ {
+		if !unreserved[v[i]] {
+			n += 2
+		}
+	}
+	return n
+}
+
+// renderedLen returns the length writeValue writes for v.
+func renderedLen(v string, maxLen int) int {
+	if n := escapedLen(v); n <= maxLen {
+		return n
+	}
+	return hashedLen
+}
+
+// writeValue writes v escaped, or hashed when its escaped form is longer
+// than maxLen.
+func writeValue(b *strings.Builder, v string, maxLen int) {
+	if escapedLen(v) > maxLen {
+		sum := sha256.Sum256([]byte(v))
+		var h [hashedLen]byte
+		h[0] = '#'
+		hex.Encode(h[1:], sum[:16])
+		b.Write(h[:])
+		return
+	}
+	const upperHex = "0123456789ABCDEF"
+	start := 0
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if unreserved[c] {
+			continue
+		}
+		b.WriteString(v[start:i])
+		b.WriteByte('%')
+		b.WriteByte(upperHex[c>>4])
+		b.WriteByte(upperHex[c&15])
+		start = i + 1
+	}
+	b.WriteString(v[start:])
+}
