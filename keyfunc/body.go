@@ -11,6 +11,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
+	"strings"
 )
 
 // bodyState caches the body and what was parsed from it during one Key call.
@@ -122,6 +123,9 @@ func (bs *bodyState) jsonValue(ph *placeholder) (string, error) {
 	var v any
 	for i, step := range ph.path {
 		// step.kind is stepField: the only kind so far.
+		if caseVariant(obj, step.field) {
+			return "", badValue(ph, "a field name in the body differs from it only in case")
+		}
 		var ok bool
 		if v, ok = obj[step.field]; !ok {
 			return "", nil
@@ -145,6 +149,18 @@ func (bs *bodyState) jsonValue(ph *placeholder) (string, error) {
 		return "false", nil
 	}
 	return "", badValue(ph, "value is "+jsonKind(v))
+}
+
+// caseVariant reports whether obj has a key other than name that equals it
+// case-insensitively. encoding/json matches struct fields that way (the last
+// match wins), so a handler might read a different field than the key.
+func caseVariant(obj map[string]any, name string) bool {
+	for k := range obj {
+		if k != name && strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // decodeObject decodes a body that must be exactly one JSON object. The

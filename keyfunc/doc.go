@@ -64,6 +64,13 @@
 // "keyfunc: key value missing: <json:sku>", and never a request value, so
 // they can be shown to the client.
 //
+// A key is only as good as its agreement with what the handler reads, so Key
+// refuses two ambiguous shapes with ErrBadValue: a JSON object with a field
+// name that differs from a json path segment only in case (encoding/json
+// matches struct fields case-insensitively, and the last match wins), and a
+// form field that the URL query also carries with another value
+// (r.FormValue reads the query before a multipart body).
+//
 // # Request bodies
 //
 // Templates with json or form placeholders (see Template.NeedsBody) read the

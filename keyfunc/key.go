@@ -20,8 +20,10 @@ const hashedLen = 1 + 2*16
 // longer than MaxBodyBytes; messages name the placeholder, never the value.
 //
 // Key reads the body at most once and then restores r.HTTPRequest().Body
-// (and GetBody) in place, so the handler can read the same bytes again. It is
-// safe to call concurrently for different requests, not for one request.
+// (and GetBody) in place, so the handler can read the same bytes again; after
+// ErrBodyTooLarge, Body replays what was read followed by the rest of the
+// stream. Key is safe to call concurrently for different requests, not for
+// one request.
 func (t *Template) Key(r Request) (string, error) {
 	if t == nil || len(t.parts) == 0 {
 		return "", fmt.Errorf("%w: template not parsed (use Parse)", ErrSyntax)
@@ -82,6 +84,17 @@ func (st *keyState) http() *http.Request {
 	return st.hr
 }
 
+// queryValues returns the parsed URL query, parsing it at most once.
+func (st *keyState) queryValues() url.Values {
+	if !st.queryParsed {
+		st.queryParsed = true
+		if hr := st.http(); hr != nil && hr.URL != nil {
+			st.query = hr.URL.Query()
+		}
+	}
+	return st.query
+}
+
 // value returns the raw, non-empty value of ph.
 func (st *keyState) value(ph *placeholder) (string, error) {
 	var v string
@@ -91,12 +104,7 @@ func (st *keyState) value(ph *placeholder) (string, error) {
 			v = st.req.PathValue(ph.name)
 		}
 	case srcQuery:
-		if hr := st.http(); hr != nil && hr.URL != nil {
-			if !st.queryParsed {
-				st.query, st.queryParsed = hr.URL.Query(), true
-			}
-			v = st.query.Get(ph.name)
-		}
+		v = st.queryValues().Get(ph.name)
 	case srcHeader:
 		if hr := st.http(); hr != nil {
 			v = hr.Header.Get(ph.name)
@@ -108,6 +116,13 @@ func (st *keyState) value(ph *placeholder) (string, error) {
 		var err error
 		if v, err = st.body.value(st.http(), st.maxBody, ph); err != nil {
 			return "", err
+		}
+		// r.FormValue reads the query before a multipart body: a field in
+		// both with different values could lock one thing and change another.
+		if ph.src == srcForm && v != "" {
+			if q := st.queryValues()[ph.name]; len(q) > 0 && q[0] != v {
+				return "", badValue(ph, "the field is also in the URL query, with another value")
+			}
 		}
 	case srcCtx:
 		if st.req != nil {

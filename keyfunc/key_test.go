@@ -239,6 +239,11 @@ func TestKeyJSON(t *testing.T) {
 		{"object", "j:<json:sku>", `{"sku":{"a":1}}`, "keyfunc: key value unusable: <json:sku>: value is an object", ErrBadValue},
 		{"array", "j:<json:sku>", `{"sku":[1]}`, "keyfunc: key value unusable: <json:sku>: value is an array", ErrBadValue},
 		{"parent not object", "j:<json:a.b>", `{"a":"secret"}`, "keyfunc: key value unusable: <json:a.b>: a parent of the field is a string, not an object", ErrBadValue},
+		{"case variant", "j:<json:sku>", `{"sku":"a","SKU":"b"}`, "keyfunc: key value unusable: <json:sku>: a field name in the body differs from it only in case", ErrBadValue},
+		{"case variant parent", "j:<json:o.sku>", `{"O":{"sku":"b"},"o":{"sku":"a"}}`, "keyfunc: key value unusable: <json:o.sku>: a field name in the body differs from it only in case", ErrBadValue},
+		{"unicode case variant", "j:<json:key>", `{"key":"a","\u212aey":"b"}`, "keyfunc: key value unusable: <json:key>: a field name in the body differs from it only in case", ErrBadValue},
+		{"only other case", "j:<json:sku>", `{"Sku":"b"}`, "keyfunc: key value unusable: <json:sku>: a field name in the body differs from it only in case", ErrBadValue},
+		{"exact duplicate last wins", "j:<json:sku>", `{"sku":"a","sku":"b"}`, "j:b", nil},
 		{"parent number", "j:<json:a.b>", `{"a":1}`, "keyfunc: key value unusable: <json:a.b>: a parent of the field is a number, not an object", ErrBadValue},
 		{"parent bool", "j:<json:a.b>", `{"a":true}`, "keyfunc: key value unusable: <json:a.b>: a parent of the field is a boolean, not an object", ErrBadValue},
 		{"parent null", "j:<json:a.b>", `{"a":null}`, "keyfunc: key value unusable: <json:a.b>: a parent of the field is null, not an object", ErrBadValue},
@@ -386,6 +391,9 @@ func TestKeyForm(t *testing.T) {
 		wantErr     error
 	}{
 		{"urlencoded", "f:<form:sku>", "application/x-www-form-urlencoded", "sku=A+1&sku=B&x=2", "f:A%201", nil},
+		{"same value in query", "f:<form:sku>", "application/x-www-form-urlencoded", "sku=A", "f:A", nil},
+		{"other value in query", "f:<form:sku>", "application/x-www-form-urlencoded", "sku=B", "keyfunc: key value unusable: <form:sku>: the field is also in the URL query, with another value", ErrBadValue},
+		{"multipart other value in query", "f:<form:sku>", multipartType, mp.String(), "keyfunc: key value unusable: <form:sku>: the field is also in the URL query, with another value", ErrBadValue},
 		{"urlencoded with charset", "f:<form:sku>:<form:x>", "application/x-www-form-urlencoded; charset=utf-8", "sku=A&x=2", "f:A:2", nil},
 		{"multipart", "f:<form:sku>", multipartType, mp.String(), "f:A%201", nil},
 		{"multipart file is no value", "f:<form:file>", multipartType, mp.String(), "keyfunc: key value missing: <form:file>", ErrMissing},
@@ -398,7 +406,10 @@ func TestKeyForm(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRequest("/", http.Header{"Content-Type": {tt.contentType}}, tt.body)
+			r := newRequest("/?sku=A", http.Header{"Content-Type": {tt.contentType}}, tt.body)
+			if !strings.Contains(tt.name, "query") {
+				r.URL.RawQuery = "other=1"
+			}
 			got, err := MustParse(tt.template).Key(HTTPRequest(r))
 			if tt.wantErr == nil {
 				if err != nil || got != tt.want {
