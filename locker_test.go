@@ -1,0 +1,407 @@
+package reqlock_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores/memstore"
+)
+
+func newLocker(t *testing.T, opts ...reqlock.Option) (*reqlock.Locker, *memstore.Store) {
+	t.Helper()
+	store := memstore.New()
+	l, err := reqlock.New(store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, store
+}
+
+func TestObtainRelease(t *testing.T) {
+	l, store := newLocker(t)
+	ctx := context.Background()
+	first, err := l.Obtain(ctx, "sku:1", time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Key() != "sku:1" || first.StoreKey() != "reqlock:sku:1" || first.Fence() <= 0 || first.TTL() != time.Second {
+		t.Fatalf("handle: key %q store key %q fence %d ttl %v", first.Key(), first.StoreKey(), first.Fence(), first.TTL())
+	}
+	if v := first.Validity(); v <= 900*time.Millisecond || v > time.Second {
+		t.Fatalf("validity %v, want just under the TTL", v)
+	}
+	if _, err := l.Obtain(ctx, "sku:1", time.Second, 0); !errors.Is(err, reqlock.ErrHeld) {
+		t.Fatalf("second obtain: %v, want ErrHeld", err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if first.Validity() != 0 || !first.Released() {
+		t.Fatal("a released lock still reports validity")
+	}
+	if err := first.Release(ctx); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("double release: %v, want ErrNotHeld", err)
+	}
+	second, err := l.Obtain(ctx, "sku:1", time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Fence() <= first.Fence() || second.Token() == first.Token() {
+		t.Fatalf("fence %d after %d, tokens equal: %v", second.Fence(), first.Fence(), second.Token() == first.Token())
+	}
+	_ = second.Release(ctx)
+	if store.Len() != 0 {
+		t.Fatalf("store keeps %d entries", store.Len())
+	}
+}
+
+func TestKeyPrefix(t *testing.T) {
+	store := memstore.New()
+	a := reqlock.MustNew(store, reqlock.WithKeyPrefix("a:"))
+	b := reqlock.MustNew(store, reqlock.WithKeyPrefix("b:"))
+	la, err := a.Obtain(context.Background(), "k", time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Release(context.Background())
+	lb, err := b.Obtain(context.Background(), "k", time.Second, 0)
+	if err != nil {
+		t.Fatalf("another prefix is another key space: %v", err)
+	}
+	_ = lb.Release(context.Background())
+}
+
+func TestInvalidArguments(t *testing.T) {
+	l, _ := newLocker(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		key       string
+		ttl, wait time.Duration
+	}{{"", time.Second, 0}, {"k", 0, 0}, {"k", -time.Second, 0}, {"k", time.Second, -1}} {
+		if _, err := l.Obtain(ctx, tc.key, tc.ttl, tc.wait); !errors.Is(err, reqlock.ErrInvalid) {
+			t.Errorf("Obtain(%q, %v, %v) = %v, want ErrInvalid", tc.key, tc.ttl, tc.wait, err)
+		}
+	}
+	if _, err := reqlock.New(nil); !errors.Is(err, reqlock.ErrInvalid) {
+		t.Errorf("New(nil) = %v", err)
+	}
+	for _, b := range []reqlock.Backoff{
+		{Initial: -time.Millisecond},
+		{Initial: time.Second, Max: time.Millisecond},
+		{Multiplier: 0.5},
+		{Jitter: 1},
+	} {
+		if _, err := reqlock.New(memstore.New(), reqlock.WithBackoff(b)); !errors.Is(err, reqlock.ErrInvalid) {
+			t.Errorf("backoff %+v: err = %v, want ErrInvalid", b, err)
+		}
+	}
+	if _, err := reqlock.New(memstore.New(), reqlock.WithReleaseTimeout(0)); !errors.Is(err, reqlock.ErrInvalid) {
+		t.Errorf("release timeout 0: err = %v", err)
+	}
+}
+
+func TestWaitEndsAtLimit(t *testing.T) {
+	l, _ := newLocker(t)
+	ctx := context.Background()
+	held, err := l.Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	start := time.Now()
+	_, err = l.Obtain(ctx, "k", time.Second, 50*time.Millisecond)
+	elapsed := time.Since(start)
+	if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, reqlock.ErrHeld) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want ErrWaitEnded joined with ErrHeld and DeadlineExceeded", err)
+	}
+	if elapsed < 50*time.Millisecond {
+		t.Fatalf("gave up after %v, before the 50ms wait", elapsed)
+	}
+}
+
+func TestWaitBoundedByContextDeadline(t *testing.T) {
+	l, _ := newLocker(t)
+	held, err := l.Obtain(context.Background(), "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = l.Obtain(ctx, "k", time.Second, time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 10*time.Second {
+		t.Fatalf("err = %v after %v; the request deadline must bound the wait", err, time.Since(start))
+	}
+}
+
+func TestCancelStopsWaitAtOnce(t *testing.T) {
+	l, store := newLocker(t, reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
+	held, err := l.Obtain(context.Background(), "k", time.Hour, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	baseline := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.Obtain(ctx, "k", time.Second, time.Hour)
+		errc <- err
+	}()
+	waitUntil(t, func() bool { return runtime.NumGoroutine() > baseline })
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want ErrWaitEnded joined with Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter (sleeping a 1 minute backoff) did not stop when cancelled")
+	}
+	waitUntil(t, func() bool { return runtime.NumGoroutine() <= baseline })
+	_ = held.Release(context.Background())
+	if store.Len() != 0 {
+		t.Fatalf("the cancelled waiter left %d entries", store.Len())
+	}
+}
+
+func TestWaiterObtainsAfterRelease(t *testing.T) {
+	acquires := make(chan struct{}, 16)
+	l := reqlock.MustNew(&faultStore{Store: memstore.New(), acquired: acquires})
+	ctx := context.Background()
+	held, err := l.Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-acquires
+	got := make(chan *reqlock.Lock, 1)
+	go func() {
+		lock, err := l.Obtain(ctx, "k", time.Second, 10*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lock
+	}()
+	<-acquires // the waiter found the key held and is backing off
+	_ = held.Release(ctx)
+	lock := <-got
+	if lock == nil || lock.Fence() <= held.Fence() {
+		t.Fatalf("waiter got %v", lock)
+	}
+	_ = lock.Release(ctx)
+}
+
+func TestSleepCappedByHolderTTL(t *testing.T) {
+	// A backoff of a whole minute would make the waiter miss the lock; the
+	// holder's 30ms TTL, returned by the failed attempt, caps the sleep.
+	l, _ := newLocker(t, reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
+	ctx := context.Background()
+	if _, err := l.Obtain(ctx, "k", 30*time.Millisecond, 0); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	lock, err := l.Obtain(ctx, "k", time.Second, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release(ctx)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v to obtain an expired lock", d)
+	}
+}
+
+func TestRefresh(t *testing.T) {
+	l, _ := newLocker(t)
+	ctx := context.Background()
+	lock, err := l.Obtain(ctx, "k", 100*time.Millisecond, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.Refresh(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if lock.TTL() != time.Minute || lock.Validity() < 50*time.Second {
+		t.Fatalf("after refresh: ttl %v validity %v", lock.TTL(), lock.Validity())
+	}
+	if err := lock.Refresh(ctx, -1); !errors.Is(err, reqlock.ErrInvalid) {
+		t.Fatalf("negative refresh: %v", err)
+	}
+	if err := lock.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.Refresh(ctx, 0); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("refresh after release: %v, want ErrNotHeld", err)
+	}
+}
+
+func TestReleaseAfterExpiryAndTakeover(t *testing.T) {
+	l, _ := newLocker(t)
+	ctx := context.Background()
+	old, err := l.Obtain(ctx, "k", 20*time.Millisecond, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Obtain(ctx, "k", time.Minute, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Release(ctx); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("stale release: %v, want ErrNotHeld", err)
+	}
+	if err := old.Refresh(ctx, time.Minute); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("stale refresh: %v, want ErrNotHeld", err)
+	}
+	if _, err := l.Obtain(ctx, "k", time.Second, 0); !errors.Is(err, reqlock.ErrHeld) {
+		t.Fatalf("the stale release freed the new holder's lock: %v", err)
+	}
+	_ = next.Release(ctx)
+}
+
+func TestReleaseIgnoresCancelledContext(t *testing.T) {
+	l, store := newLocker(t)
+	lock, err := l.Obtain(context.Background(), "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := lock.Release(ctx); err != nil {
+		t.Fatalf("release on a cancelled context: %v", err)
+	}
+	if store.Len() != 0 {
+		t.Fatal("lock left behind")
+	}
+}
+
+// faultStore wraps a real store to inject faults.
+type faultStore struct {
+	reqlock.Store
+	acquireErr   error
+	loseReply    bool          // grant, then behave as if the reply never came
+	blockRelease bool          // Release waits for its context to end
+	acquired     chan struct{} // if set, told of every attempt
+	acquires     atomic.Int32
+}
+
+func (s *faultStore) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
+	s.acquires.Add(1)
+	if s.acquireErr != nil {
+		return reqlock.Grant{}, s.acquireErr
+	}
+	g, err := s.Store.Acquire(ctx, key, token, ttl)
+	if s.acquired != nil {
+		s.acquired <- struct{}{}
+	}
+	if s.loseReply {
+		<-ctx.Done()
+		return reqlock.Grant{}, ctx.Err()
+	}
+	return g, err
+}
+
+func (s *faultStore) Release(ctx context.Context, key, token string) error {
+	if s.blockRelease {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return s.Store.Release(ctx, key, token)
+}
+
+func TestStoreFailureIsNotRetried(t *testing.T) {
+	cause := errors.New("connection refused")
+	fs := &faultStore{Store: memstore.New(), acquireErr: cause}
+	l := reqlock.MustNew(fs)
+	_, err := l.Obtain(context.Background(), "k", time.Second, time.Second)
+	if !errors.Is(err, reqlock.ErrStore) || !errors.Is(err, cause) {
+		t.Fatalf("err = %v, want ErrStore wrapping the cause", err)
+	}
+	if n := fs.acquires.Load(); n != 1 {
+		t.Fatalf("%d attempts, want 1", n)
+	}
+}
+
+func TestAbandonedGrantIsReleased(t *testing.T) {
+	mem := memstore.New()
+	l := reqlock.MustNew(&faultStore{Store: mem, loseReply: true})
+	_, err := l.Obtain(context.Background(), "k", time.Hour, 30*time.Millisecond)
+	if !errors.Is(err, reqlock.ErrWaitEnded) || errors.Is(err, reqlock.ErrHeld) {
+		t.Fatalf("err = %v, want ErrWaitEnded without ErrHeld", err)
+	}
+	if mem.Len() != 0 {
+		t.Fatal("the grant whose reply was lost is left until its TTL (1h)")
+	}
+}
+
+func TestReleaseHasItsOwnTimeout(t *testing.T) {
+	fs := &faultStore{Store: memstore.New(), blockRelease: true}
+	l := reqlock.MustNew(fs, reqlock.WithReleaseTimeout(30*time.Millisecond))
+	lock, err := l.Obtain(context.Background(), "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = lock.Release(context.Background())
+	if !errors.Is(err, reqlock.ErrStore) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want ErrStore after the release timeout", err)
+	}
+}
+
+func TestContextCarriesLock(t *testing.T) {
+	l, _ := newLocker(t)
+	lock, err := l.Obtain(context.Background(), "k", time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release(context.Background())
+	if _, ok := reqlock.FromContext(context.Background()); ok {
+		t.Fatal("empty context has a lock")
+	}
+	got, ok := reqlock.FromContext(reqlock.NewContext(context.Background(), lock))
+	if !ok || got != lock {
+		t.Fatal("lock not found in its context")
+	}
+}
+
+func TestConcurrentWaitersExclusive(t *testing.T) {
+	l, _ := newLocker(t)
+	var inside, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			for range 10 {
+				lock, err := l.Obtain(context.Background(), "k", time.Second, 10*time.Second)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				runtime.Gosched()
+				inside.Add(-1)
+				_ = lock.Release(context.Background())
+			}
+		})
+	}
+	wg.Wait()
+	if overlaps.Load() != 0 {
+		t.Fatalf("%d overlapping holders", overlaps.Load())
+	}
+}
+
+// waitUntil polls cond until it holds, failing after a deadline.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 5s")
+		}
+		time.Sleep(time.Millisecond) // poll interval inside a deadline
+	}
+}
