@@ -23,9 +23,8 @@
 //
 // Literals are printable ASCII except '<' and '>': no space or control
 // characters. Braces are plain literals, so a Redis Cluster hash tag can be
-// written around a literal. A template has at most 512 bytes
-// (MaxTemplateLen); one without placeholders is valid and gives every request
-// of the route the same key. Two placeholders must be separated by a literal:
+// written around a literal. A template has at most 512 bytes; one without
+// placeholders is valid and gives every request of the route the same key. Two placeholders must be separated by a literal:
 // "<a><b>" is ambiguous and rejected. Array steps in json paths (such as
 // items[*].sku) are not supported yet; '[' and ']' are syntax errors.
 //
@@ -52,7 +51,8 @@
 // no prefix: the Locker adds its own.
 //
 // A JSON string renders as itself, a number as its literal text (so 1.0 and 1
-// are different keys), true and false as "true" and "false". A context value
+// are different keys: key on strings or integers), true and false as "true"
+// and "false". A context value
 // may be a string, []byte, fmt.Stringer, any int or uint kind, or a bool.
 //
 // A value that is absent or empty makes Key fail with ErrMissing, never a key

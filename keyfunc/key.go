@@ -18,6 +18,7 @@ const hashedLen = 1 + 2*16
 // value is absent or empty, ErrBadValue when a value or the body is unusable,
 // and ErrBodyTooLarge when the body needed for json or form placeholders is
 // longer than MaxBodyBytes; messages name the placeholder, never the value.
+// On a Template not made by Parse it returns an error wrapping ErrSyntax.
 //
 // Key reads the body at most once and then restores r.HTTPRequest().Body
 // (and GetBody) in place, so the handler can read the same bytes again; after

@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// MaxTemplateLen is the longest template Parse accepts, in bytes.
-const MaxTemplateLen = 512
+// maxTemplateLen is the longest template Parse accepts, in bytes.
+const maxTemplateLen = 512
 
 // source is where a placeholder's value comes from.
 type source uint8
@@ -120,9 +120,9 @@ func (t *Template) parse() error {
 	if s == "" {
 		return t.errAt(0, "empty template", "")
 	}
-	if len(s) > MaxTemplateLen {
+	if len(s) > maxTemplateLen {
 		return fmt.Errorf("%w: template is %d bytes, longer than the %d-byte limit at offset %d",
-			ErrSyntax, len(s), MaxTemplateLen, MaxTemplateLen)
+			ErrSyntax, len(s), maxTemplateLen, maxTemplateLen)
 	}
 	placeholderEnd := -1 // offset just after the last placeholder
 	for i := 0; i < len(s); {
