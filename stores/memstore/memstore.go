@@ -1,0 +1,168 @@
+// Package memstore is a reqlock.Store that keeps locks in the memory of one
+// process. Use it for a single instance, tests and development; processes do
+// not see each other's locks.
+//
+// Fences come from one counter shared by all keys, so they grow per key and
+// across keys, and no per-key state outlives a lock. Expired locks are freed
+// without a background goroutine: a min-heap orders locks by expiry, and every
+// operation first drops the expired ones from its top, so memory stays bounded
+// by the live locks however many distinct keys pass through.
+package memstore
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/reqlock/reqlock"
+)
+
+// Store is an in-memory reqlock.Store. It is safe for concurrent use. The zero
+// value is not usable; call New.
+type Store struct {
+	mu      sync.Mutex
+	entries map[string]*entry
+	expiry  expiryHeap
+	fence   int64 // last fence issued, for any key
+}
+
+var _ reqlock.Store = (*Store)(nil)
+
+type entry struct {
+	key       string
+	token     string
+	expiresAt time.Time
+	index     int // position in Store.expiry
+}
+
+// New returns an empty Store.
+func New() *Store {
+	return &Store{entries: make(map[string]*entry)}
+}
+
+// Acquire sets key to token for ttl if key is absent or expired, issuing the
+// next fence. When key is held it returns a Grant with OK false and the
+// holder's remaining TTL. It returns ctx.Err() without acting when ctx has
+// ended, and an error wrapping reqlock.ErrInvalid for a non-positive ttl.
+func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
+	if err := ctx.Err(); err != nil {
+		return reqlock.Grant{}, err
+	}
+	if ttl <= 0 {
+		return reqlock.Grant{}, fmt.Errorf("%w: memstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.sweep(now)
+	if e, ok := s.entries[key]; ok {
+		return reqlock.Grant{HolderTTL: e.expiresAt.Sub(now)}, nil
+	}
+	e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
+	s.entries[key] = e
+	heap.Push(&s.expiry, e)
+	s.fence++
+	return reqlock.Grant{OK: true, Fence: s.fence}, nil
+}
+
+// Release deletes key if it holds token. It returns an error wrapping
+// reqlock.ErrNotHeld when key is absent, expired or holds another token, and
+// ctx.Err() without acting when ctx has ended.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(time.Now())
+	e, ok := s.entries[key]
+	if !ok || e.token != token {
+		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
+	}
+	delete(s.entries, key)
+	heap.Remove(&s.expiry, e.index)
+	return nil
+}
+
+// Refresh resets the TTL of key to ttl if key holds token. It returns an
+// error wrapping reqlock.ErrNotHeld when key is absent, expired or holds
+// another token, one wrapping reqlock.ErrInvalid for a non-positive ttl, and
+// ctx.Err() without acting when ctx has ended.
+func (s *Store) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("%w: memstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.sweep(now)
+	e, ok := s.entries[key]
+	if !ok || e.token != token {
+		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
+	}
+	e.expiresAt = now.Add(ttl)
+	heap.Fix(&s.expiry, e.index)
+	return nil
+}
+
+// Len returns the number of live locks, after freeing the expired ones.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(time.Now())
+	return len(s.entries)
+}
+
+// minCompact is the heap capacity below which sweep never compacts.
+const minCompact = 1024
+
+// sweep frees every lock that expired by now. After a flood of keys has
+// drained it also reallocates the heap and the map, which never shrink on
+// their own. The caller holds s.mu.
+func (s *Store) sweep(now time.Time) {
+	for len(s.expiry) > 0 && !now.Before(s.expiry[0].expiresAt) {
+		e := heap.Pop(&s.expiry).(*entry)
+		delete(s.entries, e.key)
+	}
+	if c := cap(s.expiry); c > minCompact && len(s.expiry) < c/4 {
+		s.expiry = append(make(expiryHeap, 0, 2*len(s.expiry)), s.expiry...)
+		entries := make(map[string]*entry, len(s.entries))
+		for k, e := range s.entries {
+			entries[k] = e
+		}
+		s.entries = entries
+	}
+}
+
+// expiryHeap is a min-heap of entries by expiry; each entry knows its index.
+type expiryHeap []*entry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].expiresAt.Before(h[j].expiresAt) }
+
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+
+func (h *expiryHeap) Push(x any) {
+	e := x.(*entry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+
+func (h *expiryHeap) Pop() any {
+	old := *h
+	n := len(old) - 1
+	e := old[n]
+	old[n] = nil // let the entry be collected
+	e.index = -1
+	*h = old[:n]
+	return e
+}

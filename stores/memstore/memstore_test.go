@@ -1,0 +1,144 @@
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) reqlock.Store { return New() })
+}
+
+func TestFloodOfKeysIsFreed(t *testing.T) {
+	s := New()
+	ctx := context.Background()
+	const n = 20000
+	for i := range n {
+		g, err := s.Acquire(ctx, "flood:"+strconv.Itoa(i), "t", time.Millisecond)
+		if err != nil || !g.OK {
+			t.Fatalf("Acquire %d: %+v, %v", i, g, err)
+		}
+	}
+	waitFor(t, 3*time.Second, func() bool { return s.Len() == 0 })
+
+	// One more operation finds the structures compacted, not just emptied.
+	if g, err := s.Acquire(ctx, "after", "t", time.Minute); err != nil || !g.OK {
+		t.Fatalf("Acquire after the flood: %+v, %v", g, err)
+	}
+	s.mu.Lock()
+	entries, inHeap, capacity := len(s.entries), len(s.expiry), cap(s.expiry)
+	s.mu.Unlock()
+	if entries != 1 || inHeap != 1 {
+		t.Fatalf("after the flood: %d entries, %d in heap, want 1 and 1", entries, inHeap)
+	}
+	if capacity > minCompact {
+		t.Fatalf("heap capacity %d after the flood drained, want <= %d", capacity, minCompact)
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHeapConsistentUnderConcurrency(t *testing.T) {
+	s := New()
+	ctx := context.Background()
+	const workers, rounds, keys = 8, 300, 16
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			token := "w" + strconv.Itoa(w)
+			for r := range rounds {
+				key := "k" + strconv.Itoa((w*rounds+r)%keys)
+				// Mixed TTLs, some expiring during the run, reorder the heap.
+				ttl := time.Duration(1+r%5) * time.Millisecond
+				if r%3 == 0 {
+					ttl = time.Minute
+				}
+				g, err := s.Acquire(ctx, key, token, ttl)
+				if err != nil {
+					t.Errorf("Acquire: %v", err)
+					return
+				}
+				if !g.OK {
+					continue
+				}
+				for i := range 3 {
+					err := s.Refresh(ctx, key, token, time.Duration(r%7+i)*time.Millisecond+time.Microsecond)
+					if err != nil && !errors.Is(err, reqlock.ErrNotHeld) {
+						t.Errorf("Refresh: %v", err)
+					}
+				}
+				if err := s.Release(ctx, key, token); err != nil && !errors.Is(err, reqlock.ErrNotHeld) {
+					t.Errorf("Release: %v", err)
+				}
+				if r%50 == 0 {
+					if err := checkInvariants(s); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInvalidTTL(t *testing.T) {
+	s := New()
+	ctx := context.Background()
+	if _, err := s.Acquire(ctx, "k", "t", 0); !errors.Is(err, reqlock.ErrInvalid) {
+		t.Fatalf("Acquire with ttl 0: got %v, want ErrInvalid", err)
+	}
+	if g, err := s.Acquire(ctx, "k", "t", time.Minute); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if err := s.Refresh(ctx, "k", "t", -time.Second); !errors.Is(err, reqlock.ErrInvalid) {
+		t.Fatalf("Refresh with a negative ttl: got %v, want ErrInvalid", err)
+	}
+}
+
+// checkInvariants reports whether the map and the heap hold the same
+// entries, every entry knows its heap index, and the heap is ordered.
+func checkInvariants(s *Store) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.entries) != len(s.expiry) {
+		return fmt.Errorf("%d entries in map, %d in heap", len(s.entries), len(s.expiry))
+	}
+	for i, e := range s.expiry {
+		if e.index != i {
+			return fmt.Errorf("heap[%d] has index %d", i, e.index)
+		}
+		if s.entries[e.key] != e {
+			return fmt.Errorf("heap[%d] (%q) is not the map's entry", i, e.key)
+		}
+		if i > 0 && e.expiresAt.Before(s.expiry[(i-1)/2].expiresAt) {
+			return fmt.Errorf("heap[%d] expires before its parent", i)
+		}
+	}
+	return nil
+}
+
+func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	ticker := time.NewTicker(5 * time.Millisecond)
+	defer ticker.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", limit)
+		}
+		<-ticker.C
+	}
+}
