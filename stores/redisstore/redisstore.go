@@ -1,0 +1,234 @@
+// Package redisstore is a reqlock.Store on Redis (5.0 or later, or Valkey)
+// through go-redis v9.
+//
+// # What is stored
+//
+// A lock is its key holding the owner's token with a PX TTL, set with
+// SET NX PX. Next to it a fence key holds the last fence issued for the key,
+// with a TTL of the fence retention (WithFenceRetention, default 24h) that
+// every grant renews. Release deletes the lock key, and Refresh resets its
+// TTL, only while it holds the caller's token.
+//
+// # Round trips
+//
+// Each operation is one Lua script, so one round trip once Redis has cached
+// the script: EVALSHA, falling back to EVAL on the first use after a restart
+// or SCRIPT FLUSH. Store.Load caches all scripts ahead of time.
+//
+// # Fencing
+//
+// A grant's fence is max(last fence + 1, server time in microseconds), and
+// becomes the new last fence. So fences strictly grow per key while the fence
+// key lives. When it expires after the retention (which keeps a flood of
+// distinct keys from growing Redis forever) the next fence starts again from
+// the server clock, which is above every earlier fence unless the server
+// clock stepped back by more than the retention. Microsecond values stay
+// below 2^53, so Lua numbers hold them exactly.
+//
+// # Redis Cluster
+//
+// Both keys of a grant must hash to one slot. When the lock key has a hash tag
+// (a '{' followed later by a '}' with at least one character between), the
+// fence key is the lock key plus ":fence" and shares the tag. Otherwise the
+// fence key is "{" + key + "}:fence", whose hash tag is the whole lock key.
+// A key that contains '}' but no valid hash tag cannot be wrapped that way: its
+// fence key is key + ":fence", which may land in another slot, so such keys
+// are not Cluster-safe. Keys built by package keyfunc escape braces in request
+// values, so they contain only the braces the template author wrote.
+//
+// # Timeouts
+//
+// go-redis bounds a command by its ReadTimeout and WriteTimeout, and honours
+// a context's deadline only when redis.Options.ContextTimeoutEnabled is set.
+// Set it, so that a lock wait's deadline also bounds a stalled Redis.
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
+)
+
+// DefaultFenceRetention is how long a fence key outlives the last grant of its
+// lock key unless WithFenceRetention says otherwise.
+const DefaultFenceRetention = 24 * time.Hour
+
+// MinFenceRetention is the shortest fence retention WithFenceRetention
+// accepts.
+const MinFenceRetention = time.Minute
+
+// ErrUnexpectedReply means a script answered in a shape this package does not
+// expect, such as a key name clash with data of another program.
+var ErrUnexpectedReply = errors.New("redisstore: unexpected reply from Redis")
+
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed refresh.lua
+	refreshSrc string
+
+	acquireScript = redis.NewScript(acquireSrc)
+	releaseScript = redis.NewScript(releaseSrc)
+	refreshScript = redis.NewScript(refreshSrc)
+)
+
+// Store is a reqlock.Store on Redis. It is safe for concurrent use.
+type Store struct {
+	client         redis.Scripter
+	fenceRetention time.Duration
+}
+
+var _ reqlock.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithFenceRetention sets how long a fence key outlives the last grant of its
+// lock key. Default DefaultFenceRetention; at least MinFenceRetention.
+func WithFenceRetention(d time.Duration) Option {
+	return func(s *Store) { s.fenceRetention = d }
+}
+
+// New returns a Store over client: a *redis.Client, *redis.ClusterClient,
+// *redis.Ring, redis.UniversalClient or Sentinel failover client. It returns
+// an error wrapping reqlock.ErrInvalid when client is nil or an option is
+// invalid.
+func New(client redis.Scripter, opts ...Option) (*Store, error) {
+	if isNil(client) {
+		return nil, fmt.Errorf("%w: redisstore: client is nil", reqlock.ErrInvalid)
+	}
+	s := &Store{client: client, fenceRetention: DefaultFenceRetention}
+	for _, opt := range opts {
+		opt(s)
+	}
+	if s.fenceRetention < MinFenceRetention {
+		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
+			reqlock.ErrInvalid, s.fenceRetention, MinFenceRetention)
+	}
+	return s, nil
+}
+
+// Load caches the store's scripts in Redis with SCRIPT LOAD, so that even the
+// first operation after start-up takes one round trip. It is optional: an
+// uncached script costs one extra round trip (EVALSHA, then EVAL). A cluster
+// client loads them on every node. It returns the client's error.
+func (s *Store) Load(ctx context.Context) error {
+	for _, script := range []*redis.Script{acquireScript, releaseScript, refreshScript} {
+		if err := script.Load(ctx, s.client).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Acquire sets key to token for ttl if key is absent, issuing the next fence
+// in the same script. When key is held it returns a Grant with OK false and
+// the holder's remaining TTL. It returns the client's error as is, an error
+// wrapping reqlock.ErrInvalid for a non-positive ttl, and ctx.Err() without
+// acting when ctx has ended.
+func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
+	if err := ctx.Err(); err != nil {
+		return reqlock.Grant{}, err
+	}
+	if ttl <= 0 {
+		return reqlock.Grant{}, fmt.Errorf("%w: redisstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	}
+	reply, err := acquireScript.Run(ctx, s.client, []string{key, fenceKey(key)},
+		token, milliseconds(ttl), s.fenceRetention.Milliseconds()).Int64Slice()
+	if err != nil {
+		return reqlock.Grant{}, err
+	}
+	if len(reply) != 2 {
+		return reqlock.Grant{}, fmt.Errorf("%w: acquire %q answered %v", ErrUnexpectedReply, key, reply)
+	}
+	if reply[0] == 1 {
+		return reqlock.Grant{OK: true, Fence: reply[1]}, nil
+	}
+	// PTTL is negative when the key has no TTL, which this store never sets.
+	return reqlock.Grant{HolderTTL: time.Duration(max(reply[1], 0)) * time.Millisecond}, nil
+}
+
+// Release deletes key if it holds token. It returns an error wrapping
+// reqlock.ErrNotHeld when key is absent or holds another token, the client's
+// error as is, and ctx.Err() without acting when ctx has ended.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n, err := releaseScript.Run(ctx, s.client, []string{key}, token).Int64()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
+	}
+	return nil
+}
+
+// Refresh resets the TTL of key to ttl if key holds token. It returns an
+// error wrapping reqlock.ErrNotHeld when key is absent or holds another token,
+// one wrapping reqlock.ErrInvalid for a non-positive ttl, the client's error
+// as is, and ctx.Err() without acting when ctx has ended.
+func (s *Store) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("%w: redisstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	}
+	n, err := refreshScript.Run(ctx, s.client, []string{key}, token, milliseconds(ttl)).Int64()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
+	}
+	return nil
+}
+
+// fenceKey names the fence key of key so that both hash to one Cluster slot.
+func fenceKey(key string) string {
+	if hasHashTag(key) || strings.IndexByte(key, '}') >= 0 {
+		return key + ":fence"
+	}
+	return "{" + key + "}:fence"
+}
+
+// hasHashTag reports whether key has a Redis Cluster hash tag: a '{' followed
+// later by a '}' with at least one character between.
+func hasHashTag(key string) bool {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return false
+	}
+	return strings.IndexByte(key[open+1:], '}') > 0
+}
+
+// milliseconds rounds d up to whole milliseconds: Redis must not expire a
+// lock before the holder's own clock says it has.
+func milliseconds(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
+}
+
+// isNil reports whether client is nil or a nil pointer in an interface.
+func isNil(client redis.Scripter) bool {
+	if client == nil {
+		return true
+	}
+	v := reflect.ValueOf(client)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
