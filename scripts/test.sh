@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Runs every check of the repository against a real Redis: gofmt, go vet,
+# go test -race (extra arguments go to go test), then each fuzz target for
+# FUZZTIME (default 10s). Installs redis-server when missing and running as
+# root; starts a private one on a free loopback port and stops it on exit.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+	if [[ $(id -u) -eq 0 ]]; then
+		echo "test.sh: installing redis-server"
+		apt-get update
+		DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server redis-tools
+	else
+		echo "test.sh: redis-server is not installed; install it (apt-get install redis-server redis-tools) or run as root" >&2
+		exit 1
+	fi
+fi
+
+# port_free succeeds when nothing accepts connections on 127.0.0.1:$1.
+port_free() {
+	! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+redis_dir=$(mktemp -d "${TMPDIR:-/tmp}/reqlock-test-redis.XXXXXX")
+redis_pid=
+cleanup() {
+	if [[ -n $redis_pid ]]; then
+		kill "$redis_pid" 2>/dev/null || true
+		wait "$redis_pid" 2>/dev/null || true
+	fi
+	rm -rf "$redis_dir"
+}
+trap cleanup EXIT
+
+start_redis() {
+	local port=$1
+	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+		--dir "$redis_dir" >"$redis_dir/redis.log" 2>&1 &
+	redis_pid=$!
+	for _ in $(seq 100); do # 100 x 0.1s: about 10s
+		if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null || true) == PONG ]]; then
+			return 0
+		fi
+		if ! kill -0 "$redis_pid" 2>/dev/null; then
+			break # exited, likely the port was taken meanwhile
+		fi
+		sleep 0.1
+	done
+	kill "$redis_pid" 2>/dev/null || true
+	wait "$redis_pid" 2>/dev/null || true
+	redis_pid=
+	return 1
+}
+
+port=
+for _ in $(seq 20); do
+	candidate=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+	if port_free "$candidate" && start_redis "$candidate"; then
+		port=$candidate
+		break
+	fi
+done
+if [[ -z $port ]]; then
+	echo "test.sh: could not start redis-server; last log:" >&2
+	tail -n 20 "$redis_dir/redis.log" >&2 || true
+	exit 1
+fi
+export REQLOCK_REDIS_ADDR=127.0.0.1:$port
+echo "test.sh: redis-server on $REQLOCK_REDIS_ADDR"
+
+echo "test.sh: gofmt"
+unformatted=$(gofmt -l .)
+if [[ -n $unformatted ]]; then
+	echo "test.sh: gofmt would change these files:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "test.sh: go vet"
+go vet ./...
+
+echo "test.sh: go test -race"
+go test -race -count=1 "$@" ./...
+
+fuzztime=${FUZZTIME:-10s}
+while IFS=: read -r file name; do
+	dir=$(dirname "$file")
+	echo "test.sh: fuzz $name in ./$dir for $fuzztime"
+	go test -run='^$' -fuzz="^${name}\$" -fuzztime="$fuzztime" "./$dir" </dev/null
+done < <(grep -rHoE --include='*_test.go' --exclude-dir=testdata --exclude-dir=vendor --exclude-dir=.git \
+	'^func Fuzz[A-Za-z0-9_]*' . |
+	sed -E 's#^\./##; s#:func #:#' | sort)
+
+echo "test.sh: PASS: gofmt, go vet, go test -race and fuzzing all passed"
