@@ -1,0 +1,346 @@
+// Command inventory is a small shop service that shows what reqlock is for:
+// deducting the stock of a SKU during a flash sale without overselling, when
+// many requests, on one instance or many, hit the same SKU at once.
+//
+// Every change to a SKU runs under the lock key sku:<id>, taken by reqlock's
+// middleware before the handler runs. The deduction reads the stock, works
+// for a while (the -work flag), then writes the stock back: without the lock
+// (-nolock) concurrent deductions read the same stock and lose each other's
+// updates, so the shop sells more than it has. With the lock they run one at
+// a time, on every instance that shares the lock store.
+//
+// The lock alone is not enough when a lease expires while its holder still
+// works (a GC pause, a slow network). So every write is fenced: each lock
+// grant carries a fencing token that only grows, and the stock store keeps
+// per SKU the highest fence that read it for an update or wrote it, and
+// refuses a read or write with a lower one. Reads count too: once a newer
+// holder has read the stock, an older holder's write (computed from the same
+// stock) would lose the newer one's update. A holder whose lock was lost gets
+// 409 "stale fence" and changes nothing.
+//
+// Usage:
+//
+//	go run ./examples/inventory [flags]
+//
+// Flags:
+//
+//	-addr HOST:PORT   listen address (default 127.0.0.1:8080; port 0 picks a free one)
+//	-framework NAME   gin, echo or nethttp (default gin)
+//	-redis URL        keep the locks (redisstore) and the stock in this Redis,
+//	                  such as redis://127.0.0.1:6379/0 (default $REDIS_URL;
+//	                  without either, both live in memory: memstore)
+//	-stock N          initial stock of a SKU never set (default 100)
+//	-work DURATION    simulated work between reading and writing the stock (default 0)
+//	-wait DURATION    how long a request waits for a held lock (default 2s; 0 tries once)
+//	-ttl DURATION     lease of each lock (default 10s)
+//	-nolock           no lock middleware and no fences: shows overselling
+//
+// Routes:
+//
+//	GET  /skus/{id}         200 {"sku":"…","stock":N}; not locked
+//	PUT  /skus/{id}         body {"stock":N}: sets the stock under sku:<id>
+//	POST /skus/{id}/deduct  body {"qty":Q}: deducts under sku:<id>;
+//	                        200 {"sku":"…","stock":remaining,"fence":F}
+//	POST /orders            body {"sku":"…","qty":Q}: the same deduction, keyed
+//	                        from the body (sku:<json:sku>, the same keys)
+//
+// Answers: 400 for a bad body (or a missing "sku" on /orders); 409 with the
+// current stock when it is insufficient, and 409 "stale fence" when the lock
+// was lost before the write; 423 with Retry-After when the lock wait runs
+// out; 503 with Retry-After when the lock store or the stock store is down.
+//
+// Try it:
+//
+//	go run ./examples/inventory -work 10ms -wait 30s &
+//	seq 150 | xargs -P 50 -I{} curl -s -o /dev/null -w '%{http_code}\n' \
+//	    -X POST -d '{"qty":1}' localhost:8080/skus/apple/deduct | sort | uniq -c
+//	curl -s localhost:8080/skus/apple   # 100 answered 200, 50 answered 409; stock 0
+//
+// Again with -nolock, all 150 answer 200 and the stock still shows units
+// left: the shop sold more than it had. Run two instances on different
+// -addr with the same -redis URL, and the lock holds across them.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores/memstore"
+	"github.com/reqlock/reqlock/stores/redisstore"
+)
+
+// Frameworks the service can route with.
+const (
+	frameworkGin     = "gin"
+	frameworkEcho    = "echo"
+	frameworkNetHTTP = "nethttp"
+)
+
+// shutdownTimeout bounds the graceful shutdown.
+const shutdownTimeout = 10 * time.Second
+
+// config is the service's configuration, one field per flag.
+type config struct {
+	addr         string
+	framework    string
+	redisURL     string // empty: everything in memory
+	defaultStock int64
+	work         time.Duration
+	wait         time.Duration
+	ttl          time.Duration
+	noLock       bool
+
+	// logger receives the lock middleware's warnings; nil means
+	// slog.Default(). Not a flag: tests silence it.
+	logger *slog.Logger
+}
+
+// defaultConfig returns the configuration with every flag at its default.
+func defaultConfig() config {
+	return config{
+		addr:         "127.0.0.1:8080",
+		framework:    frameworkGin,
+		defaultStock: 100,
+		wait:         2 * time.Second,
+		ttl:          10 * time.Second,
+	}
+}
+
+// parseFlags parses the command line args (without the program name).
+// getenv supplies REDIS_URL when -redis is not given; usage and flag errors
+// go to out. Every error names the flag at fault.
+func parseFlags(args []string, getenv func(string) string, out io.Writer) (config, error) {
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("inventory", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&cfg.addr, "addr", cfg.addr, "listen address `host:port` (port 0 picks a free one)")
+	fs.StringVar(&cfg.framework, "framework", cfg.framework, "router: gin, echo or nethttp")
+	fs.StringVar(&cfg.redisURL, "redis", "", "Redis `URL` for the locks and the stock (default $REDIS_URL; none: in memory)")
+	fs.Int64Var(&cfg.defaultStock, "stock", cfg.defaultStock, "initial stock of a SKU never set")
+	fs.DurationVar(&cfg.work, "work", cfg.work, "simulated work between reading and writing the stock")
+	fs.DurationVar(&cfg.wait, "wait", cfg.wait, "how long a request waits for a held lock (0 tries once)")
+	fs.DurationVar(&cfg.ttl, "ttl", cfg.ttl, "lease of each lock")
+	fs.BoolVar(&cfg.noLock, "nolock", false, "no lock and no fences: shows overselling")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	redisFlag := "-redis"
+	if cfg.redisURL == "" && getenv != nil {
+		cfg.redisURL = getenv("REDIS_URL")
+		redisFlag = "-redis (from $REDIS_URL)"
+	}
+	if err := cfg.validate(redisFlag); err != nil {
+		return config{}, err
+	}
+	return cfg, nil
+}
+
+// validate reports the first invalid setting, naming its flag; redisFlag
+// names where the Redis URL came from.
+func (cfg config) validate(redisFlag string) error {
+	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
+		return fmt.Errorf("-addr %q: %w", cfg.addr, err)
+	}
+	switch cfg.framework {
+	case frameworkGin, frameworkEcho, frameworkNetHTTP:
+	default:
+		return fmt.Errorf("-framework %q: unknown framework (want gin, echo or nethttp)", cfg.framework)
+	}
+	if cfg.redisURL != "" {
+		if _, err := redis.ParseURL(cfg.redisURL); err != nil {
+			return fmt.Errorf("%s: invalid Redis URL: %w", redisFlag, err)
+		}
+	}
+	switch {
+	case cfg.defaultStock < 0:
+		return fmt.Errorf("-stock %d: must not be negative", cfg.defaultStock)
+	case cfg.work < 0:
+		return fmt.Errorf("-work %v: must not be negative", cfg.work)
+	case cfg.wait < 0:
+		return fmt.Errorf("-wait %v: must not be negative (0 tries once)", cfg.wait)
+	case cfg.ttl < time.Millisecond:
+		return fmt.Errorf("-ttl %v: must be at least 1ms", cfg.ttl)
+	}
+	return nil
+}
+
+// app is the whole service for one config, with the parts tests look at.
+type app struct {
+	handler http.Handler
+	shop    *shop
+	locker  *reqlock.Locker // nil with -nolock
+	closers []func() error
+
+	// lockDesc and stockDesc say where the locks and the stock live.
+	lockDesc, stockDesc string
+	// ping checks the Redis server; nil without Redis.
+	ping func(context.Context) error
+}
+
+// close releases what the app opened (its Redis client).
+func (a *app) close() {
+	for _, c := range a.closers {
+		_ = c()
+	}
+}
+
+// newApp builds the whole service for cfg: its stores, its locker and its
+// router. The returned func releases what it opened; call it after the
+// server has stopped.
+func newApp(cfg config) (http.Handler, func(), error) {
+	a, err := buildApp(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return a.handler, a.close, nil
+}
+
+// buildApp is newApp returning the app's parts.
+func buildApp(cfg config) (*app, error) {
+	if err := cfg.validate("-redis"); err != nil {
+		return nil, err
+	}
+	a := &app{}
+	var (
+		lockStore reqlock.Store
+		stock     stockStore
+	)
+	if cfg.redisURL == "" {
+		lockStore, stock = memstore.New(), newMemStock()
+		a.lockDesc, a.stockDesc = "memstore (in memory)", "in memory"
+	} else {
+		opts, err := redis.ParseURL(cfg.redisURL)
+		if err != nil {
+			return nil, fmt.Errorf("-redis: invalid Redis URL: %w", err)
+		}
+		// Let a request's lock wait deadline bound a stalled Redis too.
+		opts.ContextTimeoutEnabled = true
+		client := redis.NewClient(opts)
+		a.closers = append(a.closers, client.Close)
+		rs, err := redisstore.New(client)
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("redis lock store: %w", err)
+		}
+		where := fmt.Sprintf("Redis %s db %d", opts.Addr, opts.DB)
+		lockStore, stock = rs, newRedisStock(client)
+		a.ping = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+		a.lockDesc, a.stockDesc = "redisstore ("+where+")", "in "+where
+	}
+	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work}
+
+	var lockOpts []middleware.Option
+	if !cfg.noLock {
+		logger := cfg.logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		locker, err := reqlock.New(lockStore, reqlock.WithLogger(logger))
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("locker: %w", err)
+		}
+		a.locker = locker
+		lockOpts = []middleware.Option{middleware.WithWait(cfg.wait), middleware.WithTTL(cfg.ttl)}
+	}
+
+	var err error
+	switch cfg.framework {
+	case frameworkEcho:
+		a.handler, err = echoRoutes(a.shop, a.locker, lockOpts)
+	case frameworkNetHTTP:
+		a.handler, err = netHTTPRoutes(a.shop, a.locker, lockOpts)
+	default:
+		a.handler, err = ginRoutes(a.shop, a.locker, lockOpts)
+	}
+	if err != nil {
+		a.close()
+		return nil, fmt.Errorf("%s routes: %w", cfg.framework, err)
+	}
+	return a, nil
+}
+
+// main parses the flags and serves until SIGINT or SIGTERM.
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "inventory:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	context.AfterFunc(ctx, stop) // a second signal kills at once
+	if err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "inventory:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves cfg until ctx ends, then shuts down gracefully. It writes what
+// it listens on, and how to try it, to out.
+func run(ctx context.Context, cfg config, out io.Writer) error {
+	a, err := buildApp(cfg)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return fmt.Errorf("-addr: %w", err)
+	}
+	srv := &http.Server{Handler: a.handler, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	base := "http://" + ln.Addr().String()
+	lock := fmt.Sprintf("lock store %s, wait %v, ttl %v", a.lockDesc, cfg.wait, cfg.ttl)
+	if cfg.noLock {
+		lock = "NO LOCK (-nolock): concurrent deductions oversell"
+	}
+	fmt.Fprintf(out, "inventory: listening on %s\n", base)
+	fmt.Fprintf(out, "inventory: framework %s; %s; stock %s (default %d per SKU, work %v)\n",
+		cfg.framework, lock, a.stockDesc, cfg.defaultStock, cfg.work)
+	if a.ping != nil {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := a.ping(pctx); err != nil {
+			fmt.Fprintf(out, "inventory: warning: Redis does not answer (%v); requests answer 503 until it does\n", err)
+		}
+		cancel()
+	}
+	fmt.Fprintf(out, "try:\n  curl -s -X POST -d '{\"qty\":1}' %s/skus/apple/deduct\n  curl -s %s/skus/apple\n", base, base)
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	fmt.Fprintln(out, "inventory: shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	fmt.Fprintln(out, "inventory: stopped")
+	return nil
+}

@@ -1,0 +1,427 @@
+package main
+
+// This file holds the framework-neutral shop: the stock stores (in memory and
+// in Redis), the shop's operations, and the mapping of requests and errors to
+// HTTP answers that every router file shares.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors of the shop and its stock stores.
+var (
+	// ErrInsufficientStock means a deduction asked for more than the stock.
+	ErrInsufficientStock = errors.New("insufficient stock")
+
+	// ErrStaleFence means a fenced read or write carried a fence lower than
+	// one the stock store already saw for the SKU: a newer lock holder has
+	// been there, so this holder's lock was lost (its lease expired).
+	ErrStaleFence = errors.New("stale fence")
+
+	// errStockStore marks a failure of the stock store itself.
+	errStockStore = errors.New("stock store failed")
+)
+
+// stockStore keeps, per SKU, the stock and the highest fence that read it
+// for an update or wrote it. Fence 0 means "no lock" (the -nolock baseline):
+// such reads and writes are neither checked nor recorded.
+type stockStore interface {
+	// Read returns the stock of sku and whether it was ever set. With
+	// fence > 0 it is a fenced read for an update: it fails with
+	// ErrStaleFence when the stored fence is higher, else it records fence,
+	// so that every holder older than this one can no longer write.
+	Read(ctx context.Context, sku string, fence int64) (stock int64, found bool, err error)
+
+	// Write sets the stock of sku. With fence > 0 it fails with
+	// ErrStaleFence when the stored fence is higher than fence, else it
+	// stores the stock and the fence in one atomic step. With fence 0 it
+	// stores the stock unchecked.
+	Write(ctx context.Context, sku string, stock, fence int64) error
+}
+
+// memStock is a stockStore in process memory, guarded by a mutex.
+type memStock struct {
+	mu   sync.Mutex
+	skus map[string]*memRecord
+}
+
+// memRecord is one SKU of a memStock.
+type memRecord struct {
+	stock    int64
+	hasStock bool
+	fence    int64
+}
+
+// newMemStock returns an empty in-memory stock store.
+func newMemStock() *memStock { return &memStock{skus: make(map[string]*memRecord)} }
+
+// Read implements stockStore.
+func (m *memStock) Read(_ context.Context, sku string, fence int64) (int64, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec := m.skus[sku]
+	if fence > 0 {
+		if rec == nil {
+			rec = &memRecord{}
+			m.skus[sku] = rec
+		}
+		if fence < rec.fence {
+			return 0, false, fmt.Errorf("%w: read with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, rec.fence)
+		}
+		rec.fence = fence
+	}
+	if rec == nil || !rec.hasStock {
+		return 0, false, nil
+	}
+	return rec.stock, true, nil
+}
+
+// Write implements stockStore.
+func (m *memStock) Write(_ context.Context, sku string, stock, fence int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec := m.skus[sku]
+	if rec == nil {
+		rec = &memRecord{}
+		m.skus[sku] = rec
+	}
+	if fence > 0 {
+		if fence < rec.fence {
+			return fmt.Errorf("%w: write with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, rec.fence)
+		}
+		rec.fence = fence
+	}
+	rec.stock, rec.hasStock = stock, true
+	return nil
+}
+
+// redisStockPrefix is put in front of the SKU to name its Redis hash.
+const redisStockPrefix = "inventory:sku:"
+
+// redisReadScript is the fenced read: KEYS[1] is the SKU's hash, ARGV[1]
+// the fence. It returns {ok, found, stock, storedFence}: ok is 0 when the
+// stored fence is higher than ARGV[1]; found is 0 when the stock was never
+// set.
+var redisReadScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'stock', 'fence')
+local fence = tonumber(ARGV[1])
+local stored = tonumber(v[2]) or 0
+if fence > 0 then
+  if fence < stored then
+    return {0, 0, 0, stored}
+  end
+  if fence > stored then
+    redis.call('HSET', KEYS[1], 'fence', ARGV[1])
+  end
+end
+if v[1] == false then
+  return {1, 0, 0, stored}
+end
+return {1, 1, tonumber(v[1]), stored}
+`)
+
+// redisWriteScript is the fenced write: KEYS[1] is the SKU's hash, ARGV[1]
+// the stock, ARGV[2] the fence. It returns {ok, storedFence}: ok is 0, and
+// nothing is written, when the stored fence is higher than ARGV[2].
+var redisWriteScript = redis.NewScript(`
+local fence = tonumber(ARGV[2])
+if fence > 0 then
+  local stored = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
+  if fence < stored then
+    return {0, stored}
+  end
+  redis.call('HSET', KEYS[1], 'stock', ARGV[1], 'fence', ARGV[2])
+  return {1, fence}
+end
+redis.call('HSET', KEYS[1], 'stock', ARGV[1])
+return {1, 0}
+`)
+
+// redisStock is a stockStore in Redis: one hash per SKU with the fields
+// stock and fence, read and written by Lua scripts so that the fence check
+// and the update are one atomic step.
+type redisStock struct {
+	client redis.Scripter
+}
+
+// newRedisStock returns a stock store over client.
+func newRedisStock(client redis.Scripter) *redisStock { return &redisStock{client: client} }
+
+// Read implements stockStore.
+func (s *redisStock) Read(ctx context.Context, sku string, fence int64) (int64, bool, error) {
+	v, err := redisReadScript.Run(ctx, s.client, []string{redisStockPrefix + sku}, fence).Int64Slice()
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: read %q: %w", errStockStore, sku, err)
+	}
+	if len(v) != 4 {
+		return 0, false, fmt.Errorf("%w: read %q: script answered %v", errStockStore, sku, v)
+	}
+	if v[0] == 0 {
+		return 0, false, fmt.Errorf("%w: read with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, v[3])
+	}
+	return v[2], v[1] == 1, nil
+}
+
+// Write implements stockStore.
+func (s *redisStock) Write(ctx context.Context, sku string, stock, fence int64) error {
+	v, err := redisWriteScript.Run(ctx, s.client, []string{redisStockPrefix + sku}, stock, fence).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("%w: write %q: %w", errStockStore, sku, err)
+	}
+	if len(v) != 2 {
+		return fmt.Errorf("%w: write %q: script answered %v", errStockStore, sku, v)
+	}
+	if v[0] == 0 {
+		return fmt.Errorf("%w: write with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, v[1])
+	}
+	return nil
+}
+
+// shop holds the stock and the operations the handlers call.
+type shop struct {
+	store        stockStore
+	defaultStock int64         // stock of a SKU never set
+	work         time.Duration // simulated work between reading and writing
+
+	// testHookAfterRead, when set, runs in Deduct between the read and the
+	// work. Tests use it as a barrier; it is nil in the service.
+	testHookAfterRead func(ctx context.Context)
+}
+
+// Get returns the stock of sku: the default stock for a SKU never set.
+func (s *shop) Get(ctx context.Context, sku string) (int64, error) {
+	stock, found, err := s.store.Read(ctx, sku, 0)
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		return s.defaultStock, nil
+	}
+	return stock, nil
+}
+
+// Set sets the stock of sku with a fenced write (unfenced when fence is 0).
+func (s *shop) Set(ctx context.Context, sku string, stock, fence int64) error {
+	return s.store.Write(ctx, sku, stock, fence)
+}
+
+// Deduct takes qty from the stock of sku and returns what remains. It reads
+// the stock, works for work (the critical section the lock protects), then
+// writes the stock back with fence, so that a holder whose lock was lost
+// meanwhile cannot write. Without a lock (fence 0) concurrent calls lose
+// updates: that is the oversell the example shows.
+//
+// Errors: ErrInsufficientStock (with the current stock returned),
+// ErrStaleFence, the context's error when ctx ends during the work, and
+// errStockStore failures.
+func (s *shop) Deduct(ctx context.Context, sku string, qty, fence int64, work time.Duration) (int64, error) {
+	stock, found, err := s.store.Read(ctx, sku, fence)
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		stock = s.defaultStock
+	}
+	if stock < qty {
+		return stock, fmt.Errorf("%w: SKU %q has %d, asked for %d", ErrInsufficientStock, sku, stock, qty)
+	}
+	if s.testHookAfterRead != nil {
+		s.testHookAfterRead(ctx)
+	}
+	if err := simulateWork(ctx, work); err != nil {
+		return 0, err
+	}
+	if err := s.store.Write(ctx, sku, stock-qty, fence); err != nil {
+		return 0, err
+	}
+	return stock - qty, nil
+}
+
+// simulateWork stands for the slow part of a real deduction (pricing, a
+// payment call). It returns ctx's error when ctx ends first.
+func simulateWork(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("work interrupted: %w", ctx.Err())
+	}
+}
+
+// maxBodyBytes bounds the request bodies the handlers decode.
+const maxBodyBytes = 64 << 10
+
+// reply is a framework-neutral HTTP answer: a status and a JSON body. The
+// router files write it with their framework's JSON helper.
+type reply struct {
+	status int
+	body   any
+}
+
+// stockBody is the answer of GET and PUT /skus/{id}.
+type stockBody struct {
+	SKU   string `json:"sku"`
+	Stock int64  `json:"stock"`
+}
+
+// deductBody is the answer of a successful deduction.
+type deductBody struct {
+	SKU   string `json:"sku"`
+	Stock int64  `json:"stock"`
+	Fence int64  `json:"fence"`
+}
+
+// errorBody is the answer of a failed request. Stock is set when it helps
+// the client (409 insufficient stock).
+type errorBody struct {
+	Error string `json:"error"`
+	SKU   string `json:"sku,omitempty"`
+	Stock *int64 `json:"stock,omitempty"`
+}
+
+// badRequest answers 400 with msg.
+func badRequest(msg string) reply {
+	return reply{http.StatusBadRequest, errorBody{Error: msg}}
+}
+
+// getReply answers GET /skus/{id}.
+func (s *shop) getReply(ctx context.Context, sku string) reply {
+	if sku == "" {
+		return badRequest("sku is empty")
+	}
+	stock, err := s.Get(ctx, sku)
+	if err != nil {
+		return s.errorReply(sku, 0, err)
+	}
+	return reply{http.StatusOK, stockBody{SKU: sku, Stock: stock}}
+}
+
+// setReply answers PUT /skus/{id} with body {"stock":N}.
+func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, fence int64) reply {
+	var req struct {
+		Stock *int64 `json:"stock"`
+	}
+	if err := decodeJSON(body, &req); err != nil {
+		return badRequest(err.Error())
+	}
+	switch {
+	case sku == "":
+		return badRequest("sku is empty")
+	case req.Stock == nil:
+		return badRequest(`"stock" is missing`)
+	case *req.Stock < 0:
+		return badRequest(`"stock" must not be negative`)
+	}
+	if err := s.Set(ctx, sku, *req.Stock, fence); err != nil {
+		return s.errorReply(sku, 0, err)
+	}
+	return reply{http.StatusOK, stockBody{SKU: sku, Stock: *req.Stock}}
+}
+
+// deductReply answers POST /skus/{id}/deduct with body {"qty":Q}.
+func (s *shop) deductReply(ctx context.Context, sku string, body io.Reader, fence int64) reply {
+	var req struct {
+		Qty *int64 `json:"qty"`
+	}
+	if err := decodeJSON(body, &req); err != nil {
+		return badRequest(err.Error())
+	}
+	return s.deduct(ctx, sku, req.Qty, fence)
+}
+
+// orderReply answers POST /orders with body {"sku":"…","qty":Q}.
+func (s *shop) orderReply(ctx context.Context, body io.Reader, fence int64) reply {
+	var req struct {
+		SKU string `json:"sku"`
+		Qty *int64 `json:"qty"`
+	}
+	if err := decodeJSON(body, &req); err != nil {
+		return badRequest(err.Error())
+	}
+	return s.deduct(ctx, req.SKU, req.Qty, fence)
+}
+
+// deduct validates a deduction and answers it.
+func (s *shop) deduct(ctx context.Context, sku string, qty *int64, fence int64) reply {
+	switch {
+	case sku == "":
+		return badRequest(`"sku" is missing`)
+	case qty == nil:
+		return badRequest(`"qty" is missing`)
+	case *qty < 1:
+		return badRequest(`"qty" must be at least 1`)
+	}
+	remaining, err := s.Deduct(ctx, sku, *qty, fence, s.work)
+	if err != nil {
+		return s.errorReply(sku, remaining, err)
+	}
+	return reply{http.StatusOK, deductBody{SKU: sku, Stock: remaining, Fence: fence}}
+}
+
+// errorReply maps a shop error to its answer:
+//   - ErrInsufficientStock: 409 with the current stock;
+//   - ErrStaleFence: 409 as well. The request lost its lock before it could
+//     write (its lease expired while it worked), and the store refused the
+//     write, so nothing changed: like insufficient stock, it is a conflict
+//     with the resource's current state that the client may retry;
+//   - the request's context ended: 499 when the client went away (nobody
+//     reads it), 503 when a deadline passed;
+//   - a stock store failure: 503 with Retry-After.
+func (s *shop) errorReply(sku string, stock int64, err error) reply {
+	switch {
+	case errors.Is(err, ErrInsufficientStock):
+		return reply{http.StatusConflict, errorBody{Error: "insufficient stock", SKU: sku, Stock: &stock}}
+	case errors.Is(err, ErrStaleFence):
+		return reply{http.StatusConflict, errorBody{
+			Error: "stale fence: the lock expired before the write and a newer holder came first; nothing was changed",
+			SKU:   sku,
+		}}
+	case errors.Is(err, context.Canceled):
+		return reply{statusClientClosedRequest, errorBody{Error: "request cancelled", SKU: sku}}
+	}
+	return reply{http.StatusServiceUnavailable, errorBody{Error: "stock store unavailable; retry later", SKU: sku}}
+}
+
+// statusClientClosedRequest is recorded when the client went away (as nginx
+// and reqlock's middleware do); the client never sees it.
+const statusClientClosedRequest = 499
+
+// retryAfter returns the Retry-After header value for an answer, or "".
+func (r reply) retryAfter() string {
+	if r.status == http.StatusServiceUnavailable {
+		return "1"
+	}
+	return ""
+}
+
+// decodeJSON decodes one JSON object from body (at most maxBodyBytes) into v.
+func decodeJSON(body io.Reader, v any) error {
+	if body == nil {
+		return errors.New("request body is empty")
+	}
+	dec := json.NewDecoder(io.LimitReader(body, maxBodyBytes))
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("request body is empty")
+		}
+		return fmt.Errorf("request body is not valid JSON: %w", err)
+	}
+	if dec.More() {
+		return errors.New("request body has data after the JSON object")
+	}
+	return nil
+}
