@@ -1,0 +1,69 @@
+package ginlock_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/ginlock"
+	"github.com/reqlock/reqlock/internal/adaptertest"
+	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores/memstore"
+)
+
+func TestMain(m *testing.M) {
+	gin.SetMode(gin.ReleaseMode)
+	os.Exit(testredis.Main(m))
+}
+
+func serveGin(locker *reqlock.Locker, key string, opts []middleware.Option, h http.HandlerFunc) (http.Handler, error) {
+	mw, err := ginlock.New(locker, key, opts...)
+	if err != nil {
+		return nil, err
+	}
+	r := gin.New()
+	r.POST("/items/:id", mw, gin.WrapF(h))
+	return r, nil
+}
+
+func TestGinAdapter(t *testing.T) {
+	adaptertest.Run(t, adaptertest.Adapter{
+		Name:               "gin",
+		Serve:              serveGin,
+		ProblemContentType: "application/problem+json",
+	})
+}
+
+func TestLockAccessorAndContextValue(t *testing.T) {
+	locker := reqlock.MustNew(memstore.New())
+	r := gin.New()
+	// An earlier middleware stores the user the way gin apps do.
+	r.Use(func(c *gin.Context) { c.Set("user", "u-7"); c.Next() })
+	r.POST("/pay", ginlock.Must(ginlock.New(locker, "balance:<ctx:user>")), func(c *gin.Context) {
+		lock, ok := ginlock.Lock(c)
+		if !ok {
+			c.Status(http.StatusInternalServerError)
+			return
+		}
+		c.String(http.StatusOK, lock.Key())
+	})
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/pay", nil))
+	if rec.Code != http.StatusOK || rec.Body.String() != "balance:u-7" {
+		t.Fatalf("got %d %q, want 200 balance:u-7", rec.Code, rec.Body)
+	}
+}
+
+func TestMustPanicsOnInvalidTemplate(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Must did not panic on an invalid template")
+		}
+	}()
+	ginlock.Must(ginlock.New(reqlock.MustNew(memstore.New()), "sku:<id"))
+}

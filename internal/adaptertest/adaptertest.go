@@ -1,0 +1,607 @@
+// Package adaptertest is the behaviour suite every HTTP adapter (net/http,
+// gin, echo) must pass: the same request flow, statuses and release
+// guarantees, driven through the adapter's own router.
+package adaptertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores/memstore"
+	"github.com/reqlock/reqlock/stores/redisstore"
+)
+
+// Route is the route every adapter serves: POST /items/{id}, with the path
+// parameter named id.
+const Route = "POST /items/{id}"
+
+// Adapter builds one adapter's router for the suite.
+type Adapter struct {
+	// Name names the adapter in failures.
+	Name string
+	// Serve returns a router that serves Route (and the same path for any
+	// method the test sends) behind a lock built by the adapter's
+	// constructor from locker, key and opts, running h as the handler. It
+	// returns the constructor's error unchanged.
+	Serve func(locker *reqlock.Locker, key string, opts []middleware.Option, h http.HandlerFunc) (http.Handler, error)
+	// ProblemContentType is the Content-Type of a default rejection.
+	ProblemContentType string
+}
+
+// Run runs the whole suite against a.
+func Run(t *testing.T, a Adapter) {
+	s := &suite{a: a}
+	t.Run("acquired: handler runs holding the lock, released after", s.testAcquired)
+	t.Run("wait exhausted answers 423 with Retry-After", s.testTimeout)
+	t.Run("timeout status 409 per route", s.testTimeoutStatus)
+	t.Run("no wait answers at once", s.testNoWait)
+	t.Run("waiter runs after the holder releases", s.testWaiterGetsLock)
+	t.Run("panic releases then re-panics", s.testPanic)
+	t.Run("cancelled request still releases", s.testCancelledRequest)
+	t.Run("client disconnect stops the wait and leaves nothing", s.testDisconnect)
+	t.Run("store down answers 503 and handler never runs", s.testStoreDown)
+	t.Run("stalled store answers 503 within the wait", s.testStoreStalled)
+	t.Run("fail open runs unlocked and logs", s.testFailOpen)
+	t.Run("bad input", s.testBadInput)
+	t.Run("json key leaves the body readable", s.testBodyReadable)
+	t.Run("invalid configuration fails at start-up", s.testInvalidConfig)
+	t.Run("skipper lets requests through unlocked", s.testSkipper)
+	t.Run("custom responder replaces the answer", s.testResponder)
+	t.Run("concurrent requests on one key never overlap", s.testMutualExclusion)
+}
+
+type suite struct{ a Adapter }
+
+func (s *suite) serve(t *testing.T, locker *reqlock.Locker, key string, h http.HandlerFunc, opts ...middleware.Option) http.Handler {
+	t.Helper()
+	srv, err := s.a.Serve(locker, key, opts, h)
+	if err != nil {
+		t.Fatalf("%s: building route: %v", s.a.Name, err)
+	}
+	return srv
+}
+
+func newMemLocker(t *testing.T) (*reqlock.Locker, *memstore.Store) {
+	t.Helper()
+	store := memstore.New()
+	return reqlock.MustNew(store), store
+}
+
+func post(path, body string) *http.Request {
+	return httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+}
+
+// do serves req and returns the recorded response.
+func do(h http.Handler, req *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// mustBeFree fails unless key can be obtained at once, then releases it.
+func mustBeFree(t *testing.T, locker *reqlock.Locker, key string) {
+	t.Helper()
+	lock, err := locker.Obtain(context.Background(), key, time.Second, 0)
+	if err != nil {
+		t.Fatalf("key %q should be free: %v", key, err)
+	}
+	if err := lock.Release(context.Background()); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
+
+// hold obtains key for the test and returns its release.
+func hold(t *testing.T, locker *reqlock.Locker, key string) func() {
+	t.Helper()
+	lock, err := locker.Obtain(context.Background(), key, time.Minute, 0)
+	if err != nil {
+		t.Fatalf("holding %q: %v", key, err)
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { _ = lock.Release(context.Background()) }) }
+	t.Cleanup(release)
+	return release
+}
+
+type problem struct {
+	Status int    `json:"status"`
+	Title  string `json:"title"`
+	Reason string `json:"reason"`
+	Detail string `json:"detail"`
+}
+
+func (s *suite) expectRejection(t *testing.T, rec *httptest.ResponseRecorder, status int, reason middleware.Reason, retryAfter bool) {
+	t.Helper()
+	if rec.Code != status {
+		t.Fatalf("status = %d, want %d; body %s", rec.Code, status, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, s.a.ProblemContentType) {
+		t.Errorf("Content-Type = %q, want %q", ct, s.a.ProblemContentType)
+	}
+	var p problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatalf("body is not JSON: %v: %s", err, rec.Body)
+	}
+	if p.Status != status || p.Reason != string(reason) || p.Title == "" {
+		t.Errorf("problem = %+v, want status %d reason %q and a title", p, status, reason)
+	}
+	if got := rec.Header().Get("Retry-After"); (got != "") != retryAfter {
+		t.Errorf("Retry-After = %q, want present=%v", got, retryAfter)
+	} else if retryAfter && got != "1" {
+		t.Errorf("Retry-After = %q, want the default 1", got)
+	}
+}
+
+func (s *suite) testAcquired(t *testing.T) {
+	locker, store := newMemLocker(t)
+	var ran atomic.Bool
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		ran.Store(true)
+		lock, ok := reqlock.FromContext(r.Context())
+		if !ok {
+			http.Error(w, "no lock in context", http.StatusInternalServerError)
+			return
+		}
+		if lock.Key() != "item:42" || lock.Fence() <= 0 || lock.Validity() <= 0 || len(lock.Token()) < 20 {
+			http.Error(w, "bad lock handle", http.StatusInternalServerError)
+			return
+		}
+		if _, err := locker.Obtain(r.Context(), "item:42", time.Second, 0); !errors.Is(err, reqlock.ErrHeld) {
+			http.Error(w, "key not held during handler: "+errString(err), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	rec := do(srv, post("/items/42", ""))
+	if rec.Code != http.StatusCreated || !ran.Load() {
+		t.Fatalf("status = %d (ran=%v), body %s", rec.Code, ran.Load(), rec.Body)
+	}
+	mustBeFree(t, locker, "item:42")
+	if n := store.Len(); n != 0 {
+		t.Fatalf("store holds %d entries after the request", n)
+	}
+}
+
+func (s *suite) testTimeout(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	hold(t, locker, "item:7")
+	var ran atomic.Bool
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) { ran.Store(true) },
+		middleware.WithWait(30*time.Millisecond))
+	rec := do(srv, post("/items/7", ""))
+	s.expectRejection(t, rec, http.StatusLocked, middleware.ReasonTimeout, true)
+	if ran.Load() {
+		t.Fatal("handler ran without the lock")
+	}
+}
+
+func (s *suite) testTimeoutStatus(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	hold(t, locker, "item:7")
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {},
+		middleware.WithWait(10*time.Millisecond), middleware.WithTimeoutStatus(http.StatusConflict))
+	s.expectRejection(t, do(srv, post("/items/7", "")), http.StatusConflict, middleware.ReasonTimeout, true)
+}
+
+func (s *suite) testNoWait(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	hold(t, locker, "item:7")
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {},
+		middleware.WithWait(0))
+	start := time.Now()
+	rec := do(srv, post("/items/7", ""))
+	s.expectRejection(t, rec, http.StatusLocked, middleware.ReasonTimeout, true)
+	// The default wait is 2s; a try-once answer takes a store call.
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("try-once took %v", d)
+	}
+}
+
+func (s *suite) testWaiterGetsLock(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	entered := make(chan struct{}, 2)
+	proceed := make(chan struct{})
+	var inside, overlaps atomic.Int32
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		if inside.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		entered <- struct{}{}
+		<-proceed
+		inside.Add(-1)
+	}, middleware.WithWait(10*time.Second))
+
+	codes := make(chan int, 2)
+	go func() { codes <- do(srv, post("/items/1", "")).Code }()
+	<-entered // the first request holds the lock
+	go func() { codes <- do(srv, post("/items/1", "")).Code }()
+	close(proceed)
+	for range 2 {
+		if c := <-codes; c != http.StatusOK {
+			t.Fatalf("status %d, want 200 for both", c)
+		}
+	}
+	if len(entered) != 1 || overlaps.Load() != 0 {
+		t.Fatalf("second request entered %d times, %d overlaps", len(entered), overlaps.Load())
+	}
+	mustBeFree(t, locker, "item:1")
+}
+
+func (s *suite) testPanic(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		panic("boom")
+	})
+	recovered := func() (v any) {
+		defer func() { v = recover() }()
+		do(srv, post("/items/9", ""))
+		return nil
+	}()
+	if recovered != "boom" && !strings.Contains(errString(asError(recovered)), "boom") {
+		t.Fatalf("panic value = %v, want the handler's panic to continue", recovered)
+	}
+	mustBeFree(t, locker, "item:9")
+}
+
+func (s *suite) testCancelledRequest(t *testing.T) {
+	locker, store := newMemLocker(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		cancel()
+		<-r.Context().Done() // the handler sees its request cancelled and gives up
+	})
+	do(srv, post("/items/5", "").WithContext(ctx))
+	// memstore refuses calls on an ended context: the release must have run
+	// on an uncancellable one.
+	if n := store.Len(); n != 0 {
+		t.Fatalf("store holds %d entries after a cancelled request", n)
+	}
+	mustBeFree(t, locker, "item:5")
+}
+
+// signalStore passes calls to a real store and reports each Acquire.
+type signalStore struct {
+	reqlock.Store
+	acquires chan string
+}
+
+func (s signalStore) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
+	g, err := s.Store.Acquire(ctx, key, token, ttl)
+	select {
+	case s.acquires <- token:
+	default:
+	}
+	return g, err
+}
+
+func (s *suite) testDisconnect(t *testing.T) {
+	mem := memstore.New()
+	acquires := make(chan string, 64)
+	locker := reqlock.MustNew(signalStore{Store: mem, acquires: acquires})
+	done := make(chan int, 1)
+	var ran atomic.Bool
+	h := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) { ran.Store(true) },
+		middleware.WithWait(time.Minute))
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		done <- rec.Code
+	}))
+	defer ts.Close()
+	release := hold(t, locker, "item:3")
+	<-acquires // the holder's own attempt
+
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	baseline := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/items/3", strings.NewReader(`{"qty":1}`))
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-acquires // the waiter tried and found the key held
+	<-acquires // and is now backing off between attempts
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client error = %v, want context.Canceled", err)
+	}
+	select {
+	case code := <-done:
+		if code != middleware.StatusClientClosedRequest {
+			t.Fatalf("server answered %d, want %d", code, middleware.StatusClientClosedRequest)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter kept waiting after its client left (wait limit is 1 minute)")
+	}
+	if ran.Load() {
+		t.Fatal("handler ran for a client that left")
+	}
+	release()
+	if n := mem.Len(); n != 0 {
+		t.Fatalf("store holds %d entries after the waiter left", n)
+	}
+	client.CloseIdleConnections()
+	waitForGoroutines(t, baseline)
+}
+
+// waitForGoroutines polls until the goroutine count is back to at most n.
+func waitForGoroutines(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > n {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines left, want at most %d:\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
+		}
+		runtime.Gosched()
+		time.Sleep(5 * time.Millisecond) // poll interval inside a deadline
+	}
+}
+
+func (s *suite) testStoreDown(t *testing.T) {
+	store, err := redisstore.New(testredis.DownClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker := reqlock.MustNew(store, reqlock.WithLogger(discardLogger()))
+	var ran atomic.Bool
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) { ran.Store(true) })
+	s.expectRejection(t, do(srv, post("/items/1", "")), http.StatusServiceUnavailable, middleware.ReasonStoreError, true)
+	if ran.Load() {
+		t.Fatal("handler ran while the store was down")
+	}
+}
+
+func (s *suite) testStoreStalled(t *testing.T) {
+	client := redisClientFor(t, testredis.StalledAddr(t))
+	store, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker := reqlock.MustNew(store, reqlock.WithLogger(discardLogger()), reqlock.WithReleaseTimeout(50*time.Millisecond))
+	var ran atomic.Bool
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) { ran.Store(true) },
+		middleware.WithWait(100*time.Millisecond))
+	start := time.Now()
+	s.expectRejection(t, do(srv, post("/items/1", "")), http.StatusServiceUnavailable, middleware.ReasonStoreError, true)
+	if ran.Load() {
+		t.Fatal("handler ran while the store stalled")
+	}
+	// The wait (100ms) bounds the stalled call, plus the abandoned-grant
+	// release (50ms); the client's own read timeout is 30s.
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("answer took %v", d)
+	}
+}
+
+func (s *suite) testFailOpen(t *testing.T) {
+	store, err := redisstore.New(testredis.DownClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	locker := reqlock.MustNew(store, reqlock.WithLogger(logger))
+	var ranUnlocked atomic.Bool
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		_, locked := reqlock.FromContext(r.Context())
+		ranUnlocked.Store(!locked)
+	}, middleware.WithFailOpen())
+	rec := do(srv, post("/items/1", ""))
+	if rec.Code != http.StatusOK || !ranUnlocked.Load() {
+		t.Fatalf("status %d, ran unlocked %v", rec.Code, ranUnlocked.Load())
+	}
+	if !strings.Contains(logs.String(), "WITHOUT the lock") {
+		t.Fatalf("fail-open run was not logged: %q", logs.String())
+	}
+}
+
+func (s *suite) testBadInput(t *testing.T) {
+	cases := []struct {
+		name   string
+		key    string
+		opts   []middleware.Option
+		req    func() *http.Request
+		status int
+		reason middleware.Reason
+	}{
+		{"json field missing", "item:<json:sku>", nil,
+			func() *http.Request { return post("/items/1", `{"qty":1}`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+		{"json field empty", "item:<json:sku>", nil,
+			func() *http.Request { return post("/items/1", `{"sku":""}`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+		{"json body invalid", "item:<json:sku>", nil,
+			func() *http.Request { return post("/items/1", `{"sku":`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+		{"json field is an object", "item:<json:sku>", nil,
+			func() *http.Request { return post("/items/1", `{"sku":{"a":1}}`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+		{"no body", "item:<json:sku>", nil,
+			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+		{"body too large", "item:<json:sku>", []middleware.Option{middleware.WithMaxBodyBytes(16)},
+			func() *http.Request { return post("/items/1", `{"sku":"a-rather-long-sku-value"}`) }, http.StatusRequestEntityTooLarge, middleware.ReasonBodyTooLarge},
+		{"header missing", "tenant:<header:X-Tenant>:item:<id>", nil,
+			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+		{"query missing", "item:<id>:<query:batch>", nil,
+			func() *http.Request { return post("/items/1?other=1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+		{"ctx value missing", "user:<ctx:user>", nil,
+			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			locker, store := newMemLocker(t)
+			var ran atomic.Bool
+			srv := s.serve(t, locker, tc.key, func(w http.ResponseWriter, r *http.Request) { ran.Store(true) }, tc.opts...)
+			s.expectRejection(t, do(srv, tc.req()), tc.status, tc.reason, false)
+			if ran.Load() {
+				t.Fatal("handler ran for a request without a key")
+			}
+			if n := store.Len(); n != 0 {
+				t.Fatalf("a lock was taken for a bad request (%d entries)", n)
+			}
+		})
+	}
+}
+
+func (s *suite) testBodyReadable(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	const body = `{"sku":"A-1","qty":2}`
+	srv := s.serve(t, locker, "item:<json:sku>", func(w http.ResponseWriter, r *http.Request) {
+		lock, _ := reqlock.FromContext(r.Context())
+		got, _ := io.ReadAll(r.Body)
+		if string(got) != body || lock == nil || lock.Key() != "item:A-1" {
+			http.Error(w, "body or key wrong: "+string(got), http.StatusInternalServerError)
+		}
+	})
+	if rec := do(srv, post("/items/1", body)); rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+}
+
+func (s *suite) testInvalidConfig(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	cases := []struct {
+		key  string
+		opts []middleware.Option
+		want string
+	}{
+		{"item:<id", nil, "unclosed"},
+		{"item:<nope:id>", nil, "nope"},
+		{"", nil, "empty"},
+		{"item:<id>", []middleware.Option{middleware.WithTTL(-time.Second)}, "ttl"},
+		{"item:<id>", []middleware.Option{middleware.WithWait(-time.Second)}, "wait"},
+		{"item:<id>", []middleware.Option{middleware.WithTimeoutStatus(http.StatusTeapot)}, "418"},
+	}
+	for _, tc := range cases {
+		_, err := s.a.Serve(locker, tc.key, tc.opts, func(http.ResponseWriter, *http.Request) {})
+		if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("key %q: err = %v, want ErrInvalidConfig naming %q", tc.key, err, tc.want)
+		}
+	}
+	if _, err := s.a.Serve(nil, "item:<id>", nil, func(http.ResponseWriter, *http.Request) {}); !errors.Is(err, middleware.ErrInvalidConfig) {
+		t.Errorf("nil locker: err = %v", err)
+	}
+}
+
+func (s *suite) testSkipper(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	hold(t, locker, "item:1")
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		if _, locked := reqlock.FromContext(r.Context()); locked {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}, middleware.WithSkipper(func(r *http.Request) bool { return r.Header.Get("X-Skip") == "1" }),
+		middleware.WithWait(0))
+	req := post("/items/1", "")
+	req.Header.Set("X-Skip", "1")
+	if rec := do(srv, req); rec.Code != http.StatusOK {
+		t.Fatalf("skipped request: status %d", rec.Code)
+	}
+	if rec := do(srv, post("/items/1", "")); rec.Code != http.StatusLocked {
+		t.Fatalf("unskipped request: status %d, want 423", rec.Code)
+	}
+}
+
+func (s *suite) testResponder(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	hold(t, locker, "item:1")
+	srv := s.serve(t, locker, "item:<id>", func(http.ResponseWriter, *http.Request) {},
+		middleware.WithWait(0),
+		middleware.WithResponder(func(w http.ResponseWriter, r *http.Request, rej *middleware.Rejection) {
+			w.Header().Set("Retry-After", rej.RetryAfterHeader())
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, "busy:"+string(rej.Reason))
+		}))
+	rec := do(srv, post("/items/1", ""))
+	if rec.Code != http.StatusTooManyRequests || rec.Body.String() != "busy:timeout" || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("got %d %q %v", rec.Code, rec.Body, rec.Header())
+	}
+}
+
+func (s *suite) testMutualExclusion(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	var inside, maxInside, count atomic.Int32
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		n := inside.Add(1)
+		for {
+			m := maxInside.Load()
+			if n <= m || maxInside.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		runtime.Gosched()
+		count.Add(1)
+		inside.Add(-1)
+	}, middleware.WithWait(30*time.Second))
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			if rec := do(srv, post("/items/1", "")); rec.Code != http.StatusOK {
+				t.Errorf("status %d", rec.Code)
+			}
+		})
+	}
+	wg.Wait()
+	if maxInside.Load() != 1 || count.Load() != 50 {
+		t.Fatalf("max handlers inside at once = %d (want 1), ran %d (want 50)", maxInside.Load(), count.Load())
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}
+
+func asError(v any) error {
+	if err, ok := v.(error); ok {
+		return err
+	}
+	return nil
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// redisClientFor returns a client that honours context deadlines, as the
+// README tells users to configure theirs, with retries off.
+func redisClientFor(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
