@@ -103,10 +103,11 @@ func Addr(tb testing.TB) string {
 	return addr
 }
 
-// Client returns a new client to Addr, closed when the test ends.
+// Client returns a new client to Addr, closed when the test ends. Like the
+// clients the README tells users to build, it honours context deadlines.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr(tb)})
+	c := redis.NewClient(&redis.Options{Addr: Addr(tb), ContextTimeoutEnabled: true})
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -130,14 +131,15 @@ func DownClient(tb testing.TB) *redis.Client {
 		tb.Fatalf("testredis: %v", err)
 	}
 	c := redis.NewClient(&redis.Options{
-		Addr:               a,
-		DialTimeout:        200 * time.Millisecond,
-		DialerRetries:      1,
-		DialerRetryTimeout: 10 * time.Millisecond,
-		ReadTimeout:        200 * time.Millisecond,
-		WriteTimeout:       200 * time.Millisecond,
-		PoolTimeout:        200 * time.Millisecond,
-		MaxRetries:         -1,
+		Addr:                  a,
+		DialTimeout:           200 * time.Millisecond,
+		DialerRetries:         1,
+		DialerRetryTimeout:    10 * time.Millisecond,
+		ReadTimeout:           200 * time.Millisecond,
+		WriteTimeout:          200 * time.Millisecond,
+		PoolTimeout:           200 * time.Millisecond,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
 	})
 	tb.Cleanup(func() { _ = c.Close() })
 	return c

@@ -40,7 +40,11 @@
 //
 // go-redis bounds a command by its ReadTimeout and WriteTimeout, and honours
 // a context's deadline only when redis.Options.ContextTimeoutEnabled is set.
-// Set it, so that a lock wait's deadline also bounds a stalled Redis.
+// Without it a stalled Redis holds every waiting request for the client's
+// ReadTimeout (5s by default) whatever its wait limit, and a client that
+// leaves does not stop the call. New therefore refuses a *redis.Client,
+// *redis.ClusterClient or *redis.Ring without ContextTimeoutEnabled, unless
+// WithClientTimeoutsOnly accepts it.
 package redisstore
 
 import (
@@ -84,8 +88,9 @@ var (
 
 // Store is a reqlock.Store on Redis. It is safe for concurrent use.
 type Store struct {
-	client         redis.Scripter
-	fenceRetention time.Duration
+	client             redis.Scripter
+	fenceRetention     time.Duration
+	clientTimeoutsOnly bool
 }
 
 var _ reqlock.Store = (*Store)(nil)
@@ -99,10 +104,18 @@ func WithFenceRetention(d time.Duration) Option {
 	return func(s *Store) { s.fenceRetention = d }
 }
 
+// WithClientTimeoutsOnly accepts a client without ContextTimeoutEnabled:
+// each Redis call is then bounded by the client's own ReadTimeout and
+// WriteTimeout only, not by the lock wait's deadline.
+func WithClientTimeoutsOnly() Option {
+	return func(s *Store) { s.clientTimeoutsOnly = true }
+}
+
 // New returns a Store over client: a *redis.Client, *redis.ClusterClient,
 // *redis.Ring, redis.UniversalClient or Sentinel failover client. It returns
-// an error wrapping reqlock.ErrInvalid when client is nil or an option is
-// invalid.
+// an error wrapping reqlock.ErrInvalid when client is nil, an option is
+// invalid, or client ignores context deadlines (see Timeouts in the package
+// documentation).
 func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if isNil(client) {
 		return nil, fmt.Errorf("%w: redisstore: client is nil", reqlock.ErrInvalid)
@@ -115,7 +128,26 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
 			reqlock.ErrInvalid, s.fenceRetention, MinFenceRetention)
 	}
+	if enabled, known := contextTimeoutEnabled(client); known && !enabled && !s.clientTimeoutsOnly {
+		return nil, fmt.Errorf("%w: redisstore: the go-redis client ignores context deadlines, so a stalled Redis "+
+			"would hold requests past their lock wait; set ContextTimeoutEnabled: true in its options "+
+			"(or pass redisstore.WithClientTimeoutsOnly() to accept this)", reqlock.ErrInvalid)
+	}
 	return s, nil
+}
+
+// contextTimeoutEnabled reports whether client honours context deadlines,
+// when its type tells.
+func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled, true
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled, true
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled, true
+	}
+	return false, false
 }
 
 // Load caches the store's scripts in Redis with SCRIPT LOAD, so that even the

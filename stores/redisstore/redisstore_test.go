@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -303,5 +304,24 @@ func TestStoreStalled(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Acquire on a stalled store took %v, want about the 100ms deadline", d)
+	}
+}
+
+func TestNewRefusesClientsThatIgnoreDeadlines(t *testing.T) {
+	addr := testredis.Addr(t)
+	plain := redis.NewClient(&redis.Options{Addr: addr})
+	defer plain.Close()
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}})
+	defer cluster.Close()
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}})
+	defer ring.Close()
+	for name, client := range map[string]redis.Scripter{"client": plain, "cluster": cluster, "ring": ring} {
+		_, err := New(client)
+		if !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+			t.Errorf("%s: err = %v, want ErrInvalid naming ContextTimeoutEnabled", name, err)
+		}
+		if _, err := New(client, WithClientTimeoutsOnly()); err != nil {
+			t.Errorf("%s with WithClientTimeoutsOnly: %v", name, err)
+		}
 	}
 }
