@@ -91,8 +91,9 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, rej *Rejection) {
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(rej.Status)
-	body, _ := json.Marshal(rej.Problem()) // a Problem always marshals
-	_, _ = w.Write(body)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // keep "<json:sku>" readable; the type is not HTML
+	_ = enc.Encode(rej.Problem())
 }
 
 func statusTitle(status int) string {

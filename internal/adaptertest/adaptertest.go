@@ -142,6 +142,12 @@ func (s *suite) expectRejection(t *testing.T, rec *httptest.ResponseRecorder, st
 	if p.Status != status || p.Reason != string(reason) || p.Title == "" {
 		t.Errorf("problem = %+v, want status %d reason %q and a title", p, status, reason)
 	}
+	if reason == middleware.ReasonBadKey && !strings.Contains(p.Detail, "<") {
+		t.Errorf("detail %q does not name the placeholder", p.Detail)
+	}
+	if s.a.ProblemContentType == "application/problem+json" && strings.Contains(rec.Body.String(), `\u003c`) {
+		t.Errorf("problem body escapes HTML: %s", rec.Body)
+	}
 	if got := rec.Header().Get("Retry-After"); (got != "") != retryAfter {
 		t.Errorf("Retry-After = %q, want present=%v", got, retryAfter)
 	} else if retryAfter && got != "1" {
