@@ -163,3 +163,19 @@ func benchServe(b *testing.B, h http.Handler, counter *commandCounter) {
 		b.ReportMetric(float64(counter.n.Load()-before)/float64(i), "redis-roundtrips/op")
 	}
 }
+
+// BenchmarkTwoRedisPings is the floor of a locked request on Redis: two bare
+// round trips on the same kind of client, with no lock and no HTTP.
+func BenchmarkTwoRedisPings(b *testing.B) {
+	client := testredis.Client(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := client.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := client.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
