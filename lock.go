@@ -111,7 +111,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	l.released = true
 	l.mu.Unlock()
-	return l.locker.release(ctx, l.storeKey, l.token)
+	return l.locker.release(ctx, l.storeKey, l.token, 0)
 }
 
 func isNotHeld(err error) bool { return err != nil && errors.Is(err, ErrNotHeld) }

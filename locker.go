@@ -171,7 +171,7 @@ func (l *Locker) newLock(key, storeKey, token string, fence int64, ttl time.Dura
 // releaseAbandoned releases a grant nobody will use. A token that was never
 // granted answers ErrNotHeld, which is the expected case and not logged.
 func (l *Locker) releaseAbandoned(storeKey, token string) {
-	err := l.release(context.Background(), storeKey, token)
+	err := l.release(context.Background(), storeKey, token, 0)
 	if err != nil && !errors.Is(err, ErrNotHeld) {
 		l.logger.Warn("reqlock: release of abandoned grant failed; it will expire with its TTL",
 			slog.String("key", storeKey), slog.Any("error", err))
@@ -180,10 +180,10 @@ func (l *Locker) releaseAbandoned(storeKey, token string) {
 
 // release runs on a context the caller's cancellation cannot end, bounded by
 // the Locker's release timeout.
-func (l *Locker) release(ctx context.Context, storeKey, token string) error {
+func (l *Locker) release(ctx context.Context, storeKey, token string, lastFence int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
 	defer cancel()
-	err := l.store.Release(ctx, storeKey, token)
+	err := l.store.Release(ctx, storeKey, token, lastFence)
 	if err != nil && !errors.Is(err, ErrNotHeld) {
 		return wrapStoreError(err)
 	}

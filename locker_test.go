@@ -305,12 +305,12 @@ func (s *faultStore) Acquire(ctx context.Context, key, token string, ttl time.Du
 	return g, err
 }
 
-func (s *faultStore) Release(ctx context.Context, key, token string) error {
+func (s *faultStore) Release(ctx context.Context, key, token string, lastFence int64) error {
 	if s.blockRelease {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	return s.Store.Release(ctx, key, token)
+	return s.Store.Release(ctx, key, token, lastFence)
 }
 
 func TestStoreFailureIsNotRetried(t *testing.T) {

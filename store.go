@@ -20,7 +20,10 @@ type Store interface {
 	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
 
 	// Release deletes key if it still holds token, else returns ErrNotHeld.
-	Release(ctx context.Context, key, token string) error
+	// lastFence is the highest fence used under this grant: the grant's own,
+	// or a higher one the Locker issued on a local handoff. The store's next
+	// fence for key must exceed it.
+	Release(ctx context.Context, key, token string, lastFence int64) error
 
 	// Refresh resets the TTL of key if it still holds token, else returns
 	// ErrNotHeld.

@@ -67,10 +67,11 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	return reqlock.Grant{OK: true, Fence: s.fence}, nil
 }
 
-// Release deletes key if it holds token. It returns an error wrapping
+// Release deletes key if it holds token and raises the fence counter to
+// lastFence when that is higher. It returns an error wrapping
 // reqlock.ErrNotHeld when key is absent, expired or holds another token, and
 // ctx.Err() without acting when ctx has ended.
-func (s *Store) Release(ctx context.Context, key, token string) error {
+func (s *Store) Release(ctx context.Context, key, token string, lastFence int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -83,6 +84,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	delete(s.entries, key)
 	heap.Remove(&s.expiry, e.index)
+	s.fence = max(s.fence, lastFence)
 	return nil
 }
 

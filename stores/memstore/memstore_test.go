@@ -76,7 +76,7 @@ func TestHeapConsistentUnderConcurrency(t *testing.T) {
 						t.Errorf("Refresh: %v", err)
 					}
 				}
-				if err := s.Release(ctx, key, token); err != nil && !errors.Is(err, reqlock.ErrNotHeld) {
+				if err := s.Release(ctx, key, token, 0); err != nil && !errors.Is(err, reqlock.ErrNotHeld) {
 					t.Errorf("Release: %v", err)
 				}
 				if r%50 == 0 {

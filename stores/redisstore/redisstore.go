@@ -190,14 +190,17 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	return reqlock.Grant{HolderTTL: time.Duration(max(reply[1], 0)) * time.Millisecond}, nil
 }
 
-// Release deletes key if it holds token. It returns an error wrapping
-// reqlock.ErrNotHeld when key is absent or holds another token, the client's
-// error as is, and ctx.Err() without acting when ctx has ended.
-func (s *Store) Release(ctx context.Context, key, token string) error {
+// Release deletes key if it holds token, raises the fence key to lastFence
+// when that is higher, and publishes the release on the channel named key.
+// It returns an error wrapping reqlock.ErrNotHeld when key is absent or holds
+// another token, the client's error as is, and ctx.Err() without acting when
+// ctx has ended.
+func (s *Store) Release(ctx context.Context, key, token string, lastFence int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := releaseScript.Run(ctx, s.client, []string{key}, token).Int64()
+	n, err := releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)},
+		token, lastFence, milliseconds(s.fenceRetention)).Int64()
 	if err != nil {
 		return err
 	}

@@ -140,7 +140,7 @@ func TestFenceAfterFenceKeyExpires(t *testing.T) {
 			t.Fatalf("cycle %d: fence %d after the fence key was deleted, want > %d", i, g.Fence, last)
 		}
 		last = g.Fence
-		if err := s.Release(ctx, key, "t"); err != nil {
+		if err := s.Release(ctx, key, "t", 0); err != nil {
 			t.Fatalf("cycle %d: Release: %v", i, err)
 		}
 		// What retention does to an idle key: the counter is gone.
@@ -169,7 +169,7 @@ func TestFenceAboveClockKeepsCounting(t *testing.T) {
 		if want := ahead + int64(i) + 1; g.Fence != want {
 			t.Fatalf("fence %d, want %d", g.Fence, want)
 		}
-		if err := s.Release(ctx, key, "t"); err != nil {
+		if err := s.Release(ctx, key, "t", 0); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	}
@@ -229,7 +229,7 @@ func TestUncontendedLockCostsTwoCommands(t *testing.T) {
 		if g, err := s.Acquire(ctx, key, "t", time.Minute); err != nil || !g.OK {
 			t.Fatalf("Acquire: %+v, %v", g, err)
 		}
-		if err := s.Release(ctx, key, "t"); err != nil {
+		if err := s.Release(ctx, key, "t", 0); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	}

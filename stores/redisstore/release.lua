@@ -1,5 +1,15 @@
--- KEYS[1] lock key; ARGV[1] token. Returns 1 when deleted, 0 when not held.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+-- KEYS[1] lock key, KEYS[2] fence key (same slot)
+-- ARGV[1] token, ARGV[2] highest fence used under this grant (0: only the
+-- grant's own, which the fence key already holds), ARGV[3] fence retention ms
+-- Returns 1 when released, 0 when not held. A release is published on the
+-- channel named after the lock key, so that waiters wake without polling.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
 end
-return 0
+redis.call('DEL', KEYS[1])
+local used = tonumber(ARGV[2]) or 0
+if used > 0 and used > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
+  redis.call('SET', KEYS[2], string.format('%.0f', used), 'PX', ARGV[3])
+end
+redis.call('PUBLISH', KEYS[1], 'released')
+return 1

@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 		{"RefreshExtendsTTL", testRefreshExtendsTTL},
 		{"Expiry", testExpiry},
 		{"FencesIncrease", testFencesIncrease},
+		{"ReleaseRaisesFenceFloor", testReleaseRaisesFenceFloor},
 		{"KeysIndependent", testKeysIndependent},
 		{"RaceOneWinner", testRaceOneWinner},
 		{"MutualExclusion", testMutualExclusion},
@@ -96,7 +97,7 @@ func testReleaseThenReacquire(t *testing.T, s reqlock.Store, key func(string) st
 	if !g1.OK {
 		t.Fatalf("Acquire: got %+v, want OK", g1)
 	}
-	if err := s.Release(context.Background(), k, "t1"); err != nil {
+	if err := s.Release(context.Background(), k, "t1", 0); err != nil {
 		t.Fatalf("Release by owner: %v", err)
 	}
 	g2 := mustAcquire(t, s, k, "t2", longTTL)
@@ -113,13 +114,13 @@ func testReleaseWrongToken(t *testing.T, s reqlock.Store, key func(string) strin
 	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
 		t.Fatalf("Acquire: got %+v, want OK", g)
 	}
-	if err := s.Release(context.Background(), k, "t2"); !errors.Is(err, reqlock.ErrNotHeld) {
+	if err := s.Release(context.Background(), k, "t2", 0); !errors.Is(err, reqlock.ErrNotHeld) {
 		t.Fatalf("Release with a wrong token: got %v, want ErrNotHeld", err)
 	}
 	if g := mustAcquire(t, s, k, "t3", longTTL); g.OK {
 		t.Fatal("a wrong-token Release removed the lock")
 	}
-	if err := s.Release(context.Background(), key("absent"), "t1"); !errors.Is(err, reqlock.ErrNotHeld) {
+	if err := s.Release(context.Background(), key("absent"), "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
 		t.Fatalf("Release of an absent key: got %v, want ErrNotHeld", err)
 	}
 }
@@ -129,10 +130,10 @@ func testDoubleRelease(t *testing.T, s reqlock.Store, key func(string) string) {
 	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
 		t.Fatalf("Acquire: got %+v, want OK", g)
 	}
-	if err := s.Release(context.Background(), k, "t1"); err != nil {
+	if err := s.Release(context.Background(), k, "t1", 0); err != nil {
 		t.Fatalf("first Release: %v", err)
 	}
-	if err := s.Release(context.Background(), k, "t1"); !errors.Is(err, reqlock.ErrNotHeld) {
+	if err := s.Release(context.Background(), k, "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
 		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
 	}
 }
@@ -186,7 +187,7 @@ func testExpiry(t *testing.T, s reqlock.Store, key func(string) string) {
 	if g2.Fence <= g1.Fence {
 		t.Fatalf("fence after expiry %d, want > %d", g2.Fence, g1.Fence)
 	}
-	if err := s.Release(context.Background(), k, "t1"); !errors.Is(err, reqlock.ErrNotHeld) {
+	if err := s.Release(context.Background(), k, "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
 		t.Fatalf("Release by the expired owner: got %v, want ErrNotHeld", err)
 	}
 	if err := s.Refresh(context.Background(), k, "t1", longTTL); !errors.Is(err, reqlock.ErrNotHeld) {
@@ -195,7 +196,7 @@ func testExpiry(t *testing.T, s reqlock.Store, key func(string) string) {
 	if g := mustAcquire(t, s, k, "t3", longTTL); g.OK {
 		t.Fatal("the expired owner's Release or Refresh removed the new holder")
 	}
-	if err := s.Release(context.Background(), k, "t2"); err != nil {
+	if err := s.Release(context.Background(), k, "t2", 0); err != nil {
 		t.Fatalf("Release by the new holder: %v", err)
 	}
 }
@@ -212,7 +213,7 @@ func testFencesIncrease(t *testing.T, s reqlock.Store, key func(string) string) 
 			t.Fatalf("cycle %d: fence %d, want > %d", i, g.Fence, last)
 		}
 		last = g.Fence
-		if err := s.Release(context.Background(), k, "t"); err != nil {
+		if err := s.Release(context.Background(), k, "t", 0); err != nil {
 			t.Fatalf("cycle %d: Release: %v", i, err)
 		}
 	}
@@ -226,10 +227,10 @@ func testKeysIndependent(t *testing.T, s reqlock.Store, key func(string) string)
 	if g := mustAcquire(t, s, b, "t2", longTTL); !g.OK {
 		t.Fatalf("Acquire b while a is held: got %+v, want OK", g)
 	}
-	if err := s.Release(context.Background(), b, "t1"); !errors.Is(err, reqlock.ErrNotHeld) {
+	if err := s.Release(context.Background(), b, "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
 		t.Fatalf("Release of b with a's token: got %v, want ErrNotHeld", err)
 	}
-	if err := s.Release(context.Background(), a, "t1"); err != nil {
+	if err := s.Release(context.Background(), a, "t1", 0); err != nil {
 		t.Fatalf("Release a: %v", err)
 	}
 	if g := mustAcquire(t, s, b, "t3", longTTL); g.OK {
@@ -311,7 +312,7 @@ func testMutualExclusion(t *testing.T, s reqlock.Store, key func(string) string)
 					fail("worker %d cycle %d: fence %d, want > %d", w, c, g.Fence, prev)
 				}
 				inside.Add(-1)
-				if err := s.Release(ctx, k, token); err != nil {
+				if err := s.Release(ctx, k, token, 0); err != nil {
 					fail("worker %d cycle %d: Release: %v", w, c, err)
 					return
 				}
@@ -335,7 +336,7 @@ func testCancelledContext(t *testing.T, s reqlock.Store, key func(string) string
 	if g := mustAcquire(t, s, k, "t2", longTTL); !g.OK {
 		t.Fatalf("Acquire after a cancelled attempt: got %+v, want OK (nothing granted)", g)
 	}
-	if err := s.Release(ctx, k, "t2"); err == nil {
+	if err := s.Release(ctx, k, "t2", 0); err == nil {
 		t.Fatal("Release on a cancelled context succeeded")
 	}
 	if err := s.Refresh(ctx, k, "t2", longTTL); err == nil {
@@ -384,4 +385,29 @@ func uniquePrefix(t *testing.T) string {
 		return r
 	}, t.Name())
 	return "storetest:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+}
+
+// testReleaseRaisesFenceFloor: a Release that reports a higher fence used
+// under its grant (a local handoff's) makes the next grant exceed it, while
+// a lower report never lowers the next fence.
+func testReleaseRaisesFenceFloor(t *testing.T, s reqlock.Store, key func(string) string) {
+	ctx := context.Background()
+	k := key("k")
+	g1 := mustAcquire(t, s, k, "t1", longTTL)
+	raised := g1.Fence + 1000
+	if err := s.Release(ctx, k, "t1", raised); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	g2 := mustAcquire(t, s, k, "t2", longTTL)
+	if g2.Fence <= raised {
+		t.Fatalf("fence after a release reporting %d is %d, want higher", raised, g2.Fence)
+	}
+	if err := s.Release(ctx, k, "t2", 1); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	g3 := mustAcquire(t, s, k, "t3", longTTL)
+	if g3.Fence <= g2.Fence {
+		t.Fatalf("a release reporting a low fence lowered the next one: %d after %d", g3.Fence, g2.Fence)
+	}
+	_ = s.Release(ctx, k, "t3", 0)
 }
