@@ -30,3 +30,8 @@ var (
 	// non-positive TTL.
 	ErrInvalid = errors.New("reqlock: invalid argument")
 )
+
+// ErrLockLost is the cause with which a lock's keep-alive context is
+// cancelled when the lock is lost: a renewal found another owner's token, or
+// renewals kept failing until the lock's validity ran out.
+var ErrLockLost = errors.New("reqlock: lock lost")

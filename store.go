@@ -43,3 +43,16 @@ type Grant struct {
 	// false, or zero when the store does not know it.
 	HolderTTL time.Duration
 }
+
+// ReleaseNotifier is implemented by stores that signal releases, so that a
+// waiter wakes as soon as the holder lets go instead of polling. The Locker
+// uses it when the store implements it.
+type ReleaseNotifier interface {
+	// NotifyRelease registers interest in releases of key (as stored, with
+	// the Locker's prefix) until stop is called; stop must be called. The
+	// channel receives after each release of key; sends never block, so
+	// several releases may arrive as one signal. Signals can be lost (a
+	// dropped connection) or spurious, so a waiter still polls as a
+	// fallback. A nil channel means the store cannot notify right now.
+	NotifyRelease(key string) (released <-chan struct{}, stop func())
+}
