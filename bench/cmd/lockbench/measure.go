@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// newLibClient returns the client a library runs on: ContextTimeoutEnabled
+// (which reqlock requires, and which lets every library's wait limit bound its
+// Redis calls), the pool size of -poolsize, and a hook that counts round trips.
+func newLibClient(cfg config) (*redis.Client, *roundTripCounter) {
+	client := redis.NewClient(&redis.Options{
+		Addr:                  cfg.Redis,
+		ContextTimeoutEnabled: true,
+		PoolSize:              cfg.PoolSize,
+	})
+	counter := &roundTripCounter{}
+	client.AddHook(counter)
+	return client, counter
+}
+
+// newHarnessClient returns the benchmark's own client, without the hook: the
+// counter increments inside the lock, INFO, and cleanup go through it. Its pool
+// is large enough that no goroutine queues for a connection.
+func newHarnessClient(cfg config) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  cfg.Redis,
+		ContextTimeoutEnabled: true,
+		PoolSize:              max(cfg.Waiters, cfg.Workers, cfg.childWaiters) + 4,
+	})
+}
+
+// warmPool opens n connections of client (holding them all at once, so each
+// is a separate one) and pings on each, so that dialing does not fall into the
+// measured window.
+func warmPool(ctx context.Context, client *redis.Client, n int) error {
+	n = min(n, client.Options().PoolSize)
+	conns := make([]*redis.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range n {
+		c := client.Conn()
+		conns = append(conns, c)
+		if err := c.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("warm up the pool: %w", err)
+		}
+	}
+	return nil
+}
+
+// roundTripCounter is a go-redis hook that counts top-level round trips: a
+// command, or a pipeline, is one. The connection handshake (HELLO, AUTH,
+// SELECT, CLIENT SETINFO, ...) that go-redis sends when it dials is counted
+// apart, in handshakes.
+type roundTripCounter struct {
+	trips      atomic.Int64
+	handshakes atomic.Int64
+}
+
+// DialHook implements redis.Hook; it counts nothing.
+func (c *roundTripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (c *roundTripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (c *roundTripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.count(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+func (c *roundTripCounter) count(cmds ...redis.Cmder) {
+	for _, cmd := range cmds {
+		if isConnectionCommand(cmd.Name()) {
+			c.handshakes.Add(1)
+			return
+		}
+	}
+	c.trips.Add(1)
+}
+
+// isConnectionCommand reports whether name (lower case, with "|subcommand"
+// for INFO commandstats) is a command that go-redis sends to set up a
+// connection or that the benchmark sends to read statistics: none is part of
+// taking or releasing a lock.
+func isConnectionCommand(name string) bool {
+	switch name {
+	case "hello", "auth", "select", "info", "client":
+		return true
+	}
+	return strings.HasPrefix(name, "client|")
+}
+
+// commandStats reads INFO commandstats: for each command, calls plus
+// rejected_calls (commands refused before they ran). Commands that Lua
+// scripts call with redis.call are counted too, under their own names.
+func commandStats(ctx context.Context, c *redis.Client) (map[string]int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	stats := map[string]int64{}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		name, fields, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var n int64
+		for _, f := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			if k == "calls" || k == "rejected_calls" {
+				x, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return nil, fmt.Errorf("INFO commandstats: %q: %w", sc.Text(), err)
+				}
+				n += x
+			}
+		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return stats, nil
+}
+
+// commandDelta is after minus before, per command, leaving out commands that
+// did not change.
+func commandDelta(before, after map[string]int64) map[string]int64 {
+	d := map[string]int64{}
+	for name, n := range after {
+		if diff := n - before[name]; diff != 0 {
+			d[name] = diff
+		}
+	}
+	return d
+}
+
+// lockCommands sums delta over the commands that take part in locking: all
+// but connection set-up and INFO, and minus the harness's own GET and SET of
+// the lost-update counter (harnessGets, harnessSets), which Redis counts
+// under the same names as the GET and SET a library's script may call.
+func lockCommands(delta map[string]int64, harnessGets, harnessSets int64) int64 {
+	var n int64
+	for name, d := range delta {
+		if !isConnectionCommand(name) {
+			n += d
+		}
+	}
+	return n - harnessGets - harnessSets
+}
+
+// redisVersion returns the server's redis_version.
+func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v, nil
+		}
+	}
+	return "unknown", nil
+}
+
+// percentile returns the nearest-rank p-quantile (0 < p <= 1) of sorted.
+func percentile(sorted []int64, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return time.Duration(sorted[min(max(i, 0), len(sorted)-1)])
+}
+
+// handovers pairs each grant with the latest release before it on the same
+// key, and returns grant minus release, in nanoseconds, for the grants whose
+// lock call had started by that release: the new holder was already waiting
+// when the lock came free. A holder that re-acquires right after its own
+// release, and every cycle of an uncontended key, is not a handover.
+func handovers(grants []grant, releases []release) []int64 {
+	byKey := map[int32][]int64{}
+	for _, r := range releases {
+		byKey[r.key] = append(byKey[r.key], r.at)
+	}
+	for _, ts := range byKey {
+		slices.Sort(ts)
+	}
+	var out []int64
+	for _, g := range grants {
+		ts := byKey[g.key]
+		i := sort.Search(len(ts), func(i int) bool { return ts[i] > g.at }) - 1
+		if i < 0 || g.start > ts[i] {
+			continue
+		}
+		out = append(out, g.at-ts[i])
+	}
+	return out
+}
