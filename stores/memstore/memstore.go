@@ -7,6 +7,17 @@
 // without a background goroutine: a min-heap orders locks by expiry, and every
 // operation first drops the expired ones from its top, so memory stays bounded
 // by the live locks however many distinct keys pass through.
+//
+// # Release notification
+//
+// Store implements reqlock.ReleaseNotifier, so a Locker's waiters wake as
+// soon as a lock is released instead of polling. Release signals every
+// subscriber of the key before it returns, and so does the freeing of an
+// expired lock. Expired locks are only freed when an operation (of any key)
+// runs, so a waiter on a lock that expires without further traffic still
+// wakes by its own timer, which the Locker caps by the holder's remaining
+// TTL. Subscriptions live in a map that holds only keys with a live
+// subscriber; no goroutine is involved.
 package memstore
 
 import (
@@ -26,9 +37,18 @@ type Store struct {
 	entries map[string]*entry
 	expiry  expiryHeap
 	fence   int64 // last fence issued, for any key
+
+	// subs holds the release subscribers of each key that has at least
+	// one; subsPeak is the largest len(subs) since the map was last
+	// reallocated, to shrink it after a flood of keys.
+	subs     map[string]map[chan struct{}]struct{}
+	subsPeak int
 }
 
-var _ reqlock.Store = (*Store)(nil)
+var (
+	_ reqlock.Store           = (*Store)(nil)
+	_ reqlock.ReleaseNotifier = (*Store)(nil)
+)
 
 type entry struct {
 	key       string
@@ -39,7 +59,69 @@ type entry struct {
 
 // New returns an empty Store.
 func New() *Store {
-	return &Store{entries: make(map[string]*entry)}
+	return &Store{
+		entries: make(map[string]*entry),
+		subs:    make(map[string]map[chan struct{}]struct{}),
+	}
+}
+
+// NotifyRelease registers interest in releases of key until stop is called,
+// as reqlock.ReleaseNotifier describes. The channel (buffer 1) receives after
+// each Release of key and after an expired lock of key is freed; sends never
+// block, so several releases may arrive as one signal. stop removes the
+// subscription; it may be called more than once and from any goroutine, and
+// no signal is sent to the channel after it returns. The channel is never
+// closed.
+func (s *Store) NotifyRelease(key string) (released <-chan struct{}, stop func()) {
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	set := s.subs[key]
+	if set == nil {
+		set = make(map[chan struct{}]struct{}, 1)
+		s.subs[key] = set
+		s.subsPeak = max(s.subsPeak, len(s.subs))
+	}
+	set[ch] = struct{}{}
+	s.mu.Unlock()
+	return ch, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		set := s.subs[key]
+		if _, ok := set[ch]; !ok {
+			return // stopped before
+		}
+		delete(set, ch)
+		if len(set) == 0 {
+			delete(s.subs, key)
+			s.compactSubs()
+		}
+	}
+}
+
+// signal wakes every subscriber of key without blocking. The caller holds
+// s.mu.
+func (s *Store) signal(key string) {
+	for ch := range s.subs[key] {
+		select {
+		case ch <- struct{}{}:
+		default: // a signal is already pending
+		}
+	}
+}
+
+// compactSubs reallocates the subscription map once it has shrunk to a
+// quarter of its peak, since a map never returns its memory on its own.
+// The caller holds s.mu.
+func (s *Store) compactSubs() {
+	if s.subsPeak <= minCompact || len(s.subs) >= s.subsPeak/4 {
+		return
+	}
+	subs := make(map[string]map[chan struct{}]struct{}, len(s.subs))
+	for k, set := range s.subs {
+		subs[k] = set
+	}
+	s.subs = subs
+	s.subsPeak = len(subs)
 }
 
 // Acquire sets key to token for ttl if key is absent or expired, issuing the
@@ -67,8 +149,9 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	return reqlock.Grant{OK: true, Fence: s.fence}, nil
 }
 
-// Release deletes key if it holds token and raises the fence counter to
-// lastFence when that is higher. It returns an error wrapping
+// Release deletes key if it holds token, raises the fence counter to
+// lastFence when that is higher, and signals the key's release subscribers
+// (see NotifyRelease). It returns an error wrapping
 // reqlock.ErrNotHeld when key is absent, expired or holds another token, and
 // ctx.Err() without acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, key, token string, lastFence int64) error {
@@ -85,6 +168,7 @@ func (s *Store) Release(ctx context.Context, key, token string, lastFence int64)
 	delete(s.entries, key)
 	heap.Remove(&s.expiry, e.index)
 	s.fence = max(s.fence, lastFence)
+	s.signal(key)
 	return nil
 }
 
@@ -123,13 +207,15 @@ func (s *Store) Len() int {
 // minCompact is the heap capacity below which sweep never compacts.
 const minCompact = 1024
 
-// sweep frees every lock that expired by now. After a flood of keys has
-// drained it also reallocates the heap and the map, which never shrink on
-// their own. The caller holds s.mu.
+// sweep frees every lock that expired by now and signals the release
+// subscribers of its key. After a flood of keys has drained it also
+// reallocates the heap and the map, which never shrink on their own. The
+// caller holds s.mu.
 func (s *Store) sweep(now time.Time) {
 	for len(s.expiry) > 0 && !now.Before(s.expiry[0].expiresAt) {
 		e := heap.Pop(&s.expiry).(*entry)
 		delete(s.entries, e.key)
+		s.signal(e.key)
 	}
 	if c := cap(s.expiry); c > minCompact && len(s.expiry) < c/4 {
 		s.expiry = append(make(expiryHeap, 0, 2*len(s.expiry)), s.expiry...)

@@ -142,3 +142,92 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
 		<-ticker.C
 	}
 }
+
+func TestNotifyStopEmptiesMap(t *testing.T) {
+	s := New()
+	ch1, stop1 := s.NotifyRelease("a")
+	_, stop2 := s.NotifyRelease("a")
+	_, stop3 := s.NotifyRelease("b")
+	if n := subsLen(s); n != 2 {
+		t.Fatalf("%d keys subscribed, want 2", n)
+	}
+	stop1()
+	stop1()
+	if n := subsLen(s); n != 2 {
+		t.Fatalf("after one of two subscribers of a stopped: %d keys subscribed, want 2", n)
+	}
+	if g, err := s.Acquire(context.Background(), "a", "t", time.Minute); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if err := s.Release(context.Background(), "a", "t", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	select {
+	case <-ch1:
+		t.Fatal("a stopped subscriber got a signal")
+	default:
+	}
+	stop2()
+	stop3()
+	stop3()
+	if n := subsLen(s); n != 0 {
+		t.Fatalf("after every stop: %d keys subscribed, want 0", n)
+	}
+	// A stop from before does not remove a later subscriber of the key.
+	ch, stop := s.NotifyRelease("a")
+	defer stop()
+	stop1()
+	if g, err := s.Acquire(context.Background(), "a", "t", time.Minute); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if err := s.Release(context.Background(), "a", "t", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	select {
+	case <-ch:
+	default:
+		t.Fatal("Release did not signal the subscriber before returning")
+	}
+}
+
+func TestNotifyOnExpiry(t *testing.T) {
+	s := New()
+	ctx := context.Background()
+	if g, err := s.Acquire(ctx, "k", "t", time.Millisecond); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	ch, stop := s.NotifyRelease("k")
+	defer stop()
+	// Len sweeps, as every operation does; the sweep that frees k signals.
+	waitFor(t, 3*time.Second, func() bool { return s.Len() == 0 })
+	select {
+	case <-ch:
+	default:
+		t.Fatal("freeing the expired lock did not signal its subscriber")
+	}
+}
+
+func TestNotifySubsMapShrinks(t *testing.T) {
+	s := New()
+	const n = 20000
+	stops := make([]func(), 0, n)
+	for i := range n {
+		_, stop := s.NotifyRelease("flood:" + strconv.Itoa(i))
+		stops = append(stops, stop)
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	s.mu.Lock()
+	keys, peak := len(s.subs), s.subsPeak
+	s.mu.Unlock()
+	if keys != 0 || peak > minCompact {
+		t.Fatalf("after the flood: %d keys subscribed, peak %d; want 0 and at most %d", keys, peak, minCompact)
+	}
+}
+
+func subsLen(s *Store) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.subs)
+}

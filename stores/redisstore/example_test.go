@@ -25,6 +25,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close() // stops its pub/sub, before the client closes
 	ctx := context.Background()
 	if err := store.Load(ctx); err != nil { // optional warm-up
 		log.Fatal(err)

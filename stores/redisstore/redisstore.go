@@ -36,6 +36,37 @@
 // are not Cluster-safe. Keys built by package keyfunc escape braces in request
 // values, so they contain only the braces the template author wrote.
 //
+// # Release notification
+//
+// Release publishes "released" on the channel named exactly like the lock
+// key, in the same script that deletes it. Store implements
+// reqlock.ReleaseNotifier on that: a Locker's waiters wake as soon as the
+// holder, in any process, lets go, instead of polling.
+//
+// Each Store uses one pub/sub connection, multiplexed over every key its
+// process waits on. The first NotifyRelease opens it and starts one
+// goroutine, which hands each message to the subscribers of its channel and
+// sends SUBSCRIBE when a key gets its first subscriber and UNSUBSCRIBE when
+// its last one stops (go-redis adds two goroutines of its own for reading
+// and health checks). A Store that never calls NotifyRelease starts nothing
+// and opens no connection: uncontended locks cost no pub/sub. The Store owns
+// that connection and goroutine and Close stops them; the caller still owns
+// the client, and closes it after the Store.
+//
+// Signals are hints and can be lost: a release published before the
+// SUBSCRIBE reaches Redis, and every release while the pub/sub connection is
+// down (go-redis reconnects and subscribes again by itself; it pings an idle
+// connection every few seconds to notice a dead one). A lock that expires
+// publishes nothing. So waiters keep a fallback poll, which the Locker caps
+// by the holder's remaining TTL.
+//
+// A *redis.Client, a Sentinel failover client and a *redis.ClusterClient
+// notify (Cluster broadcasts classic pub/sub to every node, so one
+// connection to any node hears all releases). A *redis.Ring routes each
+// channel to one shard, so it does not notify, nor does a client without
+// Subscribe (such as a wrapper that exposes only redis.Scripter):
+// NotifyRelease then returns a nil channel and waiters poll.
+//
 // # Timeouts
 //
 // go-redis bounds a command by its ReadTimeout and WriteTimeout, and honours
@@ -54,6 +85,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,11 +118,17 @@ var (
 	refreshScript = redis.NewScript(refreshSrc)
 )
 
-// Store is a reqlock.Store on Redis. It is safe for concurrent use.
+// Store is a reqlock.Store and reqlock.ReleaseNotifier on Redis. It is safe
+// for concurrent use. Once NotifyRelease has been called it owns a pub/sub
+// connection and a goroutine until Close.
 type Store struct {
 	client             redis.Scripter
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
+
+	sub    subscriber // nil when the client cannot notify releases
+	mu     sync.Mutex // guards notify
+	notify notifier
 }
 
 var _ reqlock.Store = (*Store)(nil)
@@ -112,7 +150,9 @@ func WithClientTimeoutsOnly() Option {
 }
 
 // New returns a Store over client: a *redis.Client, *redis.ClusterClient,
-// *redis.Ring, redis.UniversalClient or Sentinel failover client. It returns
+// *redis.Ring, redis.UniversalClient or Sentinel failover client. It starts
+// nothing: the pub/sub connection for NotifyRelease opens on first use. It
+// returns
 // an error wrapping reqlock.ErrInvalid when client is nil, an option is
 // invalid, or client ignores context deadlines (see Timeouts in the package
 // documentation).
@@ -121,6 +161,13 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: client is nil", reqlock.ErrInvalid)
 	}
 	s := &Store{client: client, fenceRetention: DefaultFenceRetention}
+	if sub, ok := client.(subscriber); ok {
+		// A Ring routes a channel to one shard, so one pub/sub cannot hear
+		// the releases of keys on the other shards.
+		if _, ring := client.(*redis.Ring); !ring {
+			s.sub = sub
+		}
+	}
 	for _, opt := range opts {
 		opt(s)
 	}

@@ -26,6 +26,8 @@ func newStore(t *testing.T, client redis.Scripter, opts ...Option) *Store {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	// Registered after the client's cleanup, so it runs before it.
+	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
 

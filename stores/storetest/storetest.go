@@ -8,6 +8,14 @@
 //
 // Every subtest uses keys of its own, so stores that share one backend (one
 // Redis server) across subtests and test binaries never collide.
+//
+// The Notify subtests apply to stores that implement reqlock.ReleaseNotifier;
+// for other stores they pass and log that the store does not notify. A store
+// that implements it must hand the suite a non-nil channel, may subscribe
+// asynchronously (the suite releases until a first signal shows the
+// subscription is live), and must deliver its signals in release order
+// (the suite waits for a signal on a fresh key to know that every earlier
+// signal has been delivered).
 package storetest
 
 import (
@@ -50,6 +58,12 @@ func Run(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 		{"RaceOneWinner", testRaceOneWinner},
 		{"MutualExclusion", testMutualExclusion},
 		{"CancelledContext", testCancelledContext},
+		{"NotifyReleaseSignals", notifier(testNotifyReleaseSignals)},
+		{"NotifyOtherKeyNoSignal", notifier(testNotifyOtherKeyNoSignal)},
+		{"NotifyStop", notifier(testNotifyStop)},
+		{"NotifyManySubscribers", notifier(testNotifyManySubscribers)},
+		{"NotifyNeverBlocksRelease", notifier(testNotifyNeverBlocksRelease)},
+		{"NotifyConcurrent", notifier(testNotifyConcurrent)},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
