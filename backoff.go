@@ -87,9 +87,10 @@ func newBackoffSchedule(b Backoff) *backoffSchedule {
 }
 
 // sleep waits for the next backoff interval, cut short to holderTTL when
-// that is known and shorter: the holder's lease cannot outlast it. It
-// returns false, with the timer stopped, when ctx ends first.
-func (s *backoffSchedule) sleep(ctx context.Context, holderTTL time.Duration) bool {
+// that is known and shorter (the holder's lease cannot outlast it), or until
+// released signals. It returns false, with the timer stopped, when ctx ends
+// first. A nil released never signals.
+func (s *backoffSchedule) sleep(ctx context.Context, holderTTL time.Duration, released <-chan struct{}) bool {
 	d := s.intervals.NextBackOff()
 	if holderTTL > 0 && holderTTL < d {
 		d = holderTTL
@@ -103,6 +104,9 @@ func (s *backoffSchedule) sleep(ctx context.Context, holderTTL time.Duration) bo
 	case <-ctx.Done():
 		s.timer.Stop()
 		return false
+	case <-released:
+		s.timer.Stop()
+		return true
 	case <-s.timer.C:
 		return true
 	}

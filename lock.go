@@ -17,6 +17,10 @@ type Lock struct {
 	fence    int64
 	ttl      time.Duration
 
+	queue   *keyQueue // the key's local queue
+	turnGen uint64    // this lock's turn in queue
+	chain   *chain    // the store grant, shared along local handoffs
+
 	mu         sync.Mutex
 	validUntil time.Time
 	released   bool
@@ -89,15 +93,22 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 		}
 		return wrapStoreError(err)
 	}
+	validUntil := start.Add(ttl - clockDrift(ttl))
 	l.mu.Lock()
 	l.ttl = ttl
-	l.validUntil = start.Add(ttl - clockDrift(ttl))
+	l.validUntil = validUntil
 	l.mu.Unlock()
+	if l.queue != nil {
+		l.locker.local.setLease(l.queue, l.turnGen, validUntil)
+	}
 	return nil
 }
 
-// Release deletes the lock if the key still holds this lock's token. It runs
-// on a context that ctx's cancellation cannot end, bounded by the Locker's
+// Release lets go of the lock. When another request of this process waits
+// for the key and the Locker's handoff bounds allow, the still-held grant
+// passes to it without a store round trip; otherwise the lock is deleted in
+// the store if the key still holds this lock's token. The store call runs on
+// a context that ctx's cancellation cannot end, bounded by the Locker's
 // release timeout, so a cancelled request still releases its lock.
 //
 // Errors: ErrNotHeld when the lock had expired, was taken over or was
@@ -110,8 +121,9 @@ func (l *Lock) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: %q was already released", ErrNotHeld, l.key)
 	}
 	l.released = true
+	validUntil := l.validUntil
 	l.mu.Unlock()
-	return l.locker.release(ctx, l.storeKey, l.token, 0)
+	return l.locker.releaseLock(ctx, l, validUntil)
 }
 
 func isNotHeld(err error) bool { return err != nil && errors.Is(err, ErrNotHeld) }

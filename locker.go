@@ -17,16 +17,34 @@ const (
 	// DefaultReleaseTimeout bounds every release, which runs on a context
 	// that the caller's cancellation cannot end.
 	DefaultReleaseTimeout = 2 * time.Second
+	// DefaultHandoffCount and DefaultHandoffTime bound a chain of local
+	// handoffs of one grant: see WithHandoff.
+	DefaultHandoffCount = 16
+	DefaultHandoffTime  = 50 * time.Millisecond
+	// MaxHandoffCount caps WithHandoff's count, so that handoff fences
+	// (the grant's fence plus one per handoff) stay below the next grant's.
+	MaxHandoffCount = 1000
 )
 
-// Locker obtains locks from a Store. It is safe for concurrent use, holds no
-// per-request state, and is meant to be shared by every route of a service.
+// Locker obtains locks from a Store. It is safe for concurrent use and is
+// meant to be shared by every route of a service.
+//
+// Requests of one process that want the same key queue locally, in arrival
+// order, and only the first of them talks to the store. When the holder lets
+// go while others of its process wait, the Locker may hand the still-held
+// grant to the next of them without a store round trip (see WithHandoff).
+// A waiter sleeps on a timer, and wakes early when the store signals a
+// release (stores that implement ReleaseNotifier).
 type Locker struct {
 	store          Store
+	notifier       ReleaseNotifier // nil when the store cannot signal releases
 	prefix         string
 	backoff        Backoff
 	releaseTimeout time.Duration
+	handoffCount   int
+	handoffTime    time.Duration
 	logger         *slog.Logger
+	local          *localQueues
 }
 
 // Option configures a Locker.
@@ -42,6 +60,15 @@ func WithBackoff(b Backoff) Option { return func(l *Locker) { l.backoff = b } }
 // WithReleaseTimeout bounds each release. Default DefaultReleaseTimeout.
 func WithReleaseTimeout(d time.Duration) Option { return func(l *Locker) { l.releaseTimeout = d } }
 
+// WithHandoff bounds local handoff: a grant is passed from local holder to
+// local waiter at most count times, and not after maxTime since the store
+// granted it; then it goes back to the store, so that other processes get
+// their turn. Count zero disables handoff. Defaults DefaultHandoffCount and
+// DefaultHandoffTime; count at most MaxHandoffCount.
+func WithHandoff(count int, maxTime time.Duration) Option {
+	return func(l *Locker) { l.handoffCount, l.handoffTime = count, maxTime }
+}
+
 // WithLogger sets where the Locker logs failures it cannot return, such as a
 // failed release of an abandoned grant. Default slog.Default().
 func WithLogger(logger *slog.Logger) Option { return func(l *Locker) { l.logger = logger } }
@@ -53,6 +80,9 @@ func New(store Store, opts ...Option) (*Locker, error) {
 		store:          store,
 		prefix:         DefaultKeyPrefix,
 		releaseTimeout: DefaultReleaseTimeout,
+		handoffCount:   DefaultHandoffCount,
+		handoffTime:    DefaultHandoffTime,
+		local:          newLocalQueues(),
 	}
 	for _, opt := range opts {
 		opt(l)
@@ -67,9 +97,14 @@ func New(store Store, opts ...Option) (*Locker, error) {
 	if l.releaseTimeout <= 0 {
 		return nil, fmt.Errorf("%w: release timeout %v is not positive", ErrInvalid, l.releaseTimeout)
 	}
+	if l.handoffCount < 0 || l.handoffCount > MaxHandoffCount || l.handoffTime < 0 {
+		return nil, fmt.Errorf("%w: handoff count %d (0 to %d) or time %v (not negative) out of range",
+			ErrInvalid, l.handoffCount, MaxHandoffCount, l.handoffTime)
+	}
 	if l.logger == nil {
 		l.logger = slog.Default()
 	}
+	l.notifier, _ = store.(ReleaseNotifier)
 	return l, nil
 }
 
@@ -116,17 +151,129 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 		return nil, errors.Join(ErrWaitEnded, err)
 	}
 	storeKey := l.prefix + key
-	token := newToken()
+	q, w, gen, busy := l.local.join(storeKey, wait > 0)
+	if busy {
+		return nil, ErrHeld // another request of this process has the key
+	}
 	if wait > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
+	if w != nil {
+		t, err := l.awaitTurn(ctx, q, w)
+		if err != nil {
+			return nil, err
+		}
+		gen = t.gen
+		if t.handoff != nil {
+			lock, err := l.takeHandoff(ctx, key, q, t, ttl)
+			if lock != nil || err != nil {
+				return lock, err
+			}
+			// The handed-off grant was lost: contend for a new one.
+		}
+	}
+	lock, err := l.contend(ctx, key, storeKey, ttl, wait)
+	if err != nil {
+		l.local.pass(q, gen)
+		return nil, err
+	}
+	lock.queue, lock.turnGen = q, gen
+	l.local.setLease(q, gen, lock.ValidUntil())
+	return lock, nil
+}
 
+// awaitTurn waits in q until w is given the key's turn or ctx ends. A waiter
+// at the head of q also wakes when the holder's lease ends, and then takes
+// the turn itself.
+func (l *Locker) awaitTurn(ctx context.Context, q *keyQueue, w *waiter) (turn, error) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		t, took, next := l.local.checkLease(q, w, l.backoff.Max)
+		if took {
+			return t, nil
+		}
+		timer.Reset(next)
+		select {
+		case t := <-w.turn:
+			return t, nil
+		case <-timer.C:
+			continue
+		case <-ctx.Done():
+		}
+		if !l.local.leave(q, w) {
+			// The turn came as the wait ended: pass it on.
+			l.passOn(q, <-w.turn)
+		}
+		return turn{}, waitEnded(true, ctx.Err())
+	}
+}
+
+// passOn hands a turn this request will not use to the next waiter; a held
+// grant goes back through the normal release path.
+func (l *Locker) passOn(q *keyQueue, t turn) {
+	if t.handoff == nil {
+		l.local.pass(q, t.gen)
+		return
+	}
+	_ = l.releaseChain(context.Background(), q, t.gen, t.handoff.chain, t.handoff.validUntil)
+}
+
+// takeHandoff turns a handed-off grant into this request's Lock, refreshing
+// the lease first when less than half of ttl is left. It returns a nil Lock
+// and nil error when the grant turned out lost, so the caller contends anew.
+func (l *Locker) takeHandoff(ctx context.Context, key string, q *keyQueue, t turn, ttl time.Duration) (*Lock, error) {
+	h := t.handoff
+	lock := &Lock{
+		locker:     l,
+		key:        key,
+		storeKey:   h.chain.storeKey,
+		token:      h.chain.token,
+		fence:      h.fence,
+		ttl:        ttl,
+		validUntil: h.validUntil,
+		queue:      q,
+		turnGen:    t.gen,
+		chain:      h.chain,
+	}
+	if ctx.Err() != nil {
+		l.passOn(q, t)
+		return nil, waitEnded(true, ctx.Err())
+	}
+	if time.Until(h.validUntil) >= ttl/2 {
+		return lock, nil
+	}
+	err := lock.Refresh(ctx, ttl)
+	switch {
+	case err == nil:
+		return lock, nil
+	case errors.Is(err, ErrNotHeld):
+		return nil, nil
+	}
+	l.passOn(q, t)
+	if cerr := ctx.Err(); cerr != nil {
+		return nil, waitEnded(true, cerr)
+	}
+	return nil, err
+}
+
+// contend obtains key from the store for the request that has the key's
+// turn in this process.
+func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait time.Duration) (*Lock, error) {
+	token := newToken()
 	var (
 		schedule *backoffSchedule
 		sawHeld  bool
+		released <-chan struct{}
+		stop     func()
 	)
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
 	for {
 		attemptStart := time.Now()
 		grant, err := l.store.Acquire(ctx, storeKey, token, ttl)
@@ -142,18 +289,63 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 		case err != nil:
 			return nil, wrapStoreError(err)
 		case grant.OK:
-			return l.newLock(key, storeKey, token, grant.Fence, ttl, attemptStart), nil
+			c := &chain{storeKey: storeKey, token: token, baseFence: grant.Fence, lastFence: grant.Fence, started: attemptStart}
+			lock := l.newLock(key, storeKey, token, grant.Fence, ttl, attemptStart)
+			lock.chain = c
+			return lock, nil
 		case wait == 0:
 			return nil, ErrHeld
 		}
 		sawHeld = true
+		if stop == nil && l.notifier != nil {
+			released, stop = l.notifier.NotifyRelease(storeKey)
+			if released != nil {
+				continue // a release just before we subscribed would go unseen
+			}
+		}
 		if schedule == nil {
 			schedule = newBackoffSchedule(l.backoff)
 		}
-		if !schedule.sleep(ctx, grant.HolderTTL) {
+		if !schedule.sleep(ctx, grant.HolderTTL, released) {
 			return nil, waitEnded(true, ctx.Err())
 		}
 	}
+}
+
+// releaseLock lets go of a Lock: to the next local waiter while the grant's
+// handoff bounds allow, else back to the store.
+func (l *Locker) releaseLock(ctx context.Context, lock *Lock, validUntil time.Time) error {
+	if lock.queue == nil {
+		return l.release(ctx, lock.storeKey, lock.token, 0)
+	}
+	return l.releaseChain(ctx, lock.queue, lock.turnGen, lock.chain, validUntil)
+}
+
+// releaseChain hands the chain's grant to the next local waiter when one
+// waits, the lease is still valid and the bounds allow; otherwise it releases
+// the grant in the store, reporting the highest fence issued under it, and
+// gives the next waiter the turn to contend.
+func (l *Locker) releaseChain(ctx context.Context, q *keyQueue, gen uint64, c *chain, validUntil time.Time) error {
+	if l.handoffCount > 0 {
+		handed := l.local.handOff(q, gen, func() (handoff, bool) {
+			if c.handoffs >= l.handoffCount || time.Since(c.started) >= l.handoffTime || !time.Now().Before(validUntil) {
+				return handoff{}, false
+			}
+			c.handoffs++
+			c.lastFence++
+			return handoff{chain: c, fence: c.lastFence, validUntil: validUntil}, true
+		})
+		if handed {
+			return nil
+		}
+	}
+	var lastFence int64
+	if c.lastFence > c.baseFence {
+		lastFence = c.lastFence
+	}
+	err := l.release(ctx, c.storeKey, c.token, lastFence)
+	l.local.pass(q, gen)
+	return err
 }
 
 func (l *Locker) newLock(key, storeKey, token string, fence int64, ttl time.Duration, start time.Time) *Lock {

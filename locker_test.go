@@ -172,27 +172,37 @@ func TestCancelStopsWaitAtOnce(t *testing.T) {
 }
 
 func TestWaiterObtainsAfterRelease(t *testing.T) {
+	// Two Lockers on one store are two processes: the waiter contends with
+	// the store, sleeps, and must wake when the other process releases.
 	acquires := make(chan struct{}, 16)
-	l := reqlock.MustNew(&faultStore{Store: memstore.New(), acquired: acquires})
+	mem := memstore.New()
+	a := reqlock.MustNew(mem)
+	b := reqlock.MustNew(&faultStore{Store: mem, acquired: acquires},
+		reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
 	ctx := context.Background()
-	held, err := l.Obtain(ctx, "k", time.Minute, 0)
+	held, err := a.Obtain(ctx, "k", time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-acquires
 	got := make(chan *reqlock.Lock, 1)
 	go func() {
-		lock, err := l.Obtain(ctx, "k", time.Second, 10*time.Second)
+		lock, err := b.Obtain(ctx, "k", time.Second, 30*time.Second)
 		if err != nil {
 			t.Error(err)
 		}
 		got <- lock
 	}()
-	<-acquires // the waiter found the key held and is backing off
+	<-acquires // found the key held
+	<-acquires // subscribed to releases and checked once more
+	start := time.Now()
 	_ = held.Release(ctx)
 	lock := <-got
 	if lock == nil || lock.Fence() <= held.Fence() {
 		t.Fatalf("waiter got %v", lock)
+	}
+	// Its backoff is a minute: only the release signal can wake it this soon.
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("waiter woke %v after the release", d)
 	}
 	_ = lock.Release(ctx)
 }
@@ -404,4 +414,12 @@ func waitUntil(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond) // poll interval inside a deadline
 	}
+}
+
+// NotifyRelease forwards to the wrapped store, so wrapping keeps wake-ups.
+func (s *faultStore) NotifyRelease(key string) (<-chan struct{}, func()) {
+	if n, ok := s.Store.(reqlock.ReleaseNotifier); ok {
+		return n.NotifyRelease(key)
+	}
+	return nil, func() {}
 }

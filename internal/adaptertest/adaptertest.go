@@ -297,6 +297,14 @@ func (s signalStore) Acquire(ctx context.Context, key, token string, ttl time.Du
 	return g, err
 }
 
+// NotifyRelease forwards to the wrapped store, so wrapping keeps wake-ups.
+func (s signalStore) NotifyRelease(key string) (<-chan struct{}, func()) {
+	if n, ok := s.Store.(reqlock.ReleaseNotifier); ok {
+		return n.NotifyRelease(key)
+	}
+	return nil, func() {}
+}
+
 func (s *suite) testDisconnect(t *testing.T) {
 	mem := memstore.New()
 	acquires := make(chan string, 64)
@@ -311,8 +319,8 @@ func (s *suite) testDisconnect(t *testing.T) {
 		done <- rec.Code
 	}))
 	defer ts.Close()
-	release := hold(t, locker, "item:3")
-	<-acquires // the holder's own attempt
+	// Another instance holds the key, so this one's waiter waits on the store.
+	release := hold(t, reqlock.MustNew(mem), "item:3")
 
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	baseline := runtime.NumGoroutine()
@@ -327,7 +335,7 @@ func (s *suite) testDisconnect(t *testing.T) {
 		errc <- err
 	}()
 	<-acquires // the waiter tried and found the key held
-	<-acquires // and is now backing off between attempts
+	<-acquires // subscribed to releases, checked again, and now sleeps
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("client error = %v, want context.Canceled", err)
