@@ -61,7 +61,7 @@ func Middleware(g *middleware.Guard) echo.MiddlewareFunc {
 				return reject(g, c, rej)
 			}
 			defer g.Exit(r.Context(), lock)
-			c.SetRequest(middleware.WithLock(r, lock))
+			c.SetRequest(g.WithLock(r, lock))
 			return next(c)
 		}
 	}

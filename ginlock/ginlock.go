@@ -61,7 +61,7 @@ func Handler(g *middleware.Guard) gin.HandlerFunc {
 			return
 		}
 		defer g.Exit(c.Request.Context(), lock)
-		c.Request = middleware.WithLock(c.Request, lock)
+		c.Request = g.WithLock(c.Request, lock)
 		c.Next()
 	}
 }

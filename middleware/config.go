@@ -86,9 +86,25 @@ type Config struct {
 	Responder Responder
 
 	// Logger receives warnings (store failures, failed releases, fail-open
-	// runs). Default the Locker's logger.
+	// runs). Default the Locker's logger. A lock lost under the watchdog is
+	// logged on the Locker's logger.
 	Logger *slog.Logger
+
+	// Watchdog renews the lock every third of the TTL while the handler
+	// runs (reqlock.Lock.KeepAlive), so a handler may outlast the TTL. The
+	// handler's request context is then the keep-alive context: when the
+	// lock is lost (a renewal finds the key gone or taken over, or renewals
+	// fail until the lock's validity runs out) it is cancelled with a cause
+	// wrapping reqlock.ErrLockLost, and the loss is logged. The watchdog stops
+	// when the request ends or the lock is released; the release after the
+	// handler also ends that context. Needs a TTL of at least MinWatchdogTTL.
+	// Default false.
+	Watchdog bool
 }
+
+// MinWatchdogTTL is the shortest TTL a route with the watchdog accepts: a
+// renewal every third of it, 10ms, is as often as is sensible.
+const MinWatchdogTTL = 30 * time.Millisecond
 
 // DefaultConfig holds the default of every Config field.
 var DefaultConfig = Config{
@@ -144,6 +160,11 @@ func WithResponder(r Responder) Option { return func(c *Config) { c.Responder = 
 // WithLogger sets Config.Logger.
 func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l } }
 
+// WithWatchdog sets Config.Watchdog: the lock is renewed while the handler
+// runs, and a lost lock cancels the handler's request context with a cause
+// wrapping reqlock.ErrLockLost.
+func WithWatchdog() Option { return func(c *Config) { c.Watchdog = true } }
+
 // withDefaults fills zero fields from DefaultConfig.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig
@@ -178,6 +199,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: key template is empty", ErrInvalidConfig)
 	case c.TTL < time.Millisecond:
 		return bad("ttl %v is below 1ms", c.TTL)
+	case c.Watchdog && c.TTL < MinWatchdogTTL:
+		return bad("ttl %v is below %v, the shortest the watchdog renews", c.TTL, MinWatchdogTTL)
 	case c.Wait < 0 && c.Wait != NoWait:
 		return bad("wait %v is negative (use NoWait to try once)", c.Wait)
 	case c.RetryAfter < 0:

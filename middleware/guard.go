@@ -111,6 +111,11 @@ func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
 	err := lock.Release(ctx)
 	switch {
 	case err == nil:
+	case errors.Is(err, reqlock.ErrNotHeld) && lock.Lost() != nil:
+		// The watchdog found the lock lost and has logged it.
+	case errors.Is(err, reqlock.ErrNotHeld) && g.cfg.Watchdog:
+		g.logger.WarnContext(ctx, "reqlock: lock was lost before the handler finished despite the watchdog",
+			slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
 	case errors.Is(err, reqlock.ErrNotHeld):
 		g.logger.WarnContext(ctx, "reqlock: lock expired before the handler finished; raise the route's TTL",
 			slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
@@ -120,13 +125,20 @@ func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
 	}
 }
 
-// WithLock returns r with lock in its context, where reqlock.FromContext
-// finds it; r itself when lock is nil.
-func WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
+// WithLock returns the request the handler gets: r with lock in its context,
+// where reqlock.FromContext finds it; r itself when lock is nil. On a route
+// with the watchdog it also starts the lock's watchdog, and the context is
+// the lock's keep-alive context (see Config.Watchdog); Exit's release stops
+// the watchdog.
+func (g *Guard) WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
 	if lock == nil {
 		return r
 	}
-	return r.WithContext(reqlock.NewContext(r.Context(), lock))
+	ctx := reqlock.NewContext(r.Context(), lock)
+	if g.cfg.Watchdog {
+		ctx = lock.KeepAlive(ctx)
+	}
+	return r.WithContext(ctx)
 }
 
 // Reject writes rej with the route's Responder (WriteProblem by default).

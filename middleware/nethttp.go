@@ -27,7 +27,7 @@ func (g *Guard) Handler(next http.Handler) http.Handler {
 			return
 		}
 		defer g.Exit(r.Context(), lock)
-		next.ServeHTTP(w, WithLock(r, lock))
+		next.ServeHTTP(w, g.WithLock(r, lock))
 	})
 }
 

@@ -65,6 +65,8 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("skipper lets requests through unlocked", s.testSkipper)
 	t.Run("custom responder replaces the answer", s.testResponder)
 	t.Run("concurrent requests on one key never overlap", s.testMutualExclusion)
+	t.Run("watchdog cancels the handler's context when the lock is lost", s.testWatchdogLost)
+	t.Run("watchdog keeps a long handler's lock", s.testWatchdogKeeps)
 }
 
 type suite struct{ a Adapter }
@@ -503,6 +505,7 @@ func (s *suite) testInvalidConfig(t *testing.T) {
 		{"item:<id>", []middleware.Option{middleware.WithTTL(-time.Second)}, "ttl"},
 		{"item:<id>", []middleware.Option{middleware.WithWait(-time.Second)}, "wait"},
 		{"item:<id>", []middleware.Option{middleware.WithTimeoutStatus(http.StatusTeapot)}, "418"},
+		{"item:<id>", []middleware.Option{middleware.WithWatchdog(), middleware.WithTTL(20 * time.Millisecond)}, "watchdog"},
 	}
 	for _, tc := range cases {
 		_, err := s.a.Serve(locker, tc.key, tc.opts, func(http.ResponseWriter, *http.Request) {})
@@ -577,6 +580,93 @@ func (s *suite) testMutualExclusion(t *testing.T) {
 	if maxInside.Load() != 1 || count.Load() != 50 {
 		t.Fatalf("max handlers inside at once = %d (want 1), ran %d (want 50)", maxInside.Load(), count.Load())
 	}
+}
+
+// watchdogTTL is the TTL of the watchdog cases: renewals every 50ms.
+const watchdogTTL = 150 * time.Millisecond
+
+func (s *suite) testWatchdogLost(t *testing.T) {
+	store := memstore.New()
+	var logs syncBuffer
+	locker := reqlock.MustNew(store, reqlock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	baseline := runtime.NumGoroutine()
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		lock, ok := reqlock.FromContext(ctx)
+		if !ok {
+			http.Error(w, "no lock in context", http.StatusInternalServerError)
+			return
+		}
+		// Delete the lock behind the holder's back, as an expiry and
+		// another owner's release would.
+		if err := store.Release(context.Background(), lock.StoreKey(), lock.Token(), 0); err != nil {
+			http.Error(w, "deleting the key: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+			http.Error(w, "the handler's context was not cancelled", http.StatusInternalServerError)
+			return
+		}
+		if cause := context.Cause(ctx); !errors.Is(cause, reqlock.ErrLockLost) {
+			http.Error(w, "cause: "+errString(cause), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+	}, middleware.WithWatchdog(), middleware.WithTTL(watchdogTTL))
+	rec := do(srv, post("/items/8", ""))
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	if l := logs.String(); strings.Count(l, "lock lost while") != 1 || strings.Count(l, "level=WARN") != 1 ||
+		!strings.Contains(l, "key=item:8") {
+		t.Fatalf("the loss was not logged once, alone, with its key: %s", l)
+	}
+	mustBeFree(t, locker, "item:8")
+	waitForGoroutines(t, baseline)
+}
+
+func (s *suite) testWatchdogKeeps(t *testing.T) {
+	locker, store := newMemLocker(t)
+	entered := make(chan struct{})
+	proceed := make(chan struct{})
+	var once sync.Once
+	finish := func() { once.Do(func() { close(proceed) }) }
+	t.Cleanup(finish)
+	long := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		select {
+		case <-proceed:
+			w.WriteHeader(http.StatusAccepted)
+		case <-r.Context().Done():
+			http.Error(w, "context ended: "+errString(context.Cause(r.Context())), http.StatusInternalServerError)
+		}
+	}, middleware.WithWatchdog(), middleware.WithTTL(watchdogTTL))
+	other := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {}, middleware.WithWait(0))
+
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- do(long, post("/items/4", "")) }()
+	<-entered
+	end := time.Now().Add(4 * watchdogTTL)
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(end) {
+		<-tick.C
+		if rec := do(other, post("/items/4", "")); rec.Code != http.StatusLocked {
+			t.Fatalf("a request during the long handler got %d, want 423", rec.Code)
+		}
+		// Ask the store too, not only the Locker.
+		g, err := store.Acquire(context.Background(), reqlock.DefaultKeyPrefix+"item:4", "probe", time.Minute)
+		if err != nil || g.OK {
+			t.Fatalf("the store let another token acquire the key: %+v %v", g, err)
+		}
+	}
+	finish()
+	if rec := <-done; rec.Code != http.StatusAccepted {
+		t.Fatalf("long handler: status %d: %s", rec.Code, rec.Body)
+	}
+	mustBeFree(t, locker, "item:4")
 }
 
 func errString(err error) string {
