@@ -24,6 +24,8 @@ type Lock struct {
 	mu         sync.Mutex
 	validUntil time.Time
 	released   bool
+
+	keepAlive keepAlive // the watchdog KeepAlive starts; see watchdog.go
 }
 
 // Key returns the key as the caller named it, without the Locker's prefix.
@@ -111,10 +113,14 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 // a context that ctx's cancellation cannot end, bounded by the Locker's
 // release timeout, so a cancelled request still releases its lock.
 //
+// Release first stops the lock's watchdog (see KeepAlive), if any, and waits
+// until it has finished; the keep-alive context then ends.
+//
 // Errors: ErrNotHeld when the lock had expired, was taken over or was
 // already released; ErrStore when the store failed (the lock then expires
 // with its TTL).
 func (l *Lock) Release(ctx context.Context) error {
+	l.stopWatchdog()
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
