@@ -50,7 +50,8 @@ type Locker struct {
 // Option configures a Locker.
 type Option func(*Locker)
 
-// WithKeyPrefix sets the prefix of every stored key. Default "reqlock:".
+// WithKeyPrefix sets the prefix of every stored key; it must not be empty.
+// Default "reqlock:".
 func WithKeyPrefix(prefix string) Option { return func(l *Locker) { l.prefix = prefix } }
 
 // WithBackoff sets how waiters space their attempts. Zero fields take the
@@ -89,6 +90,9 @@ func New(store Store, opts ...Option) (*Locker, error) {
 	}
 	if store == nil {
 		return nil, fmt.Errorf("%w: store is nil", ErrInvalid)
+	}
+	if l.prefix == "" {
+		return nil, fmt.Errorf("%w: key prefix is empty; every key needs a prefix that sets it apart", ErrInvalid)
 	}
 	l.backoff = l.backoff.withDefaults()
 	if err := l.backoff.validate(); err != nil {
@@ -136,8 +140,10 @@ func (l *Locker) Logger() *slog.Logger { return l.logger }
 //   - ErrStore: the store failed; Obtain does not retry store failures;
 //   - ErrInvalid: empty key, non-positive TTL or negative wait.
 //
-// When ctx ends while the store may already have granted the lock, Obtain
-// releases that grant before it returns, so nothing is left until its TTL.
+// When the store may have granted the lock but Obtain cannot use it (ctx
+// ended, or the store call failed after it may have run), Obtain releases
+// that grant in the background, bounded by the release timeout, so nothing
+// is left until its TTL.
 func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration) (*Lock, error) {
 	switch {
 	case key == "":
@@ -277,12 +283,14 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 	for {
 		attemptStart := time.Now()
 		grant, err := l.store.Acquire(ctx, storeKey, token, ttl)
+		if err != nil || (grant.OK && ctx.Err() != nil) {
+			// The store may have granted the lock although we got no
+			// answer, or after we stopped listening: release it rather
+			// than leave it to its TTL. In the background, bounded by the
+			// release timeout, so a stalled store delays no answer.
+			go l.releaseAbandoned(storeKey, token)
+		}
 		if cerr := ctx.Err(); cerr != nil {
-			// The store may have granted the lock after we stopped
-			// listening: release it rather than leave it to its TTL.
-			if err != nil || grant.OK {
-				l.releaseAbandoned(storeKey, token)
-			}
 			return nil, waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
 		}
 		switch {

@@ -7,13 +7,13 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
 	if [[ $(id -u) -eq 0 ]]; then
-		echo "test.sh: installing redis-server"
+		echo "test.sh: installing redis-server and redis-cli"
 		apt-get update
 		DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server redis-tools
 	else
-		echo "test.sh: redis-server is not installed; install it (apt-get install redis-server redis-tools) or run as root" >&2
+		echo "test.sh: redis-server or redis-cli is not installed; install them (apt-get install redis-server redis-tools) or run as root" >&2
 		exit 1
 	fi
 fi
@@ -88,7 +88,7 @@ fuzztime=${FUZZTIME:-10s}
 while IFS=: read -r file name; do
 	dir=$(dirname "$file")
 	echo "test.sh: fuzz $name in ./$dir for $fuzztime"
-	go test -run='^$' -fuzz="^${name}\$" -fuzztime="$fuzztime" "./$dir" </dev/null
+	go test -run='^$' -fuzz="^${name}\$" -fuzztime="$fuzztime" -fuzzminimizetime=2s "./$dir" </dev/null
 done < <(grep -rHoE --include='*_test.go' --exclude-dir=testdata --exclude-dir=vendor --exclude-dir=.git \
 	'^func Fuzz[A-Za-z0-9_]*' . |
 	sed -E 's#^\./##; s#:func #:#' | sort)

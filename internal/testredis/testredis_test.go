@@ -19,8 +19,9 @@ func TestClientPings(t *testing.T) {
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("PING: %v", err)
 	}
-	if Addr(t) != Addr(t) {
-		t.Fatal("Addr changed between calls")
+	first := Addr(t)
+	if second := Addr(t); first != second {
+		t.Fatalf("Addr changed between calls: %s then %s", first, second)
 	}
 }
 

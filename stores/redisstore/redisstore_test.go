@@ -327,3 +327,27 @@ func TestNewRefusesClientsThatIgnoreDeadlines(t *testing.T) {
 		}
 	}
 }
+
+func TestBadFenceKeyLeavesNoLock(t *testing.T) {
+	client := testredis.Client(t)
+	s := newStore(t, client)
+	ctx := context.Background()
+	key := testredis.Prefix(t) + "k"
+	for name, setup := range map[string]func() error{
+		"wrong type":   func() error { return client.LPush(ctx, fenceKey(key), "x").Err() },
+		"not a number": func() error { return client.Set(ctx, fenceKey(key), "abc", 0).Err() },
+		"beyond 2^53":  func() error { return client.Set(ctx, fenceKey(key), "9007199254740993", 0).Err() },
+	} {
+		client.Del(ctx, key, fenceKey(key))
+		if err := setup(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Acquire(ctx, key, "t", time.Minute); err == nil {
+			t.Errorf("%s: Acquire succeeded", name)
+		}
+		if n := client.Exists(ctx, key).Val(); n != 0 {
+			t.Errorf("%s: the failed Acquire left the lock key behind", name)
+		}
+	}
+	client.Del(ctx, key, fenceKey(key))
+}
