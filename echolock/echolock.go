@@ -12,6 +12,7 @@ package echolock
 
 import (
 	"net/http"
+	"net/url"
 
 	"github.com/labstack/echo/v4"
 
@@ -86,8 +87,20 @@ func reject(g *middleware.Guard, c echo.Context, rej *middleware.Rejection) erro
 // request is echo's view of keyfunc.Request.
 type request struct{ c echo.Context }
 
-func (r request) HTTPRequest() *http.Request   { return r.c.Request() }
-func (r request) PathValue(name string) string { return r.c.Param(name) }
+func (r request) HTTPRequest() *http.Request { return r.c.Request() }
+
+// PathValue returns the path parameter unescaped, as net/http and gin give
+// it: echo routes on the escaped path when the URL has one, so that
+// "/skus/a%3Ab" and a JSON body's "a:b" lock the same key.
+func (r request) PathValue(name string) string {
+	v := r.c.Param(name)
+	if r.c.Request().URL.RawPath != "" {
+		if u, err := url.PathUnescape(v); err == nil {
+			return u
+		}
+	}
+	return v
+}
 
 func (r request) ContextValue(name string) (any, bool) {
 	if v := r.c.Get(name); v != nil {

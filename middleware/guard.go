@@ -174,7 +174,10 @@ func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rej
 	case errors.Is(err, context.Canceled) && !errors.Is(err, reqlock.ErrStore):
 		return &Rejection{Status: StatusClientClosedRequest, Reason: ReasonCanceled,
 			Detail: "the request was cancelled while it waited for the lock", Err: err}
-	case errors.Is(err, reqlock.ErrHeld):
+	case errors.Is(err, reqlock.ErrHeld),
+		errors.Is(err, reqlock.ErrWaitEnded) && ctx.Err() != nil:
+		// Held until the wait ran out, or the request's own deadline ended
+		// the wait: not the store's fault.
 		return &Rejection{Status: g.cfg.TimeoutStatus, Reason: ReasonTimeout, RetryAfter: g.cfg.RetryAfter,
 			Detail: "the resource is locked by another request; retry later", Err: err}
 	case errors.Is(err, reqlock.ErrStore), errors.Is(err, reqlock.ErrWaitEnded):

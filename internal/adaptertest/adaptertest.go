@@ -23,6 +23,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
@@ -61,6 +62,8 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("fail open runs unlocked and logs", s.testFailOpen)
 	t.Run("bad input", s.testBadInput)
 	t.Run("json key leaves the body readable", s.testBodyReadable)
+	t.Run("path values are unescaped like json values", s.testEscapedPath)
+	t.Run("request deadline is a timeout, not a store failure", s.testRequestDeadline)
 	t.Run("invalid configuration fails at start-up", s.testInvalidConfig)
 	t.Run("skipper lets requests through unlocked", s.testSkipper)
 	t.Run("custom responder replaces the answer", s.testResponder)
@@ -490,6 +493,58 @@ func (s *suite) testBodyReadable(t *testing.T) {
 	if rec := do(srv, post("/items/1", body)); rec.Code != http.StatusOK {
 		t.Fatalf("status %d: %s", rec.Code, rec.Body)
 	}
+}
+
+func (s *suite) testEscapedPath(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	pathKey := make(chan string, 1)
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		lock, _ := reqlock.FromContext(r.Context())
+		pathKey <- lock.Key()
+	})
+	if rec := do(srv, post("/items/a%3Ab", "")); rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	jsonTemplate, err := keyfunc.Parse("item:<json:id>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsonKey, err := jsonTemplate.Key(keyfunc.HTTPRequest(post("/", `{"id":"a:b"}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-pathKey; got != jsonKey {
+		t.Fatalf("path /items/a%%3Ab locks %q, the JSON value \"a:b\" locks %q: one resource, two keys", got, jsonKey)
+	}
+}
+
+func (s *suite) testRequestDeadline(t *testing.T) {
+	// A store that answers only after the request's own deadline passed.
+	locker := reqlock.MustNew(slowStore{Store: memstore.New(), delay: time.Second}, reqlock.WithLogger(discardLogger()))
+	var ran atomic.Bool
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) { ran.Store(true) },
+		middleware.WithFailOpen())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	s.expectRejection(t, do(srv, post("/items/1", "").WithContext(ctx)), http.StatusLocked, middleware.ReasonTimeout, true)
+	if ran.Load() {
+		t.Fatal("a fail-open route ran unlocked because the request's own deadline passed")
+	}
+}
+
+// slowStore answers Acquire after delay, or when ctx ends.
+type slowStore struct {
+	reqlock.Store
+	delay time.Duration
+}
+
+func (s slowStore) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return reqlock.Grant{}, ctx.Err()
+	}
+	return s.Store.Acquire(ctx, key, token, ttl)
 }
 
 func (s *suite) testInvalidConfig(t *testing.T) {
