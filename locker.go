@@ -172,6 +172,10 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 			return nil, err
 		}
 		gen = t.gen
+		if t.yield > 0 && !sleepFor(ctx, t.yield) {
+			l.local.pass(q, gen, 0)
+			return nil, waitEnded(true, ctx.Err())
+		}
 		if t.handoff != nil {
 			lock, err := l.takeHandoff(ctx, key, q, t, ttl)
 			if lock != nil || err != nil {
@@ -182,7 +186,7 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 	}
 	lock, err := l.contend(ctx, key, storeKey, ttl, wait)
 	if err != nil {
-		l.local.pass(q, gen)
+		l.local.pass(q, gen, 0)
 		return nil, err
 	}
 	lock.queue, lock.turnGen = q, gen
@@ -221,7 +225,7 @@ func (l *Locker) awaitTurn(ctx context.Context, q *keyQueue, w *waiter) (turn, e
 // grant goes back through the normal release path.
 func (l *Locker) passOn(q *keyQueue, t turn) {
 	if t.handoff == nil {
-		l.local.pass(q, t.gen)
+		l.local.pass(q, t.gen, t.yield)
 		return
 	}
 	_ = l.releaseChain(context.Background(), q, t.gen, t.handoff.chain, t.handoff.validUntil)
@@ -334,8 +338,10 @@ func (l *Locker) releaseLock(ctx context.Context, lock *Lock, validUntil time.Ti
 // the grant in the store, reporting the highest fence issued under it, and
 // gives the next waiter the turn to contend.
 func (l *Locker) releaseChain(ctx context.Context, q *keyQueue, gen uint64, c *chain, validUntil time.Time) error {
+	var waiting bool
 	if l.handoffCount > 0 {
-		handed := l.local.handOff(q, gen, func() (handoff, bool) {
+		var handed bool
+		handed, waiting = l.local.handOff(q, gen, func() (handoff, bool) {
 			if c.handoffs >= l.handoffCount || time.Since(c.started) >= l.handoffTime || !time.Now().Before(validUntil) {
 				return handoff{}, false
 			}
@@ -351,9 +357,33 @@ func (l *Locker) releaseChain(ctx context.Context, q *keyQueue, gen uint64, c *c
 	if c.lastFence > c.baseFence {
 		lastFence = c.lastFence
 	}
+	start := time.Now()
 	err := l.release(ctx, c.storeKey, c.token, lastFence)
-	l.local.pass(q, gen)
+	var yield time.Duration
+	if waiting {
+		// The bounds cut the chain while this process still has waiters:
+		// other processes' waiters, woken by the release, need about a round
+		// trip to reach the store. Without this head start the next local
+		// waiter, already awake, would win nearly every time.
+		yield = max(2*time.Since(start), minYield)
+	}
+	l.local.pass(q, gen, yield)
 	return err
+}
+
+// minYield is the shortest head start a cut chain gives other processes.
+const minYield = 100 * time.Microsecond
+
+// sleepFor sleeps for d on a timer, or until ctx ends: then it reports false.
+func sleepFor(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (l *Locker) newLock(key, storeKey, token string, fence int64, ttl time.Duration, start time.Time) *Lock {

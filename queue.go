@@ -45,6 +45,10 @@ type waiter struct {
 type turn struct {
 	handoff *handoff
 	gen     uint64
+	// yield, on a turn to contend, is how long to hold back first: the
+	// previous holder's chain was cut by its handoff bounds while this
+	// process still had waiters, so other processes get a head start.
+	yield time.Duration
 }
 
 // handoff passes a held lock to the next local waiter.
@@ -132,8 +136,8 @@ func (lq *localQueues) leave(q *keyQueue, w *waiter) bool {
 }
 
 // pass gives the key's turn, which gen must still be, to the next waiter as
-// a turn to contend, or drops q when nobody waits.
-func (lq *localQueues) pass(q *keyQueue, gen uint64) {
+// a turn to contend after yield, or drops q when nobody waits.
+func (lq *localQueues) pass(q *keyQueue, gen uint64, yield time.Duration) {
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
 	if q.gen != gen {
@@ -142,7 +146,7 @@ func (lq *localQueues) pass(q *keyQueue, gen uint64) {
 	q.gen++
 	q.leaseEnd = time.Time{}
 	if w := q.pop(); w != nil {
-		w.turn <- turn{gen: q.gen}
+		w.turn <- turn{gen: q.gen, yield: yield}
 		return
 	}
 	delete(lq.queues, q.key)
@@ -151,21 +155,21 @@ func (lq *localQueues) pass(q *keyQueue, gen uint64) {
 // handOff gives the next waiter the held lock when turn gen is still
 // current, a waiter waits and allow (called under the lock, so no waiter can
 // arrive or leave meanwhile) says the chain may grow. It reports whether the
-// lock was handed off.
-func (lq *localQueues) handOff(q *keyQueue, gen uint64, allow func() (handoff, bool)) bool {
+// lock was handed off, and whether waiters were left without it.
+func (lq *localQueues) handOff(q *keyQueue, gen uint64, allow func() (handoff, bool)) (handed, waiting bool) {
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
 	if q.gen != gen || q.head == nil {
-		return false
+		return false, false
 	}
 	h, ok := allow()
 	if !ok {
-		return false
+		return false, true
 	}
 	q.gen++
 	q.leaseEnd = h.validUntil
 	q.pop().turn <- turn{handoff: &h, gen: q.gen}
-	return true
+	return true, false
 }
 
 // len reports how many keys have a local queue, for tests.

@@ -18,10 +18,10 @@ import (
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
-// wdTTL is the TTL of the watchdog tests: renewals every 50ms, retries every
-// 15ms.
+// wdTTL is the TTL of the watchdog tests: renewals every 100ms, retries every
+// 30ms, leaving 200ms for scheduling delays of a loaded -race run.
 const (
-	wdTTL      = 150 * time.Millisecond
+	wdTTL      = 300 * time.Millisecond
 	wdInterval = wdTTL / 3
 	wdRetry    = wdTTL / 10
 	// wdSlack absorbs scheduling delays of a loaded -race run.

@@ -637,8 +637,8 @@ func (s *suite) testMutualExclusion(t *testing.T) {
 	}
 }
 
-// watchdogTTL is the TTL of the watchdog cases: renewals every 50ms.
-const watchdogTTL = 150 * time.Millisecond
+// watchdogTTL is the TTL of the watchdog cases: renewals every 100ms.
+const watchdogTTL = 300 * time.Millisecond
 
 func (s *suite) testWatchdogLost(t *testing.T) {
 	store := memstore.New()
