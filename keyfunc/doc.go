@@ -24,9 +24,14 @@
 // Literals are printable ASCII except '<' and '>': no space or control
 // characters. Braces are plain literals, so a Redis Cluster hash tag can be
 // written around a literal. A template has at most 512 bytes; one without
-// placeholders is valid and gives every request of the route the same key. Two placeholders must be separated by a literal:
-// "<a><b>" is ambiguous and rejected. Array steps in json paths (such as
-// items[*].sku) are not supported yet; '[' and ']' are syntax errors.
+// placeholders is valid and gives every request of the route the same key.
+//
+// A placeholder must touch only separators: the literal byte just before and
+// just after it, if any, must not be a letter, a digit, '%' or '#', the bytes
+// a rendered value is made of (see "No forged keys"). So "sku:<id>",
+// "order.<id>.lines" and "<a>-<b>" are valid; "sku<id>", "<id>v2" and
+// "<a>%<b>" are rejected, and so is "<a><b>". Array steps in json paths (such
+// as items[*].sku) are not supported yet; '[' and ']' are syntax errors.
 //
 // Examples:
 //
@@ -41,14 +46,13 @@
 //
 // # Rendering
 //
-// Key replaces each placeholder by its value, escaped: bytes in
-// [A-Za-z0-9._~-] stay, every other byte becomes %XX (uppercase hex). A value
-// therefore never contains ':', '/', '{', '}' or a space, so no request can
-// forge the structure of a key or add a Redis hash tag. An escaped value
-// longer than MaxValueLen (default 64) is replaced by '#' and the lowercase
-// hex of the first 16 bytes of the SHA-256 of the raw value; '#' never appears
-// in an escaped value, so hashed and plain values cannot collide. Keys carry
-// no prefix: the Locker adds its own.
+// Key replaces each placeholder by its value, escaped: letters and digits
+// ([A-Za-z0-9]) stay, every other byte becomes %XX (uppercase hex), '-', '.',
+// '_' and '~' included: "A-1" renders "A%2D1". An escaped value longer than
+// MaxValueLen (default 64) is replaced by '#' and the lowercase hex of the
+// first 16 bytes of the SHA-256 of the raw value; '#' never appears in an
+// escaped value, so hashed and plain values cannot collide. Keys carry no
+// prefix: the Locker adds its own.
 //
 // A JSON string renders as itself, a number as its literal text (so 1.0 and 1
 // are different keys: key on strings or integers), true and false as "true"
@@ -70,6 +74,37 @@
 // matches struct fields case-insensitively, and the last match wins), and a
 // form field that the URL query also carries with another value
 // (r.FormValue reads the query before a multipart body).
+//
+// # No forged keys
+//
+// A rendered value is made of letters, digits, '%' and '#' only; call every
+// other literal byte, such as ':', '.', '-', '/', '{' or '}', a separator.
+// Since a placeholder touches only separators, a value never contains one
+// and never runs into a neighbouring literal. Cut a key at its separators:
+// the separators are exactly the template's, in order, and between them are
+// its words, one per slot, where a slot is a placeholder or a literal word (a
+// maximal run of letters, digits, '%' and '#' in a literal). Hence:
+//
+//   - Within one template, a key determines its values: different values give
+//     different keys (barring a collision of the 128-bit hash). With
+//     "<query:a>-<query:b>", a=x-y b=z renders "x%2Dy-z" and a=x b=y-z
+//     renders "x-y%2Dz".
+//   - Two templates render the same key only if they have the same separators
+//     in the same order with the same number of slots, and in every slot two
+//     literal words are equal, two values are equal, or a literal word equals
+//     the other template's rendered value. No value makes "order.<id>" render
+//     a key of "order.<id>.lines", or "k:<x>" one of "k:<x>:<y>".
+//
+// What is not guaranteed: templates that line up slot for slot share a key
+// space, by design. "sku:<id>" and "sku:<json:sku>" share it on purpose, so
+// that two routes lock the same SKU; "k:ab" or "k:ab:<y>" meets "k:<x>" or
+// "k:<x>:<y>" when x is "ab". A literal word meets a value only if it reads
+// like a rendered value, so '%' and '#' may appear in literals away from
+// placeholders: they add no collision that letters do not ("k:%3A" meets
+// "k:<x>" with x ":" as "k:ab" does with x "ab"; "k:%41" or "k:%zz", which no
+// value renders, meets none). Give routes that must not share locks
+// different separators or different literal words in the same slot, such as
+// "sku:<id>" and "sku-lines:<id>".
 //
 // # Request bodies
 //

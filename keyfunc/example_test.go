@@ -28,7 +28,7 @@ func Example() {
 	mux.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/skus/A-1?warehouse=eu+west", nil))
 	mux.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/skus/A:1?warehouse=eu", nil))
 	// Output:
-	// sku:A-1:eu%20west
+	// sku:A%2D1:eu%20west
 	// sku:A%3A1:eu
 }
 

@@ -2,10 +2,15 @@ package keyfunc
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -42,10 +47,16 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// FuzzKey renders pairs of values with templates that share the prefix "k:"
+// but not their skeletons: a template's key determines its values, and no
+// values make two of these templates render the same key.
 func FuzzKey(f *testing.F) {
 	f.Add("1", "2", "1", "2", false)
 	f.Add("1:2", "3", "1", "2:3", false)
 	f.Add("1%3A2", "3", "1:2", "3", false)
+	f.Add("x-y", "z", "x", "y-z", false)
+	f.Add("a.lines", "b", "a", "lines.b", false)
+	f.Add("1b2", "3", "1", "2b3", false)
 	f.Add("{tag}", "x", "%7Btag%7D", "x", false)
 	f.Add("a b", "é", "a+b", "%C3%A9", false)
 	f.Add("日本語", "\x00\xff", "#", "~", false)
@@ -57,42 +68,383 @@ func FuzzKey(f *testing.F) {
 		if small {
 			opts = append(opts, WithMaxValueLen(16))
 		}
-		tmpl := MustParse("k:<x>:<y>", opts...)
-		key := func(x, y string) string {
-			k, err := tmpl.Key(fakeRequest{path: map[string]string{"x": x, "y": y}})
-			if x == "" || y == "" {
-				if !errors.Is(err, ErrMissing) || k != "" {
-					t.Fatalf("Key(%q, %q) = %q, %v; want ErrMissing", x, y, k, err)
-				}
-				return ""
-			}
-			if err != nil {
-				t.Fatalf("Key(%q, %q): %v", x, y, err)
-			}
-			parts := strings.Split(k, ":")
-			if len(parts) != 3 || parts[0] != "k" {
-				t.Fatalf("Key(%q, %q) = %q: not three parts", x, y, k)
-			}
-			for _, p := range parts[1:] {
-				if p == "" {
-					t.Fatalf("Key(%q, %q) = %q has an empty part", x, y, k)
-				}
-				for i := 0; i < len(p); i++ {
-					if c := p[i]; !unreserved[c] && c != '%' && c != '#' {
-						t.Fatalf("Key(%q, %q) = %q: byte %q in a value", x, y, k, c)
+		templates := []*Template{
+			MustParse("k:<x>:<y>", opts...),
+			MustParse("k:<x>-<y>", opts...),
+			MustParse("k:<x>", opts...),
+			MustParse("k:<x>.lines", opts...),
+		}
+		type rendered struct {
+			tmpl   int
+			x, y   string
+			holes  int
+			key    string
+			values map[string]string
+		}
+		var keys []rendered
+		for i, tmpl := range templates {
+			for _, xy := range [][2]string{{x1, y1}, {x2, y2}} {
+				vals := map[string]string{"path:x": xy[0], "path:y": xy[1]}
+				k, err := tmpl.Key(fakeRequest{path: map[string]string{"x": xy[0], "y": xy[1]}})
+				if xy[0] == "" || tmpl.holes == 2 && xy[1] == "" {
+					if !errors.Is(err, ErrMissing) || k != "" {
+						t.Fatalf("%s: Key(%q, %q) = %q, %v; want ErrMissing", tmpl, xy[0], xy[1], k, err)
 					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s: Key(%q, %q): %v", tmpl, xy[0], xy[1], err)
+				}
+				checkKey(t, tmpl, vals, k)
+				keys = append(keys, rendered{i, xy[0], xy[1], tmpl.holes, k, vals})
+			}
+		}
+		for i, a := range keys {
+			for _, b := range keys[i+1:] {
+				if a.tmpl != b.tmpl {
+					if a.key == b.key {
+						t.Fatalf("%s with (%q, %q) and %s with (%q, %q) both render %q",
+							templates[a.tmpl], a.x, a.y, templates[b.tmpl], b.x, b.y, a.key)
+					}
+					continue
+				}
+				same := a.x == b.x && (a.holes == 1 || a.y == b.y)
+				if same != (a.key == b.key) {
+					t.Fatalf("%s: (%q, %q) -> %q and (%q, %q) -> %q",
+						templates[a.tmpl], a.x, a.y, a.key, b.x, b.y, b.key)
 				}
 			}
-			return k
-		}
-		k1, k2 := key(x1, y1), key(x2, y2)
-		if k1 == "" || k2 == "" {
-			return
-		}
-		if same := x1 == x2 && y1 == y2; same != (k1 == k2) {
-			t.Fatalf("(%q, %q) -> %q and (%q, %q) -> %q", x1, y1, k1, x2, y2, k2)
 		}
 	})
+}
+
+// FuzzNoForgery checks the guarantee of the package documentation ("No
+// forged keys") on two fuzzer-chosen templates rendered with fuzzer-chosen,
+// non-empty values. Each key must cut back into its template's separators
+// and slots, with every value slot decoding to its value; and two equal keys
+// must come from templates with the same skeleton (the same separators, in
+// order, around the same number of slots) whose slots agree one by one: two
+// literal words are equal, two values are equal, or a literal word is the
+// other template's rendered value (a key space the two templates share by
+// design, such as "k:ab" and "k:<x>" with x "ab").
+func FuzzNoForgery(f *testing.F) {
+	for _, seed := range [][4]string{
+		{"order.<id>", "order.<id>.lines", "\x07a.lines", "\x01a"},
+		{"<query:a>-<query:b>", "<query:a>-<query:b>", "\x03x-y\x01z", "\x01x\x03y-z"},
+		{"k:ab", "k:<x>", "", "\x02ab"},
+		{"k:ab:<y>", "k:<x>:<y>", "\x01c", "\x02ab\x01c"},
+		{"k:%3A", "k:<x>", "", "\x01:"},
+		{"k:%41:<y>", "k:<x>", "\x01y", "\x01A"},
+		{"sku:<id>", "sku:<json:sku>", "\x02A1", "\x02A1"},
+		{"{stock}:<query:warehouse>:<form:sku>", "{stock}:<header:W>:<ctx:sku>", "\x02eu\x01s", "\x02eu\x01s"},
+		{"t:<header:X-Tenant>:<json:order.id>", "t:<ctx:t>:<json:order.id>", "\x01a\x019", "\x01a\x019"},
+		{"k:<x>:#", "k:<x>:<y>", "\x01a", "\x01a\x01#"},
+		{"a<x>b<y>", "k:<x>%20b", "", ""},
+	} {
+		f.Add(seed[0], seed[1], []byte(seed[2]), []byte(seed[3]))
+	}
+	f.Fuzz(func(t *testing.T, t1, t2 string, data1, data2 []byte) {
+		a, err := Parse(t1)
+		if err != nil {
+			return
+		}
+		b, err := Parse(t2)
+		if err != nil {
+			return
+		}
+		va, vb := assignValues(a, data1), assignValues(b, data2)
+		ka, ok := renderValues(t, a, va)
+		if !ok {
+			return
+		}
+		kb, ok := renderValues(t, b, vb)
+		if !ok {
+			return
+		}
+		checkKey(t, a, va, ka)
+		checkKey(t, b, vb, kb)
+		if ka != kb {
+			return
+		}
+		skelA, slotsA := templateSlots(a)
+		skelB, slotsB := templateSlots(b)
+		if skelA != skelB {
+			t.Fatalf("%q with %q and %q with %q both render %q: skeletons %q and %q differ",
+				a, va, b, vb, ka, skelA, skelB)
+		}
+		_, words := keySlots(ka)
+		for i := range slotsA {
+			pa, pb := slotsA[i].ph, slotsB[i].ph
+			switch {
+			case pa == nil && pb == nil:
+				if slotsA[i].literal != slotsB[i].literal {
+					t.Fatalf("%q and %q render %q: literal slot %d differs", a, b, ka, i)
+				}
+			case pa != nil && pb != nil:
+				if x, y := va[valueID(pa)], vb[valueID(pb)]; x != y {
+					t.Fatalf("%q with %q and %q with %q render %q: slot %d has values %q and %q",
+						a, va, b, vb, ka, i, x, y)
+				}
+			case pa == nil:
+				if slotsA[i].literal != words[i] {
+					t.Fatalf("%q and %q render %q: slot %d is %q, not literal %q", a, b, ka, i, words[i], slotsA[i].literal)
+				}
+			default:
+				if slotsB[i].literal != words[i] {
+					t.Fatalf("%q and %q render %q: slot %d is %q, not literal %q", a, b, ka, i, words[i], slotsB[i].literal)
+				}
+			}
+		}
+	})
+}
+
+// templateSlots cuts tmpl as the package documentation does: slots are its
+// placeholders and its literal words (maximal runs of letters, digits, '%'
+// and '#' in a literal); the skeleton is the template with each slot replaced
+// by '<', which no literal contains.
+func templateSlots(tmpl *Template) (skeleton string, slots []part) {
+	var b strings.Builder
+	for _, p := range tmpl.parts {
+		if p.ph != nil {
+			b.WriteByte('<')
+			slots = append(slots, p)
+			continue
+		}
+		_, words := cutWords(&b, p.literal)
+		for _, w := range words {
+			slots = append(slots, lit(w))
+		}
+	}
+	return b.String(), slots
+}
+
+// keySlots cuts a rendered key the same way.
+func keySlots(key string) (skeleton string, words []string) {
+	var b strings.Builder
+	_, words = cutWords(&b, key)
+	return b.String(), words
+}
+
+// cutWords writes s to b with each maximal run of letters, digits, '%' and
+// '#' replaced by '<', and returns the runs.
+func cutWords(b *strings.Builder, s string) (*strings.Builder, []string) {
+	var words []string
+	for i := 0; i < len(s); {
+		if !isWordByte(s[i]) {
+			b.WriteByte(s[i])
+			i++
+			continue
+		}
+		j := i
+		for j < len(s) && isWordByte(s[j]) {
+			j++
+		}
+		b.WriteByte('<')
+		words = append(words, s[i:j])
+		i = j
+	}
+	return b, words
+}
+
+// isWordByte is isValueByte, written out again so the test does not trust
+// the code under test.
+func isWordByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '%' || c == '#'
+}
+
+// checkKey asserts that key, rendered by tmpl with vals (by valueID), cuts
+// into tmpl's skeleton, that its literal words are tmpl's and that each
+// value slot is vals' value escaped or hashed.
+func checkKey(t *testing.T, tmpl *Template, vals map[string]string, key string) {
+	t.Helper()
+	skel, slots := templateSlots(tmpl)
+	keySkel, words := keySlots(key)
+	if keySkel != skel {
+		t.Fatalf("%q renders %q with %q: skeleton %q, want %q", tmpl, key, vals, keySkel, skel)
+	}
+	for i, s := range slots {
+		w := words[i]
+		if s.ph == nil {
+			if w != s.literal {
+				t.Fatalf("%q renders %q: slot %d is %q, want literal %q", tmpl, key, i, w, s.literal)
+			}
+			continue
+		}
+		v := vals[valueID(s.ph)]
+		if strings.HasPrefix(w, "#") {
+			sum := sha256.Sum256([]byte(v))
+			if want := "#" + hex.EncodeToString(sum[:16]); w != want || len(escapeRef(v)) <= tmpl.maxValueLen {
+				t.Fatalf("%q renders %q: slot %d is %q for %q", tmpl, key, i, w, v)
+			}
+			continue
+		}
+		if got, ok := unescapeStrict(w); !ok || got != v || len(w) > tmpl.maxValueLen {
+			t.Fatalf("%q renders %q: slot %d is %q for %q", tmpl, key, i, w, v)
+		}
+	}
+}
+
+// escapeRef is a reference escaping: letters and digits stay, every other
+// byte becomes %XX.
+func escapeRef(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; isWordByte(c) && c != '%' && c != '#' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// unescapeStrict decodes an escaped value, accepting only the form escapeRef
+// writes: letters, digits and %XX (uppercase) of any other byte.
+func unescapeStrict(w string) (string, bool) {
+	var b strings.Builder
+	for i := 0; i < len(w); i++ {
+		c := w[i]
+		if c != '%' {
+			if !isWordByte(c) || c == '#' {
+				return "", false
+			}
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(w) || !isUpperHex(w[i+1]) || !isUpperHex(w[i+2]) {
+			return "", false
+		}
+		d, _ := hex.DecodeString(w[i+1 : i+3])
+		if isWordByte(d[0]) && d[0] != '%' && d[0] != '#' {
+			return "", false // letters and digits are never escaped
+		}
+		b.WriteByte(d[0])
+		i += 2
+	}
+	return b.String(), w != ""
+}
+
+func isUpperHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= 'F' }
+
+// valueID identifies the request value a placeholder reads: <id> and
+// <path:id> read the same one.
+func valueID(ph *placeholder) string { return ph.src.String() + ":" + ph.name }
+
+// assignValues gives each value of tmpl a non-empty value cut from data: a
+// length byte (modulo 32) then that many bytes, reused in turn when data runs
+// out. json values are valid UTF-8, as a JSON body carries them.
+func assignValues(tmpl *Template, data []byte) map[string]string {
+	var pool []string
+	for len(data) > 0 {
+		n := min(int(data[0])%32, len(data)-1)
+		if n > 0 {
+			pool = append(pool, string(data[1:1+n]))
+		}
+		data = data[1+n:]
+	}
+	if len(pool) == 0 {
+		pool = []string{"v"}
+	}
+	vals := map[string]string{}
+	for _, p := range tmpl.parts {
+		if p.ph == nil {
+			continue
+		}
+		id := valueID(p.ph)
+		if _, ok := vals[id]; ok {
+			continue
+		}
+		v := pool[len(vals)%len(pool)]
+		if p.ph.src == srcJSON {
+			v = strings.ToValidUTF8(v, "\uFFFD")
+		}
+		vals[id] = v
+	}
+	return vals
+}
+
+// renderValues renders tmpl for a request carrying vals. It reports false
+// when the values cannot be carried together: a json path inside another, a
+// form field the query contradicts, json and form in one body.
+func renderValues(t *testing.T, tmpl *Template, vals map[string]string) (string, bool) {
+	t.Helper()
+	req := fakeRequest{path: map[string]string{}, ctx: map[string]any{}}
+	query, form := url.Values{}, url.Values{}
+	header := http.Header{}
+	obj := map[string]any{}
+	var hasJSON, hasForm, conflict bool
+	for _, p := range tmpl.parts {
+		ph := p.ph
+		if ph == nil {
+			continue
+		}
+		v := vals[valueID(ph)]
+		switch ph.src {
+		case srcPath:
+			req.path[ph.name] = v
+		case srcCtx:
+			req.ctx[ph.name] = v
+		case srcQuery:
+			query.Set(ph.name, v)
+		case srcHeader:
+			if ph.name == "Content-Type" {
+				return "", false // the body needs its own
+			}
+			header[ph.name] = []string{v}
+		case srcForm:
+			hasForm = true
+			form.Set(ph.name, v)
+		case srcJSON:
+			hasJSON = true
+			m := obj
+			for _, step := range ph.path[:len(ph.path)-1] {
+				next, ok := m[step.field].(map[string]any)
+				if !ok {
+					if _, taken := m[step.field]; taken {
+						conflict = true
+						break
+					}
+					next = map[string]any{}
+					m[step.field] = next
+				}
+				m = next
+			}
+			last := ph.path[len(ph.path)-1].field
+			if _, taken := m[last]; taken && m[last] != v {
+				conflict = true
+			}
+			m[last] = v
+		}
+	}
+	if conflict || hasJSON && hasForm {
+		return "", false
+	}
+	var body, contentType string
+	switch {
+	case hasJSON:
+		b, err := json.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, contentType = string(b), "application/json"
+	case hasForm:
+		body, contentType = form.Encode(), "application/x-www-form-urlencoded"
+	}
+	req.hr = httptest.NewRequest(http.MethodPost, "/?"+query.Encode(), strings.NewReader(body))
+	for k, v := range header {
+		req.hr.Header[k] = v
+	}
+	if contentType != "" {
+		req.hr.Header.Set("Content-Type", contentType)
+	}
+	key, err := tmpl.Key(req)
+	if errors.Is(err, ErrBadValue) {
+		return "", false // a json field name differing only in case, a query/form clash
+	}
+	if err != nil {
+		t.Fatalf("%q with %q: Key: %v", tmpl, vals, err)
+	}
+	return key, true
 }
 
 // FuzzKeyBody feeds arbitrary bodies to json and form templates: Key must

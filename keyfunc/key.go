@@ -187,11 +187,13 @@ func ctxValue(r Request, ph *placeholder) (string, error) {
 	return "", badValue(ph, fmt.Sprintf("context value of unsupported type %T", v))
 }
 
-// unreserved marks the bytes that escaping keeps: [A-Za-z0-9._~-].
+// unreserved marks the bytes that escaping keeps: [A-Za-z0-9]. Every other
+// byte, '-', '.', '_' and '~' included, is escaped, so a rendered value holds
+// only letters, digits, '%' and the '#' of a hash: never a separator (see
+// isValueByte).
 var unreserved = func() (u [256]bool) {
 	for c := 0; c < 256; c++ {
-		b := byte(c)
-		u[c] = isLetter(b) || isDigit(b) || b == '.' || b == '_' || b == '~' || b == '-'
+		u[c] = isLetter(byte(c)) || isDigit(byte(c))
 	}
 	return u
 }()

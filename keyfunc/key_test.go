@@ -59,8 +59,8 @@ func TestKeySources(t *testing.T) {
 		{"query decoded then escaped", "c:<query:cart>", fakeRequest{hr: newRequest("/?cart=a+b%2Fc", nil, "")}, "c:a%20b%2Fc"},
 		{"two queries", "c:<query:a>:<query:b>", fakeRequest{hr: newRequest("/?a=1&b=2", nil, "")}, "c:1:2"},
 		{"header", "t:<header:x-tenant>", fakeRequest{hr: newRequest("/", http.Header{"X-Tenant": {"acme", "other"}}, "")}, "t:acme"},
-		{"json", "j:<json:sku>", fakeRequest{hr: newRequest("/", jsonHeader, `{"sku":"A-1"}`)}, "j:A-1"},
-		{"form", "f:<form:sku>", fakeRequest{hr: newRequest("/", formHeader, `sku=A-1&sku=B`)}, "f:A-1"},
+		{"json", "j:<json:sku>", fakeRequest{hr: newRequest("/", jsonHeader, `{"sku":"A-1"}`)}, "j:A%2D1"},
+		{"form", "f:<form:sku>", fakeRequest{hr: newRequest("/", formHeader, `sku=A-1&sku=B`)}, "f:A%2D1"},
 		{"ctx", "u:<ctx:user>", fakeRequest{ctx: map[string]any{"user": "u7"}}, "u:u7"},
 		{"hash tag literal", "{stock}:<id>", fakeRequest{path: map[string]string{"id": "9"}}, "{stock}:9"},
 		{"all sources", "<id>:<query:q>:<header:h>:<json:a.b>:<ctx:c>", fakeRequest{
@@ -133,7 +133,9 @@ func TestKeyMissing(t *testing.T) {
 
 func TestKeyEscaping(t *testing.T) {
 	tests := []struct{ value, want string }{
-		{"AZaz09._~-", "AZaz09._~-"},
+		{"AZaz09", "AZaz09"},
+		{"A-1", "A%2D1"},
+		{"-._~", "%2D%2E%5F%7E"},
 		{"a:b", "a%3Ab"},
 		{"a/b", "a%2Fb"},
 		{"{tag}", "%7Btag%7D"},
@@ -216,6 +218,61 @@ func TestKeyCannotBeForged(t *testing.T) {
 	}
 }
 
+// TestForgeryRegressions holds the collisions a review found when '-', '.',
+// '_' and '~' stayed unescaped and a placeholder could touch a letter, a
+// digit, '%' or '#': each pair now renders two keys, or its template is
+// rejected.
+func TestForgeryRegressions(t *testing.T) {
+	key := func(template string, path map[string]string) string {
+		t.Helper()
+		k, err := MustParse(template).Key(fakeRequest{path: path})
+		if err != nil {
+			t.Fatalf("%s: Key: %v", template, err)
+		}
+		return k
+	}
+	hashed := key("k:<x>", map[string]string{"x": strings.Repeat("x", 65)})
+	tests := []struct {
+		name         string
+		template1    string
+		path1        map[string]string
+		template2    string
+		path2        map[string]string
+		want1, want2 string
+	}{
+		{"separator in one value", "<a>-<b>", map[string]string{"a": "x-y", "b": "z"},
+			"<a>-<b>", map[string]string{"a": "x", "b": "y-z"}, "x%2Dy-z", "x-y%2Dz"},
+		{"separator across templates", "order.<id>", map[string]string{"id": "a.lines"},
+			"order.<id>.lines", map[string]string{"id": "a"}, "order.a%2Elines", "order.a.lines"},
+		{"underscore and tilde", "k:<a>_<b>~", map[string]string{"a": "x_y", "b": "z~"},
+			"k:<a>_<b>~", map[string]string{"a": "x", "b": "y_z~"}, "k:x%5Fy_z%7E~", "k:x_y%5Fz%7E~"},
+		{"percent", "k:<x>", map[string]string{"x": "a b"},
+			"k:<x>:%20b", map[string]string{"x": "a"}, "k:a%20b", "k:a:%20b"},
+		{"hash", "k:<x>", map[string]string{"x": strings.Repeat("x", 65)},
+			"k:<x>", map[string]string{"x": hashed[2:]}, hashed, "k:%23" + hashed[3:]},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k1, k2 := key(tt.template1, tt.path1), key(tt.template2, tt.path2)
+			if k1 != tt.want1 || k2 != tt.want2 {
+				t.Errorf("keys %q and %q, want %q and %q", k1, k2, tt.want1, tt.want2)
+			}
+			if k1 == k2 {
+				t.Errorf("%s with %q and %s with %q both render %q", tt.template1, tt.path1, tt.template2, tt.path2, k1)
+			}
+		})
+	}
+	// Templates whose placeholder touches a byte a value can contain are
+	// rejected: the reviewer's a<x>b<y> (x=1b2 y=3 vs x=1 y=2b3), k:<x>%20b
+	// (x=a vs k:<x> with x="a b"), and k:#<x>, whose x could spell the hex of
+	// k:<x>'s hashed value.
+	for _, template := range []string{"a<x>b<y>", "<query:a>x<query:b>", "k:<x>%20b", "k:#<x>", "k:<x>#1", "sku<id>", "<id>9"} {
+		if _, err := Parse(template); !errors.Is(err, ErrSyntax) {
+			t.Errorf("Parse(%q) error = %v, want ErrSyntax", template, err)
+		}
+	}
+}
+
 func TestKeyJSON(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -227,8 +284,8 @@ func TestKeyJSON(t *testing.T) {
 		{"string", "j:<json:sku>", `{"sku":"A 1"}`, "j:A%201", nil},
 		{"nested", "j:<json:order.item.sku>", `{"order":{"item":{"sku":"X"}}}`, "j:X", nil},
 		{"integer", "j:<json:n>", `{"n":42}`, "j:42", nil},
-		{"number literal text", "j:<json:n>", `{"n":1.50e3}`, "j:1.50e3", nil},
-		{"negative", "j:<json:n>", `{"n":-7}`, "j:-7", nil},
+		{"number literal text", "j:<json:n>", `{"n":1.50e3}`, "j:1%2E50e3", nil},
+		{"negative", "j:<json:n>", `{"n":-7}`, "j:%2D7", nil},
 		{"big number kept exact", "j:<json:n>", `{"n":12345678901234567890}`, "j:12345678901234567890", nil},
 		{"true", "j:<json:b>", `{"b":true}`, "j:true", nil},
 		{"false", "j:<json:b>", `{"b":false}`, "j:false", nil},
@@ -456,9 +513,9 @@ func TestKeyContext(t *testing.T) {
 		{"string", "acme", "acme"},
 		{"bytes", []byte("a:b"), "a%3Ab"},
 		{"stringer", &stringer{"s1"}, "s1"},
-		{"duration stringer", 1500 * time.Millisecond, "1.5s"},
-		{"int", -3, "-3"},
-		{"int8", int8(-8), "-8"},
+		{"duration stringer", 1500 * time.Millisecond, "1%2E5s"},
+		{"int", -3, "%2D3"},
+		{"int8", int8(-8), "%2D8"},
 		{"int16", int16(16), "16"},
 		{"int32", int32(32), "32"},
 		{"int64", int64(math.MaxInt64), "9223372036854775807"},

@@ -9,6 +9,9 @@ import (
 // maxTemplateLen is the longest template Parse accepts, in bytes.
 const maxTemplateLen = 512
 
+// separatorHint explains why a placeholder needs a separator on each side.
+const separatorHint = "a value may contain letters, digits, '%' and '#': separate them with another character, such as ':'"
+
 // source is where a placeholder's value comes from.
 type source uint8
 
@@ -141,9 +144,15 @@ func (t *Template) parse() error {
 			if end == i+1 {
 				return t.errAt(i, "empty placeholder", "")
 			}
+			if i > 0 && isValueByte(s[i-1]) {
+				return t.errAt(i-1, "placeholder "+s[i:end+1]+" preceded by "+quoteByte(s[i-1]), separatorHint)
+			}
 			ph, err := t.parsePlaceholder(i, end)
 			if err != nil {
 				return err
+			}
+			if end+1 < len(s) && isValueByte(s[end+1]) {
+				return t.errAt(end+1, "placeholder "+ph.text+" followed by "+quoteByte(s[end+1]), separatorHint)
 			}
 			t.parts = append(t.parts, part{ph: ph})
 			t.holes++
@@ -276,6 +285,18 @@ func isLetter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
 // isLiteralByte reports whether c may appear in a literal: printable ASCII
 // except '<', '>' and space.
 func isLiteralByte(c byte) bool { return c > ' ' && c < 0x7f && c != '<' && c != '>' }
+
+// isValueByte reports whether c can appear in a rendered value: a letter or a
+// digit, which escaping keeps, the '%' of an escape, or the '#' of a hashed
+// value. The other literal bytes are separators, which no value contains.
+//
+// Only the bytes next to a placeholder must be separators. Then a key cuts
+// back, at its separators, into its template's literal words and values, so
+// two keys can be equal only slot by slot. '%' and '#' elsewhere in a literal
+// stay allowed: such a word can equal a value only in the same slot of a
+// template with the same separators, which a word of letters can as well
+// ("k:%3A" and "k:<x>" with x ":", like "k:ab" and "k:<x>" with x "ab").
+func isValueByte(c byte) bool { return isLetter(c) || isDigit(c) || c == '%' || c == '#' }
 
 // isNameByte reports whether c may appear in a query, form or ctx name.
 func isNameByte(c byte) bool { return isLiteralByte(c) }
