@@ -45,6 +45,7 @@ type Locker struct {
 	handoffTime    time.Duration
 	logger         *slog.Logger
 	local          *localQueues
+	fair           *fairness // nil unless WithFairness; see fair.go
 }
 
 // Option configures a Locker.
@@ -109,7 +110,7 @@ func New(store Store, opts ...Option) (*Locker, error) {
 		l.logger = slog.Default()
 	}
 	l.notifier, _ = store.(ReleaseNotifier)
-	return l, nil
+	return l.withFairness()
 }
 
 // MustNew is like New but panics on an invalid configuration. Use it at
@@ -272,6 +273,9 @@ func (l *Locker) takeHandoff(ctx context.Context, key string, q *keyQueue, t tur
 // contend obtains key from the store for the request that has the key's
 // turn in this process.
 func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait time.Duration) (*Lock, error) {
+	if l.fair != nil {
+		return l.contendFair(ctx, key, storeKey, ttl, wait)
+	}
 	token := newToken()
 	var (
 		schedule *backoffSchedule
