@@ -52,8 +52,8 @@ func TestLockAccessorAndContextValue(t *testing.T) {
 	}, echolock.Must(echolock.New(locker, "balance:<ctx:user>")))
 	rec := httptest.NewRecorder()
 	e.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/pay", nil))
-	if rec.Code != http.StatusOK || rec.Body.String() != "balance:u-7" {
-		t.Fatalf("got %d %q, want 200 balance:u-7", rec.Code, rec.Body)
+	if rec.Code != http.StatusOK || rec.Body.String() != "balance:u%2D7" {
+		t.Fatalf("got %d %q, want 200 balance:u%%2D7", rec.Code, rec.Body)
 	}
 }
 

@@ -54,8 +54,8 @@ func TestLockAccessorAndContextValue(t *testing.T) {
 	})
 	rec := httptest.NewRecorder()
 	r.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/pay", nil))
-	if rec.Code != http.StatusOK || rec.Body.String() != "balance:u-7" {
-		t.Fatalf("got %d %q, want 200 balance:u-7", rec.Code, rec.Body)
+	if rec.Code != http.StatusOK || rec.Body.String() != "balance:u%2D7" {
+		t.Fatalf("got %d %q, want 200 balance:u%%2D7", rec.Code, rec.Body)
 	}
 }
 

@@ -486,7 +486,7 @@ func (s *suite) testBodyReadable(t *testing.T) {
 	srv := s.serve(t, locker, "item:<json:sku>", func(w http.ResponseWriter, r *http.Request) {
 		lock, _ := reqlock.FromContext(r.Context())
 		got, _ := io.ReadAll(r.Body)
-		if string(got) != body || lock == nil || lock.Key() != "item:A-1" {
+		if string(got) != body || lock == nil || lock.Key() != "item:A%2D1" {
 			http.Error(w, "body or key wrong: "+string(got), http.StatusInternalServerError)
 		}
 	})
