@@ -78,6 +78,9 @@ if [[ -n $unformatted ]]; then
 	exit 1
 fi
 
+echo "test.sh: go mod tidy -diff"
+go mod tidy -diff
+
 echo "test.sh: go vet"
 go vet ./...
 
