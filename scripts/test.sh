@@ -87,6 +87,9 @@ go vet ./...
 echo "test.sh: go test -race"
 go test -race -count=1 "$@" ./...
 
+echo "test.sh: bench module (lockbench against bsm/redislock and redsync): go vet, go test -race"
+(cd bench && go vet ./... && go test -race -count=1 ./...)
+
 fuzztime=${FUZZTIME:-10s}
 while IFS=: read -r file name; do
 	dir=$(dirname "$file")
