@@ -6,23 +6,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v redis-server >/dev/null || { echo "bench.sh: install redis-server first (scripts/test.sh does)" >&2; exit 1; }
+source scripts/private-redis.sh
 dir=$(mktemp -d)
-port=
-pid=
-trap '[[ -n $pid ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 20); do
-	candidate=$((20000 + RANDOM % 40000))
-	(exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null && continue
-	redis-server --port "$candidate" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >"$dir/log" 2>&1 &
-	pid=$!
-	for _ in $(seq 50); do
-		[[ $(redis-cli -p "$candidate" ping 2>/dev/null || true) == PONG ]] && { port=$candidate; break 2; }
-		sleep 0.1
-	done
-	kill "$pid" 2>/dev/null || true
-	pid=
-done
-[[ -n $port ]] || { echo "bench.sh: could not start redis-server" >&2; exit 1; }
+trap 'private_redis_stop; rm -rf "$dir"' EXIT
+private_redis_start "$dir"
+port=$PRIVATE_REDIS_PORT
 out=${OUT:-bench.txt}
 REQLOCK_REDIS_ADDR=127.0.0.1:$port go test -run '^$' -bench . -benchmem -count "${COUNT:-6}" ./internal/bench | tee "$out"
 if command -v benchstat >/dev/null; then benchstat "$out"; elif [[ -x $(go env GOPATH)/bin/benchstat ]]; then "$(go env GOPATH)/bin/benchstat" "$out"; fi

@@ -18,55 +18,15 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 	fi
 fi
 
-# port_free succeeds when nothing accepts connections on 127.0.0.1:$1.
-port_free() {
-	! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
+source scripts/private-redis.sh
 redis_dir=$(mktemp -d "${TMPDIR:-/tmp}/reqlock-test-redis.XXXXXX")
-redis_pid=
 cleanup() {
-	if [[ -n $redis_pid ]]; then
-		kill "$redis_pid" 2>/dev/null || true
-		wait "$redis_pid" 2>/dev/null || true
-	fi
+	private_redis_stop
 	rm -rf "$redis_dir"
 }
 trap cleanup EXIT
-
-start_redis() {
-	local port=$1
-	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-		--dir "$redis_dir" >"$redis_dir/redis.log" 2>&1 &
-	redis_pid=$!
-	for _ in $(seq 100); do # 100 x 0.1s: about 10s
-		if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null || true) == PONG ]]; then
-			return 0
-		fi
-		if ! kill -0 "$redis_pid" 2>/dev/null; then
-			break # exited, likely the port was taken meanwhile
-		fi
-		sleep 0.1
-	done
-	kill "$redis_pid" 2>/dev/null || true
-	wait "$redis_pid" 2>/dev/null || true
-	redis_pid=
-	return 1
-}
-
-port=
-for _ in $(seq 20); do
-	candidate=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
-	if port_free "$candidate" && start_redis "$candidate"; then
-		port=$candidate
-		break
-	fi
-done
-if [[ -z $port ]]; then
-	echo "test.sh: could not start redis-server; last log:" >&2
-	tail -n 20 "$redis_dir/redis.log" >&2 || true
-	exit 1
-fi
+private_redis_start "$redis_dir"
+port=$PRIVATE_REDIS_PORT
 export REQLOCK_REDIS_ADDR=127.0.0.1:$port
 echo "test.sh: redis-server on $REQLOCK_REDIS_ADDR"
 
