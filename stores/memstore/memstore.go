@@ -43,6 +43,8 @@ type Store struct {
 	// reallocated, to shrink it after a flood of keys.
 	subs     map[string]map[chan struct{}]struct{}
 	subsPeak int
+
+	fair map[string]*fairQueue // fair-mode queues by key; see fair.go
 }
 
 var (

@@ -67,6 +67,12 @@
 // Subscribe (such as a wrapper that exposes only redis.Scripter):
 // NotifyRelease then returns a nil channel and waiters poll.
 //
+// # Fair mode
+//
+// Store implements reqlock.FairStore: a key in fair use gets a FIFO queue
+// and a set of waiter leases, two sorted sets in the lock key's slot that
+// expire when abandoned. See Store.AcquireFair.
+//
 // # Timeouts
 //
 // go-redis bounds a command by its ReadTimeout and WriteTimeout, and honours
@@ -202,7 +208,7 @@ func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
 // uncached script costs one extra round trip (EVALSHA, then EVAL). A cluster
 // client loads them on every node. It returns the client's error.
 func (s *Store) Load(ctx context.Context) error {
-	for _, script := range []*redis.Script{acquireScript, releaseScript, refreshScript} {
+	for _, script := range []*redis.Script{acquireScript, releaseScript, refreshScript, fairAcquireScript, fairLeaveScript} {
 		if err := script.Load(ctx, s.client).Err(); err != nil {
 			return err
 		}

@@ -1,0 +1,104 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
+)
+
+// fairDropLimit is the most dead waiters one AcquireFair drops, so that a
+// queue full of dead entries cannot make one call slow; the next calls drop
+// the rest.
+const fairDropLimit = 64
+
+var (
+	//go:embed fair_acquire.lua
+	fairAcquireSrc string
+	//go:embed fair_leave.lua
+	fairLeaveSrc string
+
+	fairAcquireScript = redis.NewScript(fairAcquireSrc)
+	fairLeaveScript   = redis.NewScript(fairLeaveSrc)
+)
+
+var _ reqlock.FairStore = (*Store)(nil)
+
+// AcquireFair is one attempt of a fair waiter (see reqlock.FairStore and
+// reqlock.WithFairness), in one script and one round trip.
+//
+// Next to the lock key and its fence key, a key in fair use has two sorted
+// sets in the same Cluster slot (named like the fence key, with the suffixes
+// ":fair:queue" and ":fair:lease"): the queue, each token scored by its
+// arrival ticket (server time in microseconds, kept increasing within the
+// queue), and the leases, each token scored by its lease deadline (server
+// time in milliseconds). The script renews the caller's lease if it is
+// queued, drops waiters whose lease has passed (at most 64 per call, the
+// earliest first; a queue entry without a lease is dropped too), and grants
+// with SET NX PX only when the queue is empty or the caller heads it. A grant
+// leaves the queue and issues the fence exactly as Acquire does, from the
+// same fence key. Otherwise the caller joins the tail when lease is not zero,
+// and both sets get a TTL of at least twice the lease (never shortened), so
+// an abandoned queue disappears by itself. When the script dropped dead
+// waiters and the key is free, it publishes on the lock key's channel like a
+// release, so the new head's NotifyRelease wakes it at once.
+//
+// A refusal returns a Grant with OK false and, as HolderTTL, the holder's
+// remaining TTL, or, when the key is free but another waiter heads the
+// queue, that waiter's remaining lease. It returns the client's error as is,
+// an error wrapping reqlock.ErrInvalid for a non-positive ttl or a negative
+// lease, and ctx.Err() without acting when ctx has ended.
+func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.Grant, error) {
+	if err := ctx.Err(); err != nil {
+		return reqlock.Grant{}, err
+	}
+	if ttl <= 0 || lease < 0 {
+		return reqlock.Grant{}, fmt.Errorf("%w: redisstore: ttl %v must be positive and lease %v not negative",
+			reqlock.ErrInvalid, ttl, lease)
+	}
+	reply, err := fairAcquireScript.Run(ctx, s.client,
+		[]string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)},
+		token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit).Int64Slice()
+	if err != nil {
+		return reqlock.Grant{}, err
+	}
+	if len(reply) != 2 {
+		return reqlock.Grant{}, fmt.Errorf("%w: fair acquire %q answered %v", ErrUnexpectedReply, key, reply)
+	}
+	if reply[0] == 1 {
+		return reqlock.Grant{OK: true, Fence: reply[1]}, nil
+	}
+	return reqlock.Grant{HolderTTL: time.Duration(max(reply[1], 0)) * time.Millisecond}, nil
+}
+
+// LeaveFair takes token out of key's fair queue and lease set. When token
+// headed the queue and the key is free, it publishes on the lock key's
+// channel like a release, so the next waiter wakes at once. A token that is
+// not queued is not an error. It returns the client's error as is, and
+// ctx.Err() without acting when ctx has ended.
+func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return fairLeaveScript.Run(ctx, s.client, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
+}
+
+// fairQueueKey names key's fair queue, in the slot of key (see fenceKey).
+func fairQueueKey(key string) string { return siblingKey(key, ":fair:queue") }
+
+// fairLeaseKey names key's fair lease set, in the slot of key (see fenceKey).
+func fairLeaseKey(key string) string { return siblingKey(key, ":fair:lease") }
+
+// siblingKey names a key that lives next to key, in key's Cluster slot
+// wherever fenceKey's is: the same rules, with suffix for ":fence".
+func siblingKey(key, suffix string) string {
+	if hasHashTag(key) || strings.IndexByte(key, '}') >= 0 {
+		return key + suffix
+	}
+	return "{" + key + "}" + suffix
+}

@@ -1,0 +1,100 @@
+-- One attempt of a fair waiter.
+-- KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue (ZSET: token -> arrival
+-- ticket, server microseconds), KEYS[4] leases (ZSET: token -> lease deadline,
+-- server milliseconds); all four in one slot.
+-- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] lease ms
+-- (0: try once without joining the queue), ARGV[5] most waiters dropped per call.
+-- Returns {1, fence} when granted, else {0, hint ms}: the holder's PTTL, or,
+-- when the key is free but another waiter heads the queue, that waiter's
+-- remaining lease (0 when unknown).
+-- The fence key is read and checked before anything is written, as in
+-- acquire.lua.
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last == nil or last >= 9007199254740992 then
+  return redis.error_reply('reqlock: fence key ' .. KEYS[2] .. ' does not hold a fence')
+end
+local token = ARGV[1]
+local lease = tonumber(ARGV[4])
+local limit = tonumber(ARGV[5])
+local t = redis.call('TIME')
+local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(nowus / 1000)
+
+-- Heartbeat first: a late attempt keeps its place unless it was dropped.
+if lease > 0 and redis.call('ZSCORE', KEYS[3], token) then
+  redis.call('ZADD', KEYS[4], now + lease, token)
+end
+
+-- Drop waiters whose lease has passed, the earliest deadlines first.
+local dropped = 0
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. now, 'LIMIT', 0, limit)
+if #dead > 0 then
+  redis.call('ZREM', KEYS[3], unpack(dead))
+  redis.call('ZREM', KEYS[4], unpack(dead))
+  dropped = #dead
+end
+
+-- The head is the first queued waiter with a live lease. A queue entry
+-- without one (left by a partial expiry) is dropped too.
+local head, headDeadline
+local empty = false
+for _ = 1, limit do
+  local h = redis.call('ZRANGE', KEYS[3], 0, 0)
+  if #h == 0 then
+    empty = true
+    break
+  end
+  local d = tonumber(redis.call('ZSCORE', KEYS[4], h[1]))
+  if d and d >= now then
+    head, headDeadline = h[1], d
+    break
+  end
+  redis.call('ZREM', KEYS[3], h[1])
+  redis.call('ZREM', KEYS[4], h[1])
+  dropped = dropped + 1
+end
+
+if (empty or head == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+  if head == token then
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('ZREM', KEYS[4], token)
+  end
+  local fence = math.max(last + 1, nowus)
+  -- %.0f, not tostring: tostring prints 1.7e+15.
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+  return {1, fence}
+end
+
+if lease > 0 then
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    -- Tickets grow within a queue even if the server clock steps back.
+    local ticket = nowus
+    local tail = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+    if #tail == 2 then
+      ticket = math.max(ticket, tonumber(tail[2]) + 1)
+    end
+    redis.call('ZADD', KEYS[3], string.format('%.0f', ticket), token)
+    redis.call('ZADD', KEYS[4], now + lease, token)
+  end
+  -- Abandoned queues expire; a live waiter renews them, and a shorter lease
+  -- never cuts the TTL that a waiter with a longer one set.
+  local keep = 2 * lease
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < keep then
+      redis.call('PEXPIRE', KEYS[i], keep)
+    end
+  end
+end
+
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl > 0 then
+  return {0, pttl}
+end
+if pttl == -2 and dropped > 0 then
+  -- The key is free and dead waiters left: wake the new head now.
+  redis.call('PUBLISH', KEYS[1], 'dequeued')
+end
+if head and head ~= token then
+  return {0, headDeadline - now}
+end
+return {0, 0}
