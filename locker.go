@@ -271,12 +271,27 @@ func (l *Locker) takeHandoff(ctx context.Context, key string, q *keyQueue, t tur
 }
 
 // contend obtains key from the store for the request that has the key's
-// turn in this process.
+// turn in this process. In fair mode (see WithFairness) it waits in the
+// store's queue instead: each attempt renews its place there, sleeps are
+// capped so that it renews in time, and it leaves the queue when its wait
+// ends.
 func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait time.Duration) (*Lock, error) {
-	if l.fair != nil {
-		return l.contendFair(ctx, key, storeKey, ttl, wait)
-	}
 	token := newToken()
+	var lease time.Duration // fair mode's place in the store's queue; zero: none
+	if l.fair != nil && wait > 0 {
+		lease = l.fair.lease
+	}
+	acquire := func() (Grant, error) {
+		if l.fair != nil {
+			return l.fair.store.AcquireFair(ctx, storeKey, token, ttl, lease)
+		}
+		return l.store.Acquire(ctx, storeKey, token, ttl)
+	}
+	leave := func() {
+		if lease > 0 {
+			l.leaveFair(ctx, storeKey, token) // the queue moves on at once
+		}
+	}
 	var (
 		schedule *backoffSchedule
 		sawHeld  bool
@@ -290,7 +305,7 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 	}()
 	for {
 		attemptStart := time.Now()
-		grant, err := l.store.Acquire(ctx, storeKey, token, ttl)
+		grant, err := acquire()
 		if err != nil || (grant.OK && ctx.Err() != nil) {
 			// The store may have granted the lock although we got no
 			// answer, or after we stopped listening: release it rather
@@ -299,10 +314,15 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 			go l.releaseAbandoned(storeKey, token)
 		}
 		if cerr := ctx.Err(); cerr != nil {
+			leave()
 			return nil, waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
 		}
 		switch {
 		case err != nil:
+			if lease > 0 {
+				// The store is failing: do not hold up the answer for it.
+				go l.leaveFair(context.WithoutCancel(ctx), storeKey, token)
+			}
 			return nil, wrapStoreError(err)
 		case grant.OK:
 			c := &chain{storeKey: storeKey, token: token, baseFence: grant.Fence, lastFence: grant.Fence, started: attemptStart}
@@ -322,7 +342,12 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 		if schedule == nil {
 			schedule = newBackoffSchedule(l.backoff)
 		}
-		if !schedule.sleep(ctx, grant.HolderTTL, released) {
+		sleepCap := grant.HolderTTL
+		if lease > 0 {
+			sleepCap = l.fairPoll(sleepCap)
+		}
+		if !schedule.sleep(ctx, sleepCap, released) {
+			leave()
 			return nil, waitEnded(true, ctx.Err())
 		}
 	}
