@@ -408,7 +408,8 @@ func TestFairFencesIncreaseAcrossFairAndPlainGrants(t *testing.T) {
 
 // TestFairProcessesTakeTurns: two Lockers on one store are two processes.
 // Each process's local queue feeds the store's queue one contender at a
-// time, and there is no local handoff, so the processes alternate.
+// time, and there is no local handoff, so under contention the processes
+// alternate (a1 came before b1 but waited locally behind a's holder).
 func TestFairProcessesTakeTurns(t *testing.T) {
 	store := memstore.New()
 	fair := reqlock.WithFairness(reqlock.FairOptions{})
@@ -441,7 +442,20 @@ func TestFairProcessesTakeTurns(t *testing.T) {
 				t.Errorf("%s got a token granted before: a local handoff", name)
 			}
 			tokens[lock.Token()] = true
+			last := len(order) == 4
 			mu.Unlock()
+			// A process's next contender joins the store's queue only
+			// when its previous holder has let go. Hold until the other
+			// process's contender has joined, so the order does not
+			// depend on how fast goroutines are scheduled.
+			deadline := time.Now().Add(5 * time.Second)
+			for !last && len(store.FairWaiters(storeKey)) == 0 {
+				if time.Now().After(deadline) {
+					t.Errorf("%s: nobody joined the store's queue", name)
+					break
+				}
+				time.Sleep(time.Millisecond) // poll interval inside a deadline
+			}
 			_ = lock.Release(ctx)
 		})
 	}
