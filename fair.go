@@ -35,11 +35,12 @@ type FairStore interface {
 	// With lease zero the call only tries: token does not join the queue,
 	// and the grant needs a free key and an empty queue.
 	//
-	// A refusal is not an error: it returns a Grant with OK false, whose
-	// HolderTTL is how long nothing is expected to change: the holder's
-	// remaining TTL, or, when key is free but another waiter heads the
-	// queue, that waiter's remaining lease; zero when unknown.
-	AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (Grant, error)
+	// A refusal is not an error: it returns a FairGrant with OK false,
+	// whose HolderTTL is how long nothing is expected to change: the
+	// holder's remaining TTL, or, when key is free but another waiter
+	// heads the queue, that waiter's remaining lease; zero when unknown.
+	// Its Ahead says where token stands in the queue.
+	AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (FairGrant, error)
 
 	// LeaveFair takes token out of key's queue. Leaving a queue that does
 	// not hold token is not an error. When token headed the queue and key
@@ -47,6 +48,17 @@ type FairStore interface {
 	// (stores that implement ReleaseNotifier), so the next one need not
 	// wait for its next poll.
 	LeaveFair(ctx context.Context, key, token string) error
+}
+
+// FairGrant is the outcome of one FairStore.AcquireFair attempt.
+type FairGrant struct {
+	Grant
+
+	// Ahead is, on a refusal, how many waiters are queued ahead of the
+	// token: zero when it heads the queue, -1 when it is not queued (a
+	// try with lease zero). Waiters whose lease has passed count until an
+	// attempt drops them. Zero on a grant.
+	Ahead int
 }
 
 // FairOptions configures fair mode (see WithFairness).

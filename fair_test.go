@@ -592,3 +592,101 @@ func TestFairPollsWithinALeaseThird(t *testing.T) {
 	}
 	_ = rc.lock.Release(ctx)
 }
+
+// fairSpy records the refused AcquireFair calls that reach a memstore.
+type fairSpy struct {
+	*memstore.Store
+	mu    sync.Mutex
+	calls []fairCall
+	subs  atomic.Int32
+}
+
+type fairCall struct {
+	token string
+	at    time.Time
+	ahead int
+}
+
+func (s *fairSpy) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
+	g, err := s.Store.AcquireFair(ctx, key, token, ttl, lease)
+	if err == nil && !g.OK {
+		s.mu.Lock()
+		s.calls = append(s.calls, fairCall{token, time.Now(), g.Ahead})
+		s.mu.Unlock()
+	}
+	return g, err
+}
+
+func (s *fairSpy) NotifyRelease(key string) (<-chan struct{}, func()) {
+	s.subs.Add(1)
+	return s.Store.NotifyRelease(key)
+}
+
+// callsOf returns the calls of token, or of the first caller when token is
+// empty, and that caller's token.
+func (s *fairSpy) callsOf(token string) ([]fairCall, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []fairCall
+	for _, c := range s.calls {
+		if token == "" {
+			token = c.token
+		}
+		if c.token == token {
+			out = append(out, c)
+		}
+	}
+	return out, token
+}
+
+// TestFairOnlyTheHeadRetriesAfterSubscribing: after its first refusal a
+// waiter subscribes to releases, and then only the head of the store's
+// queue tries again at once (a release it missed meanwhile was its turn);
+// a waiter further back waits for a signal.
+func TestFairOnlyTheHeadRetriesAfterSubscribing(t *testing.T) {
+	spy := &fairSpy{Store: memstore.New()}
+	opts := []reqlock.Option{
+		reqlock.WithFairness(reqlock.FairOptions{Lease: 30 * time.Second}),
+		reqlock.WithBackoff(reqlock.Backoff{Initial: time.Hour, Max: time.Hour}), // no timer wake-ups here
+	}
+	holder, head, second := reqlock.MustNew(spy, opts...), reqlock.MustNew(spy, opts...), reqlock.MustNew(spy, opts...)
+	ctx := context.Background()
+	held, err := holder.Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resHead := obtainAsync(ctx, head, "k", time.Minute, 20*time.Second)
+	var headToken string
+	waitUntil(t, func() bool {
+		var calls []fairCall
+		calls, headToken = spy.callsOf("")
+		return len(calls) == 2 // joined, subscribed, tried again
+	})
+	resSecond := obtainAsync(ctx, second, "k", time.Minute, 20*time.Second)
+	waitUntil(t, func() bool { return spy.subs.Load() == 2 }) // second has joined and subscribed
+	releasedAt := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []<-chan obtained{resHead, resSecond} {
+		o := <-r
+		if o.err != nil {
+			t.Fatal(o.err)
+		}
+		_ = o.lock.Release(ctx)
+	}
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	var before int
+	for _, c := range spy.calls {
+		if c.token != headToken && c.at.Before(releasedAt) {
+			before++
+			if c.ahead != 1 {
+				t.Errorf("second waiter: %d ahead, want 1", c.ahead)
+			}
+		}
+	}
+	if before != 1 {
+		t.Fatalf("the second waiter called the store %d times before the release, want 1 (no retry after subscribing)", before)
+	}
+}

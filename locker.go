@@ -281,9 +281,12 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 	if l.fair != nil && wait > 0 {
 		lease = l.fair.lease
 	}
+	var ahead int // fair mode: waiters ahead of token in the store's queue
 	acquire := func() (Grant, error) {
 		if l.fair != nil {
-			return l.fair.store.AcquireFair(ctx, storeKey, token, ttl, lease)
+			g, err := l.fair.store.AcquireFair(ctx, storeKey, token, ttl, lease)
+			ahead = g.Ahead
+			return g.Grant, err
 		}
 		return l.store.Acquire(ctx, storeKey, token, ttl)
 	}
@@ -335,8 +338,10 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 		sawHeld = true
 		if stop == nil && l.notifier != nil {
 			released, stop = l.notifier.NotifyRelease(storeKey)
-			if released != nil {
-				continue // a release just before we subscribed would go unseen
+			if released != nil && ahead == 0 {
+				// A release just before we subscribed would go unseen. In
+				// fair mode only the queue's head could have used it.
+				continue
 			}
 		}
 		if schedule == nil {

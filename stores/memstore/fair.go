@@ -29,7 +29,8 @@ type fairWaiter struct {
 // is empty or headed by token; otherwise token joins the tail when lease is
 // not zero. When it dropped waiters and key is free it signals key's release
 // subscribers, so the new head wakes at once. A refusal's HolderTTL is the
-// holder's remaining TTL, or when key is free the head's remaining lease.
+// holder's remaining TTL, or when key is free the head's remaining lease,
+// and its Ahead the number of waiters queued before token (-1: not queued).
 //
 // A queue lives only while somebody waits in it. One whose waiters all
 // stopped without LeaveFair (which a Locker always calls) is dropped by the
@@ -37,12 +38,12 @@ type fairWaiter struct {
 //
 // It returns ctx.Err() without acting when ctx has ended, and an error
 // wrapping reqlock.ErrInvalid for a non-positive ttl or a negative lease.
-func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.Grant, error) {
+func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
 	if err := ctx.Err(); err != nil {
-		return reqlock.Grant{}, err
+		return reqlock.FairGrant{}, err
 	}
 	if ttl <= 0 || lease < 0 {
-		return reqlock.Grant{}, fmt.Errorf("%w: memstore: ttl %v must be positive and lease %v not negative",
+		return reqlock.FairGrant{}, fmt.Errorf("%w: memstore: ttl %v must be positive and lease %v not negative",
 			reqlock.ErrInvalid, ttl, lease)
 	}
 	s.mu.Lock()
@@ -59,7 +60,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	dropped := q.dropExpired(now)
 	holder, held := s.entries[key]
 	pos := q.index(token)
-	var grant reqlock.Grant
+	var grant reqlock.FairGrant
 	switch {
 	case !held && (len(q.waiters) == 0 || pos == 0):
 		if pos == 0 {
@@ -69,9 +70,13 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		s.entries[key] = e
 		heap.Push(&s.expiry, e)
 		s.fence++
-		grant = reqlock.Grant{OK: true, Fence: s.fence}
+		grant.OK, grant.Fence = true, s.fence
 	case lease > 0 && pos < 0:
 		q.waiters = append(q.waiters, fairWaiter{token: token, deadline: now.Add(lease)})
+		pos = len(q.waiters) - 1
+	}
+	if !grant.OK {
+		grant.Ahead = pos
 	}
 	switch {
 	case grant.OK:

@@ -48,32 +48,36 @@ var _ reqlock.FairStore = (*Store)(nil)
 // waiters and the key is free, it publishes on the lock key's channel like a
 // release, so the new head's NotifyRelease wakes it at once.
 //
-// A refusal returns a Grant with OK false and, as HolderTTL, the holder's
-// remaining TTL, or, when the key is free but another waiter heads the
-// queue, that waiter's remaining lease. It returns the client's error as is,
+// A refusal returns a FairGrant with OK false, the caller's place in the
+// queue as Ahead, and, as HolderTTL, the holder's remaining TTL, or, when
+// the key is free but another waiter heads the queue, that waiter's
+// remaining lease. It returns the client's error as is,
 // an error wrapping reqlock.ErrInvalid for a non-positive ttl or a negative
 // lease, and ctx.Err() without acting when ctx has ended.
-func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.Grant, error) {
+func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
 	if err := ctx.Err(); err != nil {
-		return reqlock.Grant{}, err
+		return reqlock.FairGrant{}, err
 	}
 	if ttl <= 0 || lease < 0 {
-		return reqlock.Grant{}, fmt.Errorf("%w: redisstore: ttl %v must be positive and lease %v not negative",
+		return reqlock.FairGrant{}, fmt.Errorf("%w: redisstore: ttl %v must be positive and lease %v not negative",
 			reqlock.ErrInvalid, ttl, lease)
 	}
 	reply, err := fairAcquireScript.Run(ctx, s.client,
 		[]string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)},
 		token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit).Int64Slice()
 	if err != nil {
-		return reqlock.Grant{}, err
+		return reqlock.FairGrant{}, err
 	}
-	if len(reply) != 2 {
-		return reqlock.Grant{}, fmt.Errorf("%w: fair acquire %q answered %v", ErrUnexpectedReply, key, reply)
+	switch {
+	case len(reply) == 2 && reply[0] == 1:
+		return reqlock.FairGrant{Grant: reqlock.Grant{OK: true, Fence: reply[1]}}, nil
+	case len(reply) == 3 && reply[0] == 0:
+		return reqlock.FairGrant{
+			Grant: reqlock.Grant{HolderTTL: time.Duration(max(reply[1], 0)) * time.Millisecond},
+			Ahead: int(reply[2]),
+		}, nil
 	}
-	if reply[0] == 1 {
-		return reqlock.Grant{OK: true, Fence: reply[1]}, nil
-	}
-	return reqlock.Grant{HolderTTL: time.Duration(max(reply[1], 0)) * time.Millisecond}, nil
+	return reqlock.FairGrant{}, fmt.Errorf("%w: fair acquire %q answered %v", ErrUnexpectedReply, key, reply)
 }
 
 // LeaveFair takes token out of key's fair queue and lease set. When token

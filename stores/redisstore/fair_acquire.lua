@@ -4,15 +4,10 @@
 -- server milliseconds); all four in one slot.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] lease ms
 -- (0: try once without joining the queue), ARGV[5] most waiters dropped per call.
--- Returns {1, fence} when granted, else {0, hint ms}: the holder's PTTL, or,
--- when the key is free but another waiter heads the queue, that waiter's
--- remaining lease (0 when unknown).
--- The fence key is read and checked before anything is written, as in
--- acquire.lua.
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if last == nil or last >= 9007199254740992 then
-  return redis.error_reply('reqlock: fence key ' .. KEYS[2] .. ' does not hold a fence')
-end
+-- Returns {1, fence} when granted, else {0, hint ms, ahead}: the hint is the
+-- holder's PTTL, or, when the key is free but another waiter heads the queue,
+-- that waiter's remaining lease (0 when unknown); ahead is the number of
+-- waiters queued before the token (-1 when it is not queued).
 local token = ARGV[1]
 local lease = tonumber(ARGV[4])
 local limit = tonumber(ARGV[5])
@@ -21,7 +16,8 @@ local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(nowus / 1000)
 
 -- Heartbeat first: a late attempt keeps its place unless it was dropped.
-if lease > 0 and redis.call('ZSCORE', KEYS[3], token) then
+local queued = redis.call('ZSCORE', KEYS[3], token) ~= false
+if queued and lease > 0 then
   redis.call('ZADD', KEYS[4], now + lease, token)
 end
 
@@ -32,6 +28,11 @@ if #dead > 0 then
   redis.call('ZREM', KEYS[3], unpack(dead))
   redis.call('ZREM', KEYS[4], unpack(dead))
   dropped = #dead
+  for _, d in ipairs(dead) do
+    if d == token then
+      queued = false
+    end
+  end
 end
 
 -- The head is the first queued waiter with a live lease. A queue entry
@@ -44,6 +45,10 @@ for _ = 1, limit do
     empty = true
     break
   end
+  if h[1] == token then
+    head = token -- its lease was renewed above
+    break
+  end
   local d = tonumber(redis.call('ZSCORE', KEYS[4], h[1]))
   if d and d >= now then
     head, headDeadline = h[1], d
@@ -54,19 +59,27 @@ for _ = 1, limit do
   dropped = dropped + 1
 end
 
-if (empty or head == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
-  if head == token then
-    redis.call('ZREM', KEYS[3], token)
-    redis.call('ZREM', KEYS[4], token)
+if empty or head == token then
+  -- The fence key is read and checked before the lock is written, as in
+  -- acquire.lua, so a bad fence key leaves no lock behind.
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if last == nil or last >= 9007199254740992 then
+    return redis.error_reply('reqlock: fence key ' .. KEYS[2] .. ' does not hold a fence')
   end
-  local fence = math.max(last + 1, nowus)
-  -- %.0f, not tostring: tostring prints 1.7e+15.
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  return {1, fence}
+  if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+    if queued then
+      redis.call('ZREM', KEYS[3], token)
+      redis.call('ZREM', KEYS[4], token)
+    end
+    local fence = math.max(last + 1, nowus)
+    -- %.0f, not tostring: tostring prints 1.7e+15.
+    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+    return {1, fence}
+  end
 end
 
 if lease > 0 then
-  if not redis.call('ZSCORE', KEYS[3], token) then
+  if not queued then
     -- Tickets grow within a queue even if the server clock steps back.
     local ticket = nowus
     local tail = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
@@ -75,6 +88,7 @@ if lease > 0 then
     end
     redis.call('ZADD', KEYS[3], string.format('%.0f', ticket), token)
     redis.call('ZADD', KEYS[4], now + lease, token)
+    queued = true
   end
   -- Abandoned queues expire; a live waiter renews them, and a shorter lease
   -- never cuts the TTL that a waiter with a longer one set.
@@ -86,15 +100,21 @@ if lease > 0 then
   end
 end
 
+local ahead = -1
+if head == token then
+  ahead = 0
+elseif queued then
+  ahead = redis.call('ZRANK', KEYS[3], token)
+end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl > 0 then
-  return {0, pttl}
+  return {0, pttl, ahead}
 end
 if pttl == -2 and dropped > 0 then
   -- The key is free and dead waiters left: wake the new head now.
   redis.call('PUBLISH', KEYS[1], 'dequeued')
 end
 if head and head ~= token then
-  return {0, headDeadline - now}
+  return {0, headDeadline - now, ahead}
 end
-return {0, 0}
+return {0, 0, ahead}

@@ -68,7 +68,7 @@ func fairNotifier(f func(t *testing.T, s reqlock.Store, fs reqlock.FairStore, n 
 	}
 }
 
-func fairTry(t *testing.T, f reqlock.FairStore, key, token string, lease time.Duration) reqlock.Grant {
+func fairTry(t *testing.T, f reqlock.FairStore, key, token string, lease time.Duration) reqlock.FairGrant {
 	t.Helper()
 	g, err := f.AcquireFair(context.Background(), key, token, longTTL, lease)
 	if err != nil {
@@ -77,14 +77,14 @@ func fairTry(t *testing.T, f reqlock.FairStore, key, token string, lease time.Du
 	return g
 }
 
-func expectGranted(t *testing.T, g reqlock.Grant, who string) {
+func expectGranted(t *testing.T, g reqlock.FairGrant, who string) {
 	t.Helper()
 	if !g.OK || g.Fence <= 0 {
 		t.Fatalf("%s: %+v, want a grant with a fence", who, g)
 	}
 }
 
-func expectRefused(t *testing.T, g reqlock.Grant, who string) {
+func expectRefused(t *testing.T, g reqlock.FairGrant, who string) {
 	t.Helper()
 	if g.OK {
 		t.Fatalf("%s: granted (fence %d), want refused", who, g.Fence)
@@ -105,13 +105,26 @@ func mustLeave(t *testing.T, f reqlock.FairStore, key, token string) {
 	}
 }
 
+// plain wraps a Store.Acquire outcome for expectGranted and expectRefused.
+func plain(g reqlock.Grant) reqlock.FairGrant { return reqlock.FairGrant{Grant: g} }
+
+// expectAhead fails the test unless g says ahead waiters are queued before
+// the caller.
+func expectAhead(t *testing.T, g reqlock.FairGrant, ahead int, who string) {
+	t.Helper()
+	if g.Ahead != ahead {
+		t.Fatalf("%s: %d waiters ahead, want %d", who, g.Ahead, ahead)
+	}
+}
+
 // holdWithQueue makes holder hold k and queues tokens behind it in order.
 func holdWithQueue(t *testing.T, s reqlock.Store, f reqlock.FairStore, k, holder string, lease time.Duration, tokens ...string) {
 	t.Helper()
-	expectGranted(t, mustAcquire(t, s, k, holder, longTTL), "holder")
-	for _, tok := range tokens {
+	expectGranted(t, plain(mustAcquire(t, s, k, holder, longTTL)), "holder")
+	for i, tok := range tokens {
 		g := fairTry(t, f, k, tok, lease)
 		expectRefused(t, g, tok+" behind the holder")
+		expectAhead(t, g, i, tok+" joining")
 		if g.HolderTTL <= 0 || g.HolderTTL > longTTL {
 			t.Fatalf("%s: hint %v, want the holder's remaining TTL", tok, g.HolderTTL)
 		}
@@ -137,16 +150,19 @@ func testFairQueueOrder(t *testing.T, s reqlock.Store, f reqlock.FairStore, key 
 	mustRelease(t, s, k, "holder")
 	for i, want := range order {
 		// Every later waiter asks first, and is refused.
-		for _, other := range order[i+1:] {
+		for j, other := range order[i+1:] {
 			g := fairTry(t, f, k, other, longLease)
 			expectRefused(t, g, other+" while "+want+" heads the queue")
+			expectAhead(t, g, j+1, other)
 			if g.HolderTTL <= 0 || g.HolderTTL > longLease {
 				t.Fatalf("%s: hint %v, want the head's remaining lease", other, g.HolderTTL)
 			}
 		}
 		expectGranted(t, fairTry(t, f, k, want, longLease), want)
 		if i+1 < len(order) {
-			expectRefused(t, fairTry(t, f, k, order[i+1], longLease), order[i+1]+" while "+want+" holds")
+			g := fairTry(t, f, k, order[i+1], longLease)
+			expectRefused(t, g, order[i+1]+" while "+want+" holds")
+			expectAhead(t, g, 0, order[i+1]+", the new head")
 		}
 		mustRelease(t, s, k, want)
 	}
@@ -160,9 +176,13 @@ func testFairQueueOrder(t *testing.T, s reqlock.Store, f reqlock.FairStore, key 
 func testFairTryOnce(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
 	k := key("k")
 	holdWithQueue(t, s, f, k, "holder", longLease, "w")
-	expectRefused(t, fairTry(t, f, k, "try", 0), "try while held")
+	g := fairTry(t, f, k, "try", 0)
+	expectRefused(t, g, "try while held")
+	expectAhead(t, g, -1, "try")
 	mustRelease(t, s, k, "holder")
-	expectRefused(t, fairTry(t, f, k, "try", 0), "try while w waits for a free key")
+	g = fairTry(t, f, k, "try", 0)
+	expectRefused(t, g, "try while w waits for a free key")
+	expectAhead(t, g, -1, "try")
 	expectGranted(t, fairTry(t, f, k, "w", longLease), "w")
 	mustRelease(t, s, k, "w")
 	// "try" never joined: the queue is empty, so a newcomer wins at once.
@@ -252,7 +272,7 @@ func testFairFences(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func
 	ctx := context.Background()
 	k := key("k")
 	var last int64
-	next := func(g reqlock.Grant, who string) {
+	next := func(g reqlock.FairGrant, who string) {
 		t.Helper()
 		expectGranted(t, g, who)
 		if g.Fence <= last {
@@ -262,7 +282,7 @@ func testFairFences(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func
 	}
 	for i := range 3 {
 		tok := "plain" + strconv.Itoa(i)
-		next(mustAcquire(t, s, k, tok, longTTL), tok)
+		next(plain(mustAcquire(t, s, k, tok, longTTL)), tok)
 		if err := s.Release(ctx, k, tok, last+100); err != nil { // as after local handoffs
 			t.Fatal(err)
 		}
@@ -283,7 +303,7 @@ func testFairPlainAcquire(t *testing.T, s reqlock.Store, f reqlock.FairStore, ke
 	k := key("k")
 	holdWithQueue(t, s, f, k, "holder", longLease, "w")
 	mustRelease(t, s, k, "holder")
-	expectGranted(t, mustAcquire(t, s, k, "plain", longTTL), "plain acquire past the queue")
+	expectGranted(t, plain(mustAcquire(t, s, k, "plain", longTTL)), "plain acquire past the queue")
 	expectRefused(t, fairTry(t, f, k, "w", longLease), "w while plain holds")
 	mustRelease(t, s, k, "plain")
 	expectGranted(t, fairTry(t, f, k, "w", longLease), "w")
@@ -306,7 +326,7 @@ func testFairCancelled(t *testing.T, s reqlock.Store, f reqlock.FairStore, key f
 	k := key("k")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	expectGranted(t, mustAcquire(t, s, k, "holder", longTTL), "holder")
+	expectGranted(t, plain(mustAcquire(t, s, k, "holder", longTTL)), "holder")
 	if _, err := f.AcquireFair(ctx, k, "gone", longTTL, longLease); !errors.Is(err, context.Canceled) {
 		t.Fatalf("AcquireFair on a cancelled context: %v", err)
 	}
