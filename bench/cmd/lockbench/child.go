@@ -79,6 +79,7 @@ func runChildren(ctx context.Context, cfg config, lib, prefix string, ready func
 			"-duration", cfg.Duration.String(), "-hold", cfg.Hold.String(), "-wait", cfg.Wait.String(),
 			"-ttl", cfg.TTL.String(), "-poolsize", strconv.Itoa(cfg.PoolSize),
 			"-redislock-min", cfg.RedislockMin.String(), "-redislock-max", cfg.RedislockMax.String(),
+			"-fair=" + strconv.FormatBool(cfg.Fair),
 		}
 		cmd := exec.CommandContext(ctx, exe, args...)
 		cmd.Stderr = stderr

@@ -34,6 +34,7 @@ type config struct {
 	PoolSize     int           `json:"pool_size"`
 	RedislockMin time.Duration `json:"redislock_min_backoff_ns"`
 	RedislockMax time.Duration `json:"redislock_max_backoff_ns"`
+	Fair         bool          `json:"reqlock_fair"`
 	JSONPath     string        `json:"-"`
 	Note         string        `json:"note,omitempty"`
 
@@ -68,6 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.RedislockMin, "redislock-min", 16*time.Millisecond,
 		"min of bsm/redislock's ExponentialBackoff (its doc recommends at least 16ms)")
 	fs.DurationVar(&cfg.RedislockMax, "redislock-max", 512*time.Millisecond, "max of bsm/redislock's ExponentialBackoff")
+	fs.BoolVar(&cfg.Fair, "fair", false, "run reqlock in fair mode (reqlock.WithFairness, default lease)")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write all results as JSON to `file`")
 	fs.StringVar(&cfg.Note, "note", "", "free text for the header and the JSON, such as the reqlock commit (run.sh sets it)")
 	fs.BoolVar(&cfg.child, "child", false, "internal: run as a child process of the multi workload")

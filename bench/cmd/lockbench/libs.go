@@ -42,7 +42,11 @@ func newLocker(lib string, client *redis.Client, cfg config) (locker, error) {
 		if err != nil {
 			return nil, err
 		}
-		l, err := reqlock.New(store)
+		var opts []reqlock.Option
+		if cfg.Fair {
+			opts = append(opts, reqlock.WithFairness(reqlock.FairOptions{}))
+		}
+		l, err := reqlock.New(store, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -62,8 +66,12 @@ func libSettings(lib string, cfg config) string {
 	switch lib {
 	case libReqlock:
 		b := reqlock.DefaultBackoff
-		return fmt.Sprintf("reqlock.New(redisstore.New(client)), all defaults (backoff %v..%v x%g, jitter ±%g); "+
-			"Obtain(ctx, key, ttl %v, wait %v); Release", b.Initial, b.Max, b.Multiplier, b.Jitter, cfg.TTL, cfg.Wait)
+		mode := "all defaults"
+		if cfg.Fair {
+			mode = fmt.Sprintf("WithFairness (lease %v, no local handoff), other defaults", reqlock.DefaultFairLease)
+		}
+		return fmt.Sprintf("reqlock.New(redisstore.New(client)), %s (backoff %v..%v x%g, jitter ±%g); "+
+			"Obtain(ctx, key, ttl %v, wait %v); Release", mode, b.Initial, b.Max, b.Multiplier, b.Jitter, cfg.TTL, cfg.Wait)
 	case libRedislock:
 		return fmt.Sprintf("redislock.New(client).Obtain(ctx with %v deadline, key, ttl %v, "+
 			"RetryStrategy: ExponentialBackoff(%v, %v), a new one per Obtain); Release",
