@@ -105,7 +105,9 @@ type FairOptions struct {
 // the store signals that removal like a release, so the new head attempts at
 // once. A dead waiter at the head of the queue therefore blocks the key for
 // at most Lease after its last attempt plus one poll interval (Lease/3) of
-// the waiters behind it, plus a few round trips. A waiter whose wait ends
+// the waiters behind it, plus a few round trips. A live waiter stalled for
+// longer than its lease (a long GC pause) may be dropped the same way; its
+// next attempt joins the queue again, at the tail. A waiter whose wait ends
 // (its deadline passes or its context is cancelled) leaves the queue before
 // Obtain returns (FairStore.LeaveFair, on a context that the caller's
 // cancellation cannot end, bounded by the release timeout and the lease);
@@ -117,7 +119,9 @@ type FairOptions struct {
 // whatever WithHandoff says): handing a held lock to the next local waiter
 // would let it pass waiters of other processes that queued before it. Each
 // grant therefore goes back to the store and costs a release and a fair
-// acquire, so fair mode has lower throughput on hot keys. Handing off only
+// acquire, so fair mode has lower throughput on hot keys; and each release
+// wakes the contender of every waiting process, of which only the queue's
+// head can be granted. Handing off only
 // while the store's queue is empty would need the queue's state at release
 // time, which costs the round trip that handoff exists to save.
 //
