@@ -297,3 +297,47 @@ func TestLeakedLockDoesNotBlockLocalWaiters(t *testing.T) {
 		t.Fatalf("%d local queues left", n)
 	}
 }
+
+// deafStore loses every release signal: its notification channel never fires.
+type deafStore struct {
+	reqlock.Store
+	subscribed chan struct{}
+}
+
+func (d deafStore) NotifyRelease(string) (<-chan struct{}, func()) {
+	select {
+	case d.subscribed <- struct{}{}:
+	default:
+	}
+	return make(chan struct{}), func() {}
+}
+
+func TestLostWakeUpIsRecoveredByPolling(t *testing.T) {
+	mem := memstore.New()
+	holder := reqlock.MustNew(mem)
+	subscribed := make(chan struct{}, 1)
+	waiter := reqlock.MustNew(deafStore{Store: mem, subscribed: subscribed},
+		reqlock.WithBackoff(reqlock.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}))
+	ctx := context.Background()
+	held, err := holder.Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan waiterResult, 1)
+	go func() {
+		lock, err := waiter.Obtain(ctx, "k", time.Minute, 10*time.Second)
+		got <- waiterResult{0, lock, err}
+	}()
+	<-subscribed // the waiter waits for a signal that will never come
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("the waiter did not recover the lost wake-up by polling: %v", r.err)
+	}
+	if r.lock.Fence() <= held.Fence() {
+		t.Fatalf("fence %d after %d", r.lock.Fence(), held.Fence())
+	}
+	_ = r.lock.Release(ctx)
+}
