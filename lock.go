@@ -24,6 +24,7 @@ type Lock struct {
 	mu         sync.Mutex
 	validUntil time.Time
 	released   bool
+	notHeld    bool // a refresh or the watchdog found the grant gone
 
 	keepAlive keepAlive // the watchdog KeepAlive starts; see watchdog.go
 }
@@ -91,6 +92,7 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	start := time.Now()
 	if err := l.locker.store.Refresh(ctx, l.storeKey, l.token, ttl); err != nil {
 		if isNotHeld(err) {
+			l.markNotHeld()
 			return err
 		}
 		return wrapStoreError(err)
@@ -127,9 +129,9 @@ func (l *Lock) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: %q was already released", ErrNotHeld, l.key)
 	}
 	l.released = true
-	validUntil := l.validUntil
+	validUntil, notHeld := l.validUntil, l.notHeld
 	l.mu.Unlock()
-	return l.locker.releaseLock(ctx, l, validUntil)
+	return l.locker.releaseLock(ctx, l, validUntil, notHeld)
 }
 
 func isNotHeld(err error) bool { return err != nil && errors.Is(err, ErrNotHeld) }
@@ -153,4 +155,12 @@ func (l *Lock) Released() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.released
+}
+
+// markNotHeld records that the store no longer holds this grant, so that
+// Release never hands it to a local waiter.
+func (l *Lock) markNotHeld() {
+	l.mu.Lock()
+	l.notHeld = true
+	l.mu.Unlock()
 }

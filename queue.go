@@ -88,7 +88,14 @@ func (lq *localQueues) join(key string, queue bool) (q *keyQueue, w *waiter, gen
 		return q, nil, q.gen, false
 	}
 	if !queue {
-		return nil, nil, 0, true
+		if q.leaseEnd.IsZero() || time.Now().Before(q.leaseEnd) {
+			return nil, nil, 0, true
+		}
+		// The holder's lease ended unreleased: take the turn, as a head
+		// waiter would (checkLease). Queued waiters get it back by pass.
+		q.gen++
+		q.leaseEnd = time.Time{}
+		return q, nil, q.gen, false
 	}
 	w = &waiter{turn: make(chan turn, 1)}
 	q.push(w)

@@ -341,3 +341,85 @@ func TestLostWakeUpIsRecoveredByPolling(t *testing.T) {
 	}
 	_ = r.lock.Release(ctx)
 }
+
+func TestLostLockIsNotHandedOff(t *testing.T) {
+	mem := memstore.New()
+	l := reqlock.MustNew(mem, reqlock.WithHandoff(16, time.Hour))
+	ctx := context.Background()
+	holder, err := l.Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan waiterResult, 1)
+	go func() {
+		lock, err := l.Obtain(ctx, "k", time.Minute, 300*time.Millisecond)
+		got <- waiterResult{0, lock, err}
+	}()
+	waitUntil(t, func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == 1 })
+	// The grant vanishes behind the holder's back and another process takes
+	// the key; the holder learns it from a refresh.
+	if err := mem.Release(ctx, holder.StoreKey(), holder.Token(), 0); err != nil {
+		t.Fatal(err)
+	}
+	intruder, err := reqlock.MustNew(mem).Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer intruder.Release(ctx)
+	if err := holder.Refresh(ctx, 0); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("refresh: %v, want ErrNotHeld", err)
+	}
+	if err := holder.Release(ctx); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("release of a lost lock: %v, want ErrNotHeld", err)
+	}
+	r := <-got
+	if r.err == nil {
+		_ = r.lock.Release(ctx)
+		t.Fatal("the waiter got the lost grant while another process holds the key")
+	}
+	if !errors.Is(r.err, reqlock.ErrWaitEnded) || !errors.Is(r.err, reqlock.ErrHeld) {
+		t.Fatalf("waiter: %v, want ErrWaitEnded with ErrHeld", r.err)
+	}
+}
+
+func TestFencesExceedAnUnreleasedHandoff(t *testing.T) {
+	// A grant handed on and then never released: the store never learns the
+	// handoff fence, yet the next grant must exceed it.
+	l := reqlock.MustNew(memstore.New(), reqlock.WithHandoff(16, time.Hour))
+	ctx := context.Background()
+	holder, err := l.Obtain(ctx, "k", 80*time.Millisecond, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := queueWaiters(t, l, "k", 1, 80*time.Millisecond)
+	_ = holder.Release(ctx)
+	stuck := <-results // handed off, then stuck past its TTL: never released
+	if stuck.err != nil || stuck.lock.Token() != holder.Token() {
+		t.Fatalf("expected a handoff: %v", stuck.err)
+	}
+	next, err := l.Obtain(ctx, "k", time.Second, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Release(ctx)
+	if next.Fence() <= stuck.lock.Fence() {
+		t.Fatalf("store grant fence %d does not exceed the unreleased handoff fence %d", next.Fence(), stuck.lock.Fence())
+	}
+}
+
+func TestLeakedLockDoesNotBlockTryOnce(t *testing.T) {
+	l := reqlock.MustNew(memstore.New())
+	ctx := context.Background()
+	if _, err := l.Obtain(ctx, "k", 30*time.Millisecond, 0); err != nil { // leaked
+		t.Fatal(err)
+	}
+	var lock *reqlock.Lock
+	waitUntil(t, func() bool {
+		lock, _ = l.Obtain(ctx, "k", time.Second, 0)
+		return lock != nil
+	})
+	_ = lock.Release(ctx)
+	if n := reqlock.LocalQueues(l); n != 0 {
+		t.Fatalf("%d local queues left", n)
+	}
+}

@@ -218,6 +218,7 @@ func (w *watchdog) renew(l *Lock, remaining time.Duration) error {
 // logs the loss.
 func (w *watchdog) lose(l *Lock, cause error) {
 	w.lost = true // read by KeepAlive only after done is closed
+	l.markNotHeld()
 	w.cancel(cause)
 	l.locker.logger.Warn("reqlock: lock lost while its holder was working; its keep-alive context is cancelled",
 		slog.String("key", l.key), slog.Int64("fence", l.fence), slog.Duration("ttl", l.TTL()),

@@ -28,6 +28,6 @@ func Example() {
 		panic(err)
 	}
 	// Output:
-	// fence 1
+	// fence 1001
 	// reqlock: lock held by another owner
 }

@@ -69,7 +69,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
 		s.entries[key] = e
 		heap.Push(&s.expiry, e)
-		s.fence++
+		s.fence += fenceStep
 		grant.OK, grant.Fence = true, s.fence
 	case lease > 0 && pos < 0:
 		q.waiters = append(q.waiters, fairWaiter{token: token, deadline: now.Add(lease)})

@@ -147,7 +147,7 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
 	s.entries[key] = e
 	heap.Push(&s.expiry, e)
-	s.fence++
+	s.fence += fenceStep
 	return reqlock.Grant{OK: true, Fence: s.fence}, nil
 }
 
@@ -256,3 +256,9 @@ func (h *expiryHeap) Pop() any {
 	*h = old[:n]
 	return e
 }
+
+// fenceStep is how far each grant moves the fence counter: past every fence
+// a Locker may issue by handing the grant on locally (at most
+// reqlock.MaxHandoffCount), so that the next grant exceeds them even when
+// the last holder never released and the store never learned them.
+const fenceStep = reqlock.MaxHandoffCount + 1
