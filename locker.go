@@ -361,9 +361,6 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 // releaseLock lets go of a Lock: to the next local waiter while the grant's
 // handoff bounds allow, else back to the store.
 func (l *Locker) releaseLock(ctx context.Context, lock *Lock, validUntil time.Time, notHeld bool) error {
-	if lock.queue == nil {
-		return l.release(ctx, lock.storeKey, lock.token, 0)
-	}
 	if notHeld {
 		// A grant known to be gone is never handed on: the waiter would
 		// work beside whoever holds the key now.
