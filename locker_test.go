@@ -149,9 +149,15 @@ func TestWaitBoundedByContextDeadline(t *testing.T) {
 	}
 }
 
-func TestCancelStopsWaitAtOnce(t *testing.T) {
-	l, store := newLocker(t, reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
-	held, err := l.Obtain(context.Background(), "k", time.Hour, 0)
+func TestCancelStopsStoreWaitAtOnce(t *testing.T) {
+	// Another process holds the key, so the waiter contends with the store
+	// and sleeps in its backoff (a minute); a cancel must end that sleep.
+	// (A waiter in the local queue: TestCancelledWaiterLeavesQueue.)
+	store := memstore.New()
+	acquires := make(chan struct{}, 16)
+	l := reqlock.MustNew(&faultStore{Store: store, acquired: acquires},
+		reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
+	held, err := reqlock.MustNew(store).Obtain(context.Background(), "k", time.Hour, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +168,8 @@ func TestCancelStopsWaitAtOnce(t *testing.T) {
 		_, err := l.Obtain(ctx, "k", time.Second, time.Hour)
 		errc <- err
 	}()
-	waitUntil(t, func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == 1 })
+	<-acquires // found the key held
+	<-acquires // subscribed to releases, checked again, and now sleeps
 	cancel()
 	select {
 	case err := <-errc:
