@@ -46,6 +46,7 @@ type Locker struct {
 	logger         *slog.Logger
 	local          *localQueues
 	fair           *fairness // nil unless WithFairness; see fair.go
+	metrics        Metrics   // nil unless WithMetrics
 }
 
 // Option configures a Locker.

@@ -56,3 +56,59 @@ type ReleaseNotifier interface {
 	// fallback. A nil channel means the store cannot notify right now.
 	NotifyRelease(key string) (released <-chan struct{}, stop func())
 }
+
+// MultiStore is implemented by stores that lock several keys in one atomic
+// step. Locker.ObtainAll uses it when the store implements it; otherwise it
+// takes the keys one by one in their canonical order and gives back every
+// key it took when one is held.
+//
+// Keys arrive distinct, sorted, with the Locker's prefix applied. Every key
+// of one call shares the token.
+type MultiStore interface {
+	// AcquireAll sets every key to token with the given TTL only if none of
+	// them is held, and in the same atomic step issues a fencing token per
+	// key. It never leaves a partial grant: either every key is set or none.
+	// Held keys are not an error: the grant then has OK false.
+	AcquireAll(ctx context.Context, keys []string, token string, ttl time.Duration) (MultiGrant, error)
+
+	// ReleaseAll ends the grant on every key that still holds token: it
+	// deletes the key, or, when keep is positive, leaves it to expire after
+	// keep (see KeepReleaser). lastFences[i] is the highest fence used under
+	// the grant for keys[i]; the store's next fence for the key must exceed
+	// it. It returns ErrNotHeld when some key no longer held token, after
+	// releasing the others.
+	ReleaseAll(ctx context.Context, keys []string, token string, lastFences []int64, keep time.Duration) error
+
+	// RefreshAll resets the TTL of every key if each still holds token;
+	// when one does not, it changes nothing and returns ErrNotHeld.
+	RefreshAll(ctx context.Context, keys []string, token string, ttl time.Duration) error
+}
+
+// MultiGrant is the outcome of one MultiStore.AcquireAll attempt.
+type MultiGrant struct {
+	// OK reports whether every key was granted.
+	OK bool
+
+	// Fences holds the fencing token of each key, in the order of the keys
+	// asked for. Nil when OK is false.
+	Fences []int64
+
+	// Held is the index of a key held by another owner when OK is false.
+	Held int
+
+	// HolderTTL is the remaining TTL of that key's holder when OK is false,
+	// or zero when the store does not know it.
+	HolderTTL time.Duration
+}
+
+// KeepReleaser is implemented by stores that can end a grant by leaving the
+// key to expire instead of deleting it: the hold-at-least release (see
+// Lock.HoldAtLeast). The Locker uses it when the store implements it and
+// falls back to Refresh otherwise.
+type KeepReleaser interface {
+	// ReleaseKeep sets the TTL of key to keep if it still holds token, else
+	// returns ErrNotHeld. Like Release it records lastFence: the store's
+	// next fence for key must exceed it. No waiter is signalled, since the
+	// key stays held until it expires.
+	ReleaseKeep(ctx context.Context, key, token string, lastFence int64, keep time.Duration) error
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock/keyfunc"
@@ -44,8 +45,28 @@ func (p FailurePolicy) String() string {
 // from DefaultConfig; only Key is required.
 type Config struct {
 	// Key is the key template, such as "sku:<id>"; see package keyfunc for
-	// the grammar. Required.
+	// the grammar. Required unless Keys is set.
 	Key string
+
+	// Keys are further key templates. The route locks every key that Key
+	// and Keys yield (a template with a [*] JSON path yields one per array
+	// element) as one lock, all or none: see reqlock.Locker.ObtainAll.
+	Keys []string
+
+	// MaxKeys caps the keys one request may lock. A request whose templates
+	// yield more is answered 413 with reason too_many_keys. Default 64.
+	MaxKeys int
+
+	// HoldAtLeast keeps the lock for at least this long after it was
+	// granted, even when the handler finishes sooner: the lock is then left
+	// to expire instead of deleted (reqlock.Lock.HoldAtLeast). With NoWait
+	// it rejects a double submit within the window. Default 0: released at
+	// once.
+	HoldAtLeast time.Duration
+
+	// Name labels the route in metrics and logs, such as
+	// "POST /skus/{id}/deduct". Default: the key templates. Never a raw key.
+	Name string
 
 	// TTL is the lease of each lock; it must outlast the handler.
 	// Default 10s.
@@ -115,7 +136,11 @@ var DefaultConfig = Config{
 	OnStoreError:  FailClosed,
 	MaxBodyBytes:  keyfunc.DefaultMaxBodyBytes,
 	MaxValueLen:   keyfunc.DefaultMaxValueLen,
+	MaxKeys:       DefaultMaxKeys,
 }
+
+// DefaultMaxKeys is the default of Config.MaxKeys.
+const DefaultMaxKeys = 64
 
 // Option changes one field of a route's Config.
 type Option func(*Config)
@@ -160,6 +185,21 @@ func WithResponder(r Responder) Option { return func(c *Config) { c.Responder = 
 // WithLogger sets Config.Logger.
 func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l } }
 
+// WithKeys adds key templates to Config.Keys: the route then locks every
+// key its templates yield, all or none.
+func WithKeys(templates ...string) Option {
+	return func(c *Config) { c.Keys = append(c.Keys[:len(c.Keys):len(c.Keys)], templates...) }
+}
+
+// WithMaxKeys sets Config.MaxKeys.
+func WithMaxKeys(n int) Option { return func(c *Config) { c.MaxKeys = n } }
+
+// WithHoldAtLeast sets Config.HoldAtLeast.
+func WithHoldAtLeast(d time.Duration) Option { return func(c *Config) { c.HoldAtLeast = d } }
+
+// WithName sets Config.Name.
+func WithName(name string) Option { return func(c *Config) { c.Name = name } }
+
 // WithWatchdog sets Config.Watchdog: the lock is renewed while the handler
 // runs, and a lost lock cancels the handler's request context with a cause
 // wrapping reqlock.ErrLockLost.
@@ -186,17 +226,29 @@ func (c Config) withDefaults() Config {
 	if c.MaxValueLen == 0 {
 		c.MaxValueLen = d.MaxValueLen
 	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = d.MaxKeys
+	}
+	if c.Name == "" {
+		c.Name = strings.Join(c.templates(), " ")
+	}
 	return c
 }
 
 // validate reports the first problem of a defaulted Config.
 func (c Config) validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: route %q: %s", ErrInvalidConfig, c.Key, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: route %q: %s", ErrInvalidConfig, c.Name, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case c.Key == "":
-		return fmt.Errorf("%w: key template is empty", ErrInvalidConfig)
+	case len(c.templates()) == 0:
+		return fmt.Errorf("%w: no key template (set Key or Keys)", ErrInvalidConfig)
+	case len(c.templates()) != len(c.Keys)+min(len(c.Key), 1):
+		return bad("an entry of Keys is empty")
+	case c.MaxKeys < 1:
+		return bad("max keys %d is below 1", c.MaxKeys)
+	case c.HoldAtLeast < 0:
+		return bad("hold-at-least %v is negative", c.HoldAtLeast)
 	case c.TTL < time.Millisecond:
 		return bad("ttl %v is below 1ms", c.TTL)
 	case c.Watchdog && c.TTL < MinWatchdogTTL:
@@ -216,4 +268,18 @@ func (c Config) validate() error {
 		return bad("timeout status %d is not one of 423, 409, 429, 503", c.TimeoutStatus)
 	}
 	return nil
+}
+
+// templates returns Key and Keys, without empty ones.
+func (c Config) templates() []string {
+	var ts []string
+	if c.Key != "" {
+		ts = append(ts, c.Key)
+	}
+	for _, k := range c.Keys {
+		if k != "" {
+			ts = append(ts, k)
+		}
+	}
+	return ts
 }

@@ -24,6 +24,9 @@ const (
 	ReasonBadKey Reason = "bad_key"
 	// ReasonBodyTooLarge: the body needed for the key is too large (413).
 	ReasonBodyTooLarge Reason = "body_too_large"
+	// ReasonTooManyKeys: the request yields more keys than the route's
+	// MaxKeys (413).
+	ReasonTooManyKeys Reason = "too_many_keys"
 	// ReasonCanceled: the client went away while waiting (499).
 	ReasonCanceled Reason = "canceled"
 	// ReasonInternal: anything else (500).
