@@ -8,7 +8,13 @@ import (
 	"time"
 )
 
-// Lock is a granted lock. Its methods are safe for concurrent use.
+// Lock is a granted lock on one key, or on several keys held together (see
+// Locker.ObtainAll). Its methods are safe for concurrent use.
+//
+// A Lock obtained again within the same request (see Locker.Obtain on
+// reentrancy) is a view of the locks that hold its keys: releasing the view
+// ends its holds, and each key is released in the store when its outermost
+// hold ends.
 type Lock struct {
 	locker   *Locker
 	key      string
@@ -16,6 +22,11 @@ type Lock struct {
 	token    string
 	fence    int64
 	ttl      time.Duration
+	label    string    // the Metrics label of the Obtain that made it
+	start    time.Time // when the attempt that granted it began
+
+	multi *multiKeys // several keys granted together; nil for one key
+	view  *view      // set on a reentrant view; see reentry.go
 
 	queue   *keyQueue // the key's local queue
 	turnGen uint64    // this lock's turn in queue
@@ -23,14 +34,29 @@ type Lock struct {
 
 	mu         sync.Mutex
 	validUntil time.Time
-	released   bool
-	notHeld    bool // a refresh or the watchdog found the grant gone
+	released   bool          // Release was called
+	views      int           // live reentrant views holding this lock
+	final      bool          // released in the store (or handed on)
+	minHold    time.Duration // see HoldAtLeast
+	notHeld    bool          // a refresh or the watchdog found the grant gone
 
 	keepAlive keepAlive // the watchdog KeepAlive starts; see watchdog.go
 }
 
 // Key returns the key as the caller named it, without the Locker's prefix.
+// On a lock of several keys it returns the first of Keys.
 func (l *Lock) Key() string { return l.key }
+
+// Keys returns the lock's keys, without the Locker's prefix, sorted.
+func (l *Lock) Keys() []string {
+	switch {
+	case l.view != nil:
+		return append([]string(nil), l.view.keys...)
+	case l.multi != nil:
+		return append([]string(nil), l.multi.keys...)
+	}
+	return []string{l.key}
+}
 
 // StoreKey returns the key as stored: the Locker's prefix followed by Key.
 func (l *Lock) StoreKey() string { return l.storeKey }
@@ -41,11 +67,29 @@ func (l *Lock) Token() string { return l.token }
 // Fence returns the fencing token of this grant: larger than every fence
 // issued for the same key before. Pass it with each write to the protected
 // resource, and have the resource reject a write whose fence is lower than
-// one it already accepted.
+// one it already accepted. On a lock of several keys it is the fence of Key;
+// FenceOf gives each key's.
 func (l *Lock) Fence() int64 { return l.fence }
+
+// FenceOf returns the fencing token of key (as in Keys), and false when the
+// lock does not hold key.
+func (l *Lock) FenceOf(key string) (int64, bool) {
+	switch {
+	case l.view != nil:
+		return l.view.fenceOf(key)
+	case l.multi != nil:
+		return l.multi.fenceOf(key)
+	case key == l.key:
+		return l.fence, true
+	}
+	return 0, false
+}
 
 // TTL returns the lease time the lock was granted or last refreshed with.
 func (l *Lock) TTL() time.Duration {
+	if l.view != nil {
+		return l.view.ttl()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.ttl
@@ -55,6 +99,9 @@ func (l *Lock) TTL() time.Duration {
 // of the attempt that obtained (or last refreshed) it, plus the TTL, minus a
 // margin for clock drift. It says nothing once the lock is released.
 func (l *Lock) ValidUntil() time.Time {
+	if l.view != nil {
+		return l.view.validUntil()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.validUntil
@@ -63,9 +110,15 @@ func (l *Lock) ValidUntil() time.Time {
 // Validity returns how long the lock remains surely held, or zero once its
 // validity has run out or it was released.
 func (l *Lock) Validity() time.Duration {
+	if l.view != nil {
+		if l.Released() {
+			return 0
+		}
+		return max(time.Until(l.view.validUntil()), 0)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.released {
+	if l.final {
 		return 0
 	}
 	return max(time.Until(l.validUntil), 0)
@@ -80,17 +133,23 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl < 0 {
 		return fmt.Errorf("%w: ttl %v is negative", ErrInvalid, ttl)
 	}
+	if l.view != nil {
+		if l.Released() {
+			return fmt.Errorf("%w: %q was released", ErrNotHeld, l.key)
+		}
+		return l.view.refresh(ctx, ttl)
+	}
 	l.mu.Lock()
-	released := l.released
+	final := l.final
 	if ttl == 0 {
 		ttl = l.ttl
 	}
 	l.mu.Unlock()
-	if released {
+	if final {
 		return fmt.Errorf("%w: %q was released", ErrNotHeld, l.key)
 	}
 	start := time.Now()
-	if err := l.locker.store.Refresh(ctx, l.storeKey, l.token, ttl); err != nil {
+	if err := l.refreshStore(ctx, ttl); err != nil {
 		if isNotHeld(err) {
 			l.markNotHeld()
 			return err
@@ -108,7 +167,9 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// Release lets go of the lock. When another request of this process waits
+// Release lets go of the lock. On a lock that reentrant views still hold
+// (see Locker.Obtain), the key stays locked until the last of them is
+// released, and only that release reaches the store. When another request of this process waits
 // for the key and the Locker's handoff bounds allow, the still-held grant
 // passes to it without a store round trip; otherwise the lock is deleted in
 // the store if the key still holds this lock's token. The store call runs on
@@ -118,39 +179,108 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 // Release first stops the lock's watchdog (see KeepAlive), if any, and waits
 // until it has finished; the keep-alive context then ends.
 //
+// With HoldAtLeast, a release sooner than that leaves the key locked until
+// the time is up: its TTL is shortened to what remains, and no local waiter
+// gets it sooner.
+//
 // Errors: ErrNotHeld when the lock had expired, was taken over or was
 // already released; ErrStore when the store failed (the lock then expires
 // with its TTL).
 func (l *Lock) Release(ctx context.Context) error {
-	l.stopWatchdog()
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: %q was already released", ErrNotHeld, l.key)
 	}
 	l.released = true
-	validUntil, notHeld := l.validUntil, l.notHeld
+	last := l.view == nil && l.views == 0
 	l.mu.Unlock()
-	return l.locker.releaseLock(ctx, l, validUntil, notHeld)
+	if l.view != nil {
+		return l.view.release(ctx)
+	}
+	if !last {
+		return nil // a reentrant view still holds it; its release finishes
+	}
+	return l.finish(ctx)
+}
+
+// finish releases the lock in the store once its own hold and every view's
+// have ended.
+func (l *Lock) finish(ctx context.Context) error {
+	l.stopWatchdog()
+	l.mu.Lock()
+	if l.final {
+		l.mu.Unlock()
+		return nil
+	}
+	l.final = true
+	validUntil, notHeld, minHold := l.validUntil, l.notHeld, l.minHold
+	l.mu.Unlock()
+	if m := l.locker.metrics; m != nil {
+		m.Held(l.label, time.Since(l.start))
+	}
+	keep := time.Until(l.start.Add(minHold))
+	if minHold <= 0 || keep <= 0 {
+		keep = 0
+	}
+	if l.multi != nil {
+		return l.locker.releaseMulti(ctx, l, keep)
+	}
+	return l.locker.releaseLock(ctx, l, validUntil, notHeld, keep)
+}
+
+// HoldAtLeast makes the key stay locked for at least d after the lock was
+// granted, even when it is released sooner: Release then shortens the key's
+// TTL to what remains of d instead of deleting it, and no local waiter gets
+// the key sooner. It guards against a double submit: a second request for
+// the same key within d finds it held. Of several calls the longest wins;
+// d of zero or less changes nothing. Call it before Release.
+func (l *Lock) HoldAtLeast(d time.Duration) {
+	if l.view != nil {
+		for _, p := range l.view.parts() {
+			p.HoldAtLeast(d)
+		}
+		return
+	}
+	l.mu.Lock()
+	l.minHold = max(l.minHold, d)
+	l.mu.Unlock()
 }
 
 func isNotHeld(err error) bool { return err != nil && errors.Is(err, ErrNotHeld) }
 
 type lockContextKey struct{}
 
-// NewContext returns a copy of ctx that carries lock.
+// heldLocks is the chain of locks a context carries, innermost first.
+type heldLocks struct {
+	lock  *Lock
+	outer *heldLocks
+}
+
+// NewContext returns a copy of ctx that carries lock, in addition to the
+// locks ctx already carries. Locker.Obtain and ObtainAll on that context (or
+// one derived from it) find the keys these locks hold and take a reentrant
+// hold on them instead of waiting for themselves.
 func NewContext(ctx context.Context, lock *Lock) context.Context {
-	return context.WithValue(ctx, lockContextKey{}, lock)
+	if lock == nil {
+		return ctx
+	}
+	outer, _ := ctx.Value(lockContextKey{}).(*heldLocks)
+	return context.WithValue(ctx, lockContextKey{}, &heldLocks{lock: lock, outer: outer})
 }
 
-// FromContext returns the lock that ctx carries, if any. A handler behind the
-// lock middleware finds its lock here.
+// FromContext returns the innermost lock that ctx carries, if any. A handler
+// behind the lock middleware finds its lock here.
 func FromContext(ctx context.Context) (*Lock, bool) {
-	lock, ok := ctx.Value(lockContextKey{}).(*Lock)
-	return lock, ok && lock != nil
+	h, _ := ctx.Value(lockContextKey{}).(*heldLocks)
+	if h == nil {
+		return nil, false
+	}
+	return h.lock, true
 }
 
-// Released reports whether Release was called on the lock.
+// Released reports whether Release was called on the lock. The key may
+// still be locked: by a reentrant view, or for HoldAtLeast.
 func (l *Lock) Released() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -163,4 +293,11 @@ func (l *Lock) markNotHeld() {
 	l.mu.Lock()
 	l.notHeld = true
 	l.mu.Unlock()
+}
+
+// isFinal reports whether the lock was released in the store.
+func (l *Lock) isFinal() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.final
 }

@@ -146,18 +146,65 @@ func (l *Locker) Logger() *slog.Logger { return l.logger }
 // ended, or the store call failed after it may have run), Obtain releases
 // that grant in the background, bounded by the release timeout, so nothing
 // is left until its TTL.
+//
+// Reentrancy: when ctx carries a lock of this Locker that holds key (see
+// NewContext; the middleware puts each request's lock there), Obtain does
+// not wait for itself. It returns at once a view of that lock, with the same
+// fence, and takes a hold on it: the key is released in the store only when
+// the outermost hold (the held lock's own, or the last view's) is released.
 func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration) (*Lock, error) {
-	switch {
-	case key == "":
+	start := time.Now()
+	lock, err := l.obtain(ctx, key, ttl, wait)
+	l.observe(ctx, start, lock, err)
+	return lock, err
+}
+
+func (l *Locker) obtain(ctx context.Context, key string, ttl, wait time.Duration) (*Lock, error) {
+	if key == "" {
 		return nil, fmt.Errorf("%w: empty key", ErrInvalid)
-	case ttl <= 0:
-		return nil, fmt.Errorf("%w: ttl %v is not positive", ErrInvalid, ttl)
-	case wait < 0:
-		return nil, fmt.Errorf("%w: wait %v is negative", ErrInvalid, wait)
+	}
+	if err := checkTimes(ttl, wait); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrWaitEnded, err)
 	}
+	if held := l.reenter(ctx, l.prefix+key); held != nil {
+		return l.newView([]string{key}, []*Lock{held}, nil), nil
+	}
+	return l.obtainOne(ctx, key, ttl, wait)
+}
+
+func checkTimes(ttl, wait time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return fmt.Errorf("%w: ttl %v is not positive", ErrInvalid, ttl)
+	case wait < 0:
+		return fmt.Errorf("%w: wait %v is negative", ErrInvalid, wait)
+	}
+	return nil
+}
+
+// observe reports an Obtain's outcome to the Locker's Metrics, and labels
+// the lock it made.
+func (l *Locker) observe(ctx context.Context, start time.Time, lock *Lock, err error) {
+	if l.metrics == nil {
+		return
+	}
+	label := LabelFrom(ctx)
+	if lock != nil {
+		for _, p := range lock.realLocks() {
+			if p.label == "" {
+				p.label = label
+			}
+		}
+	}
+	l.metrics.Obtained(label, resultOf(ctx, err), time.Since(start))
+}
+
+// obtainOne obtains a single key that ctx's locks do not hold: through the
+// key's local queue, then from a local handoff or the store.
+func (l *Locker) obtainOne(ctx context.Context, key string, ttl, wait time.Duration) (*Lock, error) {
 	storeKey := l.prefix + key
 	q, w, gen, busy := l.local.join(storeKey, wait > 0)
 	if busy {
@@ -230,7 +277,7 @@ func (l *Locker) passOn(q *keyQueue, t turn) {
 		l.local.pass(q, t.gen, t.yield)
 		return
 	}
-	_ = l.releaseChain(context.Background(), q, t.gen, t.handoff.chain, t.handoff.validUntil)
+	_ = l.releaseChain(context.Background(), q, t.gen, t.handoff.chain, t.handoff.validUntil, 0)
 }
 
 // takeHandoff turns a handed-off grant into this request's Lock, refreshing
@@ -245,10 +292,14 @@ func (l *Locker) takeHandoff(ctx context.Context, key string, q *keyQueue, t tur
 		token:      h.chain.token,
 		fence:      h.fence,
 		ttl:        ttl,
+		start:      time.Now(),
 		validUntil: h.validUntil,
 		queue:      q,
 		turnGen:    t.gen,
 		chain:      h.chain,
+	}
+	if l.metrics != nil {
+		l.metrics.HandedOff(LabelFrom(ctx))
 	}
 	if ctx.Err() != nil {
 		l.passOn(q, t)
@@ -361,20 +412,23 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 
 // releaseLock lets go of a Lock: to the next local waiter while the grant's
 // handoff bounds allow, else back to the store.
-func (l *Locker) releaseLock(ctx context.Context, lock *Lock, validUntil time.Time, notHeld bool) error {
-	if notHeld {
+// With keep positive (HoldAtLeast) the key is left to expire after keep,
+// and the next local waiter only gets the turn to contend for it.
+func (l *Locker) releaseLock(ctx context.Context, lock *Lock, validUntil time.Time, notHeld bool, keep time.Duration) error {
+	if notHeld || keep > 0 {
 		// A grant known to be gone is never handed on: the waiter would
-		// work beside whoever holds the key now.
+		// work beside whoever holds the key now. One held on for keep is
+		// not either: nobody may have it before keep is up.
 		validUntil = time.Time{}
 	}
-	return l.releaseChain(ctx, lock.queue, lock.turnGen, lock.chain, validUntil)
+	return l.releaseChain(ctx, lock.queue, lock.turnGen, lock.chain, validUntil, keep)
 }
 
 // releaseChain hands the chain's grant to the next local waiter when one
 // waits, the lease is still valid and the bounds allow; otherwise it releases
 // the grant in the store, reporting the highest fence issued under it, and
 // gives the next waiter the turn to contend.
-func (l *Locker) releaseChain(ctx context.Context, q *keyQueue, gen uint64, c *chain, validUntil time.Time) error {
+func (l *Locker) releaseChain(ctx context.Context, q *keyQueue, gen uint64, c *chain, validUntil time.Time, keep time.Duration) error {
 	var waiting bool
 	if l.handoffCount > 0 {
 		var handed bool
@@ -395,9 +449,14 @@ func (l *Locker) releaseChain(ctx context.Context, q *keyQueue, gen uint64, c *c
 		lastFence = c.lastFence
 	}
 	start := time.Now()
-	err := l.release(ctx, c.storeKey, c.token, lastFence)
+	var err error
+	if keep > 0 {
+		err = l.releaseKeep(ctx, c.storeKey, c.token, lastFence, keep)
+	} else {
+		err = l.release(ctx, c.storeKey, c.token, lastFence)
+	}
 	var yield time.Duration
-	if waiting {
+	if waiting && keep <= 0 {
 		// The bounds cut the chain while this process still has waiters:
 		// other processes' waiters, woken by the release, need about a round
 		// trip to reach the store. Without this head start the next local
@@ -431,6 +490,7 @@ func (l *Locker) newLock(key, storeKey, token string, fence int64, ttl time.Dura
 		token:      token,
 		fence:      fence,
 		ttl:        ttl,
+		start:      start,
 		validUntil: start.Add(ttl - clockDrift(ttl)),
 	}
 }
@@ -451,6 +511,17 @@ func (l *Locker) release(ctx context.Context, storeKey, token string, lastFence 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
 	defer cancel()
 	err := l.store.Release(ctx, storeKey, token, lastFence)
+	if err != nil && !errors.Is(err, ErrNotHeld) {
+		return wrapStoreError(err)
+	}
+	return err
+}
+
+// releaseKeep leaves a grant to expire after keep, like release otherwise.
+func (l *Locker) releaseKeep(ctx context.Context, storeKey, token string, lastFence int64, keep time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
+	defer cancel()
+	err := l.releaseKey(ctx, storeKey, token, lastFence, keep)
 	if err != nil && !errors.Is(err, ErrNotHeld) {
 		return wrapStoreError(err)
 	}

@@ -78,10 +78,23 @@ type watchdog struct {
 // KeepAlive renews on any TTL, but a renewal round trip must fit well within
 // a third of it: keep the TTL at tens of milliseconds or more.
 func (l *Lock) KeepAlive(ctx context.Context) context.Context {
+	if l.view != nil {
+		// A view keeps each lock behind it alive, and its context ends
+		// when any of them is lost or released.
+		if l.Released() {
+			ended, cancel := context.WithCancelCause(ctx)
+			cancel(l.releasedCause())
+			return ended
+		}
+		for _, p := range l.view.parts() {
+			ctx = p.KeepAlive(ctx)
+		}
+		return ctx
+	}
 	k := &l.keepAlive
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.stopped || l.Released() {
+	if k.stopped || l.isFinal() {
 		ended, cancel := context.WithCancelCause(ctx)
 		cancel(l.releasedCause())
 		return ended
@@ -119,6 +132,14 @@ func followContext(ctx, leader context.Context) context.Context {
 // watchdog (see KeepAlive) gave the lock up, or nil when no watchdog has
 // found it lost. Once Release has returned, the answer is final.
 func (l *Lock) Lost() error {
+	if l.view != nil {
+		for _, p := range l.view.parts() {
+			if err := p.Lost(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	k := &l.keepAlive
 	k.mu.Lock()
 	wd := k.wd
@@ -220,6 +241,9 @@ func (w *watchdog) lose(l *Lock, cause error) {
 	w.lost = true // read by KeepAlive only after done is closed
 	l.markNotHeld()
 	w.cancel(cause)
+	if m := l.locker.metrics; m != nil {
+		m.Lost(l.label)
+	}
 	l.locker.logger.Warn("reqlock: lock lost while its holder was working; its keep-alive context is cancelled",
 		slog.String("key", l.key), slog.Int64("fence", l.fence), slog.Duration("ttl", l.TTL()),
 		slog.Any("reason", cause))

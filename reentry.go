@@ -1,0 +1,152 @@
+package reqlock
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// view is a reentrant Lock: the holds one Obtain or ObtainAll took on locks
+// that its request already held (borrowed), plus the lock it obtained for
+// the keys none of them held (owned, nil when there were none).
+type view struct {
+	keys     []string // sorted, without the Locker's prefix
+	borrowed []*Lock  // real locks, each with one view hold taken by this view
+	owned    *Lock    // a real lock released with the view, or nil
+}
+
+// parts returns every real lock behind the view.
+func (v *view) parts() []*Lock {
+	if v.owned == nil {
+		return v.borrowed
+	}
+	return append(v.borrowed[:len(v.borrowed):len(v.borrowed)], v.owned)
+}
+
+// newView returns a Lock for keys held by borrowed and owned.
+func (l *Locker) newView(keys []string, borrowed []*Lock, owned *Lock) *Lock {
+	v := &view{keys: keys, borrowed: borrowed, owned: owned}
+	lock := &Lock{locker: l, key: keys[0], storeKey: l.prefix + keys[0], view: v}
+	lock.fence, _ = v.fenceOf(keys[0])
+	for _, p := range v.parts() {
+		if p.holds(lock.storeKey) {
+			lock.token = p.token
+		}
+	}
+	return lock
+}
+
+func (v *view) fenceOf(key string) (int64, bool) {
+	for _, p := range v.parts() {
+		if f, ok := p.FenceOf(key); ok {
+			return f, true
+		}
+	}
+	return 0, false
+}
+
+func (v *view) ttl() time.Duration {
+	var ttl time.Duration
+	for i, p := range v.parts() {
+		if t := p.TTL(); i == 0 || t < ttl {
+			ttl = t
+		}
+	}
+	return ttl
+}
+
+func (v *view) validUntil() time.Time {
+	var until time.Time
+	for i, p := range v.parts() {
+		if t := p.ValidUntil(); i == 0 || t.Before(until) {
+			until = t
+		}
+	}
+	return until
+}
+
+func (v *view) refresh(ctx context.Context, ttl time.Duration) error {
+	var errs []error
+	for _, p := range v.parts() {
+		errs = append(errs, p.Refresh(ctx, ttl))
+	}
+	return errors.Join(errs...)
+}
+
+// release ends the view's holds; a lock whose last hold that was is
+// released in the store.
+func (v *view) release(ctx context.Context) error {
+	var errs []error
+	if v.owned != nil {
+		errs = append(errs, v.owned.Release(ctx))
+	}
+	for _, p := range v.borrowed {
+		errs = append(errs, p.leave(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// enter takes a view hold on a real lock, unless it is already on its way
+// to the store (released with no view left, or gone).
+func (l *Lock) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.final || l.notHeld || (l.released && l.views == 0) {
+		return false
+	}
+	l.views++
+	return true
+}
+
+// leave ends one view hold, releasing the lock when it was the last hold.
+func (l *Lock) leave(ctx context.Context) error {
+	l.mu.Lock()
+	l.views--
+	last := l.views == 0 && l.released
+	l.mu.Unlock()
+	if !last {
+		return nil
+	}
+	return l.finish(ctx)
+}
+
+// holds reports whether the real lock l holds storeKey.
+func (l *Lock) holds(storeKey string) bool {
+	if l.multi != nil {
+		return l.multi.holds(storeKey)
+	}
+	return l.storeKey == storeKey
+}
+
+// reenter looks in the locks ctx carries (see NewContext) for a live lock
+// of this Locker that holds storeKey, and takes a view hold on it.
+func (l *Locker) reenter(ctx context.Context, storeKey string) *Lock {
+	h, _ := ctx.Value(lockContextKey{}).(*heldLocks)
+	for ; h != nil; h = h.outer {
+		candidates := []*Lock{h.lock}
+		if h.lock.view != nil {
+			candidates = h.lock.view.parts()
+		}
+		for _, c := range candidates {
+			if c.locker == l && c.holds(storeKey) && c.enter() {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
+// leaveAll ends the view holds taken on locks.
+func leaveAll(ctx context.Context, locks []*Lock) {
+	for _, p := range locks {
+		_ = p.leave(ctx)
+	}
+}
+
+// realLocks returns the real locks behind l: l itself, or a view's parts.
+func (l *Lock) realLocks() []*Lock {
+	if l.view != nil {
+		return l.view.parts()
+	}
+	return []*Lock{l}
+}
