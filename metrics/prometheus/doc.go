@@ -1,0 +1,38 @@
+// Package reqlockprom reports the events of a reqlock.Locker as Prometheus
+// metrics.
+//
+// It lives in its own module, github.com/reqlock/reqlock/metrics/prometheus,
+// so that programs using the core module github.com/reqlock/reqlock do not
+// inherit the Prometheus client library and its dependencies: only programs
+// that import this package do.
+//
+// A *Metrics implements reqlock.Metrics and is itself a
+// prometheus.Collector:
+//
+//	m := reqlockprom.New()
+//	prometheus.MustRegister(m)
+//	locker := reqlock.MustNew(store, reqlock.WithMetrics(m))
+//
+// With the default namespace "reqlock" it exports:
+//
+//	reqlock_lock_success_total{route}          counter
+//	reqlock_lock_failure_total{route,reason}   counter; reason is timeout, store_error, bad_key or canceled
+//	reqlock_lock_wait_seconds{route,result}    histogram; result is acquired or one of the reasons
+//	reqlock_lock_hold_seconds{route}           histogram
+//	reqlock_lock_lost_total{route}             counter
+//	reqlock_lock_handoffs_total{route}         counter
+//
+// The route label is the label of the event, a route template set with
+// reqlock.WithLabel such as "POST /skus/{id}/deduct", never a raw key. No
+// route is known in advance: a route's series appear when its first event
+// is seen. Its counters then appear at once, at zero, for every reason, so
+// that rate() and increase() count its first failure; its histograms
+// appear with their first observation.
+//
+// The number of distinct routes is capped (WithMaxRoutes, default
+// DefaultMaxRoutes): events of routes beyond the cap are counted under
+// route="other", so that a label of unbounded cardinality set by mistake
+// cannot grow the series without bound.
+//
+// Reporting an event of a route already seen does not allocate.
+package reqlockprom
