@@ -89,3 +89,6 @@ func resultOf(ctx context.Context, err error) Result {
 	// The wait limit ran out before the store answered at all.
 	return ResultStoreError
 }
+
+// Metrics returns the Metrics the Locker reports to, or nil.
+func (l *Locker) Metrics() Metrics { return l.metrics }
