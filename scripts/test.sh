@@ -50,6 +50,14 @@ go test -race -count=1 "$@" ./...
 echo "test.sh: bench module (lockbench against bsm/redislock and redsync): go vet, go test -race"
 (cd bench && go vet ./... && go test -race -count=1 ./...)
 
+echo "test.sh: metrics/prometheus module (Prometheus adapter): go mod tidy -diff, go vet, go test -race"
+(
+	cd metrics/prometheus
+	go mod tidy -diff
+	go vet ./...
+	go test -race -count=1 ./...
+)
+
 fuzztime=${FUZZTIME:-10s}
 while IFS=: read -r file name; do
 	dir=$(dirname "$file")
