@@ -8,10 +8,25 @@
 //
 //	@lock key=sku:<id> wait=2s ttl=10s on-timeout=423 on-store-error=503
 //
-// ParseSpec parses it; its documentation has the grammar and every field.
+// The grammar:
+//
+//	spec   = [ "@lock" ] *( field )          ; fields separated by whitespace
+//	field  = name "=" value / "watchdog"
+//	value  = 1*( any byte but whitespace and '"' )
+//	       / '"' 1*( any character but '"' and '\', or \" or \\ ) '"'
+//
+// Each field sets one Config field (key: Key, then Keys; ttl: TTL; wait:
+// Wait; on-timeout: TimeoutStatus; retry-after: RetryAfter; on-store-error:
+// OnStoreError; hold-at-least: HoldAtLeast; max-keys: MaxKeys; max-body:
+// MaxBodyBytes; max-value-len: MaxValueLen; watchdog: Watchdog; name: Name)
+// and only key is required. ParseSpec parses a spec and lists every field's
+// values and default. Errors give the column of the offending field:
+//
+//	reqlock/middleware: invalid configuration: spec column 20: wait: "2x" is not a duration (such as 2s or 500ms)
+//
 // ParseRoute, ParseRouteTable and LoadRouteTable read tables that map routes
 // such as "POST /skus/{id}/deduct" to specs, from code or from a JSON or YAML
-// file.
+// file, and report every problem of a file at once, with its line.
 package middleware
 
 import (
@@ -70,7 +85,7 @@ const minSpecMaxValueLen = 16
 //
 //	reqlock/middleware: invalid configuration: spec column 20: wait: "2x" is not a duration (such as 2s or 500ms)
 func ParseSpec(spec string) (Config, error) {
-	cfg, _, err := parseSpec(spec)
+	cfg, err := parseSpec(spec)
 	if err != nil {
 		return Config{}, err
 	}
@@ -137,13 +152,13 @@ var specFields = []string{
 	"hold-at-least", "max-keys", "max-body", "max-value-len", "watchdog", "name",
 }
 
-// parseSpec parses spec and returns its keys with their columns.
-func parseSpec(spec string) (Config, []specKey, *configError) {
+// parseSpec is ParseSpec with a concrete error type.
+func parseSpec(spec string) (Config, *configError) {
 	p := &specParser{spec: spec, seen: map[string]int{}}
 	if err := p.parse(); err != nil {
-		return Config{}, nil, err
+		return Config{}, err
 	}
-	return p.cfg, p.keys, nil
+	return p.cfg, nil
 }
 
 func (p *specParser) errAt(off int, format string, args ...any) *configError {
