@@ -31,8 +31,20 @@ type bodyState struct {
 
 // value returns the raw value of a json or form placeholder, "" when absent.
 func (bs *bodyState) value(r *http.Request, maxBody int64, ph *placeholder) (string, error) {
+	if ok, err := bs.load(r, maxBody, ph); !ok {
+		return "", err
+	}
+	if ph.src == srcJSON {
+		return bs.jsonValue(ph)
+	}
+	return bs.formValue(r, maxBody, ph)
+}
+
+// load reads the body, once per Key call. It reports false, with an error
+// naming ph if reading failed, when there is no body to read from.
+func (bs *bodyState) load(r *http.Request, maxBody int64, ph *placeholder) (bool, error) {
 	if r == nil {
-		return "", nil
+		return false, nil
 	}
 	if !bs.read {
 		bs.read = true
@@ -40,17 +52,11 @@ func (bs *bodyState) value(r *http.Request, maxBody int64, ph *placeholder) (str
 	}
 	if bs.err != nil {
 		if errors.Is(bs.err, ErrBodyTooLarge) {
-			return "", fmt.Errorf("%w: %s: over %d bytes", ErrBodyTooLarge, ph.text, maxBody)
+			return false, fmt.Errorf("%w: %s: over %d bytes", ErrBodyTooLarge, ph.text, maxBody)
 		}
-		return "", fmt.Errorf("%w: %s: reading body: %w", ErrBadValue, ph.text, bs.err)
+		return false, fmt.Errorf("%w: %s: reading body: %w", ErrBadValue, ph.text, bs.err)
 	}
-	if len(bs.buf) == 0 {
-		return "", nil // no body: every field is missing
-	}
-	if ph.src == srcJSON {
-		return bs.jsonValue(ph)
-	}
-	return bs.formValue(r, maxBody, ph)
+	return len(bs.buf) > 0, nil // no body: every field is missing
 }
 
 // readBody reads up to maxBody bytes of r.Body and restores r.Body (and
@@ -111,44 +117,70 @@ func readAll(r io.Reader, buf []byte) ([]byte, error) {
 	}
 }
 
-func (bs *bodyState) jsonValue(ph *placeholder) (string, error) {
+// jsonObject returns the body decoded as a JSON object, decoding it once.
+func (bs *bodyState) jsonObject(ph *placeholder) (map[string]any, error) {
 	if !bs.jsonDone {
 		bs.jsonDone = true
 		bs.jsonObj, bs.jsonErr = decodeObject(bs.buf)
 	}
 	if bs.jsonErr != "" {
-		return "", badValue(ph, bs.jsonErr)
+		return nil, badValue(ph, bs.jsonErr)
 	}
-	obj := bs.jsonObj
-	var v any
-	for i, step := range ph.path {
-		// step.kind is stepField: the only kind so far.
+	return bs.jsonObj, nil
+}
+
+func (bs *bodyState) jsonValue(ph *placeholder) (string, error) {
+	obj, err := bs.jsonObject(ph)
+	if err != nil {
+		return "", err
+	}
+	v, found, why := walk(obj, ph.path)
+	if why != "" {
+		return "", badValue(ph, why)
+	}
+	if !found {
+		return "", nil
+	}
+	s, ok := scalarText(v)
+	if !ok {
+		return "", badValue(ph, "value is "+jsonKind(v))
+	}
+	return s, nil
+}
+
+// walk follows the field steps from v. It reports found false when a field
+// is absent, and a reason when a parent is not an object or a field is
+// ambiguous.
+func walk(v any, steps []jsonStep) (_ any, found bool, why string) {
+	for _, step := range steps {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil, false, "a parent of the field is " + jsonKind(v) + ", not an object"
+		}
 		if caseVariant(obj, step.field) {
-			return "", badValue(ph, "a field name in the body differs from it only in case")
+			return nil, false, "a field name in the body differs from it only in case"
 		}
-		var ok bool
 		if v, ok = obj[step.field]; !ok {
-			return "", nil
-		}
-		if i == len(ph.path)-1 {
-			break
-		}
-		if obj, ok = v.(map[string]any); !ok {
-			return "", badValue(ph, "a parent of the field is "+jsonKind(v)+", not an object")
+			return nil, false, ""
 		}
 	}
+	return v, true, ""
+}
+
+// scalarText returns the text of a JSON string, number or boolean.
+func scalarText(v any) (string, bool) {
 	switch v := v.(type) {
 	case string:
-		return v, nil
+		return v, true
 	case json.Number:
-		return string(v), nil
+		return string(v), true
 	case bool:
 		if v {
-			return "true", nil
+			return "true", true
 		}
-		return "false", nil
+		return "false", true
 	}
-	return "", badValue(ph, "value is "+jsonKind(v))
+	return "", false
 }
 
 // caseVariant reports whether obj has a key other than name that equals it
