@@ -11,10 +11,13 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 )
 
-// bodyState caches the body and what was parsed from it during one Key call.
+// bodyState caches the body and what was parsed from it during one Key or
+// Keys call.
 type bodyState struct {
 	read bool
 	buf  []byte
@@ -40,8 +43,8 @@ func (bs *bodyState) value(r *http.Request, maxBody int64, ph *placeholder) (str
 	return bs.formValue(r, maxBody, ph)
 }
 
-// load reads the body, once per Key call. It reports false, with an error
-// naming ph if reading failed, when there is no body to read from.
+// load reads the body, once per Key or Keys call. It reports false, with an
+// error naming ph if reading failed, when there is no body to read from.
 func (bs *bodyState) load(r *http.Request, maxBody int64, ph *placeholder) (bool, error) {
 	if r == nil {
 		return false, nil
@@ -146,6 +149,64 @@ func (bs *bodyState) jsonValue(ph *placeholder) (string, error) {
 		return "", badValue(ph, "value is "+jsonKind(v))
 	}
 	return s, nil
+}
+
+// values returns the raw values of a json placeholder with [*], one per
+// array element, or none when there is no body or no array. It fails when
+// the array is empty, longer than maxKeys, or has an element without a
+// usable value.
+func (bs *bodyState) values(r *http.Request, maxBody int64, ph *placeholder, maxKeys int) ([]string, error) {
+	if ok, err := bs.load(r, maxBody, ph); !ok {
+		return nil, err
+	}
+	obj, err := bs.jsonObject(ph)
+	if err != nil {
+		return nil, err
+	}
+	each := slices.IndexFunc(ph.path, func(s jsonStep) bool { return s.kind == stepEach })
+	v, found, why := walk(obj, ph.path[:each])
+	if why != "" {
+		return nil, badValue(ph, why)
+	}
+	if !found {
+		return nil, nil
+	}
+	arr, ok := v.([]any)
+	switch {
+	case !ok:
+		return nil, badValue(ph, "the value at [*] is "+jsonKind(v)+", not an array")
+	case len(arr) == 0:
+		return nil, missingWhy(ph, "the array is empty")
+	case len(arr) > maxKeys:
+		return nil, fmt.Errorf("%w: %s: the array has more elements than the limit of %d", ErrTooManyKeys, ph.text, maxKeys)
+	}
+	rest := ph.path[each+1:]
+	vals := make([]string, len(arr))
+	for i, elem := range arr {
+		v, found, why := walk(elem, rest)
+		if why != "" {
+			return nil, badValue(ph, elemName(ph, i)+": "+why)
+		}
+		if !found {
+			return nil, missingWhy(ph, elemName(ph, i))
+		}
+		s, ok := scalarText(v)
+		if !ok {
+			return nil, badValue(ph, elemName(ph, i)+": value is "+jsonKind(v))
+		}
+		if s == "" {
+			return nil, missingWhy(ph, elemName(ph, i))
+		}
+		vals[i] = s
+	}
+	return vals, nil
+}
+
+// elemName names element i of ph's array for an error message, such as
+// "at items[2]" for <json:items[*].sku>.
+func elemName(ph *placeholder, i int) string {
+	array, _, _ := strings.Cut(ph.name, eachStep)
+	return "at " + array + "[" + strconv.Itoa(i) + "]"
 }
 
 // walk follows the field steps from v. It reports found false when a field

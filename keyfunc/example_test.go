@@ -64,3 +64,20 @@ func ExampleTemplate_Key() {
 	// keyfunc: key value missing: <header:X-Tenant>
 	// true
 }
+
+// A template with [*] locks every SKU of a cart.
+func ExampleTemplate_Keys() {
+	tmpl := keyfunc.MustParse("sku:<json:items[*].sku>")
+	fmt.Println(tmpl.Multi())
+
+	body := `{"items":[{"sku":"A-1","qty":1},{"sku":"B","qty":2}]}`
+	keys, err := tmpl.Keys(keyfunc.HTTPRequest(httptest.NewRequest("POST", "/carts/7/checkout", strings.NewReader(body))))
+	fmt.Println(keys, err)
+
+	_, err = tmpl.Keys(keyfunc.HTTPRequest(httptest.NewRequest("POST", "/carts/7/checkout", strings.NewReader(`{"items":[{"sku":"A"},{"qty":2}]}`))))
+	fmt.Println(err)
+	// Output:
+	// true
+	// [sku:A%2D1 sku:B] <nil>
+	// keyfunc: key value missing: <json:items[*].sku>: at items[1]
+}

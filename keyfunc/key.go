@@ -18,7 +18,8 @@ const hashedLen = 1 + 2*16
 // value is absent or empty, ErrBadValue when a value or the body is unusable,
 // and ErrBodyTooLarge when the body needed for json or form placeholders is
 // longer than MaxBodyBytes; messages name the placeholder, never the value.
-// On a Template not made by Parse it returns an error wrapping ErrSyntax.
+// On a Template not made by Parse, or one that is Multi, it returns an error
+// wrapping ErrSyntax.
 //
 // Key reads the body at most once and then restores r.HTTPRequest().Body
 // (and GetBody) in place, so the handler can read the same bytes again; after
@@ -28,6 +29,9 @@ const hashedLen = 1 + 2*16
 func (t *Template) Key(r Request) (string, error) {
 	if t == nil || len(t.parts) == 0 {
 		return "", fmt.Errorf("%w: template not parsed (use Parse)", ErrSyntax)
+	}
+	if t.multi {
+		return "", fmt.Errorf("%w: %q: a template with [*] yields several keys (use Keys)", ErrSyntax, t.raw)
 	}
 	if t.holes == 0 {
 		return t.raw, nil
@@ -59,6 +63,72 @@ func (t *Template) Key(r Request) (string, error) {
 		i++
 	}
 	return b.String(), nil
+}
+
+// Keys renders every key of r. A Multi template yields one key per element
+// of the array at its [*], in the array's order, duplicates included; any
+// other template yields the one key of Key. An element's value is escaped or
+// hashed like any value: each key is what Key would render if the [*]
+// placeholder read that element alone.
+//
+// Keys fails, rendering no key, as Key does, and also: with ErrMissing when
+// the array is absent or empty or an element lacks the value, with
+// ErrBadValue when the value at [*] is not an array or an element's value is
+// unusable, and with ErrTooManyKeys when the array has more elements than
+// MaxKeys. Messages name the placeholder, and the element's index, never a
+// value. Keys reads and restores the body as Key does.
+func (t *Template) Keys(r Request) ([]string, error) {
+	if !t.Multi() {
+		k, err := t.Key(r)
+		if err != nil {
+			return nil, err
+		}
+		return []string{k}, nil
+	}
+	st := keyState{req: r, maxBody: t.maxBodyBytes}
+	// fixed holds every key's parts before [*], then those after it.
+	var fixed strings.Builder
+	split := 0
+	var elems []string
+	for _, p := range t.parts {
+		switch {
+		case p.ph == nil:
+			fixed.WriteString(p.literal)
+		case p.ph.multi:
+			var err error
+			if elems, err = st.values(p.ph, t.maxKeys); err != nil {
+				return nil, err
+			}
+			split = fixed.Len()
+		default:
+			v, err := st.value(p.ph)
+			if err != nil {
+				return nil, err
+			}
+			writeValue(&fixed, v, t.maxValueLen)
+		}
+	}
+	around := fixed.String()
+	prefix, suffix := around[:split], around[split:]
+	total := len(elems) * len(around)
+	for _, e := range elems {
+		total += renderedLen(e, t.maxValueLen)
+	}
+	// One string holds all the keys; each key is a slice of it.
+	var b strings.Builder
+	b.Grow(total)
+	for _, e := range elems {
+		b.WriteString(prefix)
+		writeValue(&b, e, t.maxValueLen)
+		b.WriteString(suffix)
+	}
+	all := b.String()
+	keys := make([]string, len(elems))
+	for i, e := range elems {
+		n := len(around) + renderedLen(e, t.maxValueLen)
+		keys[i], all = all[:n], all[n:]
+	}
+	return keys, nil
 }
 
 // keyState caches what one Key call parsed from the request.
@@ -139,7 +209,29 @@ func (st *keyState) value(ph *placeholder) (string, error) {
 	return v, nil
 }
 
+// values returns the raw, non-empty values of ph, a json placeholder with
+// [*]: one per array element, at most maxKeys.
+func (st *keyState) values(ph *placeholder, maxKeys int) ([]string, error) {
+	if st.body == nil {
+		st.body = &bodyState{}
+	}
+	vs, err := st.body.values(st.http(), st.maxBody, ph, maxKeys)
+	if err != nil {
+		return nil, err
+	}
+	if len(vs) == 0 {
+		return nil, missing(ph) // no body, or no array
+	}
+	return vs, nil
+}
+
 func missing(ph *placeholder) error { return fmt.Errorf("%w: %s", ErrMissing, ph.text) }
+
+// missingWhy is missing with a reason, such as the element that lacks the
+// value.
+func missingWhy(ph *placeholder, why string) error {
+	return fmt.Errorf("%w: %s: %s", ErrMissing, ph.text, why)
+}
 
 func badValue(ph *placeholder, why string) error {
 	return fmt.Errorf("%w: %s: %s", ErrBadValue, ph.text, why)

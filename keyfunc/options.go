@@ -10,6 +10,8 @@ const (
 	// DefaultMaxValueLen is the escaped length above which a value is
 	// replaced by its hash.
 	DefaultMaxValueLen = 64
+	// DefaultMaxKeys is the most keys Template.Keys renders for one request.
+	DefaultMaxKeys = 64
 
 	// minMaxValueLen is the smallest MaxValueLen an option may set.
 	minMaxValueLen = 16
@@ -21,10 +23,11 @@ type Option func(*options)
 type options struct {
 	maxBodyBytes int64
 	maxValueLen  int
+	maxKeys      int
 }
 
 func defaultOptions() options {
-	return options{maxBodyBytes: DefaultMaxBodyBytes, maxValueLen: DefaultMaxValueLen}
+	return options{maxBodyBytes: DefaultMaxBodyBytes, maxValueLen: DefaultMaxValueLen, maxKeys: DefaultMaxKeys}
 }
 
 // WithMaxBodyBytes bounds the request body read for json and form
@@ -39,12 +42,21 @@ func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBodyBytes
 // Default DefaultMaxValueLen (64).
 func WithMaxValueLen(n int) Option { return func(o *options) { o.maxValueLen = n } }
 
+// WithMaxKeys caps the keys Template.Keys renders for one request: when the
+// array at a template's [*] has more than n elements, Keys fails with
+// ErrTooManyKeys. n must be at least 1, else Parse returns an error wrapping
+// ErrSyntax. Default DefaultMaxKeys (64).
+func WithMaxKeys(n int) Option { return func(o *options) { o.maxKeys = n } }
+
 func (o options) validate() error {
 	if o.maxBodyBytes <= 0 {
 		return fmt.Errorf("%w: option WithMaxBodyBytes(%d): must be greater than 0", ErrSyntax, o.maxBodyBytes)
 	}
 	if o.maxValueLen < minMaxValueLen {
 		return fmt.Errorf("%w: option WithMaxValueLen(%d): must be at least %d", ErrSyntax, o.maxValueLen, minMaxValueLen)
+	}
+	if o.maxKeys < 1 {
+		return fmt.Errorf("%w: option WithMaxKeys(%d): must be at least 1", ErrSyntax, o.maxKeys)
 	}
 	return nil
 }

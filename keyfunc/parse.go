@@ -3,6 +3,7 @@ package keyfunc
 import (
 	"fmt"
 	"net/textproto"
+	"slices"
 	"strings"
 )
 
@@ -37,24 +38,30 @@ const validSources = "want path, query, header, form, json or ctx"
 
 func (s source) String() string { return sourceNames[s] }
 
-// stepKind is the kind of one step of a json path. Only object fields exist
-// today; an array step such as the "[*]" of items[*].sku would be a new kind.
+// stepKind is the kind of one step of a json path.
 type stepKind uint8
 
-const stepField stepKind = iota
+const (
+	stepField stepKind = iota // a field of an object
+	stepEach                  // [*]: every element of an array
+)
+
+// eachStep is how a stepEach is written.
+const eachStep = "[*]"
 
 // jsonStep is one step of a json placeholder's path.
 type jsonStep struct {
 	kind  stepKind
-	field string
+	field string // stepField only
 }
 
 // placeholder is one parsed <source:name>.
 type placeholder struct {
-	src  source
-	name string     // header names are canonical
-	path []jsonStep // json only
-	text string     // as written, such as "<json:sku>"
+	src   source
+	name  string     // header names are canonical
+	path  []jsonStep // json only
+	text  string     // as written, such as "<json:sku>"
+	multi bool       // path has a stepEach
 }
 
 // part is a literal or a placeholder.
@@ -71,12 +78,15 @@ type Template struct {
 	literalLen   int
 	holes        int
 	needsBody    bool
+	multi        bool // a placeholder has a [*]; at most one does
 	maxBodyBytes int64
 	maxValueLen  int
+	maxKeys      int
 }
 
 // Parse parses a key template; see the package documentation for the
-// grammar. Options default to DefaultMaxBodyBytes and DefaultMaxValueLen.
+// grammar. Options default to DefaultMaxBodyBytes, DefaultMaxValueLen and
+// DefaultMaxKeys.
 // Every error wraps ErrSyntax and names the problem and its byte offset, or
 // the invalid option.
 func Parse(template string, opts ...Option) (*Template, error) {
@@ -89,7 +99,7 @@ func Parse(template string, opts ...Option) (*Template, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	t := &Template{raw: template, maxBodyBytes: o.maxBodyBytes, maxValueLen: o.maxValueLen}
+	t := &Template{raw: template, maxBodyBytes: o.maxBodyBytes, maxValueLen: o.maxValueLen, maxKeys: o.maxKeys}
 	if err := t.parse(); err != nil {
 		return nil, err
 	}
@@ -117,6 +127,28 @@ func (t *Template) String() string {
 // NeedsBody reports whether the template reads the request body, that is
 // whether it has json or form placeholders.
 func (t *Template) NeedsBody() bool { return t != nil && t.needsBody }
+
+// Multi reports whether the template can yield several keys, that is whether
+// a json placeholder has a [*] step. Render such a template with Keys; Key
+// refuses it.
+func (t *Template) Multi() bool { return t != nil && t.multi }
+
+// PathNames returns the names of the template's path placeholders (<id>,
+// <path:id>), each once, in order of first appearance, so that a caller can
+// check them against a route's parameters at start-up. It returns nil when
+// there are none.
+func (t *Template) PathNames() []string {
+	if t == nil {
+		return nil
+	}
+	var names []string
+	for _, p := range t.parts {
+		if p.ph != nil && p.ph.src == srcPath && !slices.Contains(names, p.ph.name) {
+			names = append(names, p.ph.name)
+		}
+	}
+	return names
+}
 
 func (t *Template) parse() error {
 	s := t.raw
@@ -215,30 +247,70 @@ func (t *Template) parsePlaceholder(open, close int) (*placeholder, error) {
 		c := t.raw[nameOff+bad]
 		return nil, t.errAt(nameOff+bad, "invalid character "+quoteByte(c)+" in "+ph.src.String()+" name", "")
 	}
+	// A query, form or ctx name may hold brackets, but "[*]" would read as
+	// an array step that only json paths have.
+	if j := strings.Index(ph.name, eachStep); j >= 0 {
+		return nil, t.errAt(nameOff+j, eachStep+" in "+ph.src.String()+" name", "only json paths have array steps")
+	}
 	return ph, nil
 }
 
-// parseJSONPath splits ph.name, which starts at offset off, into steps.
+// parseJSONPath splits ph.name, which starts at offset off, into steps:
+// segments separated by '.', each a field name optionally followed by [*].
 func (t *Template) parseJSONPath(ph *placeholder, off int) error {
 	name := ph.name
-	start := 0
-	for i := 0; i <= len(name); i++ {
-		if i < len(name) && name[i] != '.' {
-			if c := name[i]; !isJSONFieldByte(c) {
-				hint := ""
-				if c == '[' || c == ']' {
-					hint = "arrays are not supported"
-				}
-				return t.errAt(off+i, "invalid character "+quoteByte(c)+" in json path", hint)
+	for i := 0; ; i++ { // i is the start of a segment
+		start := i
+		for i < len(name) && isJSONFieldByte(name[i]) {
+			i++
+		}
+		if i < len(name) && name[i] != '.' && name[i] != '[' {
+			if name[i] == ']' {
+				return t.errAt(off+i, "stray ']' in json path", "")
 			}
-			continue
+			return t.errAt(off+i, "invalid character "+quoteByte(name[i])+" in json path", "")
 		}
 		if i == start {
+			if i < len(name) && name[i] == '[' {
+				return t.errAt(off+i, eachStep+" without a field name in json path", "write field[*]")
+			}
 			return t.errAt(off+i, "empty segment in json path", "")
 		}
 		ph.path = append(ph.path, jsonStep{kind: stepField, field: name[start:i]})
-		start = i + 1
+		stepped := false
+		for i < len(name) && name[i] == '[' {
+			if err := t.parseEachStep(ph, off, i); err != nil {
+				return err
+			}
+			i += len(eachStep)
+			stepped = true
+		}
+		if i == len(name) {
+			return nil
+		}
+		if stepped && name[i] != '.' {
+			return t.errAt(off+i, "invalid character "+quoteByte(name[i])+" after "+eachStep+" in json path", "want '.' or the end of the path")
+		}
 	}
+}
+
+// parseEachStep parses the array step at ph.name[i], a '[', which is at
+// offset off+i.
+func (t *Template) parseEachStep(ph *placeholder, off, i int) error {
+	rest := ph.name[i:]
+	if !strings.HasPrefix(rest, eachStep) {
+		end := strings.IndexByte(rest, ']')
+		if end < 0 {
+			return t.errAt(off+i, "unclosed '[' in json path", "")
+		}
+		return t.errAt(off+i, "invalid array step "+rest[:end+1]+" in json path", "only [*] is supported")
+	}
+	// Two [*] would yield a key per combination of elements.
+	if t.multi {
+		return t.errAt(off+i, "a template may have at most one "+eachStep, "")
+	}
+	t.multi, ph.multi = true, true
+	ph.path = append(ph.path, jsonStep{kind: stepEach})
 	return nil
 }
 

@@ -25,6 +25,13 @@ func TestParseValid(t *testing.T) {
 		{"j:<json:sku>", true, []part{lit("j:"), jph("<json:sku>", "sku")}},
 		{"j:<json:order.item.sku>:x", true, []part{lit("j:"), jph("<json:order.item.sku>", "order", "item", "sku"), lit(":x")}},
 		{"j:<json:a-b~c:d>", true, []part{lit("j:"), jph("<json:a-b~c:d>", "a-b~c:d")}},
+		{"j:<json:a*b>", true, []part{lit("j:"), jph("<json:a*b>", "a*b")}},
+		{"sku:<json:items[*].sku>", true, []part{lit("sku:"), jph("<json:items[*].sku>", "items", "[*]", "sku")}},
+		{"tag:<json:tags[*]>", true, []part{lit("tag:"), jph("<json:tags[*]>", "tags", "[*]")}},
+		{"j:<json:a.b[*].c>", true, []part{lit("j:"), jph("<json:a.b[*].c>", "a", "b", "[*]", "c")}},
+		{"<id>:<json:a[*].b.c>:<json:d.e>", true, []part{ph(srcPath, "id", "<id>"), lit(":"), jph("<json:a[*].b.c>", "a", "[*]", "b", "c"), lit(":"), jph("<json:d.e>", "d", "e")}},
+		{"q:<query:a[]>:<ctx:b[0]>", false, []part{lit("q:"), ph(srcQuery, "a[]", "<query:a[]>"), lit(":"), ph(srcCtx, "b[0]", "<ctx:b[0]>")}},
+		{"[*]:<id>", false, []part{lit("[*]:"), ph(srcPath, "id", "<id>")}},
 		{"u:<ctx:user.id>", false, []part{lit("u:"), ph(srcCtx, "user.id", "<ctx:user.id>")}},
 		{"<a>:<b>", false, []part{ph(srcPath, "a", "<a>"), lit(":"), ph(srcPath, "b", "<b>")}},
 		{"order.<id>.lines", false, []part{lit("order."), ph(srcPath, "id", "<id>"), lit(".lines")}},
@@ -83,8 +90,29 @@ func TestParseInvalid(t *testing.T) {
 		{"x:<json:a..b>", `keyfunc: invalid template: "x:<json:a..b>": empty segment in json path at offset 10`},
 		{"x:<json:.a>", `keyfunc: invalid template: "x:<json:.a>": empty segment in json path at offset 8`},
 		{"x:<json:a.>", `keyfunc: invalid template: "x:<json:a.>": empty segment in json path at offset 10`},
-		{"x:<json:items[*].sku>", `keyfunc: invalid template: "x:<json:items[*].sku>": invalid character '[' in json path at offset 13 (arrays are not supported)`},
-		{"x:<json:a]>", `keyfunc: invalid template: "x:<json:a]>": invalid character ']' in json path at offset 9 (arrays are not supported)`},
+		{"x:<json:a]>", `keyfunc: invalid template: "x:<json:a]>": stray ']' in json path at offset 9`},
+		{"x:<json:a]b[*]>", `keyfunc: invalid template: "x:<json:a]b[*]>": stray ']' in json path at offset 9`},
+		{"x:<json:items[0].sku>", `keyfunc: invalid template: "x:<json:items[0].sku>": invalid array step [0] in json path at offset 13 (only [*] is supported)`},
+		{"x:<json:items[]>", `keyfunc: invalid template: "x:<json:items[]>": invalid array step [] in json path at offset 13 (only [*] is supported)`},
+		{"x:<json:items[x]>", `keyfunc: invalid template: "x:<json:items[x]>": invalid array step [x] in json path at offset 13 (only [*] is supported)`},
+		{"x:<json:items[**]>", `keyfunc: invalid template: "x:<json:items[**]>": invalid array step [**] in json path at offset 13 (only [*] is supported)`},
+		{"x:<json:items[*>", `keyfunc: invalid template: "x:<json:items[*>": unclosed '[' in json path at offset 13`},
+		{"x:<json:items[>", `keyfunc: invalid template: "x:<json:items[>": unclosed '[' in json path at offset 13`},
+		{"x:<json:[*].sku>", `keyfunc: invalid template: "x:<json:[*].sku>": [*] without a field name in json path at offset 8 (write field[*])`},
+		{"x:<json:a.[*]>", `keyfunc: invalid template: "x:<json:a.[*]>": [*] without a field name in json path at offset 10 (write field[*])`},
+		{"x:<json:items[*]sku>", `keyfunc: invalid template: "x:<json:items[*]sku>": invalid character 's' after [*] in json path at offset 16 (want '.' or the end of the path)`},
+		{"x:<json:a[*]]>", `keyfunc: invalid template: "x:<json:a[*]]>": invalid character ']' after [*] in json path at offset 12 (want '.' or the end of the path)`},
+		{"x:<json:a[*].>", `keyfunc: invalid template: "x:<json:a[*].>": empty segment in json path at offset 13`},
+		{"x:<json:a[*][0]>", `keyfunc: invalid template: "x:<json:a[*][0]>": invalid array step [0] in json path at offset 12 (only [*] is supported)`},
+		{"x:<json:a[*][*]>", `keyfunc: invalid template: "x:<json:a[*][*]>": a template may have at most one [*] at offset 12`},
+		{"x:<json:a[*].b[*].c>", `keyfunc: invalid template: "x:<json:a[*].b[*].c>": a template may have at most one [*] at offset 14`},
+		{"x:<json:a[*]>:<json:b[*]>", `keyfunc: invalid template: "x:<json:a[*]>:<json:b[*]>": a template may have at most one [*] at offset 21`},
+		{"x:<json:a[*]>:<json:a[*]>", `keyfunc: invalid template: "x:<json:a[*]>:<json:a[*]>": a template may have at most one [*] at offset 21`},
+		{"x:<query:items[*]>", `keyfunc: invalid template: "x:<query:items[*]>": [*] in query name at offset 14 (only json paths have array steps)`},
+		{"x:<form:a[*]>", `keyfunc: invalid template: "x:<form:a[*]>": [*] in form name at offset 9 (only json paths have array steps)`},
+		{"x:<ctx:a.b[*]>", `keyfunc: invalid template: "x:<ctx:a.b[*]>": [*] in ctx name at offset 10 (only json paths have array steps)`},
+		{"x:<items[*]>", `keyfunc: invalid template: "x:<items[*]>": invalid character '[' in path name at offset 8`},
+		{"x:<header:a[*]>", `keyfunc: invalid template: "x:<header:a[*]>": invalid character '[' in header name at offset 11`},
 		{"x:<json:a b>", `keyfunc: invalid template: "x:<json:a b>": invalid character ' ' in json path at offset 9`},
 		{"<a><b>", `keyfunc: invalid template: "<a><b>": adjacent placeholders at offset 3 (separate them with a literal)`},
 		{"x:<a><query:b>", `keyfunc: invalid template: "x:<a><query:b>": adjacent placeholders at offset 5 (separate them with a literal)`},
@@ -135,9 +163,12 @@ func TestParseOptions(t *testing.T) {
 		{"nil option", []Option{nil}, ""},
 		{"body 1", []Option{WithMaxBodyBytes(1)}, ""},
 		{"value 16", []Option{WithMaxValueLen(16)}, ""},
+		{"keys 1", []Option{WithMaxKeys(1)}, ""},
 		{"body 0", []Option{WithMaxBodyBytes(0)}, "keyfunc: invalid template: option WithMaxBodyBytes(0): must be greater than 0"},
 		{"body negative", []Option{WithMaxBodyBytes(-5)}, "keyfunc: invalid template: option WithMaxBodyBytes(-5): must be greater than 0"},
 		{"value 15", []Option{WithMaxValueLen(15)}, "keyfunc: invalid template: option WithMaxValueLen(15): must be at least 16"},
+		{"keys 0", []Option{WithMaxKeys(0)}, "keyfunc: invalid template: option WithMaxKeys(0): must be at least 1"},
+		{"keys negative", []Option{WithMaxKeys(-3)}, "keyfunc: invalid template: option WithMaxKeys(-3): must be at least 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,13 +187,46 @@ func TestParseOptions(t *testing.T) {
 			}
 		})
 	}
-	tmpl := MustParse("sku:<id>", WithMaxBodyBytes(10), WithMaxValueLen(20))
-	if tmpl.maxBodyBytes != 10 || tmpl.maxValueLen != 20 {
-		t.Errorf("options not applied: body %d, value %d", tmpl.maxBodyBytes, tmpl.maxValueLen)
+	tmpl := MustParse("sku:<id>", WithMaxBodyBytes(10), WithMaxValueLen(20), WithMaxKeys(5))
+	if tmpl.maxBodyBytes != 10 || tmpl.maxValueLen != 20 || tmpl.maxKeys != 5 {
+		t.Errorf("options not applied: body %d, value %d, keys %d", tmpl.maxBodyBytes, tmpl.maxValueLen, tmpl.maxKeys)
 	}
 	tmpl = MustParse("sku:<id>")
-	if tmpl.maxBodyBytes != DefaultMaxBodyBytes || tmpl.maxValueLen != DefaultMaxValueLen {
-		t.Errorf("defaults: body %d, value %d", tmpl.maxBodyBytes, tmpl.maxValueLen)
+	if tmpl.maxBodyBytes != DefaultMaxBodyBytes || tmpl.maxValueLen != DefaultMaxValueLen || tmpl.maxKeys != DefaultMaxKeys {
+		t.Errorf("defaults: body %d, value %d, keys %d", tmpl.maxBodyBytes, tmpl.maxValueLen, tmpl.maxKeys)
+	}
+}
+
+func TestMultiAndPathNames(t *testing.T) {
+	tests := []struct {
+		template  string
+		multi     bool
+		pathNames []string
+	}{
+		{"global", false, nil},
+		{"sku:<id>", false, []string{"id"}},
+		{"<a>:<path:b>:<path:a>:<query:c>:<b>", false, []string{"a", "b"}},
+		{"sku:<json:sku>:<query:id>:<header:Id>:<ctx:id>:<form:id>", false, nil},
+		{"sku:<json:items[*].sku>", true, nil},
+		{"<shop>:<json:items[*]>:<id>", true, []string{"shop", "id"}},
+		{"<id>:<json:a.b[*].c>:<json:d>", true, []string{"id"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.template, func(t *testing.T) {
+			tmpl := MustParse(tt.template)
+			if got := tmpl.Multi(); got != tt.multi {
+				t.Errorf("Multi() = %v, want %v", got, tt.multi)
+			}
+			if got := tmpl.PathNames(); !reflect.DeepEqual(got, tt.pathNames) {
+				t.Errorf("PathNames() = %q, want %q", got, tt.pathNames)
+			}
+		})
+	}
+	// PathNames returns a fresh slice.
+	tmpl := MustParse("<a>:<b>")
+	tmpl.PathNames()[0] = "x"
+	if got := tmpl.PathNames(); got[0] != "a" {
+		t.Errorf("PathNames() after a caller's write = %q", got)
 	}
 }
 
@@ -178,12 +242,15 @@ func TestMustParsePanics(t *testing.T) {
 
 func TestNilAndZeroTemplate(t *testing.T) {
 	var nilT *Template
-	if nilT.String() != "" || nilT.NeedsBody() {
-		t.Error("nil Template: want empty String and no body")
+	if nilT.String() != "" || nilT.NeedsBody() || nilT.Multi() || nilT.PathNames() != nil {
+		t.Error("nil Template: want empty String, no body, not Multi and no path names")
 	}
 	for _, tmpl := range []*Template{nilT, {}} {
 		if _, err := tmpl.Key(HTTPRequest(nil)); !errors.Is(err, ErrSyntax) {
 			t.Errorf("Key on unparsed template: err = %v, want ErrSyntax", err)
+		}
+		if keys, err := tmpl.Keys(HTTPRequest(nil)); !errors.Is(err, ErrSyntax) || keys != nil {
+			t.Errorf("Keys on unparsed template = %q, %v; want ErrSyntax", keys, err)
 		}
 	}
 }
@@ -194,9 +261,15 @@ func ph(src source, name, text string) part {
 	return part{ph: &placeholder{src: src, name: name, text: text}}
 }
 
+// jph builds a json placeholder; a field "[*]" stands for an array step.
 func jph(text string, fields ...string) part {
 	p := &placeholder{src: srcJSON, name: text[len("<json:") : len(text)-1], text: text}
 	for _, f := range fields {
+		if f == "[*]" {
+			p.path = append(p.path, jsonStep{kind: stepEach})
+			p.multi = true
+			continue
+		}
 		p.path = append(p.path, jsonStep{kind: stepField, field: f})
 	}
 	return part{ph: p}
