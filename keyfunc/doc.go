@@ -5,11 +5,16 @@
 //	t, err := keyfunc.Parse("sku:<id>")       // start-up: errors wrap ErrSyntax
 //	key, err := t.Key(keyfunc.HTTPRequest(r)) // per request: "sku:42"
 //
+// A template with a [*] in a json path yields one key per array element, and
+// Template.Keys renders them all (see "Several keys").
+//
 // # Grammar
 //
 //	template    = 1*( literal / placeholder )
 //	placeholder = "<" [ source ":" ] name ">"
 //	source      = "path" / "query" / "header" / "form" / "json" / "ctx" ; default path
+//	json-path   = segment *( "." segment )  ; the name of a json placeholder
+//	segment     = field [ "[*]" ]           ; at most one "[*]" per template
 //
 // The sources and the names they accept:
 //
@@ -18,7 +23,9 @@
 //	<header:Name>     request header (r.Header.Get); name: RFC 7230 token characters
 //	<form:name>       first value field of an urlencoded or multipart form body; name as query
 //	<json:a.b.c>      field of the JSON body object, a dotted path through nested objects;
-//	                  each segment: printable ASCII except '<', '>', '.', '[', ']' and space
+//	                  each field: printable ASCII except '<', '>', '.', '[', ']' and space
+//	<json:a[*].b>     field b of every element of the array a, one key each; items[*] reads
+//	                  an array of scalars (see "Several keys")
 //	<ctx:name>        Request.ContextValue(name), set by an earlier middleware; name as query
 //
 // Literals are printable ASCII except '<' and '>': no space or control
@@ -30,8 +37,12 @@
 // just after it, if any, must not be a letter, a digit, '%' or '#', the bytes
 // a rendered value is made of (see "No forged keys"). So "sku:<id>",
 // "order.<id>.lines" and "<a>-<b>" are valid; "sku<id>", "<id>v2" and
-// "<a>%<b>" are rejected, and so is "<a><b>". Array steps in json paths (such
-// as items[*].sku) are not supported yet; '[' and ']' are syntax errors.
+// "<a>%<b>" are rejected, and so is "<a><b>".
+//
+// [*] is the only array step: "[0]", "[]" or a '[' without a field before it
+// are syntax errors. A template has at most one [*], across all its
+// placeholders, so that it never yields the product of two arrays. Query,
+// form and ctx names may hold brackets but not "[*]".
 //
 // Examples:
 //
@@ -39,6 +50,7 @@
 //	user_balance_update:<ctx:user>
 //	order:<header:X-Tenant>:<json:order.id>
 //	{stock}:<query:warehouse>:<form:sku>
+//	sku:<json:items[*].sku>
 //
 // Parse errors wrap ErrSyntax and name the problem and its byte offset:
 //
@@ -75,6 +87,27 @@
 // form field that the URL query also carries with another value
 // (r.FormValue reads the query before a multipart body).
 //
+// # Several keys
+//
+// A json path with [*] reads every element of an array, so a route can lock
+// every SKU of a cart: on the body
+//
+//	{"items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}
+//
+// "sku:<json:items[*].sku>" yields the keys "sku:A" and "sku:B". Such a
+// template is Multi; Template.Keys renders its keys, one per element in the
+// array's order (the caller sorts and removes duplicates), and Key refuses it
+// with ErrSyntax. Keys renders a template without [*] as its one key.
+//
+// Each element's value follows the rules of a single JSON value above, and
+// every element must have one: an absent or empty array, or an element
+// without the field or with an empty value, gives ErrMissing; a value at [*]
+// that is not an array, or an element's null, object or array value, gives
+// ErrBadValue. Messages name the element by its index, as in
+// "keyfunc: key value missing: <json:items[*].sku>: at items[1]". An array
+// with more elements than MaxKeys (default 64) gives ErrTooManyKeys before
+// any element is read, so a hostile body cannot make Keys build a long list.
+//
 // # No forged keys
 //
 // A rendered value is made of letters, digits, '%' and '#' only; call every
@@ -95,6 +128,13 @@
 //     the other template's rendered value. No value makes "order.<id>" render
 //     a key of "order.<id>.lines", or "k:<x>" one of "k:<x>:<y>".
 //
+// Keys renders each element in the slot of its placeholder, so each key of a
+// Multi template is the key that template would render if its [*]
+// placeholder read that element alone, and all of the above holds for every
+// key: two elements give the same key only if their values are equal, and
+// the keys of "sku:<json:items[*].sku>" meet those of "sku:<id>" only where
+// an element equals id, by design.
+//
 // What is not guaranteed: templates that line up slot for slot share a key
 // space, by design. "sku:<id>" and "sku:<json:sku>" share it on purpose, so
 // that two routes lock the same SKU; "k:ab" or "k:ab:<y>" meets "k:<x>" or
@@ -109,7 +149,8 @@
 // # Request bodies
 //
 // Templates with json or form placeholders (see Template.NeedsBody) read the
-// body at most once per Key call, bounded by MaxBodyBytes, and then restore
-// it: Key sets r.Body and r.GetBody of the *http.Request in place to replay
-// the same bytes, so the handler reads the body as if nobody had.
+// body at most once per Key or Keys call, bounded by MaxBodyBytes, and then
+// restore it: Key and Keys set r.Body and r.GetBody of the *http.Request in
+// place to replay the same bytes, so the handler reads the body as if nobody
+// had.
 package keyfunc
