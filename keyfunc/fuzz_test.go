@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -21,6 +23,8 @@ func FuzzParse(f *testing.F) {
 		"u:<ctx:user.id>", "<a>:<b>", "<a><b>", "sku:<id", "sku:id>", "<>", "<:x>", "<body:x>",
 		"<json:a..b>", "<json:items[*].sku>", "<1id>", "a b", "ключ:<id>", "<query:é>", "\x00",
 		"<header:a:b>", "<<>>", "<a<b>", strings.Repeat("a", 512), strings.Repeat("<a>:", 128),
+		"<id>:<json:b[*].a>", "<json:b[*]>", "<json:a[*].b[*]>", "<json:[*]>", "<json:b[0]>", "<json:b[*]a>",
+		"<query:b[*]>", "<json:b[*]>:<json:b[*]>", "<json:b[*]>:<json:a>",
 	} {
 		f.Add(s)
 	}
@@ -38,11 +42,48 @@ func FuzzParse(f *testing.F) {
 		if _, err := Parse(tmpl.String()); err != nil {
 			t.Fatalf("Parse(String()) of %q: %v", s, err)
 		}
+		// At most one [*], after a field name, in a json path.
+		eaches := 0
+		for _, p := range tmpl.parts {
+			if p.ph == nil {
+				continue
+			}
+			for i, step := range p.ph.path {
+				if step.kind == stepEach {
+					eaches++
+					if p.ph.src != srcJSON || i == 0 || p.ph.path[i-1].kind != stepField || !p.ph.multi {
+						t.Fatalf("%q: misplaced [*] in %s", s, p.ph.text)
+					}
+				}
+			}
+		}
+		if eaches > 1 || tmpl.Multi() != (eaches == 1) {
+			t.Fatalf("%q: %d [*], Multi() = %v", s, eaches, tmpl.Multi())
+		}
+		for _, name := range tmpl.PathNames() {
+			if !strings.Contains(s, "<"+name+">") && !strings.Contains(s, "<path:"+name+">") {
+				t.Fatalf("%q: PathNames() has %q", s, name)
+			}
+		}
 		// Rendering any valid template must not panic.
-		r := httptest.NewRequest(http.MethodPost, "/?a=1", strings.NewReader(`{"a":"1"}`))
-		if _, err := tmpl.Key(fakeRequest{hr: r, path: map[string]string{"a": "1"}}); err != nil &&
-			!errors.Is(err, ErrMissing) && !errors.Is(err, ErrBadValue) && !(tmpl.Multi() && errors.Is(err, ErrSyntax)) {
+		newReq := func() Request {
+			r := httptest.NewRequest(http.MethodPost, "/?a=1", strings.NewReader(`{"a":"1","b":[{"a":"1"},"2"]}`))
+			return fakeRequest{hr: r, path: map[string]string{"a": "1"}}
+		}
+		k, err := tmpl.Key(newReq())
+		if tmpl.Multi() {
+			if !errors.Is(err, ErrSyntax) {
+				t.Fatalf("Key on a Multi template: error %v, want ErrSyntax", err)
+			}
+		} else if err != nil && !errors.Is(err, ErrMissing) && !errors.Is(err, ErrBadValue) {
 			t.Fatalf("Key: unexpected error %v", err)
+		}
+		keys, kerr := tmpl.Keys(newReq())
+		switch {
+		case kerr != nil && !errors.Is(kerr, ErrMissing) && !errors.Is(kerr, ErrBadValue):
+			t.Fatalf("Keys: unexpected error %v", kerr)
+		case !tmpl.Multi() && (fmt.Sprint(err) != fmt.Sprint(kerr) || kerr == nil && (len(keys) != 1 || keys[0] != k)):
+			t.Fatalf("Keys = %q, %v; Key = %q, %v", keys, kerr, k, err)
 		}
 	})
 }
@@ -99,6 +140,34 @@ func FuzzKey(f *testing.F) {
 				keys = append(keys, rendered{i, xy[0], xy[1], tmpl.holes, k, vals})
 			}
 		}
+		// A Multi template with its own skeleton renders x1 and x2 as two
+		// elements: equal keys iff equal elements, and no key of the others.
+		multi := MustParse("k:<json:xs[*]>/<json:y>", opts...)
+		xs := []string{strings.ToValidUTF8(x1, "\uFFFD"), strings.ToValidUTF8(x2, "\uFFFD")}
+		y := strings.ToValidUTF8(y1, "\uFFFD")
+		body, _ := json.Marshal(map[string]any{"xs": xs, "y": y})
+		mk, err := multi.Keys(HTTPRequest(httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))))
+		if xs[0] == "" || xs[1] == "" || y == "" {
+			if !errors.Is(err, ErrMissing) || mk != nil {
+				t.Fatalf("%s: Keys(%s) = %q, %v; want ErrMissing", multi, body, mk, err)
+			}
+		} else {
+			if err != nil || len(mk) != 2 {
+				t.Fatalf("%s: Keys(%s) = %q, %v", multi, body, mk, err)
+			}
+			for i, k := range mk {
+				checkKey(t, multi, map[string]string{"json:xs[*]": xs[i], "json:y": y}, k)
+				for _, other := range keys {
+					if k == other.key {
+						t.Fatalf("%s with %s and %s with (%q, %q) both render %q",
+							multi, body, templates[other.tmpl], other.x, other.y, k)
+					}
+				}
+			}
+			if (xs[0] == xs[1]) != (mk[0] == mk[1]) {
+				t.Fatalf("%s: elements %q render %q", multi, xs, mk)
+			}
+		}
 		for i, a := range keys {
 			for _, b := range keys[i+1:] {
 				if a.tmpl != b.tmpl {
@@ -126,7 +195,9 @@ func FuzzKey(f *testing.F) {
 // order, around the same number of slots) whose slots agree one by one: two
 // literal words are equal, two values are equal, or a literal word is the
 // other template's rendered value (a key space the two templates share by
-// design, such as "k:ab" and "k:<x>" with x "ab").
+// design, such as "k:ab" and "k:<x>" with x "ab"). A Multi template renders
+// three elements: each of its keys is checked with its element's value, and
+// two of its keys are equal only for equal elements.
 func FuzzNoForgery(f *testing.F) {
 	for _, seed := range [][4]string{
 		{"order.<id>", "order.<id>.lines", "\x07a.lines", "\x01a"},
@@ -140,6 +211,11 @@ func FuzzNoForgery(f *testing.F) {
 		{"t:<header:X-Tenant>:<json:order.id>", "t:<ctx:t>:<json:order.id>", "\x01a\x019", "\x01a\x019"},
 		{"k:<x>:#", "k:<x>:<y>", "\x01a", "\x01a\x01#"},
 		{"a<x>b<y>", "k:<x>%20b", "", ""},
+		{"sku:<json:items[*].sku>", "sku:<id>", "\x01A\x01B\x01C", "\x01B"},
+		{"sku:<json:items[*].sku>", "sku:<json:items[*].sku>", "\x01A\x03A:B\x01A", "\x03A:B"},
+		{"k:<json:t[*]>:<query:q>", "k:<x>:<y>", "\x01q\x01a\x01b", "\x01a\x01q"},
+		{"o.<json:l[*].id>", "o.<json:l[*].id>.x", "\x03a.x\x01b", "\x01a"},
+		{"<json:a.b[*].c>-<json:a.d>", "<json:a.d>-<json:a.b[*].c>", "\x02xy\x01-", "\x01-\x02xy"},
 	} {
 		f.Add(seed[0], seed[1], []byte(seed[2]), []byte(seed[3]))
 	}
@@ -152,50 +228,77 @@ func FuzzNoForgery(f *testing.F) {
 		if err != nil {
 			return
 		}
-		va, vb := assignValues(a, data1), assignValues(b, data2)
-		ka, ok := renderValues(t, a, va)
+		ka, ok := renderValues(t, a, assignValues(a, data1))
 		if !ok {
 			return
 		}
-		kb, ok := renderValues(t, b, vb)
+		kb, ok := renderValues(t, b, assignValues(b, data2))
 		if !ok {
 			return
 		}
-		checkKey(t, a, va, ka)
-		checkKey(t, b, vb, kb)
-		if ka != kb {
-			return
+		for _, keys := range [][]renderedKey{ka, kb} {
+			for i, x := range keys {
+				checkKey(t, x.tmpl, x.vals, x.key)
+				for _, y := range keys[i+1:] { // elements of one Multi template
+					if (x.elem == y.elem) != (x.key == y.key) {
+						t.Fatalf("%q: elements %q and %q render %q and %q", x.tmpl, x.elem, y.elem, x.key, y.key)
+					}
+				}
+			}
 		}
-		skelA, slotsA := templateSlots(a)
-		skelB, slotsB := templateSlots(b)
-		if skelA != skelB {
-			t.Fatalf("%q with %q and %q with %q both render %q: skeletons %q and %q differ",
-				a, va, b, vb, ka, skelA, skelB)
-		}
-		_, words := keySlots(ka)
-		for i := range slotsA {
-			pa, pb := slotsA[i].ph, slotsB[i].ph
-			switch {
-			case pa == nil && pb == nil:
-				if slotsA[i].literal != slotsB[i].literal {
-					t.Fatalf("%q and %q render %q: literal slot %d differs", a, b, ka, i)
-				}
-			case pa != nil && pb != nil:
-				if x, y := va[valueID(pa)], vb[valueID(pb)]; x != y {
-					t.Fatalf("%q with %q and %q with %q render %q: slot %d has values %q and %q",
-						a, va, b, vb, ka, i, x, y)
-				}
-			case pa == nil:
-				if slotsA[i].literal != words[i] {
-					t.Fatalf("%q and %q render %q: slot %d is %q, not literal %q", a, b, ka, i, words[i], slotsA[i].literal)
-				}
-			default:
-				if slotsB[i].literal != words[i] {
-					t.Fatalf("%q and %q render %q: slot %d is %q, not literal %q", a, b, ka, i, words[i], slotsB[i].literal)
+		for _, x := range ka {
+			for _, y := range kb {
+				if x.key == y.key {
+					checkSameKey(t, x, y)
 				}
 			}
 		}
 	})
+}
+
+// renderedKey is a key and the values it was rendered with, by valueID; elem
+// is the value of a Multi template's [*] placeholder.
+type renderedKey struct {
+	tmpl *Template
+	key  string
+	vals map[string]string
+	elem string
+}
+
+// checkSameKey asserts that two equal keys come from templates with the same
+// skeleton whose slots agree one by one.
+func checkSameKey(t *testing.T, x, y renderedKey) {
+	t.Helper()
+	a, b, va, vb, key := x.tmpl, y.tmpl, x.vals, y.vals, x.key
+	skelA, slotsA := templateSlots(a)
+	skelB, slotsB := templateSlots(b)
+	if skelA != skelB {
+		t.Fatalf("%q with %q and %q with %q both render %q: skeletons %q and %q differ",
+			a, va, b, vb, key, skelA, skelB)
+	}
+	_, words := keySlots(key)
+	for i := range slotsA {
+		pa, pb := slotsA[i].ph, slotsB[i].ph
+		switch {
+		case pa == nil && pb == nil:
+			if slotsA[i].literal != slotsB[i].literal {
+				t.Fatalf("%q and %q render %q: literal slot %d differs", a, b, key, i)
+			}
+		case pa != nil && pb != nil:
+			if x, y := va[valueID(pa)], vb[valueID(pb)]; x != y {
+				t.Fatalf("%q with %q and %q with %q render %q: slot %d has values %q and %q",
+					a, va, b, vb, key, i, x, y)
+			}
+		case pa == nil:
+			if slotsA[i].literal != words[i] {
+				t.Fatalf("%q and %q render %q: slot %d is %q, not literal %q", a, b, key, i, words[i], slotsA[i].literal)
+			}
+		default:
+			if slotsB[i].literal != words[i] {
+				t.Fatalf("%q and %q render %q: slot %d is %q, not literal %q", a, b, key, i, words[i], slotsB[i].literal)
+			}
+		}
+	}
 }
 
 // templateSlots cuts tmpl as the package documentation does: slots are its
@@ -330,10 +433,18 @@ func isUpperHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= '
 // <path:id> read the same one.
 func valueID(ph *placeholder) string { return ph.src.String() + ":" + ph.name }
 
+// fuzzValues are the values of a request: one per valueID, and the elements
+// of the array at a Multi template's [*].
+type fuzzValues struct {
+	one   map[string]string
+	elems []string
+}
+
 // assignValues gives each value of tmpl a non-empty value cut from data: a
 // length byte (modulo 32) then that many bytes, reused in turn when data runs
-// out. json values are valid UTF-8, as a JSON body carries them.
-func assignValues(tmpl *Template, data []byte) map[string]string {
+// out; the [*] placeholder gets three elements, so some may be equal. json
+// values are valid UTF-8, as a JSON body carries them.
+func assignValues(tmpl *Template, data []byte) fuzzValues {
 	var pool []string
 	for len(data) > 0 {
 		n := min(int(data[0])%32, len(data)-1)
@@ -345,29 +456,40 @@ func assignValues(tmpl *Template, data []byte) map[string]string {
 	if len(pool) == 0 {
 		pool = []string{"v"}
 	}
-	vals := map[string]string{}
+	next := func(json bool) string {
+		v := pool[0]
+		pool = append(pool[1:], v)
+		if json {
+			v = strings.ToValidUTF8(v, "\uFFFD")
+		}
+		return v
+	}
+	fv := fuzzValues{one: map[string]string{}}
 	for _, p := range tmpl.parts {
 		if p.ph == nil {
 			continue
 		}
-		id := valueID(p.ph)
-		if _, ok := vals[id]; ok {
+		if p.ph.multi {
+			for range 3 {
+				fv.elems = append(fv.elems, next(true))
+			}
 			continue
 		}
-		v := pool[len(vals)%len(pool)]
-		if p.ph.src == srcJSON {
-			v = strings.ToValidUTF8(v, "\uFFFD")
+		id := valueID(p.ph)
+		if _, ok := fv.one[id]; !ok {
+			fv.one[id] = next(p.ph.src == srcJSON)
 		}
-		vals[id] = v
 	}
-	return vals
+	return fv
 }
 
-// renderValues renders tmpl for a request carrying vals. It reports false
-// when the values cannot be carried together: a json path inside another, a
-// form field the query contradicts, json and form in one body.
-func renderValues(t *testing.T, tmpl *Template, vals map[string]string) (string, bool) {
+// renderValues renders tmpl for a request carrying fv, with Keys, and with
+// Key when tmpl is not Multi. It reports false when the values cannot be
+// carried together: a json path inside another, a form field the query
+// contradicts, json and form in one body.
+func renderValues(t *testing.T, tmpl *Template, fv fuzzValues) ([]renderedKey, bool) {
 	t.Helper()
+	vals := fv.one
 	req := fakeRequest{path: map[string]string{}, ctx: map[string]any{}}
 	query, form := url.Values{}, url.Values{}
 	header := http.Header{}
@@ -388,7 +510,7 @@ func renderValues(t *testing.T, tmpl *Template, vals map[string]string) (string,
 			query.Set(ph.name, v)
 		case srcHeader:
 			if ph.name == "Content-Type" {
-				return "", false // the body needs its own
+				return nil, false // the body needs its own
 			}
 			header[ph.name] = []string{v}
 		case srcForm:
@@ -396,8 +518,20 @@ func renderValues(t *testing.T, tmpl *Template, vals map[string]string) (string,
 			form.Set(ph.name, v)
 		case srcJSON:
 			hasJSON = true
+			path, leaf := ph.path, any(v)
+			if ph.multi { // the fields before [*] lead to an array of elements
+				each := slices.IndexFunc(path, func(s jsonStep) bool { return s.kind == stepEach })
+				arr := make([]any, len(fv.elems))
+				for i, e := range fv.elems {
+					arr[i] = e
+					for j := len(path) - 1; j > each; j-- {
+						arr[i] = map[string]any{path[j].field: arr[i]}
+					}
+				}
+				path, leaf = path[:each], arr
+			}
 			m := obj
-			for _, step := range ph.path[:len(ph.path)-1] {
+			for _, step := range path[:len(path)-1] {
 				next, ok := m[step.field].(map[string]any)
 				if !ok {
 					if _, taken := m[step.field]; taken {
@@ -409,15 +543,15 @@ func renderValues(t *testing.T, tmpl *Template, vals map[string]string) (string,
 				}
 				m = next
 			}
-			last := ph.path[len(ph.path)-1].field
-			if _, taken := m[last]; taken && m[last] != v {
+			last := path[len(path)-1].field
+			if _, taken := m[last]; taken && (ph.multi || m[last] != leaf) {
 				conflict = true
 			}
-			m[last] = v
+			m[last] = leaf
 		}
 	}
 	if conflict || hasJSON && hasForm {
-		return "", false
+		return nil, false
 	}
 	var body, contentType string
 	switch {
@@ -437,19 +571,41 @@ func renderValues(t *testing.T, tmpl *Template, vals map[string]string) (string,
 	if contentType != "" {
 		req.hr.Header.Set("Content-Type", contentType)
 	}
-	key, err := tmpl.Key(req)
+	keys, err := tmpl.Keys(req)
 	if errors.Is(err, ErrBadValue) {
-		return "", false // a json field name differing only in case, a query/form clash
+		return nil, false // a json field name differing only in case, a query/form clash
 	}
 	if err != nil {
-		t.Fatalf("%q with %q: Key: %v", tmpl, vals, err)
+		t.Fatalf("%q with %q: Keys: %v", tmpl, fv, err)
 	}
-	return key, true
+	if !tmpl.Multi() {
+		if key, err := tmpl.Key(req); err != nil || len(keys) != 1 || key != keys[0] {
+			t.Fatalf("%q with %q: Keys = %q, Key = %q, %v", tmpl, fv, keys, key, err)
+		}
+		return []renderedKey{{tmpl: tmpl, key: keys[0], vals: vals}}, true
+	}
+	if len(keys) != len(fv.elems) {
+		t.Fatalf("%q with %q: Keys = %q", tmpl, fv, keys)
+	}
+	var id string
+	for _, p := range tmpl.parts {
+		if p.ph != nil && p.ph.multi {
+			id = valueID(p.ph)
+		}
+	}
+	rks := make([]renderedKey, len(keys))
+	for i, k := range keys {
+		ev := maps.Clone(vals)
+		ev[id] = fv.elems[i]
+		rks[i] = renderedKey{tmpl: tmpl, key: k, vals: ev, elem: fv.elems[i]}
+	}
+	return rks, true
 }
 
-// FuzzKeyBody feeds arbitrary bodies to json and form templates: Key must
-// not panic, must fail only with a keyfunc sentinel, and must leave the body
-// whole for the handler.
+// FuzzKeyBody feeds arbitrary bodies to json and form templates: Key and
+// Keys must not panic, must fail only with a keyfunc sentinel, must agree
+// on single-valued templates, must render at most MaxKeys keys, and must
+// leave the body whole for the handler.
 func FuzzKeyBody(f *testing.F) {
 	f.Add(uint8(0), "application/json", []byte(`{"a":{"b":"1"},"c":2}`))
 	f.Add(uint8(0), "application/json", []byte(`{"a":[1,{"b":null}],"c":true}`))
@@ -459,10 +615,17 @@ func FuzzKeyBody(f *testing.F) {
 	f.Add(uint8(1), "multipart/form-data; boundary=X", []byte("--X\r\nContent-Disposition: form-data; name=\"c\"\r\n\r\nv\r\n--X--\r\n"))
 	f.Add(uint8(1), "multipart/form-data; boundary=X", []byte("--X\r\nContent-Disposition: form-data; name=\"c\"; filename=\"f\"\r\n\r\nv\r\n--X--\r\n"))
 	f.Add(uint8(2), "text/plain; charset=\"", bytes.Repeat([]byte("x"), 300))
+	f.Add(uint8(3), "application/json", []byte(`{"a":[{"b":"1"},{"b":2,"B":3},{"b":true}],"c":"x"}`))
+	f.Add(uint8(3), "application/json", []byte(`{"a":[{"b":"1"},{},"s",null,[{"b":1}]],"c":"x"}`))
+	f.Add(uint8(3), "application/json", []byte(`{"a":[{"b":1},{"b":2},{"b":3},{"b":4},{"b":5}],"c":"x"}`))
+	f.Add(uint8(4), "application/json", []byte(`{"a":[],"c":{"a":["1","",null]}}`))
+	f.Add(uint8(4), "application/json", []byte(`{"a":{"b":[1]},"c":{"a":[1,1.5e300,-0,"\u0000",false]}}`))
 	templates := []*Template{
 		MustParse("j:<json:a.b>:<json:c>", WithMaxBodyBytes(256)),
 		MustParse("f:<form:c>:<form:a>", WithMaxBodyBytes(256)),
 		MustParse("b:<json:c>:<form:c>", WithMaxBodyBytes(256)),
+		MustParse("m:<json:a[*].b>:<json:c>", WithMaxBodyBytes(256), WithMaxKeys(4)),
+		MustParse("n:<json:c.a[*]>", WithMaxBodyBytes(256), WithMaxKeys(4)),
 	}
 	f.Fuzz(func(t *testing.T, which uint8, contentType string, body []byte) {
 		tmpl := templates[int(which)%len(templates)]
@@ -470,6 +633,10 @@ func FuzzKeyBody(f *testing.F) {
 		r.Header.Set("Content-Type", contentType)
 		k, err := tmpl.Key(HTTPRequest(r))
 		switch {
+		case tmpl.Multi():
+			if !errors.Is(err, ErrSyntax) || k != "" {
+				t.Fatalf("Key on a Multi template = %q, %v; want ErrSyntax", k, err)
+			}
 		case err == nil:
 			if k == "" {
 				t.Fatal("empty key without an error")
@@ -478,9 +645,31 @@ func FuzzKeyBody(f *testing.F) {
 		default:
 			t.Fatalf("unexpected error %v", err)
 		}
+		keys, kerr := tmpl.Keys(HTTPRequest(r))
+		switch {
+		case kerr == nil:
+			if len(keys) == 0 || len(keys) > tmpl.maxKeys {
+				t.Fatalf("Keys = %d keys, want 1 to %d", len(keys), tmpl.maxKeys)
+			}
+			for _, key := range keys {
+				if !strings.HasPrefix(key, tmpl.raw[:2]) || len(key) <= 2 {
+					t.Fatalf("Keys = %q", keys)
+				}
+			}
+		case errors.Is(kerr, ErrMissing), errors.Is(kerr, ErrBadValue), errors.Is(kerr, ErrBodyTooLarge),
+			errors.Is(kerr, ErrTooManyKeys) && tmpl.Multi():
+			if keys != nil {
+				t.Fatalf("Keys = %q with error %v", keys, kerr)
+			}
+		default:
+			t.Fatalf("Keys: unexpected error %v", kerr)
+		}
+		if !tmpl.Multi() && (fmt.Sprint(err) != fmt.Sprint(kerr) || err == nil && (len(keys) != 1 || keys[0] != k)) {
+			t.Fatalf("Keys = %q, %v; Key = %q, %v", keys, kerr, k, err)
+		}
 		got, rerr := io.ReadAll(r.Body)
 		if rerr != nil || !bytes.Equal(got, body) {
-			t.Fatalf("body after Key = %q, %v; want %q", got, rerr, body)
+			t.Fatalf("body after Key and Keys = %q, %v; want %q", got, rerr, body)
 		}
 	})
 }
