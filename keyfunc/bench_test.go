@@ -77,3 +77,24 @@ func BenchmarkKeyHashed(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkKeysCart10(b *testing.B) {
+	tmpl := MustParse("{stock}:sku:<json:items[*].sku>")
+	body := []byte(`{"cart":"c-77","items":[` +
+		`{"sku":"A-1001","qty":1},{"sku":"A-1002","qty":2},{"sku":"A-1003","qty":1},{"sku":"A-1004","qty":3},` +
+		`{"sku":"A-1005","qty":1},{"sku":"A-1006","qty":2},{"sku":"A-1007","qty":1},{"sku":"A-1008","qty":5},` +
+		`{"sku":"A-1009","qty":1},{"sku":"A-1010","qty":2}]}`)
+	r := httptest.NewRequest(http.MethodPost, "/carts/c-77/checkout", nil)
+	rd := bytes.NewReader(body)
+	rc := io.NopCloser(rd)
+	req := HTTPRequest(r)
+	b.ReportAllocs()
+	for b.Loop() {
+		rd.Reset(body)
+		r.Body, r.ContentLength = rc, int64(len(body))
+		keys, err := tmpl.Keys(req)
+		if err != nil || len(keys) != 10 {
+			b.Fatal(keys, err)
+		}
+	}
+}
