@@ -16,6 +16,16 @@
 // subscription is live), and must deliver its signals in release order
 // (the suite waits for a signal on a fresh key to know that every earlier
 // signal has been delivered).
+//
+// The optional interfaces have suites of their own, which a store that
+// implements the interface runs next to Run: RunFair for reqlock.FairStore,
+// RunMulti for reqlock.MultiStore and RunKeep for reqlock.KeepReleaser. Each
+// fails when the store does not implement its interface, so a store states
+// what it supports by the suites it runs:
+//
+//	func TestMultiConformance(t *testing.T) {
+//		storetest.RunMulti(t, func(t *testing.T) reqlock.Store { return memstore.New() })
+//	}
 package storetest
 
 import (
