@@ -52,20 +52,52 @@ func Must(m echo.MiddlewareFunc, err error) echo.MiddlewareFunc {
 // held, and the lock is released when it returns or panics.
 func Middleware(g *middleware.Guard) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error { return serve(g, c, next) }
+	}
+}
+
+// Routes returns echo middleware that locks each request by its route's
+// entry in rt, found by c.Path(); routes without one pass through. Install
+// it once with e.Use, and call CheckRoutes once the routes are registered:
+//
+//	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
+//	e.Use(echolock.Routes(rt))
+//	e.POST("/skus/:id/deduct", deduct)
+//	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil { ... }
+func Routes(rt *middleware.Routes) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			r := c.Request()
-			if g.Skip(r) {
+			g := rt.Guard(c.Request().Method, c.Path())
+			if g == nil {
 				return next(c)
 			}
-			lock, rej := g.Enter(request{c})
-			if rej != nil {
-				return reject(g, c, rej)
-			}
-			defer g.Exit(r.Context(), lock)
-			c.SetRequest(g.WithLock(r, lock))
-			return next(c)
+			return serve(g, c, next)
 		}
 	}
+}
+
+// CheckRoutes reports every entry of rt that matches none of routes
+// (e.Routes()), naming the entry's source; see middleware.Routes.Check.
+func CheckRoutes(rt *middleware.Routes, routes []*echo.Route) error {
+	ids := make([]middleware.RouteID, len(routes))
+	for i, r := range routes {
+		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
+	}
+	return rt.Check(ids)
+}
+
+func serve(g *middleware.Guard, c echo.Context, next echo.HandlerFunc) error {
+	r := c.Request()
+	if g.Skip(r) {
+		return next(c)
+	}
+	lock, rej := g.Enter(request{c})
+	if rej != nil {
+		return reject(g, c, rej)
+	}
+	defer g.Exit(r.Context(), lock)
+	c.SetRequest(g.WithLock(r, lock))
+	return next(c)
 }
 
 // Lock returns the lock the middleware holds for c's request.

@@ -49,21 +49,53 @@ func Must(h gin.HandlerFunc, err error) gin.HandlerFunc {
 // guard's Responder and aborted; otherwise the rest of the chain runs while
 // the lock is held, and the lock is released when it returns or panics.
 func Handler(g *middleware.Guard) gin.HandlerFunc {
+	return func(c *gin.Context) { serve(g, c) }
+}
+
+// Routes returns gin middleware that locks each request by its route's
+// entry in rt, found by c.FullPath(); routes without one pass through.
+// Install it once with engine.Use before registering the routes, and call
+// CheckRoutes once they are registered:
+//
+//	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
+//	r.Use(ginlock.Routes(rt))
+//	r.POST("/skus/:id/deduct", deduct)
+//	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil { ... }
+func Routes(rt *middleware.Routes) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		if g.Skip(c.Request) {
+		g := rt.Guard(c.Request.Method, c.FullPath())
+		if g == nil {
 			c.Next()
 			return
 		}
-		lock, rej := g.Enter(request{c})
-		if rej != nil {
-			g.Reject(c.Writer, c.Request, rej)
-			c.Abort()
-			return
-		}
-		defer g.Exit(c.Request.Context(), lock)
-		c.Request = g.WithLock(c.Request, lock)
-		c.Next()
+		serve(g, c)
 	}
+}
+
+// CheckRoutes reports every entry of rt that matches none of routes
+// (engine.Routes()), naming the entry's source; see middleware.Routes.Check.
+func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
+	ids := make([]middleware.RouteID, len(routes))
+	for i, r := range routes {
+		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
+	}
+	return rt.Check(ids)
+}
+
+func serve(g *middleware.Guard, c *gin.Context) {
+	if g.Skip(c.Request) {
+		c.Next()
+		return
+	}
+	lock, rej := g.Enter(request{c})
+	if rej != nil {
+		g.Reject(c.Writer, c.Request, rej)
+		c.Abort()
+		return
+	}
+	defer g.Exit(c.Request.Context(), lock)
+	c.Request = g.WithLock(c.Request, lock)
+	c.Next()
 }
 
 // Lock returns the lock the middleware holds for c's request.

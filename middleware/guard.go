@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock"
@@ -23,11 +25,14 @@ import (
 // not reach its handler. Handler is the net/http adapter; packages ginlock and
 // echolock adapt it to gin and echo.
 type Guard struct {
-	locker   *reqlock.Locker
-	template *keyfunc.Template
-	cfg      Config
-	wait     time.Duration // cfg.Wait, with NoWait as 0
-	logger   *slog.Logger
+	locker    *reqlock.Locker
+	templates []*keyfunc.Template // Key, then Keys
+	multi     bool                // may yield several keys
+	needsBody bool                // some template reads the body
+	cfg       Config
+	wait      time.Duration // cfg.Wait, with NoWait as 0
+	logger    *slog.Logger
+	metrics   reqlock.Metrics // the Locker's, or nil
 }
 
 // New builds a Guard for the key template key, starting from DefaultConfig
@@ -52,13 +57,20 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	tmpl, err := keyfunc.Parse(cfg.Key,
-		keyfunc.WithMaxBodyBytes(cfg.MaxBodyBytes),
-		keyfunc.WithMaxValueLen(cfg.MaxValueLen))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	g := &Guard{locker: locker, cfg: cfg, wait: max(cfg.Wait, 0), logger: cfg.Logger, metrics: locker.Metrics()}
+	for _, raw := range cfg.templates() {
+		tmpl, err := keyfunc.Parse(raw,
+			keyfunc.WithMaxBodyBytes(cfg.MaxBodyBytes),
+			keyfunc.WithMaxValueLen(cfg.MaxValueLen),
+			keyfunc.WithMaxKeys(cfg.MaxKeys))
+		if err != nil {
+			return nil, fmt.Errorf("%w: route %q: %w", ErrInvalidConfig, cfg.Name, err)
+		}
+		g.templates = append(g.templates, tmpl)
+		g.multi = g.multi || tmpl.Multi()
+		g.needsBody = g.needsBody || tmpl.NeedsBody()
 	}
-	g := &Guard{locker: locker, template: tmpl, cfg: cfg, wait: max(cfg.Wait, 0), logger: cfg.Logger}
+	g.multi = g.multi || len(g.templates) > 1
 	if g.logger == nil {
 		g.logger = locker.Logger()
 	}
@@ -82,22 +94,67 @@ func (g *Guard) Skip(r *http.Request) bool {
 // unlocked (the warning is already logged).
 func (g *Guard) Enter(req keyfunc.Request) (*reqlock.Lock, *Rejection) {
 	r := req.HTTPRequest()
-	key, err := g.template.Key(req)
+	key, keys, err := g.keys(req)
 	if err != nil {
-		return nil, g.keyRejection(err)
+		rej := g.keyRejection(err)
+		if g.metrics != nil {
+			g.metrics.Obtained(g.cfg.Name, reqlock.ResultBadKey, 0)
+		}
+		return nil, rej
 	}
-	if g.wait > 0 && !g.template.NeedsBody() {
+	if g.wait > 0 && !g.needsBody {
 		// net/http notices a client that leaves only once the body has been
 		// read: buffer it so a waiter stops as soon as its client is gone.
 		bufferBody(r, g.cfg.MaxBodyBytes)
 	}
 	ctx := r.Context()
-	lock, err := g.locker.Obtain(ctx, key, g.cfg.TTL, g.wait)
+	obtainCtx := ctx
+	if g.metrics != nil {
+		obtainCtx = reqlock.WithLabel(ctx, g.cfg.Name)
+	}
+	var lock *reqlock.Lock
+	if keys == nil {
+		lock, err = g.locker.Obtain(obtainCtx, key, g.cfg.TTL, g.wait)
+	} else {
+		lock, err = g.locker.ObtainAll(obtainCtx, keys, g.cfg.TTL, g.wait)
+	}
 	if err == nil {
+		if g.cfg.HoldAtLeast > 0 {
+			lock.HoldAtLeast(g.cfg.HoldAtLeast)
+		}
 		return lock, nil
+	}
+	if keys != nil {
+		key = strings.Join(keys, " ")
 	}
 	return nil, g.obtainRejection(ctx, key, err)
 }
+
+// keys derives the request's key, or, on a route that may lock several,
+// its distinct keys, sorted, within the route's MaxKeys.
+func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
+	if !g.multi {
+		key, err := g.templates[0].Key(req)
+		return key, nil, err
+	}
+	var keys []string
+	for _, t := range g.templates {
+		ks, err := t.Keys(req)
+		if err != nil {
+			return "", nil, err
+		}
+		keys = append(keys, ks...)
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	if len(keys) > g.cfg.MaxKeys {
+		return "", nil, fmt.Errorf("%w: the request yields %d keys", errTooManyKeys, len(keys))
+	}
+	return "", keys, nil
+}
+
+// errTooManyKeys marks a request whose templates yield more than MaxKeys.
+var errTooManyKeys = keyfunc.ErrTooManyKeys
 
 // Exit releases lock after the handler returned or panicked. The release
 // runs on a context the request's cancellation cannot end, bounded by the
@@ -154,6 +211,14 @@ func (g *Guard) Reject(w http.ResponseWriter, r *http.Request, rej *Rejection) {
 func (g *Guard) HasResponder() bool { return g.cfg.Responder != nil }
 
 func (g *Guard) keyRejection(err error) *Rejection {
+	if errors.Is(err, keyfunc.ErrTooManyKeys) {
+		return &Rejection{
+			Status: http.StatusRequestEntityTooLarge,
+			Reason: ReasonTooManyKeys,
+			Detail: fmt.Sprintf("the request names more than %d lock keys, the most this route locks at once", g.cfg.MaxKeys),
+			Err:    err,
+		}
+	}
 	if errors.Is(err, keyfunc.ErrBodyTooLarge) {
 		return &Rejection{
 			Status: http.StatusRequestEntityTooLarge,
