@@ -18,6 +18,16 @@
 // wakes by its own timer, which the Locker caps by the holder's remaining
 // TTL. Subscriptions live in a map that holds only keys with a live
 // subscriber; no goroutine is involved.
+//
+// # Several keys
+//
+// Store implements reqlock.MultiStore and reqlock.KeepReleaser. AcquireAll,
+// ReleaseAll and RefreshAll act on all their keys under one hold of the
+// store's mutex, so a refused AcquireAll or RefreshAll changes nothing; each
+// key of a grant takes its own fence from the shared counter. A release that
+// keeps the key (ReleaseKeep, or ReleaseAll with a positive keep) only sets
+// its TTL and signals nothing, since the key stays held; the kept lock's
+// expiry then signals like any other.
 package memstore
 
 import (
@@ -30,8 +40,9 @@ import (
 	"github.com/reqlock/reqlock"
 )
 
-// Store is an in-memory reqlock.Store. It is safe for concurrent use. The zero
-// value is not usable; call New.
+// Store is an in-memory reqlock.Store, and a reqlock.ReleaseNotifier,
+// reqlock.FairStore, reqlock.MultiStore and reqlock.KeepReleaser. It is safe
+// for concurrent use. The zero value is not usable; call New.
 type Store struct {
 	mu      sync.Mutex
 	entries map[string]*entry

@@ -17,6 +17,14 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) reqlock.Store { return New() })
 }
 
+func TestMultiConformance(t *testing.T) {
+	storetest.RunMulti(t, func(t *testing.T) reqlock.Store { return New() })
+}
+
+func TestKeepConformance(t *testing.T) {
+	storetest.RunKeep(t, func(t *testing.T) reqlock.Store { return New() })
+}
+
 func TestFloodOfKeysIsFreed(t *testing.T) {
 	s := New()
 	ctx := context.Background()
