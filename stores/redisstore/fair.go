@@ -23,7 +23,7 @@ var (
 	//go:embed fair_leave.lua
 	fairLeaveSrc string
 
-	fairAcquireScript = redis.NewScript(fairAcquireSrc)
+	fairAcquireScript = redis.NewScript(withFenceLib(fairAcquireSrc))
 	fairLeaveScript   = redis.NewScript(fairLeaveSrc)
 )
 

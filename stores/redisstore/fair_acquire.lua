@@ -62,19 +62,16 @@ end
 if empty or head == token then
   -- The fence key is read and checked before the lock is written, as in
   -- acquire.lua, so a bad fence key leaves no lock behind.
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if last == nil or last >= 9007199254740992 then
-    return redis.error_reply('reqlock: fence key ' .. KEYS[2] .. ' does not hold a fence')
+  local last, err = last_fence(KEYS[2])
+  if err then
+    return err
   end
   if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
     if queued then
       redis.call('ZREM', KEYS[3], token)
       redis.call('ZREM', KEYS[4], token)
     end
-    local fence = math.max(last + 1, nowus)
-    -- %.0f, not tostring: tostring prints 1.7e+15.
-    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-    return {1, fence}
+    return {1, issue_fence(KEYS[2], last, nowus, ARGV[3])}
   end
 end
 

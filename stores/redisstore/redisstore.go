@@ -112,6 +112,8 @@ const MinFenceRetention = time.Minute
 var ErrUnexpectedReply = errors.New("redisstore: unexpected reply from Redis")
 
 var (
+	//go:embed fence.lua
+	fenceLibSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed release.lua
@@ -119,10 +121,14 @@ var (
 	//go:embed refresh.lua
 	refreshSrc string
 
-	acquireScript = redis.NewScript(acquireSrc)
-	releaseScript = redis.NewScript(releaseSrc)
+	acquireScript = redis.NewScript(withFenceLib(acquireSrc))
+	releaseScript = redis.NewScript(withFenceLib(releaseSrc))
 	refreshScript = redis.NewScript(refreshSrc)
 )
+
+// withFenceLib prepends the fence helpers of fence.lua to a script's source:
+// Redis has no include, and one definition keeps every script's fences alike.
+func withFenceLib(src string) string { return fenceLibSrc + src }
 
 // Store is a reqlock.Store and reqlock.ReleaseNotifier on Redis. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub

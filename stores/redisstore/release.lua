@@ -7,9 +7,6 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local used = tonumber(ARGV[2]) or 0
-if used > 0 and used > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
-  redis.call('SET', KEYS[2], string.format('%.0f', used), 'PX', ARGV[3])
-end
+record_fence(KEYS[2], ARGV[2], ARGV[3])
 redis.call('PUBLISH', KEYS[1], 'released')
 return 1
