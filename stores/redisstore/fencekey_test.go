@@ -5,32 +5,6 @@ import (
 	"testing"
 )
 
-// crc16 is CRC-16/XMODEM, the checksum Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
-// slot is the Redis Cluster hash slot of key, honouring hash tags.
-func slot(key string) uint16 {
-	if open := strings.IndexByte(key, '{'); open >= 0 {
-		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
-			key = key[open+1 : open+1+end]
-		}
-	}
-	return crc16(key) % 16384
-}
-
 func TestSlotFunction(t *testing.T) {
 	// Test vectors from the Redis Cluster specification.
 	if got := crc16("123456789"); got != 0x31C3 {

@@ -13,7 +13,8 @@
 //
 // Each operation is one Lua script, so one round trip once Redis has cached
 // the script: EVALSHA, falling back to EVAL on the first use after a restart
-// or SCRIPT FLUSH. Store.Load caches all scripts ahead of time.
+// or SCRIPT FLUSH. That holds for the multi-key operations too, however many
+// keys they take. Store.Load caches all scripts ahead of time.
 //
 // # Fencing
 //
@@ -25,21 +26,52 @@
 // clock stepped back by more than the retention. Microsecond values stay
 // below 2^53, so Lua numbers hold them exactly.
 //
+// # Several keys
+//
+// Store implements reqlock.MultiStore and reqlock.KeepReleaser. AcquireAll
+// checks every key and, only when none is held, sets them all to the token
+// with PX TTL and issues each its own fence from its own fence key, exactly
+// as Acquire does, all in one script: a refused call sets nothing and names
+// the first held key. ReleaseAll releases (or keeps) every key that still
+// holds the token and records each key's last fence, and RefreshAll resets
+// every TTL only when every key still holds the token, each in one script.
+//
+// ReleaseKeep, and ReleaseAll with a positive keep, end a grant by setting the
+// key's TTL to keep instead of deleting it: the key stays held until it
+// expires, so nothing is published and waiters keep waiting (and polling)
+// until then.
+//
 // # Redis Cluster
 //
-// Both keys of a grant must hash to one slot. When the lock key has a hash tag
-// (a '{' followed later by a '}' with at least one character between), the
-// fence key is the lock key plus ":fence" and shares the tag. Otherwise the
-// fence key is "{" + key + "}:fence", whose hash tag is the whole lock key.
-// A key that contains '}' but no valid hash tag cannot be wrapped that way: its
-// fence key is key + ":fence", which may land in another slot, so such keys
-// are not Cluster-safe. Keys built by package keyfunc escape braces in request
+// A script runs on one node, so every key it touches must hash to one slot:
+// for a single-key call, the lock key and its fence key. When the lock key
+// has a hash tag (a '{' followed later by a '}' with at least one character
+// between), the fence key is the lock key plus ":fence" and shares the tag.
+// Otherwise the fence key is "{" + key + "}:fence", whose hash tag is the
+// whole lock key. A key that contains '}' but no valid hash tag cannot be
+// wrapped that way: its fence key is key + ":fence", which may land in
+// another slot, so such keys are not Cluster-safe (a multi-key call refuses
+// them on a Cluster). Keys built by package keyfunc escape braces in request
 // values, so they contain only the braces the template author wrote.
+//
+// The keys of one multi-key call (AcquireAll, ReleaseAll, RefreshAll), with
+// their fence keys, must share one slot as well. Redis Cluster hashes only
+// the part of a key between its first '{' and the next '}' (the whole key
+// when there is no such pair or nothing between them), so give every key of
+// the call the same hash tag: the keys of the template
+// "cart:{<json:cart>}:sku:<json:items[*].sku>" all hash to their cart's slot,
+// and so do their fence keys, which keep the tag. With a *redis.ClusterClient
+// the Store computes the slots before it sends anything and returns an error
+// wrapping ErrCrossSlot that names two keys in different slots and this fix;
+// behind a client it cannot recognise as a Cluster, Redis's CROSSSLOT reply
+// is mapped to the same error. A *redis.Ring places keys on its shards by
+// that same part of the key, so there too the keys of one call must share a
+// hash tag, or the call fails with ErrCrossSlot.
 //
 // # Release notification
 //
-// Release publishes "released" on the channel named exactly like the lock
-// key, in the same script that deletes it. Store implements
+// Release (and ReleaseAll) publishes "released" on the channel named exactly
+// like the lock key, in the same script that deletes it. Store implements
 // reqlock.ReleaseNotifier on that: a Locker's waiters wake as soon as the
 // holder, in any process, lets go, instead of polling.
 //
@@ -130,11 +162,22 @@ var (
 // Redis has no include, and one definition keeps every script's fences alike.
 func withFenceLib(src string) string { return fenceLibSrc + src }
 
-// Store is a reqlock.Store and reqlock.ReleaseNotifier on Redis. It is safe
+// allScripts lists every script of the package, for Load.
+func allScripts() []*redis.Script {
+	return []*redis.Script{
+		acquireScript, releaseScript, refreshScript,
+		fairAcquireScript, fairLeaveScript,
+		acquireAllScript, releaseAllScript, refreshAllScript,
+	}
+}
+
+// Store is a reqlock.Store on Redis, and a reqlock.ReleaseNotifier,
+// reqlock.FairStore, reqlock.MultiStore and reqlock.KeepReleaser. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub
 // connection and a goroutine until Close.
 type Store struct {
 	client             redis.Scripter
+	routing            routing // how client spreads keys; see checkColocated
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
 
@@ -172,7 +215,7 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if isNil(client) {
 		return nil, fmt.Errorf("%w: redisstore: client is nil", reqlock.ErrInvalid)
 	}
-	s := &Store{client: client, fenceRetention: DefaultFenceRetention}
+	s := &Store{client: client, routing: routingOf(client), fenceRetention: DefaultFenceRetention}
 	if sub, ok := client.(subscriber); ok {
 		// A Ring routes a channel to one shard, so one pub/sub cannot hear
 		// the releases of keys on the other shards.
@@ -214,7 +257,7 @@ func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
 // uncached script costs one extra round trip (EVALSHA, then EVAL). A cluster
 // client loads them on every node. It returns the client's error.
 func (s *Store) Load(ctx context.Context) error {
-	for _, script := range []*redis.Script{acquireScript, releaseScript, refreshScript, fairAcquireScript, fairLeaveScript} {
+	for _, script := range allScripts() {
 		if err := script.Load(ctx, s.client).Err(); err != nil {
 			return err
 		}

@@ -36,6 +36,16 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) reqlock.Store { return newStore(t, client) })
 }
 
+func TestMultiConformance(t *testing.T) {
+	client := testredis.Client(t)
+	storetest.RunMulti(t, func(t *testing.T) reqlock.Store { return newStore(t, client) })
+}
+
+func TestKeepConformance(t *testing.T) {
+	client := testredis.Client(t)
+	storetest.RunKeep(t, func(t *testing.T) reqlock.Store { return newStore(t, client) })
+}
+
 func TestNewRejectsInvalid(t *testing.T) {
 	client := testredis.Client(t)
 	tests := []struct {
@@ -256,15 +266,22 @@ func TestLoadCachesScripts(t *testing.T) {
 	if err := s.Load(ctx); err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	if got, want := log.take(), slices.Repeat([]string{"script load"}, 5); !slices.Equal(got, want) {
+	scripts := allScripts()
+	if len(scripts) != 8 {
+		t.Fatalf("allScripts lists %d scripts, want 8", len(scripts))
+	}
+	if got, want := log.take(), slices.Repeat([]string{"script load"}, len(scripts)); !slices.Equal(got, want) {
 		t.Fatalf("Load sent %v, want %v", got, want)
 	}
-	exists, err := client.ScriptExists(ctx, acquireScript.Hash(), releaseScript.Hash(), refreshScript.Hash(),
-		fairAcquireScript.Hash(), fairLeaveScript.Hash()).Result()
+	hashes := make([]string, len(scripts))
+	for i, script := range scripts {
+		hashes[i] = script.Hash()
+	}
+	exists, err := client.ScriptExists(ctx, hashes...).Result()
 	if err != nil {
 		t.Fatalf("SCRIPT EXISTS: %v", err)
 	}
-	if !slices.Equal(exists, slices.Repeat([]bool{true}, 5)) {
+	if !slices.Equal(exists, slices.Repeat([]bool{true}, len(scripts))) {
 		t.Fatalf("after Load, scripts cached: %v, want all", exists)
 	}
 	if err := newStore(t, testredis.DownClient(t)).Load(ctx); err == nil {

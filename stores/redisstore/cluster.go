@@ -1,0 +1,156 @@
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrCrossSlot means the keys of one multi-key call (AcquireAll, ReleaseAll,
+// RefreshAll), with their fence keys, do not share one Redis Cluster hash
+// slot, or one Ring shard, so no single script can lock them together. The
+// error names two keys that differ and how to fix the key template.
+var ErrCrossSlot = errors.New("redisstore: the keys of one multi-key call are not in one Redis Cluster hash slot (or Ring shard)")
+
+// crossSlotFix tells how to put the keys of one call in one slot.
+const crossSlotFix = "Redis Cluster hashes only the part of a key between its first '{' and the next '}' " +
+	"(the whole key when there is no such pair or nothing between them), so give every key of the call " +
+	"the same hash tag, such as the key template \"cart:{<json:cart>}:sku:<json:items[*].sku>\", " +
+	"whose keys all hash to the slot of their cart"
+
+// routing is how a client spreads keys over servers.
+type routing int
+
+const (
+	routeOne   routing = iota // one server (or a failover pair) holds every key
+	routeSlot                 // Redis Cluster: by hash slot
+	routeShard                // Ring: by the hash of the hash tag, or of the whole key
+)
+
+// routingOf returns how client spreads keys, when its type tells. A client
+// hidden behind a wrapper is taken as one server; a Cluster then still
+// answers CROSSSLOT, which the multi-key calls map to ErrCrossSlot.
+func routingOf(client redis.Scripter) routing {
+	switch client.(type) {
+	case *redis.ClusterClient:
+		return routeSlot
+	case *redis.Ring:
+		return routeShard
+	}
+	return routeOne
+}
+
+// hashPart is the part of key that Redis Cluster hashes, and that a Ring
+// picks its shard by: the hash tag (what lies between the first '{' and the
+// next '}', when not empty), else the whole key.
+func hashPart(key string) string {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			return key[open+1 : open+1+end]
+		}
+	}
+	return key
+}
+
+// crc16 is CRC-16/XMODEM, the checksum Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// slot is the Redis Cluster hash slot of key, honouring hash tags.
+func slot(key string) uint16 {
+	return crc16(hashPart(key)) % 16384
+}
+
+// checkColocated returns an error wrapping ErrCrossSlot when the client
+// spreads keys over servers and keys, with their fence keys when withFences
+// is set, would not all land on one. It does no I/O.
+func (s *Store) checkColocated(keys []string, withFences bool) error {
+	if s.routing == routeOne {
+		return nil
+	}
+	return colocationError(s.routing, keys, withFences)
+}
+
+// colocationError returns the ErrCrossSlot error for the first pair of keys
+// that route apart under r, or nil when they all route together.
+func colocationError(r routing, keys []string, withFences bool) error {
+	where := func(key string) string { return hashPart(key) }
+	if r == routeSlot {
+		where = func(key string) string { return fmt.Sprint(slot(key)) }
+	}
+	first := where(keys[0])
+	for _, k := range keys[1:] {
+		if where(k) != first {
+			return crossError(r, keys[0], k)
+		}
+	}
+	if withFences {
+		for _, k := range keys {
+			if fk := fenceKey(k); where(fk) != first {
+				return fmt.Errorf("%w: the fence key %q of %q %s: a key that contains '}' must have "+
+					"a hash tag, a '{' followed later by a '}' with at least one character between; %s",
+					ErrCrossSlot, fk, k, placeOf(r, fk, k), crossSlotFix)
+			}
+		}
+	}
+	return nil
+}
+
+// crossError names two keys of one call that route apart under r.
+func crossError(r routing, a, b string) error {
+	if r == routeShard {
+		return fmt.Errorf("%w: keys %q and %q may live on different Ring shards (a Ring picks the shard by "+
+			"the same part of a key that Redis Cluster hashes); %s", ErrCrossSlot, a, b, crossSlotFix)
+	}
+	return fmt.Errorf("%w: keys %q (slot %d) and %q (slot %d); %s",
+		ErrCrossSlot, a, slot(a), b, slot(b), crossSlotFix)
+}
+
+// placeOf says how fence key fk routes apart from its key k, for an error
+// message.
+func placeOf(r routing, fk, k string) string {
+	if r == routeShard {
+		return fmt.Sprintf("is placed by %q, the key by %q", hashPart(fk), hashPart(k))
+	}
+	return fmt.Sprintf("is in slot %d, the key in slot %d", slot(fk), slot(k))
+}
+
+// isCrossSlot reports whether err is Redis refusing a command whose keys
+// hash to different slots.
+func isCrossSlot(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "CROSSSLOT")
+}
+
+// mapCrossSlot returns err as is, unless it is the server's CROSSSLOT
+// refusal: then an error wrapping both ErrCrossSlot and err that names two
+// keys of the call in different slots (computed here), or, should the
+// server hash differently, the first and last key sent.
+func mapCrossSlot(err error, keys []string, withFences bool) error {
+	if !isCrossSlot(err) {
+		return err
+	}
+	if named := colocationError(routeSlot, keys, withFences); named != nil {
+		return fmt.Errorf("%w (Redis answered: %w)", named, err)
+	}
+	last := keys[len(keys)-1]
+	if withFences {
+		last = fenceKey(last)
+	}
+	return fmt.Errorf("%w: Redis refused the keys from %q to %q (%w); %s",
+		ErrCrossSlot, keys[0], last, err, crossSlotFix)
+}

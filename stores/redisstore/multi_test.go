@@ -1,0 +1,353 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/testredis"
+)
+
+func TestMultiOneRoundTripEach(t *testing.T) {
+	client := testredis.Client(t)
+	log := &commandLog{}
+	client.AddHook(log)
+	s := newStore(t, client)
+	ctx := context.Background()
+	if err := s.Load(ctx); err != nil { // what a warm store has: the scripts cached
+		t.Fatalf("Load: %v", err)
+	}
+	p := testredis.Prefix(t)
+	keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
+	zero := make([]int64, len(keys))
+	one := func(what string, op func() error) {
+		t.Helper()
+		log.take()
+		if err := op(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := log.take(); !slices.Equal(got, []string{"evalsha"}) {
+			t.Fatalf("%s sent %v, want one evalsha", what, got)
+		}
+	}
+	wantGrant := func(want bool) func(reqlock.MultiGrant, error) error {
+		return func(g reqlock.MultiGrant, err error) error {
+			if err == nil && g.OK != want {
+				return errors.New("grant " + strconv.FormatBool(g.OK) + ", want " + strconv.FormatBool(want))
+			}
+			return err
+		}
+	}
+	notHeld := func(err error) error {
+		if errors.Is(err, reqlock.ErrNotHeld) {
+			return nil
+		}
+		return errors.New("want ErrNotHeld, got " + errString(err))
+	}
+
+	one("AcquireAll, granted", func() error { return wantGrant(true)(s.AcquireAll(ctx, keys, "t1", time.Minute)) })
+	one("AcquireAll, refused", func() error { return wantGrant(false)(s.AcquireAll(ctx, keys, "t2", time.Minute)) })
+	one("RefreshAll", func() error { return s.RefreshAll(ctx, keys, "t1", time.Minute) })
+	one("RefreshAll, not held", func() error { return notHeld(s.RefreshAll(ctx, keys, "t2", time.Minute)) })
+	one("ReleaseAll with keep", func() error { return s.ReleaseAll(ctx, keys, "t1", zero, time.Minute) })
+	one("ReleaseAll", func() error { return s.ReleaseAll(ctx, keys, "t1", zero, 0) })
+	one("ReleaseAll, not held", func() error { return notHeld(s.ReleaseAll(ctx, keys, "t1", zero, 0)) })
+	one("AcquireAll of one key", func() error { return wantGrant(true)(s.AcquireAll(ctx, keys[:1], "t3", time.Minute)) })
+	one("ReleaseKeep", func() error { return s.ReleaseKeep(ctx, keys[0], "t3", 0, time.Minute) })
+	one("ReleaseKeep, not held", func() error { return notHeld(s.ReleaseKeep(ctx, keys[0], "t4", 0, time.Minute)) })
+	one("ReleaseKeep with keep 0", func() error { return s.ReleaseKeep(ctx, keys[0], "t3", 0, 0) })
+
+	// Refused arguments cost nothing.
+	log.take()
+	_, _ = s.AcquireAll(ctx, []string{keys[1], keys[0]}, "t1", time.Minute)
+	_ = s.ReleaseAll(ctx, keys, "t1", nil, 0)
+	_ = s.RefreshAll(ctx, nil, "t1", time.Minute)
+	if got := log.take(); len(got) != 0 {
+		t.Fatalf("invalid calls sent %v, want nothing", got)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
+
+func TestAcquireAllFences(t *testing.T) {
+	client := testredis.Client(t)
+	s := newStore(t, client, WithFenceRetention(time.Minute))
+	ctx := context.Background()
+	p := testredis.Prefix(t)
+	// Untagged and tagged keys: each has its own fence key, named as for
+	// Acquire.
+	keys := []string{p + "a", p + "b", p + "{t}:c"}
+	const ahead = int64(1) << 52
+	if err := client.Set(ctx, fenceKey(keys[1]), ahead, time.Minute).Err(); err != nil {
+		t.Fatalf("SET fence key: %v", err)
+	}
+	serverNow, err := client.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	g, err := s.AcquireAll(ctx, keys, "t", time.Minute)
+	if err != nil || !g.OK {
+		t.Fatalf("AcquireAll: %+v, %v", g, err)
+	}
+	if g.Fences[1] != ahead+1 {
+		t.Fatalf("fence of a key whose counter is ahead of the clock: %d, want %d", g.Fences[1], ahead+1)
+	}
+	for _, i := range []int{0, 2} {
+		if d := time.UnixMicro(g.Fences[i]).Sub(serverNow); d < 0 || d > 10*time.Second {
+			t.Fatalf("first fence of %q is %v after the server clock, want within [0, 10s]", keys[i], d)
+		}
+	}
+	for i, k := range keys {
+		raw, err := client.Get(ctx, fenceKey(k)).Result()
+		if err != nil || raw != strconv.FormatInt(g.Fences[i], 10) {
+			t.Fatalf("fence key of %q holds %q (%v), want %d", k, raw, err, g.Fences[i])
+		}
+		if pttl := client.PTTL(ctx, fenceKey(k)).Val(); pttl <= 0 || pttl > time.Minute {
+			t.Fatalf("fence key of %q has TTL %v, want in (0, 1m]", k, pttl)
+		}
+		if pttl := client.PTTL(ctx, k).Val(); pttl <= 0 || pttl > time.Minute {
+			t.Fatalf("%q has TTL %v, want in (0, 1m]", k, pttl)
+		}
+	}
+	if err := s.ReleaseAll(ctx, keys, "t", make([]int64, len(keys)), 0); err != nil {
+		t.Fatalf("ReleaseAll: %v", err)
+	}
+	client.Del(ctx, withFenceKeys(keys)...)
+}
+
+func TestAcquireAllBadFenceKeyLeavesNoLock(t *testing.T) {
+	client := testredis.Client(t)
+	s := newStore(t, client)
+	ctx := context.Background()
+	p := testredis.Prefix(t)
+	keys := []string{p + "a", p + "b", p + "c"}
+	// The last key's fence key is bad: the first two must not be set.
+	if err := client.Set(ctx, fenceKey(keys[2]), "abc", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AcquireAll(ctx, keys, "t", time.Minute); err == nil || !strings.Contains(err.Error(), "does not hold a fence") {
+		t.Fatalf("AcquireAll with a bad fence key: got %v, want the script's error", err)
+	}
+	if n := client.Exists(ctx, keys...).Val(); n != 0 {
+		t.Fatalf("the failed AcquireAll left %d lock keys behind", n)
+	}
+	client.Del(ctx, withFenceKeys(keys)...)
+}
+
+func TestReleaseAllWrongTypeReleasesNothing(t *testing.T) {
+	client := testredis.Client(t)
+	s := newStore(t, client)
+	ctx := context.Background()
+	p := testredis.Prefix(t)
+	keys := []string{p + "a", p + "b"}
+	if g, err := s.AcquireAll(ctx, keys, "t", time.Minute); err != nil || !g.OK {
+		t.Fatalf("AcquireAll: %+v, %v", g, err)
+	}
+	// Another program's list where the second key's fence key should be.
+	client.Del(ctx, fenceKey(keys[1]))
+	if err := client.LPush(ctx, fenceKey(keys[1]), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseAll(ctx, keys, "t", []int64{0, 0}, 0); err == nil || errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("ReleaseAll with a fence key of another type: got %v, want Redis's error", err)
+	}
+	if n := client.Exists(ctx, keys...).Val(); n != 2 {
+		t.Fatalf("the failed ReleaseAll released %d of 2 keys, want none", 2-n)
+	}
+	client.Del(ctx, withFenceKeys(keys)...)
+	client.Del(ctx, keys...)
+}
+
+// noNetwork returns client options' Dialer that counts its calls and never
+// connects.
+func noNetwork(dials *atomic.Int64) func(context.Context, string, string) (net.Conn, error) {
+	return func(context.Context, string, string) (net.Conn, error) {
+		dials.Add(1)
+		return nil, errors.New("test: no network")
+	}
+}
+
+// unusedAddr returns a loopback address nothing listens on.
+func unusedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+func TestCrossSlotCheckedBeforeSending(t *testing.T) {
+	var dials atomic.Int64
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 []string{unusedAddr(t)},
+		Dialer:                noNetwork(&dials),
+		ContextTimeoutEnabled: true,
+		MaxRedirects:          -1,
+	})
+	defer cluster.Close()
+	log := &commandLog{}
+	cluster.AddHook(log)
+	s := newStore(t, cluster)
+	ctx := context.Background()
+
+	apart := []string{"cart:1:sku:a", "cart:1:sku:b"}
+	if slot(apart[0]) == slot(apart[1]) {
+		t.Fatal("test keys share a slot")
+	}
+	calls := map[string]func(keys []string) error{
+		"AcquireAll": func(keys []string) error { _, err := s.AcquireAll(ctx, keys, "t", time.Second); return err },
+		"ReleaseAll": func(keys []string) error { return s.ReleaseAll(ctx, keys, "t", make([]int64, len(keys)), 0) },
+		"RefreshAll": func(keys []string) error { return s.RefreshAll(ctx, keys, "t", time.Second) },
+	}
+	for name, call := range calls {
+		err := call(apart)
+		if !errors.Is(err, ErrCrossSlot) {
+			t.Fatalf("%s of keys in two slots: got %v, want ErrCrossSlot", name, err)
+		}
+		msg := err.Error()
+		for _, want := range []string{strconv.Quote(apart[0]), strconv.Quote(apart[1]), "hash tag", "first '{'", "cart:{<json:cart>}"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("%s: error %q does not mention %s", name, msg, want)
+			}
+		}
+	}
+	// A key with '}' and no hash tag has its fence key in another slot.
+	odd := []string{"x{}{y}"}
+	if _, err := s.AcquireAll(ctx, odd, "t", time.Second); !errors.Is(err, ErrCrossSlot) ||
+		!strings.Contains(err.Error(), strconv.Quote(fenceKey(odd[0]))) {
+		t.Fatalf("AcquireAll of a key whose fence key is in another slot: got %v, want ErrCrossSlot naming the fence key", err)
+	}
+	// Invalid arguments are reported as such, before the slot check.
+	if _, err := s.AcquireAll(ctx, []string{apart[1], apart[0]}, "t", time.Second); !errors.Is(err, reqlock.ErrInvalid) {
+		t.Fatalf("AcquireAll of unsorted keys: got %v, want ErrInvalid", err)
+	}
+	if n, got := dials.Load(), log.take(); n != 0 || len(got) != 0 {
+		t.Fatalf("the slot check dialled %d times and sent %v; it must fire before any I/O", n, got)
+	}
+
+	// Keys with one hash tag pass the check and go to the network.
+	tagged := []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}
+	for name, call := range calls {
+		if err := call(tagged); err == nil || errors.Is(err, ErrCrossSlot) {
+			t.Fatalf("%s of tagged keys with no server: got %v, want a network error", name, err)
+		}
+	}
+	if dials.Load() == 0 {
+		t.Fatal("calls with tagged keys never dialled")
+	}
+}
+
+func TestCrossShardCheckedBeforeSending(t *testing.T) {
+	var dials atomic.Int64
+	ring := redis.NewRing(&redis.RingOptions{
+		Addrs:                 map[string]string{"a": unusedAddr(t), "b": unusedAddr(t)},
+		Dialer:                noNetwork(&dials),
+		ContextTimeoutEnabled: true,
+	})
+	defer ring.Close()
+	s := newStore(t, ring)
+	ctx := context.Background()
+	_, err := s.AcquireAll(ctx, []string{"cart:1:sku:a", "cart:1:sku:b"}, "t", time.Second)
+	if !errors.Is(err, ErrCrossSlot) || !strings.Contains(err.Error(), "Ring") {
+		t.Fatalf("AcquireAll of untagged keys on a Ring: got %v, want ErrCrossSlot about Ring shards", err)
+	}
+	if n := dials.Load(); n != 0 {
+		t.Fatalf("the shard check dialled %d times", n)
+	}
+	_, err = s.AcquireAll(ctx, []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}, "t", time.Second)
+	if errors.Is(err, ErrCrossSlot) {
+		t.Fatalf("AcquireAll of tagged keys on a Ring: %v", err)
+	}
+}
+
+// redisError is a reply error as go-redis returns it.
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+func (redisError) RedisError()     {}
+
+func TestCrossSlotReplyMapped(t *testing.T) {
+	reply := redisError("CROSSSLOT Keys in request don't hash to the same slot")
+	keys := []string{"cart:1:sku:a", "cart:1:sku:b"}
+	err := mapCrossSlot(reply, keys, true)
+	if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reply) {
+		t.Fatalf("mapped CROSSSLOT: got %v, want ErrCrossSlot wrapping the reply", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, strconv.Quote(keys[0])) || !strings.Contains(msg, strconv.Quote(keys[1])) ||
+		!strings.Contains(msg, "hash tag") {
+		t.Fatalf("mapped CROSSSLOT %q does not name the keys and the fix", msg)
+	}
+	// Keys that share a slot here (a proxy hashing otherwise): the error
+	// still names keys of the call.
+	tagged := []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}
+	if err := mapCrossSlot(reply, tagged, true); !errors.Is(err, ErrCrossSlot) || !strings.Contains(err.Error(), tagged[0]) {
+		t.Fatalf("mapped CROSSSLOT for one-slot keys: got %v", err)
+	}
+	// Other errors pass through as they are.
+	for _, other := range []error{redisError("ERR something"), errors.New("CROSSSLOT but not from Redis"), context.Canceled} {
+		if got := mapCrossSlot(other, keys, true); got != other {
+			t.Fatalf("mapCrossSlot(%v) = %v, want it unchanged", other, got)
+		}
+	}
+}
+
+func TestColocatedKeys(t *testing.T) {
+	tests := []struct {
+		keys         []string
+		slot, shards bool // whether the keys fit one slot, one Ring shard
+	}{
+		{[]string{"a"}, true, true},
+		{[]string{"{u1}:a", "{u1}:b", "x{u1}y"}, true, true},
+		{[]string{"cart:{42}:sku:1", "cart:{42}:sku:2", "cart:{42}:sku:ключ"}, true, true},
+		{[]string{"cart:{42}:sku:1", "cart:{43}:sku:1"}, false, false},
+		{[]string{"a", "b"}, false, false},
+		{[]string{"{a}:x", "a"}, true, true},     // same hashed part, "a"
+		{[]string{"x{}{y}"}, false, false},       // the fence key lands elsewhere
+		{[]string{"{}a", "{}b"}, false, false},   // empty tag: whole key hashed
+		{[]string{"{{a}", "{{a}:b"}, true, true}, // tag "{a"
+	}
+	for _, tt := range tests {
+		if err := colocationError(routeSlot, tt.keys, true); (err == nil) != tt.slot {
+			t.Errorf("%q in one slot: got %v, want ok %v", tt.keys, err, tt.slot)
+		}
+		if err := colocationError(routeShard, tt.keys, true); (err == nil) != tt.shards {
+			t.Errorf("%q on one shard: got %v, want ok %v", tt.keys, err, tt.shards)
+		}
+	}
+}
+
+func FuzzColocatedTaggedKeys(f *testing.F) {
+	f.Add("42", "sku:1", "sku:2")
+	f.Add("ключ", "", "}")
+	f.Fuzz(func(t *testing.T, tag, a, b string) {
+		if tag == "" || strings.ContainsAny(tag, "{}") || strings.ContainsAny(a+b, "{") {
+			t.Skip() // not one valid tag leading every key
+		}
+		keys := []string{"cart:{" + tag + "}:" + a, "cart:{" + tag + "}:" + b}
+		slices.Sort(keys)
+		keys = slices.Compact(keys)
+		if err := colocationError(routeSlot, keys, true); err != nil {
+			t.Fatalf("keys with one tag: %v", err)
+		}
+		if err := colocationError(routeShard, keys, true); err != nil {
+			t.Fatalf("keys with one tag: %v", err)
+		}
+	})
+}
