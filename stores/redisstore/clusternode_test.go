@@ -1,0 +1,172 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores/storetest"
+)
+
+// clusterNode starts a redis-server in cluster mode that owns all 16384
+// slots: a one-node Redis Cluster, which enforces the slot rules (CROSSSLOT)
+// as a larger one does. It is stopped when the test ends. Without
+// redis-server on PATH the test skips when REQLOCK_REDIS_ADDR names an outside
+// Redis (which cannot be switched to cluster mode), and fails otherwise.
+func clusterNode(t *testing.T) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv(testredis.EnvAddr) != "" {
+			t.Skipf("no redis-server on PATH to start a cluster node; %s names an outside Redis", testredis.EnvAddr)
+		}
+		t.Fatalf("no redis-server on PATH: install it or run ./scripts/test.sh")
+	}
+	var errs []error
+	for range 3 { // the port may be taken between unusedAddr and the start
+		addr, err := startClusterNode(t, path)
+		if err == nil {
+			return addr
+		}
+		errs = append(errs, err)
+	}
+	t.Fatalf("cluster node did not start: %v", errors.Join(errs...))
+	return ""
+}
+
+// startClusterNode starts one node on a free port and gives it every slot.
+func startClusterNode(t *testing.T, path string) (string, error) {
+	addr := unusedAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	dir := t.TempDir()
+	cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	exited := make(chan struct{})
+	started := make(chan error, 1)
+	// The process is started from a goroutine locked to its thread, which
+	// lives until the process exits: see dieWithParentThread.
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		defer close(exited)
+		dieWithParentThread(cmd)
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return "", err
+	}
+	stop := func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer client.Close()
+	ctx := context.Background()
+	ready := func() error {
+		info, err := client.ClusterInfo(ctx).Result()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "cluster_state:ok") {
+			if err := client.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil &&
+				!strings.Contains(err.Error(), "already busy") {
+				return err
+			}
+			return errors.New("cluster_state is not ok yet")
+		}
+		return nil
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	ticker := time.NewTicker(10 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		err := ready()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return "", fmt.Errorf("port %s: cluster not ready within 10s: %w", port, err)
+		}
+		select {
+		case <-exited:
+			return "", fmt.Errorf("port %s: redis-server exited: %w", port, err)
+		case <-ticker.C:
+		}
+	}
+	t.Cleanup(stop)
+	return addr, nil
+}
+
+func clusterClient(t *testing.T, addr string) *redis.ClusterClient {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestOnOneNodeCluster runs the conformance suites through a
+// *redis.ClusterClient on a real (one-node) Redis Cluster, and checks that
+// the server's CROSSSLOT refusal of keys in two slots comes back as
+// ErrCrossSlot when the client check cannot see the cluster.
+func TestOnOneNodeCluster(t *testing.T) {
+	addr := clusterNode(t)
+	client := clusterClient(t, addr)
+	mk := func(t *testing.T) reqlock.Store { return newStore(t, client) }
+	t.Run("Run", func(t *testing.T) { storetest.Run(t, mk) })
+	t.Run("RunMulti", func(t *testing.T) { storetest.RunMulti(t, mk) })
+	t.Run("RunKeep", func(t *testing.T) { storetest.RunKeep(t, mk) })
+	t.Run("RunFair", func(t *testing.T) { storetest.RunFair(t, mk) })
+
+	t.Run("CrossSlotReply", func(t *testing.T) {
+		// Behind a wrapper the store cannot tell it talks to a Cluster,
+		// so the keys reach Redis, which refuses them.
+		s := newStore(t, client)
+		hidden := newStore(t, scripterOnly{client})
+		if hidden.routing != routeOne {
+			t.Fatal("the wrapper did not hide the Cluster")
+		}
+		ctx := context.Background()
+		p := testredis.Prefix(t)
+		keys := []string{p + "a", p + "b"}
+		if slot(keys[0]) == slot(keys[1]) {
+			t.Fatal("test keys share a slot")
+		}
+		_, err := hidden.AcquireAll(ctx, keys, "t", time.Minute)
+		var rerr redis.Error
+		if !errors.Is(err, ErrCrossSlot) || !errors.As(err, &rerr) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) {
+			t.Fatalf("AcquireAll of keys in two slots on a Cluster: got %v, want ErrCrossSlot wrapping Redis's reply", err)
+		}
+		if err := hidden.ReleaseAll(ctx, keys, "t", []int64{0, 0}, 0); !errors.Is(err, ErrCrossSlot) {
+			t.Fatalf("ReleaseAll: got %v, want ErrCrossSlot", err)
+		}
+		if err := hidden.RefreshAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) {
+			t.Fatalf("RefreshAll: got %v, want ErrCrossSlot", err)
+		}
+		// The store on the bare client refuses before sending.
+		if _, err := s.AcquireAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) {
+			t.Fatalf("AcquireAll through the ClusterClient: got %v, want ErrCrossSlot", err)
+		}
+		for _, k := range keys {
+			if n := client.Exists(ctx, k).Val(); n != 0 {
+				t.Fatalf("a refused call left %q behind", k)
+			}
+		}
+	})
+}
