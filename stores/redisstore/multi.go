@@ -37,7 +37,7 @@ var (
 // Held the index of the first held key and HolderTTL its remaining TTL.
 //
 // keys must be distinct and sorted. With a *redis.ClusterClient they must all
-// hash to one slot (see Several keys in the package documentation); AcquireAll
+// hash to one slot (see Redis Cluster in the package documentation); AcquireAll
 // checks that before it sends anything.
 //
 // It returns an error wrapping reqlock.ErrInvalid for no keys, a duplicate
