@@ -3,13 +3,15 @@
 //	locker := reqlock.MustNew(memstore.New())
 //	r.POST("/skus/:id/deduct", ginlock.Must(ginlock.New(locker, "sku:<id>")), deduct)
 //
-// Path placeholders read c.Param; ctx placeholders read c.Get, then the
+// Path placeholders read c.Param (a catch-all *path without its leading
+// slash, as net/http's {path...}); ctx placeholders read c.Get, then the
 // request context. The handler finds its lock with Lock(c). The request flow,
 // responses and configuration are those of package middleware.
 package ginlock
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -106,8 +108,19 @@ func Lock(c *gin.Context) (*reqlock.Lock, bool) {
 // request is gin's view of keyfunc.Request.
 type request struct{ c *gin.Context }
 
-func (r request) HTTPRequest() *http.Request   { return r.c.Request }
-func (r request) PathValue(name string) string { return r.c.Param(name) }
+func (r request) HTTPRequest() *http.Request { return r.c.Request }
+
+// PathValue returns the path parameter. A catch-all parameter (*path) is
+// the rest of the path without the leading slash gin gives it, as net/http
+// gives {path...} and echo gives *: one resource, one key on every router,
+// and the same key as the JSON value "a/b" for the path /files/a/b.
+func (r request) PathValue(name string) string {
+	v := r.c.Param(name)
+	if strings.HasSuffix(r.c.FullPath(), "/*"+name) {
+		v = strings.TrimPrefix(v, "/")
+	}
+	return v
+}
 
 func (r request) ContextValue(name string) (any, bool) {
 	if v, ok := r.c.Get(name); ok {
