@@ -3,7 +3,8 @@
 //	locker := reqlock.MustNew(memstore.New())
 //	e.POST("/skus/:id/deduct", deduct, echolock.Must(echolock.New(locker, "sku:<id>")))
 //
-// Path placeholders read c.Param; ctx placeholders read c.Get, then the
+// Path placeholders read c.Param (on a route written /files/*path, <path>
+// reads echo's "*"); ctx placeholders read c.Get, then the
 // request context. The handler finds its lock with Lock(c). A rejection is
 // returned as an *echo.HTTPError whose Message is the problem details and
 // whose Internal is the cause, so the app's error handler renders it; a route
@@ -13,6 +14,7 @@ package echolock
 import (
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -124,8 +126,14 @@ func (r request) HTTPRequest() *http.Request { return r.c.Request() }
 // PathValue returns the path parameter unescaped, as net/http and gin give
 // it: echo routes on the escaped path when the URL has one, so that
 // "/skus/a%3Ab" and a JSON body's "a:b" lock the same key.
+//
+// echo names a wildcard "*" even when the route writes it *path, so <path>
+// on such a route reads "*".
 func (r request) PathValue(name string) string {
 	v := r.c.Param(name)
+	if v == "" && strings.HasSuffix(r.c.Path(), "/*"+name) {
+		v = r.c.Param("*")
+	}
 	if r.c.Request().URL.RawPath != "" {
 		if u, err := url.PathUnescape(v); err == nil {
 			return u
