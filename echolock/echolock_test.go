@@ -28,12 +28,46 @@ func serveEcho(locker *reqlock.Locker, key string, opts []middleware.Option, h h
 	return e, nil
 }
 
+// serveEchoRoutes installs echolock.Routes with Use, registers routes, each
+// behind its Guard, and checks the table against the router.
+func serveEchoRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
+	e := echo.New()
+	e.Use(echolock.Routes(rt))
+	for _, route := range routes {
+		var mws []echo.MiddlewareFunc
+		if route.Guard != nil {
+			mws = append(mws, echolock.Middleware(route.Guard))
+		}
+		e.Add(route.Method, adaptertest.ColonPath(route.Path), echo.WrapHandler(route.Handler), mws...)
+	}
+	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// serveEchoNested puts outer on a group and inner on the route.
+func serveEchoNested(outer, inner *middleware.Guard, around func(*http.Request, func()), h http.HandlerFunc) http.Handler {
+	e := echo.New()
+	items := e.Group("/items", echolock.Middleware(outer), func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			var err error
+			around(c.Request(), func() { err = next(c) })
+			return err
+		}
+	})
+	items.POST("/:id", echo.WrapHandler(h), echolock.Middleware(inner))
+	return e
+}
+
 func TestEchoAdapter(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Adapter{
 		Name:  "echo",
 		Serve: serveEcho,
 		// echo's error handler renders the *echo.HTTPError the adapter returns.
 		ProblemContentType: "application/json",
+		ServeRoutes:        serveEchoRoutes,
+		ServeNested:        serveEchoNested,
 	})
 }
 

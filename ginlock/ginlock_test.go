@@ -31,11 +31,40 @@ func serveGin(locker *reqlock.Locker, key string, opts []middleware.Option, h ht
 	return r, nil
 }
 
+// serveGinRoutes installs ginlock.Routes with Use, registers routes after
+// it, each behind its Guard, and checks the table against the engine.
+func serveGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
+	r := gin.New()
+	r.Use(ginlock.Routes(rt))
+	for _, route := range routes {
+		var handlers []gin.HandlerFunc
+		if route.Guard != nil {
+			handlers = append(handlers, ginlock.Handler(route.Guard))
+		}
+		r.Handle(route.Method, adaptertest.ColonPath(route.Path), append(handlers, gin.WrapF(route.Handler))...)
+	}
+	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// serveGinNested puts outer on a route group and inner on the route.
+func serveGinNested(outer, inner *middleware.Guard, around func(*http.Request, func()), h http.HandlerFunc) http.Handler {
+	r := gin.New()
+	items := r.Group("/items", ginlock.Handler(outer))
+	items.Use(func(c *gin.Context) { around(c.Request, c.Next) })
+	items.POST("/:id", ginlock.Handler(inner), gin.WrapF(h))
+	return r
+}
+
 func TestGinAdapter(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Adapter{
 		Name:               "gin",
 		Serve:              serveGin,
 		ProblemContentType: "application/problem+json",
+		ServeRoutes:        serveGinRoutes,
+		ServeNested:        serveGinNested,
 	})
 }
 

@@ -23,10 +23,36 @@ func serveNetHTTP(locker *reqlock.Locker, key string, opts []middleware.Option, 
 	return mux, nil
 }
 
+// serveNetHTTPRoutes registers routes on a ServeMux, each behind its
+// Guard, and wraps the mux once with rt.Handler.
+func serveNetHTTPRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
+	mux := http.NewServeMux()
+	for _, r := range routes {
+		var h http.Handler = r.Handler
+		if r.Guard != nil {
+			h = r.Guard.Handler(h)
+		}
+		mux.Handle(r.Method+" "+r.Path, h)
+	}
+	return rt.Handler(mux)
+}
+
+// serveNetHTTPNested wraps the route twice: outer, then inner.
+func serveNetHTTPNested(outer, inner *middleware.Guard, around func(*http.Request, func()), h http.HandlerFunc) http.Handler {
+	route := inner.Handler(h)
+	mux := http.NewServeMux()
+	mux.Handle(adaptertest.Route, outer.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		around(r, func() { route.ServeHTTP(w, r) })
+	})))
+	return mux
+}
+
 func TestNetHTTPAdapter(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Adapter{
 		Name:               "net/http",
 		Serve:              serveNetHTTP,
 		ProblemContentType: "application/problem+json",
+		ServeRoutes:        serveNetHTTPRoutes,
+		ServeNested:        serveNetHTTPNested,
 	})
 }

@@ -44,6 +44,52 @@ type Adapter struct {
 	Serve func(locker *reqlock.Locker, key string, opts []middleware.Option, h http.HandlerFunc) (http.Handler, error)
 	// ProblemContentType is the Content-Type of a default rejection.
 	ProblemContentType string
+
+	// ServeRoutes returns a router with the router-level Routes middleware
+	// of rt installed once for the whole router (gin and echo: Use before
+	// the routes are registered; net/http: rt.Handler around the ServeMux)
+	// and routes registered on it in the router's own syntax (see
+	// ColonPath), each behind its route-level Guard when it has one. It
+	// returns the adapter's start-up check unchanged: ginlock.CheckRoutes,
+	// echolock.CheckRoutes, or the error of Routes.Handler.
+	ServeRoutes func(rt *middleware.Routes, routes []Endpoint) (http.Handler, error)
+
+	// ServeNested returns a router that serves Route with two guards: outer
+	// at the group level (gin RouterGroup.Use, an echo Group's middleware,
+	// the outer of two net/http wrappers) and inner on the route itself.
+	// Between the two it calls around with the request as the outer guard
+	// passes it on and next, which runs the inner guard and h; around must
+	// call next once.
+	ServeNested func(outer, inner *middleware.Guard, around func(r *http.Request, next func()), h http.HandlerFunc) http.Handler
+}
+
+// Endpoint is one route ServeRoutes registers.
+type Endpoint struct {
+	// Method and Path name the route. Path writes its parameters {id} and
+	// {rest...}; gin and echo adapters register ColonPath(Path).
+	Method, Path string
+	// Guard, when not nil, locks this route alone, inside the router-level
+	// Routes middleware: gin and echo route middleware, a net/http wrapper.
+	Guard *middleware.Guard
+	// Handler runs the request.
+	Handler http.HandlerFunc
+}
+
+// ColonPath writes a path's {id} and {rest...} parameters as gin and echo
+// write them: :id and *rest.
+func ColonPath(path string) string {
+	segs := strings.Split(path, "/")
+	for i, s := range segs {
+		if name, ok := strings.CutPrefix(s, "{"); ok && strings.HasSuffix(name, "}") {
+			name = strings.TrimSuffix(name, "}")
+			if rest, ok := strings.CutSuffix(name, "..."); ok {
+				segs[i] = "*" + rest
+			} else {
+				segs[i] = ":" + name
+			}
+		}
+	}
+	return strings.Join(segs, "/")
 }
 
 // Run runs the whole suite against a.
@@ -70,6 +116,28 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("concurrent requests on one key never overlap", s.testMutualExclusion)
 	t.Run("watchdog cancels the handler's context when the lock is lost", s.testWatchdogLost)
 	t.Run("watchdog keeps a long handler's lock", s.testWatchdogKeeps)
+
+	if a.ServeRoutes == nil || a.ServeNested == nil {
+		t.Fatalf("%s: Adapter.ServeRoutes and Adapter.ServeNested are required", a.Name)
+	}
+	t.Run("routes: listed routes are locked, others run unlocked", s.testRoutesLockListed)
+	t.Run("routes: a YAML table locks the same way", s.testRoutesYAML)
+	t.Run("routes: each route answers its own timeout status", s.testRoutesOwnStatus)
+	t.Run("routes: :id and {id} spellings both match", s.testRoutesSpellings)
+	t.Run("routes: rest-of-path parameter locks one key on every adapter", s.testRoutesRestParam)
+	t.Run("routes: an entry matching no route fails at start-up with its source", s.testRoutesUnmatched)
+	t.Run("routes: a template reading a missing path parameter fails NewRoutes", s.testRoutesMissingParam)
+	t.Run("reentrant: group and route guard on one key share the lock", s.testReentrantNested)
+	t.Run("reentrant: routes middleware and route guard on one key share the lock", s.testReentrantRoutesAndGuard)
+	t.Run("hold-at-least: memstore", func(t *testing.T) { s.testHoldAtLeast(t, memLockerFor) })
+	t.Run("hold-at-least: redis", func(t *testing.T) { s.testHoldAtLeast(t, redisLockerFor) })
+	t.Run("multi-key: cart keys sorted, deduplicated, each fenced", s.testMultiKeyCart)
+	t.Run("multi-key: two templates", s.testMultiKeyTwoTemplates)
+	t.Run("multi-key: too many keys answers 413", s.testMultiKeyTooMany)
+	t.Run("multi-key: empty cart answers 400", s.testMultiKeyEmpty)
+	t.Run("multi-key: overlapping carts on redis neither deadlock nor lose updates", s.testMultiKeyConcurrentRedis)
+	t.Run("metrics: table routes are labelled by route", s.testMetricsRoutes)
+	t.Run("metrics: code-built guards are labelled by template or name", s.testMetricsGuards)
 }
 
 type suite struct{ a Adapter }
