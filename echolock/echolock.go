@@ -42,6 +42,18 @@ func NewWithConfig(locker *reqlock.Locker, cfg middleware.Config) (echo.Middlewa
 	return Middleware(g), nil
 }
 
+// FromSpec returns echo middleware configured by a one-line lock spec (see
+// middleware.ParseSpec), the in-code form of a lock annotation:
+//
+//	e.POST("/skus/:id/deduct", deduct, echolock.Must(echolock.FromSpec(locker, "@lock key=sku:<id> wait=2s")))
+func FromSpec(locker *reqlock.Locker, spec string) (echo.MiddlewareFunc, error) {
+	g, err := middleware.NewFromSpec(locker, spec)
+	if err != nil {
+		return nil, err
+	}
+	return Middleware(g), nil
+}
+
 // Must panics when err is not nil; wrap New at start-up with it.
 func Must(m echo.MiddlewareFunc, err error) echo.MiddlewareFunc {
 	if err != nil {

@@ -39,6 +39,18 @@ func NewWithConfig(locker *reqlock.Locker, cfg middleware.Config) (gin.HandlerFu
 	return Handler(g), nil
 }
 
+// FromSpec returns gin middleware configured by a one-line lock spec (see
+// middleware.ParseSpec), the in-code form of a lock annotation:
+//
+//	r.POST("/skus/:id/deduct", ginlock.Must(ginlock.FromSpec(locker, "@lock key=sku:<id> wait=2s")), deduct)
+func FromSpec(locker *reqlock.Locker, spec string) (gin.HandlerFunc, error) {
+	g, err := middleware.NewFromSpec(locker, spec)
+	if err != nil {
+		return nil, err
+	}
+	return Handler(g), nil
+}
+
 // Must panics when err is not nil; wrap New at start-up with it.
 func Must(h gin.HandlerFunc, err error) gin.HandlerFunc {
 	if err != nil {

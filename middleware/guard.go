@@ -77,6 +77,20 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 	return g, nil
 }
 
+// NewFromSpec builds a Guard from a one-line lock spec (see ParseSpec), the
+// in-code form of a lock annotation:
+//
+//	g, err := middleware.NewFromSpec(locker, "@lock key=sku:<id> wait=2s on-timeout=409")
+//
+// Errors are those of ParseSpec and New.
+func NewFromSpec(locker *reqlock.Locker, spec string) (*Guard, error) {
+	cfg, err := ParseSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	return NewWithConfig(locker, cfg)
+}
+
 // Config returns the route's configuration with defaults applied.
 func (g *Guard) Config() Config { return g.cfg }
 
