@@ -42,7 +42,8 @@ func (m *multiKeys) holds(storeKey string) bool {
 //
 // A lock of several keys does not take part in the local queue and handoff
 // of single keys (see Locker): it goes to the store each attempt, and wakes
-// on a release signal of the key that was held. One key alone is Obtain.
+// on a release signal of the key that held it up last. One key alone is
+// Obtain.
 //
 // Keys that ctx's locks already hold are held reentrantly (see Obtain), and
 // only the others are acquired.
@@ -120,6 +121,7 @@ func (l *Locker) obtainMulti(ctx context.Context, keys []string, ttl, wait time.
 		sawHeld  bool
 		released <-chan struct{}
 		stop     func()
+		watched  = -1 // the index of the key whose releases wake us
 	)
 	defer func() {
 		if stop != nil {
@@ -151,10 +153,14 @@ func (l *Locker) obtainMulti(ctx context.Context, keys []string, ttl, wait time.
 			return nil, ErrHeld
 		}
 		sawHeld = true
-		if stop == nil && l.notifier != nil && grant.Held >= 0 && grant.Held < len(storeKeys) {
-			// Wake on a release of the key that was held. Later attempts
-			// may find another key held; the fallback poll covers those.
+		if l.notifier != nil && grant.Held >= 0 && grant.Held < len(storeKeys) && grant.Held != watched {
+			// Wake on a release of the key that is held now: the first
+			// one, or another once that one was released.
+			if stop != nil {
+				stop()
+			}
 			released, stop = l.notifier.NotifyRelease(storeKeys[grant.Held])
+			watched = grant.Held
 			if released != nil {
 				continue // a release just before we subscribed would go unseen
 			}

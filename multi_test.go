@@ -495,6 +495,70 @@ func TestObtainAllWakesOnReleaseOfBlockingKey(t *testing.T) {
 	})
 }
 
+// awaitSubscribed waits until the Locker under test subscribes to releases
+// of storeKey, and the subscription has reached the store.
+func (e *storeEnv) awaitSubscribed(t *testing.T, storeKey string) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case k := <-e.spy.subscribed:
+			if k != storeKey {
+				continue
+			}
+			e.subscribed(t, storeKey)
+			return
+		case <-deadline:
+			t.Fatalf("no subscription to releases of %s within 10s", storeKey)
+		}
+	}
+}
+
+func TestObtainAllWakesWhenTheBlockingKeyChanges(t *testing.T) {
+	forEachEnv(t, []string{pathFast, pathFallbackNotify}, func(t *testing.T, e *storeEnv) {
+		ctx := context.Background()
+		other := e.other(t)
+		holderA, err := other.Obtain(ctx, "a", time.Hour, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holderB, err := other.Obtain(ctx, "b", time.Hour, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := e.locker(t, reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
+		got := make(chan error, 1)
+		go func() {
+			lock, err := l.ObtainAll(ctx, []string{"a", "b"}, time.Minute, time.Hour)
+			if err == nil {
+				err = lock.Release(ctx)
+			}
+			got <- err
+		}()
+		// a blocks it first; once a is released, b does.
+		e.awaitSubscribed(t, holderA.StoreKey())
+		if err := holderA.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.awaitSubscribed(t, holderB.StoreKey())
+		if err := holderB.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter (1 minute backoff) did not wake within 10s of the release of the key that blocked it")
+		}
+		if n := e.spy.subs.Load(); n != 0 {
+			t.Fatalf("%d release subscriptions left", n)
+		}
+		e.expectNoKeysLeft(t)
+	})
+}
+
 func TestObtainAllWaitsByPollingWithoutSignals(t *testing.T) {
 	forEachEnv(t, []string{pathFallback}, func(t *testing.T, e *storeEnv) {
 		ctx := context.Background()
