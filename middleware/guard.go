@@ -186,13 +186,13 @@ func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
 		// The watchdog found the lock lost and has logged it.
 	case errors.Is(err, reqlock.ErrNotHeld) && g.cfg.Watchdog:
 		g.logger.WarnContext(ctx, "reqlock: lock was lost before the handler finished despite the watchdog",
-			slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
+			slog.String("route", g.cfg.Name), slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
 	case errors.Is(err, reqlock.ErrNotHeld):
 		g.logger.WarnContext(ctx, "reqlock: lock expired before the handler finished; raise the route's TTL",
-			slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
+			slog.String("route", g.cfg.Name), slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
 	default:
 		g.logger.WarnContext(ctx, "reqlock: release failed; the lock expires with its TTL",
-			slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Any("error", err))
+			slog.String("route", g.cfg.Name), slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Any("error", err))
 	}
 }
 
@@ -263,11 +263,11 @@ func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rej
 		// ErrWaitEnded without ErrHeld: the store never answered in time.
 		if g.cfg.OnStoreError == FailOpen {
 			g.logger.WarnContext(ctx, "reqlock: lock store failed; running the handler WITHOUT the lock (route fails open)",
-				slog.String("key", key), slog.Any("error", err))
+				slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
 			return nil
 		}
 		g.logger.ErrorContext(ctx, "reqlock: lock store failed; answering 503",
-			slog.String("key", key), slog.Any("error", err))
+			slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
 		return &Rejection{Status: http.StatusServiceUnavailable, Reason: ReasonStoreError, RetryAfter: g.cfg.RetryAfter,
 			Detail: "the lock store is unavailable; retry later", Err: err}
 	}
@@ -275,7 +275,7 @@ func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rej
 }
 
 func (g *Guard) internalRejection(err error) *Rejection {
-	g.logger.Error("reqlock: unexpected error deriving or obtaining the lock", slog.Any("error", err))
+	g.logger.Error("reqlock: unexpected error deriving or obtaining the lock", slog.String("route", g.cfg.Name), slog.Any("error", err))
 	return &Rejection{Status: http.StatusInternalServerError, Reason: ReasonInternal,
 		Detail: "the lock could not be obtained", Err: err}
 }
