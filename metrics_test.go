@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -382,4 +383,47 @@ func TestMetricsLost(t *testing.T) {
 			t.Fatalf("Lost events %q for a released lock", lost)
 		}
 	})
+}
+
+// blockingLost is a Metrics whose Lost waits until release is closed.
+type blockingLost struct {
+	recMetrics
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (m *blockingLost) Lost(label string) {
+	m.recMetrics.Lost(label)
+	close(m.entered)
+	<-m.release
+}
+
+// TestLostAgreesWithKeepAliveContext: once the keep-alive context has ended
+// with ErrLockLost, Lost reports the loss, even while the watchdog is still
+// on its way out (here: held up in Metrics.Lost).
+func TestLostAgreesWithKeepAliveContext(t *testing.T) {
+	mem := memstore.New()
+	m := &blockingLost{entered: make(chan struct{}), release: make(chan struct{})}
+	l := reqlock.MustNew(mem, reqlock.WithMetrics(m), reqlock.WithLogger(slog.New(slog.DiscardHandler)))
+	bg := context.Background()
+	lock, err := l.Obtain(bg, "k", wdTTL, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx := lock.KeepAlive(bg)
+	if err := mem.Release(bg, lock.StoreKey(), lock.Token(), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, kctx, 5*time.Second)
+	<-m.entered
+	lost := lock.Lost()
+	close(m.release)
+	expectLost(t, kctx, reqlock.ErrNotHeld)
+	if !errors.Is(lost, reqlock.ErrLockLost) || lost != context.Cause(kctx) {
+		t.Fatalf("Lost() = %v once the keep-alive context ended with %v", lost, context.Cause(kctx))
+	}
+	_ = lock.Release(bg)
+	if lost := lock.Lost(); lost != context.Cause(kctx) {
+		t.Fatalf("Lost() after Release = %v", lost)
+	}
 }

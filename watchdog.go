@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,7 +32,7 @@ type watchdog struct {
 	ctx    context.Context // the keep-alive context the first caller got
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed when run has returned
-	lost   bool          // set by run before it closes done
+	lost   atomic.Bool   // set by run before it cancels ctx with the loss
 }
 
 // KeepAlive starts a watchdog that renews the lock with its TTL while ctx
@@ -104,7 +105,7 @@ func (l *Lock) KeepAlive(ctx context.Context) context.Context {
 			return followContext(ctx, wd.ctx)
 		}
 		<-wd.done // its context has ended: it is returning, if not gone
-		if wd.lost {
+		if wd.lost.Load() {
 			ended, cancel := context.WithCancelCause(ctx)
 			cancel(context.Cause(wd.ctx))
 			return ended
@@ -130,7 +131,8 @@ func followContext(ctx, leader context.Context) context.Context {
 
 // Lost returns the cause, wrapping ErrLockLost, with which the lock's
 // watchdog (see KeepAlive) gave the lock up, or nil when no watchdog has
-// found it lost. Once Release has returned, the answer is final.
+// found it lost. It reports the loss as soon as the keep-alive context has
+// ended with it. Once Release has returned, the answer is final.
 func (l *Lock) Lost() error {
 	if l.view != nil {
 		for _, p := range l.view.parts() {
@@ -147,12 +149,10 @@ func (l *Lock) Lost() error {
 	if wd == nil {
 		return nil
 	}
-	select {
-	case <-wd.done:
-		if wd.lost {
-			return context.Cause(wd.ctx)
-		}
-	default:
+	if wd.lost.Load() {
+		// Set before the context was cancelled with the loss, so a caller
+		// that saw the context end sees it too.
+		return context.Cause(wd.ctx)
 	}
 	return nil
 }
@@ -238,7 +238,7 @@ func (w *watchdog) renew(l *Lock, remaining time.Duration) error {
 // lose marks the lock lost, cancels the keep-alive context with cause and
 // logs the loss.
 func (w *watchdog) lose(l *Lock, cause error) {
-	w.lost = true // read by KeepAlive only after done is closed
+	w.lost.Store(true) // before cancel: whoever sees ctx end sees the loss
 	l.markNotHeld()
 	w.cancel(cause)
 	if m := l.locker.metrics; m != nil {
