@@ -3,6 +3,7 @@ package reqlock
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -36,7 +37,12 @@ func (l *Locker) newView(keys []string, borrowed []*Lock, owned *Lock) *Lock {
 	return lock
 }
 
+// fenceOf returns the fence of key, when key is one of the view's: the
+// locks behind it may hold other keys too.
 func (v *view) fenceOf(key string) (int64, bool) {
+	if _, ok := slices.BinarySearch(v.keys, key); !ok {
+		return 0, false
+	}
 	for _, p := range v.parts() {
 		if f, ok := p.FenceOf(key); ok {
 			return f, true

@@ -500,3 +500,40 @@ func TestNoReentryIntoALockBeingReleased(t *testing.T) {
 		t.Fatalf("key not free at the end: %v", err)
 	}
 }
+
+// TestViewFenceOfOnlyItsKeys: a view of a lock on several keys holds only the
+// keys it was obtained for, and FenceOf answers for those alone.
+func TestViewFenceOfOnlyItsKeys(t *testing.T) {
+	l := reqlock.MustNew(memstore.New())
+	bg := context.Background()
+	outer, err := l.ObtainAll(bg, []string{"a", "b", "c"}, time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outer.Release(bg)
+	ctx := reqlock.NewContext(bg, outer)
+	for _, keys := range [][]string{{"a"}, {"b", "c"}, {"c", "d"}} {
+		view, err := l.ObtainAll(ctx, keys, time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := view.Keys(); !slices.Equal(got, keys) {
+			t.Fatalf("Keys() = %q, want %q", got, keys)
+		}
+		for _, k := range []string{"a", "b", "c", "d"} {
+			f, ok := view.FenceOf(k)
+			want, wantOK := outer.FenceOf(k)
+			if !slices.Contains(keys, k) {
+				want, wantOK = 0, false
+			} else if k == "d" {
+				want, wantOK = f, f > 0
+			}
+			if f != want || ok != wantOK {
+				t.Errorf("view of %q: FenceOf(%q) = %d, %v; want %d, %v", keys, k, f, ok, want, wantOK)
+			}
+		}
+		if err := view.Release(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
