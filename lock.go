@@ -34,11 +34,12 @@ type Lock struct {
 
 	mu         sync.Mutex
 	validUntil time.Time
-	released   bool          // Release was called
-	views      int           // live reentrant views holding this lock
-	final      bool          // released in the store (or handed on)
-	minHold    time.Duration // see HoldAtLeast
-	notHeld    bool          // a refresh or the watchdog found the grant gone
+	released   bool                      // Release was called
+	views      int                       // live reentrant views holding this lock
+	final      bool                      // released in the store (or handed on)
+	minHold    time.Duration             // see HoldAtLeast
+	notHeld    bool                      // a refresh or the watchdog found the grant gone
+	viewEnds   []context.CancelCauseFunc // a view's keep-alive contexts; its Release ends them
 
 	keepAlive keepAlive // the watchdog KeepAlive starts; see watchdog.go
 }
@@ -194,8 +195,13 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	l.released = true
 	last := l.view == nil && l.views == 0
+	ends := l.viewEnds
+	l.viewEnds = nil
 	l.mu.Unlock()
 	if l.view != nil {
+		for _, end := range ends {
+			end(l.releasedCause())
+		}
 		return l.view.release(ctx)
 	}
 	if !last {

@@ -116,6 +116,18 @@ func (l *Lock) leave(ctx context.Context) error {
 	return l.finish(ctx)
 }
 
+// addViewEnd registers end to be called when the view l is released, and
+// reports false, registering nothing, when it was released already.
+func (l *Lock) addViewEnd(end context.CancelCauseFunc) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.released {
+		return false
+	}
+	l.viewEnds = append(l.viewEnds, end)
+	return true
+}
+
 // holds reports whether the real lock l holds storeKey.
 func (l *Lock) holds(storeKey string) bool {
 	if l.multi != nil {

@@ -501,6 +501,70 @@ func TestNoReentryIntoALockBeingReleased(t *testing.T) {
 	}
 }
 
+// TestViewKeepAliveEndsWithTheView: a view's keep-alive context ends when the
+// view is released, as a lock's does, though the lock behind it stays held
+// (and kept alive by its own watchdog).
+func TestViewKeepAliveEndsWithTheView(t *testing.T) {
+	forEachEnv(t, []string{pathFast}, func(t *testing.T, e *storeEnv) {
+		l := e.locker(t)
+		bg := context.Background()
+		for _, tc := range []struct {
+			keys []string
+			// outerFirst: the outer lock's watchdog starts before the
+			// view's KeepAlive, else after (following the one it started).
+			outerFirst bool
+		}{{[]string{"k"}, true}, {[]string{"k"}, false}, {[]string{"k", "n"}, true}, {[]string{"k", "n"}, false}} {
+			keys := tc.keys
+			outer, err := l.Obtain(bg, "k", wdTTL, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var outerCtx context.Context
+			if tc.outerFirst {
+				outerCtx = outer.KeepAlive(bg)
+			}
+			view, err := l.ObtainAll(reqlock.NewContext(bg, outer), keys, wdTTL, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			viewCtx := view.KeepAlive(bg)
+			if !tc.outerFirst {
+				outerCtx = outer.KeepAlive(bg)
+			}
+			if err := view.Release(bg); err != nil {
+				t.Fatal(err)
+			}
+			waitDone(t, viewCtx, 5*time.Second)
+			if cause := context.Cause(viewCtx); !errors.Is(cause, reqlock.ErrNotHeld) || errors.Is(cause, reqlock.ErrLockLost) {
+				t.Fatalf("%q: view's keep-alive cause %v, want ErrNotHeld without ErrLockLost", keys, cause)
+			}
+			// The outer lock is untouched: still held, still kept alive.
+			if outerCtx.Err() != nil {
+				t.Fatalf("%q: the outer keep-alive context ended: %v", keys, context.Cause(outerCtx))
+			}
+			// Renewed beyond its TTL, the watchdog's work alone.
+			renewUntil := time.Now().Add(2 * wdTTL)
+			for time.Now().Before(renewUntil) {
+				e.expectHeld(t, "k")
+				<-time.After(20 * time.Millisecond) // probe interval
+			}
+			if outerCtx.Err() != nil {
+				t.Fatalf("%q: the outer keep-alive context ended: %v", keys, context.Cause(outerCtx))
+			}
+			// A released view's KeepAlive has ended already.
+			if again := view.KeepAlive(bg); again.Err() == nil {
+				t.Fatalf("%q: KeepAlive of a released view is live", keys)
+			}
+			if err := outer.Release(bg); err != nil {
+				t.Fatal(err)
+			}
+			waitDone(t, outerCtx, 5*time.Second)
+		}
+		eventually(t, "watchdogs exited", func() bool { return watchdogs() == 0 })
+		e.expectNoKeysLeft(t)
+	})
+}
+
 // TestViewFenceOfOnlyItsKeys: a view of a lock on several keys holds only the
 // keys it was obtained for, and FenceOf answers for those alone.
 func TestViewFenceOfOnlyItsKeys(t *testing.T) {

@@ -81,7 +81,9 @@ type watchdog struct {
 func (l *Lock) KeepAlive(ctx context.Context) context.Context {
 	if l.view != nil {
 		// A view keeps each lock behind it alive, and its context ends
-		// when any of them is lost or released.
+		// when any of them is lost or released, or the view is released.
+		// The watchdogs stay bound to ctx alone: the locks a view borrows
+		// outlive its release.
 		if l.Released() {
 			ended, cancel := context.WithCancelCause(ctx)
 			cancel(l.releasedCause())
@@ -90,7 +92,11 @@ func (l *Lock) KeepAlive(ctx context.Context) context.Context {
 		for _, p := range l.view.parts() {
 			ctx = p.KeepAlive(ctx)
 		}
-		return ctx
+		viewCtx, end := context.WithCancelCause(ctx)
+		if !l.addViewEnd(end) {
+			end(l.releasedCause()) // released meanwhile
+		}
+		return viewCtx
 	}
 	k := &l.keepAlive
 	k.mu.Lock()
