@@ -53,8 +53,10 @@ type Config struct {
 	// element) as one lock, all or none: see reqlock.Locker.ObtainAll.
 	Keys []string
 
-	// MaxKeys caps the keys one request may lock. A request whose templates
-	// yield more is answered 413 with reason too_many_keys. Default 64.
+	// MaxKeys caps the keys one request's templates may yield, repeats
+	// included (a cart naming one SKU twice counts it twice), so that a
+	// hostile body costs bounded work. A request over it is answered 413
+	// with reason too_many_keys. Default 64.
 	MaxKeys int
 
 	// HoldAtLeast keeps the lock for at least this long after it was

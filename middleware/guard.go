@@ -145,7 +145,8 @@ func (g *Guard) Enter(req keyfunc.Request) (*reqlock.Lock, *Rejection) {
 }
 
 // keys derives the request's key, or, on a route that may lock several,
-// its distinct keys, sorted, within the route's MaxKeys.
+// its distinct keys, sorted. The route's MaxKeys caps the keys yielded,
+// repeats included, as keyfunc caps each template's.
 func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 	if !g.multi {
 		key, err := g.templates[0].Key(req)
@@ -159,12 +160,12 @@ func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 		}
 		keys = append(keys, ks...)
 	}
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
 	if len(keys) > g.cfg.MaxKeys {
+		// Each template stops at MaxKeys; several together may not.
 		return "", nil, fmt.Errorf("%w: the request yields %d keys", errTooManyKeys, len(keys))
 	}
-	return "", keys, nil
+	slices.Sort(keys)
+	return "", slices.Compact(keys), nil
 }
 
 // errTooManyKeys marks a request whose templates yield more than MaxKeys.

@@ -18,7 +18,8 @@ import (
 // code (ParseRoute), and install it once in the router: Routes.Handler
 // wraps a net/http ServeMux; ginlock.Routes and echolock.Routes are the gin
 // and echo middleware. A request to a route without an entry passes
-// through unlocked, at the cost of one map lookup.
+// through unlocked, at the cost of one map lookup (on net/http, also a
+// second ServeMux lookup: see Handler).
 //
 // Routes is immutable and safe for concurrent use.
 type Routes struct {
