@@ -236,7 +236,8 @@ func (l *Lock) finish(ctx context.Context) error {
 }
 
 // HoldAtLeast makes the key stay locked for at least d after the lock was
-// granted, even when it is released sooner: Release then shortens the key's
+// granted (counted from the start of the attempt that obtained it, like
+// ValidUntil), even when it is released sooner: Release then shortens the key's
 // TTL to what remains of d instead of deleting it, and no local waiter gets
 // the key sooner. It guards against a double submit: a second request for
 // the same key within d finds it held. Of several calls the longest wins;

@@ -211,7 +211,7 @@ func (l *Locker) releaseMulti(ctx context.Context, lock *Lock, keep time.Duratio
 		}
 		err = errors.Join(errs...)
 	}
-	if err != nil && !errors.Is(err, ErrNotHeld) {
+	if err != nil && !onlyNotHeld(err) {
 		return wrapStoreError(err)
 	}
 	return err
