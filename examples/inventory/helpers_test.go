@@ -77,11 +77,16 @@ var testClient = &http.Client{
 // do sends one request and decodes the JSON answer. It is safe to call from
 // many goroutines: it returns errors instead of failing the test.
 func do(method, url, body string) (answer, error) {
+	return doCtx(context.Background(), method, url, body)
+}
+
+// doCtx is do with a context, which bounds the request.
+func doCtx(ctx context.Context, method, url, body string) (answer, error) {
 	var r io.Reader
 	if body != "" {
 		r = strings.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(context.Background(), method, url, r)
+	req, err := http.NewRequestWithContext(ctx, method, url, r)
 	if err != nil {
 		return answer{}, err
 	}

@@ -50,20 +50,28 @@ func TestNoOversellUnderContention(t *testing.T) {
 				cfg.work = 2 * time.Millisecond
 				cfg.wait = 30 * time.Second
 				_, srv := startApp(t, cfg)
-
-				answers := concurrently(t, 200, func(int) (string, string, string) {
-					return route.req(srv.URL, "X")
-				})
-				ok, conflicts := tally(t, answers)
-				if len(ok) != 100 || conflicts != 100 {
-					t.Fatalf("%d answered 200 and %d answered 409, want 100 and 100", len(ok), conflicts)
-				}
-				checkSerialized(t, ok, 100)
-				if got := stockOf(t, srv.URL, "X"); got != 0 {
-					t.Fatalf("stock ended at %d, want 0", got)
-				}
+				checkNoOversell(t, srv.URL, route)
 			})
 		}
+	}
+}
+
+// checkNoOversell sends 200 concurrent deductions of 1 through route to the
+// SKU X, whose stock is 100, on the service at base: exactly 100 must
+// succeed, one at a time, the other 100 answer 409 insufficient stock, and
+// the stock end at 0.
+func checkNoOversell(t *testing.T, base string, route deductRoute) {
+	t.Helper()
+	answers := concurrently(t, 200, func(int) (string, string, string) {
+		return route.req(base, "X")
+	})
+	ok, conflicts := tally(t, answers)
+	if len(ok) != 100 || conflicts != 100 {
+		t.Fatalf("%d answered 200 and %d answered 409, want 100 and 100", len(ok), conflicts)
+	}
+	checkSerialized(t, ok, 100)
+	if got := stockOf(t, base, "X"); got != 0 {
+		t.Fatalf("stock ended at %d, want 0", got)
 	}
 }
 

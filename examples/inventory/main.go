@@ -11,12 +11,12 @@
 //
 // The lock alone is not enough when a lease expires while its holder still
 // works (a GC pause, a slow network). So every write is fenced: each lock
-// grant carries a fencing token that only grows, and the stock store keeps
-// per SKU the highest fence that read it for an update or wrote it, and
-// refuses a read or write with a lower one. Reads count too: once a newer
-// holder has read the stock, an older holder's write (computed from the same
-// stock) would lose the newer one's update. A holder whose lock was lost gets
-// 409 "stale fence" and changes nothing.
+// grant carries a fencing token per key that only grows (Lock.FenceOf), and
+// the stock store keeps per SKU the highest fence that read it for an update
+// or wrote it, and refuses a read or write with a lower one. Reads count
+// too: once a newer holder has read the stock, an older holder's write
+// (computed from the same stock) would lose the newer one's update. A holder
+// whose lock was lost gets 409 "stale fence" and changes nothing.
 //
 // Usage:
 //
@@ -33,18 +33,50 @@
 //	-work DURATION    simulated work between reading and writing the stock (default 0)
 //	-wait DURATION    how long a request waits for a held lock (default 2s; 0 tries once)
 //	-ttl DURATION     lease of each lock (default 10s)
+//	-routes FILE      take the lock configuration from this route table file
+//	                  (.yaml, .yml or .json) instead of the built-in one; the
+//	                  table sets each route's wait and ttl, so -wait and -ttl
+//	                  are refused with -routes, and so is -nolock
 //	-nolock           no lock middleware and no fences: shows overselling
+//
+// Lock configuration:
+//
+// The locks are a route table, installed once in front of all the routes
+// (ginlock.Routes, echolock.Routes, or middleware.Routes.Handler around the
+// ServeMux). Built in, it is, with -wait and -ttl filled in:
+//
+//	PUT  /skus/{id}          @lock key=sku:<id>        on-timeout=423 on-store-error=503
+//	POST /skus/{id}/deduct   @lock key=sku:<id>        on-timeout=423 on-store-error=503
+//	POST /orders             @lock key=sku:<json:sku>  on-timeout=423 on-store-error=503
+//
+// routes.yaml, next to this file, is that table with the default wait=2s and
+// ttl=10s: -routes examples/inventory/routes.yaml behaves exactly as no
+// flag. Edit a copy to change a route's wait, ttl, timeout status or failure
+// policy (see package middleware for the spec grammar). A route left out of
+// the table runs unlocked. A table with an error, or with an entry that
+// matches none of the routes below, stops the service before it listens:
+// it exits with status 1 and a message naming the file and line of each
+// problem, such as
+//
+//	inventory: reqlock/middleware: invalid configuration: r.yaml:13: POST /skus/{id}/deduct: spec column 20: wait: "2x" is not a duration (such as 2s or 500ms)
+//	inventory: r.yaml:14: reqlock/middleware: invalid configuration: POST /order matches no registered route
+//
+// A handler writes a SKU with the fence of that SKU's key in its lock; a
+// table whose keys leave a SKU the handler writes unlocked while the request
+// holds a lock (another key space, say) gets 500 and nothing is written.
 //
 // Routes:
 //
-//	GET  /skus/{id}         200 {"sku":"…","stock":N}; not locked
-//	PUT  /skus/{id}         body {"stock":N}: sets the stock under sku:<id>
-//	POST /skus/{id}/deduct  body {"qty":Q}: deducts under sku:<id>;
-//	                        200 {"sku":"…","stock":remaining,"fence":F}
-//	POST /orders            body {"sku":"…","qty":Q}: the same deduction, keyed
-//	                        from the body (sku:<json:sku>, the same keys)
+//	GET  /skus/{id}          200 {"sku":"…","stock":N}; not locked
+//	PUT  /skus/{id}          body {"stock":N}: sets the stock under sku:<id>
+//	POST /skus/{id}/deduct   body {"qty":Q}: deducts under sku:<id>;
+//	                         200 {"sku":"…","stock":remaining,"fence":F}
+//	POST /orders             body {"sku":"…","qty":Q}: the same deduction, keyed
+//	                         from the body (sku:<json:sku>, the same keys)
 //
-// Answers: 400 for a bad body (or a missing "sku" on /orders); 409 with the
+// Answers: 400 for a bad body (or a missing "sku" on /orders; when the route
+// is locked the middleware answers the body errors it sees while deriving
+// the key, with a problem details body of reason "bad_key"); 409 with the
 // current stock when it is insufficient, and 409 "stale fence" when the lock
 // was lost before the write; 423 with Retry-After when the lock wait runs
 // out; 503 with Retry-After when the lock store or the stock store is down.
@@ -59,6 +91,12 @@
 // Again with -nolock, all 150 answer 200 and the stock still shows units
 // left: the shop sold more than it had. Run two instances on different
 // -addr with the same -redis URL, and the lock holds across them.
+//
+// The same service, its locks from the route table:
+//
+//	go run ./examples/inventory -routes examples/inventory/routes.yaml
+//	cp examples/inventory/routes.yaml /tmp/r.yaml   # break a line, such as wait=2x
+//	go run ./examples/inventory -routes /tmp/r.yaml # exits 1: /tmp/r.yaml:LINE: …
 package main
 
 import (
@@ -103,6 +141,7 @@ type config struct {
 	wait         time.Duration
 	ttl          time.Duration
 	noLock       bool
+	routesFile   string // empty: the lock table in code, with wait and ttl
 
 	// logger receives the lock middleware's warnings; nil means
 	// slog.Default(). Not a flag: tests silence it.
@@ -135,11 +174,26 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.DurationVar(&cfg.wait, "wait", cfg.wait, "how long a request waits for a held lock (0 tries once)")
 	fs.DurationVar(&cfg.ttl, "ttl", cfg.ttl, "lease of each lock")
 	fs.BoolVar(&cfg.noLock, "nolock", false, "no lock and no fences: shows overselling")
+	fs.StringVar(&cfg.routesFile, "routes", "", "lock configuration from this route table `file` (.yaml, .yml or .json) instead of the built-in one")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	if cfg.routesFile != "" {
+		// The table sets each route's wait and ttl: refuse the flags rather
+		// than let one silently lose.
+		var conflict error
+		fs.Visit(func(f *flag.Flag) {
+			if (f.Name == "wait" || f.Name == "ttl") && conflict == nil {
+				conflict = fmt.Errorf("-%s with -routes: the route table %s sets each route's %s; set it there (%s=…) and drop -%s",
+					f.Name, cfg.routesFile, f.Name, f.Name, f.Name)
+			}
+		})
+		if conflict != nil {
+			return config{}, conflict
+		}
 	}
 	redisFlag := "-redis"
 	if cfg.redisURL == "" && getenv != nil {
@@ -177,6 +231,8 @@ func (cfg config) validate(redisFlag string) error {
 		return fmt.Errorf("-wait %v: must not be negative (0 tries once)", cfg.wait)
 	case cfg.ttl < time.Millisecond:
 		return fmt.Errorf("-ttl %v: must be at least 1ms", cfg.ttl)
+	case cfg.noLock && cfg.routesFile != "":
+		return fmt.Errorf("-nolock with -routes %s: -nolock runs without any lock; drop one of them", cfg.routesFile)
 	}
 	return nil
 }
@@ -185,7 +241,8 @@ func (cfg config) validate(redisFlag string) error {
 type app struct {
 	handler http.Handler
 	shop    *shop
-	locker  *reqlock.Locker // nil with -nolock
+	locker  *reqlock.Locker    // nil with -nolock
+	routes  *middleware.Routes // the lock configuration; nil with -nolock
 	closers []func() error
 
 	// lockDesc and stockDesc say where the locks and the stock live.
@@ -246,7 +303,6 @@ func buildApp(cfg config) (*app, error) {
 	}
 	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work}
 
-	var lockOpts []middleware.Option
 	if !cfg.noLock {
 		logger := cfg.logger
 		if logger == nil {
@@ -258,21 +314,24 @@ func buildApp(cfg config) (*app, error) {
 			return nil, fmt.Errorf("locker: %w", err)
 		}
 		a.locker = locker
-		lockOpts = []middleware.Option{middleware.WithWait(cfg.wait), middleware.WithTTL(cfg.ttl)}
+		if a.routes, err = lockRoutes(cfg, locker); err != nil {
+			a.close()
+			return nil, err
+		}
 	}
 
 	var err error
 	switch cfg.framework {
 	case frameworkEcho:
-		a.handler, err = echoRoutes(a.shop, a.locker, lockOpts)
+		a.handler, err = echoRoutes(a.shop, a.routes)
 	case frameworkNetHTTP:
-		a.handler, err = netHTTPRoutes(a.shop, a.locker, lockOpts)
+		a.handler, err = netHTTPRoutes(a.shop, a.routes)
 	default:
-		a.handler, err = ginRoutes(a.shop, a.locker, lockOpts)
+		a.handler, err = ginRoutes(a.shop, a.routes)
 	}
 	if err != nil {
 		a.close()
-		return nil, fmt.Errorf("%s routes: %w", cfg.framework, err)
+		return nil, err
 	}
 	return a, nil
 }
@@ -314,13 +373,23 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	go func() { served <- srv.Serve(ln) }()
 
 	base := "http://" + ln.Addr().String()
-	lock := fmt.Sprintf("lock store %s, wait %v, ttl %v", a.lockDesc, cfg.wait, cfg.ttl)
-	if cfg.noLock {
+	var lock string
+	switch {
+	case cfg.noLock:
 		lock = "NO LOCK (-nolock): concurrent deductions oversell"
+	case cfg.routesFile != "":
+		lock = fmt.Sprintf("lock store %s, locks from %s", a.lockDesc, cfg.routesFile)
+	default:
+		lock = fmt.Sprintf("lock store %s, wait %v, ttl %v", a.lockDesc, cfg.wait, cfg.ttl)
 	}
 	fmt.Fprintf(out, "inventory: listening on %s\n", base)
 	fmt.Fprintf(out, "inventory: framework %s; %s; stock %s (default %d per SKU, work %v)\n",
 		cfg.framework, lock, a.stockDesc, cfg.defaultStock, cfg.work)
+	if a.routes != nil {
+		for _, rs := range a.routes.Specs() {
+			fmt.Fprintf(out, "inventory: lock %s %s: %s\n", rs.Method, rs.Path, rs.Spec)
+		}
+	}
 	if a.ping != nil {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if err := a.ping(pctx); err != nil {
@@ -328,7 +397,8 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		}
 		cancel()
 	}
-	fmt.Fprintf(out, "try:\n  curl -s -X POST -d '{\"qty\":1}' %s/skus/apple/deduct\n  curl -s %s/skus/apple\n", base, base)
+	fmt.Fprintf(out, "try:\n  curl -s -X POST -d '{\"qty\":1}' %s/skus/apple/deduct\n", base)
+	fmt.Fprintf(out, "  curl -s %s/skus/apple\n", base)
 
 	select {
 	case err := <-served:

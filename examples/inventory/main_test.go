@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -49,6 +50,10 @@ func TestParseFlags(t *testing.T) {
 			c.redisURL = "redis://a:1"
 			return c
 		}},
+		{"routes", []string{"-routes", "r.yaml", "-stock", "5", "-work", "1ms"}, nil, func(c config) config {
+			c.routesFile, c.defaultStock, c.work = "r.yaml", 5, time.Millisecond
+			return c
+		}},
 	}
 	for _, tc := range valid {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,6 +86,10 @@ func TestParseFlags(t *testing.T) {
 		{"bad REDIS_URL", nil, map[string]string{"REDIS_URL": "mysql://x"}, "$REDIS_URL"},
 		{"unknown flag", []string{"-port", "80"}, nil, "-port"},
 		{"stray argument", []string{"gin"}, nil, `"gin"`},
+		{"routes and wait", []string{"-routes", "r.yaml", "-wait", "1s"}, nil, "-wait with -routes"},
+		{"routes and default wait", []string{"-wait", "2s", "-routes", "r.yaml"}, nil, "-wait with -routes"},
+		{"routes and ttl", []string{"-routes", "r.yaml", "-ttl", "5s"}, nil, "-ttl with -routes"},
+		{"routes and nolock", []string{"-routes", "r.yaml", "-nolock"}, nil, "-nolock with -routes"},
 	}
 	for _, tc := range invalid {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,6 +143,35 @@ func TestMainBinary(t *testing.T) {
 	}
 	if !strings.Contains(string(bad), "-framework") || strings.Contains(string(bad), "listening") {
 		t.Errorf("-framework fiber: the output does not name -framework, or it listened:\n%s", bad)
+	}
+
+	// -routes with -wait: exit 2, naming both, before listening.
+	bad, err = exec.Command(bin, "-routes", "routes.yaml", "-wait", "5s").CombinedOutput()
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Errorf("-routes with -wait: exit %v, want status 2; output:\n%s", err, bad)
+	}
+	if !strings.Contains(string(bad), "-wait with -routes") || strings.Contains(string(bad), "listening") {
+		t.Errorf("-routes with -wait: the output does not name both flags, or it listened:\n%s", bad)
+	}
+
+	// A route table with an error on line 3, then one with an entry that
+	// matches no route on line 4: exit non-zero, stderr naming the file and
+	// the line, and nothing on stdout (it never listened).
+	for _, tc := range badTables[:2] {
+		table := writeFile(t, tc.file, tc.data)
+		cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-routes", table)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+			t.Errorf("%s: exit %v, want a non-zero status", tc.name, err)
+		}
+		if where := fmt.Sprintf("%s:%d", table, tc.line); !strings.Contains(stderr.String(), where) {
+			t.Errorf("%s: stderr does not name %s:\n%s", tc.name, where, stderr.String())
+		}
+		if stdout.Len() > 0 {
+			t.Errorf("%s: stdout shows it started:\n%s", tc.name, stdout.String())
+		}
 	}
 
 	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-framework", "nethttp", "-stock", "42")
@@ -190,7 +228,9 @@ func TestMainBinary(t *testing.T) {
 		}
 	}
 	all := strings.Join(out, "\n")
-	for _, want := range []string{"framework nethttp", "memstore", "curl -s -X POST -d '{\"qty\":1}' " + base + "/skus/apple/deduct", "curl -s " + base + "/skus/apple"} {
+	for _, want := range []string{"framework nethttp", "memstore", "wait 2s, ttl 10s",
+		"inventory: lock POST /orders: @lock key=sku:<json:sku> on-timeout=423 on-store-error=503 wait=2s ttl=10s",
+		"curl -s -X POST -d '{\"qty\":1}' " + base + "/skus/apple/deduct", "curl -s " + base + "/skus/apple"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("startup output lacks %q:\n%s", want, all)
 		}

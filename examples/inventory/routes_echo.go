@@ -2,56 +2,64 @@ package main
 
 import (
 	"net/http"
+	"net/url"
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/echolock"
 	"github.com/reqlock/reqlock/middleware"
 )
 
-// echoRoutes routes the shop with echo. With a nil locker (-nolock) the
-// routes run unlocked. Lock rejections come back as *echo.HTTPError and
-// echo's error handler renders them as JSON.
-func echoRoutes(s *shop, locker *reqlock.Locker, opts []middleware.Option) (http.Handler, error) {
-	lockSKU, lockOrder := echo.MiddlewareFunc(passEcho), echo.MiddlewareFunc(passEcho)
-	if locker != nil {
-		var err error
-		if lockSKU, err = echolock.New(locker, "sku:<id>", opts...); err != nil {
-			return nil, err
-		}
-		if lockOrder, err = echolock.New(locker, "sku:<json:sku>", opts...); err != nil {
+// echoRoutes routes the shop with echo. rt, the lock configuration, is
+// installed once for every route (echolock.Routes) and then checked against
+// the registered routes; with a nil rt (-nolock) the routes run unlocked.
+// Lock rejections come back as *echo.HTTPError and echo's error handler
+// renders them as JSON.
+func echoRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	if rt != nil {
+		e.Use(echolock.Routes(rt))
+	}
+	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
+	orderKeys := skuKeysOf(rt, routeOrders)
+	e.GET("/skus/:id", func(c echo.Context) error {
+		return echoReply(c, s.getReply(c.Request().Context(), echoSKU(c)))
+	})
+	e.PUT("/skus/:id", func(c echo.Context) error {
+		return echoReply(c, s.setReply(c.Request().Context(), echoSKU(c), c.Request().Body, echoHolder(c, setKeys)))
+	})
+	e.POST("/skus/:id/deduct", func(c echo.Context) error {
+		return echoReply(c, s.deductReply(c.Request().Context(), echoSKU(c), c.Request().Body, echoHolder(c, deductKeys)))
+	})
+	e.POST("/orders", func(c echo.Context) error {
+		return echoReply(c, s.orderReply(c.Request().Context(), c.Request().Body, echoHolder(c, orderKeys)))
+	})
+	if rt != nil {
+		if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
 			return nil, err
 		}
 	}
-
-	e := echo.New()
-	e.HideBanner, e.HidePort = true, true
-	e.GET("/skus/:id", func(c echo.Context) error {
-		return echoReply(c, s.getReply(c.Request().Context(), c.Param("id")))
-	})
-	e.PUT("/skus/:id", func(c echo.Context) error {
-		return echoReply(c, s.setReply(c.Request().Context(), c.Param("id"), c.Request().Body, echoFence(c)))
-	}, lockSKU)
-	e.POST("/skus/:id/deduct", func(c echo.Context) error {
-		return echoReply(c, s.deductReply(c.Request().Context(), c.Param("id"), c.Request().Body, echoFence(c)))
-	}, lockSKU)
-	e.POST("/orders", func(c echo.Context) error {
-		return echoReply(c, s.orderReply(c.Request().Context(), c.Request().Body, echoFence(c)))
-	}, lockOrder)
 	return e, nil
 }
 
-// passEcho is the lock middleware's stand-in with -nolock.
-func passEcho(next echo.HandlerFunc) echo.HandlerFunc { return next }
-
-// echoFence returns the fence of the lock the middleware holds, or 0 when
-// the route runs unlocked.
-func echoFence(c echo.Context) int64 {
-	if lock, ok := echolock.Lock(c); ok {
-		return lock.Fence()
+// echoSKU returns the path parameter id unescaped, as net/http, gin and the
+// lock key have it: echo routes on the escaped path when the URL has one.
+func echoSKU(c echo.Context) string {
+	v := c.Param("id")
+	if c.Request().URL.RawPath != "" {
+		if u, err := url.PathUnescape(v); err == nil {
+			return u
+		}
 	}
-	return 0
+	return v
+}
+
+// echoHolder returns the lock the middleware holds for c's request, if any,
+// with the route's SKU keys.
+func echoHolder(c echo.Context, keys *skuKeys) holder {
+	lock, _ := echolock.Lock(c)
+	return holder{lock: lock, keys: keys}
 }
 
 // echoReply writes rep as JSON.

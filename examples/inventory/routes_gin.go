@@ -5,7 +5,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/ginlock"
 	"github.com/reqlock/reqlock/middleware"
 )
@@ -13,47 +12,43 @@ import (
 // init puts gin in release mode: no debug banner or route log.
 func init() { gin.SetMode(gin.ReleaseMode) }
 
-// ginRoutes routes the shop with gin. With a nil locker (-nolock) the
-// routes run unlocked.
-func ginRoutes(s *shop, locker *reqlock.Locker, opts []middleware.Option) (http.Handler, error) {
-	lockSKU, lockOrder := gin.HandlerFunc(passGin), gin.HandlerFunc(passGin)
-	if locker != nil {
-		var err error
-		if lockSKU, err = ginlock.New(locker, "sku:<id>", opts...); err != nil {
-			return nil, err
-		}
-		if lockOrder, err = ginlock.New(locker, "sku:<json:sku>", opts...); err != nil {
-			return nil, err
-		}
-	}
-
+// ginRoutes routes the shop with gin. rt, the lock configuration, is
+// installed once in front of every route (ginlock.Routes) and then checked
+// against the registered routes; with a nil rt (-nolock) the routes run
+// unlocked.
+func ginRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	r := gin.New()
 	r.Use(gin.Recovery())
+	if rt != nil {
+		r.Use(ginlock.Routes(rt))
+	}
+	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
+	orderKeys := skuKeysOf(rt, routeOrders)
 	r.GET("/skus/:id", func(c *gin.Context) {
 		ginReply(c, s.getReply(c.Request.Context(), c.Param("id")))
 	})
-	r.PUT("/skus/:id", lockSKU, func(c *gin.Context) {
-		ginReply(c, s.setReply(c.Request.Context(), c.Param("id"), c.Request.Body, ginFence(c)))
+	r.PUT("/skus/:id", func(c *gin.Context) {
+		ginReply(c, s.setReply(c.Request.Context(), c.Param("id"), c.Request.Body, ginHolder(c, setKeys)))
 	})
-	r.POST("/skus/:id/deduct", lockSKU, func(c *gin.Context) {
-		ginReply(c, s.deductReply(c.Request.Context(), c.Param("id"), c.Request.Body, ginFence(c)))
+	r.POST("/skus/:id/deduct", func(c *gin.Context) {
+		ginReply(c, s.deductReply(c.Request.Context(), c.Param("id"), c.Request.Body, ginHolder(c, deductKeys)))
 	})
-	r.POST("/orders", lockOrder, func(c *gin.Context) {
-		ginReply(c, s.orderReply(c.Request.Context(), c.Request.Body, ginFence(c)))
+	r.POST("/orders", func(c *gin.Context) {
+		ginReply(c, s.orderReply(c.Request.Context(), c.Request.Body, ginHolder(c, orderKeys)))
 	})
+	if rt != nil {
+		if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
-// passGin is the lock middleware's stand-in with -nolock.
-func passGin(c *gin.Context) { c.Next() }
-
-// ginFence returns the fence of the lock the middleware holds, or 0 when
-// the route runs unlocked.
-func ginFence(c *gin.Context) int64 {
-	if lock, ok := ginlock.Lock(c); ok {
-		return lock.Fence()
-	}
-	return 0
+// ginHolder returns the lock the middleware holds for c's request, if any,
+// with the route's SKU keys.
+func ginHolder(c *gin.Context, keys *skuKeys) holder {
+	lock, _ := ginlock.Lock(c)
+	return holder{lock: lock, keys: keys}
 }
 
 // ginReply writes rep as JSON.

@@ -9,47 +9,36 @@ import (
 )
 
 // netHTTPRoutes routes the shop with net/http's ServeMux (Go 1.22
-// patterns). With a nil locker (-nolock) the routes run unlocked.
-func netHTTPRoutes(s *shop, locker *reqlock.Locker, opts []middleware.Option) (http.Handler, error) {
-	lockSKU, lockOrder := passHTTP, passHTTP
-	if locker != nil {
-		sku, err := middleware.New(locker, "sku:<id>", opts...)
-		if err != nil {
-			return nil, err
-		}
-		order, err := middleware.New(locker, "sku:<json:sku>", opts...)
-		if err != nil {
-			return nil, err
-		}
-		lockSKU, lockOrder = sku.Handler, order.Handler
-	}
-
+// patterns). rt, the lock configuration, wraps the whole ServeMux once
+// (Routes.Handler), which checks it against the registered patterns; with a
+// nil rt (-nolock) the routes run unlocked.
+func netHTTPRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
+	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
+	orderKeys := skuKeysOf(rt, routeOrders)
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /skus/{id}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc(routeGet, func(w http.ResponseWriter, r *http.Request) {
 		writeReply(w, s.getReply(r.Context(), r.PathValue("id")))
 	})
-	mux.Handle("PUT /skus/{id}", lockSKU(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeReply(w, s.setReply(r.Context(), r.PathValue("id"), r.Body, httpFence(r)))
-	})))
-	mux.Handle("POST /skus/{id}/deduct", lockSKU(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeReply(w, s.deductReply(r.Context(), r.PathValue("id"), r.Body, httpFence(r)))
-	})))
-	mux.Handle("POST /orders", lockOrder(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeReply(w, s.orderReply(r.Context(), r.Body, httpFence(r)))
-	})))
-	return mux, nil
+	mux.HandleFunc(routeSet, func(w http.ResponseWriter, r *http.Request) {
+		writeReply(w, s.setReply(r.Context(), r.PathValue("id"), r.Body, httpHolder(r, setKeys)))
+	})
+	mux.HandleFunc(routeDeduct, func(w http.ResponseWriter, r *http.Request) {
+		writeReply(w, s.deductReply(r.Context(), r.PathValue("id"), r.Body, httpHolder(r, deductKeys)))
+	})
+	mux.HandleFunc(routeOrders, func(w http.ResponseWriter, r *http.Request) {
+		writeReply(w, s.orderReply(r.Context(), r.Body, httpHolder(r, orderKeys)))
+	})
+	if rt == nil {
+		return mux, nil
+	}
+	return rt.Handler(mux)
 }
 
-// passHTTP is the lock middleware's stand-in with -nolock.
-func passHTTP(next http.Handler) http.Handler { return next }
-
-// httpFence returns the fence of the lock the middleware holds, or 0 when
-// the route runs unlocked.
-func httpFence(r *http.Request) int64 {
-	if lock, ok := reqlock.FromContext(r.Context()); ok {
-		return lock.Fence()
-	}
-	return 0
+// httpHolder returns the lock the middleware holds for r, if any, with the
+// route's SKU keys.
+func httpHolder(r *http.Request, keys *skuKeys) holder {
+	lock, _ := reqlock.FromContext(r.Context())
+	return holder{lock: lock, keys: keys}
 }
 
 // writeReply writes rep as JSON.

@@ -31,6 +31,19 @@ var (
 	errStockStore = errors.New("stock store failed")
 )
 
+// staleFenceError is ErrStaleFence for one SKU.
+type staleFenceError struct {
+	op         string // "read", "write" or "deduct"
+	sku        string
+	fence, saw int64
+}
+
+func (e *staleFenceError) Error() string {
+	return fmt.Sprintf("%v: %s with fence %d, SKU %q already saw fence %d", ErrStaleFence, e.op, e.fence, e.sku, e.saw)
+}
+
+func (e *staleFenceError) Unwrap() error { return ErrStaleFence }
+
 // stockStore keeps, per SKU, the stock and the highest fence that read it
 // for an update or wrote it. Fence 0 means "no lock" (the -nolock baseline):
 // such reads and writes are neither checked nor recorded.
@@ -75,7 +88,7 @@ func (m *memStock) Read(_ context.Context, sku string, fence int64) (int64, bool
 			m.skus[sku] = rec
 		}
 		if fence < rec.fence {
-			return 0, false, fmt.Errorf("%w: read with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, rec.fence)
+			return 0, false, &staleFenceError{"read", sku, fence, rec.fence}
 		}
 		rec.fence = fence
 	}
@@ -96,7 +109,7 @@ func (m *memStock) Write(_ context.Context, sku string, stock, fence int64) erro
 	}
 	if fence > 0 {
 		if fence < rec.fence {
-			return fmt.Errorf("%w: write with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, rec.fence)
+			return &staleFenceError{"write", sku, fence, rec.fence}
 		}
 		rec.fence = fence
 	}
@@ -166,7 +179,7 @@ func (s *redisStock) Read(ctx context.Context, sku string, fence int64) (int64, 
 		return 0, false, fmt.Errorf("%w: read %q: script answered %v", errStockStore, sku, v)
 	}
 	if v[0] == 0 {
-		return 0, false, fmt.Errorf("%w: read with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, v[3])
+		return 0, false, &staleFenceError{"read", sku, fence, v[3]}
 	}
 	return v[2], v[1] == 1, nil
 }
@@ -181,7 +194,7 @@ func (s *redisStock) Write(ctx context.Context, sku string, stock, fence int64) 
 		return fmt.Errorf("%w: write %q: script answered %v", errStockStore, sku, v)
 	}
 	if v[0] == 0 {
-		return fmt.Errorf("%w: write with fence %d, SKU %q already saw fence %d", ErrStaleFence, fence, sku, v[1])
+		return &staleFenceError{"write", sku, fence, v[1]}
 	}
 	return nil
 }
@@ -311,7 +324,7 @@ func (s *shop) getReply(ctx context.Context, sku string) reply {
 }
 
 // setReply answers PUT /skus/{id} with body {"stock":N}.
-func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, fence int64) reply {
+func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, h holder) reply {
 	var req struct {
 		Stock *int64 `json:"stock"`
 	}
@@ -326,6 +339,10 @@ func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, fence i
 	case *req.Stock < 0:
 		return badRequest(`"stock" must not be negative`)
 	}
+	fence, err := h.fence(sku)
+	if err != nil {
+		return s.errorReply(sku, 0, err)
+	}
 	if err := s.Set(ctx, sku, *req.Stock, fence); err != nil {
 		return s.errorReply(sku, 0, err)
 	}
@@ -333,18 +350,18 @@ func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, fence i
 }
 
 // deductReply answers POST /skus/{id}/deduct with body {"qty":Q}.
-func (s *shop) deductReply(ctx context.Context, sku string, body io.Reader, fence int64) reply {
+func (s *shop) deductReply(ctx context.Context, sku string, body io.Reader, h holder) reply {
 	var req struct {
 		Qty *int64 `json:"qty"`
 	}
 	if err := decodeJSON(body, &req); err != nil {
 		return badRequest(err.Error())
 	}
-	return s.deduct(ctx, sku, req.Qty, fence)
+	return s.deduct(ctx, sku, req.Qty, h)
 }
 
 // orderReply answers POST /orders with body {"sku":"…","qty":Q}.
-func (s *shop) orderReply(ctx context.Context, body io.Reader, fence int64) reply {
+func (s *shop) orderReply(ctx context.Context, body io.Reader, h holder) reply {
 	var req struct {
 		SKU string `json:"sku"`
 		Qty *int64 `json:"qty"`
@@ -352,11 +369,11 @@ func (s *shop) orderReply(ctx context.Context, body io.Reader, fence int64) repl
 	if err := decodeJSON(body, &req); err != nil {
 		return badRequest(err.Error())
 	}
-	return s.deduct(ctx, req.SKU, req.Qty, fence)
+	return s.deduct(ctx, req.SKU, req.Qty, h)
 }
 
 // deduct validates a deduction and answers it.
-func (s *shop) deduct(ctx context.Context, sku string, qty *int64, fence int64) reply {
+func (s *shop) deduct(ctx context.Context, sku string, qty *int64, h holder) reply {
 	switch {
 	case sku == "":
 		return badRequest(`"sku" is missing`)
@@ -365,6 +382,10 @@ func (s *shop) deduct(ctx context.Context, sku string, qty *int64, fence int64) 
 	case *qty < 1:
 		return badRequest(`"qty" must be at least 1`)
 	}
+	fence, err := h.fence(sku)
+	if err != nil {
+		return s.errorReply(sku, 0, err)
+	}
 	remaining, err := s.Deduct(ctx, sku, *qty, fence, s.work)
 	if err != nil {
 		return s.errorReply(sku, remaining, err)
@@ -372,16 +393,23 @@ func (s *shop) deduct(ctx context.Context, sku string, qty *int64, fence int64) 
 	return reply{http.StatusOK, deductBody{SKU: sku, Stock: remaining, Fence: fence}}
 }
 
-// errorReply maps a shop error to its answer:
+// errorReply maps a shop error to its answer; sku names the SKU concerned,
+// when there is one, and stock is its current stock:
 //   - ErrInsufficientStock: 409 with the current stock;
 //   - ErrStaleFence: 409 as well. The request lost its lock before it could
 //     write (its lease expired while it worked), and the store refused the
 //     write, so nothing changed: like insufficient stock, it is a conflict
 //     with the resource's current state that the client may retry;
+//   - errNotCovered: 500. The route's lock configuration does not lock the
+//     SKU in the sku: key space, so the handler writes nothing;
 //   - the request's context ended: 499 when the client went away (nobody
 //     reads it), 503 when a deadline passed;
 //   - a stock store failure: 503 with Retry-After.
 func (s *shop) errorReply(sku string, stock int64, err error) reply {
+	var stale *staleFenceError
+	if errors.As(err, &stale) {
+		sku = stale.sku
+	}
 	switch {
 	case errors.Is(err, ErrInsufficientStock):
 		return reply{http.StatusConflict, errorBody{Error: "insufficient stock", SKU: sku, Stock: &stock}}
@@ -390,6 +418,8 @@ func (s *shop) errorReply(sku string, stock int64, err error) reply {
 			Error: "stale fence: the lock expired before the write and a newer holder came first; nothing was changed",
 			SKU:   sku,
 		}}
+	case errors.Is(err, errNotCovered):
+		return reply{http.StatusInternalServerError, errorBody{Error: err.Error(), SKU: sku}}
 	case errors.Is(err, context.Canceled):
 		return reply{statusClientClosedRequest, errorBody{Error: "request cancelled", SKU: sku}}
 	}
