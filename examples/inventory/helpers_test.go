@@ -57,11 +57,13 @@ type answer struct {
 	retryAfter  string
 	raw         string
 
-	SKU    string `json:"sku"`
-	Stock  *int64 `json:"stock"`
-	Fence  int64  `json:"fence"`
-	Error  string `json:"error"`
-	Reason string `json:"reason"` // the middleware's problem details
+	SKU    string      `json:"sku"`
+	Stock  *int64      `json:"stock"`
+	Fence  int64       `json:"fence"`
+	Error  string      `json:"error"`
+	Reason string      `json:"reason"` // the middleware's problem details
+	Items  []cartLine  `json:"items"`  // a checkout's lines
+	Short  []shortItem `json:"short"`  // a short cart's SKUs
 }
 
 // String describes a for failure messages.
@@ -235,7 +237,8 @@ func (b *barrier) wait(ctx context.Context) {
 	}
 }
 
-// countingStore wraps a stockStore and counts the calls that reach it.
+// countingStore wraps a stockStore and counts the calls that reach it; a
+// DeductAll counts as a write.
 type countingStore struct {
 	stockStore
 	reads, writes atomic.Int64
@@ -251,6 +254,12 @@ func (c *countingStore) Read(ctx context.Context, sku string, fence int64) (int6
 func (c *countingStore) Write(ctx context.Context, sku string, stock, fence int64) error {
 	c.writes.Add(1)
 	return c.stockStore.Write(ctx, sku, stock, fence)
+}
+
+// DeductAll implements stockStore.
+func (c *countingStore) DeductAll(ctx context.Context, ds []deduction, defaultStock int64) ([]int64, error) {
+	c.writes.Add(1)
+	return c.stockStore.DeductAll(ctx, ds, defaultStock)
 }
 
 // redisSKU returns a SKU name unique to the test, safe in a URL path.

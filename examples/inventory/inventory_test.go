@@ -236,8 +236,9 @@ func TestExpiredLeaseIsFenced(t *testing.T) {
 
 // TestLockWaitRunsOut holds a SKU's key with the app's own Locker, as another
 // request or instance would, and sends deductions that may wait 50ms: both
-// routes answer 423 with Retry-After, and the stock is untouched. Once the
-// key is released a deduction succeeds with a fence above the holder's.
+// routes and a checkout of the SKU answer 423 with Retry-After, and the
+// stock is untouched. Once the key is released a deduction succeeds with a
+// fence above the holder's.
 func TestLockWaitRunsOut(t *testing.T) {
 	for _, fw := range frameworks {
 		t.Run(fw, func(t *testing.T) {
@@ -259,7 +260,7 @@ func TestLockWaitRunsOut(t *testing.T) {
 				}
 			})
 
-			for _, route := range deductRoutes {
+			for _, route := range lockedRoutes {
 				got := route.send(t, srv.URL, "X")
 				if got.status != http.StatusLocked || got.retryAfter == "" {
 					t.Errorf("%s while the key is held: %v (Retry-After %q), want 423 with Retry-After",
@@ -296,7 +297,7 @@ func TestLockStoreDown(t *testing.T) {
 			counter := &countingStore{stockStore: a.shop.store}
 			a.shop.store = counter
 
-			for _, route := range deductRoutes {
+			for _, route := range lockedRoutes {
 				got := route.send(t, srv.URL, "X")
 				if got.status != http.StatusServiceUnavailable || got.retryAfter == "" {
 					t.Errorf("%s with the store down: %v (Retry-After %q), want 503 with Retry-After",
@@ -330,6 +331,11 @@ func (failingStore) Write(context.Context, string, int64, int64) error {
 	return fmt.Errorf("%w: %w", errStockStore, errDown)
 }
 
+// DeductAll implements stockStore.
+func (failingStore) DeductAll(context.Context, []deduction, int64) ([]int64, error) {
+	return nil, fmt.Errorf("%w: %w", errStockStore, errDown)
+}
+
 // TestStockStoreDown keeps the lock store up and takes the stock store down:
 // the handler itself answers 503 with Retry-After, and the lock is released
 // (the next request obtains it at once).
@@ -342,7 +348,7 @@ func TestStockStoreDown(t *testing.T) {
 			a, srv := startApp(t, cfg)
 			a.shop.store = failingStore{}
 			for range 2 {
-				for _, route := range deductRoutes {
+				for _, route := range lockedRoutes {
 					got := route.send(t, srv.URL, "X")
 					if got.status != http.StatusServiceUnavailable || got.retryAfter == "" || got.Error == "" {
 						t.Errorf("%s: %v (Retry-After %q), want 503 with Retry-After", route.name, got, got.retryAfter)

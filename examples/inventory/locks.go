@@ -20,10 +20,11 @@ import (
 
 // The routes of the service, as the route table names them.
 const (
-	routeGet    = "GET /skus/{id}"
-	routeSet    = "PUT /skus/{id}"
-	routeDeduct = "POST /skus/{id}/deduct"
-	routeOrders = "POST /orders"
+	routeGet      = "GET /skus/{id}"
+	routeSet      = "PUT /skus/{id}"
+	routeDeduct   = "POST /skus/{id}/deduct"
+	routeOrders   = "POST /orders"
+	routeCheckout = "POST /carts/checkout"
 )
 
 // lockTable is the lock configuration in code: each locked route and its
@@ -35,6 +36,7 @@ var lockTable = []struct{ route, spec string }{
 	{routeSet, "@lock key=sku:<id> on-timeout=423 on-store-error=503"},
 	{routeDeduct, "@lock key=sku:<id> on-timeout=423 on-store-error=503"},
 	{routeOrders, "@lock key=sku:<json:sku> on-timeout=423 on-store-error=503"},
+	{routeCheckout, "@lock key=sku:<json:items[*].sku> on-timeout=423 on-store-error=503"},
 }
 
 // codeSource labels the entries of lockTable in errors and RouteSpec.Source.

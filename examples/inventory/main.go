@@ -7,7 +7,9 @@
 // for a while (the -work flag), then writes the stock back: without the lock
 // (-nolock) concurrent deductions read the same stock and lose each other's
 // updates, so the shop sells more than it has. With the lock they run one at
-// a time, on every instance that shares the lock store.
+// a time, on every instance that shares the lock store. A checkout locks
+// every SKU of its cart at once, all or none, in the same sku: key space, so
+// it excludes the single-SKU routes on each of its SKUs.
 //
 // The lock alone is not enough when a lease expires while its holder still
 // works (a GC pause, a slow network). So every write is fenced: each lock
@@ -16,7 +18,8 @@
 // or wrote it, and refuses a read or write with a lower one. Reads count
 // too: once a newer holder has read the stock, an older holder's write
 // (computed from the same stock) would lose the newer one's update. A holder
-// whose lock was lost gets 409 "stale fence" and changes nothing.
+// whose lock was lost gets 409 "stale fence" and changes nothing; a checkout
+// with a stale fence on any of its SKUs changes none of them.
 //
 // Usage:
 //
@@ -45,9 +48,10 @@
 // (ginlock.Routes, echolock.Routes, or middleware.Routes.Handler around the
 // ServeMux). Built in, it is, with -wait and -ttl filled in:
 //
-//	PUT  /skus/{id}          @lock key=sku:<id>        on-timeout=423 on-store-error=503
-//	POST /skus/{id}/deduct   @lock key=sku:<id>        on-timeout=423 on-store-error=503
-//	POST /orders             @lock key=sku:<json:sku>  on-timeout=423 on-store-error=503
+//	PUT  /skus/{id}          @lock key=sku:<id>                  on-timeout=423 on-store-error=503
+//	POST /skus/{id}/deduct   @lock key=sku:<id>                  on-timeout=423 on-store-error=503
+//	POST /orders             @lock key=sku:<json:sku>            on-timeout=423 on-store-error=503
+//	POST /carts/checkout     @lock key=sku:<json:items[*].sku>   on-timeout=423 on-store-error=503
 //
 // routes.yaml, next to this file, is that table with the default wait=2s and
 // ttl=10s: -routes examples/inventory/routes.yaml behaves exactly as no
@@ -59,7 +63,7 @@
 // problem, such as
 //
 //	inventory: reqlock/middleware: invalid configuration: r.yaml:13: POST /skus/{id}/deduct: spec column 20: wait: "2x" is not a duration (such as 2s or 500ms)
-//	inventory: r.yaml:14: reqlock/middleware: invalid configuration: POST /order matches no registered route
+//	inventory: r.yaml:15: reqlock/middleware: invalid configuration: POST /cart/checkout matches no registered route
 //
 // A handler writes a SKU with the fence of that SKU's key in its lock; a
 // table whose keys leave a SKU the handler writes unlocked while the request
@@ -73,13 +77,32 @@
 //	                         200 {"sku":"…","stock":remaining,"fence":F}
 //	POST /orders             body {"sku":"…","qty":Q}: the same deduction, keyed
 //	                         from the body (sku:<json:sku>, the same keys)
+//	POST /carts/checkout     body {"items":[{"sku":"…","qty":Q},…]}: deducts every
+//	                         item, all or none, under the keys of all its SKUs
+//	                         (sku:<json:items[*].sku>); a SKU listed twice has its
+//	                         quantities added up. 200 {"items":[{"sku":"…","qty":Q,
+//	                         "stock":remaining,"fence":F},…]}, one line per SKU,
+//	                         sorted by SKU
 //
-// Answers: 400 for a bad body (or a missing "sku" on /orders; when the route
-// is locked the middleware answers the body errors it sees while deriving
-// the key, with a problem details body of reason "bad_key"); 409 with the
-// current stock when it is insufficient, and 409 "stale fence" when the lock
-// was lost before the write; 423 with Retry-After when the lock wait runs
-// out; 503 with Retry-After when the lock store or the stock store is down.
+// The checkout reads every SKU with its fence, works (-work), then deducts
+// them all in one atomic step that checks every fence and every stock first
+// (one Lua script on Redis, one critical section in memory). So even with
+// -nolock a checkout cannot oversell; the lock keeps the carts and the
+// single deductions of a SKU one at a time, and the fences refuse a cart
+// whose lease expired.
+//
+// Answers: 400 for a bad body (a missing "sku" on /orders; on a checkout,
+// missing or empty "items", an item without "sku", a "qty" below 1); when
+// the route is locked the middleware answers the body errors it sees while
+// deriving the keys, with a problem details body of reason "bad_key". 409
+// with the current stock when it is insufficient; on a checkout 409
+// {"error":"insufficient stock","short":[{"sku":"…","qty":Q,"stock":N},…]}
+// naming every short SKU, and no SKU changed. 409 "stale fence" when the
+// lock was lost before the write (nothing changed). 413 for a cart of more
+// than 64 items (the lock's max-keys). 423 with Retry-After when the lock
+// wait runs out; 503 with Retry-After when the lock store or the stock store
+// is down; 500 when the request's lock does not cover a SKU it writes (see
+// Lock configuration).
 //
 // Try it:
 //
@@ -91,6 +114,13 @@
 // Again with -nolock, all 150 answer 200 and the stock still shows units
 // left: the shop sold more than it had. Run two instances on different
 // -addr with the same -redis URL, and the lock holds across them.
+//
+// A checkout, then one with a short item, which changes nothing:
+//
+//	curl -s -X POST -d '{"items":[{"sku":"pear","qty":2},{"sku":"plum","qty":1}]}' \
+//	    localhost:8080/carts/checkout    # 200: pear 98, plum 99, with their fences
+//	curl -s -X POST -d '{"items":[{"sku":"pear","qty":1},{"sku":"plum","qty":500}]}' \
+//	    localhost:8080/carts/checkout    # 409: plum is short (stock 99); pear stays 98
 //
 // The same service, its locks from the route table:
 //
@@ -398,6 +428,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		cancel()
 	}
 	fmt.Fprintf(out, "try:\n  curl -s -X POST -d '{\"qty\":1}' %s/skus/apple/deduct\n", base)
+	fmt.Fprintf(out, "  curl -s -X POST -d '{\"items\":[{\"sku\":\"pear\",\"qty\":2},{\"sku\":\"plum\",\"qty\":1}]}' %s/carts/checkout\n", base)
 	fmt.Fprintf(out, "  curl -s %s/skus/apple\n", base)
 
 	select {

@@ -22,7 +22,7 @@ func echoRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 		e.Use(echolock.Routes(rt))
 	}
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
-	orderKeys := skuKeysOf(rt, routeOrders)
+	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)
 	e.GET("/skus/:id", func(c echo.Context) error {
 		return echoReply(c, s.getReply(c.Request().Context(), echoSKU(c)))
 	})
@@ -34,6 +34,9 @@ func echoRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	})
 	e.POST("/orders", func(c echo.Context) error {
 		return echoReply(c, s.orderReply(c.Request().Context(), c.Request().Body, echoHolder(c, orderKeys)))
+	})
+	e.POST("/carts/checkout", func(c echo.Context) error {
+		return echoReply(c, s.checkoutReply(c.Request().Context(), c.Request().Body, echoHolder(c, checkoutKeys)))
 	})
 	if rt != nil {
 		if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {

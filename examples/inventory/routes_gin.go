@@ -23,7 +23,7 @@ func ginRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 		r.Use(ginlock.Routes(rt))
 	}
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
-	orderKeys := skuKeysOf(rt, routeOrders)
+	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)
 	r.GET("/skus/:id", func(c *gin.Context) {
 		ginReply(c, s.getReply(c.Request.Context(), c.Param("id")))
 	})
@@ -35,6 +35,9 @@ func ginRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	})
 	r.POST("/orders", func(c *gin.Context) {
 		ginReply(c, s.orderReply(c.Request.Context(), c.Request.Body, ginHolder(c, orderKeys)))
+	})
+	r.POST("/carts/checkout", func(c *gin.Context) {
+		ginReply(c, s.checkoutReply(c.Request.Context(), c.Request.Body, ginHolder(c, checkoutKeys)))
 	})
 	if rt != nil {
 		if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {

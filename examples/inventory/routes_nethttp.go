@@ -14,7 +14,7 @@ import (
 // nil rt (-nolock) the routes run unlocked.
 func netHTTPRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
-	orderKeys := skuKeysOf(rt, routeOrders)
+	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)
 	mux := http.NewServeMux()
 	mux.HandleFunc(routeGet, func(w http.ResponseWriter, r *http.Request) {
 		writeReply(w, s.getReply(r.Context(), r.PathValue("id")))
@@ -27,6 +27,9 @@ func netHTTPRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	})
 	mux.HandleFunc(routeOrders, func(w http.ResponseWriter, r *http.Request) {
 		writeReply(w, s.orderReply(r.Context(), r.Body, httpHolder(r, orderKeys)))
+	})
+	mux.HandleFunc(routeCheckout, func(w http.ResponseWriter, r *http.Request) {
+		writeReply(w, s.checkoutReply(r.Context(), r.Body, httpHolder(r, checkoutKeys)))
 	})
 	if rt == nil {
 		return mux, nil

@@ -164,12 +164,13 @@ func TestRoutesFileErrors(t *testing.T) {
 }
 
 // TestTableOutsideSKUKeySpace runs a table whose keys are not the sku: keys
-// the stock is fenced by: the request gets a lock, but it has no fence for
-// the SKU it writes, so it answers 500 and changes nothing rather than
+// the stock is fenced by: the requests get a lock, but it has no fence for
+// the SKU they write, so they answer 500 and change nothing rather than
 // write with another key's fence.
 func TestTableOutsideSKUKeySpace(t *testing.T) {
 	table := writeFile(t, "other.yaml", `routes:
   POST /skus/{id}/deduct: "@lock key=item:<id>"
+  POST /carts/checkout: "@lock key=cart:<json:items[*].sku>"
 `)
 	for _, fw := range frameworks {
 		t.Run(fw, func(t *testing.T) {
@@ -181,13 +182,19 @@ func TestTableOutsideSKUKeySpace(t *testing.T) {
 			if got.status != http.StatusInternalServerError || !strings.Contains(got.Error, "does not cover") {
 				t.Errorf("deduct: %v, want 500 naming the uncovered SKU", got)
 			}
+			got = mustDo(t, http.MethodPost, srv.URL+"/carts/checkout", `{"items":[{"sku":"X","qty":1},{"sku":"Y","qty":1}]}`)
+			if got.status != http.StatusInternalServerError || !strings.Contains(got.Error, "does not cover") {
+				t.Errorf("checkout: %v, want 500 naming the uncovered SKU", got)
+			}
 			// /orders has no entry: it runs unlocked and unfenced.
 			got = mustDo(t, http.MethodPost, srv.URL+"/orders", `{"sku":"Z","qty":1}`)
 			if got.status != http.StatusOK || got.Fence != 0 {
 				t.Errorf("orders, without an entry: %v, want 200 unfenced", got)
 			}
-			if got := stockOf(t, srv.URL, "X"); got != 100 {
-				t.Errorf("stock of X is %d, want 100: a refused request changed it", got)
+			for _, sku := range []string{"X", "Y"} {
+				if got := stockOf(t, srv.URL, sku); got != 100 {
+					t.Errorf("stock of %s is %d, want 100: a refused request changed it", sku, got)
+				}
 			}
 		})
 	}

@@ -10,7 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +49,40 @@ func (e *staleFenceError) Error() string {
 
 func (e *staleFenceError) Unwrap() error { return ErrStaleFence }
 
+// shortItem is a SKU whose stock is below what a deduction asks for.
+type shortItem struct {
+	SKU   string `json:"sku"`
+	Qty   int64  `json:"qty"`
+	Stock int64  `json:"stock"`
+}
+
+// shortError is ErrInsufficientStock for the SKUs of a multi-SKU deduction
+// that are short, in the deduction's order.
+type shortError struct{ items []shortItem }
+
+func (e *shortError) Error() string {
+	var b strings.Builder
+	b.WriteString(ErrInsufficientStock.Error())
+	for i, it := range e.items {
+		sep := ", "
+		if i == 0 {
+			sep = ": "
+		}
+		fmt.Fprintf(&b, "%sSKU %q has %d, asked for %d", sep, it.SKU, it.Stock, it.Qty)
+	}
+	return b.String()
+}
+
+func (e *shortError) Unwrap() error { return ErrInsufficientStock }
+
+// deduction is one SKU of a multi-SKU deduction: the quantity to take and
+// the fence of the lock on the SKU (0: unfenced).
+type deduction struct {
+	SKU   string
+	Qty   int64
+	Fence int64
+}
+
 // stockStore keeps, per SKU, the stock and the highest fence that read it
 // for an update or wrote it. Fence 0 means "no lock" (the -nolock baseline):
 // such reads and writes are neither checked nor recorded.
@@ -59,6 +98,16 @@ type stockStore interface {
 	// stores the stock and the fence in one atomic step. With fence 0 it
 	// stores the stock unchecked.
 	Write(ctx context.Context, sku string, stock, fence int64) error
+
+	// DeductAll takes each deduction's Qty from its SKU, all of them or
+	// none, in one atomic step; a SKU whose stock was never set has
+	// defaultStock. The SKUs must be distinct. It fails, changing nothing,
+	// with ErrStaleFence (a *staleFenceError) when the stored fence of any
+	// SKU is higher than its deduction's Fence > 0, and with a *shortError
+	// naming every SKU whose stock is below its Qty. Else it stores the new
+	// stocks, records each Fence > 0, and returns the stocks left, in the
+	// order of ds.
+	DeductAll(ctx context.Context, ds []deduction, defaultStock int64) ([]int64, error)
 }
 
 // memStock is a stockStore in process memory, guarded by a mutex.
@@ -117,6 +166,47 @@ func (m *memStock) Write(_ context.Context, sku string, stock, fence int64) erro
 	return nil
 }
 
+// DeductAll implements stockStore: under the mutex, it checks every fence
+// and every stock before it changes anything.
+func (m *memStock) DeductAll(_ context.Context, ds []deduction, defaultStock int64) ([]int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	stocks := make([]int64, len(ds))
+	var short []shortItem
+	for i, d := range ds {
+		rec := m.skus[d.SKU]
+		if rec == nil {
+			rec = &memRecord{}
+		}
+		if d.Fence > 0 && d.Fence < rec.fence {
+			return nil, &staleFenceError{"deduct", d.SKU, d.Fence, rec.fence}
+		}
+		stocks[i] = defaultStock
+		if rec.hasStock {
+			stocks[i] = rec.stock
+		}
+		if stocks[i] < d.Qty {
+			short = append(short, shortItem{SKU: d.SKU, Qty: d.Qty, Stock: stocks[i]})
+		}
+	}
+	if short != nil {
+		return nil, &shortError{short}
+	}
+	for i, d := range ds {
+		rec := m.skus[d.SKU]
+		if rec == nil {
+			rec = &memRecord{}
+			m.skus[d.SKU] = rec
+		}
+		stocks[i] -= d.Qty
+		rec.stock, rec.hasStock = stocks[i], true
+		if d.Fence > 0 {
+			rec.fence = d.Fence
+		}
+	}
+	return stocks, nil
+}
+
 // redisStockPrefix is put in front of the SKU to name its Redis hash.
 const redisStockPrefix = "inventory:sku:"
 
@@ -159,6 +249,56 @@ redis.call('HSET', KEYS[1], 'stock', ARGV[1])
 return {1, 0}
 `)
 
+// redisDeductAllScript is the multi-SKU fenced check-and-deduct: KEYS are
+// the SKUs' hashes, ARGV[1] the default stock, then ARGV[2i] and ARGV[2i+1]
+// the quantity and the fence of KEYS[i]. It checks every fence, then every
+// stock, and changes nothing unless all pass. It returns {1, left...} with
+// the stocks left in the order of KEYS; {0, i, storedFence} when the fence
+// of KEYS[i] is stale; {2, i, stock, j, stock, ...} with every short SKU.
+//
+// Stocks and quantities stay decimal strings and are compared as such, and
+// the deduction is HINCRBY, so that every int64 is exact (Lua numbers are
+// doubles). Fences, at most the server clock in microseconds, fit a double.
+var redisDeductAllScript = redis.NewScript(`
+local function atLeast(a, b) -- a >= b, both non-negative decimal integers
+  if #a ~= #b then return #a > #b end
+  return a >= b
+end
+for i, key in ipairs(KEYS) do
+  local fence = tonumber(ARGV[2*i+1])
+  if fence > 0 then
+    local stored = tonumber(redis.call('HGET', key, 'fence')) or 0
+    if fence < stored then
+      return {0, i, stored}
+    end
+  end
+end
+local stocks, short = {}, {}
+for i, key in ipairs(KEYS) do
+  stocks[i] = redis.call('HGET', key, 'stock')
+  local stock = stocks[i] or ARGV[1]
+  if not atLeast(stock, ARGV[2*i]) then
+    short[#short+1] = i
+    short[#short+1] = stock
+  end
+end
+if #short > 0 then
+  table.insert(short, 1, 2)
+  return short
+end
+local left = {1}
+for i, key in ipairs(KEYS) do
+  if not stocks[i] then
+    redis.call('HSET', key, 'stock', ARGV[1])
+  end
+  left[i+1] = redis.call('HINCRBY', key, 'stock', '-' .. ARGV[2*i])
+  if tonumber(ARGV[2*i+1]) > 0 then
+    redis.call('HSET', key, 'fence', ARGV[2*i+1])
+  end
+end
+return left
+`)
+
 // redisStock is a stockStore in Redis: one hash per SKU with the fields
 // stock and fence, read and written by Lua scripts so that the fence check
 // and the update are one atomic step.
@@ -197,6 +337,66 @@ func (s *redisStock) Write(ctx context.Context, sku string, stock, fence int64) 
 		return &staleFenceError{"write", sku, fence, v[1]}
 	}
 	return nil
+}
+
+// DeductAll implements stockStore with redisDeductAllScript, one round
+// trip. All the SKUs' hashes must live on one Redis server (no Cluster).
+func (s *redisStock) DeductAll(ctx context.Context, ds []deduction, defaultStock int64) ([]int64, error) {
+	keys := make([]string, len(ds))
+	args := make([]any, 0, 1+2*len(ds))
+	args = append(args, defaultStock)
+	for i, d := range ds {
+		keys[i] = redisStockPrefix + d.SKU
+		args = append(args, d.Qty, d.Fence)
+	}
+	reply, err := redisDeductAllScript.Run(ctx, s.client, keys, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("%w: deduct %d SKUs: %w", errStockStore, len(ds), err)
+	}
+	v, err := int64s(reply)
+	bad := func() error {
+		return fmt.Errorf("%w: deduct %d SKUs: script answered %v", errStockStore, len(ds), reply)
+	}
+	switch {
+	case err != nil || len(v) == 0:
+		return nil, bad()
+	case v[0] == 0 && len(v) == 3 && v[1] >= 1 && v[1] <= int64(len(ds)):
+		d := ds[v[1]-1]
+		return nil, &staleFenceError{"deduct", d.SKU, d.Fence, v[2]}
+	case v[0] == 1 && len(v) == 1+len(ds):
+		return v[1:], nil
+	case v[0] == 2 && len(v)%2 == 1:
+		var short []shortItem
+		for j := 1; j < len(v); j += 2 {
+			if v[j] < 1 || v[j] > int64(len(ds)) {
+				return nil, bad()
+			}
+			d := ds[v[j]-1]
+			short = append(short, shortItem{SKU: d.SKU, Qty: d.Qty, Stock: v[j+1]})
+		}
+		return nil, &shortError{short}
+	}
+	return nil, bad()
+}
+
+// int64s converts a script's reply of integers and decimal strings.
+func int64s(reply []any) ([]int64, error) {
+	v := make([]int64, len(reply))
+	for i, r := range reply {
+		switch r := r.(type) {
+		case int64:
+			v[i] = r
+		case string:
+			n, err := strconv.ParseInt(r, 10, 64)
+			if err != nil {
+				return nil, err
+			}
+			v[i] = n
+		default:
+			return nil, fmt.Errorf("element %d is a %T", i, r)
+		}
+	}
+	return v, nil
 }
 
 // shop holds the stock and the operations the handlers call.
@@ -259,6 +459,42 @@ func (s *shop) Deduct(ctx context.Context, sku string, qty, fence int64, work ti
 	return stock - qty, nil
 }
 
+// Checkout takes several SKUs' quantities, all of them or none: ds holds
+// distinct SKUs, each with the fence of its lock. Like Deduct it reads every
+// SKU with its fence (claiming it, so that an older holder can no longer
+// write it) and answers a short cart before the work; then, after the work,
+// it deducts them all in one atomic, fenced check-and-deduct
+// (stockStore.DeductAll). It returns the stocks left, in the order of ds.
+//
+// Errors: a *shortError naming every short SKU (nothing changed),
+// ErrStaleFence (nothing changed), the context's error when ctx ends during
+// the work, and errStockStore failures.
+func (s *shop) Checkout(ctx context.Context, ds []deduction, work time.Duration) ([]int64, error) {
+	var short []shortItem
+	for _, d := range ds {
+		stock, found, err := s.store.Read(ctx, d.SKU, d.Fence)
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			stock = s.defaultStock
+		}
+		if stock < d.Qty {
+			short = append(short, shortItem{SKU: d.SKU, Qty: d.Qty, Stock: stock})
+		}
+	}
+	if short != nil {
+		return nil, &shortError{short}
+	}
+	if s.testHookAfterRead != nil {
+		s.testHookAfterRead(ctx)
+	}
+	if err := simulateWork(ctx, work); err != nil {
+		return nil, err
+	}
+	return s.store.DeductAll(ctx, ds, s.defaultStock)
+}
+
 // simulateWork stands for the slow part of a real deduction (pricing, a
 // payment call). It returns ctx's error when ctx ends first.
 func simulateWork(ctx context.Context, d time.Duration) error {
@@ -299,11 +535,12 @@ type deductBody struct {
 }
 
 // errorBody is the answer of a failed request. Stock is set when it helps
-// the client (409 insufficient stock).
+// the client (409 insufficient stock), and Short for a short cart.
 type errorBody struct {
-	Error string `json:"error"`
-	SKU   string `json:"sku,omitempty"`
-	Stock *int64 `json:"stock,omitempty"`
+	Error string      `json:"error"`
+	SKU   string      `json:"sku,omitempty"`
+	Stock *int64      `json:"stock,omitempty"`
+	Short []shortItem `json:"short,omitempty"`
 }
 
 // badRequest answers 400 with msg.
@@ -393,9 +630,73 @@ func (s *shop) deduct(ctx context.Context, sku string, qty *int64, h holder) rep
 	return reply{http.StatusOK, deductBody{SKU: sku, Stock: remaining, Fence: fence}}
 }
 
+// cartLine is one SKU of a checkout's answer: the quantity taken (the sum
+// of the cart's items of that SKU), the stock left and the fence written.
+type cartLine struct {
+	SKU   string `json:"sku"`
+	Qty   int64  `json:"qty"`
+	Stock int64  `json:"stock"`
+	Fence int64  `json:"fence"`
+}
+
+// checkoutBody is the answer of a successful checkout.
+type checkoutBody struct {
+	Items []cartLine `json:"items"`
+}
+
+// checkoutReply answers POST /carts/checkout with body
+// {"items":[{"sku":"…","qty":Q},…]}: 200 with a line per SKU, sorted by SKU;
+// 409 with the short SKUs, and nothing changed, when any is short.
+func (s *shop) checkoutReply(ctx context.Context, body io.Reader, h holder) reply {
+	var req struct {
+		Items []struct {
+			SKU string `json:"sku"`
+			Qty *int64 `json:"qty"`
+		} `json:"items"`
+	}
+	if err := decodeJSON(body, &req); err != nil {
+		return badRequest(err.Error())
+	}
+	if len(req.Items) == 0 {
+		return badRequest(`"items" is missing or empty`)
+	}
+	qty := make(map[string]int64, len(req.Items))
+	for i, it := range req.Items {
+		switch {
+		case it.SKU == "":
+			return badRequest(fmt.Sprintf(`items[%d]: "sku" is missing`, i))
+		case it.Qty == nil:
+			return badRequest(fmt.Sprintf(`items[%d]: "qty" is missing`, i))
+		case *it.Qty < 1:
+			return badRequest(fmt.Sprintf(`items[%d]: "qty" must be at least 1`, i))
+		case qty[it.SKU] > math.MaxInt64-*it.Qty:
+			return badRequest(fmt.Sprintf(`items[%d]: the quantities of SKU %q add up to more than %d`, i, it.SKU, int64(math.MaxInt64)))
+		}
+		qty[it.SKU] += *it.Qty
+	}
+	ds := make([]deduction, 0, len(qty))
+	for _, sku := range slices.Sorted(maps.Keys(qty)) {
+		fence, err := h.fence(sku)
+		if err != nil {
+			return s.errorReply(sku, 0, err)
+		}
+		ds = append(ds, deduction{SKU: sku, Qty: qty[sku], Fence: fence})
+	}
+	left, err := s.Checkout(ctx, ds, s.work)
+	if err != nil {
+		return s.errorReply("", 0, err)
+	}
+	lines := make([]cartLine, len(ds))
+	for i, d := range ds {
+		lines[i] = cartLine{SKU: d.SKU, Qty: d.Qty, Stock: left[i], Fence: d.Fence}
+	}
+	return reply{http.StatusOK, checkoutBody{Items: lines}}
+}
+
 // errorReply maps a shop error to its answer; sku names the SKU concerned,
 // when there is one, and stock is its current stock:
-//   - ErrInsufficientStock: 409 with the current stock;
+//   - ErrInsufficientStock: 409 with the current stock, or, for a cart
+//     (a *shortError), with every short SKU, its stock and the quantity asked;
 //   - ErrStaleFence: 409 as well. The request lost its lock before it could
 //     write (its lease expired while it worked), and the store refused the
 //     write, so nothing changed: like insufficient stock, it is a conflict
@@ -410,7 +711,10 @@ func (s *shop) errorReply(sku string, stock int64, err error) reply {
 	if errors.As(err, &stale) {
 		sku = stale.sku
 	}
+	var short *shortError
 	switch {
+	case errors.As(err, &short):
+		return reply{http.StatusConflict, errorBody{Error: "insufficient stock", Short: short.items}}
 	case errors.Is(err, ErrInsufficientStock):
 		return reply{http.StatusConflict, errorBody{Error: "insufficient stock", SKU: sku, Stock: &stock}}
 	case errors.Is(err, ErrStaleFence):

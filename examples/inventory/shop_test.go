@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -175,5 +176,86 @@ func TestDeductWorkHonoursContext(t *testing.T) {
 	}
 	if _, found := readStock(t, s, "X"); found {
 		t.Fatal("a cancelled deduction wrote the stock")
+	}
+}
+
+// TestStockStoreDeductAll checks the multi-SKU check-and-deduct on both
+// stock stores: it deducts every SKU or none; a stale fence on any SKU, or
+// any short SKU, changes no stock and records no fence; the error names the
+// stale SKU or every short one; a SKU never set has the default stock; and
+// stocks beyond 2^53 stay exact.
+func TestStockStoreDeductAll(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range stockStores(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.stock
+			a, b, c := tc.sku+"a", tc.sku+"b", tc.sku+"c" // b is never set
+			if err := s.Write(ctx, a, 10, 5); err != nil {
+				t.Fatal(err)
+			}
+			unchanged := func(what string) {
+				t.Helper()
+				if got, _ := readStock(t, s, a); got != 10 {
+					t.Fatalf("%s: stock of a %d, want 10", what, got)
+				}
+				if _, found := readStock(t, s, b); found {
+					t.Fatalf("%s: b was written", what)
+				}
+			}
+
+			_, err := s.DeductAll(ctx, []deduction{{b, 1, 9}, {a, 1, 4}}, 7)
+			var stale *staleFenceError
+			if !errors.As(err, &stale) || !errors.Is(err, ErrStaleFence) || stale.sku != a || stale.saw != 5 {
+				t.Fatalf("DeductAll with a stale fence on a: %v, want ErrStaleFence naming a and fence 5", err)
+			}
+			unchanged("a stale fence")
+
+			var short *shortError
+			_, err = s.DeductAll(ctx, []deduction{{a, 11, 6}, {b, 2, 6}}, 7)
+			if !errors.As(err, &short) || !errors.Is(err, ErrInsufficientStock) ||
+				!reflect.DeepEqual(short.items, []shortItem{{a, 11, 10}}) {
+				t.Fatalf("DeductAll with a short: %v, want a shortError naming a (qty 11, stock 10)", err)
+			}
+			unchanged("a short SKU")
+			_, err = s.DeductAll(ctx, []deduction{{a, 11, 6}, {b, 8, 6}}, 7)
+			if !errors.As(err, &short) || !reflect.DeepEqual(short.items, []shortItem{{a, 11, 10}, {b, 8, 7}}) {
+				t.Fatalf("DeductAll with two shorts: %v, want both named", err)
+			}
+			unchanged("two short SKUs")
+			// The refused calls recorded no fence: 5 is still a's, none is b's.
+			if err := s.Write(ctx, a, 10, 5); err != nil {
+				t.Fatalf("a's fence moved past 5 in a refused DeductAll: %v", err)
+			}
+
+			left, err := s.DeductAll(ctx, []deduction{{a, 10, 6}, {b, 3, 6}}, 7)
+			if err != nil || !reflect.DeepEqual(left, []int64{0, 4}) {
+				t.Fatalf("DeductAll: %v, %v; want [0 4]", left, err)
+			}
+			if got, found := readStock(t, s, b); got != 4 || !found {
+				t.Fatalf("stock of b %d (found %v), want 4", got, found)
+			}
+			for _, sku := range []string{a, b} {
+				if err := s.Write(ctx, sku, 1, 5); !errors.Is(err, ErrStaleFence) {
+					t.Fatalf("Write with fence 5 after DeductAll with fence 6 on %s: %v, want ErrStaleFence", sku, err)
+				}
+			}
+
+			const big = 1<<62 + 1 // not a float64
+			if err := s.Write(ctx, c, big, 0); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.DeductAll(ctx, []deduction{{c, big + 1, 0}}, 7)
+			if !errors.As(err, &short) || !reflect.DeepEqual(short.items, []shortItem{{c, big + 1, big}}) {
+				t.Fatalf("DeductAll of %d from %d: %v, want short", int64(big+1), int64(big), err)
+			}
+			left, err = s.DeductAll(ctx, []deduction{{c, big - 3, 0}}, 7)
+			if err != nil || !reflect.DeepEqual(left, []int64{3}) {
+				t.Fatalf("DeductAll of %d from %d: %v, %v; want [3]", int64(big-3), int64(big), left, err)
+			}
+			// Unfenced, it recorded no fence.
+			if err := s.Write(ctx, c, 3, 1); err != nil {
+				t.Fatalf("Write with fence 1 after an unfenced DeductAll: %v", err)
+			}
+		})
 	}
 }
