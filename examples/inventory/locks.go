@@ -25,6 +25,7 @@ const (
 	routeDeduct   = "POST /skus/{id}/deduct"
 	routeOrders   = "POST /orders"
 	routeCheckout = "POST /carts/checkout"
+	routeMetrics  = "GET /metrics"
 )
 
 // lockTable is the lock configuration in code: each locked route and its

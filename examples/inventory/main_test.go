@@ -121,8 +121,8 @@ func TestNewAppRejectsInvalidConfig(t *testing.T) {
 
 // TestMainBinary builds the real command. Run with an invalid flag, it must
 // exit 2 naming the flag. Run on a free port, it prints where it listens:
-// the test waits for that line, checks the startup lines, a GET and a
-// deduction, and stops it with SIGINT: it must shut down gracefully and
+// the test waits for that line, checks the startup lines, a GET, a
+// deduction and its metric, and stops it with SIGINT: it must shut down gracefully and
 // exit 0.
 func TestMainBinary(t *testing.T) {
 	goBin, err := exec.LookPath("go")
@@ -230,7 +230,7 @@ func TestMainBinary(t *testing.T) {
 	all := strings.Join(out, "\n")
 	for _, want := range []string{"framework nethttp", "memstore", "wait 2s, ttl 10s",
 		"inventory: lock POST /carts/checkout: @lock key=sku:<json:items[*].sku> on-timeout=423 on-store-error=503 wait=2s ttl=10s",
-		"curl -s -X POST -d '{\"qty\":1}' " + base + "/skus/apple/deduct", base + "/carts/checkout", "curl -s " + base + "/skus/apple"} {
+		"curl -s -X POST -d '{\"qty\":1}' " + base + "/skus/apple/deduct", base + "/carts/checkout", "curl -s " + base + "/metrics", "curl -s " + base + "/skus/apple"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("startup output lacks %q:\n%s", want, all)
 		}
@@ -243,6 +243,10 @@ func TestMainBinary(t *testing.T) {
 	got = mustDo(t, http.MethodPost, base+"/skus/a/deduct", `{"qty":2}`)
 	if got.status != http.StatusOK || *got.Stock != 40 || got.Fence <= 0 {
 		t.Fatalf("POST /skus/a/deduct: %v, want 200 with stock 40 and a fence", got)
+	}
+	const series = `reqlock_lock_success_total{route="POST /skus/{id}/deduct"}`
+	if v, ok := sample(scrape(t, base), series); !ok || v != "1" {
+		t.Errorf("GET /metrics: %s = %q (present %v), want 1", series, v, ok)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {

@@ -14,8 +14,8 @@ import (
 // installed once for every route (echolock.Routes) and then checked against
 // the registered routes; with a nil rt (-nolock) the routes run unlocked.
 // Lock rejections come back as *echo.HTTPError and echo's error handler
-// renders them as JSON.
-func echoRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
+// renders them as JSON. GET /metrics serves metricsHandler, unlocked.
+func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (http.Handler, error) {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	if rt != nil {
@@ -38,6 +38,7 @@ func echoRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	e.POST("/carts/checkout", func(c echo.Context) error {
 		return echoReply(c, s.checkoutReply(c.Request().Context(), c.Request().Body, echoHolder(c, checkoutKeys)))
 	})
+	e.GET("/metrics", echo.WrapHandler(metricsHandler))
 	if rt != nil {
 		if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
 			return nil, err

@@ -15,8 +15,8 @@ func init() { gin.SetMode(gin.ReleaseMode) }
 // ginRoutes routes the shop with gin. rt, the lock configuration, is
 // installed once in front of every route (ginlock.Routes) and then checked
 // against the registered routes; with a nil rt (-nolock) the routes run
-// unlocked.
-func ginRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
+// unlocked. GET /metrics serves metricsHandler, unlocked.
+func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (http.Handler, error) {
 	r := gin.New()
 	r.Use(gin.Recovery())
 	if rt != nil {
@@ -39,6 +39,7 @@ func ginRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	r.POST("/carts/checkout", func(c *gin.Context) {
 		ginReply(c, s.checkoutReply(c.Request.Context(), c.Request.Body, ginHolder(c, checkoutKeys)))
 	})
+	r.GET("/metrics", gin.WrapH(metricsHandler))
 	if rt != nil {
 		if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
 			return nil, err

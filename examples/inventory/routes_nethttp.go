@@ -11,8 +11,9 @@ import (
 // netHTTPRoutes routes the shop with net/http's ServeMux (Go 1.22
 // patterns). rt, the lock configuration, wraps the whole ServeMux once
 // (Routes.Handler), which checks it against the registered patterns; with a
-// nil rt (-nolock) the routes run unlocked.
-func netHTTPRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
+// nil rt (-nolock) the routes run unlocked. GET /metrics serves
+// metricsHandler, unlocked.
+func netHTTPRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (http.Handler, error) {
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
 	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)
 	mux := http.NewServeMux()
@@ -31,6 +32,7 @@ func netHTTPRoutes(s *shop, rt *middleware.Routes) (http.Handler, error) {
 	mux.HandleFunc(routeCheckout, func(w http.ResponseWriter, r *http.Request) {
 		writeReply(w, s.checkoutReply(r.Context(), r.Body, httpHolder(r, checkoutKeys)))
 	})
+	mux.Handle(routeMetrics, metricsHandler)
 	if rt == nil {
 		return mux, nil
 	}
