@@ -382,7 +382,7 @@ func (g *gate) hook(ctx context.Context) {
 
 // TestCheckoutAndDeductExcludeEachOther holds a checkout of P and Q inside
 // its lock: deductions, orders and stock updates of P or Q wait and answer
-// 423 (the wait is 50ms), while a deduction of R goes through. Then it
+// 423 (the wait is 300ms), while a deduction of R goes through. Then it
 // holds a deduction of P: a checkout of P and R answers 423 and changes
 // neither. The checkout's keys are the same sku: keys as the other routes'.
 func TestCheckoutAndDeductExcludeEachOther(t *testing.T) {
@@ -391,7 +391,7 @@ func TestCheckoutAndDeductExcludeEachOther(t *testing.T) {
 			t.Run(fw+"/"+store, func(t *testing.T) {
 				t.Parallel()
 				cfg := testConfig(fw)
-				cfg.wait = 50 * time.Millisecond
+				cfg.wait = 300 * time.Millisecond // a first Redis round trip on a loaded machine fits
 				sku := onStore(t, &cfg, store)
 				P, Q, R := sku("P"), sku("Q"), sku("R")
 				a, srv := startApp(t, cfg)

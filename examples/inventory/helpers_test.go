@@ -144,6 +144,13 @@ func stockOf(t *testing.T, base, sku string) int64 {
 // answers in order and fails the test on any transport error.
 func concurrently(t *testing.T, n int, req func(i int) (method, url, body string)) []answer {
 	t.Helper()
+	return concurrentlyVia(t, n, do, req)
+}
+
+// concurrentlyVia is concurrently sending each request with send.
+func concurrentlyVia(t *testing.T, n int, send func(method, url, body string) (answer, error),
+	req func(i int) (method, url, body string)) []answer {
+	t.Helper()
 	answers := make([]answer, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
@@ -152,7 +159,7 @@ func concurrently(t *testing.T, n int, req func(i int) (method, url, body string
 		method, url, body := req(i)
 		wg.Go(func() {
 			<-start
-			answers[i], errs[i] = do(method, url, body)
+			answers[i], errs[i] = send(method, url, body)
 		})
 	}
 	close(start)

@@ -50,7 +50,7 @@ func TestNoOversellUnderContention(t *testing.T) {
 				cfg.work = 2 * time.Millisecond
 				cfg.wait = 30 * time.Second
 				_, srv := startApp(t, cfg)
-				checkNoOversell(t, srv.URL, route)
+				checkNoOversell(t, srv.URL, route, do)
 			})
 		}
 	}
@@ -59,10 +59,10 @@ func TestNoOversellUnderContention(t *testing.T) {
 // checkNoOversell sends 200 concurrent deductions of 1 through route to the
 // SKU X, whose stock is 100, on the service at base: exactly 100 must
 // succeed, one at a time, the other 100 answer 409 insufficient stock, and
-// the stock end at 0.
-func checkNoOversell(t *testing.T, base string, route deductRoute) {
+// the stock end at 0. Each request is sent with send.
+func checkNoOversell(t *testing.T, base string, route deductRoute, send func(method, url, body string) (answer, error)) {
 	t.Helper()
-	answers := concurrently(t, 200, func(int) (string, string, string) {
+	answers := concurrentlyVia(t, 200, send, func(int) (string, string, string) {
 		return route.req(base, "X")
 	})
 	ok, conflicts := tally(t, answers)
