@@ -215,14 +215,15 @@ func (l *Locker) obtainOne(ctx context.Context, key string, ttl, wait time.Durat
 		ctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
+	var sawHeld bool // queued behind a local holder
 	if w != nil {
 		t, err := l.awaitTurn(ctx, q, w)
 		if err != nil {
 			return nil, err
 		}
-		gen = t.gen
+		gen, sawHeld = t.gen, t.afterHold || t.handoff != nil
 		if t.yield > 0 && !sleepFor(ctx, t.yield) {
-			l.local.pass(q, gen, 0)
+			l.local.pass(q, gen, 0, sawHeld)
 			return nil, waitEnded(true, ctx.Err())
 		}
 		if t.handoff != nil {
@@ -233,9 +234,12 @@ func (l *Locker) obtainOne(ctx context.Context, key string, ttl, wait time.Durat
 			// The handed-off grant was lost: contend for a new one.
 		}
 	}
-	lock, err := l.contend(ctx, key, storeKey, ttl, wait)
+	// A request that queued behind a local holder has seen the key held: if
+	// its wait ends during its first store call, that is a timeout (423),
+	// not a store that never answered (503).
+	lock, err := l.contend(ctx, key, storeKey, ttl, wait, sawHeld)
 	if err != nil {
-		l.local.pass(q, gen, 0)
+		l.local.pass(q, gen, 0, false)
 		return nil, err
 	}
 	lock.queue, lock.turnGen = q, gen
@@ -274,7 +278,7 @@ func (l *Locker) awaitTurn(ctx context.Context, q *keyQueue, w *waiter) (turn, e
 // grant goes back through the normal release path.
 func (l *Locker) passOn(q *keyQueue, t turn) {
 	if t.handoff == nil {
-		l.local.pass(q, t.gen, t.yield)
+		l.local.pass(q, t.gen, t.yield, t.afterHold)
 		return
 	}
 	_ = l.releaseChain(context.Background(), q, t.gen, t.handoff.chain, t.handoff.validUntil, 0)
@@ -327,7 +331,10 @@ func (l *Locker) takeHandoff(ctx context.Context, key string, q *keyQueue, t tur
 // store's queue instead: each attempt renews its place there, sleeps are
 // capped so that it renews in time, and it leaves the queue when its wait
 // ends.
-func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait time.Duration) (*Lock, error) {
+//
+// queued reports that the request waited in the local queue behind a
+// holder, so the key was seen held.
+func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait time.Duration, queued bool) (*Lock, error) {
 	token := newToken()
 	var lease time.Duration // fair mode's place in the store's queue; zero: none
 	if l.fair != nil && wait > 0 {
@@ -349,7 +356,7 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 	}
 	var (
 		schedule *backoffSchedule
-		sawHeld  bool
+		sawHeld  = queued
 		released <-chan struct{}
 		stop     func()
 	)
@@ -463,7 +470,7 @@ func (l *Locker) releaseChain(ctx context.Context, q *keyQueue, gen uint64, c *c
 		// waiter, already awake, would win nearly every time.
 		yield = max(2*time.Since(start), minYield)
 	}
-	l.local.pass(q, gen, yield)
+	l.local.pass(q, gen, yield, true)
 	return err
 }
 

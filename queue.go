@@ -49,6 +49,9 @@ type turn struct {
 	// previous holder's chain was cut by its handoff bounds while this
 	// process still had waiters, so other processes get a head start.
 	yield time.Duration
+	// afterHold, on a turn to contend, says the turn comes after a holder
+	// (a release, or a lease that ran out): the waiter has seen the key held.
+	afterHold bool
 }
 
 // handoff passes a held lock to the next local waiter.
@@ -117,7 +120,7 @@ func (lq *localQueues) checkLease(q *keyQueue, w *waiter, poll time.Duration) (t
 	q.remove(w)
 	q.gen++
 	q.leaseEnd = time.Time{}
-	return turn{gen: q.gen}, true, 0
+	return turn{gen: q.gen, afterHold: true}, true, 0
 }
 
 // setLease records the lease of the holder of turn gen, if it still has it.
@@ -144,16 +147,20 @@ func (lq *localQueues) leave(q *keyQueue, w *waiter) bool {
 
 // pass gives the key's turn, which gen must still be, to the next waiter as
 // a turn to contend after yield, or drops q when nobody waits.
-func (lq *localQueues) pass(q *keyQueue, gen uint64, yield time.Duration) {
+//
+// The turn is marked afterHold when turn gen held the key (its lease was
+// set) or afterHold says so.
+func (lq *localQueues) pass(q *keyQueue, gen uint64, yield time.Duration, afterHold bool) {
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
 	if q.gen != gen {
 		return // a waiter took the turn when this holder's lease ended
 	}
+	afterHold = afterHold || !q.leaseEnd.IsZero()
 	q.gen++
 	q.leaseEnd = time.Time{}
 	if w := q.pop(); w != nil {
-		w.turn <- turn{gen: q.gen, yield: yield}
+		w.turn <- turn{gen: q.gen, yield: yield, afterHold: afterHold}
 		return
 	}
 	delete(lq.queues, q.key)
