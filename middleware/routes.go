@@ -52,7 +52,7 @@ func NewRoutes(locker *reqlock.Locker, specs []RouteSpec) (*Routes, error) {
 	first := make(map[routeKey]string, len(specs))
 	for _, spec := range specs {
 		fail := func(format string, args ...any) {
-			errs = append(errs, fmt.Errorf("%s: %w: %s %s: %s", spec.Source, ErrInvalidConfig,
+			errs = append(errs, fmt.Errorf("%w: %s: %s %s: %s", ErrInvalidConfig, spec.Source,
 				spec.Method, spec.Path, fmt.Sprintf(format, args...)))
 		}
 		path := canonicalPath(spec.Path)
@@ -68,7 +68,7 @@ func NewRoutes(locker *reqlock.Locker, specs []RouteSpec) (*Routes, error) {
 		}
 		g, err := NewWithConfig(locker, cfg)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %s %s: %w", spec.Source, spec.Method, spec.Path, err))
+			errs = append(errs, sourced(spec, cfg.Name, err))
 			continue
 		}
 		params := pathParams(path)
@@ -90,6 +90,25 @@ func NewRoutes(locker *reqlock.Locker, specs []RouteSpec) (*Routes, error) {
 	}
 	return rt, nil
 }
+
+// sourced puts an entry's source and route in front of err's message, after
+// the package's prefix, as the table file's errors read; it still wraps err.
+func sourced(spec RouteSpec, name string, err error) error {
+	msg := strings.TrimPrefix(err.Error(), ErrInvalidConfig.Error()+": ")
+	msg = strings.TrimPrefix(msg, fmt.Sprintf("route %q: ", name))
+	return &sourcedError{
+		msg: fmt.Sprintf("%v: %s: %s %s: %s", ErrInvalidConfig, spec.Source, spec.Method, spec.Path, msg),
+		err: err,
+	}
+}
+
+type sourcedError struct {
+	msg string
+	err error
+}
+
+func (e *sourcedError) Error() string { return e.msg }
+func (e *sourcedError) Unwrap() error { return e.err }
 
 // LoadRoutes reads the route table file at path (see LoadRouteTable) and
 // builds its Routes. Errors name the file and line of each problem.
@@ -129,8 +148,8 @@ func (rt *Routes) Check(registered []RouteID) error {
 	var errs []error
 	for _, e := range rt.entries {
 		if !have[routeKey{e.spec.Method, e.spec.Path}] {
-			errs = append(errs, fmt.Errorf("%s: %w: %s %s matches no registered route",
-				e.spec.Source, ErrInvalidConfig, e.spec.Method, e.spec.Path))
+			errs = append(errs, fmt.Errorf("%w: %s: %s %s matches no registered route",
+				ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path))
 		}
 	}
 	return errors.Join(errs...)
@@ -155,8 +174,8 @@ func (rt *Routes) Handler(mux *http.ServeMux) (http.Handler, error) {
 		method, path := splitPattern(pattern)
 		if pattern == "" || canonicalPath(path) != e.spec.Path ||
 			(method != "" && method != e.spec.Method && !(method == http.MethodGet && e.spec.Method == http.MethodHead)) {
-			errs = append(errs, fmt.Errorf("%s: %w: %s %s matches no pattern registered on the ServeMux",
-				e.spec.Source, ErrInvalidConfig, e.spec.Method, e.spec.Path))
+			errs = append(errs, fmt.Errorf("%w: %s: %s %s matches no pattern registered on the ServeMux",
+				ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path))
 			continue
 		}
 		byPattern[routeKey{e.spec.Method, pattern}] = &patternGuard{guard: e.guard, segments: strings.Split(path, "/")}

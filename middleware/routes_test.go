@@ -108,8 +108,9 @@ func TestNewRoutesJoinsEveryError(t *testing.T) {
 	}
 	for i, w := range want {
 		msg := errs[i].Error()
-		if !strings.HasPrefix(msg, w.source+": ") || !strings.Contains(msg, w.problem) || !errors.Is(errs[i], middleware.ErrInvalidConfig) {
-			t.Errorf("error %d = %q, want ErrInvalidConfig starting %q naming %q", i, msg, w.source+": ", w.problem)
+		prefix := middleware.ErrInvalidConfig.Error() + ": " + w.source + ": "
+		if !strings.HasPrefix(msg, prefix) || !strings.Contains(msg, w.problem) || !errors.Is(errs[i], middleware.ErrInvalidConfig) {
+			t.Errorf("error %d = %q, want ErrInvalidConfig starting %q naming %q", i, msg, prefix, w.problem)
 		}
 	}
 	if strings.Contains(err.Error(), "code:3:") {
@@ -138,7 +139,7 @@ func TestNewRoutesDuplicateAcrossSpellings(t *testing.T) {
 		})
 		switch {
 		case tc.dup && (!errors.Is(err, middleware.ErrInvalidConfig) ||
-			!strings.HasPrefix(err.Error(), "code:2: ") || !strings.Contains(err.Error(), "listed twice (first at code:1)")):
+			!strings.HasPrefix(err.Error(), middleware.ErrInvalidConfig.Error()+": code:2: ") || !strings.Contains(err.Error(), "listed twice (first at code:1)")):
 			t.Errorf("%s and %s: err = %v, want code:2 listed twice (first at code:1)", tc.a[0], tc.b[0], err)
 		case !tc.dup && err != nil:
 			t.Errorf("%s and %s: err = %v, want two routes", tc.a[0], tc.b[0], err)

@@ -63,7 +63,7 @@
 // problem, such as
 //
 //	inventory: reqlock/middleware: invalid configuration: r.yaml:13: POST /skus/{id}/deduct: spec column 20: wait: "2x" is not a duration (such as 2s or 500ms)
-//	inventory: r.yaml:15: reqlock/middleware: invalid configuration: POST /cart/checkout matches no registered route
+//	inventory: reqlock/middleware: invalid configuration: r.yaml:15: POST /cart/checkout matches no registered route
 //
 // A handler writes a SKU with the fence of that SKU's key in its lock; a
 // table whose keys leave a SKU the handler writes unlocked while the request
