@@ -36,7 +36,7 @@ var metricNames = []string{
 }
 
 // scenario reports a small, fixed set of events.
-func scenario(m *Metrics) {
+func scenario(m reqlock.Metrics) {
 	const x, y = "POST /x", "GET /y"
 	m.Obtained(x, reqlock.ResultAcquired, d7ms)
 	m.Obtained(x, reqlock.ResultAcquired, d62ms)

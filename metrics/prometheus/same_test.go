@@ -1,0 +1,157 @@
+package reqlockprom
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/metrics"
+)
+
+// TestSameAsCore feeds the same events to a Metrics and to a Registry of
+// the core package github.com/reqlock/reqlock/metrics, with the same
+// options, and compares the text exposition promhttp serves for the one
+// with what Registry.WriteTo writes for the other, byte for byte: the
+// promise that dashboards and alerts work with either.
+func TestSameAsCore(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		prom []Option
+		core []metrics.Option
+	}{
+		{name: "defaults"},
+		{
+			// The buckets of the core package's TestExposition, whose
+			// expected text this test thereby extends to the adapter.
+			name: "small buckets",
+			prom: []Option{WithBuckets([]float64{0.01, 0.1, 1}, []float64{0.1, 1})},
+			core: []metrics.Option{metrics.WithBuckets([]float64{0.01, 0.1, 1}, []float64{0.1, 1})},
+		},
+		{
+			name: "namespace, +Inf bucket, cap",
+			prom: []Option{WithNamespace("orders"), WithBuckets([]float64{0.001, 1, math.Inf(1)}, []float64{2}), WithMaxRoutes(6)},
+			core: []metrics.Option{metrics.WithNamespace("orders"), metrics.WithBuckets([]float64{0.001, 1, math.Inf(1)}, []float64{2}), metrics.WithMaxRoutes(6)},
+		},
+		{
+			name: "no namespace, every route over the cap",
+			prom: []Option{WithNamespace(""), WithMaxRoutes(0)},
+			core: []metrics.Option{metrics.WithNamespace(""), metrics.WithMaxRoutes(0)},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pm, cm := New(c.prom...), metrics.New(c.core...)
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(pm)
+			sameText(t, "new", reg, cm)
+
+			// The scenario of the core package's TestExposition first.
+			for _, m := range []reqlock.Metrics{pm, cm} {
+				scenario(m)
+			}
+			sameText(t, "scenario", reg, cm)
+
+			for _, m := range []reqlock.Metrics{pm, cm} {
+				moreEvents(m)
+			}
+			sameText(t, "more events", reg, cm)
+
+			// Events after a scrape, and routes seen again.
+			for _, m := range []reqlock.Metrics{pm, cm} {
+				scenario(m)
+				moreEvents(m)
+			}
+			sameText(t, "again", reg, cm)
+		})
+	}
+}
+
+// moreEvents reports every kind of event on routes that need escaping, an
+// empty and an invalid UTF-8 route label, a route named as the overflow
+// route, results package reqlock does not define (more of them than get a
+// reason of their own), negative durations and values on bucket bounds.
+func moreEvents(m reqlock.Metrics) {
+	routes := []string{
+		`POST /a"b`, `GET /c\d`, "GET /e\nf", `\"` + "\n", "GET /ünï", "GET /{id},x=y}",
+		"", reqlock.UnlabeledRoute, "GET /\xff", "GET /\xfe", OverflowRoute, "DELETE /skus/{id}",
+	}
+	results := []reqlock.Result{
+		reqlock.ResultAcquired, reqlock.ResultTimeout, reqlock.ResultStoreError,
+		reqlock.ResultBadKey, reqlock.ResultCanceled,
+	}
+	waits := []time.Duration{
+		0, -time.Second, 500 * time.Microsecond, time.Millisecond, 3 * time.Millisecond,
+		123456789 * time.Nanosecond, time.Second, 10 * time.Second, time.Minute,
+	}
+	for i, route := range routes {
+		for j, result := range results {
+			if (i+j)%4 != 3 { // not every route sees every result
+				m.Obtained(route, result, waits[(i+j)%len(waits)])
+			}
+		}
+		for k := range i % 3 {
+			m.Held(route, waits[(i+k)%len(waits)])
+		}
+		for range i % 2 {
+			m.Lost(route)
+		}
+		for range i % 4 {
+			m.HandedOff(route)
+		}
+	}
+	m.Held("POST /long", 1_000_000*time.Second) // a sum written 1e+06
+	m.Obtained("POST /long", reqlock.ResultTimeout, 1_234_567*time.Second)
+	m.Held("POST /long", time.Hour)
+
+	// Results a newer reqlock may add: the first 8 distinct valid ones get
+	// their own reason, the others (and an empty or invalid one) "other".
+	m.Obtained("GET /new", "quorum", 2*time.Second)
+	m.Obtained("GET /new", "quorum", time.Millisecond)
+	m.Obtained("GET /new", "", 0)
+	m.Obtained("GET /new", "bad\xff", 0)
+	for i := range 12 {
+		m.Obtained(routes[i%len(routes)], reqlock.Result(fmt.Sprintf("new%d", i)), time.Duration(i)*time.Millisecond)
+	}
+}
+
+// sameText fails unless the exposition promhttp serves for reg is that of
+// reg written by core, byte for byte.
+func sameText(t *testing.T, when string, reg prometheus.Gatherer, core *metrics.Registry) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("%s: promhttp status %d: %s", when, rec.Code, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, metrics.ContentType) {
+		t.Errorf("%s: promhttp Content-Type %q, want the core's %q", when, ct, metrics.ContentType)
+	}
+	var want bytes.Buffer
+	if _, err := core.WriteTo(&want); err != nil {
+		t.Fatal(err)
+	}
+	got := rec.Body.String()
+	if got == want.String() {
+		return
+	}
+	gl, wl := strings.Split(got, "\n"), strings.Split(want.String(), "\n")
+	for i := range max(len(gl), len(wl)) {
+		var g, w string
+		if i < len(gl) {
+			g = gl[i]
+		}
+		if i < len(wl) {
+			w = wl[i]
+		}
+		if g != w {
+			t.Fatalf("%s: the expositions differ first at line %d:\nadapter: %q\ncore:    %q\nadapter's whole text:\n%s", when, i+1, g, w, got)
+		}
+	}
+}
