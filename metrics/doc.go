@@ -36,6 +36,15 @@
 //	reqlock_lock_lost_total{route}             counter
 //	reqlock_lock_handoffs_total{route}         counter
 //
+// They share one definition of these: this package exports the names and
+// HELP texts (NameSuccess, HelpSuccess, ...), the label names (LabelRoute,
+// LabelReason, LabelResult), the defaults (DefaultNamespace,
+// DefaultWaitBuckets, DefaultHoldBuckets, DefaultMaxRoutes), the naming and
+// cap of routes (RouteName, Routes, OverflowRoute), the reasons of results
+// (KnownResults, ResultIndex, Reasons, OtherResults) and the check of
+// buckets (CheckBuckets), and the adapter builds on them; a test of the
+// adapter compares the two expositions of the same events byte for byte.
+//
 // The route label is the label of the event, a route template set with
 // reqlock.WithLabel such as "POST /skus/{id}/deduct", never a raw key. No
 // route is known in advance: a route's series appear when its first event

@@ -27,31 +27,14 @@ const (
 )
 
 // families are the names without namespace, HELP texts and types of the
-// metrics, exactly those of the Prometheus adapter.
+// metrics, in the order of the fam constants.
 var families = [numFamilies]struct{ name, help, typ string }{
-	famFailure: {"lock_failure_total",
-		"Lock attempts (calls of Obtain or ObtainAll) that did not acquire the lock, by route and reason: " +
-			"timeout (the key stayed held until the wait or the caller's deadline ran out, or a try-once attempt found it held), " +
-			"store_error (the store failed or did not answer in time), " +
-			"bad_key (no valid key could be derived from the request, or invalid arguments), " +
-			"canceled (the caller cancelled while waiting).",
-		"counter"},
-	famHandoffs: {"lock_handoffs_total",
-		"Held grants passed to a waiter of the same process without a store round trip, by route.",
-		"counter"},
-	famHold: {"lock_hold_seconds",
-		"Seconds a lock was held, from acquiring it to releasing it, by route.",
-		"histogram"},
-	famLost: {"lock_lost_total",
-		"Locks whose watchdog found them lost (expired or taken over) while they were held, by route.",
-		"counter"},
-	famSuccess: {"lock_success_total",
-		"Lock attempts (calls of Obtain or ObtainAll, reentrant ones included) that acquired the lock, by route.",
-		"counter"},
-	famWait: {"lock_wait_seconds",
-		"Seconds a lock attempt took, from the call until it returned, by route and result " +
-			"(acquired, or the reason of lock_failure_total).",
-		"histogram"},
+	famFailure:  {NameFailure, HelpFailure, "counter"},
+	famHandoffs: {NameHandoffs, HelpHandoffs, "counter"},
+	famHold:     {NameHold, HelpHold, "histogram"},
+	famLost:     {NameLost, HelpLost, "counter"},
+	famSuccess:  {NameSuccess, HelpSuccess, "counter"},
+	famWait:     {NameWait, HelpWait, "histogram"},
 }
 
 // ServeHTTP implements http.Handler: it writes all metrics in the text
@@ -88,28 +71,25 @@ func (m *Registry) WriteTo(w io.Writer) (int64, error) {
 func (m *Registry) appendText(b []byte) []byte {
 	start := len(b)
 	b = slices.Grow(b, int(m.lastSize.Load())*9/8) // the last size, and some
-	m.mu.Lock()
-	routes := slices.Clone(m.list)
-	m.mu.Unlock()
+	routes := m.routes.All()
 	slices.SortFunc(routes, func(x, y *route) int { return strings.Compare(x.name, y.name) })
 
+	known := KnownResults()
 	var failures []counterSample
 	var waits []histSample
 	for _, r := range routes {
-		for i := 1; i < numKnown; i++ {
-			failures = append(failures, counterSample{string(knownResults[i]), r.name, r.failure[i].Load()})
+		for i := 1; i < NumKnownResults; i++ {
+			failures = append(failures, counterSample{string(known[i]), r.name, r.failure[i].Load()})
 		}
-		for i := range numKnown {
+		for i := range NumKnownResults {
 			if h := r.wait[i].Load(); h != nil {
-				waits = appendHist(waits, string(knownResults[i]), r.name, h)
+				waits = appendHist(waits, string(known[i]), r.name, h)
 			}
 		}
-		r.otherMu.Lock()
-		for reason, s := range r.byReason {
+		r.other.Each(func(reason string, s *otherSeries) {
 			failures = append(failures, counterSample{reason, r.name, s.failure.Load()})
 			waits = appendHist(waits, reason, r.name, s.wait)
-		}
-		r.otherMu.Unlock()
+		})
 	}
 	slices.SortFunc(failures, func(x, y counterSample) int {
 		return cmp.Or(strings.Compare(x.first, y.first), strings.Compare(x.route, y.route))
@@ -126,7 +106,7 @@ func (m *Registry) appendText(b []byte) []byte {
 			}
 			b = m.appendHeader(b, f)
 			for _, s := range failures {
-				b = appendSample(b, m.names[f], "", "reason", s.first, s.route, "", float64(s.value))
+				b = appendSample(b, m.names[f], "", LabelReason, s.first, s.route, "", float64(s.value))
 			}
 		case famWait:
 			if len(waits) == 0 {
@@ -134,7 +114,7 @@ func (m *Registry) appendText(b []byte) []byte {
 			}
 			b = m.appendHeader(b, f)
 			for _, s := range waits {
-				b = appendHistogram(b, m.names[f], "result", s, m.waitLe)
+				b = appendHistogram(b, m.names[f], LabelResult, s, m.waitLe)
 			}
 		case famHold:
 			var holds []histSample
@@ -230,7 +210,7 @@ func appendSample(b []byte, name, suffix, firstName, first, route, le string, v 
 		b = appendEscaped(b, first, true)
 		b = append(b, `",`...)
 	}
-	b = append(b, `route="`...)
+	b = append(b, LabelRoute+`="`...)
 	b = appendEscaped(b, route, true)
 	b = append(b, '"')
 	if le != "" {

@@ -480,13 +480,13 @@ func TestConcurrent(t *testing.T) {
 }
 
 // TestUnknownResult: a result that package reqlock may add later is a
-// failure under its own reason, up to maxOtherResults of them, as in the
+// failure under its own reason, up to MaxOtherResults of them, as in the
 // adapter.
 func TestUnknownResult(t *testing.T) {
 	m := New()
 	m.Obtained("GET /a", "quorum", time.Second)
 	m.Obtained("GET /a", "quorum", time.Second)
-	for i := range maxOtherResults + 3 {
+	for i := range MaxOtherResults + 3 {
 		m.Obtained("GET /b", reqlock.Result(fmt.Sprintf("new%d", i)), 0)
 	}
 	m.Obtained("GET /b", "", 0)
@@ -503,9 +503,9 @@ func TestUnknownResult(t *testing.T) {
 	// quorum took one of the slots: new0..new6 get theirs, the rest and
 	// the empty result share "other".
 	reasons := labelValues(fams, "reqlock_lock_failure_total", "reason")
-	if len(reasons) != 4+maxOtherResults+1 || !slices.Contains(reasons, "other") ||
-		slices.Contains(reasons, fmt.Sprintf("new%d", maxOtherResults-1)) {
-		t.Errorf("reasons %v: want the 4 known, %d others and \"other\"", reasons, maxOtherResults)
+	if len(reasons) != 4+MaxOtherResults+1 || !slices.Contains(reasons, "other") ||
+		slices.Contains(reasons, fmt.Sprintf("new%d", MaxOtherResults-1)) {
+		t.Errorf("reasons %v: want the 4 known, %d others and \"other\"", reasons, MaxOtherResults)
 	}
 	if v, _ := value(fams, "reqlock_lock_failure_total", "reason", "other", "route", "GET /b"); v != 5 {
 		t.Errorf("failure{route=GET /b,reason=other} = %v, want 5", v)
@@ -723,7 +723,7 @@ func BenchmarkWriteTo(b *testing.B) {
 	m := New()
 	for i := range 100 {
 		route := fmt.Sprintf("POST /r%d", i)
-		for _, r := range knownResults {
+		for _, r := range KnownResults() {
 			m.Obtained(route, r, time.Millisecond)
 		}
 		m.Held(route, time.Millisecond)

@@ -6,8 +6,8 @@ import (
 	"slices"
 )
 
-// Defaults of New, the same as those of the Prometheus adapter
-// github.com/reqlock/reqlock/metrics/prometheus.
+// Defaults of New, which the Prometheus adapter
+// github.com/reqlock/reqlock/metrics/prometheus shares.
 const (
 	// DefaultNamespace prefixes every metric name: reqlock_lock_success_total.
 	DefaultNamespace = "reqlock"
@@ -90,18 +90,28 @@ func newConfig(opts []Option) config {
 	if c.namespace != "" && !validName(c.namespace) {
 		panic(fmt.Sprintf("metrics: WithNamespace(%q): not a valid metric name", c.namespace))
 	}
-	c.waitBuckets = checkBuckets("wait", c.waitBuckets)
-	c.holdBuckets = checkBuckets("hold", c.holdBuckets)
+	c.waitBuckets = finiteBuckets("wait", c.waitBuckets)
+	c.holdBuckets = finiteBuckets("hold", c.holdBuckets)
 	return c
 }
 
-// checkBuckets panics unless b increases strictly, and returns b without
-// a last bound of +Inf, which the +Inf bucket of every histogram covers.
-func checkBuckets(which string, b []float64) []float64 {
+// CheckBuckets returns an error unless the bucket bounds b increase
+// strictly (a NaN does not), as WithBuckets requires. A last bound of +Inf
+// is allowed: it is the bucket every histogram has.
+func CheckBuckets(b []float64) error {
 	for i, v := range b {
 		if math.IsNaN(v) || i > 0 && !(v > b[i-1]) {
-			panic(fmt.Sprintf("metrics: WithBuckets: the %s buckets %v do not increase strictly", which, b))
+			return fmt.Errorf("the buckets %v do not increase strictly", b)
 		}
+	}
+	return nil
+}
+
+// finiteBuckets panics unless b increases strictly, and returns b without
+// a last bound of +Inf, which the +Inf bucket of every histogram covers.
+func finiteBuckets(which string, b []float64) []float64 {
+	if err := CheckBuckets(b); err != nil {
+		panic(fmt.Sprintf("metrics: WithBuckets: %s: %v", which, err))
 	}
 	if n := len(b); n > 0 && math.IsInf(b[n-1], +1) {
 		b = b[:n-1]
