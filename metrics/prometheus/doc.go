@@ -34,5 +34,12 @@
 // route="other", so that a label of unbounded cardinality set by mistake
 // cannot grow the series without bound.
 //
+// The names, HELP texts, labels, default buckets, route names and cap and
+// the reasons of results are those the core package
+// github.com/reqlock/reqlock/metrics defines, whose Registry serves the
+// same metrics with the standard library alone: for the same events, the
+// text exposition promhttp serves for a Metrics is byte for byte the one a
+// metrics.Registry writes, so that dashboards and alerts work with either.
+//
 // Reporting an event of a route already seen does not allocate.
 package reqlockprom

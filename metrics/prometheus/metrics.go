@@ -1,55 +1,13 @@
 package reqlockprom
 
 import (
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/metrics"
 )
-
-// Label names.
-const (
-	labelRoute  = "route"
-	labelReason = "reason"
-	labelResult = "result"
-)
-
-// knownResults are the results of package reqlock, in the order of the
-// per-route arrays; index 0, acquired, is the only success.
-var knownResults = [...]reqlock.Result{
-	reqlock.ResultAcquired,
-	reqlock.ResultTimeout,
-	reqlock.ResultStoreError,
-	reqlock.ResultBadKey,
-	reqlock.ResultCanceled,
-}
-
-const numKnown = len(knownResults)
-
-func resultIndex(r reqlock.Result) int {
-	switch r {
-	case reqlock.ResultAcquired:
-		return 0
-	case reqlock.ResultTimeout:
-		return 1
-	case reqlock.ResultStoreError:
-		return 2
-	case reqlock.ResultBadKey:
-		return 3
-	case reqlock.ResultCanceled:
-		return 4
-	}
-	return -1
-}
-
-// maxOtherResults caps the distinct results, beyond knownResults, that get
-// a reason of their own (results a newer reqlock may add); further ones are
-// counted as reason "other".
-const maxOtherResults = 8
 
 // Metrics reports a reqlock.Locker's events to Prometheus. It implements
 // reqlock.Metrics and prometheus.Collector; create it with New, register it
@@ -63,13 +21,8 @@ type Metrics struct {
 	lost     *prometheus.CounterVec   // route
 	handoffs *prometheus.CounterVec   // route
 
-	maxRoutes int64
-	routes    sync.Map     // event label -> *route; at most maxRoutes entries
-	nroutes   atomic.Int64 // entries of routes; written under mu
-	other     atomic.Pointer[route]
-	mu        sync.Mutex // serialises adding routes and other results
-
-	otherResults map[reqlock.Result]string // guarded by mu: result -> its reason label
+	routes  *metrics.Routes[route]
+	reasons metrics.Reasons // of the results beyond metrics.KnownResults
 }
 
 // route caches the children of one route label, so that reporting an event
@@ -77,14 +30,12 @@ type Metrics struct {
 type route struct {
 	name     string
 	success  prometheus.Counter
-	failure  [numKnown]prometheus.Counter // by resultIndex; [0] is nil
+	failure  [metrics.NumKnownResults]prometheus.Counter // by metrics.ResultIndex; [0] is nil
 	lost     prometheus.Counter
 	handoffs prometheus.Counter
-	wait     [numKnown]atomic.Pointer[observer] // by resultIndex; set on first use
-	hold     atomic.Pointer[observer]           // set on first use
-
-	otherMu sync.Mutex
-	other   map[reqlock.Result]*otherResult // results beyond knownResults
+	wait     [metrics.NumKnownResults]atomic.Pointer[observer] // by metrics.ResultIndex; set on first use
+	hold     atomic.Pointer[observer]                          // set on first use
+	other    metrics.OtherResults[otherResult]                 // results beyond metrics.KnownResults
 }
 
 type observer struct{ prometheus.Observer }
@@ -114,33 +65,17 @@ func New(opts ...Option) *Metrics {
 			Namespace: c.namespace, Name: name, Help: help, ConstLabels: c.constLabels, Buckets: buckets,
 		}, labels)
 	}
-	return &Metrics{
-		success: counter("lock_success_total",
-			"Lock attempts (calls of Obtain or ObtainAll, reentrant ones included) that acquired the lock, by route.",
-			labelRoute),
-		failure: counter("lock_failure_total",
-			"Lock attempts (calls of Obtain or ObtainAll) that did not acquire the lock, by route and reason: "+
-				"timeout (the key stayed held until the wait or the caller's deadline ran out, or a try-once attempt found it held), "+
-				"store_error (the store failed or did not answer in time), "+
-				"bad_key (no valid key could be derived from the request, or invalid arguments), "+
-				"canceled (the caller cancelled while waiting).",
-			labelRoute, labelReason),
-		wait: histogram("lock_wait_seconds",
-			"Seconds a lock attempt took, from the call until it returned, by route and result "+
-				"(acquired, or the reason of lock_failure_total).",
-			c.waitBuckets, labelRoute, labelResult),
-		hold: histogram("lock_hold_seconds",
-			"Seconds a lock was held, from acquiring it to releasing it, by route.",
-			c.holdBuckets, labelRoute),
-		lost: counter("lock_lost_total",
-			"Locks whose watchdog found them lost (expired or taken over) while they were held, by route.",
-			labelRoute),
-		handoffs: counter("lock_handoffs_total",
-			"Held grants passed to a waiter of the same process without a store round trip, by route.",
-			labelRoute),
-		maxRoutes:    int64(c.maxRoutes),
-		otherResults: make(map[reqlock.Result]string),
+	const route, reason, result = metrics.LabelRoute, metrics.LabelReason, metrics.LabelResult
+	m := &Metrics{
+		success:  counter(metrics.NameSuccess, metrics.HelpSuccess, route),
+		failure:  counter(metrics.NameFailure, metrics.HelpFailure, route, reason),
+		wait:     histogram(metrics.NameWait, metrics.HelpWait, c.waitBuckets, route, result),
+		hold:     histogram(metrics.NameHold, metrics.HelpHold, c.holdBuckets, route),
+		lost:     counter(metrics.NameLost, metrics.HelpLost, route),
+		handoffs: counter(metrics.NameHandoffs, metrics.HelpHandoffs, route),
 	}
+	m.routes = metrics.NewRoutes(c.maxRoutes, m.newRoute)
+	return m
 }
 
 func (m *Metrics) vecs() [6]prometheus.Collector {
@@ -164,10 +99,20 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 // Obtained implements reqlock.Metrics: it counts a success or a failure by
 // reason and observes wait in lock_wait_seconds.
 func (m *Metrics) Obtained(label string, result reqlock.Result, wait time.Duration) {
-	r := m.route(label)
-	i := resultIndex(result)
+	r := m.routes.Get(label)
+	i := metrics.ResultIndex(result)
 	if i < 0 {
-		m.obtainedOther(r, result, seconds(wait))
+		// A result package reqlock did not define when this package was
+		// written: a failure under its own reason, for the first
+		// metrics.MaxOtherResults such results, or under reason "other".
+		o := r.other.Get(result, &m.reasons, func(reason string) *otherResult {
+			return &otherResult{
+				failure: m.failure.WithLabelValues(r.name, reason),
+				wait:    m.wait.WithLabelValues(r.name, reason),
+			}
+		})
+		o.failure.Inc()
+		o.wait.Observe(seconds(wait))
 		return
 	}
 	if i == 0 {
@@ -185,7 +130,7 @@ func (m *Metrics) Obtained(label string, result reqlock.Result, wait time.Durati
 
 // Held implements reqlock.Metrics: it observes held in lock_hold_seconds.
 func (m *Metrics) Held(label string, held time.Duration) {
-	r := m.route(label)
+	r := m.routes.Get(label)
 	o := r.hold.Load()
 	if o == nil {
 		o = &observer{m.hold.WithLabelValues(r.name)}
@@ -195,64 +140,19 @@ func (m *Metrics) Held(label string, held time.Duration) {
 }
 
 // Lost implements reqlock.Metrics: it counts lock_lost_total.
-func (m *Metrics) Lost(label string) { m.route(label).lost.Inc() }
+func (m *Metrics) Lost(label string) { m.routes.Get(label).lost.Inc() }
 
 // HandedOff implements reqlock.Metrics: it counts lock_handoffs_total.
-func (m *Metrics) HandedOff(label string) { m.route(label).handoffs.Inc() }
+func (m *Metrics) HandedOff(label string) { m.routes.Get(label).handoffs.Inc() }
 
 // seconds converts d for a histogram; a negative d (a clock step) counts as
 // zero rather than lowering the sum.
 func seconds(d time.Duration) float64 { return max(d, 0).Seconds() }
 
-// route returns the cached children of label, adding them on first sight,
-// or those of OverflowRoute once the cap is reached.
-func (m *Metrics) route(label string) *route {
-	if r, ok := m.routes.Load(label); ok {
-		return r.(*route)
-	}
-	return m.addRoute(label)
-}
-
-func (m *Metrics) addRoute(label string) *route {
-	if m.nroutes.Load() >= m.maxRoutes {
-		if r := m.other.Load(); r != nil {
-			return r
-		}
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if r, ok := m.routes.Load(label); ok {
-		return r.(*route)
-	}
-	if m.nroutes.Load() >= m.maxRoutes {
-		r := m.other.Load()
-		if r == nil {
-			r = m.newRoute(OverflowRoute)
-			m.other.Store(r)
-		}
-		return r
-	}
-	r := m.newRoute(routeName(label))
-	m.routes.Store(label, r)
-	m.nroutes.Add(1)
-	return r
-}
-
-// routeName is the label value of an event label: Prometheus label values
-// must be valid UTF-8, and an empty label is reqlock.UnlabeledRoute.
-func routeName(label string) string {
-	if label == "" {
-		return reqlock.UnlabeledRoute
-	}
-	if !utf8.ValidString(label) {
-		return strings.ToValidUTF8(label, "\uFFFD")
-	}
-	return label
-}
-
-// newRoute creates the route's counters, at zero for every reason, so that
-// rate() and increase() see its first failure; its histograms are created
-// by their first observation.
+// newRoute creates the children of the route label value name: its
+// counters, at zero for every reason, so that rate() and increase() see
+// its first failure; its histograms are created by their first
+// observation.
 func (m *Metrics) newRoute(name string) *route {
 	r := &route{
 		name:     name,
@@ -260,45 +160,10 @@ func (m *Metrics) newRoute(name string) *route {
 		lost:     m.lost.WithLabelValues(name),
 		handoffs: m.handoffs.WithLabelValues(name),
 	}
-	for i := 1; i < numKnown; i++ {
-		r.failure[i] = m.failure.WithLabelValues(name, string(knownResults[i]))
+	for i, result := range metrics.KnownResults() {
+		if i > 0 {
+			r.failure[i] = m.failure.WithLabelValues(name, string(result))
+		}
 	}
 	return r
-}
-
-// obtainedOther counts a result that package reqlock did not define when
-// this package was written: a failure under its own reason, for the first
-// maxOtherResults such results, or under reason "other".
-func (m *Metrics) obtainedOther(r *route, result reqlock.Result, secs float64) {
-	r.otherMu.Lock()
-	o := r.other[result]
-	if o == nil {
-		reason := m.otherReason(result)
-		o = &otherResult{
-			failure: m.failure.WithLabelValues(r.name, reason),
-			wait:    m.wait.WithLabelValues(r.name, reason),
-		}
-		if r.other == nil {
-			r.other = make(map[reqlock.Result]*otherResult)
-		}
-		if len(r.other) < maxOtherResults+1 {
-			r.other[result] = o
-		}
-	}
-	r.otherMu.Unlock()
-	o.failure.Inc()
-	o.wait.Observe(secs)
-}
-
-func (m *Metrics) otherReason(result reqlock.Result) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if reason, ok := m.otherResults[result]; ok {
-		return reason
-	}
-	if result == "" || !utf8.ValidString(string(result)) || len(m.otherResults) >= maxOtherResults {
-		return "other"
-	}
-	m.otherResults[result] = string(result)
-	return string(result)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/metrics"
 )
 
 // Durations whose seconds are exact in binary, so that sums compare exactly.
@@ -297,13 +298,13 @@ func TestRouteNames(t *testing.T) {
 }
 
 // TestUnknownResult: a result that package reqlock may add later is a
-// failure under its own reason, up to maxOtherResults of them.
+// failure under its own reason, up to metrics.MaxOtherResults of them.
 func TestUnknownResult(t *testing.T) {
 	m := New()
 	reg := registered(t, m)
 	m.Obtained("GET /a", "quorum", time.Second)
 	m.Obtained("GET /a", "quorum", time.Second)
-	for i := range maxOtherResults + 3 {
+	for i := range metrics.MaxOtherResults + 3 {
 		m.Obtained("GET /b", reqlock.Result(fmt.Sprintf("new%d", i)), 0)
 	}
 	if v, _ := counter(t, reg, "reqlock_lock_failure_total", map[string]string{"route": "GET /a", "reason": "quorum"}); v != 2 {
@@ -318,8 +319,8 @@ func TestUnknownResult(t *testing.T) {
 	}
 	// quorum took one of the slots: new0..new6 get theirs, the rest share "other".
 	reasons := labelValues(t, reg, "reqlock_lock_failure_total", "reason")
-	if len(reasons) != 4+maxOtherResults+1 || !reasons["other"] || reasons[fmt.Sprintf("new%d", maxOtherResults-1)] {
-		t.Errorf("reasons %v: want the 4 known, %d others and \"other\"", reasons, maxOtherResults)
+	if len(reasons) != 4+metrics.MaxOtherResults+1 || !reasons["other"] || reasons[fmt.Sprintf("new%d", metrics.MaxOtherResults-1)] {
+		t.Errorf("reasons %v: want the 4 known, %d others and \"other\"", reasons, metrics.MaxOtherResults)
 	}
 	if v, _ := counter(t, reg, "reqlock_lock_failure_total", map[string]string{"route": "GET /b", "reason": "other"}); v != 4 {
 		t.Errorf("failure{route=GET /b,reason=other} = %v, want 4", v)

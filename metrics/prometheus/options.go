@@ -3,36 +3,33 @@ package reqlockprom
 import (
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/reqlock/reqlock/metrics"
 )
 
-// Defaults of New.
+// Defaults of New, those of the core package
+// github.com/reqlock/reqlock/metrics.
 const (
 	// DefaultNamespace prefixes every metric name: reqlock_lock_success_total.
-	DefaultNamespace = "reqlock"
+	DefaultNamespace = metrics.DefaultNamespace
 	// DefaultMaxRoutes caps the distinct route labels; see WithMaxRoutes.
-	DefaultMaxRoutes = 1000
+	DefaultMaxRoutes = metrics.DefaultMaxRoutes
 	// OverflowRoute is the route label of events whose route came after
 	// the cap of WithMaxRoutes was reached.
-	OverflowRoute = "other"
+	OverflowRoute = metrics.OverflowRoute
 )
 
 // DefaultWaitBuckets returns the default buckets, in seconds, of
-// lock_wait_seconds: from half a millisecond (an uncontended lock, a local
-// handoff) to 10 seconds (a long wait limit).
-func DefaultWaitBuckets() []float64 {
-	return []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
-}
+// lock_wait_seconds: metrics.DefaultWaitBuckets, from half a millisecond
+// (an uncontended lock, a local handoff) to 10 seconds (a long wait limit).
+func DefaultWaitBuckets() []float64 { return metrics.DefaultWaitBuckets() }
 
 // DefaultHoldBuckets returns the default buckets, in seconds, of
-// lock_hold_seconds: from a millisecond to a minute, the span of a
-// request's handler.
-func DefaultHoldBuckets() []float64 {
-	return []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
-}
+// lock_hold_seconds: metrics.DefaultHoldBuckets, from a millisecond to a
+// minute, the span of a request's handler.
+func DefaultHoldBuckets() []float64 { return metrics.DefaultHoldBuckets() }
 
 type config struct {
 	namespace   string
@@ -95,7 +92,7 @@ func newConfig(opts []Option) config {
 	checkBuckets("wait", c.waitBuckets)
 	checkBuckets("hold", c.holdBuckets)
 	for name := range c.constLabels {
-		if name == labelRoute || name == labelReason || name == labelResult {
+		if name == metrics.LabelRoute || name == metrics.LabelReason || name == metrics.LabelResult {
 			panic(fmt.Sprintf("reqlockprom: WithConstLabels: %q is a label of the metrics themselves", name))
 		}
 	}
@@ -106,9 +103,7 @@ func newConfig(opts []Option) config {
 // Prometheus library would panic only when the first child is created, on
 // the request path.
 func checkBuckets(which string, b []float64) {
-	for i, v := range b {
-		if math.IsNaN(v) || i > 0 && !(v > b[i-1]) {
-			panic(fmt.Sprintf("reqlockprom: WithBuckets: the %s buckets %v do not increase strictly", which, b))
-		}
+	if err := metrics.CheckBuckets(b); err != nil {
+		panic(fmt.Sprintf("reqlockprom: WithBuckets: %s: %v", which, err))
 	}
 }
