@@ -53,7 +53,7 @@ func scenario(m reqlock.Metrics) {
 
 // scenarioText is the exposition of scenario with the buckets of
 // TestExposition, byte for byte what the Prometheus adapter serves through
-// promhttp for the same events.
+// promhttp for the same events (its TestSameAsCore checks that).
 const scenarioText = `# HELP reqlock_lock_failure_total Lock attempts (calls of Obtain or ObtainAll) that did not acquire the lock, by route and reason: timeout (the key stayed held until the wait or the caller's deadline ran out, or a try-once attempt found it held), store_error (the store failed or did not answer in time), bad_key (no valid key could be derived from the request, or invalid arguments), canceled (the caller cancelled while waiting).
 # TYPE reqlock_lock_failure_total counter
 reqlock_lock_failure_total{reason="bad_key",route="GET /y"} 0

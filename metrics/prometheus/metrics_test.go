@@ -18,104 +18,18 @@ import (
 	"github.com/reqlock/reqlock/metrics"
 )
 
-// Durations whose seconds are exact in binary, so that sums compare exactly.
-const (
-	d7ms  = 7812500 * time.Nanosecond // 2^-7 s
-	d62ms = 62500 * time.Microsecond  // 2^-4 s
-	d250  = 250 * time.Millisecond
-	d500  = 500 * time.Millisecond
-	d2s   = 2 * time.Second
-)
-
+// metricNames are the names of the metrics with the default namespace.
 var metricNames = []string{
-	"reqlock_lock_success_total",
-	"reqlock_lock_failure_total",
-	"reqlock_lock_wait_seconds",
-	"reqlock_lock_hold_seconds",
-	"reqlock_lock_lost_total",
-	"reqlock_lock_handoffs_total",
+	DefaultNamespace + "_" + metrics.NameSuccess,
+	DefaultNamespace + "_" + metrics.NameFailure,
+	DefaultNamespace + "_" + metrics.NameWait,
+	DefaultNamespace + "_" + metrics.NameHold,
+	DefaultNamespace + "_" + metrics.NameLost,
+	DefaultNamespace + "_" + metrics.NameHandoffs,
 }
 
-// scenario reports a small, fixed set of events.
-func scenario(m reqlock.Metrics) {
-	const x, y = "POST /x", "GET /y"
-	m.Obtained(x, reqlock.ResultAcquired, d7ms)
-	m.Obtained(x, reqlock.ResultAcquired, d62ms)
-	m.Obtained(x, reqlock.ResultTimeout, d500)
-	m.Obtained(x, reqlock.ResultStoreError, d2s)
-	m.Held(x, d62ms)
-	m.Held(x, d250)
-	m.Lost(x)
-	m.HandedOff(x)
-	m.HandedOff(x)
-	m.Obtained(y, reqlock.ResultCanceled, d250)
-}
-
-// TestExposition compares the whole text exposition of the scenario.
-func TestExposition(t *testing.T) {
-	m := New(WithBuckets([]float64{0.01, 0.1, 1}, []float64{0.1, 1}))
-	scenario(m)
-	const want = `
-# HELP reqlock_lock_success_total Lock attempts (calls of Obtain or ObtainAll, reentrant ones included) that acquired the lock, by route.
-# TYPE reqlock_lock_success_total counter
-reqlock_lock_success_total{route="GET /y"} 0
-reqlock_lock_success_total{route="POST /x"} 2
-# HELP reqlock_lock_failure_total Lock attempts (calls of Obtain or ObtainAll) that did not acquire the lock, by route and reason: timeout (the key stayed held until the wait or the caller's deadline ran out, or a try-once attempt found it held), store_error (the store failed or did not answer in time), bad_key (no valid key could be derived from the request, or invalid arguments), canceled (the caller cancelled while waiting).
-# TYPE reqlock_lock_failure_total counter
-reqlock_lock_failure_total{reason="bad_key",route="GET /y"} 0
-reqlock_lock_failure_total{reason="bad_key",route="POST /x"} 0
-reqlock_lock_failure_total{reason="canceled",route="GET /y"} 1
-reqlock_lock_failure_total{reason="canceled",route="POST /x"} 0
-reqlock_lock_failure_total{reason="store_error",route="GET /y"} 0
-reqlock_lock_failure_total{reason="store_error",route="POST /x"} 1
-reqlock_lock_failure_total{reason="timeout",route="GET /y"} 0
-reqlock_lock_failure_total{reason="timeout",route="POST /x"} 1
-# HELP reqlock_lock_wait_seconds Seconds a lock attempt took, from the call until it returned, by route and result (acquired, or the reason of lock_failure_total).
-# TYPE reqlock_lock_wait_seconds histogram
-reqlock_lock_wait_seconds_bucket{result="acquired",route="POST /x",le="0.01"} 1
-reqlock_lock_wait_seconds_bucket{result="acquired",route="POST /x",le="0.1"} 2
-reqlock_lock_wait_seconds_bucket{result="acquired",route="POST /x",le="1"} 2
-reqlock_lock_wait_seconds_bucket{result="acquired",route="POST /x",le="+Inf"} 2
-reqlock_lock_wait_seconds_sum{result="acquired",route="POST /x"} 0.0703125
-reqlock_lock_wait_seconds_count{result="acquired",route="POST /x"} 2
-reqlock_lock_wait_seconds_bucket{result="canceled",route="GET /y",le="0.01"} 0
-reqlock_lock_wait_seconds_bucket{result="canceled",route="GET /y",le="0.1"} 0
-reqlock_lock_wait_seconds_bucket{result="canceled",route="GET /y",le="1"} 1
-reqlock_lock_wait_seconds_bucket{result="canceled",route="GET /y",le="+Inf"} 1
-reqlock_lock_wait_seconds_sum{result="canceled",route="GET /y"} 0.25
-reqlock_lock_wait_seconds_count{result="canceled",route="GET /y"} 1
-reqlock_lock_wait_seconds_bucket{result="store_error",route="POST /x",le="0.01"} 0
-reqlock_lock_wait_seconds_bucket{result="store_error",route="POST /x",le="0.1"} 0
-reqlock_lock_wait_seconds_bucket{result="store_error",route="POST /x",le="1"} 0
-reqlock_lock_wait_seconds_bucket{result="store_error",route="POST /x",le="+Inf"} 1
-reqlock_lock_wait_seconds_sum{result="store_error",route="POST /x"} 2
-reqlock_lock_wait_seconds_count{result="store_error",route="POST /x"} 1
-reqlock_lock_wait_seconds_bucket{result="timeout",route="POST /x",le="0.01"} 0
-reqlock_lock_wait_seconds_bucket{result="timeout",route="POST /x",le="0.1"} 0
-reqlock_lock_wait_seconds_bucket{result="timeout",route="POST /x",le="1"} 1
-reqlock_lock_wait_seconds_bucket{result="timeout",route="POST /x",le="+Inf"} 1
-reqlock_lock_wait_seconds_sum{result="timeout",route="POST /x"} 0.5
-reqlock_lock_wait_seconds_count{result="timeout",route="POST /x"} 1
-# HELP reqlock_lock_hold_seconds Seconds a lock was held, from acquiring it to releasing it, by route.
-# TYPE reqlock_lock_hold_seconds histogram
-reqlock_lock_hold_seconds_bucket{route="POST /x",le="0.1"} 1
-reqlock_lock_hold_seconds_bucket{route="POST /x",le="1"} 2
-reqlock_lock_hold_seconds_bucket{route="POST /x",le="+Inf"} 2
-reqlock_lock_hold_seconds_sum{route="POST /x"} 0.3125
-reqlock_lock_hold_seconds_count{route="POST /x"} 2
-# HELP reqlock_lock_lost_total Locks whose watchdog found them lost (expired or taken over) while they were held, by route.
-# TYPE reqlock_lock_lost_total counter
-reqlock_lock_lost_total{route="GET /y"} 0
-reqlock_lock_lost_total{route="POST /x"} 1
-# HELP reqlock_lock_handoffs_total Held grants passed to a waiter of the same process without a store round trip, by route.
-# TYPE reqlock_lock_handoffs_total counter
-reqlock_lock_handoffs_total{route="GET /y"} 0
-reqlock_lock_handoffs_total{route="POST /x"} 2
-`
-	if err := testutil.CollectAndCompare(m, strings.NewReader(want)); err != nil {
-		t.Fatal(err)
-	}
-}
+// The whole text exposition is compared, byte for byte, with that of the
+// core package's Registry, whose tests pin it, by TestSameAsCore.
 
 // TestValues checks single values of the scenario with ToFloat64 and the
 // histograms' sample counts and sums.

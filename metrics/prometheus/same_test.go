@@ -73,6 +73,31 @@ func TestSameAsCore(t *testing.T) {
 	}
 }
 
+// Durations whose seconds are exact in binary, so that sums compare exactly.
+const (
+	d7ms  = 7812500 * time.Nanosecond // 2^-7 s
+	d62ms = 62500 * time.Microsecond  // 2^-4 s
+	d250  = 250 * time.Millisecond
+	d500  = 500 * time.Millisecond
+	d2s   = 2 * time.Second
+)
+
+// scenario reports a small, fixed set of events: those of the core
+// package's TestExposition.
+func scenario(m reqlock.Metrics) {
+	const x, y = "POST /x", "GET /y"
+	m.Obtained(x, reqlock.ResultAcquired, d7ms)
+	m.Obtained(x, reqlock.ResultAcquired, d62ms)
+	m.Obtained(x, reqlock.ResultTimeout, d500)
+	m.Obtained(x, reqlock.ResultStoreError, d2s)
+	m.Held(x, d62ms)
+	m.Held(x, d250)
+	m.Lost(x)
+	m.HandedOff(x)
+	m.HandedOff(x)
+	m.Obtained(y, reqlock.ResultCanceled, d250)
+}
+
 // moreEvents reports every kind of event on routes that need escaping, an
 // empty and an invalid UTF-8 route label, a route named as the overflow
 // route, results package reqlock does not define (more of them than get a
