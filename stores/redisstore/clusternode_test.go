@@ -124,7 +124,8 @@ func clusterClient(t *testing.T, addr string) *redis.ClusterClient {
 // TestOnOneNodeCluster runs the conformance suites through a
 // *redis.ClusterClient on a real (one-node) Redis Cluster, and checks that
 // the server's CROSSSLOT refusal of keys in two slots comes back as
-// ErrCrossSlot when the client check cannot see the cluster.
+// ErrCrossSlot (and so reqlock.ErrInvalid) when the client check cannot see
+// the cluster.
 func TestOnOneNodeCluster(t *testing.T) {
 	addr := clusterNode(t)
 	client := clusterClient(t, addr)
@@ -150,18 +151,19 @@ func TestOnOneNodeCluster(t *testing.T) {
 		}
 		_, err := hidden.AcquireAll(ctx, keys, "t", time.Minute)
 		var rerr redis.Error
-		if !errors.Is(err, ErrCrossSlot) || !errors.As(err, &rerr) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) {
-			t.Fatalf("AcquireAll of keys in two slots on a Cluster: got %v, want ErrCrossSlot wrapping Redis's reply", err)
+		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) || !errors.As(err, &rerr) ||
+			!strings.Contains(err.Error(), strconv.Quote(keys[1])) {
+			t.Fatalf("AcquireAll of keys in two slots on a Cluster: got %v, want ErrCrossSlot and ErrInvalid wrapping Redis's reply", err)
 		}
-		if err := hidden.ReleaseAll(ctx, keys, "t", []int64{0, 0}, 0); !errors.Is(err, ErrCrossSlot) {
-			t.Fatalf("ReleaseAll: got %v, want ErrCrossSlot", err)
+		if err := hidden.ReleaseAll(ctx, keys, "t", []int64{0, 0}, 0); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
+			t.Fatalf("ReleaseAll: got %v, want ErrCrossSlot and ErrInvalid", err)
 		}
-		if err := hidden.RefreshAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) {
-			t.Fatalf("RefreshAll: got %v, want ErrCrossSlot", err)
+		if err := hidden.RefreshAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
+			t.Fatalf("RefreshAll: got %v, want ErrCrossSlot and ErrInvalid", err)
 		}
 		// The store on the bare client refuses before sending.
-		if _, err := s.AcquireAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) {
-			t.Fatalf("AcquireAll through the ClusterClient: got %v, want ErrCrossSlot", err)
+		if _, err := s.AcquireAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
+			t.Fatalf("AcquireAll through the ClusterClient: got %v, want ErrCrossSlot and ErrInvalid", err)
 		}
 		for _, k := range keys {
 			if n := client.Exists(ctx, k).Val(); n != 0 {

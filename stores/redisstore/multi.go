@@ -41,9 +41,9 @@ var (
 // checks that before it sends anything.
 //
 // It returns an error wrapping reqlock.ErrInvalid for no keys, a duplicate
-// or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot when the
-// keys span Cluster slots (or Ring shards); the client's error as is; and
-// ctx.Err() without acting when ctx has ended.
+// or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot, and so
+// reqlock.ErrInvalid, when the keys span Cluster slots (or Ring shards); the
+// client's error as is; and ctx.Err() without acting when ctx has ended.
 func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl time.Duration) (reqlock.MultiGrant, error) {
 	if err := ctx.Err(); err != nil {
 		return reqlock.MultiGrant{}, err
@@ -88,8 +88,9 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 // others. keys must be distinct and sorted and, with a *redis.ClusterClient,
 // in one slot. It returns an error wrapping reqlock.ErrInvalid for no keys, a
 // duplicate or unsorted key, or len(lastFences) != len(keys); one wrapping
-// ErrCrossSlot when the keys span Cluster slots (or Ring shards); the
-// client's error as is; and ctx.Err() without acting when ctx has ended.
+// ErrCrossSlot, and so reqlock.ErrInvalid, when the keys span Cluster slots
+// (or Ring shards); the client's error as is; and ctx.Err() without acting
+// when ctx has ended.
 func (s *Store) ReleaseAll(ctx context.Context, keys []string, token string, lastFences []int64, keep time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -175,9 +176,10 @@ func (s *Store) releaseAll(ctx context.Context, keys []string, token string, las
 // returns an error wrapping reqlock.ErrNotHeld that names the first such key.
 // keys must be distinct and sorted and, with a *redis.ClusterClient, in one
 // slot. It returns an error wrapping reqlock.ErrInvalid for no keys, a
-// duplicate or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot
-// when the keys span Cluster slots (or Ring shards); the client's error as
-// is; and ctx.Err() without acting when ctx has ended.
+// duplicate or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot,
+// and so reqlock.ErrInvalid, when the keys span Cluster slots (or Ring
+// shards); the client's error as is; and ctx.Err() without acting when ctx
+// has ended.
 func (s *Store) RefreshAll(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err

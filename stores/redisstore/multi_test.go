@@ -218,8 +218,8 @@ func TestCrossSlotCheckedBeforeSending(t *testing.T) {
 	}
 	for name, call := range calls {
 		err := call(apart)
-		if !errors.Is(err, ErrCrossSlot) {
-			t.Fatalf("%s of keys in two slots: got %v, want ErrCrossSlot", name, err)
+		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
+			t.Fatalf("%s of keys in two slots: got %v, want ErrCrossSlot and ErrInvalid", name, err)
 		}
 		msg := err.Error()
 		for _, want := range []string{strconv.Quote(apart[0]), strconv.Quote(apart[1]), "hash tag", "first '{'", "cart:{<json:cart>}"} {
@@ -230,9 +230,9 @@ func TestCrossSlotCheckedBeforeSending(t *testing.T) {
 	}
 	// A key with '}' and no hash tag has its fence key in another slot.
 	odd := []string{"x{}{y}"}
-	if _, err := s.AcquireAll(ctx, odd, "t", time.Second); !errors.Is(err, ErrCrossSlot) ||
+	if _, err := s.AcquireAll(ctx, odd, "t", time.Second); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) ||
 		!strings.Contains(err.Error(), strconv.Quote(fenceKey(odd[0]))) {
-		t.Fatalf("AcquireAll of a key whose fence key is in another slot: got %v, want ErrCrossSlot naming the fence key", err)
+		t.Fatalf("AcquireAll of a key whose fence key is in another slot: got %v, want ErrCrossSlot and ErrInvalid naming the fence key", err)
 	}
 	// Invalid arguments are reported as such, before the slot check.
 	if _, err := s.AcquireAll(ctx, []string{apart[1], apart[0]}, "t", time.Second); !errors.Is(err, reqlock.ErrInvalid) {
@@ -264,14 +264,22 @@ func TestCrossShardCheckedBeforeSending(t *testing.T) {
 	defer ring.Close()
 	s := newStore(t, ring)
 	ctx := context.Background()
-	_, err := s.AcquireAll(ctx, []string{"cart:1:sku:a", "cart:1:sku:b"}, "t", time.Second)
-	if !errors.Is(err, ErrCrossSlot) || !strings.Contains(err.Error(), "Ring") {
-		t.Fatalf("AcquireAll of untagged keys on a Ring: got %v, want ErrCrossSlot about Ring shards", err)
+	apart := []string{"cart:1:sku:a", "cart:1:sku:b"}
+	calls := map[string]func(keys []string) error{
+		"AcquireAll": func(keys []string) error { _, err := s.AcquireAll(ctx, keys, "t", time.Second); return err },
+		"ReleaseAll": func(keys []string) error { return s.ReleaseAll(ctx, keys, "t", make([]int64, len(keys)), 0) },
+		"RefreshAll": func(keys []string) error { return s.RefreshAll(ctx, keys, "t", time.Second) },
+	}
+	for name, call := range calls {
+		err := call(apart)
+		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "Ring") {
+			t.Fatalf("%s of untagged keys on a Ring: got %v, want ErrCrossSlot and ErrInvalid about Ring shards", name, err)
+		}
 	}
 	if n := dials.Load(); n != 0 {
 		t.Fatalf("the shard check dialled %d times", n)
 	}
-	_, err = s.AcquireAll(ctx, []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}, "t", time.Second)
+	_, err := s.AcquireAll(ctx, []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}, "t", time.Second)
 	if errors.Is(err, ErrCrossSlot) {
 		t.Fatalf("AcquireAll of tagged keys on a Ring: %v", err)
 	}
@@ -287,8 +295,8 @@ func TestCrossSlotReplyMapped(t *testing.T) {
 	reply := redisError("CROSSSLOT Keys in request don't hash to the same slot")
 	keys := []string{"cart:1:sku:a", "cart:1:sku:b"}
 	err := mapCrossSlot(reply, keys, true)
-	if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reply) {
-		t.Fatalf("mapped CROSSSLOT: got %v, want ErrCrossSlot wrapping the reply", err)
+	if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) || !errors.Is(err, reply) {
+		t.Fatalf("mapped CROSSSLOT: got %v, want ErrCrossSlot and ErrInvalid wrapping the reply", err)
 	}
 	if msg := err.Error(); !strings.Contains(msg, strconv.Quote(keys[0])) || !strings.Contains(msg, strconv.Quote(keys[1])) ||
 		!strings.Contains(msg, "hash tag") {
@@ -297,7 +305,8 @@ func TestCrossSlotReplyMapped(t *testing.T) {
 	// Keys that share a slot here (a proxy hashing otherwise): the error
 	// still names keys of the call.
 	tagged := []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}
-	if err := mapCrossSlot(reply, tagged, true); !errors.Is(err, ErrCrossSlot) || !strings.Contains(err.Error(), tagged[0]) {
+	if err := mapCrossSlot(reply, tagged, true); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) ||
+		!errors.Is(err, reply) || !strings.Contains(err.Error(), tagged[0]) {
 		t.Fatalf("mapped CROSSSLOT for one-slot keys: got %v", err)
 	}
 	// Other errors pass through as they are.

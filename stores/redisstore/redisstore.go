@@ -66,7 +66,9 @@
 // behind a client it cannot recognise as a Cluster, Redis's CROSSSLOT reply
 // is mapped to the same error. A *redis.Ring places keys on its shards by
 // that same part of the key, so there too the keys of one call must share a
-// hash tag, or the call fails with ErrCrossSlot.
+// hash tag, or the call fails with ErrCrossSlot. ErrCrossSlot wraps
+// reqlock.ErrInvalid: it is a mistake in the key template, which no retry
+// fixes, not a failure of the store.
 //
 // # Release notification
 //
