@@ -169,7 +169,11 @@ func (l *Locker) obtain(ctx context.Context, key string, ttl, wait time.Duration
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrWaitEnded, err)
 	}
-	if held := l.reenter(ctx, l.prefix+key); held != nil {
+	held, err := l.reenter(ctx, l.prefix+key)
+	if err != nil {
+		return nil, err
+	}
+	if held != nil {
 		return l.newView([]string{key}, []*Lock{held}, nil), nil
 	}
 	return l.obtainOne(ctx, key, ttl, wait)

@@ -3,6 +3,7 @@ package reqlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -138,7 +139,15 @@ func (l *Lock) holds(storeKey string) bool {
 
 // reenter looks in the locks ctx carries (see NewContext) for a live lock
 // of this Locker that holds storeKey, and takes a view hold on it.
-func (l *Locker) reenter(ctx context.Context, storeKey string) *Lock {
+//
+// A lock whose validity has run out (a handler that outlived its TTL
+// without the watchdog) is renewed first, owner-checked, so that a view is
+// never handed out while another owner holds the key; that costs a round
+// trip only in this case. When the request's own lock on the key is known
+// lost, or the renewal finds it gone, reenter returns an error wrapping
+// ErrLockLost and ErrNotHeld instead of letting the request wait for its
+// own key.
+func (l *Locker) reenter(ctx context.Context, storeKey string) (*Lock, error) {
 	h, _ := ctx.Value(lockContextKey{}).(*heldLocks)
 	for ; h != nil; h = h.outer {
 		candidates := []*Lock{h.lock}
@@ -146,12 +155,43 @@ func (l *Locker) reenter(ctx context.Context, storeKey string) *Lock {
 			candidates = h.lock.view.parts()
 		}
 		for _, c := range candidates {
-			if c.locker == l && c.holds(storeKey) && c.enter() {
-				return c
+			if c.locker != l || !c.holds(storeKey) {
+				continue
+			}
+			if err := c.checkHeld(ctx); err != nil {
+				return nil, err
+			}
+			if c.enter() {
+				return c, nil
 			}
 		}
 	}
-	return nil
+	return nil, nil
+}
+
+// checkHeld reports an error when the real lock c is known lost, or when its
+// validity has run out and a renewal finds it gone. A lock already on its
+// way to the store is not checked: enter refuses it.
+func (c *Lock) checkHeld(ctx context.Context) error {
+	c.mu.Lock()
+	final, notHeld, expired := c.final, c.notHeld, !time.Now().Before(c.validUntil)
+	c.mu.Unlock()
+	switch {
+	case final:
+		return nil
+	case notHeld:
+		return fmt.Errorf("%w: %w: the request's own lock on %q was lost", ErrLockLost, ErrNotHeld, c.key)
+	case !expired:
+		return nil
+	}
+	err := c.Refresh(ctx, 0)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotHeld):
+		return fmt.Errorf("%w: the request's own lock on %q expired and was lost: %w", ErrLockLost, c.key, err)
+	}
+	return err
 }
 
 // leaveAll ends the view holds taken on locks.
