@@ -78,7 +78,12 @@ func (l *Locker) obtainAll(ctx context.Context, keys []string, ttl, wait time.Du
 		if slices.ContainsFunc(borrowed, func(b *Lock) bool { return b.holds(sk) }) {
 			continue
 		}
-		if held := l.reenter(ctx, sk); held != nil {
+		held, err := l.reenter(ctx, sk)
+		if err != nil {
+			leaveAll(ctx, borrowed)
+			return nil, err
+		}
+		if held != nil {
 			borrowed = append(borrowed, held)
 			continue
 		}
@@ -131,6 +136,12 @@ func (l *Locker) obtainMulti(ctx context.Context, keys []string, ttl, wait time.
 	for {
 		attemptStart := time.Now()
 		grant, err := l.acquireAll(ctx, storeKeys, token, ttl)
+		if errors.Is(err, ErrInvalid) {
+			// The store refused the keys before acting (Redis Cluster keys
+			// in different slots, say): a configuration mistake, not an
+			// outage, so never a reason to run unlocked.
+			return nil, err
+		}
 		if err != nil || (grant.OK && ctx.Err() != nil) {
 			// As in contend: the store may have granted what we cannot use.
 			go l.releaseAbandonedAll(storeKeys, token)
@@ -206,8 +217,10 @@ func (l *Locker) releaseMulti(ctx context.Context, lock *Lock, keep time.Duratio
 		err = ms.ReleaseAll(ctx, m.storeKeys, lock.token, m.fences, keep)
 	} else {
 		var errs []error
-		for i, k := range m.storeKeys {
-			errs = append(errs, l.releaseKey(ctx, k, lock.token, m.fences[i], keep))
+		for _, k := range m.storeKeys {
+			// A multi-key grant is never handed off locally: the store
+			// already knows its fences.
+			errs = append(errs, l.releaseKey(ctx, k, lock.token, 0, keep))
 		}
 		err = errors.Join(errs...)
 	}
@@ -226,8 +239,13 @@ func (l *Locker) releaseKey(ctx context.Context, storeKey, token string, lastFen
 	if kr, ok := l.store.(KeepReleaser); ok {
 		return kr.ReleaseKeep(ctx, storeKey, token, lastFence, keep)
 	}
-	// A store without ReleaseKeep cannot record lastFence here; fences of
-	// locally handed-off grants then rely on the store's own next fence.
+	if lastFence > 0 {
+		// Only Release records the fences of local handoffs on a store
+		// without ReleaseKeep: keep the fences right and give up the hold.
+		l.logger.Warn("reqlock: the store cannot hold a handed-off lock on after release; released it at once",
+			slog.String("key", storeKey), slog.Duration("hold_left", keep))
+		return l.store.Release(ctx, storeKey, token, lastFence)
+	}
 	return l.store.Refresh(ctx, storeKey, token, keep)
 }
 
