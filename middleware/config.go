@@ -249,6 +249,9 @@ func (c Config) validate() error {
 		return bad("an entry of Keys is empty")
 	case c.MaxKeys < 1:
 		return bad("max keys %d is below 1", c.MaxKeys)
+	case c.MaxKeys < len(c.templates()):
+		return bad("max keys %d is below the %d key templates, each of which yields at least one key",
+			c.MaxKeys, len(c.templates()))
 	case c.HoldAtLeast < 0:
 		return bad("hold-at-least %v is negative", c.HoldAtLeast)
 	case c.TTL < time.Millisecond:

@@ -207,6 +207,10 @@ func (g *Guard) WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
 		return r
 	}
 	ctx := reqlock.NewContext(r.Context(), lock)
+	if g.metrics != nil {
+		// The handler's own Obtain calls count under the route too.
+		ctx = reqlock.WithLabel(ctx, g.cfg.Name)
+	}
 	if g.cfg.Watchdog {
 		ctx = lock.KeepAlive(ctx)
 	}
