@@ -85,12 +85,14 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 //
 // It returns an error wrapping reqlock.ErrNotHeld, naming the keys, when some
 // keys were absent or held another token, after ending the grant on the
-// others. keys must be distinct and sorted and, with a *redis.ClusterClient,
-// in one slot. It returns an error wrapping reqlock.ErrInvalid for no keys, a
-// duplicate or unsorted key, or len(lastFences) != len(keys); one wrapping
-// ErrCrossSlot, and so reqlock.ErrInvalid, when the keys span Cluster slots
-// (or Ring shards); the client's error as is; and ctx.Err() without acting
-// when ctx has ended.
+// others. A key overwritten with another type than a string (another
+// program's data), or whose fence key was, counts as not held and is left as
+// it is; the others are still released. keys must be distinct and sorted
+// and, with a *redis.ClusterClient, in one slot. It returns an error wrapping
+// reqlock.ErrInvalid for no keys, a duplicate or unsorted key, or
+// len(lastFences) != len(keys); one wrapping ErrCrossSlot, and so
+// reqlock.ErrInvalid, when the keys span Cluster slots (or Ring shards); the
+// client's error as is; and ctx.Err() without acting when ctx has ended.
 func (s *Store) ReleaseAll(ctx context.Context, keys []string, token string, lastFences []int64, keep time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -125,8 +127,10 @@ func (s *Store) ReleaseAll(ctx context.Context, keys []string, token string, las
 // and one round trip. It publishes nothing: the key stays held until it
 // expires, and an expiry publishes nothing either. A keep of zero or less
 // releases the key at once, exactly as Release. It returns an error wrapping
-// reqlock.ErrNotHeld when key is absent or holds another token, the client's
-// error as is, and ctx.Err() without acting when ctx has ended.
+// reqlock.ErrNotHeld when key is absent or holds another token, or, with
+// keep positive, when key or its fence key holds another type than a string
+// (left as it is, as ReleaseAll does); the client's error as is; and
+// ctx.Err() without acting when ctx has ended.
 func (s *Store) ReleaseKeep(ctx context.Context, key, token string, lastFence int64, keep time.Duration) error {
 	if keep <= 0 {
 		return s.Release(ctx, key, token, lastFence)

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -148,28 +149,95 @@ func TestAcquireAllBadFenceKeyLeavesNoLock(t *testing.T) {
 	client.Del(ctx, withFenceKeys(keys)...)
 }
 
-func TestReleaseAllWrongTypeReleasesNothing(t *testing.T) {
+// overwriteWithHash replaces key with another program's hash, as a key
+// overwritten by mistake would be.
+func overwriteWithHash(t *testing.T, client *redis.Client, key string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := client.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.HSet(ctx, key, "field", "value").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A key of a multi-key grant that another program overwrote with another
+// type, or whose fence key it overwrote, counts as not held: ReleaseAll
+// leaves it as it is, still releases the other keys and returns ErrNotHeld
+// naming it, and so does ReleaseKeep for that key. (Redis's WRONGTYPE used to
+// fail the whole script, leaving every key locked until its TTL.)
+func TestReleaseAllWrongTypeReleasesTheOthers(t *testing.T) {
 	client := testredis.Client(t)
 	s := newStore(t, client)
 	ctx := context.Background()
-	p := testredis.Prefix(t)
-	keys := []string{p + "a", p + "b"}
-	if g, err := s.AcquireAll(ctx, keys, "t", time.Minute); err != nil || !g.OK {
-		t.Fatalf("AcquireAll: %+v, %v", g, err)
+	cases := map[string]struct {
+		overwrite func(t *testing.T, key string) string // returns the key of another type
+		typ       string
+	}{
+		"LockKeyIsAHash": {func(t *testing.T, key string) string {
+			overwriteWithHash(t, client, key)
+			return key
+		}, "hash"},
+		"FenceKeyIsAList": {func(t *testing.T, key string) string {
+			fk := fenceKey(key)
+			client.Del(ctx, fk)
+			if err := client.LPush(ctx, fk, "x").Err(); err != nil {
+				t.Fatal(err)
+			}
+			return fk
+		}, "list"},
 	}
-	// Another program's list where the second key's fence key should be.
-	client.Del(ctx, fenceKey(keys[1]))
-	if err := client.LPush(ctx, fenceKey(keys[1]), "x").Err(); err != nil {
-		t.Fatal(err)
+	for name, tc := range cases {
+		for _, keep := range []time.Duration{0, 10 * time.Minute} {
+			t.Run(fmt.Sprintf("%s/keep=%v", name, keep), func(t *testing.T) {
+				p := testredis.Prefix(t)
+				keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
+				t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
+				g, err := s.AcquireAll(ctx, keys, "t", time.Minute)
+				if err != nil || !g.OK {
+					t.Fatalf("AcquireAll: %+v, %v", g, err)
+				}
+				bad := tc.overwrite(t, keys[1])
+
+				// The grant's fences, as the Locker passes them: the
+				// script reads every fence key before it writes.
+				err = s.ReleaseAll(ctx, keys, "t", g.Fences, keep)
+				if !errors.Is(err, reqlock.ErrNotHeld) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) ||
+					strings.Contains(err.Error(), strconv.Quote(keys[0])) || strings.Contains(err.Error(), strconv.Quote(keys[2])) {
+					t.Fatalf("ReleaseAll with %s of another type: got %v, want ErrNotHeld naming %q alone", bad, err, keys[1])
+				}
+				for _, k := range []string{keys[0], keys[2]} {
+					if keep == 0 {
+						if n := client.Exists(ctx, k).Val(); n != 0 {
+							t.Errorf("%q was not released", k)
+						}
+					} else if pttl := client.PTTL(ctx, k).Val(); pttl <= time.Minute || pttl > keep {
+						t.Errorf("%q has TTL %v after ReleaseAll with keep %v, want in (1m, %v]", k, pttl, keep, keep)
+					}
+				}
+				if typ := client.Type(ctx, bad).Val(); typ != tc.typ {
+					t.Errorf("%q is a %s after ReleaseAll, want it left a %s", bad, typ, tc.typ)
+				}
+				if bad != keys[1] {
+					// Its lock key still holds the token, with its TTL.
+					if v := client.Get(ctx, keys[1]).Val(); v != "t" {
+						t.Errorf("%q holds %q after ReleaseAll, want it left holding the token", keys[1], v)
+					}
+					if pttl := client.PTTL(ctx, keys[1]).Val(); pttl <= 0 || pttl > time.Minute {
+						t.Errorf("%q has TTL %v after ReleaseAll, want it left in (0, 1m]", keys[1], pttl)
+					}
+				}
+
+				if err := s.ReleaseKeep(ctx, keys[1], "t", g.Fences[1], 10*time.Minute); !errors.Is(err, reqlock.ErrNotHeld) {
+					t.Fatalf("ReleaseKeep with %s of another type: got %v, want ErrNotHeld", bad, err)
+				}
+				if typ := client.Type(ctx, bad).Val(); typ != tc.typ {
+					t.Errorf("%q is a %s after ReleaseKeep, want it left a %s", bad, typ, tc.typ)
+				}
+			})
+		}
 	}
-	if err := s.ReleaseAll(ctx, keys, "t", []int64{0, 0}, 0); err == nil || errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("ReleaseAll with a fence key of another type: got %v, want Redis's error", err)
-	}
-	if n := client.Exists(ctx, keys...).Val(); n != 2 {
-		t.Fatalf("the failed ReleaseAll released %d of 2 keys, want none", 2-n)
-	}
-	client.Del(ctx, withFenceKeys(keys)...)
-	client.Del(ctx, keys...)
 }
 
 // noNetwork returns client options' Dialer that counts its calls and never

@@ -9,14 +9,18 @@
 -- after keep ms without a publish (it stays held). Its fence key is raised
 -- as in release.lua. Returns {1 or 0 per key}: 1 when the key held the
 -- token, 0 when it did not (it is then left as it was).
--- Every key is read before any is written, so a key of another type fails
--- the call without releasing part of the keys.
+-- Every key is read before any is written, so no write fails half-way. A
+-- key of another type than a string (another program's data) makes GET
+-- fail; redis.pcall turns the failure into an error table, which equals no
+-- token. A lock key of another type is therefore not held, and neither is
+-- one whose fence key is of another type (its fence could not be recorded):
+-- that key gets 0 and is left as it was, and the other keys are still
+-- released.
 local n = #KEYS / 2
 local keep = tonumber(ARGV[2])
 local reply = {}
 for i = 1, n do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
-    redis.call('GET', KEYS[n + i])
+  if redis.pcall('GET', KEYS[i]) == ARGV[1] and type(redis.pcall('GET', KEYS[n + i])) ~= 'table' then
     reply[i] = 1
   else
     reply[i] = 0
