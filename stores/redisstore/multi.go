@@ -178,6 +178,7 @@ func (s *Store) releaseAll(ctx context.Context, keys []string, token string, las
 // RefreshAll resets the TTL of every key to ttl if each holds token, in one
 // script and one round trip; when one does not, it changes nothing and
 // returns an error wrapping reqlock.ErrNotHeld that names the first such key.
+// A key overwritten with another type than a string counts as not held.
 // keys must be distinct and sorted and, with a *redis.ClusterClient, in one
 // slot. It returns an error wrapping reqlock.ErrInvalid for no keys, a
 // duplicate or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot,

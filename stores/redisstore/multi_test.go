@@ -240,6 +240,37 @@ func TestReleaseAllWrongTypeReleasesTheOthers(t *testing.T) {
 	}
 }
 
+// A key overwritten with another type does not hold the token, so
+// RefreshAll changes nothing and returns ErrNotHeld naming it. (Redis's
+// WRONGTYPE used to come back as a store error.)
+func TestRefreshAllWrongTypeRefreshesNothing(t *testing.T) {
+	client := testredis.Client(t)
+	s := newStore(t, client)
+	ctx := context.Background()
+	p := testredis.Prefix(t)
+	keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
+	t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
+	if g, err := s.AcquireAll(ctx, keys, "t", time.Minute); err != nil || !g.OK {
+		t.Fatalf("AcquireAll: %+v, %v", g, err)
+	}
+	overwriteWithHash(t, client, keys[1])
+	err := s.RefreshAll(ctx, keys, "t", 10*time.Minute)
+	if !errors.Is(err, reqlock.ErrNotHeld) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) {
+		t.Fatalf("RefreshAll with a key of another type: got %v, want ErrNotHeld naming %q", err, keys[1])
+	}
+	for _, k := range []string{keys[0], keys[2]} {
+		if pttl := client.PTTL(ctx, k).Val(); pttl <= 0 || pttl > time.Minute {
+			t.Errorf("%q has TTL %v after the refused RefreshAll, want it unchanged, in (0, 1m]", k, pttl)
+		}
+	}
+	if typ, v := client.Type(ctx, keys[1]).Val(), client.HGet(ctx, keys[1], "field").Val(); typ != "hash" || v != "value" {
+		t.Errorf("%q is a %s holding %q after RefreshAll, want the hash left as it was", keys[1], typ, v)
+	}
+	if n := client.PTTL(ctx, keys[1]).Val(); n >= 0 {
+		t.Errorf("the hash %q got TTL %v from RefreshAll, want none", keys[1], n)
+	}
+}
+
 // noNetwork returns client options' Dialer that counts its calls and never
 // connects.
 func noNetwork(dials *atomic.Int64) func(context.Context, string, string) (net.Conn, error) {
