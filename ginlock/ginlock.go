@@ -7,9 +7,14 @@
 // slash, as net/http's {path...}); ctx placeholders read c.Get, then the
 // request context. The handler finds its lock with Lock(c). The request flow,
 // responses and configuration are those of package middleware.
+//
+// A whole route table (middleware.Routes) goes in front of every route with
+// Install, called before any route is registered; see Install for why the
+// order matters on gin.
 package ginlock
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -66,13 +71,49 @@ func Handler(g *middleware.Guard) gin.HandlerFunc {
 	return func(c *gin.Context) { serve(g, c) }
 }
 
-// Routes returns gin middleware that locks each request by its route's
-// entry in rt, found by c.FullPath(); routes without one pass through.
-// Install it once with engine.Use before registering the routes, and call
-// CheckRoutes once they are registered:
+// Install puts the route table rt in front of every route of r, as
+// r.Use(Routes(rt)), and is the recommended way to install it. gin copies
+// the engine's middleware into a route when the route is registered, and
+// into a group when the group is created, so a route registered, or a group
+// created, before r.Use(Routes(rt)) never runs the table: its entry silently
+// locks nothing, and CheckRoutes cannot tell, since gin lists only each
+// route's last handler. Install therefore refuses, with an error wrapping
+// middleware.ErrInvalidConfig that names a route, when r has routes already,
+// installing nothing; it refuses a nil r or rt too. Call it before
+// registering routes and before creating groups (a group without routes yet
+// is out of its sight), and CheckRoutes once the routes are registered:
 //
 //	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
-//	r.Use(ginlock.Routes(rt))
+//	if err := ginlock.Install(r, rt); err != nil { ... }
+//	r.POST("/skus/:id/deduct", deduct)
+//	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil { ... }
+func Install(r *gin.Engine, rt *middleware.Routes) error {
+	if r == nil || rt == nil {
+		return fmt.Errorf("%w: ginlock.Install: the engine or the route table is nil", middleware.ErrInvalidConfig)
+	}
+	if routes := r.Routes(); len(routes) > 0 {
+		return fmt.Errorf("%w: ginlock.Install: the engine has %d routes already, such as %s %s, and gin "+
+			"gives a route only the middleware installed before it is registered, so they would run unlocked; "+
+			"install the route table before registering routes and creating groups",
+			middleware.ErrInvalidConfig, len(routes), routes[0].Method, routes[0].Path)
+	}
+	r.Use(Routes(rt))
+	return nil
+}
+
+// Routes returns gin middleware that locks each request by its route's
+// entry in rt, found by c.FullPath(); routes without one pass through.
+// Prefer Install, which checks the order below.
+//
+// gin gives a route only the middleware installed before the route is
+// registered (or before its group is created): install Routes once with
+// engine.Use before registering any route and before creating any group,
+// since a route registered earlier runs unlocked whatever rt says, and
+// CheckRoutes cannot see it. Call CheckRoutes once the routes are
+// registered:
+//
+//	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
+//	r.Use(ginlock.Routes(rt)) // first: before any route or group
 //	r.POST("/skus/:id/deduct", deduct)
 //	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil { ... }
 func Routes(rt *middleware.Routes) gin.HandlerFunc {
@@ -88,6 +129,8 @@ func Routes(rt *middleware.Routes) gin.HandlerFunc {
 
 // CheckRoutes reports every entry of rt that matches none of routes
 // (engine.Routes()), naming the entry's source; see middleware.Routes.Check.
+// It cannot tell whether Routes runs in front of a route (gin lists only a
+// route's last handler): Install sees to that.
 func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
 	ids := make([]middleware.RouteID, len(routes))
 	for i, r := range routes {

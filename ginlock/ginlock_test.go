@@ -31,11 +31,13 @@ func serveGin(locker *reqlock.Locker, key string, opts []middleware.Option, h ht
 	return r, nil
 }
 
-// serveGinRoutes installs ginlock.Routes with Use, registers routes after
-// it, each behind its Guard, and checks the table against the engine.
+// serveGinRoutes installs the table with ginlock.Install, registers routes
+// after it, each behind its Guard, and checks the table against the engine.
 func serveGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
 	r := gin.New()
-	r.Use(ginlock.Routes(rt))
+	if err := ginlock.Install(r, rt); err != nil {
+		return nil, err
+	}
 	for _, route := range routes {
 		var handlers []gin.HandlerFunc
 		if route.Guard != nil {
