@@ -9,9 +9,13 @@
 // returned as an *echo.HTTPError whose Message is the problem details and
 // whose Internal is the cause, so the app's error handler renders it; a route
 // with its own middleware.Responder writes the response itself instead.
+//
+// A whole route table (middleware.Routes) goes in front of every route with
+// Install, or e.Use(Routes(rt)); never with e.Pre (see Routes).
 package echolock
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -70,14 +74,39 @@ func Middleware(g *middleware.Guard) echo.MiddlewareFunc {
 	}
 }
 
+// Install puts the route table rt in front of every route of e: it is
+// e.Use(Routes(rt)), with ginlock.Install's signature. echo applies e.Use
+// middleware when a request arrives, after routing, so unlike on gin the
+// order does not matter: routes registered before Install are locked as well
+// as those registered after it. Install returns an error wrapping
+// middleware.ErrInvalidConfig, installing nothing, when e or rt is nil. Call
+// CheckRoutes once the routes are registered:
+//
+//	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
+//	if err := echolock.Install(e, rt); err != nil { ... }
+//	e.POST("/skus/:id/deduct", deduct)
+//	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil { ... }
+func Install(e *echo.Echo, rt *middleware.Routes) error {
+	if e == nil || rt == nil {
+		return fmt.Errorf("%w: echolock.Install: the echo instance or the route table is nil", middleware.ErrInvalidConfig)
+	}
+	e.Use(Routes(rt))
+	return nil
+}
+
 // Routes returns echo middleware that locks each request by its route's
 // entry in rt, found by c.Path(); routes without one pass through. Install
-// it once with e.Use, and call CheckRoutes once the routes are registered:
+// it once with e.Use (or Install), before or after registering the routes,
+// and call CheckRoutes once they are registered:
 //
 //	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
 //	e.Use(echolock.Routes(rt))
 //	e.POST("/skus/:id/deduct", deduct)
 //	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil { ... }
+//
+// Never install it with e.Pre: Pre middleware runs before routing, when
+// c.Path() is still empty, so every route would run unlocked, and
+// CheckRoutes would not notice.
 func Routes(rt *middleware.Routes) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -91,7 +120,8 @@ func Routes(rt *middleware.Routes) echo.MiddlewareFunc {
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
-// (e.Routes()), naming the entry's source; see middleware.Routes.Check.
+// (e.Routes()), naming the entry's source; see middleware.Routes.Check. It
+// cannot tell how Routes was installed (see Routes on e.Pre).
 func CheckRoutes(rt *middleware.Routes, routes []*echo.Route) error {
 	ids := make([]middleware.RouteID, len(routes))
 	for i, r := range routes {

@@ -28,11 +28,13 @@ func serveEcho(locker *reqlock.Locker, key string, opts []middleware.Option, h h
 	return e, nil
 }
 
-// serveEchoRoutes installs echolock.Routes with Use, registers routes, each
-// behind its Guard, and checks the table against the router.
+// serveEchoRoutes installs the table with echolock.Install, registers
+// routes, each behind its Guard, and checks the table against the router.
 func serveEchoRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
 	e := echo.New()
-	e.Use(echolock.Routes(rt))
+	if err := echolock.Install(e, rt); err != nil {
+		return nil, err
+	}
 	for _, route := range routes {
 		var mws []echo.MiddlewareFunc
 		if route.Guard != nil {
