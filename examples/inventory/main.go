@@ -45,7 +45,7 @@
 // Lock configuration:
 //
 // The locks are a route table, installed once in front of all the routes
-// (ginlock.Routes, echolock.Routes, or middleware.Routes.Handler around the
+// (ginlock.Install, echolock.Install, or middleware.Routes.Handler around the
 // ServeMux). Built in, it is, with -wait and -ttl filled in:
 //
 //	PUT  /skus/{id}          @lock key=sku:<id>                  on-timeout=423 on-store-error=503

@@ -11,7 +11,7 @@ import (
 )
 
 // echoRoutes routes the shop with echo. rt, the lock configuration, is
-// installed once for every route (echolock.Routes) and then checked against
+// installed once for every route (echolock.Install) and then checked against
 // the registered routes; with a nil rt (-nolock) the routes run unlocked.
 // Lock rejections come back as *echo.HTTPError and echo's error handler
 // renders them as JSON. GET /metrics serves metricsHandler, unlocked.
@@ -19,7 +19,9 @@ func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (ht
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	if rt != nil {
-		e.Use(echolock.Routes(rt))
+		if err := echolock.Install(e, rt); err != nil {
+			return nil, err
+		}
 	}
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
 	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)

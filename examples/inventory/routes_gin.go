@@ -13,14 +13,16 @@ import (
 func init() { gin.SetMode(gin.ReleaseMode) }
 
 // ginRoutes routes the shop with gin. rt, the lock configuration, is
-// installed once in front of every route (ginlock.Routes) and then checked
+// installed once in front of every route (ginlock.Install) and then checked
 // against the registered routes; with a nil rt (-nolock) the routes run
 // unlocked. GET /metrics serves metricsHandler, unlocked.
 func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (http.Handler, error) {
 	r := gin.New()
 	r.Use(gin.Recovery())
 	if rt != nil {
-		r.Use(ginlock.Routes(rt))
+		if err := ginlock.Install(r, rt); err != nil { // before any route
+			return nil, err
+		}
 	}
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
 	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)
