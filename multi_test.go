@@ -675,7 +675,9 @@ func TestObtainAllWaitEnds(t *testing.T) {
 		if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("err = %v, want ErrWaitEnded joined with DeadlineExceeded", err)
 		}
-		e.expectFree(t, "a")
+		// An attempt cut off by the deadline may have been granted; the
+		// Locker releases such a grant in the background.
+		waitUntil(t, func() bool { return e.free(t, "a") })
 	})
 }
 
