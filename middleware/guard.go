@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -145,8 +144,9 @@ func (g *Guard) Enter(req keyfunc.Request) (*reqlock.Lock, *Rejection) {
 }
 
 // keys derives the request's key, or, on a route that may lock several,
-// its distinct keys, sorted. The route's MaxKeys caps the keys yielded,
-// repeats included, as keyfunc caps each template's.
+// its keys (Locker.ObtainAll sorts and de-duplicates them). The route's
+// MaxKeys caps the keys yielded, repeats included, as keyfunc caps each
+// template's.
 func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 	if !g.multi {
 		key, err := g.templates[0].Key(req)
@@ -158,18 +158,18 @@ func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 		if err != nil {
 			return "", nil, err
 		}
-		keys = append(keys, ks...)
+		if keys == nil {
+			keys = ks
+		} else {
+			keys = append(keys[:len(keys):len(keys)], ks...)
+		}
 	}
 	if len(keys) > g.cfg.MaxKeys {
 		// Each template stops at MaxKeys; several together may not.
-		return "", nil, fmt.Errorf("%w: the request yields %d keys", errTooManyKeys, len(keys))
+		return "", nil, fmt.Errorf("%w: the request yields %d keys", keyfunc.ErrTooManyKeys, len(keys))
 	}
-	slices.Sort(keys)
-	return "", slices.Compact(keys), nil
+	return "", keys, nil
 }
-
-// errTooManyKeys marks a request whose templates yield more than MaxKeys.
-var errTooManyKeys = keyfunc.ErrTooManyKeys
 
 // Exit releases lock after the handler returned or panicked. The release
 // runs on a context the request's cancellation cannot end, bounded by the

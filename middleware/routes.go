@@ -178,7 +178,7 @@ func (rt *Routes) Handler(mux *http.ServeMux) (http.Handler, error) {
 				ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path))
 			continue
 		}
-		byPattern[routeKey{e.spec.Method, pattern}] = &patternGuard{guard: e.guard, segments: strings.Split(path, "/")}
+		byPattern[routeKey{e.spec.Method, pattern}] = newPatternGuard(e.guard, path)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -211,11 +211,29 @@ func lookupPattern(byPattern map[routeKey]*patternGuard, mux *http.ServeMux, r *
 	return byPattern[routeKey{http.MethodGet, pattern}]
 }
 
-// patternGuard is a ServeMux pattern's Guard and the pattern's path split
-// at slashes, to read its wildcards' values.
+// patternGuard is a ServeMux pattern's Guard and where the pattern's
+// wildcards stand in the path, to read their values.
 type patternGuard struct {
-	guard    *Guard
-	segments []string
+	guard  *Guard
+	params map[string]wildcard
+}
+
+// wildcard is the position of a pattern wildcard: its segment's index, and
+// whether it takes the rest of the path ({name...}).
+type wildcard struct {
+	segment int
+	rest    bool
+}
+
+func newPatternGuard(g *Guard, path string) *patternGuard {
+	pg := &patternGuard{guard: g, params: map[string]wildcard{}}
+	for i, seg := range strings.Split(path, "/") {
+		if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") && seg != "{$}" {
+			name, rest := strings.CutSuffix(seg[1:len(seg)-1], "...")
+			pg.params[name] = wildcard{segment: i, rest: rest}
+		}
+	}
+	return pg
 }
 
 // patternRequest is keyfunc.Request for a request the ServeMux has not yet
@@ -228,27 +246,26 @@ type patternRequest struct {
 func (p patternRequest) HTTPRequest() *http.Request { return p.r }
 
 func (p patternRequest) PathValue(name string) string {
-	got := strings.Split(p.r.URL.EscapedPath(), "/")
-	for i, seg := range p.pg.segments {
-		if !strings.HasPrefix(seg, "{") || i >= len(got) {
-			continue
-		}
-		wild := strings.Trim(seg, "{}")
-		rest := strings.HasSuffix(wild, "...")
-		if strings.TrimSuffix(wild, "...") != name {
-			continue
-		}
-		raw := got[i]
-		if rest {
-			raw = strings.Join(got[i:], "/")
-		}
-		v, err := url.PathUnescape(raw)
-		if err != nil {
+	w, ok := p.pg.params[name]
+	if !ok {
+		return ""
+	}
+	raw := p.r.URL.EscapedPath()
+	for range w.segment {
+		_, after, found := strings.Cut(raw, "/")
+		if !found {
 			return ""
 		}
-		return v
+		raw = after
 	}
-	return ""
+	if !w.rest {
+		raw, _, _ = strings.Cut(raw, "/")
+	}
+	v, err := url.PathUnescape(raw)
+	if err != nil {
+		return ""
+	}
+	return v
 }
 
 func (p patternRequest) ContextValue(name string) (any, bool) {
