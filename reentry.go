@@ -12,22 +12,21 @@ import (
 // that its request already held (borrowed), plus the lock it obtained for
 // the keys none of them held (owned, nil when there were none).
 type view struct {
-	keys     []string // sorted, without the Locker's prefix
-	borrowed []*Lock  // real locks, each with one view hold taken by this view
-	owned    *Lock    // a real lock released with the view, or nil
+	keys  []string // sorted, without the Locker's prefix
+	locks []*Lock  // every real lock behind the view: the borrowed, then owned
+	owned *Lock    // a real lock released with the view, or nil
 }
 
 // parts returns every real lock behind the view.
-func (v *view) parts() []*Lock {
-	if v.owned == nil {
-		return v.borrowed
-	}
-	return append(v.borrowed[:len(v.borrowed):len(v.borrowed)], v.owned)
-}
+func (v *view) parts() []*Lock { return v.locks }
 
-// newView returns a Lock for keys held by borrowed and owned.
+// newView returns a Lock for keys held by borrowed, on each of which it has
+// taken a view hold, and by owned.
 func (l *Locker) newView(keys []string, borrowed []*Lock, owned *Lock) *Lock {
-	v := &view{keys: keys, borrowed: borrowed, owned: owned}
+	v := &view{keys: keys, locks: borrowed, owned: owned}
+	if owned != nil {
+		v.locks = append(borrowed, owned)
+	}
 	lock := &Lock{locker: l, key: keys[0], storeKey: l.prefix + keys[0], view: v}
 	lock.fence, _ = v.fenceOf(keys[0])
 	for _, p := range v.parts() {
@@ -84,11 +83,12 @@ func (v *view) refresh(ctx context.Context, ttl time.Duration) error {
 // released in the store.
 func (v *view) release(ctx context.Context) error {
 	var errs []error
-	if v.owned != nil {
-		errs = append(errs, v.owned.Release(ctx))
-	}
-	for _, p := range v.borrowed {
-		errs = append(errs, p.leave(ctx))
+	for _, p := range v.locks {
+		if p == v.owned {
+			errs = append(errs, p.Release(ctx))
+		} else {
+			errs = append(errs, p.leave(ctx))
+		}
 	}
 	return errors.Join(errs...)
 }
