@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/storeargs"
 )
 
 // Store is an in-memory reqlock.Store, and a reqlock.ReleaseNotifier,
@@ -57,6 +58,9 @@ type Store struct {
 
 	fair map[string]*fairQueue // fair-mode queues by key; see fair.go
 }
+
+// args checks the arguments of Store's methods; its errors start "memstore:".
+const args storeargs.Checker = "memstore"
 
 var (
 	_ reqlock.Store           = (*Store)(nil)
@@ -145,8 +149,8 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	if err := ctx.Err(); err != nil {
 		return reqlock.Grant{}, err
 	}
-	if ttl <= 0 {
-		return reqlock.Grant{}, fmt.Errorf("%w: memstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	if err := args.CheckTTL(ttl); err != nil {
+		return reqlock.Grant{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -193,8 +197,8 @@ func (s *Store) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if ttl <= 0 {
-		return fmt.Errorf("%w: memstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	if err := args.CheckTTL(ttl); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

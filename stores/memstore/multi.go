@@ -4,7 +4,6 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock"
@@ -26,13 +25,7 @@ var (
 // wrapping reqlock.ErrInvalid for no keys, a duplicate or unsorted key, or a
 // non-positive ttl.
 func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl time.Duration) (reqlock.MultiGrant, error) {
-	if err := ctx.Err(); err != nil {
-		return reqlock.MultiGrant{}, err
-	}
-	if ttl <= 0 {
-		return reqlock.MultiGrant{}, fmt.Errorf("%w: memstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
-	}
-	if err := checkKeys(keys); err != nil {
+	if err := args.CheckAcquireAll(ctx, keys, ttl); err != nil {
 		return reqlock.MultiGrant{}, err
 	}
 	s.mu.Lock()
@@ -68,14 +61,8 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 // wrapping reqlock.ErrInvalid for no keys, a duplicate or unsorted key, or
 // len(lastFences) != len(keys).
 func (s *Store) ReleaseAll(ctx context.Context, keys []string, token string, lastFences []int64, keep time.Duration) error {
-	if err := ctx.Err(); err != nil {
+	if err := args.CheckReleaseAll(ctx, keys, lastFences); err != nil {
 		return err
-	}
-	if err := checkKeys(keys); err != nil {
-		return err
-	}
-	if len(lastFences) != len(keys) {
-		return fmt.Errorf("%w: memstore: %d last fences for %d keys", reqlock.ErrInvalid, len(lastFences), len(keys))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -141,13 +128,7 @@ func (s *Store) releaseLocked(now time.Time, key, token string, lastFence int64,
 // wrapping reqlock.ErrInvalid for no keys, a duplicate or unsorted key, or a
 // non-positive ttl.
 func (s *Store) RefreshAll(ctx context.Context, keys []string, token string, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if ttl <= 0 {
-		return fmt.Errorf("%w: memstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
-	}
-	if err := checkKeys(keys); err != nil {
+	if err := args.CheckAcquireAll(ctx, keys, ttl); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -163,23 +144,6 @@ func (s *Store) RefreshAll(ctx context.Context, keys []string, token string, ttl
 		e := s.entries[key]
 		e.expiresAt = now.Add(ttl)
 		heap.Fix(&s.expiry, e.index)
-	}
-	return nil
-}
-
-// checkKeys returns an error wrapping reqlock.ErrInvalid unless keys holds
-// at least one key and is sorted without duplicates.
-func checkKeys(keys []string) error {
-	if len(keys) == 0 {
-		return fmt.Errorf("%w: memstore: no keys", reqlock.ErrInvalid)
-	}
-	for i := 1; i < len(keys); i++ {
-		switch strings.Compare(keys[i-1], keys[i]) {
-		case 0:
-			return fmt.Errorf("%w: memstore: key %q appears twice", reqlock.ErrInvalid, keys[i])
-		case 1:
-			return fmt.Errorf("%w: memstore: keys are not sorted: %q before %q", reqlock.ErrInvalid, keys[i-1], keys[i])
-		}
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,13 +44,7 @@ var (
 // reqlock.ErrInvalid, when the keys span Cluster slots (or Ring shards); the
 // client's error as is; and ctx.Err() without acting when ctx has ended.
 func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl time.Duration) (reqlock.MultiGrant, error) {
-	if err := ctx.Err(); err != nil {
-		return reqlock.MultiGrant{}, err
-	}
-	if ttl <= 0 {
-		return reqlock.MultiGrant{}, fmt.Errorf("%w: redisstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
-	}
-	if err := checkKeys(keys); err != nil {
+	if err := args.CheckAcquireAll(ctx, keys, ttl); err != nil {
 		return reqlock.MultiGrant{}, err
 	}
 	if err := s.checkColocated(keys, true); err != nil {
@@ -94,14 +87,8 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 // reqlock.ErrInvalid, when the keys span Cluster slots (or Ring shards); the
 // client's error as is; and ctx.Err() without acting when ctx has ended.
 func (s *Store) ReleaseAll(ctx context.Context, keys []string, token string, lastFences []int64, keep time.Duration) error {
-	if err := ctx.Err(); err != nil {
+	if err := args.CheckReleaseAll(ctx, keys, lastFences); err != nil {
 		return err
-	}
-	if err := checkKeys(keys); err != nil {
-		return err
-	}
-	if len(lastFences) != len(keys) {
-		return fmt.Errorf("%w: redisstore: %d last fences for %d keys", reqlock.ErrInvalid, len(lastFences), len(keys))
 	}
 	if err := s.checkColocated(keys, true); err != nil {
 		return err
@@ -186,13 +173,7 @@ func (s *Store) releaseAll(ctx context.Context, keys []string, token string, las
 // shards); the client's error as is; and ctx.Err() without acting when ctx
 // has ended.
 func (s *Store) RefreshAll(ctx context.Context, keys []string, token string, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if ttl <= 0 {
-		return fmt.Errorf("%w: redisstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
-	}
-	if err := checkKeys(keys); err != nil {
+	if err := args.CheckAcquireAll(ctx, keys, ttl); err != nil {
 		return err
 	}
 	if err := s.checkColocated(keys, false); err != nil {
@@ -209,23 +190,6 @@ func (s *Store) RefreshAll(ctx context.Context, keys []string, token string, ttl
 		return fmt.Errorf("%w: %q (none of the %d keys refreshed)", reqlock.ErrNotHeld, keys[n-1], len(keys))
 	}
 	return fmt.Errorf("%w: refresh all %q answered %d", ErrUnexpectedReply, keys, n)
-}
-
-// checkKeys returns an error wrapping reqlock.ErrInvalid unless keys holds
-// at least one key and is sorted without duplicates.
-func checkKeys(keys []string) error {
-	if len(keys) == 0 {
-		return fmt.Errorf("%w: redisstore: no keys", reqlock.ErrInvalid)
-	}
-	for i := 1; i < len(keys); i++ {
-		switch strings.Compare(keys[i-1], keys[i]) {
-		case 0:
-			return fmt.Errorf("%w: redisstore: key %q appears twice", reqlock.ErrInvalid, keys[i])
-		case 1:
-			return fmt.Errorf("%w: redisstore: keys are not sorted: %q before %q", reqlock.ErrInvalid, keys[i-1], keys[i])
-		}
-	}
-	return nil
 }
 
 // withFenceKeys returns keys followed by their fence keys, as the multi-key

@@ -131,7 +131,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/storeargs"
 )
+
+// args checks the arguments of Store's methods; its errors start "redisstore:".
+const args storeargs.Checker = "redisstore"
 
 // DefaultFenceRetention is how long a fence key outlives the last grant of its
 // lock key unless WithFenceRetention says otherwise.
@@ -276,8 +280,8 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	if err := ctx.Err(); err != nil {
 		return reqlock.Grant{}, err
 	}
-	if ttl <= 0 {
-		return reqlock.Grant{}, fmt.Errorf("%w: redisstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	if err := args.CheckTTL(ttl); err != nil {
+		return reqlock.Grant{}, err
 	}
 	reply, err := acquireScript.Run(ctx, s.client, []string{key, fenceKey(key)},
 		token, milliseconds(ttl), s.fenceRetention.Milliseconds()).Int64Slice()
@@ -322,8 +326,8 @@ func (s *Store) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if ttl <= 0 {
-		return fmt.Errorf("%w: redisstore: ttl %v is not positive", reqlock.ErrInvalid, ttl)
+	if err := args.CheckTTL(ttl); err != nil {
+		return err
 	}
 	n, err := refreshScript.Run(ctx, s.client, []string{key}, token, milliseconds(ttl)).Int64()
 	if err != nil {
