@@ -311,14 +311,15 @@ func TestMetricsHandedOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *reqlock.Lock, 3)
+	type result struct {
+		lock *reqlock.Lock
+		err  error
+	}
+	got := make(chan result, 3)
 	for i := range 3 {
 		go func() {
 			lock, err := l.Obtain(reqlock.WithLabel(bg, fmt.Sprintf("waiter%d", i)), "k", time.Minute, 10*time.Second)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- lock
+			got <- result{lock, err} // reported by the test, never after it ends
 		}()
 		waitUntil(t, func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == i+1 })
 	}
@@ -326,8 +327,12 @@ func TestMetricsHandedOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		lock := <-got
-		if lock == nil || lock.Token() != holder.Token() {
+		r := <-got
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		lock := r.lock
+		if lock.Token() != holder.Token() {
 			t.Fatal("the waiter did not get the grant by handoff")
 		}
 		if _, handedOff := m.snapshot(); !slices.Equal(handedOff, []string{"waiter0", "waiter1", "waiter2"}[:i+1]) {

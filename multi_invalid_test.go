@@ -59,18 +59,25 @@ func TestHoldAtLeastOnAHandedOffLockWithoutKeepReleaser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *reqlock.Lock, 1)
+	type result struct {
+		lock *reqlock.Lock
+		err  error
+	}
+	got := make(chan result, 1)
 	go func() {
 		l, err := locker.Obtain(bg, "k", time.Minute, 5*time.Second)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l
+		got <- result{l, err} // reported by the test, never after it ends
 	}()
 	waitUntil(t, func() bool { return reqlock.LocalWaiters(locker, "reqlock:k") == 1 })
-	_ = first.Release(bg)
-	second := <-got
-	if second == nil || second.Fence() != first.Fence()+1 {
+	if err := first.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("the local waiter: %v", r.err)
+	}
+	second := r.lock
+	if second.Fence() != first.Fence()+1 {
 		t.Fatalf("want a local handoff with fence %d", first.Fence()+1)
 	}
 	second.HoldAtLeast(time.Minute)

@@ -475,23 +475,25 @@ func TestNoReentryIntoALockBeingReleased(t *testing.T) {
 	if lock, err := l.Obtain(ctx, "k", time.Minute, 0); !errors.Is(err, reqlock.ErrHeld) {
 		t.Fatalf("re-entering a lock being released: %v, %v; want ErrHeld", lock, err)
 	}
-	waiter := make(chan *reqlock.Lock, 1)
+	type result struct {
+		lock *reqlock.Lock
+		err  error
+	}
+	waiter := make(chan result, 1)
 	go func() {
 		lock, err := l.Obtain(ctx, "k", time.Minute, 10*time.Second)
-		if err != nil {
-			t.Error(err)
-		}
-		waiter <- lock
+		waiter <- result{lock, err} // reported by the test, never after it ends
 	}()
 	waitUntil(t, func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == 1 })
 	close(gs.gate)
 	if err := <-released; err != nil {
 		t.Fatal(err)
 	}
-	lock := <-waiter
-	if lock == nil {
-		t.FailNow()
+	r := <-waiter
+	if r.err != nil {
+		t.Fatalf("the waiter behind the released lock: %v", r.err)
 	}
+	lock := r.lock
 	if lock.Fence() <= outer.Fence() {
 		t.Fatalf("the waiter's fence %d after the released lock's %d", lock.Fence(), outer.Fence())
 	}
