@@ -1,7 +1,6 @@
 package memstore
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"slices"
@@ -66,11 +65,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		if pos == 0 {
 			q.waiters = q.waiters[1:]
 		}
-		e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
-		s.entries[key] = e
-		heap.Push(&s.expiry, e)
-		s.fence += fenceStep
-		grant.OK, grant.Fence = true, s.fence
+		grant.OK, grant.Fence = true, s.grantLocked(now, key, token, ttl)
 	case lease > 0 && pos < 0:
 		q.waiters = append(q.waiters, fairWaiter{token: token, deadline: now.Add(lease)})
 		pos = len(q.waiters) - 1

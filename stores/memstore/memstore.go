@@ -159,11 +159,18 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	if e, ok := s.entries[key]; ok {
 		return reqlock.Grant{HolderTTL: e.expiresAt.Sub(now)}, nil
 	}
+	return reqlock.Grant{OK: true, Fence: s.grantLocked(now, key, token, ttl)}, nil
+}
+
+// grantLocked sets the free key to token for ttl and returns its fence, the
+// next of the shared counter. The caller holds s.mu and has swept expired
+// locks.
+func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration) int64 {
 	e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
 	s.entries[key] = e
 	heap.Push(&s.expiry, e)
 	s.fence += fenceStep
-	return reqlock.Grant{OK: true, Fence: s.fence}, nil
+	return s.fence
 }
 
 // Release deletes key if it holds token, raises the fence counter to
@@ -172,21 +179,7 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 // reqlock.ErrNotHeld when key is absent, expired or holds another token, and
 // ctx.Err() without acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, key, token string, lastFence int64) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sweep(time.Now())
-	e, ok := s.entries[key]
-	if !ok || e.token != token {
-		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
-	}
-	delete(s.entries, key)
-	heap.Remove(&s.expiry, e.index)
-	s.fence = max(s.fence, lastFence)
-	s.signal(key)
-	return nil
+	return s.ReleaseKeep(ctx, key, token, lastFence, 0)
 }
 
 // Refresh resets the TTL of key to ttl if key holds token. It returns an

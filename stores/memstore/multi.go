@@ -39,11 +39,7 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 	}
 	fences := make([]int64, len(keys))
 	for i, key := range keys {
-		e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
-		s.entries[key] = e
-		heap.Push(&s.expiry, e)
-		s.fence += fenceStep
-		fences[i] = s.fence
+		fences[i] = s.grantLocked(now, key, token, ttl)
 	}
 	return reqlock.MultiGrant{OK: true, Fences: fences}, nil
 }
