@@ -70,30 +70,20 @@ func (l *Locker) obtainAll(ctx context.Context, keys []string, ttl, wait time.Du
 		return nil, errors.Join(ErrWaitEnded, err)
 	}
 	sorted := slices.Compact(slices.Sorted(slices.Values(keys)))
+	var err error
 
 	var borrowed []*Lock
-	var rest []string
-	for _, k := range sorted {
-		sk := l.prefix + k
-		if slices.ContainsFunc(borrowed, func(b *Lock) bool { return b.holds(sk) }) {
-			continue
-		}
-		held, err := l.reenter(ctx, sk)
+	rest := sorted
+	if holdsLocks(ctx) {
+		borrowed, rest, err = l.reenterAll(ctx, sorted)
 		if err != nil {
-			leaveAll(ctx, borrowed)
 			return nil, err
 		}
-		if held != nil {
-			borrowed = append(borrowed, held)
-			continue
-		}
-		rest = append(rest, k)
 	}
 	if len(rest) == 0 {
 		return l.newView(sorted, borrowed, nil), nil
 	}
 	var owned *Lock
-	var err error
 	if len(rest) == 1 {
 		owned, err = l.obtainOne(ctx, rest[0], ttl, wait)
 	} else {
@@ -107,6 +97,28 @@ func (l *Locker) obtainAll(ctx context.Context, keys []string, ttl, wait time.Du
 		return owned, nil
 	}
 	return l.newView(sorted, borrowed, owned), nil
+}
+
+// reenterAll takes a view hold on each lock ctx carries that holds some of
+// keys (sorted), and returns those locks and the keys none of them holds.
+func (l *Locker) reenterAll(ctx context.Context, keys []string) (borrowed []*Lock, rest []string, err error) {
+	for _, k := range keys {
+		sk := l.prefix + k
+		if slices.ContainsFunc(borrowed, func(b *Lock) bool { return b.holds(sk) }) {
+			continue
+		}
+		held, err := l.reenter(ctx, sk)
+		if err != nil {
+			leaveAll(ctx, borrowed)
+			return nil, nil, err
+		}
+		if held != nil {
+			borrowed = append(borrowed, held)
+			continue
+		}
+		rest = append(rest, k)
+	}
+	return borrowed, rest, nil
 }
 
 // obtainMulti acquires several keys, sorted and distinct, from the store.

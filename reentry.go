@@ -194,6 +194,12 @@ func (c *Lock) checkHeld(ctx context.Context) error {
 	return err
 }
 
+// holdsLocks reports whether ctx carries any lock (see NewContext).
+func holdsLocks(ctx context.Context) bool {
+	h, _ := ctx.Value(lockContextKey{}).(*heldLocks)
+	return h != nil
+}
+
 // leaveAll ends the view holds taken on locks.
 func leaveAll(ctx context.Context, locks []*Lock) {
 	for _, p := range locks {
