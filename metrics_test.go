@@ -204,8 +204,12 @@ func TestMetricsUnlabeledRoute(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = l.Obtain(ctx, "k", time.Minute, 0)
-		_ = lock.Release(bg)
+		if _, err := l.Obtain(ctx, "k", time.Minute, 0); !errors.Is(err, reqlock.ErrHeld) {
+			t.Fatalf("second Obtain of a held key: %v, want ErrHeld", err)
+		}
+		if err := lock.Release(bg); err != nil {
+			t.Fatal(err)
+		}
 		m.expectResults(t, reqlock.UnlabeledRoute+" acquired", reqlock.UnlabeledRoute+" timeout")
 		if held := m.takeHeld(); len(held) != 1 || held[0].label != reqlock.UnlabeledRoute {
 			t.Fatalf("Held events %v, want one for %q", held, reqlock.UnlabeledRoute)
@@ -240,7 +244,9 @@ func TestMetricsHeldOncePerRealRelease(t *testing.T) {
 				t.Fatal(err)
 			}
 			after := time.Since(before)
-			_ = lock.Release(bg) // a second release is no release
+			if err := lock.Release(bg); !errors.Is(err, reqlock.ErrNotHeld) { // a second release is no release
+				t.Fatalf("%q: second release: %v, want ErrNotHeld", keys, err)
+			}
 			held := m.takeHeld()
 			if len(held) != 1 || held[0].label != "outer" {
 				t.Fatalf("%q: Held events %v, want one for outer", keys, held)
@@ -296,7 +302,9 @@ func TestMetricsHeldOncePerRealRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		lock.HoldAtLeast(time.Hour)
-		_ = lock.Release(bg)
+		if err := lock.Release(bg); err != nil {
+			t.Fatal(err)
+		}
 		if held := m.takeHeld(); len(held) != 1 || held[0].label != "outer" {
 			t.Fatalf("hold-at-least: Held events %v, want one for outer", held)
 		}
@@ -369,7 +377,9 @@ func TestMetricsLost(t *testing.T) {
 			e.remove(t, e.prefix+keys[len(keys)-1], lock.Token())
 			waitDone(t, kctx, 5*time.Second)
 			eventually(t, "loss reported", func() bool { lost, _ := m.snapshot(); return len(lost) > 0 })
-			_ = lock.Release(bg)
+			if err := lock.Release(bg); !errors.Is(err, reqlock.ErrNotHeld) {
+				t.Fatalf("%q: release of a lost lock: %v, want ErrNotHeld", keys, err)
+			}
 			if lost, _ := m.snapshot(); !slices.Equal(lost, []string{"lost"}) {
 				t.Fatalf("Lost events %q, want one for lost", lost)
 			}
@@ -383,7 +393,9 @@ func TestMetricsLost(t *testing.T) {
 			t.Fatal(err)
 		}
 		lock.KeepAlive(bg)
-		_ = lock.Release(bg)
+		if err := lock.Release(bg); err != nil {
+			t.Fatal(err)
+		}
 		if lost, _ := m.snapshot(); lost != nil {
 			t.Fatalf("Lost events %q for a released lock", lost)
 		}
@@ -427,7 +439,9 @@ func TestLostAgreesWithKeepAliveContext(t *testing.T) {
 	if !errors.Is(lost, reqlock.ErrLockLost) || lost != context.Cause(kctx) {
 		t.Fatalf("Lost() = %v once the keep-alive context ended with %v", lost, context.Cause(kctx))
 	}
-	_ = lock.Release(bg)
+	if err := lock.Release(bg); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("release of a lost lock: %v, want ErrNotHeld", err)
+	}
 	if lost := lock.Lost(); lost != context.Cause(kctx) {
 		t.Fatalf("Lost() after Release = %v", lost)
 	}

@@ -745,6 +745,9 @@ func TestObtainAllRefreshRenewsEveryKey(t *testing.T) {
 		if err := lock.Refresh(ctx, time.Hour); err != nil {
 			t.Fatal(err)
 		}
+		if lock.TTL() != time.Hour || lock.Validity() < 50*time.Minute {
+			t.Fatalf("after a refresh to an hour: TTL %v, validity %v", lock.TTL(), lock.Validity())
+		}
 		if e.client != nil {
 			for _, k := range keys {
 				if ttl := e.client.PTTL(ctx, e.prefix+k).Val(); ttl < 50*time.Minute {

@@ -262,7 +262,9 @@ func TestReentrantObtainAllFailureGivesItsHoldsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.expectFree(t, "b")
-		_ = other.Release(bg)
+		if err := other.Release(bg); err != nil {
+			t.Fatal(err)
+		}
 		e.expectNoKeysLeft(t)
 	})
 }
@@ -302,7 +304,9 @@ func TestNoReentryWithoutTheLockInContext(t *testing.T) {
 		if err := outer.Release(bg); err != nil {
 			t.Fatal(err)
 		}
-		_ = unrelated.Release(bg)
+		if err := unrelated.Release(bg); err != nil {
+			t.Fatal(err)
+		}
 		e.expectNoKeysLeft(t)
 	})
 }
@@ -320,8 +324,12 @@ func TestReentryAfterFullReleaseAcquiresAnew(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = outer.Release(bg)
-		_ = view.Release(bg)
+		if err := outer.Release(bg); err != nil {
+			t.Fatal(err)
+		}
+		if err := view.Release(bg); err != nil {
+			t.Fatal(err)
+		}
 		e.expectFree(t, "k")
 		// Both holds have ended: the context's lock is gone, so this is a
 		// new grant, and its release frees the key.
@@ -430,6 +438,9 @@ func TestReentryRacesWithRelease(t *testing.T) {
 			t.Fatalf("%d overlapping holders", overlaps)
 		}
 		t.Logf("%d views, %d new grants", views, fresh)
+		if views+fresh != 4*rounds {
+			t.Fatalf("%d views and %d new grants, want one of them for each of the %d requests", views, fresh, 4*rounds)
+		}
 		e.expectNoKeysLeft(t)
 		if n := reqlock.LocalQueues(l); n != 0 {
 			t.Fatalf("%d local queues left", n)

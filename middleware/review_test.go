@@ -56,7 +56,9 @@ func TestHandlerObtainCountsUnderTheRoute(t *testing.T) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		_ = inner.Release(r.Context())
+		if err := inner.Release(r.Context()); err != nil {
+			http.Error(w, "release of the reentrant lock: "+err.Error(), http.StatusInternalServerError)
+		}
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /items/{id}", h)

@@ -252,8 +252,8 @@ func TestHandlerPathValuesFromPattern(t *testing.T) {
 	rt := newRoutes(t, locker,
 		"POST /a/{id}/b/{rest...}", "key=id:<id> key=rest:<rest>",
 		"POST /list/{$}", "key=list:<query:q>")
-	idT, _ := keyfunc.Parse("id:<id>")
-	restT, _ := keyfunc.Parse("rest:<rest>")
+	idT := keyfunc.MustParse("id:<id>")
+	restT := keyfunc.MustParse("rest:<rest>")
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /a/{id}/b/{rest...}", func(w http.ResponseWriter, r *http.Request) {
 		// The keys the middleware derived before the mux routed the request
