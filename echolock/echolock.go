@@ -131,17 +131,12 @@ func CheckRoutes(rt *middleware.Routes, routes []*echo.Route) error {
 }
 
 func serve(g *middleware.Guard, c echo.Context, next echo.HandlerFunc) error {
-	r := c.Request()
-	if g.Skip(r) {
+	return g.Serve(request{c}, func(r *http.Request) error {
+		c.SetRequest(r)
 		return next(c)
-	}
-	lock, rej := g.Enter(request{c})
-	if rej != nil {
+	}, func(rej *middleware.Rejection) error {
 		return reject(g, c, rej)
-	}
-	defer g.Exit(r.Context(), lock)
-	c.SetRequest(g.WithLock(r, lock))
-	return next(c)
+	})
 }
 
 // Lock returns the lock the middleware holds for c's request.

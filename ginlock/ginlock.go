@@ -140,19 +140,15 @@ func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
 }
 
 func serve(g *middleware.Guard, c *gin.Context) {
-	if g.Skip(c.Request) {
+	_ = g.Serve(request{c}, func(r *http.Request) error {
+		c.Request = r
 		c.Next()
-		return
-	}
-	lock, rej := g.Enter(request{c})
-	if rej != nil {
+		return nil
+	}, func(rej *middleware.Rejection) error {
 		g.Reject(c.Writer, c.Request, rej)
 		c.Abort()
-		return
-	}
-	defer g.Exit(c.Request.Context(), lock)
-	c.Request = g.WithLock(c.Request, lock)
-	c.Next()
+		return nil
+	})
 }
 
 // Lock returns the lock the middleware holds for c's request.

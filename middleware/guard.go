@@ -19,10 +19,11 @@ import (
 // configuration. Build it once at start-up with New or NewWithConfig; it is
 // immutable and safe for concurrent use, and keeps no per-request state.
 //
-// Guard holds the request flow every adapter shares: Enter derives the key
-// and obtains the lock, Exit releases it, Reject answers a request that will
-// not reach its handler. Handler is the net/http adapter; packages ginlock and
-// echolock adapt it to gin and echo.
+// Guard holds the request flow every adapter shares: Serve runs a request
+// through it, Enter deriving the key and obtaining the lock, Exit releasing
+// it, Reject answering a request that will not reach its handler. Handler is
+// the net/http adapter; packages ginlock and echolock adapt Serve to gin and
+// echo.
 type Guard struct {
 	locker    *reqlock.Locker
 	templates []*keyfunc.Template // Key, then Keys
@@ -215,6 +216,31 @@ func (g *Guard) WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
 		ctx = lock.KeepAlive(ctx)
 	}
 	return r.WithContext(ctx)
+}
+
+// Serve runs one request through the route's lock: the flow every adapter
+// shares, so that an adapter only translates its router's context.
+//
+// A request the Skipper lets through goes to next unlocked. Otherwise Serve
+// derives the key and obtains the lock (see Enter); a rejected request goes
+// to reject instead of next, and Serve returns what reject returns. An
+// admitted request goes to next as WithLock gives it, and the lock is
+// released (see Exit) when next returns, also when it panics (the panic
+// then continues). Serve returns what next returns.
+//
+// next runs the rest of the chain with the request it is given; reject
+// answers the rejection, usually with Reject. Serve keeps neither.
+func (g *Guard) Serve(req keyfunc.Request, next func(*http.Request) error, reject func(*Rejection) error) error {
+	r := req.HTTPRequest()
+	if g.Skip(r) {
+		return next(r)
+	}
+	lock, rej := g.Enter(req)
+	if rej != nil {
+		return reject(rej)
+	}
+	defer g.Exit(r.Context(), lock)
+	return next(g.WithLock(r, lock))
 }
 
 // Reject writes rej with the route's Responder (WriteProblem by default).

@@ -17,17 +17,13 @@ import (
 // request was cancelled.
 func (g *Guard) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if g.Skip(r) {
+		_ = g.Serve(keyfunc.HTTPRequest(r), func(r *http.Request) error {
 			next.ServeHTTP(w, r)
-			return
-		}
-		lock, rej := g.Enter(keyfunc.HTTPRequest(r))
-		if rej != nil {
+			return nil
+		}, func(rej *Rejection) error {
 			g.Reject(w, r, rej)
-			return
-		}
-		defer g.Exit(r.Context(), lock)
-		next.ServeHTTP(w, g.WithLock(r, lock))
+			return nil
+		})
 	})
 }
 

@@ -185,18 +185,17 @@ func (rt *Routes) Handler(mux *http.ServeMux) (http.Handler, error) {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		pg := lookupPattern(byPattern, mux, r)
-		if pg == nil || pg.guard.Skip(r) {
+		if pg == nil {
 			mux.ServeHTTP(w, r)
 			return
 		}
-		g := pg.guard
-		lock, rej := g.Enter(patternRequest{r: r, pg: pg})
-		if rej != nil {
-			g.Reject(w, r, rej)
-			return
-		}
-		defer g.Exit(r.Context(), lock)
-		mux.ServeHTTP(w, g.WithLock(r, lock))
+		_ = pg.guard.Serve(patternRequest{r: r, pg: pg}, func(r *http.Request) error {
+			mux.ServeHTTP(w, r)
+			return nil
+		}, func(rej *Rejection) error {
+			pg.guard.Reject(w, r, rej)
+			return nil
+		})
 	}), nil
 }
 
