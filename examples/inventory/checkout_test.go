@@ -360,12 +360,12 @@ func newGate() *gate { return &gate{inside: make(chan struct{}), release: make(c
 
 // await waits until the request whose answer comes on done, named what,
 // is held in the gate; it fails the test when that request answers first.
-func (g *gate) await(t *testing.T, done <-chan answer, what string) {
+func (g *gate) await(t *testing.T, done <-chan sent, what string) {
 	t.Helper()
 	select {
 	case <-g.inside:
 	case got := <-done:
-		t.Fatalf("%s answered %v before it reached the gate", what, got)
+		t.Fatalf("%s answered %v (error %v) before it reached the gate", what, got.a, got.err)
 	}
 }
 
@@ -401,14 +401,7 @@ func TestCheckoutAndDeductExcludeEachOther(t *testing.T) {
 				// A checkout holds P and Q.
 				g := newGate()
 				current.Store(g)
-				done := make(chan answer, 1)
-				go func() {
-					got, err := do(http.MethodPost, srv.URL+"/carts/checkout", cartBody(cartItem{P, 1}, cartItem{Q, 2}))
-					if err != nil {
-						t.Error(err)
-					}
-					done <- got
-				}()
+				done := doAsync(http.MethodPost, srv.URL+"/carts/checkout", cartBody(cartItem{P, 1}, cartItem{Q, 2}))
 				g.await(t, done, "the checkout of P and Q")
 				for _, req := range [][3]string{
 					{http.MethodPost, "/skus/" + P + "/deduct", `{"qty":1}`},
@@ -424,7 +417,11 @@ func TestCheckoutAndDeductExcludeEachOther(t *testing.T) {
 					t.Errorf("deduct R during a checkout of P and Q: %v, want 200", got)
 				}
 				close(g.release)
-				got := <-done
+				r := <-done
+				if r.err != nil {
+					t.Fatalf("checkout of P and Q: %v", r.err)
+				}
+				got := r.a
 				if got.status != http.StatusOK || len(got.Items) != 2 || *stockAfter(got, P) != 99 || *stockAfter(got, Q) != 98 {
 					t.Fatalf("checkout of P and Q: %v, want 200 leaving 99 and 98", got)
 				}
@@ -432,20 +429,14 @@ func TestCheckoutAndDeductExcludeEachOther(t *testing.T) {
 				// A deduction holds P.
 				g = newGate()
 				current.Store(g)
-				go func() {
-					got, err := do(http.MethodPost, srv.URL+"/skus/"+P+"/deduct", `{"qty":1}`)
-					if err != nil {
-						t.Error(err)
-					}
-					done <- got
-				}()
+				done = doAsync(http.MethodPost, srv.URL+"/skus/"+P+"/deduct", `{"qty":1}`)
 				g.await(t, done, "the deduction of P")
 				if got := mustDo(t, http.MethodPost, srv.URL+"/carts/checkout", cartBody(cartItem{R, 1}, cartItem{P, 1})); got.status != http.StatusLocked {
 					t.Errorf("checkout of R and P during a deduction of P: %v, want 423", got)
 				}
 				close(g.release)
-				if got := <-done; got.status != http.StatusOK || *got.Stock != 98 {
-					t.Fatalf("deduct P: %v, want 200 leaving 98", got)
+				if r := <-done; r.err != nil || r.a.status != http.StatusOK || *r.a.Stock != 98 {
+					t.Fatalf("deduct P: %v (error %v), want 200 leaving 98", r.a, r.err)
 				}
 				for s, want := range map[string]int64{P: 98, Q: 98, R: 99} {
 					if got := stockOf(t, srv.URL, s); got != want {
@@ -502,20 +493,9 @@ func TestCheckoutStaleFenceChangesNothing(t *testing.T) {
 					case <-ctx.Done():
 					}
 				}
-				type result struct {
-					a   answer
-					err error
-				}
-				first, second := make(chan result, 1), make(chan result, 1)
-				go func() {
-					got, err := do(http.MethodPost, srv.URL+"/carts/checkout", cartBody(cartItem{X, 1}, cartItem{Y, 1}))
-					first <- result{got, err}
-				}()
+				first := doAsync(http.MethodPost, srv.URL+"/carts/checkout", cartBody(cartItem{X, 1}, cartItem{Y, 1}))
 				<-aRead
-				go func() {
-					got, err := do(http.MethodPost, srv.URL+"/skus/"+Y+"/deduct", `{"qty":1}`)
-					second <- result{got, err}
-				}()
+				second := doAsync(http.MethodPost, srv.URL+"/skus/"+Y+"/deduct", `{"qty":1}`)
 				ra := <-first
 				close(aAnswered)
 				rb := <-second

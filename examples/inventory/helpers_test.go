@@ -82,6 +82,24 @@ func do(method, url, body string) (answer, error) {
 	return doCtx(context.Background(), method, url, body)
 }
 
+// sent is the outcome of a request sent by doAsync.
+type sent struct {
+	a   answer
+	err error
+}
+
+// doAsync sends one request from a goroutine of its own and delivers its
+// outcome on the channel it returns; the test reports any error itself, so
+// nothing calls t after the test has ended.
+func doAsync(method, url, body string) <-chan sent {
+	out := make(chan sent, 1)
+	go func() {
+		a, err := do(method, url, body)
+		out <- sent{a, err}
+	}()
+	return out
+}
+
 // doCtx is do with a context, which bounds the request.
 func doCtx(ctx context.Context, method, url, body string) (answer, error) {
 	var r io.Reader

@@ -200,20 +200,9 @@ func TestExpiredLeaseIsFenced(t *testing.T) {
 					}
 				}
 
-				type result struct {
-					a   answer
-					err error
-				}
-				first, second := make(chan result, 1), make(chan result, 1)
-				go func() {
-					ans, err := do(deductRoutes[0].req(srv.URL, sku))
-					first <- result{ans, err}
-				}()
+				first := doAsync(deductRoutes[0].req(srv.URL, sku))
 				<-aRead
-				go func() {
-					ans, err := do(deductRoutes[1].req(srv.URL, sku))
-					second <- result{ans, err}
-				}()
+				second := doAsync(deductRoutes[1].req(srv.URL, sku))
 				ra := <-first
 				close(aAnswered)
 				rb := <-second
