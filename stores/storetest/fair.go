@@ -24,10 +24,7 @@ const (
 // implements reqlock.FairStore. The signal subtests apply to stores that also
 // implement reqlock.ReleaseNotifier.
 func RunFair(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
-	cases := []struct {
-		name string
-		run  func(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string)
-	}{
+	runSuite(t, newStore, "", []suiteCase[reqlock.FairStore]{
 		{"GrantsAFreeKeyAtOnce", testFairGrantsFreeKey},
 		{"GrantsInQueueOrder", testFairQueueOrder},
 		{"TryOnceDoesNotJoin", testFairTryOnce},
@@ -39,33 +36,9 @@ func RunFair(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 		{"InvalidArguments", testFairInvalid},
 		{"CancelledContext", testFairCancelled},
 		{"MutualExclusionAndProgress", testFairMutualExclusion},
-		{"LeaveOfHeadSignals", fairNotifier(testFairLeaveSignals)},
-		{"DroppedHeadSignals", fairNotifier(testFairDropSignals)},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			s := newStore(t)
-			f, ok := s.(reqlock.FairStore)
-			if !ok {
-				t.Fatalf("%T does not implement reqlock.FairStore", s)
-			}
-			prefix := uniquePrefix(t)
-			c.run(t, s, f, func(name string) string { return prefix + name })
-		})
-	}
-}
-
-// fairNotifier adapts a signal subtest: stores without ReleaseNotifier pass
-// with a log line.
-func fairNotifier(f func(t *testing.T, s reqlock.Store, fs reqlock.FairStore, n reqlock.ReleaseNotifier, key func(string) string)) func(t *testing.T, s reqlock.Store, fs reqlock.FairStore, key func(string) string) {
-	return func(t *testing.T, s reqlock.Store, fs reqlock.FairStore, key func(string) string) {
-		n, ok := s.(reqlock.ReleaseNotifier)
-		if !ok {
-			t.Logf("%T does not implement reqlock.ReleaseNotifier: nothing to check", s)
-			return
-		}
-		f(t, s, fs, n, key)
-	}
+		{"LeaveOfHeadSignals", withNotifier(testFairLeaveSignals)},
+		{"DroppedHeadSignals", withNotifier(testFairDropSignals)},
+	})
 }
 
 func fairTry(t *testing.T, f reqlock.FairStore, key, token string, lease time.Duration) reqlock.FairGrant {

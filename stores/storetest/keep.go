@@ -15,42 +15,15 @@ import (
 // also implement reqlock.ReleaseNotifier; other stores pass them with a log
 // line.
 func RunKeep(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
-	cases := []struct {
-		name string
-		run  func(t *testing.T, s reqlock.Store, k reqlock.KeepReleaser, key func(string) string)
-	}{
+	runSuite(t, newStore, "", []suiteCase[reqlock.KeepReleaser]{
 		{"LeavesKeyHeldUntilKeep", testKeepLeavesKeyHeld},
 		{"RecordsLastFence", testKeepRecordsFence},
 		{"WrongTokenOrAbsent", testKeepWrongToken},
 		{"NonPositiveKeepReleases", testKeepNonPositive},
 		{"CancelledContext", testKeepCancelled},
-		{"DoesNotSignal", keepNotifier(testKeepNoSignal)},
-		{"NonPositiveKeepSignals", keepNotifier(testKeepZeroSignals)},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			s := newStore(t)
-			k, ok := s.(reqlock.KeepReleaser)
-			if !ok {
-				t.Fatalf("%T does not implement reqlock.KeepReleaser", s)
-			}
-			prefix := uniquePrefix(t)
-			c.run(t, s, k, func(name string) string { return prefix + name })
-		})
-	}
-}
-
-// keepNotifier adapts a signal subtest: stores without ReleaseNotifier pass
-// with a log line.
-func keepNotifier(f func(t *testing.T, s reqlock.Store, k reqlock.KeepReleaser, n reqlock.ReleaseNotifier, key func(string) string)) func(t *testing.T, s reqlock.Store, k reqlock.KeepReleaser, key func(string) string) {
-	return func(t *testing.T, s reqlock.Store, k reqlock.KeepReleaser, key func(string) string) {
-		n, ok := s.(reqlock.ReleaseNotifier)
-		if !ok {
-			t.Logf("%T does not implement reqlock.ReleaseNotifier: nothing to check", s)
-			return
-		}
-		f(t, s, k, n, key)
-	}
+		{"DoesNotSignal", withNotifier(testKeepNoSignal)},
+		{"NonPositiveKeepSignals", withNotifier(testKeepZeroSignals)},
+	})
 }
 
 func testKeepLeavesKeyHeld(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, key func(string) string) {
@@ -179,10 +152,7 @@ func testKeepCancelled(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, k
 func testKeepNoSignal(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, n reqlock.ReleaseNotifier, key func(string) string) {
 	ctx := context.Background()
 	k := key("k")
-	ch, _ := subscribe(t, n, k)
-	prime(t, s, k, ch)
-	flush(t, s, n, key)
-	drain(ch)
+	ch := quietSubscriptions(t, s, n, key, k)[0]
 	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
 		t.Fatalf("Acquire: %+v", g)
 	}
@@ -200,10 +170,7 @@ func testKeepNoSignal(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, n 
 
 func testKeepZeroSignals(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, n reqlock.ReleaseNotifier, key func(string) string) {
 	k := key("k")
-	ch, _ := subscribe(t, n, k)
-	prime(t, s, k, ch)
-	flush(t, s, n, key)
-	drain(ch)
+	ch := quietSubscriptions(t, s, n, key, k)[0]
 	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
 		t.Fatalf("Acquire: %+v", g)
 	}

@@ -32,10 +32,7 @@ const keepTTL = 500 * time.Millisecond
 // unsorted key, a non-positive ttl, lastFences of the wrong length) must be
 // refused with an error wrapping reqlock.ErrInvalid, changing nothing.
 func RunMulti(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
-	cases := []struct {
-		name string
-		run  func(t *testing.T, s reqlock.Store, m reqlock.MultiStore, key func(string) string)
-	}{
+	runSuite(t, newStore, "{m}:", []suiteCase[reqlock.MultiStore]{
 		{"AcquireAllGrantsEveryKey", testMultiGrantsEveryKey},
 		{"AcquireAllIsAllOrNothing", testMultiAllOrNothing},
 		{"FencesIncreasePerKey", testMultiFencesIncrease},
@@ -47,33 +44,9 @@ func RunMulti(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 		{"InvalidArguments", testMultiInvalid},
 		{"CancelledContext", testMultiCancelled},
 		{"MutualExclusionOverlappingSets", testMultiMutualExclusion},
-		{"ReleaseAllSignals", multiNotifier(testMultiReleaseSignals)},
-		{"ReleaseAllKeepDoesNotSignal", multiNotifier(testMultiReleaseKeepNoSignal)},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			s := newStore(t)
-			m, ok := s.(reqlock.MultiStore)
-			if !ok {
-				t.Fatalf("%T does not implement reqlock.MultiStore", s)
-			}
-			prefix := uniquePrefix(t)
-			c.run(t, s, m, func(name string) string { return prefix + "{m}:" + name })
-		})
-	}
-}
-
-// multiNotifier adapts a signal subtest: stores without ReleaseNotifier pass
-// with a log line.
-func multiNotifier(f func(t *testing.T, s reqlock.Store, m reqlock.MultiStore, n reqlock.ReleaseNotifier, key func(string) string)) func(t *testing.T, s reqlock.Store, m reqlock.MultiStore, key func(string) string) {
-	return func(t *testing.T, s reqlock.Store, m reqlock.MultiStore, key func(string) string) {
-		n, ok := s.(reqlock.ReleaseNotifier)
-		if !ok {
-			t.Logf("%T does not implement reqlock.ReleaseNotifier: nothing to check", s)
-			return
-		}
-		f(t, s, m, n, key)
-	}
+		{"ReleaseAllSignals", withNotifier(testMultiReleaseSignals)},
+		{"ReleaseAllKeepDoesNotSignal", withNotifier(testMultiReleaseKeepNoSignal)},
+	})
 }
 
 // keyList returns the keys of names, sorted.
@@ -658,15 +631,7 @@ func testMultiMutualExclusion(t *testing.T, s reqlock.Store, m reqlock.MultiStor
 
 func testMultiReleaseSignals(t *testing.T, s reqlock.Store, m reqlock.MultiStore, n reqlock.ReleaseNotifier, key func(string) string) {
 	keys := keyList(key, "a", "b", "c")
-	chs := make([]<-chan struct{}, len(keys))
-	for i, k := range keys {
-		chs[i], _ = subscribe(t, n, k)
-		prime(t, s, k, chs[i])
-	}
-	flush(t, s, n, key)
-	for _, ch := range chs {
-		drain(ch)
-	}
+	chs := quietSubscriptions(t, s, n, key, keys...)
 	mustAcquireAll(t, m, keys, "t1", longTTL)
 	mustReleaseAll(t, m, keys, "t1")
 	for i, ch := range chs {
@@ -677,15 +642,7 @@ func testMultiReleaseSignals(t *testing.T, s reqlock.Store, m reqlock.MultiStore
 func testMultiReleaseKeepNoSignal(t *testing.T, s reqlock.Store, m reqlock.MultiStore, n reqlock.ReleaseNotifier, key func(string) string) {
 	ctx := context.Background()
 	keys := keyList(key, "a", "b")
-	chs := make([]<-chan struct{}, len(keys))
-	for i, k := range keys {
-		chs[i], _ = subscribe(t, n, k)
-		prime(t, s, k, chs[i])
-	}
-	flush(t, s, n, key)
-	for _, ch := range chs {
-		drain(ch)
-	}
+	chs := quietSubscriptions(t, s, n, key, keys...)
 	mustAcquireAll(t, m, keys, "t1", longTTL)
 	// A keep that outlives the test: an expiry may signal in some stores.
 	if err := m.ReleaseAll(ctx, keys, "t1", make([]int64, len(keys)), longTTL); err != nil {

@@ -45,10 +45,7 @@ func notifier(f notifyTest) func(t *testing.T, s reqlock.Store, key func(string)
 // of k.
 func testNotifyReleaseSignals(t *testing.T, s reqlock.Store, n reqlock.ReleaseNotifier, key func(string) string) {
 	k := key("k")
-	ch, _ := subscribe(t, n, k)
-	prime(t, s, k, ch)
-	flush(t, s, n, key)
-	drain(ch)
+	ch := quietSubscriptions(t, s, n, key, k)[0]
 	cycle(t, s, k, "t1")
 	expectSignal(t, ch, "after a Release of the key")
 }
@@ -233,6 +230,22 @@ func subscribe(t *testing.T, n reqlock.ReleaseNotifier, key string) (<-chan stru
 		t.Fatalf("NotifyRelease(%q) returned a nil channel; the suite needs a store that can notify", key)
 	}
 	return ch, stop
+}
+
+// quietSubscriptions subscribes to each of keys and returns the channels
+// once every subscription is live and none holds a signal.
+func quietSubscriptions(t *testing.T, s reqlock.Store, n reqlock.ReleaseNotifier, key func(string) string, keys ...string) []<-chan struct{} {
+	t.Helper()
+	chs := make([]<-chan struct{}, len(keys))
+	for i, k := range keys {
+		chs[i], _ = subscribe(t, n, k)
+		prime(t, s, k, chs[i])
+	}
+	flush(t, s, n, key)
+	for _, ch := range chs {
+		drain(ch)
+	}
+	return chs
 }
 
 // prime releases key until ch gets a signal, which shows that the

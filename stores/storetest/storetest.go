@@ -33,6 +33,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,6 +82,43 @@ func Run(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 			prefix := uniquePrefix(t)
 			c.run(t, s, func(name string) string { return prefix + name })
 		})
+	}
+}
+
+// suiteCase is a subtest of the suite of an optional interface I: it gets
+// the store both as a reqlock.Store and as an I.
+type suiteCase[I any] struct {
+	name string
+	run  func(t *testing.T, s reqlock.Store, i I, key func(string) string)
+}
+
+// runSuite runs cases as subtests of t, each on a store of its own from
+// newStore, which fails the subtest unless it implements I, and with keys of
+// its own: a unique prefix, then infix, then the name the subtest gives.
+func runSuite[I any](t *testing.T, newStore func(t *testing.T) reqlock.Store, infix string, cases []suiteCase[I]) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newStore(t)
+			i, ok := s.(I)
+			if !ok {
+				t.Fatalf("%T does not implement %v", s, reflect.TypeFor[I]())
+			}
+			prefix := uniquePrefix(t) + infix
+			c.run(t, s, i, func(name string) string { return prefix + name })
+		})
+	}
+}
+
+// withNotifier adapts a signal subtest of the suite of I: stores without
+// ReleaseNotifier pass with a log line.
+func withNotifier[I any](f func(t *testing.T, s reqlock.Store, i I, n reqlock.ReleaseNotifier, key func(string) string)) func(t *testing.T, s reqlock.Store, i I, key func(string) string) {
+	return func(t *testing.T, s reqlock.Store, i I, key func(string) string) {
+		n, ok := s.(reqlock.ReleaseNotifier)
+		if !ok {
+			t.Logf("%T does not implement reqlock.ReleaseNotifier: nothing to check", s)
+			return
+		}
+		f(t, s, i, n, key)
 	}
 }
 
