@@ -258,10 +258,26 @@ func isNotHeld(err error) bool { return err != nil && errors.Is(err, ErrNotHeld)
 
 type lockContextKey struct{}
 
-// heldLocks is the chain of locks a context carries, innermost first.
+// heldLocks is a context that carries a lock; its parent may carry more.
+// Being the context itself, it costs one allocation per lock, like
+// context.WithValue.
 type heldLocks struct {
-	lock  *Lock
-	outer *heldLocks
+	context.Context
+	lock *Lock
+}
+
+// Value returns h itself for lockContextKey, and asks the parent otherwise.
+func (h *heldLocks) Value(key any) any {
+	if _, ok := key.(lockContextKey); ok {
+		return h
+	}
+	return h.Context.Value(key)
+}
+
+// outer returns the next context up the chain that carries a lock, or nil.
+func (h *heldLocks) outer() *heldLocks {
+	o, _ := h.Context.Value(lockContextKey{}).(*heldLocks)
+	return o
 }
 
 // NewContext returns a copy of ctx that carries lock, in addition to the
@@ -272,8 +288,7 @@ func NewContext(ctx context.Context, lock *Lock) context.Context {
 	if lock == nil {
 		return ctx
 	}
-	outer, _ := ctx.Value(lockContextKey{}).(*heldLocks)
-	return context.WithValue(ctx, lockContextKey{}, &heldLocks{lock: lock, outer: outer})
+	return &heldLocks{Context: ctx, lock: lock}
 }
 
 // FromContext returns the innermost lock that ctx carries, if any. A handler

@@ -169,12 +169,14 @@ func (l *Locker) obtain(ctx context.Context, key string, ttl, wait time.Duration
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrWaitEnded, err)
 	}
-	held, err := l.reenter(ctx, l.prefix+key)
-	if err != nil {
-		return nil, err
-	}
-	if held != nil {
-		return l.newView([]string{key}, []*Lock{held}, nil), nil
+	if holdsLocks(ctx) {
+		held, err := l.reenter(ctx, l.prefix+key)
+		if err != nil {
+			return nil, err
+		}
+		if held != nil {
+			return l.newView([]string{key}, []*Lock{held}, nil), nil
+		}
 	}
 	return l.obtainOne(ctx, key, ttl, wait)
 }

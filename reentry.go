@@ -149,7 +149,7 @@ func (l *Lock) holds(storeKey string) bool {
 // own key.
 func (l *Locker) reenter(ctx context.Context, storeKey string) (*Lock, error) {
 	h, _ := ctx.Value(lockContextKey{}).(*heldLocks)
-	for ; h != nil; h = h.outer {
+	for ; h != nil; h = h.outer() {
 		candidates := []*Lock{h.lock}
 		if h.lock.view != nil {
 			candidates = h.lock.view.parts()
