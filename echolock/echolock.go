@@ -120,14 +120,10 @@ func Routes(rt *middleware.Routes) echo.MiddlewareFunc {
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
-// (e.Routes()), naming the entry's source; see middleware.Routes.Check. It
+// (e.Routes()), naming the entry's source; see middleware.CheckRoutes. It
 // cannot tell how Routes was installed (see Routes on e.Pre).
 func CheckRoutes(rt *middleware.Routes, routes []*echo.Route) error {
-	ids := make([]middleware.RouteID, len(routes))
-	for i, r := range routes {
-		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
-	}
-	return rt.Check(ids)
+	return middleware.CheckRoutes(rt, routes, func(r *echo.Route) (string, string) { return r.Method, r.Path })
 }
 
 func serve(g *middleware.Guard, c echo.Context, next echo.HandlerFunc) error {

@@ -158,6 +158,9 @@ func TestInstallRefusesNil(t *testing.T) {
 	if rec := serve(e, http.MethodPost, "/items/1"); rec.Code != http.StatusOK || rec.Body.String() != "unlocked" {
 		t.Fatalf("after a refused Install: got %d %q, want 200 unlocked", rec.Code, rec.Body)
 	}
+	if err := echolock.CheckRoutes(nil, e.Routes()); !errors.Is(err, middleware.ErrInvalidConfig) {
+		t.Errorf("CheckRoutes(nil, routes): got %v, want ErrInvalidConfig", err)
+	}
 }
 
 // Routes in e.Pre runs before routing, when c.Path() is empty, so it locks

@@ -128,15 +128,11 @@ func Routes(rt *middleware.Routes) gin.HandlerFunc {
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
-// (engine.Routes()), naming the entry's source; see middleware.Routes.Check.
+// (engine.Routes()), naming the entry's source; see middleware.CheckRoutes.
 // It cannot tell whether Routes runs in front of a route (gin lists only a
 // route's last handler): Install sees to that.
 func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
-	ids := make([]middleware.RouteID, len(routes))
-	for i, r := range routes {
-		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
-	}
-	return rt.Check(ids)
+	return middleware.CheckRoutes(rt, routes, func(r gin.RouteInfo) (string, string) { return r.Method, r.Path })
 }
 
 func serve(g *middleware.Guard, c *gin.Context) {

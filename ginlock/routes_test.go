@@ -213,4 +213,7 @@ func TestInstallRefusesNil(t *testing.T) {
 	if n := len(r.Handlers); n != 0 {
 		t.Fatalf("the refused Install left %d middleware on the engine", n)
 	}
+	if err := ginlock.CheckRoutes(nil, r.Routes()); !errors.Is(err, middleware.ErrInvalidConfig) {
+		t.Errorf("CheckRoutes(nil, routes): got %v, want ErrInvalidConfig", err)
+	}
 }

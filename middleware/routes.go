@@ -139,7 +139,8 @@ func (rt *Routes) Specs() []RouteSpec {
 // Check reports, joined, every entry that matches none of the registered
 // routes, each prefixed with its Source, so that a typo in a table never
 // leaves a route silently unlocked. Adapters call it with their router's
-// routes; see ginlock.CheckRoutes and echolock.CheckRoutes.
+// routes, through CheckRoutes; see ginlock.CheckRoutes and
+// echolock.CheckRoutes.
 func (rt *Routes) Check(registered []RouteID) error {
 	have := make(map[routeKey]bool, len(registered))
 	for _, r := range registered {
@@ -153,6 +154,20 @@ func (rt *Routes) Check(registered []RouteID) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// CheckRoutes is rt.Check for a router's own list of routes, such as gin's
+// engine.Routes() or echo's e.Routes(): route gives each one's method and
+// path template. A nil rt is an error wrapping ErrInvalidConfig.
+func CheckRoutes[R any](rt *Routes, routes []R, route func(R) (method, path string)) error {
+	if rt == nil {
+		return fmt.Errorf("%w: the route table is nil", ErrInvalidConfig)
+	}
+	ids := make([]RouteID, len(routes))
+	for i, r := range routes {
+		ids[i].Method, ids[i].Path = route(r)
+	}
+	return rt.Check(ids)
 }
 
 // Handler returns mux behind the routes' locks: the net/http adapter of
