@@ -25,6 +25,19 @@ func (c Checker) CheckTTL(ttl time.Duration) error {
 	return nil
 }
 
+// CheckAcquireFair checks the arguments of AcquireFair: it returns ctx.Err()
+// when ctx has ended, and an error for a non-positive ttl or a negative
+// lease.
+func (c Checker) CheckAcquireFair(ctx context.Context, ttl, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ttl <= 0 || lease < 0 {
+		return fmt.Errorf("%w: %s: ttl %v must be positive and lease %v not negative", reqlock.ErrInvalid, c, ttl, lease)
+	}
+	return nil
+}
+
 // CheckAcquireAll checks the arguments of AcquireAll and RefreshAll: it
 // returns ctx.Err() when ctx has ended, and an error for a non-positive ttl,
 // no keys, or a duplicate or unsorted key, in that order.

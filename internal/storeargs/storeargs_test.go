@@ -21,6 +21,9 @@ func TestChecks(t *testing.T) {
 	}{
 		{"TTL", c.CheckTTL(time.Second), ""},
 		{"ZeroTTL", c.CheckTTL(0), "somestore: ttl 0s is not positive"},
+		{"AcquireFair", c.CheckAcquireFair(ctx, time.Second, 0), ""},
+		{"AcquireFairZeroTTL", c.CheckAcquireFair(ctx, 0, time.Second), "somestore: ttl 0s must be positive and lease 1s not negative"},
+		{"AcquireFairNegativeLease", c.CheckAcquireFair(ctx, time.Second, -time.Second), "somestore: ttl 1s must be positive and lease -1s not negative"},
 		{"AcquireAll", c.CheckAcquireAll(ctx, []string{"a", "b"}, time.Second), ""},
 		{"AcquireAllNegativeTTL", c.CheckAcquireAll(ctx, []string{"a"}, -time.Second), "somestore: ttl -1s is not positive"},
 		{"AcquireAllNoKeys", c.CheckAcquireAll(ctx, nil, time.Second), "somestore: no keys"},
@@ -44,6 +47,9 @@ func TestChecks(t *testing.T) {
 	// An ended context comes first, as ctx.Err() itself.
 	if err := c.CheckAcquireAll(ended, nil, 0); err != context.Canceled {
 		t.Errorf("CheckAcquireAll(ended): %v, want context.Canceled", err)
+	}
+	if err := c.CheckAcquireFair(ended, 0, -1); err != context.Canceled {
+		t.Errorf("CheckAcquireFair(ended): %v, want context.Canceled", err)
 	}
 	if err := c.CheckReleaseAll(ended, nil, []int64{1}); err != context.Canceled {
 		t.Errorf("CheckReleaseAll(ended): %v, want context.Canceled", err)

@@ -2,7 +2,6 @@ package memstore
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 
@@ -38,12 +37,8 @@ type fairWaiter struct {
 // It returns ctx.Err() without acting when ctx has ended, and an error
 // wrapping reqlock.ErrInvalid for a non-positive ttl or a negative lease.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
-	if err := ctx.Err(); err != nil {
+	if err := args.CheckAcquireFair(ctx, ttl, lease); err != nil {
 		return reqlock.FairGrant{}, err
-	}
-	if ttl <= 0 || lease < 0 {
-		return reqlock.FairGrant{}, fmt.Errorf("%w: memstore: ttl %v must be positive and lease %v not negative",
-			reqlock.ErrInvalid, ttl, lease)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

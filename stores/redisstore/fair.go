@@ -55,12 +55,8 @@ var _ reqlock.FairStore = (*Store)(nil)
 // an error wrapping reqlock.ErrInvalid for a non-positive ttl or a negative
 // lease, and ctx.Err() without acting when ctx has ended.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
-	if err := ctx.Err(); err != nil {
+	if err := args.CheckAcquireFair(ctx, ttl, lease); err != nil {
 		return reqlock.FairGrant{}, err
-	}
-	if ttl <= 0 || lease < 0 {
-		return reqlock.FairGrant{}, fmt.Errorf("%w: redisstore: ttl %v must be positive and lease %v not negative",
-			reqlock.ErrInvalid, ttl, lease)
 	}
 	reply, err := fairAcquireScript.Run(ctx, s.client,
 		[]string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)},
