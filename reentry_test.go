@@ -37,14 +37,33 @@ func obtainWithin(t *testing.T, obtain func() (*reqlock.Lock, error)) *reqlock.L
 	}
 }
 
+// mustObtain obtains key on l at once, with a minute's TTL, and fails the
+// test unless it is granted.
+func mustObtain(t *testing.T, ctx context.Context, l *reqlock.Locker, key string) *reqlock.Lock {
+	t.Helper()
+	lock, err := l.Obtain(ctx, key, time.Minute, 0)
+	if err != nil {
+		t.Fatalf("Obtain(%q): %v", key, err)
+	}
+	return lock
+}
+
+// mustRelease releases each lock in turn, and fails the test on the first
+// that does not release cleanly.
+func mustRelease(t *testing.T, locks ...*reqlock.Lock) {
+	t.Helper()
+	for _, lock := range locks {
+		if err := lock.Release(context.Background()); err != nil {
+			t.Fatalf("release of %q: %v", lock.Keys(), err)
+		}
+	}
+}
+
 func TestReentrantObtainReturnsAView(t *testing.T) {
 	forEachEnv(t, []string{pathFast}, func(t *testing.T, e *storeEnv) {
 		l := e.locker(t)
 		bg := context.Background()
-		outer, err := l.Obtain(bg, "k", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		outer := mustObtain(t, bg, l, "k")
 		ctx := reqlock.NewContext(bg, outer)
 		for _, wait := range []time.Duration{0, time.Hour} {
 			inner := obtainWithin(t, func() (*reqlock.Lock, error) { return l.Obtain(ctx, "k", time.Minute, wait) })
@@ -82,9 +101,7 @@ func TestReentrantObtainReturnsAView(t *testing.T) {
 				t.Fatalf("the outer lock after its view's release: %v", err)
 			}
 		}
-		if err := outer.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, outer)
 		e.expectFree(t, "k")
 		e.expectNoKeysLeft(t)
 	})
@@ -94,14 +111,8 @@ func TestReentrantOuterReleasedFirst(t *testing.T) {
 	forEachEnv(t, []string{pathFast}, func(t *testing.T, e *storeEnv) {
 		l := e.locker(t)
 		bg := context.Background()
-		outer, err := l.Obtain(bg, "k", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		inner, err := l.Obtain(reqlock.NewContext(bg, outer), "k", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		outer := mustObtain(t, bg, l, "k")
+		inner := mustObtain(t, reqlock.NewContext(bg, outer), l, "k")
 		if err := outer.Release(bg); err != nil {
 			t.Fatalf("release of the outer lock: %v", err)
 		}
@@ -132,10 +143,7 @@ func TestReentrantThreeLevelsDeep(t *testing.T) {
 		// Every order of releasing the outer lock and its three nested
 		// views: the key is free after the last release, and only then.
 		for _, order := range permutations(4) {
-			outer, err := l.Obtain(bg, "k", time.Minute, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			outer := mustObtain(t, bg, l, "k")
 			locks := []*reqlock.Lock{outer}
 			ctx := bg
 			for range 3 {
@@ -178,10 +186,7 @@ func TestReentrantObtainAllHoldsNewKeysAndReentersHeldOnes(t *testing.T) {
 	forEachEnv(t, allPaths, func(t *testing.T, e *storeEnv) {
 		l := e.locker(t)
 		bg := context.Background()
-		outer, err := l.Obtain(bg, "b", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		outer := mustObtain(t, bg, l, "b")
 		ctx := reqlock.NewContext(bg, outer)
 
 		// One new key (taken like Obtain), then two (taken together).
@@ -220,13 +225,9 @@ func TestReentrantObtainAllHoldsNewKeysAndReentersHeldOnes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := outer.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, outer)
 		e.expectHeld(t, "a", "b", "c")
-		if err := v.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, v)
 		e.expectFree(t, "a", "b", "c")
 		e.expectNoKeysLeft(t)
 	})
@@ -236,10 +237,7 @@ func TestReentrantObtainAllFailureGivesItsHoldsBack(t *testing.T) {
 	forEachEnv(t, allPaths, func(t *testing.T, e *storeEnv) {
 		l := e.locker(t)
 		bg := context.Background()
-		outer, err := l.Obtain(bg, "b", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		outer := mustObtain(t, bg, l, "b")
 		other, err := e.other(t).Obtain(bg, "c", time.Minute, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -258,13 +256,9 @@ func TestReentrantObtainAllFailureGivesItsHoldsBack(t *testing.T) {
 		waitUntil(t, func() bool { return e.free(t, "a") })
 		// The failed calls left no hold on the outer lock: its release
 		// frees b at once.
-		if err := outer.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, outer)
 		e.expectFree(t, "b")
-		if err := other.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, other)
 		e.expectNoKeysLeft(t)
 	})
 }
@@ -273,14 +267,8 @@ func TestNoReentryWithoutTheLockInContext(t *testing.T) {
 	forEachEnv(t, []string{pathFast}, func(t *testing.T, e *storeEnv) {
 		l := e.locker(t)
 		bg := context.Background()
-		outer, err := l.Obtain(bg, "k", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		unrelated, err := l.Obtain(bg, "u", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		outer := mustObtain(t, bg, l, "k")
+		unrelated := mustObtain(t, bg, l, "u")
 		another := e.locker(t) // another Locker: another process
 		for name, tc := range map[string]struct {
 			l   *reqlock.Locker
@@ -301,12 +289,7 @@ func TestNoReentryWithoutTheLockInContext(t *testing.T) {
 				t.Errorf("%s, wait: %v, want ErrWaitEnded with DeadlineExceeded", name, err)
 			}
 		}
-		if err := outer.Release(bg); err != nil {
-			t.Fatal(err)
-		}
-		if err := unrelated.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, outer, unrelated)
 		e.expectNoKeysLeft(t)
 	})
 }
@@ -315,36 +298,20 @@ func TestReentryAfterFullReleaseAcquiresAnew(t *testing.T) {
 	forEachEnv(t, []string{pathFast}, func(t *testing.T, e *storeEnv) {
 		l := e.locker(t)
 		bg := context.Background()
-		outer, err := l.Obtain(bg, "k", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		outer := mustObtain(t, bg, l, "k")
 		ctx := reqlock.NewContext(bg, outer)
-		view, err := l.Obtain(ctx, "k", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := outer.Release(bg); err != nil {
-			t.Fatal(err)
-		}
-		if err := view.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		view := mustObtain(t, ctx, l, "k")
+		mustRelease(t, outer, view)
 		e.expectFree(t, "k")
 		// Both holds have ended: the context's lock is gone, so this is a
 		// new grant, and its release frees the key.
 		for _, c := range []context.Context{ctx, reqlock.NewContext(ctx, view)} {
-			fresh, err := l.Obtain(c, "k", time.Minute, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			fresh := mustObtain(t, c, l, "k")
 			if fresh.Token() == outer.Token() || fresh.Fence() <= outer.Fence() {
 				t.Fatalf("token reused %v, fence %d after %d: not a new grant", fresh.Token() == outer.Token(), fresh.Fence(), outer.Fence())
 			}
 			e.expectHeld(t, "k")
-			if err := fresh.Release(bg); err != nil {
-				t.Fatal(err)
-			}
+			mustRelease(t, fresh)
 			e.expectFree(t, "k")
 		}
 		e.expectNoKeysLeft(t)
@@ -385,10 +352,7 @@ func TestReentryRacesWithRelease(t *testing.T) {
 			holders[token]--
 		}
 		for range rounds {
-			outer, err := l.Obtain(bg, "k", time.Minute, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			outer := mustObtain(t, bg, l, "k")
 			enter(outer.Token())
 			ctx := reqlock.NewContext(bg, outer)
 			start := make(chan struct{})
@@ -508,9 +472,7 @@ func TestNoReentryIntoALockBeingReleased(t *testing.T) {
 	if lock.Fence() <= outer.Fence() {
 		t.Fatalf("the waiter's fence %d after the released lock's %d", lock.Fence(), outer.Fence())
 	}
-	if err := lock.Release(bg); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, lock)
 	if _, err := reqlock.MustNew(gs.Store).Obtain(bg, "k", time.Minute, 0); err != nil {
 		t.Fatalf("key not free at the end: %v", err)
 	}
@@ -546,9 +508,7 @@ func TestViewKeepAliveEndsWithTheView(t *testing.T) {
 			if !tc.outerFirst {
 				outerCtx = outer.KeepAlive(bg)
 			}
-			if err := view.Release(bg); err != nil {
-				t.Fatal(err)
-			}
+			mustRelease(t, view)
 			waitDone(t, viewCtx, 5*time.Second)
 			if cause := context.Cause(viewCtx); !errors.Is(cause, reqlock.ErrNotHeld) || errors.Is(cause, reqlock.ErrLockLost) {
 				t.Fatalf("%q: view's keep-alive cause %v, want ErrNotHeld without ErrLockLost", keys, cause)
@@ -557,7 +517,9 @@ func TestViewKeepAliveEndsWithTheView(t *testing.T) {
 			if outerCtx.Err() != nil {
 				t.Fatalf("%q: the outer keep-alive context ended: %v", keys, context.Cause(outerCtx))
 			}
-			// Renewed beyond its TTL, the watchdog's work alone.
+			// Renewed beyond its TTL, the watchdog's work alone. Outliving
+			// the TTL is the behaviour under test, so time has to pass: the
+			// key is probed all along, for twice the TTL.
 			renewUntil := time.Now().Add(2 * wdTTL)
 			for time.Now().Before(renewUntil) {
 				e.expectHeld(t, "k")
@@ -570,9 +532,7 @@ func TestViewKeepAliveEndsWithTheView(t *testing.T) {
 			if again := view.KeepAlive(bg); again.Err() == nil {
 				t.Fatalf("%q: KeepAlive of a released view is live", keys)
 			}
-			if err := outer.Release(bg); err != nil {
-				t.Fatal(err)
-			}
+			mustRelease(t, outer)
 			waitDone(t, outerCtx, 5*time.Second)
 		}
 		eventually(t, "watchdogs exited", func() bool { return watchdogs() == 0 })
@@ -611,8 +571,6 @@ func TestViewFenceOfOnlyItsKeys(t *testing.T) {
 				t.Errorf("view of %q: FenceOf(%q) = %d, %v; want %d, %v", keys, k, f, ok, want, wantOK)
 			}
 		}
-		if err := view.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, view)
 	}
 }
