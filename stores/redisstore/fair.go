@@ -69,7 +69,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		return reqlock.FairGrant{Grant: reqlock.Grant{OK: true, Fence: reply[1]}}, nil
 	case len(reply) == 3 && reply[0] == 0:
 		return reqlock.FairGrant{
-			Grant: reqlock.Grant{HolderTTL: time.Duration(max(reply[1], 0)) * time.Millisecond},
+			Grant: reqlock.Grant{HolderTTL: holderTTL(reply[1])},
 			Ahead: int(reply[2]),
 		}, nil
 	}

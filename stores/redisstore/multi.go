@@ -59,12 +59,7 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 	case len(reply) == len(keys)+1 && reply[0] == 1:
 		return reqlock.MultiGrant{OK: true, Fences: reply[1:]}, nil
 	case len(reply) == 3 && reply[0] == 0 && reply[1] >= 0 && reply[1] < int64(len(keys)):
-		// PTTL is negative when the key has no TTL, which this store
-		// never sets.
-		return reqlock.MultiGrant{
-			Held:      int(reply[1]),
-			HolderTTL: time.Duration(max(reply[2], 0)) * time.Millisecond,
-		}, nil
+		return reqlock.MultiGrant{Held: int(reply[1]), HolderTTL: holderTTL(reply[2])}, nil
 	}
 	return reqlock.MultiGrant{}, fmt.Errorf("%w: acquire all %q answered %v", ErrUnexpectedReply, keys, reply)
 }
@@ -93,15 +88,9 @@ func (s *Store) ReleaseAll(ctx context.Context, keys []string, token string, las
 	if err := s.checkColocated(keys, true); err != nil {
 		return err
 	}
-	held, err := s.releaseAll(ctx, keys, token, lastFences, keep)
+	notHeld, err := s.releaseAll(ctx, keys, token, lastFences, keep)
 	if err != nil {
 		return mapCrossSlot(err, keys, true)
-	}
-	var notHeld []string
-	for i, ok := range held {
-		if !ok {
-			notHeld = append(notHeld, keys[i])
-		}
 	}
 	if len(notHeld) > 0 {
 		return fmt.Errorf("%w: %d of %d keys: %q", reqlock.ErrNotHeld, len(notHeld), len(keys), notHeld)
@@ -125,41 +114,41 @@ func (s *Store) ReleaseKeep(ctx context.Context, key, token string, lastFence in
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	keys := []string{key}
-	held, err := s.releaseAll(ctx, keys, token, []int64{lastFence}, keep)
+	notHeld, err := s.releaseAll(ctx, []string{key}, token, []int64{lastFence}, keep)
 	if err != nil {
 		return err
 	}
-	if !held[0] {
+	if len(notHeld) > 0 {
 		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
 	}
 	return nil
 }
 
-// releaseAll runs release_all.lua and reports, per key, whether it held
-// token.
-func (s *Store) releaseAll(ctx context.Context, keys []string, token string, lastFences []int64, keep time.Duration) ([]bool, error) {
+// releaseAll runs release_all.lua and returns the keys that did not hold
+// token, in the order of keys.
+func (s *Store) releaseAll(ctx context.Context, keys []string, token string, lastFences []int64, keep time.Duration) (notHeld []string, err error) {
 	var keepMS int64
 	if keep > 0 {
 		keepMS = milliseconds(keep)
 	}
-	args := make([]any, 0, 3+len(lastFences))
-	args = append(args, token, keepMS, milliseconds(s.fenceRetention))
+	argv := make([]any, 0, 3+len(lastFences))
+	argv = append(argv, token, keepMS, milliseconds(s.fenceRetention))
 	for _, f := range lastFences {
-		args = append(args, f)
+		argv = append(argv, f)
 	}
-	reply, err := releaseAllScript.Run(ctx, s.client, withFenceKeys(keys), args...).Int64Slice()
+	reply, err := releaseAllScript.Run(ctx, s.client, withFenceKeys(keys), argv...).Int64Slice()
 	if err != nil {
 		return nil, err
 	}
 	if len(reply) != len(keys) {
 		return nil, fmt.Errorf("%w: release all %q answered %v", ErrUnexpectedReply, keys, reply)
 	}
-	held := make([]bool, len(reply))
 	for i, r := range reply {
-		held[i] = r == 1
+		if r != 1 {
+			notHeld = append(notHeld, keys[i])
+		}
 	}
-	return held, nil
+	return notHeld, nil
 }
 
 // RefreshAll resets the TTL of every key to ttl if each holds token, in one

@@ -294,8 +294,7 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	if reply[0] == 1 {
 		return reqlock.Grant{OK: true, Fence: reply[1]}, nil
 	}
-	// PTTL is negative when the key has no TTL, which this store never sets.
-	return reqlock.Grant{HolderTTL: time.Duration(max(reply[1], 0)) * time.Millisecond}, nil
+	return reqlock.Grant{HolderTTL: holderTTL(reply[1])}, nil
 }
 
 // Release deletes key if it holds token, raises the fence key to lastFence
@@ -355,6 +354,13 @@ func hasHashTag(key string) bool {
 		return false
 	}
 	return strings.IndexByte(key[open+1:], '}') > 0
+}
+
+// holderTTL turns a holder's PTTL, as a script answers it, into a Duration.
+// PTTL is negative when the key has no TTL, which this store never sets: that
+// counts as zero.
+func holderTTL(pttl int64) time.Duration {
+	return time.Duration(max(pttl, 0)) * time.Millisecond
 }
 
 // milliseconds rounds d up to whole milliseconds: Redis must not expire a
