@@ -40,10 +40,8 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	if err := args.CheckAcquireFair(ctx, ttl, lease); err != nil {
 		return reqlock.FairGrant{}, err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	q := s.fair[key]
 	if q == nil {
 		q = &fairQueue{}
@@ -92,10 +90,8 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	q := s.fair[key]
 	if q == nil {
 		return nil

@@ -152,10 +152,8 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	if err := args.CheckTTL(ttl); err != nil {
 		return reqlock.Grant{}, err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	if e, ok := s.entries[key]; ok {
 		return reqlock.Grant{HolderTTL: e.expiresAt.Sub(now)}, nil
 	}
@@ -193,10 +191,8 @@ func (s *Store) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 	if err := args.CheckTTL(ttl); err != nil {
 		return err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	e, ok := s.entries[key]
 	if !ok || e.token != token {
 		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
@@ -216,6 +212,15 @@ func (s *Store) Len() int {
 
 // minCompact is the heap capacity below which sweep never compacts.
 const minCompact = 1024
+
+// lockSwept takes s.mu, frees the locks that expired by now (see sweep) and
+// returns now. The caller unlocks s.mu.
+func (s *Store) lockSwept() time.Time {
+	s.mu.Lock()
+	now := time.Now()
+	s.sweep(now)
+	return now
+}
 
 // sweep frees every lock that expired by now and signals the release
 // subscribers of its key. After a flood of keys has drained it also

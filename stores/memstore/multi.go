@@ -28,10 +28,8 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 	if err := args.CheckAcquireAll(ctx, keys, ttl); err != nil {
 		return reqlock.MultiGrant{}, err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	for i, key := range keys {
 		if e, ok := s.entries[key]; ok {
 			return reqlock.MultiGrant{Held: i, HolderTTL: e.expiresAt.Sub(now)}, nil
@@ -60,10 +58,8 @@ func (s *Store) ReleaseAll(ctx context.Context, keys []string, token string, las
 	if err := args.CheckReleaseAll(ctx, keys, lastFences); err != nil {
 		return err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	var notHeld []string
 	for i, key := range keys {
 		if !s.releaseLocked(now, key, token, lastFences[i], keep) {
@@ -87,10 +83,8 @@ func (s *Store) ReleaseKeep(ctx context.Context, key, token string, lastFence in
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	if !s.releaseLocked(now, key, token, lastFence, keep) {
 		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
 	}
@@ -127,10 +121,8 @@ func (s *Store) RefreshAll(ctx context.Context, keys []string, token string, ttl
 	if err := args.CheckAcquireAll(ctx, keys, ttl); err != nil {
 		return err
 	}
-	s.mu.Lock()
+	now := s.lockSwept()
 	defer s.mu.Unlock()
-	now := time.Now()
-	s.sweep(now)
 	for _, key := range keys {
 		if e, ok := s.entries[key]; !ok || e.token != token {
 			return fmt.Errorf("%w: %q (none of the %d keys refreshed)", reqlock.ErrNotHeld, key, len(keys))
