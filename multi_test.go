@@ -474,12 +474,7 @@ func TestObtainAllWakesOnReleaseOfBlockingKey(t *testing.T) {
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		var r result
-		select {
-		case r = <-got:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the waiter (1 minute backoff) did not wake within 10s of the release")
-		}
+		r := within(t, got, 10*time.Second, "the waiter (1 minute backoff) did not wake on the release")
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
@@ -514,6 +509,34 @@ func (e *storeEnv) awaitSubscribed(t *testing.T, storeKey string) {
 	}
 }
 
+// within waits for ch to deliver, and fails the test, saying what did not
+// happen, unless it does within d.
+func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s within %v", what, d)
+		panic("unreachable")
+	}
+}
+
+// obtainAllAndRelease runs ObtainAll of keys on l, waiting up to an hour,
+// in a goroutine of its own, releases the lock it gets, and delivers the
+// error of either.
+func obtainAllAndRelease(l *reqlock.Locker, keys ...string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		lock, err := l.ObtainAll(context.Background(), keys, time.Minute, time.Hour)
+		if err == nil {
+			err = lock.Release(context.Background())
+		}
+		got <- err
+	}()
+	return got
+}
+
 func TestObtainAllWakesWhenTheBlockingKeyChanges(t *testing.T) {
 	forEachEnv(t, []string{pathFast, pathFallbackNotify}, func(t *testing.T, e *storeEnv) {
 		ctx := context.Background()
@@ -527,14 +550,7 @@ func TestObtainAllWakesWhenTheBlockingKeyChanges(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := e.locker(t, reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
-		got := make(chan error, 1)
-		go func() {
-			lock, err := l.ObtainAll(ctx, []string{"a", "b"}, time.Minute, time.Hour)
-			if err == nil {
-				err = lock.Release(ctx)
-			}
-			got <- err
-		}()
+		got := obtainAllAndRelease(l, "a", "b")
 		// a blocks it first; once a is released, b does.
 		e.awaitSubscribed(t, holderA.StoreKey())
 		if err := holderA.Release(ctx); err != nil {
@@ -544,13 +560,8 @@ func TestObtainAllWakesWhenTheBlockingKeyChanges(t *testing.T) {
 		if err := holderB.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the waiter (1 minute backoff) did not wake within 10s of the release of the key that blocked it")
+		if err := within(t, got, 10*time.Second, "the waiter (1 minute backoff) did not wake on the release of the key that blocked it"); err != nil {
+			t.Fatal(err)
 		}
 		if n := e.spy.subs.Load(); n != 0 {
 			t.Fatalf("%d release subscriptions left", n)
@@ -567,25 +578,13 @@ func TestObtainAllWaitsByPollingWithoutSignals(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := e.locker(t, reqlock.WithBackoff(reqlock.Backoff{Initial: time.Millisecond, Max: 10 * time.Millisecond}))
-		got := make(chan error, 1)
-		go func() {
-			lock, err := l.ObtainAll(ctx, []string{"a", "b"}, time.Minute, time.Hour)
-			if err == nil {
-				err = lock.Release(ctx)
-			}
-			got <- err
-		}()
+		got := obtainAllAndRelease(l, "a", "b")
 		e.spy.awaitHeld(t, 2)
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the polling waiter did not obtain the keys within 10s of the release")
+		if err := within(t, got, 10*time.Second, "the polling waiter did not obtain the keys after the release"); err != nil {
+			t.Fatal(err)
 		}
 		e.expectNoKeysLeft(t)
 	})
@@ -615,13 +614,9 @@ func TestObtainAllCancelStopsWaitAtOnce(t *testing.T) {
 		}()
 		e.awaitSleeping(t)
 		cancel()
-		select {
-		case err := <-errc:
-			if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.Canceled) || !errors.Is(err, reqlock.ErrHeld) {
-				t.Fatalf("err = %v, want ErrWaitEnded joined with ErrHeld and Canceled", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the waiter (1 minute backoff) did not stop within 5s of the cancel")
+		err = within(t, errc, 5*time.Second, "the waiter (1 minute backoff) did not stop on the cancel")
+		if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.Canceled) || !errors.Is(err, reqlock.ErrHeld) {
+			t.Fatalf("err = %v, want ErrWaitEnded joined with ErrHeld and Canceled", err)
 		}
 		goroutinesBackTo(t, baseline)
 		if n := e.spy.subs.Load(); n != 0 {
