@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/labstack/echo/v4"
@@ -28,8 +29,19 @@ func serveEcho(locker *reqlock.Locker, key string, opts []middleware.Option, h h
 	return e, nil
 }
 
+func serveEchoSpec(locker *reqlock.Locker, spec string, h http.HandlerFunc) (http.Handler, error) {
+	mw, err := echolock.FromSpec(locker, spec)
+	if err != nil {
+		return nil, err
+	}
+	e := echo.New()
+	e.POST("/items/:id", echo.WrapHandler(h), mw)
+	return e, nil
+}
+
 // serveEchoRoutes installs the table with echolock.Install, registers
-// routes, each behind its Guard, and checks the table against the router.
+// routes, in their groups and each behind its Guard, and checks the table
+// against the router.
 func serveEchoRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
 	e := echo.New()
 	if err := echolock.Install(e, rt); err != nil {
@@ -40,7 +52,8 @@ func serveEchoRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http
 		if route.Guard != nil {
 			mws = append(mws, echolock.Middleware(route.Guard))
 		}
-		e.Add(route.Method, adaptertest.ColonPath(route.Path), echo.WrapHandler(route.Handler), mws...)
+		path := adaptertest.ColonPath(strings.TrimPrefix(route.Path, route.Group))
+		e.Group(route.Group).Add(route.Method, path, echo.WrapHandler(route.Handler), mws...)
 	}
 	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
 		return nil, err
@@ -64,8 +77,9 @@ func serveEchoNested(outer, inner *middleware.Guard, around func(*http.Request, 
 
 func TestEchoAdapter(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Adapter{
-		Name:  "echo",
-		Serve: serveEcho,
+		Name:      "echo",
+		Serve:     serveEcho,
+		ServeSpec: serveEchoSpec,
 		// echo's error handler renders the *echo.HTTPError the adapter returns.
 		ProblemContentType: "application/json",
 		ServeRoutes:        serveEchoRoutes,

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/gin-gonic/gin"
@@ -31,8 +32,19 @@ func serveGin(locker *reqlock.Locker, key string, opts []middleware.Option, h ht
 	return r, nil
 }
 
+func serveGinSpec(locker *reqlock.Locker, spec string, h http.HandlerFunc) (http.Handler, error) {
+	mw, err := ginlock.FromSpec(locker, spec)
+	if err != nil {
+		return nil, err
+	}
+	r := gin.New()
+	r.POST("/items/:id", mw, gin.WrapF(h))
+	return r, nil
+}
+
 // serveGinRoutes installs the table with ginlock.Install, registers routes
-// after it, each behind its Guard, and checks the table against the engine.
+// after it, in their groups and each behind its Guard, and checks the table
+// against the engine.
 func serveGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
 	r := gin.New()
 	if err := ginlock.Install(r, rt); err != nil {
@@ -43,7 +55,9 @@ func serveGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.
 		if route.Guard != nil {
 			handlers = append(handlers, ginlock.Handler(route.Guard))
 		}
-		r.Handle(route.Method, adaptertest.ColonPath(route.Path), append(handlers, gin.WrapF(route.Handler))...)
+		group := r.Group(route.Group)
+		path := adaptertest.ColonPath(strings.TrimPrefix(route.Path, route.Group))
+		group.Handle(route.Method, path, append(handlers, gin.WrapF(route.Handler))...)
 	}
 	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
 		return nil, err
@@ -64,6 +78,7 @@ func TestGinAdapter(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Adapter{
 		Name:               "gin",
 		Serve:              serveGin,
+		ServeSpec:          serveGinSpec,
 		ProblemContentType: "application/problem+json",
 		ServeRoutes:        serveGinRoutes,
 		ServeNested:        serveGinNested,

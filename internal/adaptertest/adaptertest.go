@@ -42,6 +42,11 @@ type Adapter struct {
 	// constructor from locker, key and opts, running h as the handler. It
 	// returns the constructor's error unchanged.
 	Serve func(locker *reqlock.Locker, key string, opts []middleware.Option, h http.HandlerFunc) (http.Handler, error)
+	// ServeSpec is Serve for the adapter's FromSpec constructor: the lock is
+	// configured by the one-line spec. It returns the constructor's error
+	// unchanged. When nil, the suite uses middleware.NewFromSpec and
+	// Guard.Handler on a ServeMux: the net/http adapter.
+	ServeSpec func(locker *reqlock.Locker, spec string, h http.HandlerFunc) (http.Handler, error)
 	// ProblemContentType is the Content-Type of a default rejection.
 	ProblemContentType string
 
@@ -71,6 +76,11 @@ type Endpoint struct {
 	// Guard, when not nil, locks this route alone, inside the router-level
 	// Routes middleware: gin and echo route middleware, a net/http wrapper.
 	Guard *middleware.Guard
+	// Group, when not empty, is a prefix of Path ("/v1" of "/v1/items/{id}"):
+	// gin and echo register the route in a group with that prefix, Path's
+	// rest under it, so Routes must match the group's prefix too; net/http,
+	// which has no groups, registers Path as it is.
+	Group string
 	// Handler runs the request.
 	Handler http.HandlerFunc
 }
@@ -112,6 +122,7 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("request deadline is a timeout, not a store failure", s.testRequestDeadline)
 	t.Run("invalid configuration fails at start-up", s.testInvalidConfig)
 	t.Run("skipper lets requests through unlocked", s.testSkipper)
+	t.Run("a lock spec configures the route", s.testFromSpec)
 	t.Run("custom responder replaces the answer", s.testResponder)
 	t.Run("concurrent requests on one key never overlap", s.testMutualExclusion)
 	t.Run("watchdog cancels the handler's context when the lock is lost", s.testWatchdogLost)
@@ -125,6 +136,8 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("routes: each route answers its own timeout status", s.testRoutesOwnStatus)
 	t.Run("routes: :id and {id} spellings both match", s.testRoutesSpellings)
 	t.Run("routes: rest-of-path parameter locks one key on every adapter", s.testRoutesRestParam)
+	t.Run("routes: rest-of-path key is the same for the table and a route guard", s.testRoutesRestParamGuard)
+	t.Run("routes: routes in a group are matched by their whole path", s.testRoutesGroup)
 	t.Run("routes: an entry matching no route fails at start-up with its source", s.testRoutesUnmatched)
 	t.Run("routes: a template reading a missing path parameter fails NewRoutes", s.testRoutesMissingParam)
 	t.Run("reentrant: group and route guard on one key share the lock", s.testReentrantNested)
@@ -149,6 +162,20 @@ func (s *suite) serve(t *testing.T, locker *reqlock.Locker, key string, h http.H
 		t.Fatalf("%s: building route: %v", s.a.Name, err)
 	}
 	return srv
+}
+
+// serveSpec is Adapter.ServeSpec, or its net/http form when it is nil.
+func (s *suite) serveSpec(locker *reqlock.Locker, spec string, h http.HandlerFunc) (http.Handler, error) {
+	if s.a.ServeSpec != nil {
+		return s.a.ServeSpec(locker, spec, h)
+	}
+	g, err := middleware.NewFromSpec(locker, spec)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(Route, g.Handler(h))
+	return mux, nil
 }
 
 func newMemLocker(t *testing.T) (*reqlock.Locker, *memstore.Store) {
@@ -659,6 +686,25 @@ func (s *suite) testSkipper(t *testing.T) {
 	}
 	if rec := do(srv, post("/items/1", "")); rec.Code != http.StatusLocked {
 		t.Fatalf("unskipped request: status %d, want 423", rec.Code)
+	}
+}
+
+// The spec's key, wait (none) and timeout status (409) take effect; a bad
+// spec fails at start-up.
+func (s *suite) testFromSpec(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	srv, err := s.serveSpec(locker, "@lock key=item:<id> wait=none on-timeout=409", reportLock(locker))
+	if err != nil {
+		t.Fatalf("%s: building route from spec: %v", s.a.Name, err)
+	}
+	expectBody(t, srv, post("/items/7", ""), "item:7")
+	hold(t, locker, "item:7")
+	start := time.Now()
+	if rec := do(srv, post("/items/7", "")); rec.Code != http.StatusConflict || time.Since(start) > time.Second {
+		t.Fatalf("held key: %d after %v, want the spec's 409 at once (wait=none)", rec.Code, time.Since(start))
+	}
+	if _, err := s.serveSpec(locker, "@lock key=item:<id> wiat=1s", reportLock(locker)); !errors.Is(err, middleware.ErrInvalidConfig) {
+		t.Fatalf("a bad spec: err = %v, want ErrInvalidConfig", err)
 	}
 }
 

@@ -137,7 +137,7 @@ func metricsLockers(m *recordingMetrics) (locker, quiet *reqlock.Locker) {
 func (s *suite) testMetricsRoutes(t *testing.T) {
 	m := newRecordingMetrics()
 	locker, quiet := metricsLockers(m)
-	rt := table(t, locker,
+	rt := Table(t, locker,
 		"POST /items/:id", "key=item:<id> wait=none",
 		"POST /carts/{id}", "key=sku:<json:items[*].sku> wait=none",
 		"PUT /items/{id}", "key=item:<id> wait=none name=put-item")

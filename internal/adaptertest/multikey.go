@@ -69,7 +69,7 @@ func redisLeftovers(t *testing.T, client *redis.Client, prefix string) []string 
 func (s *suite) testHoldAtLeast(t *testing.T, newLocker func(*testing.T) *reqlock.Locker) {
 	locker := newLocker(t)
 	const window = 300 * time.Millisecond
-	rt := table(t, locker, "POST /items/{id}", "key=item:<id> wait=none hold-at-least="+window.String())
+	rt := Table(t, locker, "POST /items/{id}", "key=item:<id> wait=none hold-at-least="+window.String())
 	var runs atomic.Int32
 	srv := s.serveRoutes(t, rt, Endpoint{Method: http.MethodPost, Path: "/items/{id}",
 		Handler: func(w http.ResponseWriter, r *http.Request) { runs.Add(1) }})

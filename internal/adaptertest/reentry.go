@@ -107,7 +107,7 @@ func (s *suite) testReentrantNested(t *testing.T) {
 
 func (s *suite) testReentrantRoutesAndGuard(t *testing.T) {
 	locker, store := newMemLocker(t)
-	rt := table(t, locker, "POST /items/{id}", "key=sku:<id> wait=none")
+	rt := Table(t, locker, "POST /items/{id}", "key=sku:<id> wait=none")
 	// The route-level guard locks the router-level key again, and one more.
 	inner := mustGuard(t, locker, "sku:<id>", middleware.WithKeys("audit:<id>"), middleware.WithWait(0))
 	var ran bool

@@ -15,12 +15,12 @@ import (
 	"github.com/reqlock/reqlock/middleware"
 )
 
-// table builds Routes from route and spec pairs with ParseRoute, the i-th
+// Table builds Routes from route and spec pairs with ParseRoute, the i-th
 // pair (from 1) with Source "code:i".
-func table(t *testing.T, locker *reqlock.Locker, pairs ...string) *middleware.Routes {
+func Table(t testing.TB, locker *reqlock.Locker, pairs ...string) *middleware.Routes {
 	t.Helper()
 	if len(pairs)%2 != 0 {
-		t.Fatalf("table: odd number of route and spec strings")
+		t.Fatalf("Table: odd number of route and spec strings")
 	}
 	var specs []middleware.RouteSpec
 	for i := 0; i < len(pairs); i += 2 {
@@ -93,6 +93,12 @@ func reportLock(locker *reqlock.Locker) http.HandlerFunc {
 	}
 }
 
+// Do serves a request with method and path and no body, and returns the
+// recorded response: for an adapter's own tests.
+func Do(h http.Handler, method, path string) *httptest.ResponseRecorder {
+	return do(h, request(method, path, ""))
+}
+
 func request(method, path, body string) *http.Request {
 	return httptest.NewRequest(method, path, strings.NewReader(body))
 }
@@ -108,7 +114,7 @@ func expectBody(t *testing.T, h http.Handler, req *http.Request, want string) {
 
 func (s *suite) testRoutesLockListed(t *testing.T) {
 	locker, store := newMemLocker(t)
-	rt := table(t, locker,
+	rt := Table(t, locker,
 		"POST /items/{id}", "key=item:<id> wait=none",
 		"PUT /items/{id}", "key=item:<id> wait=none")
 	report := reportLock(locker)
@@ -182,7 +188,7 @@ func (s *suite) testRoutesYAML(t *testing.T) {
 func (s *suite) testRoutesOwnStatus(t *testing.T) {
 	locker, _ := newMemLocker(t)
 	const wait = 60 * time.Millisecond
-	rt := table(t, locker,
+	rt := Table(t, locker,
 		"POST /items/{id}", "key=item:<id> wait=none on-timeout=409",
 		"PUT /items/{id}", "key=item:<id> wait="+wait.String())
 	var ran []string
@@ -210,7 +216,7 @@ func (s *suite) testRoutesOwnStatus(t *testing.T) {
 
 func (s *suite) testRoutesSpellings(t *testing.T) {
 	locker, _ := newMemLocker(t)
-	rt := table(t, locker,
+	rt := Table(t, locker,
 		"POST /a/:id", "key=a:<id>",
 		"POST /b/{id}", "key=b:<id>",
 		"PUT /c/:x/d/{y}", "key=c:<x>:<y>",
@@ -230,7 +236,7 @@ func (s *suite) testRoutesSpellings(t *testing.T) {
 
 func (s *suite) testRoutesRestParam(t *testing.T) {
 	locker, _ := newMemLocker(t)
-	rt := table(t, locker, "GET /files/{path...}", "key=file:<path>")
+	rt := Table(t, locker, "GET /files/{path...}", "key=file:<path>")
 	srv := s.serveRoutes(t, rt, Endpoint{Method: http.MethodGet, Path: "/files/{path...}", Handler: reportLock(locker)})
 	// The rest of the path is "a/b/c" as net/http's PathValue gives it: the
 	// same key as the JSON value "a/b/c", whatever the router.
@@ -243,6 +249,64 @@ func (s *suite) testRoutesRestParam(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectBody(t, srv, request(http.MethodGet, "/files/a/b%2Fc", ""), want)
+}
+
+// A rest-of-path parameter is the rest of the path without a leading slash
+// on every router (gin gives its catch-all one), so a table entry and a
+// route guard on the same template lock the same key, the second
+// reentrantly, and one file is one key whatever the router.
+func (s *suite) testRoutesRestParamGuard(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	rt := Table(t, locker, "GET /files/{path...}", "key=file:<path> wait=none")
+	srv := s.serveRoutes(t, rt, Endpoint{Method: http.MethodGet, Path: "/files/{path...}",
+		Guard: mustGuard(t, locker, "file:<path>", middleware.WithWait(0)), Handler: reportLock(locker)})
+	for path, want := range map[string]string{
+		"/files/a":          "file:a",
+		"/files/a/b":        "file:a%2Fb",
+		"/files/a%2Fb/c":    "file:a%2Fb%2Fc",
+		"/files/dir/":       "file:dir%2F",
+		"/files/%2Fleading": "file:%2Fleading",
+	} {
+		expectBody(t, srv, request(http.MethodGet, path, ""), want)
+	}
+	// Nothing after the prefix: no value.
+	if rec := do(srv, request(http.MethodGet, "/files/", "")); rec.Code != http.StatusBadRequest {
+		t.Errorf("GET /files/: status %d, want 400", rec.Code)
+	}
+}
+
+// Routes are found by their whole path, a group's prefix included: an entry
+// written without the prefix matches nothing and fails the start-up check.
+func (s *suite) testRoutesGroup(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	rt := Table(t, locker,
+		"POST /items/{id}", "key=item:<id>",
+		"POST /v1/carts/{id}", "key=cart:<id>",
+		"POST /v1/items/:id", "key=item:<id>")
+	report := reportLock(locker)
+	endpoints := []Endpoint{
+		{Method: http.MethodPost, Path: "/items/{id}", Handler: report},
+		{Method: http.MethodGet, Path: "/items/{id}", Handler: report},
+		{Method: http.MethodPost, Path: "/v1/carts/{id}", Group: "/v1", Handler: report},
+		{Method: http.MethodPost, Path: "/v1/items/{id}", Group: "/v1", Handler: report},
+		{Method: http.MethodGet, Path: "/v1/items/{id}", Group: "/v1", Handler: report},
+	}
+	srv := s.serveRoutes(t, rt, endpoints...)
+	for _, tc := range []struct{ method, path, want string }{
+		{http.MethodPost, "/items/1", "item:1"},
+		{http.MethodPost, "/v1/carts/2", "cart:2"},
+		{http.MethodGet, "/items/1", unlocked},
+		{http.MethodPost, "/v1/items/3", "item:3"},
+		{http.MethodGet, "/v1/items/3", unlocked},
+	} {
+		expectBody(t, srv, request(tc.method, tc.path, ""), tc.want)
+	}
+
+	rt = Table(t, locker, "POST /carts/:id", "key=cart:<id>")
+	_, err := s.a.ServeRoutes(rt, endpoints)
+	if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), "code:1") {
+		t.Fatalf("ServeRoutes err = %v, want ErrInvalidConfig naming code:1", err)
+	}
 }
 
 // unmatchedTable has one entry the test routes serve (line 2) and two they
@@ -282,7 +346,7 @@ func (s *suite) testRoutesUnmatched(t *testing.T) {
 	}
 
 	// A table built in code names the source its entries were given.
-	rt = table(t, locker, "POST /items/{id}", "key=item:<id>", "PATCH /items/{id}", "key=item:<id>")
+	rt = Table(t, locker, "POST /items/{id}", "key=item:<id>", "PATCH /items/{id}", "key=item:<id>")
 	_, err = s.a.ServeRoutes(rt, []Endpoint{{Method: http.MethodPost, Path: "/items/{id}", Handler: h}})
 	if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), "code:2") ||
 		!strings.Contains(err.Error(), "PATCH /items/{id}") || strings.Contains(err.Error(), "code:1") {
