@@ -432,7 +432,11 @@ func TestLostAgreesWithKeepAliveContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitDone(t, kctx, 5*time.Second)
-	<-m.entered
+	select {
+	case <-m.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watchdog never reported the loss to Metrics")
+	}
 	lost := lock.Lost()
 	close(m.release)
 	expectLost(t, kctx, reqlock.ErrNotHeld)
