@@ -245,7 +245,9 @@ func (l *Locker) obtainOne(ctx context.Context, key string, ttl, wait time.Durat
 	// not a store that never answered (503).
 	lock, err := l.contend(ctx, key, storeKey, ttl, wait, sawHeld)
 	if err != nil {
-		l.local.pass(q, gen, 0, false)
+		// A contender that saw the key held passes that on: the next
+		// waiter, whose wait went by in the queue, has seen it held too.
+		l.local.pass(q, gen, 0, errors.Is(err, ErrHeld))
 		return nil, err
 	}
 	lock.queue, lock.turnGen = q, gen

@@ -3,6 +3,7 @@ package reqlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -10,7 +11,9 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores/memstore"
+	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 func newLocker(t *testing.T, opts ...reqlock.Option) (*reqlock.Locker, *memstore.Store) {
@@ -453,4 +456,70 @@ func (s *faultStore) NotifyRelease(key string) (<-chan struct{}, func()) {
 		return n.NotifyRelease(key)
 	}
 	return nil, func() {}
+}
+
+// contentionLockers builds n Lockers on one store: memstore shared in
+// memory, or n Redis stores on one server (n processes, as far as the
+// lock can tell).
+func contentionLockers(t *testing.T, backend string, n int) []*reqlock.Locker {
+	t.Helper()
+	var lockers []*reqlock.Locker
+	mem := memstore.New()
+	prefix := "reqlock:" + testredis.Prefix(t)
+	for range n {
+		var store reqlock.Store = mem
+		if backend == "redis" {
+			rs, err := redisstore.New(testredis.Client(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = rs.Close() })
+			store = rs
+		}
+		lockers = append(lockers, reqlock.MustNew(store, reqlock.WithKeyPrefix(prefix)))
+	}
+	return lockers
+}
+
+// A burst on one hot key, with waits shorter than the queue: every request
+// that does not get the lock ran out of time while the key was held by
+// someone, so each failure is a timeout (ErrHeld joined), never what the
+// middleware answers 503 or runs unlocked for (a store failure).
+func TestContentionIsNeverAStoreFailure(t *testing.T) {
+	for _, backend := range []string{"memstore", "redis"} {
+		for _, n := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/%d lockers", backend, n), func(t *testing.T) {
+				lockers := contentionLockers(t, backend, n)
+				var granted, timedOut atomic.Int32
+				errs := make(chan error, 200)
+				var wg sync.WaitGroup
+				for i := range 200 {
+					l := lockers[i%n]
+					wg.Go(func() {
+						lock, err := l.Obtain(context.Background(), "hot", time.Second, 60*time.Millisecond)
+						switch {
+						case err == nil:
+							granted.Add(1)
+							time.Sleep(2 * time.Millisecond) // the work under the lock
+							if err := lock.Release(context.Background()); err != nil {
+								errs <- err
+							}
+						case errors.Is(err, reqlock.ErrHeld) && errors.Is(err, reqlock.ErrWaitEnded):
+							timedOut.Add(1)
+						default:
+							errs <- err
+						}
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Errorf("a request on a busy key failed with %v, want a timeout (ErrWaitEnded joined with ErrHeld)", err)
+				}
+				if granted.Load() == 0 || timedOut.Load() == 0 {
+					t.Fatalf("granted %d, timed out %d: the burst must produce both", granted.Load(), timedOut.Load())
+				}
+			})
+		}
+	}
 }

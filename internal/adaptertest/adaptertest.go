@@ -125,6 +125,7 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("a lock spec configures the route", s.testFromSpec)
 	t.Run("custom responder replaces the answer", s.testResponder)
 	t.Run("concurrent requests on one key never overlap", s.testMutualExclusion)
+	t.Run("contention is a timeout, never a store failure or an unlocked run", s.testContentionIsATimeout)
 	t.Run("watchdog cancels the handler's context when the lock is lost", s.testWatchdogLost)
 	t.Run("watchdog keeps a long handler's lock", s.testWatchdogKeeps)
 

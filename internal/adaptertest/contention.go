@@ -1,0 +1,101 @@
+package adaptertest
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores/memstore"
+	"github.com/reqlock/reqlock/stores/redisstore"
+)
+
+// testContentionIsATimeout sends bursts on one hot key through one or two
+// Lockers (two service instances) whose waits run out while the key is held.
+// Every request either runs its handler holding the lock or is answered the
+// timeout status: never 503, and, on a fail-open route, never an unlocked
+// run.
+func (s *suite) testContentionIsATimeout(t *testing.T) {
+	for _, backend := range []string{"memstore", "redis"} {
+		for _, instances := range []int{1, 2} {
+			for _, failOpen := range []bool{false, true} {
+				name := fmt.Sprintf("%s/%d instances/fail-open=%v", backend, instances, failOpen)
+				t.Run(name, func(t *testing.T) {
+					s.contentionBurst(t, contentionLockers(t, backend, instances), failOpen)
+				})
+			}
+		}
+	}
+}
+
+func (s *suite) contentionBurst(t *testing.T, lockers []*reqlock.Locker, failOpen bool) {
+	var unlocked, ran, inside, overlaps atomic.Int32
+	h := func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := reqlock.FromContext(r.Context()); !ok {
+			unlocked.Add(1)
+		}
+		if inside.Add(1) != 1 {
+			overlaps.Add(1)
+		}
+		time.Sleep(2 * time.Millisecond) // the work under the lock
+		inside.Add(-1)
+		ran.Add(1)
+	}
+	opts := []middleware.Option{middleware.WithWait(60 * time.Millisecond), middleware.WithLogger(discardLogger())}
+	if failOpen {
+		opts = append(opts, middleware.WithFailOpen())
+	}
+	var servers []http.Handler
+	for _, l := range lockers {
+		servers = append(servers, s.serve(t, l, "item:<id>", h, opts...))
+	}
+	var mu sync.Mutex
+	codes := map[int]int{}
+	var wg sync.WaitGroup
+	for i := range 200 {
+		srv := servers[i%len(servers)]
+		wg.Go(func() {
+			rec := do(srv, post("/items/hot", ""))
+			mu.Lock()
+			codes[rec.Code]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if codes[http.StatusOK]+codes[http.StatusLocked] != 200 || codes[http.StatusLocked] == 0 {
+		t.Errorf("%s: answers %v, want only 200 and 423 (and some 423)", s.a.Name, codes)
+	}
+	if unlocked.Load() != 0 || overlaps.Load() != 0 {
+		t.Errorf("%s: %d handler runs without the lock, %d overlapping runs; want none", s.a.Name, unlocked.Load(), overlaps.Load())
+	}
+	if int(ran.Load()) != codes[http.StatusOK] {
+		t.Errorf("%s: %d handler runs for %d answers 200", s.a.Name, ran.Load(), codes[http.StatusOK])
+	}
+}
+
+// contentionLockers returns n Lockers on one store: one memstore shared in
+// memory, or n Redis stores on one server, as n service instances would be.
+func contentionLockers(t *testing.T, backend string, n int) []*reqlock.Locker {
+	t.Helper()
+	mem := memstore.New()
+	prefix := testredis.Prefix(t)
+	var lockers []*reqlock.Locker
+	for range n {
+		var store reqlock.Store = mem
+		if backend == "redis" {
+			rs, err := redisstore.New(testredis.Client(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = rs.Close() })
+			store = rs
+		}
+		lockers = append(lockers, reqlock.MustNew(store, reqlock.WithKeyPrefix(prefix)))
+	}
+	return lockers
+}
