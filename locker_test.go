@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores/memstore"
@@ -521,5 +523,60 @@ func TestContentionIsNeverAStoreFailure(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// proxiedRedisStore returns a Store on the test Redis behind a fault proxy,
+// with go-redis's default retries, its scripts loaded and its connection
+// open, so that the next reply through the proxy is a script's.
+func proxiedRedisStore(t *testing.T) (*redisstore.Store, *testredis.Proxy) {
+	t.Helper()
+	proxy := testredis.NewProxy(t)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	if err := store.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return store, proxy
+}
+
+// go-redis retries a command whose reply was lost (MaxRetries, default 3).
+// The retried acquire finds the key holding the caller's own token: it is
+// the caller's grant, not a holder to wait for. Nothing is left behind.
+func TestRetriedAcquireAfterLostReplyIsGranted(t *testing.T) {
+	for _, mode := range []string{"plain", "fair", "multi"} {
+		t.Run(mode, func(t *testing.T) {
+			store, proxy := proxiedRedisStore(t)
+			opts := []reqlock.Option{reqlock.WithKeyPrefix(testredis.Prefix(t))}
+			if mode == "fair" {
+				opts = append(opts, reqlock.WithFairness(reqlock.FairOptions{}))
+			}
+			l := reqlock.MustNew(store, opts...)
+			ctx := context.Background()
+			obtain := func() (*reqlock.Lock, error) {
+				if mode == "multi" {
+					return l.ObtainAll(ctx, []string{"{k}:a", "{k}:b"}, time.Minute, 0)
+				}
+				return l.Obtain(ctx, "k", time.Minute, 0)
+			}
+			proxy.DropNextReply()
+			lock, err := obtain()
+			if err != nil {
+				t.Fatalf("acquire whose first reply was lost: %v, want the lock (the retry is the caller's own grant)", err)
+			}
+			if err := lock.Release(ctx); err != nil {
+				t.Fatalf("release: %v", err)
+			}
+			again, err := obtain()
+			if err != nil {
+				t.Fatalf("the key was left behind: %v", err)
+			}
+			_ = again.Release(ctx)
+		})
 	}
 }

@@ -50,10 +50,14 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		q.waiters[i].deadline = now.Add(lease) // heartbeat before the drop
 	}
 	dropped := q.dropExpired(now)
-	holder, held := s.entries[key]
+	holder, held := s.heldByOther(key, token)
 	pos := q.index(token)
 	var grant reqlock.FairGrant
 	switch {
+	case !held && s.entries[key] != nil:
+		// A retry of this token's own grant (see heldByOther): grant it
+		// again, whoever queued meanwhile.
+		grant.OK, grant.Fence = true, s.grantLocked(now, key, token, ttl)
 	case !held && (len(q.waiters) == 0 || pos == 0):
 		if pos == 0 {
 			q.waiters = q.waiters[1:]

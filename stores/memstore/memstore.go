@@ -154,19 +154,37 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	}
 	now := s.lockSwept()
 	defer s.mu.Unlock()
-	if e, ok := s.entries[key]; ok {
+	if e, held := s.heldByOther(key, token); held {
 		return reqlock.Grant{HolderTTL: e.expiresAt.Sub(now)}, nil
 	}
 	return reqlock.Grant{OK: true, Fence: s.grantLocked(now, key, token, ttl)}, nil
 }
 
-// grantLocked sets the free key to token for ttl and returns its fence, the
-// next of the shared counter. The caller holds s.mu and has swept expired
-// locks.
+// heldByOther returns the entry of key when another token than token holds
+// it. A key that holds token itself counts as free: a token serves one
+// acquisition, so that entry was set by this same call, tried before (a
+// client retry after a lost reply), and granting it again is what the
+// caller asked for. The caller holds s.mu and has swept expired locks.
+func (s *Store) heldByOther(key, token string) (*entry, bool) {
+	e, ok := s.entries[key]
+	if !ok || e.token == token {
+		return nil, false
+	}
+	return e, true
+}
+
+// grantLocked sets key, free or already holding token, to token for ttl and
+// returns its fence, the next of the shared counter. The caller holds s.mu
+// and has swept expired locks.
 func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration) int64 {
-	e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
-	s.entries[key] = e
-	heap.Push(&s.expiry, e)
+	if e, ok := s.entries[key]; ok {
+		e.expiresAt = now.Add(ttl)
+		heap.Fix(&s.expiry, e.index)
+	} else {
+		e := &entry{key: key, token: token, expiresAt: now.Add(ttl)}
+		s.entries[key] = e
+		heap.Push(&s.expiry, e)
+	}
 	s.fence += fenceStep
 	return s.fence
 }

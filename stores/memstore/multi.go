@@ -31,7 +31,7 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 	now := s.lockSwept()
 	defer s.mu.Unlock()
 	for i, key := range keys {
-		if e, ok := s.entries[key]; ok {
+		if e, held := s.heldByOther(key, token); held {
 			return reqlock.MultiGrant{Held: i, HolderTTL: e.expiresAt.Sub(now)}, nil
 		}
 	}

@@ -6,10 +6,12 @@
 -- {0, index (0-based) of the first held key, its pttl} and writes nothing.
 -- Every fence key is read and checked before anything is written, so a bad
 -- fence key fails the call without leaving a lock behind.
+-- A key that already holds the token counts as free: this same call set
+-- it before (the client retried after losing the reply).
 local n = #KEYS / 2
 for i = 1, n do
   local pttl = redis.call('PTTL', KEYS[i])
-  if pttl ~= -2 then
+  if pttl ~= -2 and redis.pcall('GET', KEYS[i]) ~= ARGV[1] then
     return {0, i - 1, pttl}
   end
 end

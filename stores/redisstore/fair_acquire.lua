@@ -15,6 +15,17 @@ local t = redis.call('TIME')
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(nowus / 1000)
 
+-- A key that already holds the token was set by this same call, run before
+-- (the client retried after losing the reply): grant it again, whoever
+-- queued meanwhile.
+if own_retry(KEYS[1], token, ARGV[2]) then
+  local last, err = last_fence(KEYS[2])
+  if err then
+    return err
+  end
+  return {1, issue_fence(KEYS[2], last, nowus, ARGV[3])}
+end
+
 -- Heartbeat first: a late attempt keeps its place unless it was dropped.
 local queued = redis.call('ZSCORE', KEYS[3], token) ~= false
 if queued and lease > 0 then

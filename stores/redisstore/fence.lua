@@ -37,3 +37,15 @@ local function record_fence(fk, used, retention)
   end
 end
 
+
+-- own_retry reports whether lock key k already holds token (a retried call
+-- of the acquisition that set it, whose reply was lost) and then resets its
+-- TTL to ttl ms, as a fresh grant would. A key of another type than a string
+-- does not hold the token.
+local function own_retry(k, token, ttl)
+  if redis.pcall('GET', k) == token then
+    redis.call('PEXPIRE', k, ttl)
+    return true
+  end
+  return false
+end

@@ -28,6 +28,7 @@ func RunFair(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 		{"GrantsAFreeKeyAtOnce", testFairGrantsFreeKey},
 		{"GrantsInQueueOrder", testFairQueueOrder},
 		{"TryOnceDoesNotJoin", testFairTryOnce},
+		{"RetriedAcquireIsGranted", testFairRetriedAcquire},
 		{"HeartbeatKeepsPlace", testFairHeartbeat},
 		{"LapsedLeaseIsDropped", testFairLapsedLease},
 		{"LeaveLetsNextIn", testFairLeave},
@@ -408,4 +409,21 @@ func testFairDropSignals(t *testing.T, s reqlock.Store, f reqlock.FairStore, n r
 	expectSignal(t, ch, "after an attempt dropped the dead head of a free key")
 	expectGranted(t, fairTry(t, f, k, "head", longLease), "head")
 	mustRelease(t, s, k, "head")
+}
+
+// A retried AcquireFair (its reply was lost) finds the key holding the
+// caller's token and is granted again, even with other waiters queued.
+func testFairRetriedAcquire(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
+	k := key("k")
+	lease := time.Minute
+	first := fairTry(t, f, k, "t1", lease)
+	expectGranted(t, first, "first attempt")
+	expectRefused(t, fairTry(t, f, k, "t2", lease), "a waiter")
+	retry := fairTry(t, f, k, "t1", lease)
+	expectGranted(t, retry, "retried attempt")
+	if retry.Fence <= first.Fence {
+		t.Fatalf("retry fence %d, want above %d", retry.Fence, first.Fence)
+	}
+	mustRelease(t, s, k, "t1")
+	mustLeave(t, f, k, "t2")
 }

@@ -35,6 +35,7 @@ func RunMulti(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 	runSuite(t, newStore, "{m}:", []suiteCase[reqlock.MultiStore]{
 		{"AcquireAllGrantsEveryKey", testMultiGrantsEveryKey},
 		{"AcquireAllIsAllOrNothing", testMultiAllOrNothing},
+		{"RetriedAcquireAllIsGranted", testMultiRetriedAcquire},
 		{"FencesIncreasePerKey", testMultiFencesIncrease},
 		{"ReleaseAllTakenOverKey", testMultiReleaseTakenOver},
 		{"ReleaseAllRecordsLastFences", testMultiReleaseRecordsFences},
@@ -166,10 +167,6 @@ func testMultiGrantsEveryKey(t *testing.T, s reqlock.Store, m reqlock.MultiStore
 	// Each key is held by the token, as a single-key grant would be.
 	if err := s.Refresh(context.Background(), keys[1], "t1", longTTL); err != nil {
 		t.Fatalf("Refresh of one key of the grant: %v", err)
-	}
-	// Not reentrant: the holder's token is refused too.
-	if g := acquireAll(t, m, keys, "t1", longTTL); g.OK {
-		t.Fatalf("AcquireAll again with the holder's token: %+v, want refused", g)
 	}
 	one := keys[:1]
 	if g := acquireAll(t, m, one, "t2", longTTL); g.OK || g.Held != 0 {
@@ -656,4 +653,25 @@ func testMultiReleaseKeepNoSignal(t *testing.T, s reqlock.Store, m reqlock.Multi
 	for i, ch := range chs {
 		expectSignal(t, ch, fmt.Sprintf("on %q after the final ReleaseAll", keys[i]))
 	}
+}
+
+// A retried AcquireAll (its reply was lost) finds every key holding the
+// caller's token and is granted again, with fresh fences and TTLs.
+func testMultiRetriedAcquire(t *testing.T, s reqlock.Store, m reqlock.MultiStore, key func(string) string) {
+	keys := keyList(key, "a", "b", "c")
+	first := mustAcquireAll(t, m, keys, "t1", time.Second)
+	retry := acquireAll(t, m, keys, "t1", longTTL)
+	if !retry.OK {
+		t.Fatalf("retried AcquireAll with the holder's token: %+v, want granted", retry)
+	}
+	for i := range keys {
+		if retry.Fences[i] <= first.Fences[i] {
+			t.Errorf("key %q: retry fence %d, want above %d", keys[i], retry.Fences[i], first.Fences[i])
+		}
+	}
+	expectHeld(t, s, keys, longTTL, "after the retry")
+	if g := acquireAll(t, m, keys, "t2", longTTL); g.OK || g.HolderTTL <= time.Second {
+		t.Fatalf("other token after the retry: %+v, want refused with the retry's TTL (above 1s) left", g)
+	}
+	mustReleaseAll(t, m, keys, "t1")
 }

@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
 	}{
 		{"AcquireGrantsFence", testAcquireGrantsFence},
 		{"HeldKeyRefusesOtherToken", testHeldKeyRefusesOtherToken},
+		{"RetriedAcquireIsGranted", testRetriedAcquireIsGranted},
 		{"ReleaseThenReacquireRaisesFence", testReleaseThenReacquire},
 		{"ReleaseWrongTokenKeepsLock", testReleaseWrongToken},
 		{"DoubleRelease", testDoubleRelease},
@@ -147,9 +148,27 @@ func testHeldKeyRefusesOtherToken(t *testing.T, s reqlock.Store, key func(string
 	if g.HolderTTL <= 0 || g.HolderTTL > longTTL {
 		t.Errorf("refused grant: HolderTTL %v, want in (0, %v]", g.HolderTTL, longTTL)
 	}
-	// The holder's own token is refused too: Acquire is not reentrant.
-	if g := mustAcquire(t, s, k, "t1", longTTL); g.OK {
-		t.Errorf("holder's token again on a held key: got %+v, want refused", g)
+}
+
+// A token is used for one acquisition only, so a key that already holds
+// the caller's token was set by this very call, run before: a client that
+// retried after the reply was lost. The retry is granted, with a fresh
+// fence and TTL, instead of waiting for itself.
+func testRetriedAcquireIsGranted(t *testing.T, s reqlock.Store, key func(string) string) {
+	k := key("k")
+	first := mustAcquire(t, s, k, "t1", time.Second)
+	if !first.OK {
+		t.Fatalf("first Acquire: got %+v, want OK", first)
+	}
+	retry := mustAcquire(t, s, k, "t1", longTTL)
+	if !retry.OK || retry.Fence <= first.Fence {
+		t.Fatalf("retried Acquire with the holder's token: got %+v, want granted with a fence above %d", retry, first.Fence)
+	}
+	if g := mustAcquire(t, s, k, "t2", longTTL); g.OK || g.HolderTTL <= time.Second {
+		t.Fatalf("other token after the retry: got %+v, want refused with the retry's TTL (above 1s) left", g)
+	}
+	if err := s.Release(context.Background(), k, "t1", 0); err != nil {
+		t.Fatalf("Release after the retry: %v", err)
 	}
 }
 
