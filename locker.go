@@ -384,7 +384,13 @@ func (l *Locker) contend(ctx context.Context, key, storeKey string, ttl, wait ti
 			go l.releaseAbandoned(storeKey, token)
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			leave()
+			if err != nil && lease > 0 {
+				// The attempt never answered (the store stalls, or the
+				// caller left mid-call): do not hold up the answer for it.
+				go l.leaveFair(context.WithoutCancel(ctx), storeKey, token)
+			} else {
+				leave()
+			}
 			return nil, waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
 		}
 		switch {

@@ -521,6 +521,15 @@ func TestContentionIsNeverAStoreFailure(t *testing.T) {
 				if granted.Load() == 0 || timedOut.Load() == 0 {
 					t.Fatalf("granted %d, timed out %d: the burst must produce both", granted.Load(), timedOut.Load())
 				}
+				// A grant that came as a wait ended is released in the
+				// background: let that finish while the store is open.
+				waitUntil(t, func() bool {
+					lock, err := lockers[0].Obtain(context.Background(), "hot", time.Second, 0)
+					if err != nil {
+						return false
+					}
+					return lock.Release(context.Background()) == nil
+				})
 			})
 		}
 	}
@@ -577,6 +586,55 @@ func TestRetriedAcquireAfterLostReplyIsGranted(t *testing.T) {
 				t.Fatalf("the key was left behind: %v", err)
 			}
 			_ = again.Release(ctx)
+		})
+	}
+}
+
+// go-redis bounds a call by its context's deadline, not by its
+// cancellation: a waiter whose client leaves while Redis is frozen must
+// still stop at once, and the call it left in flight is cleaned up once it
+// returns, owner-checked, so nothing stays locked.
+func TestCancelStopsStalledStoreCallAtOnce(t *testing.T) {
+	for _, mode := range []string{"plain", "fair", "multi"} {
+		t.Run(mode, func(t *testing.T) {
+			store, proxy := proxiedRedisStore(t)
+			opts := []reqlock.Option{reqlock.WithKeyPrefix(testredis.Prefix(t))}
+			if mode == "fair" {
+				opts = append(opts, reqlock.WithFairness(reqlock.FairOptions{}))
+			}
+			l := reqlock.MustNew(store, opts...)
+			keys := []string{"{k}:a", "{k}:b"}
+			obtain := func(ctx context.Context, wait time.Duration) (*reqlock.Lock, error) {
+				if mode == "multi" {
+					return l.ObtainAll(ctx, keys, time.Minute, wait)
+				}
+				return l.Obtain(ctx, keys[0], time.Minute, wait)
+			}
+			proxy.Freeze()
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				_, err := obtain(ctx, 2*time.Second)
+				errc <- err
+			}()
+			time.AfterFunc(50*time.Millisecond, cancel) // the client leaves mid-call
+			err := <-errc
+			if took := time.Since(start); took > time.Second {
+				t.Fatalf("Obtain returned after %v; a cancelled waiter must stop at once, not at its 2s wait", took)
+			}
+			if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.Canceled) {
+				t.Fatalf("err = %v, want ErrWaitEnded joined with Canceled", err)
+			}
+			proxy.Thaw() // the frozen call reaches Redis and may set the key
+			waitUntil(t, func() bool {
+				lock, err := obtain(context.Background(), 0)
+				if err != nil {
+					return false
+				}
+				_ = lock.Release(context.Background())
+				return true
+			})
 		})
 	}
 }

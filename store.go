@@ -13,6 +13,14 @@ import (
 // prefix. A Store returns ErrNotHeld from Release and Refresh when the key
 // does not hold the token; any other error is a store failure, which the
 // Locker wraps with ErrStore.
+//
+// A token serves one acquisition, so an acquire that finds a key already
+// holding its token was tried before by this same call (a client retry after
+// a lost reply): it grants the key again, with a fresh fence and TTL, rather
+// than report it held. Every acquire returns once its context ends, by
+// deadline or by cancellation, even when the backend has not answered; a
+// call it leaves in flight must not leave a grant behind: the store releases
+// it, owner-checked, once the call returns.
 type Store interface {
 	// Acquire sets key to token with the given TTL only if key is absent,
 	// and in the same atomic step issues a fencing token for the grant.

@@ -58,9 +58,18 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	if err := args.CheckAcquireFair(ctx, ttl, lease); err != nil {
 		return reqlock.FairGrant{}, err
 	}
-	reply, err := fairAcquireScript.Run(ctx, s.client,
-		[]string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)},
-		token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit).Int64Slice()
+	keys := []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)}
+	reply, err := untilCancelled(ctx, func(ctx context.Context) ([]int64, error) {
+		return fairAcquireScript.Run(ctx, s.client, keys,
+			token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit).Int64Slice()
+	}, func(reply []int64, err error) {
+		ctx, cancel := cleanupContext()
+		defer cancel()
+		if err != nil || (len(reply) > 0 && reply[0] == 1) {
+			_ = s.Release(ctx, key, token, 0)
+		}
+		_ = s.LeaveFair(ctx, key, token) // the call may have queued the token
+	})
 	if err != nil {
 		return reqlock.FairGrant{}, err
 	}

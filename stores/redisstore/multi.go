@@ -50,8 +50,17 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, token string, ttl
 	if err := s.checkColocated(keys, true); err != nil {
 		return reqlock.MultiGrant{}, err
 	}
-	reply, err := acquireAllScript.Run(ctx, s.client, withFenceKeys(keys),
-		token, milliseconds(ttl), s.fenceRetention.Milliseconds()).Int64Slice()
+	scriptKeys := withFenceKeys(keys)
+	reply, err := untilCancelled(ctx, func(ctx context.Context) ([]int64, error) {
+		return acquireAllScript.Run(ctx, s.client, scriptKeys,
+			token, milliseconds(ttl), s.fenceRetention.Milliseconds()).Int64Slice()
+	}, func(reply []int64, err error) {
+		if err != nil || (len(reply) > 0 && reply[0] == 1) {
+			ctx, cancel := cleanupContext()
+			defer cancel()
+			_ = s.ReleaseAll(ctx, keys, token, make([]int64, len(keys)), 0)
+		}
+	})
 	if err != nil {
 		return reqlock.MultiGrant{}, mapCrossSlot(err, keys, true)
 	}

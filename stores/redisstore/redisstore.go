@@ -276,6 +276,12 @@ func (s *Store) Load(ctx context.Context) error {
 // the holder's remaining TTL. It returns the client's error as is, an error
 // wrapping reqlock.ErrInvalid for a non-positive ttl, and ctx.Err() without
 // acting when ctx has ended.
+//
+// It returns ctx.Err() as soon as ctx is cancelled, even while Redis has not
+// answered (go-redis itself honours only deadlines); the script then goes on
+// in the background, bounded by ctx's deadline, and a grant it makes is
+// released, owner-checked, once it returns. The same holds for AcquireAll
+// and AcquireFair.
 func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
 	if err := ctx.Err(); err != nil {
 		return reqlock.Grant{}, err
@@ -283,8 +289,16 @@ func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duratio
 	if err := args.CheckTTL(ttl); err != nil {
 		return reqlock.Grant{}, err
 	}
-	reply, err := acquireScript.Run(ctx, s.client, []string{key, fenceKey(key)},
-		token, milliseconds(ttl), s.fenceRetention.Milliseconds()).Int64Slice()
+	keys := []string{key, fenceKey(key)}
+	reply, err := untilCancelled(ctx, func(ctx context.Context) ([]int64, error) {
+		return acquireScript.Run(ctx, s.client, keys, token, milliseconds(ttl), s.fenceRetention.Milliseconds()).Int64Slice()
+	}, func(reply []int64, err error) {
+		if err != nil || (len(reply) > 0 && reply[0] == 1) {
+			ctx, cancel := cleanupContext()
+			defer cancel()
+			_ = s.Release(ctx, key, token, 0)
+		}
+	})
 	if err != nil {
 		return reqlock.Grant{}, err
 	}
