@@ -195,6 +195,11 @@ func TestPercentile(t *testing.T) {
 	if got := percentile(nil, 0.5); got != 0 {
 		t.Errorf("percentile(nil) = %v, want 0", got)
 	}
+	// 0.07*100 is 7.000000000000001 in floating point: still the 7th
+	// smallest, not the 8th.
+	if got := percentile(s, 0.07); got != 7 {
+		t.Errorf("percentile(1..100, 0.07) = %v, want 7", got)
+	}
 }
 
 func TestSplitWaiters(t *testing.T) {

@@ -182,12 +182,14 @@ func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
 	return "unknown", nil
 }
 
-// percentile returns the nearest-rank p-quantile (0 < p <= 1) of sorted.
+// percentile returns the nearest-rank p-quantile (0 < p <= 1) of sorted:
+// the ceil(p*n)-th smallest. A p*n a rounding error above a whole number
+// (0.07*100 is 7.000000000000001) counts as that number.
 func percentile(sorted []int64, p float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	i := int(math.Ceil(p*float64(len(sorted))-1e-6)) - 1
 	return time.Duration(sorted[min(max(i, 0), len(sorted)-1)])
 }
 
