@@ -36,6 +36,7 @@ type config struct {
 	RedislockMax time.Duration `json:"redislock_max_backoff_ns"`
 	Fair         bool          `json:"reqlock_fair"`
 	JSONPath     string        `json:"-"`
+	ChartsDir    string        `json:"-"`
 	Note         string        `json:"note,omitempty"`
 
 	// Child mode: set by the parent of a multi run only.
@@ -71,6 +72,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.RedislockMax, "redislock-max", 512*time.Millisecond, "max of bsm/redislock's ExponentialBackoff")
 	fs.BoolVar(&cfg.Fair, "fair", false, "run reqlock in fair mode (reqlock.WithFairness, default lease)")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write all results as JSON to `file`")
+	fs.StringVar(&cfg.ChartsDir, "charts", "",
+		"also write a chart of each workload's wait distribution per library to `dir`/wait-<workload>.svg")
 	fs.StringVar(&cfg.Note, "note", "", "free text for the header and the JSON, such as the reqlock commit (run.sh sets it)")
 	fs.BoolVar(&cfg.child, "child", false, "internal: run as a child process of the multi workload")
 	fs.StringVar(&cfg.childPrefix, "child-prefix", "", "internal: key prefix of the child's run")

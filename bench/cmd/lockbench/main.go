@@ -13,7 +13,11 @@
 // Usage:
 //
 //	lockbench -redis 127.0.0.1:6379 [-workload all|hot,spread,multi] [-lib all|reqlock,redislock,redsync]
-//	          [-duration 10s] [-json results.json] [flags]
+//	          [-duration 10s] [-json results.json] [-charts dir] [flags]
+//
+// With -charts it also writes, per workload, an SVG chart of the wait
+// distribution of every library (wait against percentile, both on log-like
+// scales) to dir/wait-<workload>.svg.
 //
 // Workloads:
 //

@@ -53,9 +53,10 @@ func testMain(m *testing.M) int {
 func TestAllWorkloads(t *testing.T) {
 	goroutines := runtime.NumGoroutine()
 	jsonPath := filepath.Join(t.TempDir(), "results.json")
+	chartsDir := filepath.Join(t.TempDir(), "charts")
 	var stdout, stderr bytes.Buffer
 	args := []string{"-redis", redisAddr, "-duration", "300ms", "-wait", "2s",
-		"-waiters", "8", "-workers", "8", "-keys", "40", "-procs", "2", "-json", jsonPath}
+		"-waiters", "8", "-workers", "8", "-keys", "40", "-procs", "2", "-json", jsonPath, "-charts", chartsDir}
 	if code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr); code != 0 {
 		t.Fatalf("exit code %d; stderr:\n%s", code, &stderr)
 	}
@@ -111,6 +112,23 @@ func TestAllWorkloads(t *testing.T) {
 		}
 		if !strings.Contains(stdout.String(), "\n== "+w+": ") {
 			t.Errorf("no table for %s in the output", w)
+		}
+		// Each workload's wait chart, with a curve for every library.
+		path := filepath.Join(chartsDir, "wait-"+w+".svg")
+		if !strings.Contains(stdout.String(), "wait chart: "+path+"\n") {
+			t.Errorf("the output does not name the chart %s", path)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		doc := parseSVG(t, b)
+		for _, lib := range allLibs {
+			if segs := doc.strokePaths(colorHex(seriesStyle(lib, 0).Color)); len(segs) != 2 || slices.Max(segs) < 2 {
+				t.Errorf("%s chart: paths in %s's colour with %v segments, want its legend sample and its curve",
+					w, lib, segs)
+			}
 		}
 	}
 

@@ -43,6 +43,9 @@ type libResult struct {
 	WaitP50 time.Duration `json:"wait_p50_ns"`
 	WaitP99 time.Duration `json:"wait_p99_ns"`
 	WaitMax time.Duration `json:"wait_max_ns"`
+	// WaitCurve is the wait distribution at fixed percentiles, for the
+	// chart of -charts (see waitQuantiles); not in the JSON.
+	WaitCurve []quantilePoint `json:"-"`
 
 	Timeouts      int64  `json:"timeouts"`
 	Errors        int64  `json:"errors"`
@@ -138,6 +141,13 @@ func runParent(ctx context.Context, cfg config, stdout, stderr io.Writer) error 
 			rep.Comparisons[workload] = c
 		}
 		printWorkload(stdout, cfg, workload, results, rep.Comparisons[workload])
+		if cfg.ChartsDir != "" {
+			path, err := writeWaitChart(cfg.ChartsDir, cfg, workload, results)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "wait chart: %s\n", path)
+		}
 	}
 	rep.Environment.LoadEnd = loadAvg()
 	if rep.Environment.LoadEnd != "" {
@@ -310,6 +320,7 @@ func summarize(res *procResult, start time.Time, duration time.Duration) *libRes
 	if len(waits) > 0 {
 		r.WaitMax = time.Duration(waits[len(waits)-1])
 	}
+	r.WaitCurve = waitQuantiles(waits)
 	h := handovers(grants, res.releases())
 	slices.Sort(h)
 	r.Handovers = len(h)
