@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs lockbench against a private redis-server on a free loopback port (no
 # persistence, in a temporary directory) and stops the server afterwards.
-# Arguments go to lockbench, which run.sh gives -redis and -note itself:
+# Arguments go to lockbench, which run.sh gives -redis and -note itself, and
+# -charts bench/charts (a wait-distribution chart per workload run,
+# bench/charts/wait-<workload>.svg; a -charts of your own overrides it, and
+# -charts '' writes none):
 #
 #   bench/run.sh                                  # every workload and library, 10s each
 #   bench/run.sh -duration 10s -json results.json
-#   bench/run.sh -workload hot -lib reqlock,redislock
+#   bench/run.sh -workload hot -lib reqlock,redislock -charts ''
 #
 # By default reqlock is built from the working tree (../ of this module).
 # REQLOCK_REF=<git ref> builds it from a clean snapshot of that commit instead
@@ -63,4 +66,4 @@ private_redis_start "$tmp"
 port=$PRIVATE_REDIS_PORT
 echo "run.sh: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port" >&2
 
-"$tmp/lockbench" -redis "127.0.0.1:$port" -note "$note" "$@"
+"$tmp/lockbench" -redis "127.0.0.1:$port" -note "$note" -charts "$bench_dir/charts" "$@"
