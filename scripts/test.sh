@@ -1,34 +1,18 @@
 #!/usr/bin/env bash
-# Runs every check of the repository against a real Redis: gofmt, go vet,
+# Runs every check of the repository against real servers: gofmt, go vet,
 # go test -race (extra arguments go to go test), then each fuzz target for
-# FUZZTIME (default 10s). Installs redis-server when missing and running as
-# root; starts a private one on a free loopback port and stops it on exit.
+# FUZZTIME (default 10s). scripts/servers.sh installs the servers the tests
+# use when they are missing (Debian packages, as root), starts them in
+# parallel on free loopback ports, exports their REQLOCK_* addresses and
+# stops them on exit.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-	if [[ $(id -u) -eq 0 ]]; then
-		echo "test.sh: installing redis-server and redis-cli"
-		apt-get update
-		DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server redis-tools
-	else
-		echo "test.sh: redis-server or redis-cli is not installed; install them (apt-get install redis-server redis-tools) or run as root" >&2
-		exit 1
-	fi
-fi
-
-source scripts/private-redis.sh
-redis_dir=$(mktemp -d "${TMPDIR:-/tmp}/reqlock-test-redis.XXXXXX")
-cleanup() {
-	private_redis_stop
-	rm -rf "$redis_dir"
-}
-trap cleanup EXIT
-private_redis_start "$redis_dir"
-port=$PRIVATE_REDIS_PORT
-export REQLOCK_REDIS_ADDR=127.0.0.1:$port
-echo "test.sh: redis-server on $REQLOCK_REDIS_ADDR"
+source scripts/servers.sh
+servers_install
+trap servers_stop EXIT
+servers_start
 
 echo "test.sh: gofmt"
 unformatted=$(gofmt -l .)
