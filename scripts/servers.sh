@@ -726,7 +726,7 @@ servers__start_postgres() {
 	servers__spawn INT "$dir/postgres.log" bash -c 'cd "$1" && shift && exec "$@"' _ "$dir" \
 		"${as[@]}" "$bin/postgres" -D "$dir/data" -c listen_addresses=127.0.0.1 -p "$port" \
 		-c unix_socket_directories="$dir" -c fsync=off -c synchronous_commit=off \
-		-c full_page_writes=off -c max_connections=300
+		-c full_page_writes=off -c max_connections=300 -c dynamic_shared_memory_type=mmap
 	servers__wait "PostgreSQL did not answer on its socket" \
 		servers__socket_then "$dir/.s.PGSQL.$port" "$bin/psql" -h "$dir" -p "$port" -U postgres -d postgres -Atc 'select 1' || return
 	if ! "$bin/psql" -h "$dir" -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -q \
