@@ -1,13 +1,23 @@
 // Package reqlock is a distributed lock for HTTP endpoints.
 //
-// The root package holds the lock core: a [Locker] that obtains locks from a
-// [Store], the [Lock] handle it returns, and the errors both report. Requests
-// derive their keys in package keyfunc, the request flow lives in package
-// middleware (with the net/http adapter), and packages ginlock and echolock
-// adapt it to gin and echo. Stores live under stores/: memstore for a single
-// process and redisstore for Redis.
+// The root package holds the lock core: a Locker that obtains locks from a
+// store, the Lock it returns, and the errors and outcomes both report.
+// Requests derive their keys in package keyfunc; the request flow lives in
+// package middleware (with the net/http adapter), and packages ginlock and
+// echolock adapt it to gin and echo. The contract a store implements is
+// package stores; the stores live beneath it: stores/memstore for one
+// process and stores/redisstore for Redis, each proven by the conformance
+// suite stores/storetest.
 //
-// Every grant carries a random 128-bit token and a fencing token (a per-key
-// number that only grows). Release and refresh act only while the key still
-// holds the caller's token.
+// Every grant carries a random 128-bit token and a fencing token per key (a
+// number that only grows). Release and refresh act only while the keys still
+// hold the caller's token.
+//
+// Inside, a Locker runs one acquire loop (acquire.go), plain or fair (fair.go);
+// a single key first waits its turn in the process's local queue
+// (internal/localqueue). What the store granted is a grant (grant.go), which
+// owns its validity and fences and may pass from local holder to local holder;
+// a Lock (lock.go) holds one or several grants; its keep-alive side (the
+// contexts that end with it, the watchdog) is in keepalive.go, and reentrancy
+// in reentry.go.
 package reqlock

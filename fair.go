@@ -5,78 +5,27 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/reqlock/reqlock/stores"
 )
 
-// Defaults and bounds of fair mode.
+// Bounds of fair mode.
 const (
-	// DefaultFairLease is how long a fair waiter keeps its place in the
-	// store's queue without renewing it, unless FairOptions.Lease says
-	// otherwise.
-	DefaultFairLease = 2 * time.Second
-	// MinFairLease is the shortest lease FairOptions accepts: waiters poll
-	// at least every Lease/3, and a lease much shorter than scheduling
+	// minFairLease is the shortest lease WithFairness accepts: waiters poll
+	// at least every lease/3, and a lease much shorter than scheduling
 	// delays would make live waiters lose their place.
-	MinFairLease = 30 * time.Millisecond
+	minFairLease = 30 * time.Millisecond
 )
-
-// FairStore is implemented by stores that keep a FIFO queue of waiters per
-// key for fair mode (see WithFairness). Keys arrive with the Locker's prefix
-// applied, as for Store. Tokens are the random tokens the Locker grants
-// with; each identifies one contender.
-type FairStore interface {
-	// AcquireFair is one attempt of a fair waiter, in one atomic step: it
-	// removes waiters whose lease has passed, enqueues token at the tail
-	// when it is not queued yet, renews token's lease to lease from now,
-	// and sets key to token with the given TTL only when key is free and
-	// token heads the queue (or the queue is empty). A grant takes token
-	// out of the queue and issues a fence from the same counter as
-	// Acquire, so fences grow across fair and ordinary grants.
-	//
-	// With lease zero the call only tries: token does not join the queue,
-	// and the grant needs a free key and an empty queue.
-	//
-	// A refusal is not an error: it returns a FairGrant with OK false,
-	// whose HolderTTL is how long nothing is expected to change: the
-	// holder's remaining TTL, or, when key is free but another waiter
-	// heads the queue, that waiter's remaining lease; zero when unknown.
-	// Its Ahead says where token stands in the queue.
-	AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (FairGrant, error)
-
-	// LeaveFair takes token out of key's queue. Leaving a queue that does
-	// not hold token is not an error. When token headed the queue and key
-	// is free, the store signals the waiters as if key had been released
-	// (stores that implement ReleaseNotifier), so the next one need not
-	// wait for its next poll.
-	LeaveFair(ctx context.Context, key, token string) error
-}
-
-// FairGrant is the outcome of one FairStore.AcquireFair attempt.
-type FairGrant struct {
-	Grant
-
-	// Ahead is, on a refusal, how many waiters are queued ahead of the
-	// token: zero when it heads the queue, -1 when it is not queued (a
-	// try with lease zero). Waiters whose lease has passed count until an
-	// attempt drops them. Zero on a grant.
-	Ahead int
-}
-
-// FairOptions configures fair mode (see WithFairness).
-type FairOptions struct {
-	// Lease is how long a waiter keeps its place in the store's queue
-	// without renewing it: a waiter that died stops blocking the queue
-	// about this long after its last attempt. Waiters renew it with every
-	// attempt, at least every Lease/3. Default DefaultFairLease; at least
-	// MinFairLease.
-	Lease time.Duration
-}
 
 // WithFairness turns on fair mode: the store keeps a FIFO queue of the
 // contending processes per key and grants a free key only to the head of
 // that queue, so that processes are served in the order they came, and a
-// waiter whose process died blocks the queue for a bounded time only. New
-// returns an error wrapping ErrInvalid when the store does not implement
-// FairStore or opts.Lease is below MinFairLease.
+// waiter whose process died blocks the queue for a bounded time only. lease
+// is how long a waiter keeps its place without renewing it (2s suits most
+// services; at least 30ms). New returns an error wrapping ErrInvalid when the
+// store does not implement stores.FairStore or lease is below 30ms. Fair mode
+// applies to locks of one key; a lock of several keys takes them whenever
+// they are all free.
 //
 // By default a Locker is fair only inside its process: requests of one
 // process queue locally in arrival order, but the store grants a free key to
@@ -97,21 +46,21 @@ type FairOptions struct {
 //
 // # Liveness
 //
-// Each queue entry carries a lease (opts.Lease, default DefaultFairLease).
-// A contender renews it with every attempt, and attempts at least every
-// Lease/3 (the backoff sleep is capped at Lease/3; a release still wakes it
-// at once through ReleaseNotifier). A process that dies stops renewing: once
+// Each queue entry carries the lease. A contender renews it with every
+// attempt, and attempts at least every lease/3 (the backoff sleep is capped
+// at lease/3; a release still wakes it at once through stores.Notifier). A process that dies stops renewing: once
 // its lease has passed, the next attempt of any other waiter removes it, and
 // the store signals that removal like a release, so the new head attempts at
 // once. A dead waiter at the head of the queue therefore blocks the key for
-// at most Lease after its last attempt plus one poll interval (Lease/3) of
+// at most lease after its last attempt plus one poll interval (lease/3) of
 // the waiters behind it, plus a few round trips. A live waiter stalled for
 // longer than its lease (a long GC pause) may be dropped the same way; its
 // next attempt joins the queue again, at the tail. A waiter whose wait ends
 // (its deadline passes or its context is cancelled) leaves the queue before
-// Obtain returns (FairStore.LeaveFair, on a context that the caller's
-// cancellation cannot end, bounded by the release timeout and the lease);
-// if that call fails, the lease removes it.
+// Obtain returns (stores.FairStore.LeaveFair, on a context that the caller's
+// cancellation cannot end, bounded by the release timeout and the lease; in
+// the background when its last attempt went unanswered); if that call fails,
+// the lease removes it.
 //
 // # Local handoff
 //
@@ -132,64 +81,82 @@ type FairOptions struct {
 // returns ErrHeld. In fair mode ErrHeld (alone, or joined with ErrWaitEnded)
 // also covers a free key that waiters ahead of the caller are about to take.
 //
-// A fair grant issues its fence from the same counter as Store.Acquire, so
+// A fair grant issues its fence by the same rule as a plain one, so
 // fences grow across fair and ordinary grants of a key. Fairness holds among
 // fair Lockers: a Locker without fair mode on the same key space ignores the
 // queue and may take a free key ahead of it.
-func WithFairness(opts FairOptions) Option {
-	return func(l *Locker) { l.fair = &fairness{lease: opts.Lease} }
+func WithFairness(lease time.Duration) Option {
+	return func(l *Locker) error {
+		if lease < minFairLease {
+			return fmt.Errorf("WithFairness: lease %v is below %v", lease, minFairLease)
+		}
+		l.fair = &fairMode{lease: lease}
+		return nil
+	}
 }
 
-// fairness is a fair Locker's state; immutable after New.
-type fairness struct {
-	store FairStore
+// fairMode is a fair Locker's state; immutable after New.
+type fairMode struct {
+	store stores.FairStore
 	lease time.Duration
 }
 
-// Fair reports whether the Locker runs in fair mode (WithFairness).
-func (l *Locker) Fair() bool { return l.fair != nil }
-
-// withFairness completes New: it validates fair mode when it was asked for
-// and returns the Locker, or nil and an error wrapping ErrInvalid.
-func (l *Locker) withFairness() (*Locker, error) {
-	if l.fair == nil {
-		return l, nil
+// attempts returns the acquire strategy of one fair waiter: with a wait it
+// joins the store's queue; a try-once caller (wait zero) only tries.
+func (f *fairMode) attempts(l *Locker, wait time.Duration) attempter {
+	a := fairAttempts{locker: l, mode: f}
+	if wait > 0 {
+		a.lease = f.lease
 	}
-	fs, ok := l.store.(FairStore)
-	if !ok {
-		return nil, fmt.Errorf("%w: fair mode needs a store that implements reqlock.FairStore; %T does not",
-			ErrInvalid, l.store)
-	}
-	if l.fair.lease == 0 {
-		l.fair.lease = DefaultFairLease
-	}
-	if l.fair.lease < MinFairLease {
-		return nil, fmt.Errorf("%w: fair lease %v is below %v", ErrInvalid, l.fair.lease, MinFairLease)
-	}
-	l.fair.store = fs
-	l.handoffCount = 0 // see WithFairness
-	return l, nil
+	return a
 }
 
-// fairPoll caps a fair waiter's next sleep: by the store's hint when it is
+// fairAttempts is the acquire strategy of fair mode.
+type fairAttempts struct {
+	locker *Locker
+	mode   *fairMode
+	lease  time.Duration // the waiter's place in the store's queue; zero: none
+}
+
+func (a fairAttempts) attempt(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, int, error) {
+	g, err := a.mode.store.AcquireFair(ctx, keys[0], token, ttl, a.lease)
+	return g.Grant, g.Ahead, err
+}
+
+// sleepCap caps a fair waiter's next sleep: by the store's hint when it is
 // known, and always by lease/3, so that the waiter renews its lease in time.
-func (l *Locker) fairPoll(hint time.Duration) time.Duration {
-	limit := l.fair.lease / 3
+func (a fairAttempts) sleepCap(hint time.Duration) time.Duration {
+	if a.lease == 0 {
+		return hint
+	}
+	limit := a.lease / 3
 	if hint > 0 && hint < limit {
 		return hint
 	}
 	return limit
 }
 
-// leaveFair takes token out of the store's queue on a context that ctx's
+// leave takes the waiter out of the store's queue on a context that ctx's
 // cancellation cannot end, bounded by the release timeout and the lease
-// (after the lease the store drops the token anyway). A failure is logged:
-// the token's place lapses with its lease.
-func (l *Locker) leaveFair(ctx context.Context, storeKey, token string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.releaseTimeout, l.fair.lease))
-	defer cancel()
-	if err := l.fair.store.LeaveFair(ctx, storeKey, token); err != nil {
-		l.logger.Warn("reqlock: leaving the fair queue failed; the waiter's place lapses with its lease",
-			slog.String("key", storeKey), slog.Duration("lease", l.fair.lease), slog.Any("error", err))
+// (after the lease the store drops the token anyway); in the background
+// when the store may be failing, so that it holds up no answer. A failure
+// is logged: the waiter's place lapses with its lease.
+func (a fairAttempts) leave(ctx context.Context, keys []string, token string, background bool) {
+	if a.lease == 0 {
+		return
 	}
+	leave := func(ctx context.Context) {
+		l := a.locker
+		ctx, cancel := context.WithTimeout(ctx, min(l.releaseTimeout, a.lease))
+		defer cancel()
+		if err := a.mode.store.LeaveFair(ctx, keys[0], token); err != nil {
+			l.logger.Warn("reqlock: leaving the fair queue failed; the waiter's place lapses with its lease",
+				slog.String("key", keys[0]), slog.Duration("lease", a.lease), slog.Any("error", err))
+		}
+	}
+	if background {
+		go leave(context.WithoutCancel(ctx))
+		return
+	}
+	leave(context.WithoutCancel(ctx))
 }

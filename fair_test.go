@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
@@ -24,28 +26,57 @@ import (
 // client of its own, so that it shares no local queue, pub/sub connection or
 // connection pool with the others.
 type fairProc struct {
-	locker *reqlock.Locker
-	store  *redisstore.Store
-	close  func()
+	locker   *reqlock.Locker
+	store    *redisstore.Store
+	fair     bool
+	answered chan struct{} // each fair attempt the store answered, when there is room
+	close    func()
 }
 
-func newFairProc(t *testing.T, prefix string, fair bool, lease time.Duration) *fairProc {
+// answeringStore is a Redis store that tells of each fair attempt it
+// answered.
+type answeringStore struct {
+	*redisstore.Store
+	answered chan struct{}
+}
+
+func (s answeringStore) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+	g, err := s.Store.AcquireFair(ctx, key, token, ttl, lease)
+	if err == nil {
+		select {
+		case s.answered <- struct{}{}:
+		default:
+		}
+	}
+	return g, err
+}
+
+// defaultLease is the lease of the fair tests that do not test the lease.
+const defaultLease = 2 * time.Second
+
+// newFairProc returns a process of its own on the test Redis, fair unless
+// fair is false, with lease (defaultLease when zero) and opts.
+func newFairProc(t *testing.T, prefix string, fair bool, lease time.Duration, opts ...reqlock.Option) *fairProc {
 	t.Helper()
 	client := testredis.Client(t)
 	store, err := redisstore.New(client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := []reqlock.Option{reqlock.WithKeyPrefix(prefix)}
+	opts = append([]reqlock.Option{reqlock.WithKeyPrefix(prefix)}, opts...)
 	if fair {
-		opts = append(opts, reqlock.WithFairness(reqlock.FairOptions{Lease: lease}))
+		if lease == 0 {
+			lease = defaultLease
+		}
+		opts = append(opts, reqlock.WithFairness(lease))
 	}
-	l, err := reqlock.New(store, opts...)
+	answered := make(chan struct{}, 1<<10)
+	l, err := reqlock.New(answeringStore{store, answered}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	p := &fairProc{locker: l, store: store, close: func() {
+	p := &fairProc{locker: l, store: store, fair: fair, answered: answered, close: func() {
 		once.Do(func() {
 			_ = store.Close()
 			_ = client.Close()
@@ -114,21 +145,6 @@ func (o *fairObserver) waitQueueLen(n int) []string {
 func fairBaseline(t *testing.T) int {
 	testredis.Addr(t)
 	return runtime.NumGoroutine()
-}
-
-type obtained struct {
-	lock *reqlock.Lock
-	err  error
-	at   time.Time
-}
-
-func obtainAsync(ctx context.Context, l *reqlock.Locker, key string, ttl, wait time.Duration) <-chan obtained {
-	ch := make(chan obtained, 1)
-	go func() {
-		lock, err := l.Obtain(ctx, key, ttl, wait)
-		ch <- obtained{lock, err, time.Now()}
-	}()
-	return ch
 }
 
 func TestFairFIFOAcrossProcesses(t *testing.T) {
@@ -246,7 +262,7 @@ func TestFairKilledWaiterProcess(t *testing.T) {
 	})
 	dead := obs.waitQueueLen(1)[0]
 
-	res := obtainAsync(ctx, waiter.locker, "k", 10*time.Second, 20*time.Second)
+	res := obtainAllAsync(ctx, waiter.locker, []string{"k"}, 10*time.Second, 20*time.Second)
 	if q := obs.waitQueueLen(2); q[0] != dead {
 		t.Fatalf("queue %v: the helper process %q is not at the head", q, dead)
 	}
@@ -313,7 +329,10 @@ func TestFairWaiterWhoseWaitEndsLeavesTheQueue(t *testing.T) {
 			base := fairBaseline(t)
 			prefix := testredis.Prefix(t)
 			holder := newFairProc(t, prefix, true, 0)
-			waiter := newFairProc(t, prefix, true, 0)
+			// Between attempts the waiter sleeps lease/3, so that its wait
+			// ends while it sleeps, not while an attempt is unanswered
+			// (then it leaves the queue in the background).
+			waiter := newFairProc(t, prefix, true, 0, reqlock.WithBackoff(time.Minute, time.Minute))
 			obs := newFairObserver(t, prefix+"k")
 			held, err := holder.locker.Obtain(context.Background(), "k", 10*time.Second, 0)
 			if err != nil {
@@ -321,8 +340,11 @@ func TestFairWaiterWhoseWaitEndsLeavesTheQueue(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			res := obtainAsync(ctx, waiter.locker, "k", 10*time.Second, tc.wait)
+			res := obtainAllAsync(ctx, waiter.locker, []string{"k"}, 10*time.Second, tc.wait)
 			token := obs.waitQueueLen(1)[0]
+			for range 2 { // joined the queue, subscribed, tried again: now it sleeps
+				within(t, waiter.answered, 5*time.Second, "the waiter's attempts were not answered")
+			}
 			if tc.cancel {
 				cancel()
 			}
@@ -379,7 +401,7 @@ func TestFairFencesIncreaseAcrossFairAndPlainGrants(t *testing.T) {
 					mu.Lock()
 					fences = append(fences, lock.Fence())
 					mu.Unlock()
-					if p.locker.Fair() {
+					if p.fair {
 						fairOnes.Add(1)
 					}
 					inside.Add(-1)
@@ -412,13 +434,10 @@ func TestFairFencesIncreaseAcrossFairAndPlainGrants(t *testing.T) {
 // alternate (a1 came before b1 but waited locally behind a's holder).
 func TestFairProcessesTakeTurns(t *testing.T) {
 	store := memstore.New()
-	fair := reqlock.WithFairness(reqlock.FairOptions{})
+	fair := reqlock.WithFairness(defaultLease)
 	a, b := reqlock.MustNew(store, fair), reqlock.MustNew(store, fair)
-	if !a.Fair() || reqlock.MustNew(store).Fair() {
-		t.Fatal("Fair() does not report the mode")
-	}
 	ctx := context.Background()
-	const storeKey = reqlock.DefaultKeyPrefix + "k"
+	const storeKey = "reqlock:k"
 	held, err := a.Obtain(ctx, "k", time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -454,19 +473,19 @@ func TestFairProcessesTakeTurns(t *testing.T) {
 					t.Errorf("%s: nobody joined the store's queue", name)
 					break
 				}
-				time.Sleep(time.Millisecond) // poll interval inside a deadline
+				<-time.After(time.Millisecond) // poll interval inside a deadline
 			}
 			_ = lock.Release(ctx)
 		})
 	}
 	start(a, "a1")
-	waitUntil(t, func() bool { return reqlock.LocalWaiters(a, storeKey) == 1 })
+	eventually(t, "a1 queued locally", func() bool { return reqlock.LocalWaiters(a, storeKey) == 1 })
 	start(b, "b1")
-	waitUntil(t, func() bool { return len(store.FairWaiters(storeKey)) == 1 })
+	eventually(t, "b1 joined the store's queue", func() bool { return len(store.FairWaiters(storeKey)) == 1 })
 	start(a, "a2")
-	waitUntil(t, func() bool { return reqlock.LocalWaiters(a, storeKey) == 2 })
+	eventually(t, "a2 queued locally", func() bool { return reqlock.LocalWaiters(a, storeKey) == 2 })
 	start(b, "b2")
-	waitUntil(t, func() bool { return reqlock.LocalWaiters(b, storeKey) == 1 })
+	eventually(t, "b2 queued locally", func() bool { return reqlock.LocalWaiters(b, storeKey) == 1 })
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -483,10 +502,10 @@ func TestFairProcessesTakeTurns(t *testing.T) {
 // queue nor passes a waiter in it.
 func TestFairTryOnceDoesNotQueue(t *testing.T) {
 	store := memstore.New()
-	fair := reqlock.WithFairness(reqlock.FairOptions{})
+	fair := reqlock.WithFairness(defaultLease)
 	a, b, c := reqlock.MustNew(store, fair), reqlock.MustNew(store, fair), reqlock.MustNew(store, fair)
 	ctx := context.Background()
-	const storeKey = reqlock.DefaultKeyPrefix + "k"
+	const storeKey = "reqlock:k"
 	held, err := a.Obtain(ctx, "k", time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -497,8 +516,8 @@ func TestFairTryOnceDoesNotQueue(t *testing.T) {
 	if q := store.FairWaiters(storeKey); len(q) != 0 {
 		t.Fatalf("a try joined the queue: %v", q)
 	}
-	res := obtainAsync(ctx, c, "k", time.Minute, 20*time.Second)
-	waitUntil(t, func() bool { return len(store.FairWaiters(storeKey)) == 1 })
+	res := obtainAllAsync(ctx, c, []string{"k"}, time.Minute, 20*time.Second)
+	eventually(t, "c joined the store's queue", func() bool { return len(store.FairWaiters(storeKey)) == 1 })
 	// Release while c waits: the key is free, but c heads the queue. A try
 	// that comes first still must not take it.
 	if err := held.Release(ctx); err != nil {
@@ -520,27 +539,29 @@ func TestFairTryOnceDoesNotQueue(t *testing.T) {
 	_ = r.lock.Release(ctx)
 }
 
-// notFair is a Store without FairStore.
-type notFair struct{ reqlock.Store }
+// notFair is a store without stores.FairStore.
+type notFair struct{ stores.Store }
 
 func TestFairInvalidConfiguration(t *testing.T) {
+	const minLease = 30 * time.Millisecond
 	for _, tc := range []struct {
 		name  string
-		store reqlock.Store
+		store stores.Store
 		lease time.Duration
 	}{
-		{"store without FairStore", notFair{memstore.New()}, 0},
-		{"lease below the minimum", memstore.New(), reqlock.MinFairLease - time.Millisecond},
+		{"store without FairStore", notFair{memstore.New()}, defaultLease},
+		{"lease below the minimum", memstore.New(), minLease - time.Millisecond},
+		{"zero lease", memstore.New(), 0},
 		{"negative lease", memstore.New(), -time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := reqlock.New(tc.store, reqlock.WithFairness(reqlock.FairOptions{Lease: tc.lease}))
-			if !errors.Is(err, reqlock.ErrInvalid) {
-				t.Fatalf("New: %v, want ErrInvalid", err)
+			_, err := reqlock.New(tc.store, reqlock.WithFairness(tc.lease))
+			if !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "WithFairness") {
+				t.Fatalf("New: %v, want ErrInvalid naming WithFairness", err)
 			}
 		})
 	}
-	if _, err := reqlock.New(memstore.New(), reqlock.WithFairness(reqlock.FairOptions{Lease: reqlock.MinFairLease})); err != nil {
+	if _, err := reqlock.New(memstore.New(), reqlock.WithFairness(minLease)); err != nil {
 		t.Fatalf("minimum lease: %v", err)
 	}
 }
@@ -549,23 +570,24 @@ func TestFairInvalidConfiguration(t *testing.T) {
 // a fair waiter still renews its lease in time and keeps its place.
 func TestFairPollsWithinALeaseThird(t *testing.T) {
 	store := memstore.New()
-	slow := reqlock.WithBackoff(reqlock.Backoff{Initial: 5 * time.Second, Max: 5 * time.Second})
-	lease := reqlock.WithFairness(reqlock.FairOptions{Lease: 150 * time.Millisecond})
+	slow := reqlock.WithBackoff(5*time.Second, 5*time.Second)
+	lease := reqlock.WithFairness(150 * time.Millisecond)
 	a, b := reqlock.MustNew(store, lease), reqlock.MustNew(store, lease, slow)
-	c := reqlock.MustNew(store, reqlock.WithFairness(reqlock.FairOptions{Lease: time.Minute}))
+	c := reqlock.MustNew(store, reqlock.WithFairness(time.Minute))
 	ctx := context.Background()
-	const storeKey = reqlock.DefaultKeyPrefix + "k"
+	const storeKey = "reqlock:k"
 	held, err := a.Obtain(ctx, "k", time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resB := obtainAsync(ctx, b, "k", time.Minute, 20*time.Second)
-	waitUntil(t, func() bool { return len(store.FairWaiters(storeKey)) == 1 })
-	resC := obtainAsync(ctx, c, "k", time.Minute, 20*time.Second)
-	waitUntil(t, func() bool { return len(store.FairWaiters(storeKey)) == 2 })
+	resB := obtainAllAsync(ctx, b, []string{"k"}, time.Minute, 20*time.Second)
+	eventually(t, "b joined the store's queue", func() bool { return len(store.FairWaiters(storeKey)) == 1 })
+	resC := obtainAllAsync(ctx, c, []string{"k"}, time.Minute, 20*time.Second)
+	eventually(t, "c joined the store's queue", func() bool { return len(store.FairWaiters(storeKey)) == 2 })
 	first := store.FairWaiters(storeKey)[0]
 	// Five of b's leases pass while the key is held. c attempts every
-	// 300ms at most (its backoff) and would drop b, had b not renewed.
+	// 300ms at most (its backoff, 200ms ±50%) and would drop b, had b not
+	// renewed.
 	end := time.Now().Add(750 * time.Millisecond)
 	for time.Now().Before(end) {
 		if q := store.FairWaiters(storeKey); len(q) != 2 || q[0] != first {
@@ -607,7 +629,7 @@ type fairCall struct {
 	ahead int
 }
 
-func (s *fairSpy) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
+func (s *fairSpy) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	g, err := s.Store.AcquireFair(ctx, key, token, ttl, lease)
 	if err == nil && !g.OK {
 		s.mu.Lock()
@@ -617,9 +639,9 @@ func (s *fairSpy) AcquireFair(ctx context.Context, key, token string, ttl, lease
 	return g, err
 }
 
-func (s *fairSpy) NotifyRelease(key string) (<-chan struct{}, func()) {
+func (s *fairSpy) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 	s.subs.Add(1)
-	return s.Store.NotifyRelease(key)
+	return s.Store.NotifyRelease(key, token)
 }
 
 // callsOf returns the calls of token, or of the first caller when token is
@@ -646,8 +668,8 @@ func (s *fairSpy) callsOf(token string) ([]fairCall, string) {
 func TestFairOnlyTheHeadRetriesAfterSubscribing(t *testing.T) {
 	spy := &fairSpy{Store: memstore.New()}
 	opts := []reqlock.Option{
-		reqlock.WithFairness(reqlock.FairOptions{Lease: 30 * time.Second}),
-		reqlock.WithBackoff(reqlock.Backoff{Initial: time.Hour, Max: time.Hour}), // no timer wake-ups here
+		reqlock.WithFairness(30 * time.Second),
+		reqlock.WithBackoff(time.Hour, time.Hour), // no timer wake-ups here
 	}
 	holder, head, second := reqlock.MustNew(spy, opts...), reqlock.MustNew(spy, opts...), reqlock.MustNew(spy, opts...)
 	ctx := context.Background()
@@ -655,15 +677,15 @@ func TestFairOnlyTheHeadRetriesAfterSubscribing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resHead := obtainAsync(ctx, head, "k", time.Minute, 20*time.Second)
+	resHead := obtainAllAsync(ctx, head, []string{"k"}, time.Minute, 20*time.Second)
 	var headToken string
-	waitUntil(t, func() bool {
+	eventually(t, "the head joined, subscribed and tried again", func() bool {
 		var calls []fairCall
 		calls, headToken = spy.callsOf("")
 		return len(calls) == 2 // joined, subscribed, tried again
 	})
-	resSecond := obtainAsync(ctx, second, "k", time.Minute, 20*time.Second)
-	waitUntil(t, func() bool { return spy.subs.Load() == 2 }) // second has joined and subscribed
+	resSecond := obtainAllAsync(ctx, second, []string{"k"}, time.Minute, 20*time.Second)
+	eventually(t, "the second waiter subscribed", func() bool { return spy.subs.Load() == 2 }) // second has joined and subscribed
 	releasedAt := time.Now()
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)

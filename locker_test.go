@@ -4,16 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
@@ -28,6 +30,21 @@ func newLocker(t *testing.T, opts ...reqlock.Option) (*reqlock.Locker, *memstore
 	return l, store
 }
 
+// heldInStore reports whether storeKey refuses another token, asking the
+// store itself (not a Locker, which may answer from its local queue).
+func heldInStore(t *testing.T, store stores.Store, storeKey string) bool {
+	t.Helper()
+	g, err := store.Acquire(context.Background(), []string{storeKey}, "probe-token", time.Minute)
+	if err != nil {
+		t.Fatalf("probe acquire of %q: %v", storeKey, err)
+	}
+	if g.OK {
+		// Undo the probe's grant so the test's own cleanup is not confused.
+		_ = store.Release(context.Background(), []string{storeKey}, "probe-token", 0)
+	}
+	return !g.OK
+}
+
 func TestObtainRelease(t *testing.T) {
 	l, store := newLocker(t)
 	ctx := context.Background()
@@ -35,20 +52,23 @@ func TestObtainRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Key() != "sku:1" || first.StoreKey() != "reqlock:sku:1" || first.Fence() <= 0 || first.TTL() != time.Second {
-		t.Fatalf("handle: key %q store key %q fence %d ttl %v", first.Key(), first.StoreKey(), first.Fence(), first.TTL())
+	if first.Key() != "sku:1" || first.Fence() <= 0 || first.TTL() != time.Second {
+		t.Fatalf("lock: key %q fence %d ttl %v", first.Key(), first.Fence(), first.TTL())
 	}
-	if v := first.Validity(); v <= 900*time.Millisecond || v > time.Second {
+	if !heldInStore(t, store, "reqlock:sku:1") {
+		t.Fatal("the store does not hold the key under the default prefix")
+	}
+	if v := validity(first); v <= 900*time.Millisecond || v > time.Second {
 		t.Fatalf("validity %v, want just under the TTL", v)
 	}
-	if _, err := l.Obtain(ctx, "sku:1", time.Second, 0); !errors.Is(err, reqlock.ErrHeld) {
-		t.Fatalf("second obtain: %v, want ErrHeld", err)
+	if _, err := l.Obtain(ctx, "sku:1", time.Second, 0); !errors.Is(err, reqlock.ErrHeld) || errors.Is(err, reqlock.ErrWaitEnded) {
+		t.Fatalf("second obtain: %v, want ErrHeld alone", err)
 	}
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if first.Validity() != 0 || !first.Released() {
-		t.Fatal("a released lock still reports validity")
+	if !first.Released() {
+		t.Fatal("Released() is false after Release")
 	}
 	if err := first.Release(ctx); !errors.Is(err, reqlock.ErrNotHeld) {
 		t.Fatalf("double release: %v, want ErrNotHeld", err)
@@ -60,7 +80,7 @@ func TestObtainRelease(t *testing.T) {
 	if second.Fence() <= first.Fence() || second.Token() == first.Token() {
 		t.Fatalf("fence %d after %d, tokens equal: %v", second.Fence(), first.Fence(), second.Token() == first.Token())
 	}
-	_ = second.Release(ctx)
+	mustRelease(t, second)
 	if store.Len() != 0 {
 		t.Fatalf("store keeps %d entries", store.Len())
 	}
@@ -74,47 +94,79 @@ func TestKeyPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer la.Release(context.Background())
 	lb, err := b.Obtain(context.Background(), "k", time.Second, 0)
 	if err != nil {
 		t.Fatalf("another prefix is another key space: %v", err)
 	}
-	_ = lb.Release(context.Background())
+	for _, k := range []string{"a:k", "b:k"} {
+		if !heldInStore(t, store, k) {
+			t.Fatalf("the store does not hold %q", k)
+		}
+	}
+	mustRelease(t, la, lb)
 }
 
 func TestInvalidArguments(t *testing.T) {
-	l, _ := newLocker(t)
+	l, store := newLocker(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
 		key       string
 		ttl, wait time.Duration
 	}{{"", time.Second, 0}, {"k", 0, 0}, {"k", -time.Second, 0}, {"k", time.Second, -1}} {
-		if _, err := l.Obtain(ctx, tc.key, tc.ttl, tc.wait); !errors.Is(err, reqlock.ErrInvalid) {
-			t.Errorf("Obtain(%q, %v, %v) = %v, want ErrInvalid", tc.key, tc.ttl, tc.wait, err)
+		if lock, err := l.Obtain(ctx, tc.key, tc.ttl, tc.wait); !errors.Is(err, reqlock.ErrInvalid) || lock != nil {
+			t.Errorf("Obtain(%q, %v, %v) = %v, %v; want ErrInvalid", tc.key, tc.ttl, tc.wait, lock, err)
 		}
 	}
+	if store.Len() != 0 {
+		t.Fatalf("invalid calls left %d keys", store.Len())
+	}
+}
+
+// TestNewRefusesMeaninglessOptions: an option given a value that means
+// nothing makes New fail with ErrInvalid, naming the option, and MustNew
+// panic; the boundary values are accepted.
+func TestNewRefusesMeaninglessOptions(t *testing.T) {
 	if _, err := reqlock.New(nil); !errors.Is(err, reqlock.ErrInvalid) {
-		t.Errorf("New(nil) = %v", err)
+		t.Errorf("New(nil) = %v, want ErrInvalid", err)
 	}
-	for _, b := range []reqlock.Backoff{
-		{Initial: -time.Millisecond},
-		{Initial: time.Second, Max: time.Millisecond},
-		{Multiplier: 0.5},
-		{Jitter: 1},
+	for _, tc := range []struct {
+		name string
+		opt  reqlock.Option
+	}{
+		{"WithBackoff", reqlock.WithBackoff(-time.Millisecond, time.Second)},
+		{"WithBackoff", reqlock.WithBackoff(0, time.Second)},
+		{"WithBackoff", reqlock.WithBackoff(time.Second, time.Millisecond)},
+		{"WithReleaseTimeout", reqlock.WithReleaseTimeout(0)},
+		{"WithReleaseTimeout", reqlock.WithReleaseTimeout(-time.Second)},
+		{"WithKeyPrefix", reqlock.WithKeyPrefix("")},
+		{"WithHandoff", reqlock.WithHandoff(-1, 0)},
+		{"WithHandoff", reqlock.WithHandoff(stores.FenceStride, time.Second)},
+		{"WithHandoff", reqlock.WithHandoff(1, -time.Second)},
+		{"WithLogger", reqlock.WithLogger(nil)},
+		{"WithMetrics", reqlock.WithMetrics(nil)},
+		{"WithFairness", reqlock.WithFairness(0)},
 	} {
-		if _, err := reqlock.New(memstore.New(), reqlock.WithBackoff(b)); !errors.Is(err, reqlock.ErrInvalid) {
-			t.Errorf("backoff %+v: err = %v, want ErrInvalid", b, err)
+		_, err := reqlock.New(memstore.New(), tc.opt)
+		if !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), tc.name) {
+			t.Errorf("%s: New = %v, want ErrInvalid naming the option", tc.name, err)
 		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: MustNew did not panic", tc.name)
+				}
+			}()
+			reqlock.MustNew(memstore.New(), tc.opt)
+		}()
 	}
-	if _, err := reqlock.New(memstore.New(), reqlock.WithReleaseTimeout(0)); !errors.Is(err, reqlock.ErrInvalid) {
-		t.Errorf("release timeout 0: err = %v", err)
-	}
-	if _, err := reqlock.New(memstore.New(), reqlock.WithKeyPrefix("")); !errors.Is(err, reqlock.ErrInvalid) {
-		t.Errorf("empty prefix: err = %v", err)
-	}
-	for _, h := range [][2]int{{-1, 0}, {reqlock.MaxHandoffCount + 1, 0}} {
-		if _, err := reqlock.New(memstore.New(), reqlock.WithHandoff(h[0], time.Second)); !errors.Is(err, reqlock.ErrInvalid) {
-			t.Errorf("handoff count %d: err = %v", h[0], err)
+	for _, opt := range []reqlock.Option{
+		reqlock.WithBackoff(time.Millisecond, time.Millisecond),
+		reqlock.WithHandoff(stores.FenceStride-1, time.Hour),
+		reqlock.WithHandoff(0, 0),
+		reqlock.WithKeyPrefix("x"),
+	} {
+		if _, err := reqlock.New(memstore.New(), opt); err != nil {
+			t.Errorf("a boundary value was refused: %v", err)
 		}
 	}
 }
@@ -122,13 +174,10 @@ func TestInvalidArguments(t *testing.T) {
 func TestWaitEndsAtLimit(t *testing.T) {
 	l, _ := newLocker(t)
 	ctx := context.Background()
-	held, err := l.Obtain(ctx, "k", time.Minute, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := mustObtain(t, ctx, l, "k")
 	defer held.Release(ctx)
 	start := time.Now()
-	_, err = l.Obtain(ctx, "k", time.Second, 50*time.Millisecond)
+	_, err := l.Obtain(ctx, "k", time.Second, 50*time.Millisecond)
 	elapsed := time.Since(start)
 	if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, reqlock.ErrHeld) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want ErrWaitEnded joined with ErrHeld and DeadlineExceeded", err)
@@ -140,276 +189,28 @@ func TestWaitEndsAtLimit(t *testing.T) {
 
 func TestWaitBoundedByContextDeadline(t *testing.T) {
 	l, _ := newLocker(t)
-	held, err := l.Obtain(context.Background(), "k", time.Minute, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := mustObtain(t, context.Background(), l, "k")
 	defer held.Release(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = l.Obtain(ctx, "k", time.Second, time.Minute)
-	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 10*time.Second {
+	_, err := l.Obtain(ctx, "k", time.Second, time.Minute)
+	if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 10*time.Second {
 		t.Fatalf("err = %v after %v; the request deadline must bound the wait", err, time.Since(start))
 	}
 }
 
-func TestCancelStopsStoreWaitAtOnce(t *testing.T) {
-	// Another process holds the key, so the waiter contends with the store
-	// and sleeps in its backoff (a minute); a cancel must end that sleep.
-	// (A waiter in the local queue: TestCancelledWaiterLeavesQueue.)
-	store := memstore.New()
-	acquires := make(chan struct{}, 16)
-	l := reqlock.MustNew(&faultStore{Store: store, acquired: acquires},
-		reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
-	held, err := reqlock.MustNew(store).Obtain(context.Background(), "k", time.Hour, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	baseline := runtime.NumGoroutine()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := l.Obtain(ctx, "k", time.Second, time.Hour)
-		errc <- err
-	}()
-	<-acquires // found the key held
-	<-acquires // subscribed to releases, checked again, and now sleeps
-	cancel()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.Canceled) {
-			t.Fatalf("err = %v, want ErrWaitEnded joined with Canceled", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter (sleeping a 1 minute backoff) did not stop when cancelled")
-	}
-	waitUntil(t, func() bool { return runtime.NumGoroutine() <= baseline })
-	_ = held.Release(context.Background())
-	if store.Len() != 0 {
-		t.Fatalf("the cancelled waiter left %d entries", store.Len())
-	}
-}
-
-func TestWaiterObtainsAfterRelease(t *testing.T) {
-	// Two Lockers on one store are two processes: the waiter contends with
-	// the store, sleeps, and must wake when the other process releases.
-	acquires := make(chan struct{}, 16)
-	mem := memstore.New()
-	a := reqlock.MustNew(mem)
-	b := reqlock.MustNew(&faultStore{Store: mem, acquired: acquires},
-		reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
-	ctx := context.Background()
-	held, err := a.Obtain(ctx, "k", time.Minute, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *reqlock.Lock, 1)
-	go func() {
-		lock, err := b.Obtain(ctx, "k", time.Second, 30*time.Second)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- lock
-	}()
-	<-acquires // found the key held
-	<-acquires // subscribed to releases and checked once more
-	start := time.Now()
-	_ = held.Release(ctx)
-	lock := <-got
-	if lock == nil || lock.Fence() <= held.Fence() {
-		t.Fatalf("waiter got %v", lock)
-	}
-	// Its backoff is a minute: only the release signal can wake it this soon.
-	if d := time.Since(start); d > 10*time.Second {
-		t.Fatalf("waiter woke %v after the release", d)
-	}
-	_ = lock.Release(ctx)
-}
-
-func TestSleepCappedByHolderTTL(t *testing.T) {
-	// A backoff of a whole minute would make the waiter miss the lock; the
-	// holder's 30ms TTL, returned by the failed attempt, caps the sleep.
-	l, _ := newLocker(t, reqlock.WithBackoff(reqlock.Backoff{Initial: time.Minute, Max: time.Minute}))
-	ctx := context.Background()
-	if _, err := l.Obtain(ctx, "k", 30*time.Millisecond, 0); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	lock, err := l.Obtain(ctx, "k", time.Second, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Release(ctx)
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("took %v to obtain an expired lock", d)
-	}
-}
-
-func TestRefresh(t *testing.T) {
-	l, _ := newLocker(t)
-	ctx := context.Background()
-	lock, err := l.Obtain(ctx, "k", 100*time.Millisecond, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lock.Refresh(ctx, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if lock.TTL() != time.Minute || lock.Validity() < 50*time.Second {
-		t.Fatalf("after refresh: ttl %v validity %v", lock.TTL(), lock.Validity())
-	}
-	if err := lock.Refresh(ctx, -1); !errors.Is(err, reqlock.ErrInvalid) {
-		t.Fatalf("negative refresh: %v", err)
-	}
-	if err := lock.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := lock.Refresh(ctx, 0); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("refresh after release: %v, want ErrNotHeld", err)
-	}
-}
-
-func TestReleaseAfterExpiryAndTakeover(t *testing.T) {
-	l, _ := newLocker(t)
-	ctx := context.Background()
-	old, err := l.Obtain(ctx, "k", 20*time.Millisecond, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	next, err := l.Obtain(ctx, "k", time.Minute, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Release(ctx); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("stale release: %v, want ErrNotHeld", err)
-	}
-	if err := old.Refresh(ctx, time.Minute); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("stale refresh: %v, want ErrNotHeld", err)
-	}
-	if _, err := l.Obtain(ctx, "k", time.Second, 0); !errors.Is(err, reqlock.ErrHeld) {
-		t.Fatalf("the stale release freed the new holder's lock: %v", err)
-	}
-	_ = next.Release(ctx)
-}
-
-func TestReleaseIgnoresCancelledContext(t *testing.T) {
+func TestObtainOnAnEndedContext(t *testing.T) {
 	l, store := newLocker(t)
-	lock, err := l.Obtain(context.Background(), "k", time.Minute, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := lock.Release(ctx); err != nil {
-		t.Fatalf("release on a cancelled context: %v", err)
+	for _, wait := range []time.Duration{0, time.Minute} {
+		if _, err := l.Obtain(ctx, "k", time.Second, wait); !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("wait %v: err = %v, want ErrWaitEnded joined with Canceled", wait, err)
+		}
 	}
-	if store.Len() != 0 {
-		t.Fatal("lock left behind")
-	}
-}
-
-// faultStore wraps a real store to inject faults.
-type faultStore struct {
-	reqlock.Store
-	acquireErr   error
-	loseReply    bool          // grant, then behave as if the reply never came
-	errAfter     error         // grant, then fail with this error
-	blockRelease bool          // Release waits for its context to end
-	acquired     chan struct{} // if set, told of every attempt
-	acquires     atomic.Int32
-}
-
-func (s *faultStore) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
-	s.acquires.Add(1)
-	if s.acquireErr != nil {
-		return reqlock.Grant{}, s.acquireErr
-	}
-	g, err := s.Store.Acquire(ctx, key, token, ttl)
-	if s.acquired != nil {
-		s.acquired <- struct{}{}
-	}
-	if s.loseReply {
-		<-ctx.Done()
-		return reqlock.Grant{}, ctx.Err()
-	}
-	if s.errAfter != nil {
-		return reqlock.Grant{}, s.errAfter
-	}
-	return g, err
-}
-
-func (s *faultStore) Release(ctx context.Context, key, token string, lastFence int64) error {
-	if s.blockRelease {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	return s.Store.Release(ctx, key, token, lastFence)
-}
-
-func TestStoreFailureIsNotRetried(t *testing.T) {
-	cause := errors.New("connection refused")
-	fs := &faultStore{Store: memstore.New(), acquireErr: cause}
-	l := reqlock.MustNew(fs)
-	_, err := l.Obtain(context.Background(), "k", time.Second, time.Second)
-	if !errors.Is(err, reqlock.ErrStore) || !errors.Is(err, cause) {
-		t.Fatalf("err = %v, want ErrStore wrapping the cause", err)
-	}
-	if n := fs.acquires.Load(); n != 1 {
-		t.Fatalf("%d attempts, want 1", n)
-	}
-}
-
-func TestGrantWithFailedReplyIsReleased(t *testing.T) {
-	// A read timeout after Redis ran the script: the outcome is unknown, so
-	// the grant must not be left for its TTL (1h), on a try-once route too.
-	mem := memstore.New()
-	cause := errors.New("i/o timeout")
-	l := reqlock.MustNew(&faultStore{Store: mem, errAfter: cause})
-	_, err := l.Obtain(context.Background(), "k", time.Hour, 0)
-	if !errors.Is(err, reqlock.ErrStore) || !errors.Is(err, cause) {
-		t.Fatalf("err = %v, want ErrStore wrapping the cause", err)
-	}
-	waitUntil(t, func() bool { return mem.Len() == 0 })
-}
-
-func TestAbandonedGrantIsReleased(t *testing.T) {
-	mem := memstore.New()
-	l := reqlock.MustNew(&faultStore{Store: mem, loseReply: true})
-	_, err := l.Obtain(context.Background(), "k", time.Hour, 30*time.Millisecond)
-	if !errors.Is(err, reqlock.ErrWaitEnded) || errors.Is(err, reqlock.ErrHeld) {
-		t.Fatalf("err = %v, want ErrWaitEnded without ErrHeld", err)
-	}
-	// Released in the background, bounded by the release timeout.
-	waitUntil(t, func() bool { return mem.Len() == 0 })
-}
-
-func TestReleaseHasItsOwnTimeout(t *testing.T) {
-	fs := &faultStore{Store: memstore.New(), blockRelease: true}
-	l := reqlock.MustNew(fs, reqlock.WithReleaseTimeout(30*time.Millisecond))
-	lock, err := l.Obtain(context.Background(), "k", time.Minute, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = lock.Release(context.Background())
-	if !errors.Is(err, reqlock.ErrStore) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err = %v, want ErrStore after the release timeout", err)
-	}
-}
-
-func TestContextCarriesLock(t *testing.T) {
-	l, _ := newLocker(t)
-	lock, err := l.Obtain(context.Background(), "k", time.Second, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Release(context.Background())
-	if _, ok := reqlock.FromContext(context.Background()); ok {
-		t.Fatal("empty context has a lock")
-	}
-	got, ok := reqlock.FromContext(reqlock.NewContext(context.Background(), lock))
-	if !ok || got != lock {
-		t.Fatal("lock not found in its context")
+	if store.Len() != 0 || reqlock.LocalQueues(l) != 0 {
+		t.Fatalf("an ended context left %d keys and %d local queues", store.Len(), reqlock.LocalQueues(l))
 	}
 }
 
@@ -440,26 +241,6 @@ func TestConcurrentWaitersExclusive(t *testing.T) {
 	}
 }
 
-// waitUntil polls cond until it holds, failing after a deadline.
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 5s")
-		}
-		time.Sleep(time.Millisecond) // poll interval inside a deadline
-	}
-}
-
-// NotifyRelease forwards to the wrapped store, so wrapping keeps wake-ups.
-func (s *faultStore) NotifyRelease(key string) (<-chan struct{}, func()) {
-	if n, ok := s.Store.(reqlock.ReleaseNotifier); ok {
-		return n.NotifyRelease(key)
-	}
-	return nil, func() {}
-}
-
 // contentionLockers builds n Lockers on one store: memstore shared in
 // memory, or n Redis stores on one server (n processes, as far as the
 // lock can tell).
@@ -469,7 +250,7 @@ func contentionLockers(t *testing.T, backend string, n int) []*reqlock.Locker {
 	mem := memstore.New()
 	prefix := "reqlock:" + testredis.Prefix(t)
 	for range n {
-		var store reqlock.Store = mem
+		var store stores.Store = mem
 		if backend == "redis" {
 			rs, err := redisstore.New(testredis.Client(t))
 			if err != nil {
@@ -508,6 +289,9 @@ func TestContentionIsNeverAStoreFailure(t *testing.T) {
 							}
 						case errors.Is(err, reqlock.ErrHeld) && errors.Is(err, reqlock.ErrWaitEnded):
 							timedOut.Add(1)
+							if o := reqlock.OutcomeOf(context.Background(), err); o != reqlock.OutcomeTimeout {
+								errs <- fmt.Errorf("outcome %q of %w", o, err)
+							}
 						default:
 							errs <- err
 						}
@@ -523,7 +307,7 @@ func TestContentionIsNeverAStoreFailure(t *testing.T) {
 				}
 				// A grant that came as a wait ended is released in the
 				// background: let that finish while the store is open.
-				waitUntil(t, func() bool {
+				eventually(t, "the hot key free again", func() bool {
 					lock, err := lockers[0].Obtain(context.Background(), "hot", time.Second, 0)
 					if err != nil {
 						return false
@@ -535,106 +319,257 @@ func TestContentionIsNeverAStoreFailure(t *testing.T) {
 	}
 }
 
-// proxiedRedisStore returns a Store on the test Redis behind a fault proxy,
-// with go-redis's default retries, its scripts loaded and its connection
-// open, so that the next reply through the proxy is a script's.
-func proxiedRedisStore(t *testing.T) (*redisstore.Store, *testredis.Proxy) {
-	t.Helper()
-	proxy := testredis.NewProxy(t)
-	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
-	store, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	if err := store.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return store, proxy
+func TestObtainAllGrantsEveryKeyWithItsFence(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		l := e.locker(t)
+		ctx := context.Background()
+		// Unsorted, with a repeated key: locked once each, in sorted order.
+		lock, err := l.ObtainAll(ctx, []string{"sku:3", "sku:1", "sku:2", "sku:1"}, time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"sku:1", "sku:2", "sku:3"}
+		if got := lock.Keys(); !slices.Equal(got, want) {
+			t.Fatalf("Keys() = %q, want %q", got, want)
+		}
+		if lock.Key() != "sku:1" {
+			t.Fatalf("Key() %q, want the first key", lock.Key())
+		}
+		for _, k := range want {
+			if f, ok := lock.FenceOf(k); !ok || f <= 0 {
+				t.Fatalf("FenceOf(%q) = %d, %v", k, f, ok)
+			}
+		}
+		e.spy.expectFences(t, lock, e.prefix)
+		if f, _ := lock.FenceOf("sku:1"); lock.Fence() != f {
+			t.Fatalf("Fence() %d, want FenceOf(Key()) %d", lock.Fence(), f)
+		}
+		if f, ok := lock.FenceOf("sku:4"); ok || f != 0 {
+			t.Fatalf("FenceOf a key the lock lacks = %d, %v", f, ok)
+		}
+		lock.Keys()[0] = "changed"
+		if lock.Keys()[0] != "sku:1" {
+			t.Fatal("Keys() returns the lock's own slice")
+		}
+		if n := e.left(t); n != 3 {
+			t.Fatalf("store holds %d keys, want 3 (the repeated key once)", n)
+		}
+		// All keys in one store call each way: one round trip.
+		if n := e.spy.acquires.Load(); n != 1 {
+			t.Fatalf("%d Acquire calls for 3 keys, want 1", n)
+		}
+		e.expectHeld(t, want...)
+		if err := lock.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !lock.Released() {
+			t.Fatal("Released() is false after Release")
+		}
+		if n := e.spy.releases.Load(); n != 1 {
+			t.Fatalf("%d Release calls for 3 keys, want 1", n)
+		}
+		if n := e.left(t); n != 0 {
+			t.Fatalf("store holds %d keys after release", n)
+		}
+		if err := lock.Release(ctx); !errors.Is(err, reqlock.ErrNotHeld) {
+			t.Fatalf("double release: %v, want ErrNotHeld", err)
+		}
+	})
 }
 
-// go-redis retries a command whose reply was lost (MaxRetries, default 3).
-// The retried acquire finds the key holding the caller's own token: it is
-// the caller's grant, not a holder to wait for. Nothing is left behind.
-func TestRetriedAcquireAfterLostReplyIsGranted(t *testing.T) {
-	for _, mode := range []string{"plain", "fair", "multi"} {
-		t.Run(mode, func(t *testing.T) {
-			store, proxy := proxiedRedisStore(t)
-			opts := []reqlock.Option{reqlock.WithKeyPrefix(testredis.Prefix(t))}
-			if mode == "fair" {
-				opts = append(opts, reqlock.WithFairness(reqlock.FairOptions{}))
-			}
-			l := reqlock.MustNew(store, opts...)
-			ctx := context.Background()
-			obtain := func() (*reqlock.Lock, error) {
-				if mode == "multi" {
-					return l.ObtainAll(ctx, []string{"{k}:a", "{k}:b"}, time.Minute, 0)
-				}
-				return l.Obtain(ctx, "k", time.Minute, 0)
-			}
-			proxy.DropNextReply()
-			lock, err := obtain()
-			if err != nil {
-				t.Fatalf("acquire whose first reply was lost: %v, want the lock (the retry is the caller's own grant)", err)
-			}
-			if err := lock.Release(ctx); err != nil {
-				t.Fatalf("release: %v", err)
-			}
-			again, err := obtain()
-			if err != nil {
-				t.Fatalf("the key was left behind: %v", err)
-			}
-			_ = again.Release(ctx)
-		})
-	}
+func TestObtainAllHeldKeyLeavesNoPartialGrant(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		ctx := context.Background()
+		// The held key sorts in the middle of the keys asked for.
+		holder := mustObtain(t, ctx, e.other(t), "c")
+		l := e.locker(t)
+		_, err := l.ObtainAll(ctx, []string{"e", "a", "c", "b", "d"}, time.Minute, 0)
+		if !errors.Is(err, reqlock.ErrHeld) || errors.Is(err, reqlock.ErrWaitEnded) {
+			t.Fatalf("err = %v, want ErrHeld alone", err)
+		}
+		if n := e.left(t); n != 1 {
+			t.Fatalf("store holds %d keys, want only the holder's", n)
+		}
+		e.expectFree(t, "a", "b", "d", "e")
+		mustRelease(t, holder)
+		// And the Locker itself can take them all now: nothing of its
+		// failed attempt is left in its own state either.
+		lock, err := l.ObtainAll(ctx, []string{"a", "b", "c", "d", "e"}, time.Minute, 0)
+		if err != nil {
+			t.Fatalf("after the holder let go: %v", err)
+		}
+		mustRelease(t, lock)
+		e.expectNoKeysLeft(t)
+	})
 }
 
-// go-redis bounds a call by its context's deadline, not by its
-// cancellation: a waiter whose client leaves while Redis is frozen must
-// still stop at once, and the call it left in flight is cleaned up once it
-// returns, owner-checked, so nothing stays locked.
-func TestCancelStopsStalledStoreCallAtOnce(t *testing.T) {
-	for _, mode := range []string{"plain", "fair", "multi"} {
-		t.Run(mode, func(t *testing.T) {
-			store, proxy := proxiedRedisStore(t)
-			opts := []reqlock.Option{reqlock.WithKeyPrefix(testredis.Prefix(t))}
-			if mode == "fair" {
-				opts = append(opts, reqlock.WithFairness(reqlock.FairOptions{}))
+func TestObtainAllWaitEnds(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		ctx := context.Background()
+		holder := mustObtain(t, ctx, e.other(t), "b")
+		defer holder.Release(ctx)
+		l := e.locker(t)
+		start := time.Now()
+		_, err := l.ObtainAll(ctx, []string{"a", "b"}, time.Minute, 50*time.Millisecond)
+		if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, reqlock.ErrHeld) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want ErrWaitEnded joined with ErrHeld and DeadlineExceeded", err)
+		}
+		if d := time.Since(start); d < 50*time.Millisecond {
+			t.Fatalf("gave up after %v, before the 50ms wait", d)
+		}
+		// The caller's own deadline bounds a longer wait too.
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+		defer cancel()
+		_, err = l.ObtainAll(dctx, []string{"a", "b"}, time.Minute, time.Hour)
+		if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want ErrWaitEnded joined with DeadlineExceeded", err)
+		}
+		// An attempt cut off by the deadline may have been granted; the
+		// Locker releases such a grant in the background.
+		eventually(t, "a free again", func() bool { return e.free(t, "a") })
+	})
+}
+
+func TestObtainAllInvalidArguments(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		l := e.locker(t)
+		ctx := context.Background()
+		for _, tc := range []struct {
+			keys      []string
+			ttl, wait time.Duration
+		}{
+			{nil, time.Second, 0},
+			{[]string{}, time.Second, 0},
+			{[]string{""}, time.Second, 0},
+			{[]string{"a", ""}, time.Second, 0},
+			{[]string{"a", "b"}, 0, 0},
+			{[]string{"a", "b"}, -time.Second, 0},
+			{[]string{"a", "b"}, time.Second, -1},
+		} {
+			if lock, err := l.ObtainAll(ctx, tc.keys, tc.ttl, tc.wait); !errors.Is(err, reqlock.ErrInvalid) || lock != nil {
+				t.Errorf("ObtainAll(%q, %v, %v) = %v, %v; want ErrInvalid", tc.keys, tc.ttl, tc.wait, lock, err)
 			}
-			l := reqlock.MustNew(store, opts...)
-			keys := []string{"{k}:a", "{k}:b"}
-			obtain := func(ctx context.Context, wait time.Duration) (*reqlock.Lock, error) {
-				if mode == "multi" {
-					return l.ObtainAll(ctx, keys, time.Minute, wait)
-				}
-				return l.Obtain(ctx, keys[0], time.Minute, wait)
+		}
+		if n := e.spy.acquires.Load(); n != 0 {
+			t.Fatalf("invalid calls reached the store %d times", n)
+		}
+		if n := e.left(t); n != 0 {
+			t.Fatalf("invalid calls left %d keys", n)
+		}
+	})
+}
+
+// TestObtainAllConcurrentCarts has 50 requests lock overlapping carts of 3 to
+// 6 keys out of 10 and update a counter per key without atomicity: every
+// request must finish, every count must be exact, and no two holders of a key
+// may ever overlap.
+func TestObtainAllConcurrentCarts(t *testing.T) {
+	e := redisEnv(t)
+	const (
+		workers  = 50
+		rounds   = 4
+		poolSize = 10
+	)
+	pool := make([]string, poolSize)
+	for i := range pool {
+		pool[i] = fmt.Sprintf("sku:%d", i)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	carts := make([][][]string, workers)
+	want := map[string]int64{}
+	for w := range carts {
+		for range rounds {
+			cart := slices.Clone(pool)
+			rng.Shuffle(len(cart), func(i, j int) { cart[i], cart[j] = cart[j], cart[i] })
+			cart = cart[:3+rng.IntN(4)]
+			for _, k := range cart {
+				want[k]++
 			}
-			proxy.Freeze()
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			start := time.Now()
-			go func() {
-				_, err := obtain(ctx, 2*time.Second)
-				errc <- err
-			}()
-			time.AfterFunc(50*time.Millisecond, cancel) // the client leaves mid-call
-			err := <-errc
-			if took := time.Since(start); took > time.Second {
-				t.Fatalf("Obtain returned after %v; a cancelled waiter must stop at once, not at its 2s wait", took)
+			if rng.IntN(4) == 0 {
+				cart = append(cart, cart[0]) // a repeated key counts once
 			}
-			if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, context.Canceled) {
-				t.Fatalf("err = %v, want ErrWaitEnded joined with Canceled", err)
+			carts[w] = append(carts[w], cart)
+		}
+	}
+	// Five processes of ten requests each.
+	lockers := make([]*reqlock.Locker, 5)
+	for i := range lockers {
+		lockers[i] = e.locker(t)
+	}
+	var (
+		counters = map[string]*atomic.Int64{}
+		mu       sync.Mutex
+		owner    = map[string]int{}
+		overlaps []string
+	)
+	for _, k := range pool {
+		counters[k] = new(atomic.Int64)
+	}
+	enter := func(id int, keys []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range keys {
+			if o := owner[k]; o != 0 {
+				overlaps = append(overlaps, fmt.Sprintf("%s: %d entered while %d held it", k, id, o-1))
 			}
-			proxy.Thaw() // the frozen call reaches Redis and may set the key
-			waitUntil(t, func() bool {
-				lock, err := obtain(context.Background(), 0)
+			owner[k] = id + 1
+		}
+	}
+	leave := func(id int, keys []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range keys {
+			if owner[k] == id+1 {
+				delete(owner, k)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*rounds)
+	for w := range workers {
+		wg.Go(func() {
+			l := lockers[w%len(lockers)]
+			for _, cart := range carts[w] {
+				lock, err := l.ObtainAll(context.Background(), cart, 10*time.Second, 30*time.Second)
 				if err != nil {
-					return false
+					errs <- fmt.Errorf("worker %d: %w", w, err)
+					return
 				}
-				_ = lock.Release(context.Background())
-				return true
-			})
+				keys := lock.Keys()
+				enter(w, keys)
+				for _, k := range keys {
+					v := counters[k].Load() // read, yield, write: not atomic
+					runtime.Gosched()
+					counters[k].Store(v + 1)
+				}
+				leave(w, keys)
+				if err := lock.Release(context.Background()); err != nil {
+					errs <- fmt.Errorf("worker %d release: %w", w, err)
+					return
+				}
+			}
 		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("not every request finished within 60s (deadlock?)\n%s", stacks())
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if len(overlaps) > 0 {
+		t.Fatalf("%d overlapping holders, e.g. %s", len(overlaps), overlaps[0])
+	}
+	for _, k := range pool {
+		if got := counters[k].Load(); got != want[k] {
+			t.Errorf("counter %s = %d, want %d", k, got, want[k])
+		}
+	}
+	if left := redisKeys(t, e.client, e.prefix); len(left) != 0 {
+		t.Fatalf("keys left in Redis: %s", strings.Join(left, " "))
 	}
 }

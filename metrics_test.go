@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -24,9 +23,9 @@ type recMetrics struct {
 }
 
 type obtainedEvent struct {
-	label  string
-	result reqlock.Result
-	wait   time.Duration
+	label   string
+	outcome reqlock.Outcome
+	wait    time.Duration
 }
 
 type heldEvent struct {
@@ -34,10 +33,10 @@ type heldEvent struct {
 	held  time.Duration
 }
 
-func (m *recMetrics) Obtained(label string, result reqlock.Result, wait time.Duration) {
+func (m *recMetrics) Obtained(label string, outcome reqlock.Outcome, wait time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.obtained = append(m.obtained, obtainedEvent{label, result, wait})
+	m.obtained = append(m.obtained, obtainedEvent{label, outcome, wait})
 }
 
 func (m *recMetrics) Held(label string, held time.Duration) {
@@ -58,14 +57,14 @@ func (m *recMetrics) HandedOff(label string) {
 	m.handedOff = append(m.handedOff, label)
 }
 
-// results returns the label and result of every Obtained event since the
+// outcomes returns the label and outcome of every Obtained event since the
 // last call, and forgets them.
-func (m *recMetrics) results() []string {
+func (m *recMetrics) outcomes() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
 	for _, e := range m.obtained {
-		out = append(out, e.label+" "+string(e.result))
+		out = append(out, e.label+" "+string(e.outcome))
 	}
 	m.obtained = nil
 	return out
@@ -80,31 +79,39 @@ func (m *recMetrics) takeHeld() []heldEvent {
 	return out
 }
 
+// takeLost returns the Lost events since the last call, and forgets them.
+func (m *recMetrics) takeLost() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.lost
+	m.lost = nil
+	return out
+}
+
 func (m *recMetrics) snapshot() (lost, handedOff []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.lost), slices.Clone(m.handedOff)
 }
 
-// expectResults fails unless the Obtained events since the last check are
+// expectOutcomes fails unless the Obtained events since the last check are
 // want, in order.
-func (m *recMetrics) expectResults(t *testing.T, want ...string) {
+func (m *recMetrics) expectOutcomes(t *testing.T, want ...string) {
 	t.Helper()
-	if got := m.results(); !slices.Equal(got, want) {
+	if got := m.outcomes(); !slices.Equal(got, want) {
 		t.Fatalf("Obtained events %q, want %q", got, want)
 	}
 }
 
 const route = "POST /skus/{id}/deduct"
 
-func TestMetricsObtainResults(t *testing.T) {
+func TestMetricsObtainOutcomes(t *testing.T) {
 	mem := memstore.New()
 	m := &recMetrics{}
-	l := reqlock.MustNew(mem, reqlock.WithMetrics(m))
+	l := reqlock.MustNew(mem, reqlock.WithMetrics(m), quiet)
 	bg := context.Background()
 	ctx := reqlock.WithLabel(bg, route)
-	acquired := route + " " + string(reqlock.ResultAcquired)
-	timeout := route + " " + string(reqlock.ResultTimeout)
+	labelled := func(o reqlock.Outcome) string { return route + " " + string(o) }
 
 	start := time.Now()
 	lock, err := l.Obtain(ctx, "k", time.Minute, 0)
@@ -118,7 +125,7 @@ func TestMetricsObtainResults(t *testing.T) {
 	if e.wait < 0 || e.wait > took {
 		t.Fatalf("acquired after %v, reported %v", took, e.wait)
 	}
-	m.expectResults(t, acquired)
+	m.expectOutcomes(t, labelled(reqlock.OutcomeAcquired))
 
 	// Held: try once (local holder, and another process through the
 	// store), for one key and several; a wait that runs out; the caller's
@@ -141,7 +148,8 @@ func TestMetricsObtainResults(t *testing.T) {
 	if _, err := other.Obtain(dctx, "k", time.Minute, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatal(err)
 	}
-	m.expectResults(t, timeout, timeout, timeout, timeout, timeout)
+	timeout := labelled(reqlock.OutcomeTimeout)
+	m.expectOutcomes(t, timeout, timeout, timeout, timeout, timeout)
 
 	// Canceled: before the call, and while waiting in the local queue.
 	cctx, cancel := context.WithCancel(ctx)
@@ -155,23 +163,23 @@ func TestMetricsObtainResults(t *testing.T) {
 		_, err := l.Obtain(cctx, "k", time.Minute, time.Hour)
 		errc <- err
 	}()
-	waitUntil(t, func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == 1 })
+	eventually(t, "the waiter queued", func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == 1 })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
-	canceled := route + " " + string(reqlock.ResultCanceled)
-	m.expectResults(t, canceled, canceled)
+	canceled := labelled(reqlock.OutcomeCanceled)
+	m.expectOutcomes(t, canceled, canceled)
 
-	// Bad arguments.
+	// Invalid arguments.
 	_, err1 := l.Obtain(ctx, "", time.Minute, 0)
 	_, err2 := l.ObtainAll(ctx, []string{"a", ""}, time.Minute, 0)
 	_, err3 := l.ObtainAll(ctx, nil, time.Minute, 0)
 	if !errors.Is(err1, reqlock.ErrInvalid) || !errors.Is(err2, reqlock.ErrInvalid) || !errors.Is(err3, reqlock.ErrInvalid) {
 		t.Fatal(err1, err2, err3)
 	}
-	badKey := route + " " + string(reqlock.ResultBadKey)
-	m.expectResults(t, badKey, badKey, badKey)
+	invalid := labelled(reqlock.OutcomeInvalid)
+	m.expectOutcomes(t, invalid, invalid, invalid)
 
 	// A failing store.
 	failing := reqlock.MustNew(&faultStore{Store: mem, acquireErr: errors.New("connection refused")}, reqlock.WithMetrics(m))
@@ -181,50 +189,71 @@ func TestMetricsObtainResults(t *testing.T) {
 	if _, err := failing.ObtainAll(ctx, []string{"s", "t"}, time.Minute, 0); !errors.Is(err, reqlock.ErrStore) {
 		t.Fatal(err)
 	}
-	storeError := route + " " + string(reqlock.ResultStoreError)
-	m.expectResults(t, storeError, storeError)
+	storeError := labelled(reqlock.OutcomeStoreError)
+	m.expectOutcomes(t, storeError, storeError)
 
-	if err := lock.Release(bg); err != nil {
+	// The request's own lock, lost, asked for again.
+	lost := mustObtain(t, ctx, l, "gone")
+	if err := mem.Release(bg, []string{"reqlock:gone"}, lost.Token(), 0); err != nil {
 		t.Fatal(err)
 	}
+	if err := lost.Refresh(bg, 0); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatal(err)
+	}
+	if _, err := l.Obtain(context.WithoutCancel(reqlock.NewContext(ctx, lost)), "gone", time.Minute, time.Second); !errors.Is(err, reqlock.ErrLockLost) {
+		t.Fatal(err)
+	}
+	m.expectOutcomes(t, labelled(reqlock.OutcomeAcquired), labelled(reqlock.OutcomeLost))
+	_ = lost.Release(bg)
+	m.takeHeld()
+
+	mustRelease(t, lock)
 	if held := m.takeHeld(); len(held) != 1 || held[0].label != route {
 		t.Fatalf("Held events %v, want one for %q", held, route)
 	}
-	if m.results() != nil {
+	if m.outcomes() != nil {
 		t.Fatal("Release reported an Obtained event")
 	}
 }
 
-func TestMetricsUnlabeledRoute(t *testing.T) {
+func TestMetricsLabels(t *testing.T) {
 	m := &recMetrics{}
 	l := reqlock.MustNew(memstore.New(), reqlock.WithMetrics(m))
+	if l.Metrics() != m {
+		t.Fatal("Metrics() does not return the Locker's Metrics")
+	}
 	bg := context.Background()
 	for _, ctx := range []context.Context{bg, reqlock.WithLabel(bg, "")} {
-		lock, err := l.Obtain(ctx, "k", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lock := mustObtain(t, ctx, l, "k")
 		if _, err := l.Obtain(ctx, "k", time.Minute, 0); !errors.Is(err, reqlock.ErrHeld) {
 			t.Fatalf("second Obtain of a held key: %v, want ErrHeld", err)
 		}
-		if err := lock.Release(bg); err != nil {
-			t.Fatal(err)
-		}
-		m.expectResults(t, reqlock.UnlabeledRoute+" acquired", reqlock.UnlabeledRoute+" timeout")
+		mustRelease(t, lock)
+		m.expectOutcomes(t, reqlock.UnlabeledRoute+" acquired", reqlock.UnlabeledRoute+" timeout")
 		if held := m.takeHeld(); len(held) != 1 || held[0].label != reqlock.UnlabeledRoute {
 			t.Fatalf("Held events %v, want one for %q", held, reqlock.UnlabeledRoute)
 		}
 	}
-	if got := reqlock.LabelFrom(bg); got != reqlock.UnlabeledRoute {
-		t.Fatalf("LabelFrom(no label) = %q", got)
+
+	// A context that carries a lock labels further locks with that lock's
+	// label, unless WithLabel says otherwise.
+	outer := mustObtain(t, reqlock.WithLabel(bg, "outer"), l, "a")
+	ctx := reqlock.NewContext(bg, outer)
+	inherited := mustObtain(t, ctx, l, "b")
+	relabelled := mustObtain(t, reqlock.WithLabel(ctx, "other"), l, "c")
+	m.expectOutcomes(t, "outer acquired", "outer acquired", "other acquired")
+	mustRelease(t, inherited, relabelled, outer)
+	var labels []string
+	for _, h := range m.takeHeld() {
+		labels = append(labels, h.label)
 	}
-	if l.Metrics() != m {
-		t.Fatal("Metrics() does not return the Locker's Metrics")
+	if want := []string{"outer", "other", "outer"}; !slices.Equal(labels, want) {
+		t.Fatalf("Held for %q, want %q", labels, want)
 	}
 }
 
-func TestMetricsHeldOncePerRealRelease(t *testing.T) {
-	forEachEnv(t, []string{pathFast}, func(t *testing.T, e *storeEnv) {
+func TestMetricsHeldOncePerGrant(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
 		m := &recMetrics{}
 		l := e.locker(t, reqlock.WithMetrics(m))
 		bg := context.Background()
@@ -240,9 +269,7 @@ func TestMetricsHeldOncePerRealRelease(t *testing.T) {
 			obtained := time.Now()
 			_ = e.free(t, "other") // some work under the lock
 			releasing := time.Now()
-			if err := lock.Release(bg); err != nil {
-				t.Fatal(err)
-			}
+			mustRelease(t, lock)
 			after := time.Since(before)
 			if err := lock.Release(bg); !errors.Is(err, reqlock.ErrNotHeld) { // a second release is no release
 				t.Fatalf("%q: second release: %v, want ErrNotHeld", keys, err)
@@ -252,39 +279,29 @@ func TestMetricsHeldOncePerRealRelease(t *testing.T) {
 				t.Fatalf("%q: Held events %v, want one for outer", keys, held)
 			}
 			if d := held[0].held; d < releasing.Sub(obtained) || d > after {
-				t.Fatalf("%q: held for %v (between %v and %v), reported %v", keys, releasing.Sub(obtained), releasing.Sub(obtained), after, d)
+				t.Fatalf("%q: held for between %v and %v, reported %v", keys, releasing.Sub(obtained), after, d)
 			}
 		}
-		m.expectResults(t, "outer acquired", "outer acquired")
+		m.expectOutcomes(t, "outer acquired", "outer acquired")
 
 		// Reentrant calls count as acquired, under their own label; Held
-		// comes once, for the real lock, under its label, whichever hold
-		// ends last.
+		// comes once per grant, under the label of the lock that obtained
+		// it, whichever hold ends last.
 		for _, outerFirst := range []bool{true, false} {
-			outer, err := l.Obtain(outerCtx, "k", time.Minute, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			outer := mustObtain(t, outerCtx, l, "k")
 			inner := reqlock.WithLabel(reqlock.NewContext(bg, outer), "inner")
-			v1, err := l.Obtain(inner, "k", time.Minute, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			v1 := mustObtain(t, inner, l, "k")
 			v2, err := l.ObtainAll(reqlock.NewContext(inner, v1), []string{"k", "n"}, time.Minute, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			m.expectResults(t, "outer acquired", "inner acquired", "inner acquired")
+			m.expectOutcomes(t, "outer acquired", "inner acquired", "inner acquired")
 			order := []*reqlock.Lock{v2, v1, outer}
 			if outerFirst {
 				order = []*reqlock.Lock{outer, v1, v2}
 			}
-			for _, lock := range order {
-				if err := lock.Release(bg); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// v2 owned n, a real lock of its own.
+			mustRelease(t, order...)
+			// v2 obtained n, a grant of its own.
 			var labels []string
 			for _, h := range m.takeHeld() {
 				labels = append(labels, h.label)
@@ -297,14 +314,9 @@ func TestMetricsHeldOncePerRealRelease(t *testing.T) {
 		e.expectNoKeysLeft(t)
 
 		// A hold-at-least release is one release too.
-		lock, err := l.Obtain(outerCtx, "h", time.Minute, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lock := mustObtain(t, outerCtx, l, "h")
 		lock.HoldAtLeast(time.Hour)
-		if err := lock.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, lock)
 		if held := m.takeHeld(); len(held) != 1 || held[0].label != "outer" {
 			t.Fatalf("hold-at-least: Held events %v, want one for outer", held)
 		}
@@ -315,41 +327,30 @@ func TestMetricsHandedOff(t *testing.T) {
 	m := &recMetrics{}
 	l := reqlock.MustNew(memstore.New(), reqlock.WithMetrics(m))
 	bg := context.Background()
-	holder, err := l.Obtain(reqlock.WithLabel(bg, "holder"), "k", time.Minute, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		lock *reqlock.Lock
-		err  error
-	}
-	got := make(chan result, 3)
+	holder := mustObtain(t, reqlock.WithLabel(bg, "holder"), l, "k")
+	got := make(chan obtained, 3)
 	for i := range 3 {
 		go func() {
 			lock, err := l.Obtain(reqlock.WithLabel(bg, fmt.Sprintf("waiter%d", i)), "k", time.Minute, 10*time.Second)
-			got <- result{lock, err} // reported by the test, never after it ends
+			got <- obtained{lock, err, time.Now()} // reported by the test, never after it ends
 		}()
-		waitUntil(t, func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == i+1 })
+		eventually(t, "the waiter queued", func() bool { return reqlock.LocalWaiters(l, "reqlock:k") == i+1 })
 	}
-	if err := holder.Release(bg); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, holder)
 	for i := range 3 {
 		r := <-got
 		if r.err != nil {
 			t.Fatalf("waiter: %v", r.err)
 		}
-		lock := r.lock
-		if lock.Token() != holder.Token() {
+		if r.lock.Token() != holder.Token() {
 			t.Fatal("the waiter did not get the grant by handoff")
 		}
 		if _, handedOff := m.snapshot(); !slices.Equal(handedOff, []string{"waiter0", "waiter1", "waiter2"}[:i+1]) {
 			t.Fatalf("HandedOff events %q after %d handoffs", handedOff, i+1)
 		}
-		if err := lock.Release(bg); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, r.lock)
 	}
+	// Held at each handoff, under the label of the holder that let go.
 	var labels []string
 	for _, h := range m.takeHeld() {
 		labels = append(labels, h.label)
@@ -357,19 +358,22 @@ func TestMetricsHandedOff(t *testing.T) {
 	if want := []string{"holder", "waiter0", "waiter1", "waiter2"}; !slices.Equal(labels, want) {
 		t.Fatalf("Held for %q, want %q", labels, want)
 	}
-	m.expectResults(t, "holder acquired", "waiter0 acquired", "waiter1 acquired", "waiter2 acquired")
+	m.expectOutcomes(t, "holder acquired", "waiter0 acquired", "waiter1 acquired", "waiter2 acquired")
 	if lost, _ := m.snapshot(); lost != nil {
 		t.Fatalf("Lost events %q", lost)
 	}
 }
 
+// TestMetricsLost: Lost comes once per lost lock, under its label, whoever
+// found the loss: the watchdog, a Refresh, or the validity running out.
 func TestMetricsLost(t *testing.T) {
-	forEachEnv(t, []string{pathFast}, func(t *testing.T, e *storeEnv) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
 		m := &recMetrics{}
 		l := e.locker(t, reqlock.WithMetrics(m))
 		bg := context.Background()
+		lostCtx := reqlock.WithLabel(bg, "lost")
 		for _, keys := range [][]string{{"k"}, {"a", "b"}} {
-			lock, err := l.ObtainAll(reqlock.WithLabel(bg, "lost"), keys, wdTTL, 0)
+			lock, err := l.ObtainAll(lostCtx, keys, wdTTL, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -380,23 +384,40 @@ func TestMetricsLost(t *testing.T) {
 			if err := lock.Release(bg); !errors.Is(err, reqlock.ErrNotHeld) {
 				t.Fatalf("%q: release of a lost lock: %v, want ErrNotHeld", keys, err)
 			}
-			if lost, _ := m.snapshot(); !slices.Equal(lost, []string{"lost"}) {
-				t.Fatalf("Lost events %q, want one for lost", lost)
+			if lost := m.takeLost(); !slices.Equal(lost, []string{"lost"}) {
+				t.Fatalf("%q: Lost events %q, want one for lost", keys, lost)
 			}
-			m.mu.Lock()
-			m.lost = nil
-			m.mu.Unlock()
 		}
-		// A lock released in time is not lost.
-		lock, err := l.Obtain(bg, "fine", wdTTL, 0)
+
+		// Found by a Refresh, without a watchdog.
+		lock := mustObtain(t, lostCtx, l, "r")
+		e.remove(t, e.prefix+"r", lock.Token())
+		if err := lock.Refresh(bg, 0); !errors.Is(err, reqlock.ErrNotHeld) {
+			t.Fatalf("refresh: %v, want ErrNotHeld", err)
+		}
+		_ = lock.Refresh(bg, 0)
+		_ = lock.Release(bg)
+		if lost := m.takeLost(); !slices.Equal(lost, []string{"lost"}) {
+			t.Fatalf("refresh: Lost events %q, want one for lost", lost)
+		}
+
+		// The validity running out, with the lock's context watching it.
+		lock, err := l.Obtain(lostCtx, "v", 50*time.Millisecond, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		lock.KeepAlive(bg)
-		if err := lock.Release(bg); err != nil {
-			t.Fatal(err)
+		waitDone(t, reqlock.NewContext(bg, lock), 5*time.Second)
+		_ = lock.Release(bg)
+		if lost := m.takeLost(); !slices.Equal(lost, []string{"lost"}) {
+			t.Fatalf("validity: Lost events %q, want one for lost", lost)
 		}
-		if lost, _ := m.snapshot(); lost != nil {
+
+		// A lock released in time is not lost.
+		lock = mustObtain(t, bg, l, "fine")
+		lock.KeepAlive(bg)
+		_ = reqlock.NewContext(bg, lock)
+		mustRelease(t, lock)
+		if lost := m.takeLost(); lost != nil {
 			t.Fatalf("Lost events %q for a released lock", lost)
 		}
 	})
@@ -415,38 +436,46 @@ func (m *blockingLost) Lost(label string) {
 	<-m.release
 }
 
-// TestLostAgreesWithKeepAliveContext: once the keep-alive context has ended
-// with ErrLockLost, Lost reports the loss, even while the watchdog is still
-// on its way out (here: held up in Metrics.Lost).
+// TestLostAgreesWithKeepAliveContext: by the time Metrics.Lost is told of a
+// loss, Lost reports it, and the keep-alive context ends with that same
+// cause once Metrics has been told: whoever sees the context end sees the
+// loss counted.
 func TestLostAgreesWithKeepAliveContext(t *testing.T) {
 	mem := memstore.New()
 	m := &blockingLost{entered: make(chan struct{}), release: make(chan struct{})}
-	l := reqlock.MustNew(mem, reqlock.WithMetrics(m), reqlock.WithLogger(slog.New(slog.DiscardHandler)))
+	l := reqlock.MustNew(mem, reqlock.WithMetrics(m), quiet)
 	bg := context.Background()
 	lock, err := l.Obtain(bg, "k", wdTTL, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kctx := lock.KeepAlive(bg)
-	if err := mem.Release(bg, lock.StoreKey(), lock.Token(), 0); err != nil {
+	if err := mem.Release(bg, []string{"reqlock:k"}, lock.Token(), 0); err != nil {
 		t.Fatal(err)
 	}
-	waitDone(t, kctx, 5*time.Second)
 	select {
 	case <-m.entered:
 	case <-time.After(5 * time.Second):
+		close(m.release)
 		t.Fatal("the watchdog never reported the loss to Metrics")
 	}
 	lost := lock.Lost()
 	close(m.release)
+	if !errors.Is(lost, reqlock.ErrLockLost) || !errors.Is(lost, reqlock.ErrNotHeld) {
+		t.Fatalf("Lost() = %v while Metrics.Lost ran, want ErrLockLost and ErrNotHeld", lost)
+	}
+	waitDone(t, kctx, 5*time.Second)
 	expectLost(t, kctx, reqlock.ErrNotHeld)
-	if !errors.Is(lost, reqlock.ErrLockLost) || lost != context.Cause(kctx) {
-		t.Fatalf("Lost() = %v once the keep-alive context ended with %v", lost, context.Cause(kctx))
+	if lost != context.Cause(kctx) {
+		t.Fatalf("Lost() = %v, but the keep-alive context ended with %v", lost, context.Cause(kctx))
 	}
 	if err := lock.Release(bg); !errors.Is(err, reqlock.ErrNotHeld) {
 		t.Fatalf("release of a lost lock: %v, want ErrNotHeld", err)
 	}
 	if lost := lock.Lost(); lost != context.Cause(kctx) {
 		t.Fatalf("Lost() after Release = %v", lost)
+	}
+	if events, _ := m.snapshot(); len(events) != 1 {
+		t.Fatalf("Lost events %q, want one", events)
 	}
 }

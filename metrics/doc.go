@@ -30,20 +30,24 @@
 // "reqlock":
 //
 //	reqlock_lock_success_total{route}          counter
-//	reqlock_lock_failure_total{route,reason}   counter; reason is timeout, store_error, bad_key or canceled
+//	reqlock_lock_failure_total{route,reason}   counter; reason is timeout, store_error, bad_key, canceled, invalid or lock_lost
 //	reqlock_lock_wait_seconds{route,result}    histogram; result is acquired or one of the reasons
 //	reqlock_lock_hold_seconds{route}           histogram
 //	reqlock_lock_lost_total{route}             counter
 //	reqlock_lock_handoffs_total{route}         counter
 //
-// They share one definition of these: this package exports the names and
-// HELP texts (NameSuccess, HelpSuccess, ...), the label names (LabelRoute,
-// LabelReason, LabelResult), the defaults (DefaultNamespace,
-// DefaultWaitBuckets, DefaultHoldBuckets, DefaultMaxRoutes), the naming and
-// cap of routes (RouteName, Routes, OverflowRoute), the reasons of results
-// (KnownResults, ResultIndex, Reasons, OtherResults) and the check of
-// buckets (CheckBuckets), and the adapter builds on them; a test of the
-// adapter compares the two expositions of the same events byte for byte.
+// The reasons are the failed outcomes of reqlock.OutcomeOf, the
+// classification the middleware maps to HTTP statuses: invalid counts
+// invalid arguments or configuration (such as Redis Cluster keys in
+// different slots), lock_lost a nested Obtain of a key whose lock the
+// request held and lost. lock_lost_total counts the locks found lost while
+// held: their validity ran out without a renewal, or a renewal found them
+// gone.
+//
+// Both implementations build on one internal definition of the names, HELP
+// texts, labels, outcomes and reasons, route naming and cap, and defaults,
+// and a test of the adapter compares their expositions of the same events
+// byte for byte.
 //
 // The route label is the label of the event, a route template set with
 // reqlock.WithLabel such as "POST /skus/{id}/deduct", never a raw key. No

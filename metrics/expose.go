@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
 // ContentType is the media type of the text exposition format, version
@@ -29,12 +31,12 @@ const (
 // families are the names without namespace, HELP texts and types of the
 // metrics, in the order of the fam constants.
 var families = [numFamilies]struct{ name, help, typ string }{
-	famFailure:  {NameFailure, HelpFailure, "counter"},
-	famHandoffs: {NameHandoffs, HelpHandoffs, "counter"},
-	famHold:     {NameHold, HelpHold, "histogram"},
-	famLost:     {NameLost, HelpLost, "counter"},
-	famSuccess:  {NameSuccess, HelpSuccess, "counter"},
-	famWait:     {NameWait, HelpWait, "histogram"},
+	famFailure:  {metricdefs.NameFailure, metricdefs.HelpFailure, "counter"},
+	famHandoffs: {metricdefs.NameHandoffs, metricdefs.HelpHandoffs, "counter"},
+	famHold:     {metricdefs.NameHold, metricdefs.HelpHold, "histogram"},
+	famLost:     {metricdefs.NameLost, metricdefs.HelpLost, "counter"},
+	famSuccess:  {metricdefs.NameSuccess, metricdefs.HelpSuccess, "counter"},
+	famWait:     {metricdefs.NameWait, metricdefs.HelpWait, "histogram"},
 }
 
 // ServeHTTP implements http.Handler: it writes all metrics in the text
@@ -74,14 +76,14 @@ func (m *Registry) appendText(b []byte) []byte {
 	routes := m.routes.All()
 	slices.SortFunc(routes, func(x, y *route) int { return strings.Compare(x.name, y.name) })
 
-	known := KnownResults()
+	known := metricdefs.KnownOutcomes()
 	var failures []counterSample
 	var waits []histSample
 	for _, r := range routes {
-		for i := 1; i < NumKnownResults; i++ {
+		for i := 1; i < len(known); i++ {
 			failures = append(failures, counterSample{string(known[i]), r.name, r.failure[i].Load()})
 		}
-		for i := range NumKnownResults {
+		for i := range known {
 			if h := r.wait[i].Load(); h != nil {
 				waits = appendHist(waits, string(known[i]), r.name, h)
 			}
@@ -106,7 +108,7 @@ func (m *Registry) appendText(b []byte) []byte {
 			}
 			b = m.appendHeader(b, f)
 			for _, s := range failures {
-				b = appendSample(b, m.names[f], "", LabelReason, s.first, s.route, "", float64(s.value))
+				b = appendSample(b, m.names[f], "", metricdefs.LabelReason, s.first, s.route, "", float64(s.value))
 			}
 		case famWait:
 			if len(waits) == 0 {
@@ -114,7 +116,7 @@ func (m *Registry) appendText(b []byte) []byte {
 			}
 			b = m.appendHeader(b, f)
 			for _, s := range waits {
-				b = appendHistogram(b, m.names[f], LabelResult, s, m.waitLe)
+				b = appendHistogram(b, m.names[f], metricdefs.LabelResult, s, m.waitLe)
 			}
 		case famHold:
 			var holds []histSample
@@ -210,7 +212,7 @@ func appendSample(b []byte, name, suffix, firstName, first, route, le string, v 
 		b = appendEscaped(b, first, true)
 		b = append(b, `",`...)
 	}
-	b = append(b, LabelRoute+`="`...)
+	b = append(b, metricdefs.LabelRoute+`="`...)
 	b = appendEscaped(b, route, true)
 	b = append(b, '"')
 	if le != "" {

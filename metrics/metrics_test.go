@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
 // Durations whose seconds are exact in binary, so that sums compare exactly.
@@ -39,27 +40,33 @@ var metricNames = []string{
 // the Prometheus adapter.
 func scenario(m reqlock.Metrics) {
 	const x, y = "POST /x", "GET /y"
-	m.Obtained(x, reqlock.ResultAcquired, d7ms)
-	m.Obtained(x, reqlock.ResultAcquired, d62ms)
-	m.Obtained(x, reqlock.ResultTimeout, d500)
-	m.Obtained(x, reqlock.ResultStoreError, d2s)
+	m.Obtained(x, reqlock.OutcomeAcquired, d7ms)
+	m.Obtained(x, reqlock.OutcomeAcquired, d62ms)
+	m.Obtained(x, reqlock.OutcomeTimeout, d500)
+	m.Obtained(x, reqlock.OutcomeStoreError, d2s)
 	m.Held(x, d62ms)
 	m.Held(x, d250)
 	m.Lost(x)
 	m.HandedOff(x)
 	m.HandedOff(x)
-	m.Obtained(y, reqlock.ResultCanceled, d250)
+	m.Obtained(x, reqlock.OutcomeLost, d7ms)
+	m.Obtained(y, reqlock.OutcomeCanceled, d250)
+	m.Obtained(y, reqlock.OutcomeInvalid, 0)
 }
 
 // scenarioText is the exposition of scenario with the buckets of
 // TestExposition, byte for byte what the Prometheus adapter serves through
 // promhttp for the same events (its TestSameAsCore checks that).
-const scenarioText = `# HELP reqlock_lock_failure_total Lock attempts (calls of Obtain or ObtainAll) that did not acquire the lock, by route and reason: timeout (the key stayed held until the wait or the caller's deadline ran out, or a try-once attempt found it held), store_error (the store failed or did not answer in time), bad_key (no valid key could be derived from the request, or invalid arguments), canceled (the caller cancelled while waiting).
+const scenarioText = `# HELP reqlock_lock_failure_total Lock attempts (calls of Obtain or ObtainAll) that did not acquire the lock, by route and reason: timeout (the key stayed held until the wait or the caller's deadline ran out, or a try-once attempt found it held), store_error (the store failed, or did not answer before the wait ended with no sign that the key was held), bad_key (no key could be derived from the request), canceled (the caller cancelled while waiting), invalid (invalid arguments or configuration, such as keys the store cannot lock together), lock_lost (the request's own lock on a key it asked for again was lost).
 # TYPE reqlock_lock_failure_total counter
 reqlock_lock_failure_total{reason="bad_key",route="GET /y"} 0
 reqlock_lock_failure_total{reason="bad_key",route="POST /x"} 0
 reqlock_lock_failure_total{reason="canceled",route="GET /y"} 1
 reqlock_lock_failure_total{reason="canceled",route="POST /x"} 0
+reqlock_lock_failure_total{reason="invalid",route="GET /y"} 1
+reqlock_lock_failure_total{reason="invalid",route="POST /x"} 0
+reqlock_lock_failure_total{reason="lock_lost",route="GET /y"} 0
+reqlock_lock_failure_total{reason="lock_lost",route="POST /x"} 1
 reqlock_lock_failure_total{reason="store_error",route="GET /y"} 0
 reqlock_lock_failure_total{reason="store_error",route="POST /x"} 1
 reqlock_lock_failure_total{reason="timeout",route="GET /y"} 0
@@ -68,14 +75,14 @@ reqlock_lock_failure_total{reason="timeout",route="POST /x"} 1
 # TYPE reqlock_lock_handoffs_total counter
 reqlock_lock_handoffs_total{route="GET /y"} 0
 reqlock_lock_handoffs_total{route="POST /x"} 2
-# HELP reqlock_lock_hold_seconds Seconds a lock was held, from acquiring it to releasing it, by route.
+# HELP reqlock_lock_hold_seconds Seconds a lock was held, from acquiring it until its holder let go of it (a release in the store, or a handoff to a waiter of the same process), by route.
 # TYPE reqlock_lock_hold_seconds histogram
 reqlock_lock_hold_seconds_bucket{route="POST /x",le="0.1"} 1
 reqlock_lock_hold_seconds_bucket{route="POST /x",le="1"} 2
 reqlock_lock_hold_seconds_bucket{route="POST /x",le="+Inf"} 2
 reqlock_lock_hold_seconds_sum{route="POST /x"} 0.3125
 reqlock_lock_hold_seconds_count{route="POST /x"} 2
-# HELP reqlock_lock_lost_total Locks whose watchdog found them lost (expired or taken over) while they were held, by route.
+# HELP reqlock_lock_lost_total Locks found lost while they were held (their validity ran out without a renewal, or a renewal found them gone), by route.
 # TYPE reqlock_lock_lost_total counter
 reqlock_lock_lost_total{route="GET /y"} 0
 reqlock_lock_lost_total{route="POST /x"} 1
@@ -97,6 +104,18 @@ reqlock_lock_wait_seconds_bucket{result="canceled",route="GET /y",le="1"} 1
 reqlock_lock_wait_seconds_bucket{result="canceled",route="GET /y",le="+Inf"} 1
 reqlock_lock_wait_seconds_sum{result="canceled",route="GET /y"} 0.25
 reqlock_lock_wait_seconds_count{result="canceled",route="GET /y"} 1
+reqlock_lock_wait_seconds_bucket{result="invalid",route="GET /y",le="0.01"} 1
+reqlock_lock_wait_seconds_bucket{result="invalid",route="GET /y",le="0.1"} 1
+reqlock_lock_wait_seconds_bucket{result="invalid",route="GET /y",le="1"} 1
+reqlock_lock_wait_seconds_bucket{result="invalid",route="GET /y",le="+Inf"} 1
+reqlock_lock_wait_seconds_sum{result="invalid",route="GET /y"} 0
+reqlock_lock_wait_seconds_count{result="invalid",route="GET /y"} 1
+reqlock_lock_wait_seconds_bucket{result="lock_lost",route="POST /x",le="0.01"} 1
+reqlock_lock_wait_seconds_bucket{result="lock_lost",route="POST /x",le="0.1"} 1
+reqlock_lock_wait_seconds_bucket{result="lock_lost",route="POST /x",le="1"} 1
+reqlock_lock_wait_seconds_bucket{result="lock_lost",route="POST /x",le="+Inf"} 1
+reqlock_lock_wait_seconds_sum{result="lock_lost",route="POST /x"} 0.0078125
+reqlock_lock_wait_seconds_count{result="lock_lost",route="POST /x"} 1
 reqlock_lock_wait_seconds_bucket{result="store_error",route="POST /x",le="0.01"} 0
 reqlock_lock_wait_seconds_bucket{result="store_error",route="POST /x",le="0.1"} 0
 reqlock_lock_wait_seconds_bucket{result="store_error",route="POST /x",le="1"} 0
@@ -130,10 +149,10 @@ func TestExposition(t *testing.T) {
 // up to its bound, included.
 func TestDefaultBuckets(t *testing.T) {
 	m := New()
-	m.Obtained("GET /a", reqlock.ResultAcquired, 500*time.Microsecond) // on the bound 0.0005
-	m.Obtained("GET /a", reqlock.ResultAcquired, 500*time.Microsecond+1)
-	m.Obtained("GET /a", reqlock.ResultAcquired, time.Minute) // beyond 10 s
-	m.Held("GET /a", time.Minute)                             // on the bound 60
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 500*time.Microsecond) // on the bound 0.0005
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 500*time.Microsecond+1)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, time.Minute) // beyond 10 s
+	m.Held("GET /a", time.Minute)                              // on the bound 60
 	m.Held("GET /a", time.Hour)
 	_, fams := scrape(t, m)
 
@@ -182,7 +201,7 @@ func TestCumulativeBuckets(t *testing.T) {
 	m := New(WithBuckets([]float64{0.25, 0.5, 1, 2}, nil))
 	var sum float64 // in the order of the observations, as the histogram adds
 	for _, d := range []time.Duration{0, d250, d250 + 1, d500, d500, time.Second, 3 * time.Second, -time.Second} {
-		m.Obtained("GET /a", reqlock.ResultTimeout, d)
+		m.Obtained("GET /a", reqlock.OutcomeTimeout, d)
 		sum += max(d, 0).Seconds()
 	}
 	_, fams := scrape(t, m)
@@ -212,7 +231,7 @@ func TestNoRoutesUntilSeen(t *testing.T) {
 	text, fams := scrape(t, m)
 	for name, want := range map[string]int{
 		"reqlock_lock_success_total":  1,
-		"reqlock_lock_failure_total":  4, // one per reason
+		"reqlock_lock_failure_total":  6, // one per reason
 		"reqlock_lock_lost_total":     1,
 		"reqlock_lock_handoffs_total": 1,
 		"reqlock_lock_wait_seconds":   0,
@@ -225,14 +244,14 @@ func TestNoRoutesUntilSeen(t *testing.T) {
 	if strings.Contains(text, "_seconds") {
 		t.Errorf("histogram families without observations are written:\n%s", text)
 	}
-	if got := labelValues(fams, "reqlock_lock_failure_total", "reason"); !slices.Equal(got, []string{"bad_key", "canceled", "store_error", "timeout"}) {
+	if got := labelValues(fams, "reqlock_lock_failure_total", "reason"); !slices.Equal(got, []string{"bad_key", "canceled", "invalid", "lock_lost", "store_error", "timeout"}) {
 		t.Errorf("reasons %v", got)
 	}
 	if v, _ := value(fams, "reqlock_lock_lost_total", "route", "DELETE /z"); v != 1 {
 		t.Errorf("lost = %v, want 1", v)
 	}
 
-	m.Obtained("DELETE /z", reqlock.ResultBadKey, 0)
+	m.Obtained("DELETE /z", reqlock.OutcomeBadKey, 0)
 	_, fams = scrape(t, m)
 	if n := countSeries(fams, "reqlock_lock_wait_seconds"); n != 1 {
 		t.Errorf("after one attempt: %d wait series, want 1", n)
@@ -248,7 +267,7 @@ func TestEscaping(t *testing.T) {
 	m := New()
 	routes := []string{`POST /a"b`, `GET /c\d`, "GET /e\nf", `\"` + "\n", "GET /ünï", "GET /{id},x=y}"}
 	for _, r := range routes {
-		m.Obtained(r, reqlock.ResultAcquired, time.Millisecond)
+		m.Obtained(r, reqlock.OutcomeAcquired, time.Millisecond)
 		m.Held(r, time.Millisecond)
 	}
 	text, fams := scrape(t, m)
@@ -278,10 +297,10 @@ func TestEscaping(t *testing.T) {
 // made valid; labels with the same value share their series.
 func TestRouteNames(t *testing.T) {
 	m := New()
-	m.Obtained("", reqlock.ResultAcquired, 0)
-	m.Obtained(reqlock.UnlabeledRoute, reqlock.ResultAcquired, 0)
-	m.Obtained("GET /\xff", reqlock.ResultAcquired, 0)
-	m.Obtained("GET /\xfe", reqlock.ResultAcquired, 0)
+	m.Obtained("", reqlock.OutcomeAcquired, 0)
+	m.Obtained(reqlock.UnlabeledRoute, reqlock.OutcomeAcquired, 0)
+	m.Obtained("GET /\xff", reqlock.OutcomeAcquired, 0)
+	m.Obtained("GET /\xfe", reqlock.OutcomeAcquired, 0)
 	_, fams := scrape(t, m)
 	if got := labelValues(fams, "reqlock_lock_success_total", "route"); !slices.Equal(got, []string{"GET /\uFFFD", "unlabeled"}) {
 		t.Fatalf("routes %q", got)
@@ -296,8 +315,8 @@ func TestRouteNames(t *testing.T) {
 func TestMaxRoutes(t *testing.T) {
 	m := New(WithMaxRoutes(2))
 	for _, route := range []string{"GET /a", "GET /b", "GET /c", "GET /d", "GET /a", "GET /c"} {
-		m.Obtained(route, reqlock.ResultAcquired, time.Millisecond)
-		m.Obtained(route, reqlock.ResultTimeout, time.Millisecond)
+		m.Obtained(route, reqlock.OutcomeAcquired, time.Millisecond)
+		m.Obtained(route, reqlock.OutcomeTimeout, time.Millisecond)
 		m.Held(route, time.Millisecond)
 		m.Lost(route)
 		m.HandedOff(route)
@@ -345,8 +364,8 @@ func TestMaxRoutesOtherRoute(t *testing.T) {
 
 func TestMaxRoutesZero(t *testing.T) {
 	m := New(WithMaxRoutes(0))
-	m.Obtained("GET /a", reqlock.ResultAcquired, 0)
-	m.Obtained("GET /b", reqlock.ResultAcquired, 0)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 0)
+	m.Obtained("GET /b", reqlock.OutcomeAcquired, 0)
 	_, fams := scrape(t, m)
 	if got := labelValues(fams, "reqlock_lock_success_total", "route"); !slices.Equal(got, []string{OverflowRoute}) {
 		t.Fatalf("routes %v, want only %q", got, OverflowRoute)
@@ -365,7 +384,7 @@ func TestMaxRoutesConcurrent(t *testing.T) {
 	for g := range goroutines {
 		wg.Go(func() {
 			for i := range routesEach {
-				m.Obtained(fmt.Sprintf("GET /%d", (g*routesEach+i)%50), reqlock.ResultAcquired, 0)
+				m.Obtained(fmt.Sprintf("GET /%d", (g*routesEach+i)%50), reqlock.OutcomeAcquired, 0)
 			}
 		})
 	}
@@ -426,8 +445,8 @@ func TestConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range rounds {
 				route := routes[(g+i)%len(routes)]
-				m.Obtained(route, reqlock.ResultAcquired, wait)
-				m.Obtained(route, reqlock.ResultTimeout, wait)
+				m.Obtained(route, reqlock.OutcomeAcquired, wait)
+				m.Obtained(route, reqlock.OutcomeTimeout, wait)
 				m.Held(route, hold)
 				m.HandedOff(route)
 				if i%4 == 0 {
@@ -479,15 +498,15 @@ func TestConcurrent(t *testing.T) {
 	}
 }
 
-// TestUnknownResult: a result that package reqlock may add later is a
-// failure under its own reason, up to MaxOtherResults of them, as in the
-// adapter.
-func TestUnknownResult(t *testing.T) {
+// TestUnknownOutcome: an outcome that package reqlock may add later is a
+// failure under its own reason, up to metricdefs.MaxOtherOutcomes of them,
+// as in the adapter.
+func TestUnknownOutcome(t *testing.T) {
 	m := New()
 	m.Obtained("GET /a", "quorum", time.Second)
 	m.Obtained("GET /a", "quorum", time.Second)
-	for i := range MaxOtherResults + 3 {
-		m.Obtained("GET /b", reqlock.Result(fmt.Sprintf("new%d", i)), 0)
+	for i := range metricdefs.MaxOtherOutcomes + 3 {
+		m.Obtained("GET /b", reqlock.Outcome(fmt.Sprintf("new%d", i)), 0)
 	}
 	m.Obtained("GET /b", "", 0)
 	_, fams := scrape(t, m)
@@ -501,11 +520,11 @@ func TestUnknownResult(t *testing.T) {
 		t.Errorf("success = %v, want 0", v)
 	}
 	// quorum took one of the slots: new0..new6 get theirs, the rest and
-	// the empty result share "other".
+	// the empty outcome share "other".
 	reasons := labelValues(fams, "reqlock_lock_failure_total", "reason")
-	if len(reasons) != 4+MaxOtherResults+1 || !slices.Contains(reasons, "other") ||
-		slices.Contains(reasons, fmt.Sprintf("new%d", MaxOtherResults-1)) {
-		t.Errorf("reasons %v: want the 4 known, %d others and \"other\"", reasons, MaxOtherResults)
+	if len(reasons) != 6+metricdefs.MaxOtherOutcomes+1 || !slices.Contains(reasons, "other") ||
+		slices.Contains(reasons, fmt.Sprintf("new%d", metricdefs.MaxOtherOutcomes-1)) {
+		t.Errorf("reasons %v: want the 6 known, %d others and \"other\"", reasons, metricdefs.MaxOtherOutcomes)
 	}
 	if v, _ := value(fams, "reqlock_lock_failure_total", "reason", "other", "route", "GET /b"); v != 5 {
 		t.Errorf("failure{route=GET /b,reason=other} = %v, want 5", v)
@@ -556,14 +575,14 @@ func TestFloats(t *testing.T) {
 
 func TestOptions(t *testing.T) {
 	m := New(WithNamespace("orders"))
-	m.Obtained("GET /a", reqlock.ResultAcquired, 0)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 0)
 	_, fams := scrape(t, m)
 	if v, ok := value(fams, "orders_lock_success_total", "route", "GET /a"); !ok || v != 1 {
 		t.Fatalf("orders_lock_success_total = %v (present %v), want 1", v, ok)
 	}
 
 	m = New(WithNamespace(""))
-	m.Obtained("GET /a", reqlock.ResultAcquired, 0)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 0)
 	_, fams = scrape(t, m)
 	var names []string
 	for _, f := range fams {
@@ -576,7 +595,7 @@ func TestOptions(t *testing.T) {
 
 	// Buckets given as +Inf at the end, and one option of two kept.
 	m = New(WithBuckets([]float64{1, math.Inf(1)}, nil), WithBuckets(nil, []float64{2}))
-	m.Obtained("GET /a", reqlock.ResultAcquired, 0)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 0)
 	m.Held("GET /a", 0)
 	_, fams = scrape(t, m)
 	if got := labelValues(fams, "reqlock_lock_wait_seconds", "le"); !slices.Equal(got, []string{"+Inf", "1"}) {
@@ -618,6 +637,20 @@ func TestInvalidOptions(t *testing.T) {
 	}
 	for _, ns := range []string{"a", "_a1", "a:b", "A_B"} {
 		New(WithNamespace(ns))
+	}
+}
+
+// TestFamilies: the families are in the order of their names, the order
+// of the exposition, and counters are the families named _total.
+func TestFamilies(t *testing.T) {
+	names := []string{metricdefs.NameFailure, metricdefs.NameHandoffs, metricdefs.NameHold, metricdefs.NameLost, metricdefs.NameSuccess, metricdefs.NameWait}
+	if !slices.IsSorted(names) {
+		t.Errorf("the families are not in the order of their names: %q", names)
+	}
+	for f, d := range families {
+		if d.name != names[f] || d.help == "" || strings.HasSuffix(d.name, "_total") != (d.typ == "counter") {
+			t.Errorf("family %d: %+v", f, d)
+		}
 	}
 }
 
@@ -681,13 +714,13 @@ func TestWriteToError(t *testing.T) {
 }
 
 // TestNoAllocation: events of a route already seen, of routes beyond the
-// cap, and of an unknown result already seen do not allocate.
+// cap, and of an unknown outcome already seen do not allocate.
 func TestNoAllocation(t *testing.T) {
 	m := New(WithMaxRoutes(1))
 	events := func(route string) func() {
 		return func() {
-			m.Obtained(route, reqlock.ResultAcquired, time.Millisecond)
-			m.Obtained(route, reqlock.ResultTimeout, time.Millisecond)
+			m.Obtained(route, reqlock.OutcomeAcquired, time.Millisecond)
+			m.Obtained(route, reqlock.OutcomeTimeout, time.Millisecond)
 			m.Obtained(route, "quorum", time.Millisecond)
 			m.Held(route, time.Millisecond)
 			m.Lost(route)
@@ -710,11 +743,11 @@ func TestNoAllocation(t *testing.T) {
 
 func BenchmarkObtained(b *testing.B) {
 	m := New()
-	m.Obtained("POST /x", reqlock.ResultAcquired, time.Millisecond)
+	m.Obtained("POST /x", reqlock.OutcomeAcquired, time.Millisecond)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.Obtained("POST /x", reqlock.ResultAcquired, time.Millisecond)
+			m.Obtained("POST /x", reqlock.OutcomeAcquired, time.Millisecond)
 		}
 	})
 }
@@ -723,8 +756,8 @@ func BenchmarkWriteTo(b *testing.B) {
 	m := New()
 	for i := range 100 {
 		route := fmt.Sprintf("POST /r%d", i)
-		for _, r := range KnownResults() {
-			m.Obtained(route, r, time.Millisecond)
+		for _, o := range metricdefs.KnownOutcomes() {
+			m.Obtained(route, o, time.Millisecond)
 		}
 		m.Held(route, time.Millisecond)
 	}

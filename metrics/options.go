@@ -4,33 +4,30 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
-// Defaults of New, which the Prometheus adapter
-// github.com/reqlock/reqlock/metrics/prometheus shares.
+// Defaults of New, the same as the Prometheus adapter's.
 const (
 	// DefaultNamespace prefixes every metric name: reqlock_lock_success_total.
-	DefaultNamespace = "reqlock"
+	DefaultNamespace = metricdefs.DefaultNamespace
 	// DefaultMaxRoutes caps the distinct route labels; see WithMaxRoutes.
-	DefaultMaxRoutes = 1000
+	DefaultMaxRoutes = metricdefs.DefaultMaxRoutes
 	// OverflowRoute is the route label of events whose route came after
 	// the cap of WithMaxRoutes was reached.
-	OverflowRoute = "other"
+	OverflowRoute = metricdefs.OverflowRoute
 )
 
 // DefaultWaitBuckets returns the default buckets, in seconds, of
 // lock_wait_seconds: from half a millisecond (an uncontended lock, a local
 // handoff) to 10 seconds (a long wait limit).
-func DefaultWaitBuckets() []float64 {
-	return []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
-}
+func DefaultWaitBuckets() []float64 { return metricdefs.DefaultWaitBuckets() }
 
 // DefaultHoldBuckets returns the default buckets, in seconds, of
 // lock_hold_seconds: from a millisecond to a minute, the span of a
 // request's handler.
-func DefaultHoldBuckets() []float64 {
-	return []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
-}
+func DefaultHoldBuckets() []float64 { return metricdefs.DefaultHoldBuckets() }
 
 type config struct {
 	namespace   string
@@ -95,22 +92,10 @@ func newConfig(opts []Option) config {
 	return c
 }
 
-// CheckBuckets returns an error unless the bucket bounds b increase
-// strictly (a NaN does not), as WithBuckets requires. A last bound of +Inf
-// is allowed: it is the bucket every histogram has.
-func CheckBuckets(b []float64) error {
-	for i, v := range b {
-		if math.IsNaN(v) || i > 0 && !(v > b[i-1]) {
-			return fmt.Errorf("the buckets %v do not increase strictly", b)
-		}
-	}
-	return nil
-}
-
 // finiteBuckets panics unless b increases strictly, and returns b without
 // a last bound of +Inf, which the +Inf bucket of every histogram covers.
 func finiteBuckets(which string, b []float64) []float64 {
-	if err := CheckBuckets(b); err != nil {
+	if err := metricdefs.CheckBuckets(b); err != nil {
 		panic(fmt.Sprintf("metrics: WithBuckets: %s: %v", which, err))
 	}
 	if n := len(b); n > 0 && math.IsInf(b[n-1], +1) {

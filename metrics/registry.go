@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
 // Registry holds a reqlock.Locker's metrics in process and serves them in
@@ -18,8 +19,8 @@ type Registry struct {
 	waitLe     []string // the le label values of waitBounds
 	holdLe     []string
 
-	routes  *Routes[route]
-	reasons Reasons // of the results beyond KnownResults
+	routes  *metricdefs.Routes[route]
+	reasons metricdefs.Reasons // of the outcomes beyond metricdefs.KnownOutcomes
 
 	lastSize atomic.Int64 // bytes of the last exposition, to size the next one's buffer
 }
@@ -32,15 +33,15 @@ type Registry struct {
 type route struct {
 	name     string
 	success  atomic.Uint64
-	failure  [NumKnownResults]atomic.Uint64 // by ResultIndex; [0] unused
+	failure  [metricdefs.NumKnownOutcomes]atomic.Uint64 // by metricdefs.OutcomeIndex; [0] unused
 	lost     atomic.Uint64
 	handoffs atomic.Uint64
-	wait     [NumKnownResults]atomic.Pointer[histogram] // by ResultIndex; set on first use
-	hold     atomic.Pointer[histogram]                  // set on first use
-	other    OtherResults[otherSeries]                  // results beyond KnownResults
+	wait     [metricdefs.NumKnownOutcomes]atomic.Pointer[histogram] // by metricdefs.OutcomeIndex; set on first use
+	hold     atomic.Pointer[histogram]                              // set on first use
+	other    metricdefs.OtherOutcomes[otherSeries]                  // outcomes beyond metricdefs.KnownOutcomes
 }
 
-// otherSeries are the series of a reason beyond the known results.
+// otherSeries are the series of a reason beyond the known outcomes.
 type otherSeries struct {
 	failure atomic.Uint64
 	wait    *histogram
@@ -58,7 +59,7 @@ func New(opts ...Option) *Registry {
 		holdBounds: c.holdBuckets,
 		waitLe:     leValues(c.waitBuckets),
 		holdLe:     leValues(c.holdBuckets),
-		routes:     NewRoutes(c.maxRoutes, func(name string) *route { return &route{name: name} }),
+		routes:     metricdefs.NewRoutes(c.maxRoutes, func(name string) *route { return &route{name: name} }),
 	}
 	for f, d := range families {
 		if c.namespace != "" {
@@ -80,11 +81,11 @@ func leValues(bounds []float64) []string {
 
 // Obtained implements reqlock.Metrics: it counts a success or a failure by
 // reason and observes wait in lock_wait_seconds.
-func (m *Registry) Obtained(label string, result reqlock.Result, wait time.Duration) {
+func (m *Registry) Obtained(label string, outcome reqlock.Outcome, wait time.Duration) {
 	r := m.routes.Get(label)
-	i := ResultIndex(result)
+	i := metricdefs.OutcomeIndex(outcome)
 	if i < 0 {
-		s := r.other.Get(result, &m.reasons, func(string) *otherSeries {
+		s := r.other.Get(outcome, &m.reasons, func(string) *otherSeries {
 			return &otherSeries{wait: newHistogram(m.waitBounds)}
 		})
 		s.failure.Add(1)

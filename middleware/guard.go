@@ -112,7 +112,7 @@ func (g *Guard) Enter(req keyfunc.Request) (*reqlock.Lock, *Rejection) {
 	if err != nil {
 		rej := g.keyRejection(err)
 		if g.metrics != nil {
-			g.metrics.Obtained(g.cfg.Name, reqlock.ResultBadKey, 0)
+			g.metrics.Obtained(g.cfg.Name, reqlock.OutcomeBadKey, 0)
 		}
 		return nil, rej
 	}
@@ -185,12 +185,10 @@ func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
 	switch {
 	case err == nil:
 	case errors.Is(err, reqlock.ErrNotHeld) && lock.Lost() != nil:
-		// The watchdog found the lock lost and has logged it.
-	case errors.Is(err, reqlock.ErrNotHeld) && g.cfg.Watchdog:
-		g.logger.WarnContext(ctx, "reqlock: lock was lost before the handler finished despite the watchdog",
-			slog.String("route", g.cfg.Name), slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
+		// The loss was logged when it was found, and the handler's
+		// context ended then.
 	case errors.Is(err, reqlock.ErrNotHeld):
-		g.logger.WarnContext(ctx, "reqlock: lock expired before the handler finished; raise the route's TTL",
+		g.logger.WarnContext(ctx, "reqlock: lock was gone when the handler finished; raise the route's TTL or turn on the watchdog",
 			slog.String("route", g.cfg.Name), slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
 	default:
 		g.logger.WarnContext(ctx, "reqlock: release failed; the lock expires with its TTL",
@@ -198,20 +196,19 @@ func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
 	}
 }
 
-// WithLock returns the request the handler gets: r with lock in its context,
-// where reqlock.FromContext finds it; r itself when lock is nil. On a route
-// with the watchdog it also starts the lock's watchdog, and the context is
-// the lock's keep-alive context (see Config.Watchdog); Exit's release stops
-// the watchdog.
+// WithLock returns the request the handler gets: r with a context that
+// carries lock (reqlock.NewContext: FromContext finds the lock there, the
+// handler's own Obtain calls re-enter it and count under the route) and that
+// ends when the lock can no longer be trusted, with a cause wrapping
+// reqlock.ErrLockLost: its validity ran out, or a renewal found it gone. On a
+// route with the watchdog it also starts the lock's watchdog (see
+// Config.Watchdog). Exit's release stops the watchdog and ends the context.
+// It returns r itself when lock is nil.
 func (g *Guard) WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
 	if lock == nil {
 		return r
 	}
 	ctx := reqlock.NewContext(r.Context(), lock)
-	if g.metrics != nil {
-		// The handler's own Obtain calls count under the route too.
-		ctx = reqlock.WithLabel(ctx, g.cfg.Name)
-	}
 	if g.cfg.Watchdog {
 		ctx = lock.KeepAlive(ctx)
 	}
@@ -280,18 +277,14 @@ func (g *Guard) keyRejection(err error) *Rejection {
 }
 
 func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rejection {
-	switch {
-	case errors.Is(err, context.Canceled) && !errors.Is(err, reqlock.ErrStore):
+	switch reqlock.OutcomeOf(ctx, err) {
+	case reqlock.OutcomeCanceled:
 		return &Rejection{Status: StatusClientClosedRequest, Reason: ReasonCanceled,
 			Detail: "the request was cancelled while it waited for the lock", Err: err}
-	case errors.Is(err, reqlock.ErrHeld),
-		errors.Is(err, reqlock.ErrWaitEnded) && ctx.Err() != nil:
-		// Held until the wait ran out, or the request's own deadline ended
-		// the wait: not the store's fault.
+	case reqlock.OutcomeTimeout:
 		return &Rejection{Status: g.cfg.TimeoutStatus, Reason: ReasonTimeout, RetryAfter: g.cfg.RetryAfter,
 			Detail: "the resource is locked by another request; retry later", Err: err}
-	case errors.Is(err, reqlock.ErrStore), errors.Is(err, reqlock.ErrWaitEnded):
-		// ErrWaitEnded without ErrHeld: the store never answered in time.
+	case reqlock.OutcomeStoreError:
 		if g.cfg.OnStoreError == FailOpen {
 			g.logger.WarnContext(ctx, "reqlock: lock store failed; running the handler WITHOUT the lock (route fails open)",
 				slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
@@ -301,6 +294,11 @@ func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rej
 			slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
 		return &Rejection{Status: http.StatusServiceUnavailable, Reason: ReasonStoreError, RetryAfter: g.cfg.RetryAfter,
 			Detail: "the lock store is unavailable; retry later", Err: err}
+	case reqlock.OutcomeLost:
+		g.logger.WarnContext(ctx, "reqlock: the request's own lock on the key was lost; answering 409",
+			slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
+		return &Rejection{Status: http.StatusConflict, Reason: ReasonLockLost,
+			Detail: "this request's lock on the resource was lost; retry", Err: err}
 	}
 	return g.internalRejection(err)
 }

@@ -29,6 +29,9 @@ const (
 	ReasonTooManyKeys Reason = "too_many_keys"
 	// ReasonCanceled: the client went away while waiting (499).
 	ReasonCanceled Reason = "canceled"
+	// ReasonLockLost: the request's own lock on a key it locks again (a
+	// route inside a locked group) was lost (409).
+	ReasonLockLost Reason = "lock_lost"
 	// ReasonInternal: anything else (500).
 	ReasonInternal Reason = "internal"
 )

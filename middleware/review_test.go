@@ -13,6 +13,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
@@ -32,7 +33,7 @@ type labelRecorder struct {
 	labels []string
 }
 
-func (r *labelRecorder) Obtained(label string, _ reqlock.Result, _ time.Duration) {
+func (r *labelRecorder) Obtained(label string, _ reqlock.Outcome, _ time.Duration) {
 	r.mu.Lock()
 	r.labels = append(r.labels, label)
 	r.mu.Unlock()
@@ -76,8 +77,11 @@ func TestHandlerObtainCountsUnderTheRoute(t *testing.T) {
 // for keys in different slots.
 type refusingMulti struct{ *memstore.Store }
 
-func (s refusingMulti) AcquireAll(context.Context, []string, string, time.Duration) (reqlock.MultiGrant, error) {
-	return reqlock.MultiGrant{}, fmt.Errorf("%w: keys in different slots", reqlock.ErrInvalid)
+func (s refusingMulti) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if len(keys) == 1 {
+		return s.Store.Acquire(ctx, keys, token, ttl)
+	}
+	return stores.Grant{}, fmt.Errorf("%w: keys in different slots", reqlock.ErrInvalid)
 }
 
 // TestRefusedKeysNeverFailOpen: a store refusing a request's keys is a

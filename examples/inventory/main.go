@@ -166,6 +166,7 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/metrics"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
@@ -179,6 +180,12 @@ const (
 
 // shutdownTimeout bounds the graceful shutdown.
 const shutdownTimeout = 10 * time.Second
+
+// releaseTimeout bounds each lock release, which runs after the handler and
+// before its answer leaves: with stockTimeout, it keeps a request that holds
+// its lock from waiting on a frozen Redis for longer than the lock wait plus
+// about a second.
+const releaseTimeout = time.Second
 
 // config is the service's configuration, one field per flag.
 type config struct {
@@ -326,7 +333,7 @@ func buildApp(cfg config) (*app, error) {
 	}
 	a := &app{}
 	var (
-		lockStore reqlock.Store
+		lockStore stores.Store
 		stock     stockStore
 	)
 	if cfg.redisURL == "" {
@@ -347,7 +354,7 @@ func buildApp(cfg config) (*app, error) {
 			return nil, fmt.Errorf("redis lock store: %w", err)
 		}
 		where := fmt.Sprintf("Redis %s db %d", opts.Addr, opts.DB)
-		lockStore, stock = rs, newRedisStock(client)
+		lockStore, stock = rs, boundedStock{newRedisStock(client)}
 		a.ping = func(ctx context.Context) error { return client.Ping(ctx).Err() }
 		a.lockDesc, a.stockDesc = "redisstore ("+where+")", "in "+where
 	}
@@ -359,7 +366,8 @@ func buildApp(cfg config) (*app, error) {
 		if logger == nil {
 			logger = slog.Default()
 		}
-		locker, err := reqlock.New(lockStore, reqlock.WithLogger(logger), reqlock.WithMetrics(a.metrics))
+		locker, err := reqlock.New(lockStore, reqlock.WithLogger(logger), reqlock.WithMetrics(a.metrics),
+			reqlock.WithReleaseTimeout(releaseTimeout))
 		if err != nil {
 			a.close()
 			return nil, fmt.Errorf("locker: %w", err)

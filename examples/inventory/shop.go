@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
 )
 
 // Errors of the shop and its stock stores.
@@ -399,6 +401,34 @@ func int64s(reply []any) ([]int64, error) {
 	return v, nil
 }
 
+// stockTimeout bounds each call to the Redis stock store (boundedStock), so
+// that a request that holds its lock answers within its lock wait plus this
+// (and its work) even when Redis is down or frozen: the first call that
+// fails ends the request. A write that reaches Redis after its request was
+// answered is still fenced, so the accounting stays exact.
+const stockTimeout = time.Second
+
+// boundedStock is a stockStore whose every call is bounded by stockTimeout.
+type boundedStock struct{ stockStore }
+
+func (b boundedStock) Read(ctx context.Context, sku string, fence int64) (int64, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, stockTimeout)
+	defer cancel()
+	return b.stockStore.Read(ctx, sku, fence)
+}
+
+func (b boundedStock) Write(ctx context.Context, sku string, stock, fence int64) error {
+	ctx, cancel := context.WithTimeout(ctx, stockTimeout)
+	defer cancel()
+	return b.stockStore.Write(ctx, sku, stock, fence)
+}
+
+func (b boundedStock) DeductAll(ctx context.Context, ds []deduction, defaultStock int64) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, stockTimeout)
+	defer cancel()
+	return b.stockStore.DeductAll(ctx, ds, defaultStock)
+}
+
 // shop holds the stock and the operations the handlers call.
 type shop struct {
 	store        stockStore
@@ -499,7 +529,10 @@ func (s *shop) Checkout(ctx context.Context, ds []deduction, work time.Duration)
 // payment call). It returns ctx's error when ctx ends first.
 func simulateWork(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
-		return ctx.Err()
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return nil
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -507,7 +540,7 @@ func simulateWork(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("work interrupted: %w", ctx.Err())
+		return fmt.Errorf("work interrupted: %w", context.Cause(ctx))
 	}
 }
 
@@ -555,7 +588,7 @@ func (s *shop) getReply(ctx context.Context, sku string) reply {
 	}
 	stock, err := s.Get(ctx, sku)
 	if err != nil {
-		return s.errorReply(sku, 0, err)
+		return s.errorReply(ctx, sku, 0, err)
 	}
 	return reply{http.StatusOK, stockBody{SKU: sku, Stock: stock}}
 }
@@ -566,7 +599,7 @@ func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, h holde
 		Stock *int64 `json:"stock"`
 	}
 	if err := decodeJSON(body, &req); err != nil {
-		return badRequest(err.Error())
+		return bodyReply(err)
 	}
 	switch {
 	case sku == "":
@@ -578,10 +611,10 @@ func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, h holde
 	}
 	fence, err := h.fence(sku)
 	if err != nil {
-		return s.errorReply(sku, 0, err)
+		return s.errorReply(ctx, sku, 0, err)
 	}
 	if err := s.Set(ctx, sku, *req.Stock, fence); err != nil {
-		return s.errorReply(sku, 0, err)
+		return s.errorReply(ctx, sku, 0, err)
 	}
 	return reply{http.StatusOK, stockBody{SKU: sku, Stock: *req.Stock}}
 }
@@ -592,7 +625,7 @@ func (s *shop) deductReply(ctx context.Context, sku string, body io.Reader, h ho
 		Qty *int64 `json:"qty"`
 	}
 	if err := decodeJSON(body, &req); err != nil {
-		return badRequest(err.Error())
+		return bodyReply(err)
 	}
 	return s.deduct(ctx, sku, req.Qty, h)
 }
@@ -604,7 +637,7 @@ func (s *shop) orderReply(ctx context.Context, body io.Reader, h holder) reply {
 		Qty *int64 `json:"qty"`
 	}
 	if err := decodeJSON(body, &req); err != nil {
-		return badRequest(err.Error())
+		return bodyReply(err)
 	}
 	return s.deduct(ctx, req.SKU, req.Qty, h)
 }
@@ -621,11 +654,11 @@ func (s *shop) deduct(ctx context.Context, sku string, qty *int64, h holder) rep
 	}
 	fence, err := h.fence(sku)
 	if err != nil {
-		return s.errorReply(sku, 0, err)
+		return s.errorReply(ctx, sku, 0, err)
 	}
 	remaining, err := s.Deduct(ctx, sku, *qty, fence, s.work)
 	if err != nil {
-		return s.errorReply(sku, remaining, err)
+		return s.errorReply(ctx, sku, remaining, err)
 	}
 	return reply{http.StatusOK, deductBody{SKU: sku, Stock: remaining, Fence: fence}}
 }
@@ -655,7 +688,7 @@ func (s *shop) checkoutReply(ctx context.Context, body io.Reader, h holder) repl
 		} `json:"items"`
 	}
 	if err := decodeJSON(body, &req); err != nil {
-		return badRequest(err.Error())
+		return bodyReply(err)
 	}
 	if len(req.Items) == 0 {
 		return badRequest(`"items" is missing or empty`)
@@ -678,13 +711,13 @@ func (s *shop) checkoutReply(ctx context.Context, body io.Reader, h holder) repl
 	for _, sku := range slices.Sorted(maps.Keys(qty)) {
 		fence, err := h.fence(sku)
 		if err != nil {
-			return s.errorReply(sku, 0, err)
+			return s.errorReply(ctx, sku, 0, err)
 		}
 		ds = append(ds, deduction{SKU: sku, Qty: qty[sku], Fence: fence})
 	}
 	left, err := s.Checkout(ctx, ds, s.work)
 	if err != nil {
-		return s.errorReply("", 0, err)
+		return s.errorReply(ctx, "", 0, err)
 	}
 	lines := make([]cartLine, len(ds))
 	for i, d := range ds {
@@ -706,7 +739,7 @@ func (s *shop) checkoutReply(ctx context.Context, body io.Reader, h holder) repl
 //   - the request's context ended: 499 when the client went away (nobody
 //     reads it), 503 when a deadline passed;
 //   - a stock store failure: 503 with Retry-After.
-func (s *shop) errorReply(sku string, stock int64, err error) reply {
+func (s *shop) errorReply(ctx context.Context, sku string, stock int64, err error) reply {
 	var stale *staleFenceError
 	if errors.As(err, &stale) {
 		sku = stale.sku
@@ -724,6 +757,15 @@ func (s *shop) errorReply(sku string, stock int64, err error) reply {
 		}}
 	case errors.Is(err, errNotCovered):
 		return reply{http.StatusInternalServerError, errorBody{Error: err.Error(), SKU: sku}}
+	case errors.Is(err, reqlock.ErrLockLost),
+		ctx.Err() != nil && errors.Is(context.Cause(ctx), reqlock.ErrLockLost):
+		// The request's lock lapsed (or was taken over) while it worked: its
+		// context ended with the loss, and what it did not finish it left
+		// undone. A conflict the client may retry, like a stale fence.
+		return reply{http.StatusConflict, errorBody{
+			Error: "lock lost: the request's lock lapsed before it finished; nothing more was changed",
+			SKU:   sku,
+		}}
 	case errors.Is(err, context.Canceled):
 		return reply{statusClientClosedRequest, errorBody{Error: "request cancelled", SKU: sku}}
 	}
@@ -742,20 +784,38 @@ func (r reply) retryAfter() string {
 	return ""
 }
 
-// decodeJSON decodes one JSON object from body (at most maxBodyBytes) into v.
+// errBodyTooLarge means a request body exceeds maxBodyBytes.
+var errBodyTooLarge = fmt.Errorf("request body exceeds %d bytes", maxBodyBytes)
+
+// decodeJSON decodes one JSON object from body (at most maxBodyBytes) into
+// v. A larger body fails with errBodyTooLarge, however its JSON reads.
 func decodeJSON(body io.Reader, v any) error {
 	if body == nil {
 		return errors.New("request body is empty")
 	}
-	dec := json.NewDecoder(io.LimitReader(body, maxBodyBytes))
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errors.New("request body is empty")
-		}
+	limited := &io.LimitedReader{R: body, N: maxBodyBytes + 1}
+	dec := json.NewDecoder(limited)
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("request body has data after the JSON object")
+	}
+	if err != nil && limited.N <= 0 {
+		return errBodyTooLarge
+	}
+	switch {
+	case errors.Is(err, io.EOF):
+		return errors.New("request body is empty")
+	case err != nil && !strings.HasPrefix(err.Error(), "request body"):
 		return fmt.Errorf("request body is not valid JSON: %w", err)
 	}
-	if dec.More() {
-		return errors.New("request body has data after the JSON object")
+	return err
+}
+
+// bodyReply answers a body decodeJSON refused: 413 when it is too large,
+// else 400.
+func bodyReply(err error) reply {
+	if errors.Is(err, errBodyTooLarge) {
+		return reply{http.StatusRequestEntityTooLarge, errorBody{Error: err.Error()}}
 	}
-	return nil
+	return badRequest(err.Error())
 }

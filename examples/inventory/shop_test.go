@@ -9,6 +9,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
@@ -18,7 +19,7 @@ import (
 func stockStores(t *testing.T) []struct {
 	name  string
 	stock stockStore
-	locks reqlock.Store
+	locks stores.Store
 	sku   string
 } {
 	client := testredis.Client(t)
@@ -29,7 +30,7 @@ func stockStores(t *testing.T) []struct {
 	return []struct {
 		name  string
 		stock stockStore
-		locks reqlock.Store
+		locks stores.Store
 		sku   string
 	}{
 		{"memory", newMemStock(), memstore.New(), "X"},

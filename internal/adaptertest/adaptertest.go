@@ -25,6 +25,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
@@ -128,6 +129,7 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("contention is a timeout, never a store failure or an unlocked run", s.testContentionIsATimeout)
 	t.Run("watchdog cancels the handler's context when the lock is lost", s.testWatchdogLost)
 	t.Run("watchdog keeps a long handler's lock", s.testWatchdogKeeps)
+	t.Run("a lapsed lease cancels the handler's context", s.testLeaseEndsHandlerContext)
 
 	if a.ServeRoutes == nil || a.ServeNested == nil {
 		t.Fatalf("%s: Adapter.ServeRoutes and Adapter.ServeNested are required", a.Name)
@@ -266,7 +268,7 @@ func (s *suite) testAcquired(t *testing.T) {
 			http.Error(w, "no lock in context", http.StatusInternalServerError)
 			return
 		}
-		if lock.Key() != "item:42" || lock.Fence() <= 0 || lock.Validity() <= 0 || len(lock.Token()) < 20 {
+		if lock.Key() != "item:42" || lock.Fence() <= 0 || time.Until(lock.ValidUntil()) <= 0 || len(lock.Token()) < 20 {
 			http.Error(w, "bad lock handle", http.StatusInternalServerError)
 			return
 		}
@@ -387,12 +389,12 @@ func (s *suite) testCancelledRequest(t *testing.T) {
 
 // signalStore passes calls to a real store and reports each Acquire.
 type signalStore struct {
-	reqlock.Store
+	stores.Store
 	acquires chan string
 }
 
-func (s signalStore) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
-	g, err := s.Store.Acquire(ctx, key, token, ttl)
+func (s signalStore) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	g, err := s.Store.Acquire(ctx, keys, token, ttl)
 	select {
 	case s.acquires <- token:
 	default:
@@ -401,9 +403,9 @@ func (s signalStore) Acquire(ctx context.Context, key, token string, ttl time.Du
 }
 
 // NotifyRelease forwards to the wrapped store, so wrapping keeps wake-ups.
-func (s signalStore) NotifyRelease(key string) (<-chan struct{}, func()) {
-	if n, ok := s.Store.(reqlock.ReleaseNotifier); ok {
-		return n.NotifyRelease(key)
+func (s signalStore) NotifyRelease(key, token string) (<-chan struct{}, func()) {
+	if n, ok := s.Store.(stores.Notifier); ok {
+		return n.NotifyRelease(key, token)
 	}
 	return nil, func() {}
 }
@@ -632,17 +634,17 @@ func (s *suite) testRequestDeadline(t *testing.T) {
 
 // slowStore answers Acquire after delay, or when ctx ends.
 type slowStore struct {
-	reqlock.Store
+	stores.Store
 	delay time.Duration
 }
 
-func (s slowStore) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
+func (s slowStore) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	select {
 	case <-time.After(s.delay):
 	case <-ctx.Done():
-		return reqlock.Grant{}, ctx.Err()
+		return stores.Grant{}, ctx.Err()
 	}
-	return s.Store.Acquire(ctx, key, token, ttl)
+	return s.Store.Acquire(ctx, keys, token, ttl)
 }
 
 func (s *suite) testInvalidConfig(t *testing.T) {
@@ -771,7 +773,7 @@ func (s *suite) testWatchdogLost(t *testing.T) {
 		}
 		// Delete the lock behind the holder's back, as an expiry and
 		// another owner's release would.
-		if err := store.Release(context.Background(), lock.StoreKey(), lock.Token(), 0); err != nil {
+		if err := store.Release(context.Background(), []string{"reqlock:" + lock.Key()}, lock.Token(), 0); err != nil {
 			http.Error(w, "deleting the key: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -829,7 +831,7 @@ func (s *suite) testWatchdogKeeps(t *testing.T) {
 			t.Fatalf("a request during the long handler got %d, want 423", rec.Code)
 		}
 		// Ask the store too, not only the Locker.
-		g, err := store.Acquire(context.Background(), reqlock.DefaultKeyPrefix+"item:4", "probe", time.Minute)
+		g, err := store.Acquire(context.Background(), []string{"reqlock:item:4"}, "probe", time.Minute)
 		if err != nil || g.OK {
 			t.Fatalf("the store let another token acquire the key: %+v %v", g, err)
 		}

@@ -2,8 +2,11 @@ package adaptertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
@@ -101,7 +105,7 @@ func contentionLockers(t *testing.T, backend string, n int) []*reqlock.Locker {
 	prefix := testredis.Prefix(t)
 	var lockers []*reqlock.Locker
 	for range n {
-		var store reqlock.Store = mem
+		var store stores.Store = mem
 		if backend == "redis" {
 			rs, err := redisstore.New(testredis.Client(t))
 			if err != nil {
@@ -113,4 +117,39 @@ func contentionLockers(t *testing.T, backend string, n int) []*reqlock.Locker {
 		lockers = append(lockers, reqlock.MustNew(store, reqlock.WithKeyPrefix(prefix)))
 	}
 	return lockers
+}
+
+// testLeaseEndsHandlerContext: on a route without the watchdog, a handler
+// that outlives its lock's lease has its request context cancelled, with a
+// cause wrapping reqlock.ErrLockLost, when the lease runs out; the loss is
+// logged once, with its key.
+func (s *suite) testLeaseEndsHandlerContext(t *testing.T) {
+	var logs syncBuffer
+	locker := reqlock.MustNew(memstore.New(), reqlock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	const ttl = 100 * time.Millisecond
+	srv := s.serve(t, locker, "item:<id>", func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+			http.Error(w, "the handler's context outlived the lease", http.StatusInternalServerError)
+			return
+		}
+		if took := time.Since(start); took > 2*ttl {
+			http.Error(w, "the context ended "+took.String()+" after the handler began, for a "+ttl.String()+" lease", http.StatusInternalServerError)
+			return
+		}
+		if cause := context.Cause(r.Context()); !errors.Is(cause, reqlock.ErrLockLost) {
+			http.Error(w, "cause: "+errString(cause), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+	}, middleware.WithTTL(ttl))
+	if rec := do(srv, post("/items/9", "")); rec.Code != http.StatusAccepted {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	if l := logs.String(); strings.Count(l, "lock lost while") != 1 || !strings.Contains(l, "key=item:9") {
+		t.Fatalf("the lapsed lease was not logged once with its key: %s", l)
+	}
+	mustBeFree(t, locker, "item:9")
 }

@@ -18,7 +18,7 @@ import (
 // recordingMetrics is a reqlock.Metrics that counts every event by label.
 type recordingMetrics struct {
 	mu        sync.Mutex
-	obtained  map[string]map[reqlock.Result]int
+	obtained  map[string]map[reqlock.Outcome]int
 	held      map[string]int
 	lost      map[string]int
 	handedOff map[string]int
@@ -26,18 +26,18 @@ type recordingMetrics struct {
 
 func newRecordingMetrics() *recordingMetrics {
 	return &recordingMetrics{
-		obtained:  map[string]map[reqlock.Result]int{},
+		obtained:  map[string]map[reqlock.Outcome]int{},
 		held:      map[string]int{},
 		lost:      map[string]int{},
 		handedOff: map[string]int{},
 	}
 }
 
-func (m *recordingMetrics) Obtained(label string, result reqlock.Result, wait time.Duration) {
+func (m *recordingMetrics) Obtained(label string, result reqlock.Outcome, wait time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.obtained[label] == nil {
-		m.obtained[label] = map[reqlock.Result]int{}
+		m.obtained[label] = map[reqlock.Outcome]int{}
 	}
 	m.obtained[label][result]++
 }
@@ -67,7 +67,7 @@ func (m *recordingMetrics) obtainedString() string {
 	return renderObtained(m.obtained)
 }
 
-func renderObtained(o map[string]map[reqlock.Result]int) string {
+func renderObtained(o map[string]map[reqlock.Outcome]int) string {
 	var parts []string
 	for label, results := range o {
 		var rs []string
@@ -110,7 +110,7 @@ func (m *recordingMetrics) labels() []string {
 
 // expectMetrics compares the recorded events with want and held, and fails
 // when a label is a raw key.
-func expectMetrics(t *testing.T, m *recordingMetrics, want map[string]map[reqlock.Result]int, held map[string]int, rawKeys ...string) {
+func expectMetrics(t *testing.T, m *recordingMetrics, want map[string]map[reqlock.Outcome]int, held map[string]int, rawKeys ...string) {
 	t.Helper()
 	if got, w := m.obtainedString(), renderObtained(want); got != w {
 		t.Errorf("Obtained events:\n got %s\nwant %s", got, w)
@@ -158,10 +158,10 @@ func (s *suite) testMetricsRoutes(t *testing.T) {
 	release()
 	expectBody(t, srv, request(http.MethodPut, "/items/1", ""), "item:1")
 
-	expectMetrics(t, m, map[string]map[reqlock.Result]int{
-		"POST /items/{id}": {reqlock.ResultAcquired: 1, reqlock.ResultTimeout: 1},
-		"POST /carts/{id}": {reqlock.ResultAcquired: 1, reqlock.ResultBadKey: 1},
-		"put-item":         {reqlock.ResultAcquired: 1, reqlock.ResultTimeout: 1},
+	expectMetrics(t, m, map[string]map[reqlock.Outcome]int{
+		"POST /items/{id}": {reqlock.OutcomeAcquired: 1, reqlock.OutcomeTimeout: 1},
+		"POST /carts/{id}": {reqlock.OutcomeAcquired: 1, reqlock.OutcomeBadKey: 1},
+		"put-item":         {reqlock.OutcomeAcquired: 1, reqlock.OutcomeTimeout: 1},
 	}, map[string]int{"POST /items/{id}": 1, "POST /carts/{id}": 1, "put-item": 1},
 		"item:1", "sku:a", "sku:b")
 }
@@ -183,10 +183,10 @@ func (s *suite) testMetricsGuards(t *testing.T) {
 	s.expectRejection(t, do(named, post("/items/1", "")), http.StatusLocked, middleware.ReasonTimeout, true)
 	release()
 
-	expectMetrics(t, m, map[string]map[reqlock.Result]int{
-		"item:<id>":         {reqlock.ResultAcquired: 1, reqlock.ResultTimeout: 1},
-		"deduct":            {reqlock.ResultAcquired: 1, reqlock.ResultTimeout: 1},
-		"a:<id> b:<json:x>": {reqlock.ResultAcquired: 1, reqlock.ResultBadKey: 1},
+	expectMetrics(t, m, map[string]map[reqlock.Outcome]int{
+		"item:<id>":         {reqlock.OutcomeAcquired: 1, reqlock.OutcomeTimeout: 1},
+		"deduct":            {reqlock.OutcomeAcquired: 1, reqlock.OutcomeTimeout: 1},
+		"a:<id> b:<json:x>": {reqlock.OutcomeAcquired: 1, reqlock.OutcomeBadKey: 1},
 	}, map[string]int{"item:<id>": 1, "deduct": 1, "a:<id> b:<json:x>": 1},
 		"item:1", "a:1", "b:q")
 }

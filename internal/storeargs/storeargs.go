@@ -1,7 +1,6 @@
 // Package storeargs checks the arguments of the stores under stores/, so that
-// memstore and redisstore refuse the same arguments with the same errors.
-// Every error it returns wraps reqlock.ErrInvalid and starts with the
-// store's name.
+// every store refuses the same arguments with the same errors. Every error it
+// returns wraps stores.ErrInvalid and starts with the store's name.
 package storeargs
 
 import (
@@ -10,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 )
 
 // Checker checks the arguments of one store; its value is the store's name,
@@ -20,65 +19,65 @@ type Checker string
 // CheckTTL returns an error unless ttl is positive.
 func (c Checker) CheckTTL(ttl time.Duration) error {
 	if ttl <= 0 {
-		return fmt.Errorf("%w: %s: ttl %v is not positive", reqlock.ErrInvalid, c, ttl)
+		return fmt.Errorf("%w: %s: ttl %v is not positive", stores.ErrInvalid, c, ttl)
 	}
 	return nil
 }
 
 // CheckAcquireFair checks the arguments of AcquireFair: it returns ctx.Err()
-// when ctx has ended, and an error for a non-positive ttl or a negative
-// lease.
-func (c Checker) CheckAcquireFair(ctx context.Context, ttl, lease time.Duration) error {
+// when ctx has ended, and an error for an empty key, a non-positive ttl or a
+// negative lease.
+func (c Checker) CheckAcquireFair(ctx context.Context, key string, ttl, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if key == "" {
+		return fmt.Errorf("%w: %s: empty key", stores.ErrInvalid, c)
+	}
 	if ttl <= 0 || lease < 0 {
-		return fmt.Errorf("%w: %s: ttl %v must be positive and lease %v not negative", reqlock.ErrInvalid, c, ttl, lease)
+		return fmt.Errorf("%w: %s: ttl %v must be positive and lease %v not negative", stores.ErrInvalid, c, ttl, lease)
 	}
 	return nil
 }
 
-// CheckAcquireAll checks the arguments of AcquireAll and RefreshAll: it
-// returns ctx.Err() when ctx has ended, and an error for a non-positive ttl,
-// no keys, or a duplicate or unsorted key, in that order.
-func (c Checker) CheckAcquireAll(ctx context.Context, keys []string, ttl time.Duration) error {
+// CheckAcquire checks the arguments of Acquire and Refresh: it returns
+// ctx.Err() when ctx has ended, and an error for a non-positive ttl, no keys,
+// an empty key, or a duplicate or unsorted key, in that order.
+func (c Checker) CheckAcquire(ctx context.Context, keys []string, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if err := c.CheckTTL(ttl); err != nil {
 		return err
 	}
-	return c.checkKeys(keys)
+	return c.CheckKeys(keys)
 }
 
-// CheckReleaseAll checks the arguments of ReleaseAll: it returns ctx.Err()
-// when ctx has ended, and an error for no keys, a duplicate or unsorted key,
-// or len(lastFences) != len(keys), in that order.
-func (c Checker) CheckReleaseAll(ctx context.Context, keys []string, lastFences []int64) error {
+// CheckRelease checks the arguments of Release: it returns ctx.Err() when
+// ctx has ended, and an error for no keys, an empty key, or a duplicate or
+// unsorted key.
+func (c Checker) CheckRelease(ctx context.Context, keys []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := c.checkKeys(keys); err != nil {
-		return err
-	}
-	if len(lastFences) != len(keys) {
-		return fmt.Errorf("%w: %s: %d last fences for %d keys", reqlock.ErrInvalid, c, len(lastFences), len(keys))
-	}
-	return nil
+	return c.CheckKeys(keys)
 }
 
-// checkKeys returns an error unless keys holds at least one key and is sorted
-// without duplicates.
-func (c Checker) checkKeys(keys []string) error {
+// CheckKeys returns an error unless keys holds at least one key, none
+// empty, sorted without duplicates.
+func (c Checker) CheckKeys(keys []string) error {
 	if len(keys) == 0 {
-		return fmt.Errorf("%w: %s: no keys", reqlock.ErrInvalid, c)
+		return fmt.Errorf("%w: %s: no keys", stores.ErrInvalid, c)
+	}
+	if keys[0] == "" {
+		return fmt.Errorf("%w: %s: empty key", stores.ErrInvalid, c)
 	}
 	for i := 1; i < len(keys); i++ {
 		switch strings.Compare(keys[i-1], keys[i]) {
 		case 0:
-			return fmt.Errorf("%w: %s: key %q appears twice", reqlock.ErrInvalid, c, keys[i])
+			return fmt.Errorf("%w: %s: key %q appears twice", stores.ErrInvalid, c, keys[i])
 		case 1:
-			return fmt.Errorf("%w: %s: keys are not sorted: %q before %q", reqlock.ErrInvalid, c, keys[i-1], keys[i])
+			return fmt.Errorf("%w: %s: keys are not sorted: %q before %q", stores.ErrInvalid, c, keys[i-1], keys[i])
 		}
 	}
 	return nil

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 )
 
 func TestChecks(t *testing.T) {
@@ -21,37 +21,38 @@ func TestChecks(t *testing.T) {
 	}{
 		{"TTL", c.CheckTTL(time.Second), ""},
 		{"ZeroTTL", c.CheckTTL(0), "somestore: ttl 0s is not positive"},
-		{"AcquireFair", c.CheckAcquireFair(ctx, time.Second, 0), ""},
-		{"AcquireFairZeroTTL", c.CheckAcquireFair(ctx, 0, time.Second), "somestore: ttl 0s must be positive and lease 1s not negative"},
-		{"AcquireFairNegativeLease", c.CheckAcquireFair(ctx, time.Second, -time.Second), "somestore: ttl 1s must be positive and lease -1s not negative"},
-		{"AcquireAll", c.CheckAcquireAll(ctx, []string{"a", "b"}, time.Second), ""},
-		{"AcquireAllNegativeTTL", c.CheckAcquireAll(ctx, []string{"a"}, -time.Second), "somestore: ttl -1s is not positive"},
-		{"AcquireAllNoKeys", c.CheckAcquireAll(ctx, nil, time.Second), "somestore: no keys"},
-		{"AcquireAllTwice", c.CheckAcquireAll(ctx, []string{"a", "a"}, time.Second), `somestore: key "a" appears twice`},
-		{"AcquireAllUnsorted", c.CheckAcquireAll(ctx, []string{"b", "a"}, time.Second), `somestore: keys are not sorted: "b" before "a"`},
-		{"ReleaseAll", c.CheckReleaseAll(ctx, []string{"a", "b"}, []int64{1, 2}), ""},
-		{"ReleaseAllNoKeys", c.CheckReleaseAll(ctx, []string{}, nil), "somestore: no keys"},
-		{"ReleaseAllFences", c.CheckReleaseAll(ctx, []string{"a", "b"}, []int64{1}), "somestore: 1 last fences for 2 keys"},
+		{"AcquireFair", c.CheckAcquireFair(ctx, "k", time.Second, 0), ""},
+		{"AcquireFairEmptyKey", c.CheckAcquireFair(ctx, "", time.Second, 0), "somestore: empty key"},
+		{"AcquireFairZeroTTL", c.CheckAcquireFair(ctx, "k", 0, time.Second), "somestore: ttl 0s must be positive and lease 1s not negative"},
+		{"AcquireFairNegativeLease", c.CheckAcquireFair(ctx, "k", time.Second, -time.Second), "somestore: ttl 1s must be positive and lease -1s not negative"},
+		{"Acquire", c.CheckAcquire(ctx, []string{"a", "b"}, time.Second), ""},
+		{"AcquireNegativeTTL", c.CheckAcquire(ctx, []string{"a"}, -time.Second), "somestore: ttl -1s is not positive"},
+		{"AcquireNoKeys", c.CheckAcquire(ctx, nil, time.Second), "somestore: no keys"},
+		{"AcquireEmptyKey", c.CheckAcquire(ctx, []string{"", "a"}, time.Second), "somestore: empty key"},
+		{"AcquireTwice", c.CheckAcquire(ctx, []string{"a", "a"}, time.Second), `somestore: key "a" appears twice`},
+		{"AcquireUnsorted", c.CheckAcquire(ctx, []string{"b", "a"}, time.Second), `somestore: keys are not sorted: "b" before "a"`},
+		{"Release", c.CheckRelease(ctx, []string{"a", "b"}), ""},
+		{"ReleaseNoKeys", c.CheckRelease(ctx, []string{}), "somestore: no keys"},
 	}
 	for _, tc := range cases {
 		switch {
 		case tc.want == "" && tc.err != nil:
 			t.Errorf("%s: %v, want nil", tc.name, tc.err)
 		case tc.want == "":
-		case !errors.Is(tc.err, reqlock.ErrInvalid):
+		case !errors.Is(tc.err, stores.ErrInvalid):
 			t.Errorf("%s: %v, want ErrInvalid", tc.name, tc.err)
-		case tc.err.Error() != reqlock.ErrInvalid.Error()+": "+tc.want:
+		case tc.err.Error() != stores.ErrInvalid.Error()+": "+tc.want:
 			t.Errorf("%s: %q, want %q after ErrInvalid", tc.name, tc.err, tc.want)
 		}
 	}
 	// An ended context comes first, as ctx.Err() itself.
-	if err := c.CheckAcquireAll(ended, nil, 0); err != context.Canceled {
-		t.Errorf("CheckAcquireAll(ended): %v, want context.Canceled", err)
+	if err := c.CheckAcquire(ended, nil, 0); err != context.Canceled {
+		t.Errorf("CheckAcquire(ended): %v, want context.Canceled", err)
 	}
-	if err := c.CheckAcquireFair(ended, 0, -1); err != context.Canceled {
+	if err := c.CheckRelease(ended, nil); err != context.Canceled {
+		t.Errorf("CheckRelease(ended): %v, want context.Canceled", err)
+	}
+	if err := c.CheckAcquireFair(ended, "", 0, 0); err != context.Canceled {
 		t.Errorf("CheckAcquireFair(ended): %v, want context.Canceled", err)
-	}
-	if err := c.CheckReleaseAll(ended, nil, []int64{1}); err != context.Canceled {
-		t.Errorf("CheckReleaseAll(ended): %v, want context.Canceled", err)
 	}
 }

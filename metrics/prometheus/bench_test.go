@@ -11,10 +11,10 @@ import (
 // BenchmarkObtained: one Obtained of a route already seen.
 func BenchmarkObtained(b *testing.B) {
 	m := New()
-	m.Obtained("POST /skus/{id}/deduct", reqlock.ResultAcquired, time.Millisecond)
+	m.Obtained("POST /skus/{id}/deduct", reqlock.OutcomeAcquired, time.Millisecond)
 	b.ReportAllocs()
 	for b.Loop() {
-		m.Obtained("POST /skus/{id}/deduct", reqlock.ResultAcquired, time.Millisecond)
+		m.Obtained("POST /skus/{id}/deduct", reqlock.OutcomeAcquired, time.Millisecond)
 	}
 }
 
@@ -25,7 +25,7 @@ func BenchmarkLockCycle(b *testing.B) {
 	routes := make([]string, 100)
 	for i := range routes {
 		routes[i] = fmt.Sprintf("POST /r%d/{id}", i)
-		m.Obtained(routes[i], reqlock.ResultAcquired, 0)
+		m.Obtained(routes[i], reqlock.OutcomeAcquired, 0)
 		m.Held(routes[i], 0)
 	}
 	b.ReportAllocs()
@@ -33,7 +33,7 @@ func BenchmarkLockCycle(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			route := routes[i%len(routes)]
-			m.Obtained(route, reqlock.ResultAcquired, time.Millisecond)
+			m.Obtained(route, reqlock.OutcomeAcquired, time.Millisecond)
 			m.Held(route, 10*time.Millisecond)
 			i++
 		}
@@ -44,10 +44,10 @@ func BenchmarkLockCycle(b *testing.B) {
 // route="other" every time.
 func BenchmarkOverflow(b *testing.B) {
 	m := New(WithMaxRoutes(1))
-	m.Obtained("POST /a", reqlock.ResultAcquired, 0)
-	m.Obtained("POST /b", reqlock.ResultAcquired, 0)
+	m.Obtained("POST /a", reqlock.OutcomeAcquired, 0)
+	m.Obtained("POST /b", reqlock.OutcomeAcquired, 0)
 	b.ReportAllocs()
 	for b.Loop() {
-		m.Obtained("POST /b", reqlock.ResultAcquired, time.Millisecond)
+		m.Obtained("POST /b", reqlock.OutcomeAcquired, time.Millisecond)
 	}
 }

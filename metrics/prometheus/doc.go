@@ -16,11 +16,19 @@
 // With the default namespace "reqlock" it exports:
 //
 //	reqlock_lock_success_total{route}          counter
-//	reqlock_lock_failure_total{route,reason}   counter; reason is timeout, store_error, bad_key or canceled
+//	reqlock_lock_failure_total{route,reason}   counter; reason is timeout, store_error, bad_key, canceled, invalid or lock_lost
 //	reqlock_lock_wait_seconds{route,result}    histogram; result is acquired or one of the reasons
 //	reqlock_lock_hold_seconds{route}           histogram
 //	reqlock_lock_lost_total{route}             counter
 //	reqlock_lock_handoffs_total{route}         counter
+//
+// The reasons are the failed outcomes of reqlock.OutcomeOf, the
+// classification the middleware maps to HTTP statuses: invalid counts
+// invalid arguments or configuration (such as Redis Cluster keys in
+// different slots), lock_lost a nested Obtain of a key whose lock the
+// request held and lost. lock_lost_total counts the locks found lost while
+// held: their validity ran out without a renewal, or a renewal found them
+// gone.
 //
 // The route label is the label of the event, a route template set with
 // reqlock.WithLabel such as "POST /skus/{id}/deduct", never a raw key. No
@@ -35,11 +43,12 @@
 // cannot grow the series without bound.
 //
 // The names, HELP texts, labels, default buckets, route names and cap and
-// the reasons of results are those the core package
-// github.com/reqlock/reqlock/metrics defines, whose Registry serves the
-// same metrics with the standard library alone: for the same events, the
-// text exposition promhttp serves for a Metrics is byte for byte the one a
-// metrics.Registry writes, so that dashboards and alerts work with either.
+// the reasons of outcomes come from one internal definition shared with
+// the core package github.com/reqlock/reqlock/metrics, whose Registry
+// serves the same metrics with the standard library alone: for the same
+// events, the text exposition promhttp serves for a Metrics is byte for
+// byte the one a metrics.Registry writes, so that dashboards and alerts
+// work with either.
 //
 // Reporting an event of a route already seen does not allocate.
 package reqlockprom

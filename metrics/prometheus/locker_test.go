@@ -3,6 +3,8 @@ package reqlockprom
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,4 +65,86 @@ func TestLockerTimeout(t *testing.T) {
 	if v, ok := counter(t, reg, "reqlock_lock_success_total", map[string]string{"route": "POST /x"}); !ok || v != 1 {
 		t.Errorf("reqlock_lock_success_total{route=\"POST /x\"} = %v (present %v), want 1", v, ok)
 	}
+}
+
+// TestLockerInvalidAndLost: through a real Locker, invalid arguments count
+// under reason invalid, not bad_key; a lock that a renewal finds gone
+// counts in lock_lost_total; and a nested Obtain of a key whose lock turns
+// out lost fails with reason lock_lost.
+func TestLockerInvalidAndLost(t *testing.T) {
+	m := New()
+	reg := registered(t, m)
+	store := &flakyStore{Store: memstore.New()}
+	locker := reqlock.MustNew(store, reqlock.WithMetrics(m), reqlock.WithKeyPrefix("t:"),
+		reqlock.WithLogger(slog.New(slog.DiscardHandler))) // the loss is expected
+	bg := context.Background()
+	ctx := reqlock.WithLabel(bg, "POST /x")
+
+	if _, err := locker.Obtain(ctx, "", time.Minute, 0); !errors.Is(err, reqlock.ErrInvalid) {
+		t.Fatalf("Obtain of an empty key: %v, want ErrInvalid", err)
+	}
+
+	// The store loses a's key behind its holder's back; a renewal finds it
+	// gone.
+	a, err := locker.Obtain(ctx, "a", time.Minute, 0)
+	if err != nil {
+		t.Fatalf("Obtain a: %v", err)
+	}
+	defer a.Release(bg)
+	if err := store.Store.Release(bg, []string{"t:a"}, a.Token(), 0); err != nil {
+		t.Fatalf("store.Release: %v", err)
+	}
+	if err := a.Refresh(bg, 0); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("Refresh a: %v, want ErrNotHeld", err)
+	}
+	if v, ok := counter(t, reg, "reqlock_lock_lost_total", map[string]string{"route": "POST /x"}); !ok || v != 1 {
+		t.Errorf("reqlock_lock_lost_total = %v (present %v), want 1", v, ok)
+	}
+
+	// The same loss of b, but the renewal that would tell fails: a nested
+	// Obtain renews the lock before it re-enters it, finds the key gone,
+	// and fails.
+	b, err := locker.Obtain(ctx, "b", time.Minute, 0)
+	if err != nil {
+		t.Fatalf("Obtain b: %v", err)
+	}
+	defer b.Release(bg)
+	if err := store.Store.Release(bg, []string{"t:b"}, b.Token(), 0); err != nil {
+		t.Fatalf("store.Release: %v", err)
+	}
+	store.down.Store(true)
+	if err := b.Refresh(bg, 0); !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("Refresh b with the store down: %v, want ErrStore", err)
+	}
+	store.down.Store(false)
+	if _, err := locker.Obtain(reqlock.NewContext(ctx, b), "b", time.Minute, 0); !errors.Is(err, reqlock.ErrLockLost) {
+		t.Fatalf("nested Obtain of b: %v, want ErrLockLost", err)
+	}
+
+	for reason, want := range map[string]float64{"invalid": 1, "lock_lost": 1, "bad_key": 0, "canceled": 0, "store_error": 0} {
+		if v, ok := counter(t, reg, "reqlock_lock_failure_total",
+			map[string]string{"route": "POST /x", "reason": reason}); !ok || v != want {
+			t.Errorf("reqlock_lock_failure_total{reason=%q} = %v (present %v), want %v", reason, v, ok, want)
+		}
+	}
+	for _, result := range []string{"invalid", "lock_lost"} {
+		if count, _, ok := histogram(t, reg, "reqlock_lock_wait_seconds",
+			map[string]string{"route": "POST /x", "result": result}); !ok || count != 1 {
+			t.Errorf("reqlock_lock_wait_seconds{result=%q} count %d (present %v), want 1", result, count, ok)
+		}
+	}
+}
+
+// flakyStore is memstore whose Refresh fails, without acting, while down
+// is set.
+type flakyStore struct {
+	*memstore.Store
+	down atomic.Bool
+}
+
+func (s *flakyStore) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	if s.down.Load() {
+		return errors.New("connection refused")
+	}
+	return s.Store.Refresh(ctx, keys, token, ttl)
 }

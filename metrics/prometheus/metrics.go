@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/reqlock/reqlock"
-	"github.com/reqlock/reqlock/metrics"
+	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
 // Metrics reports a reqlock.Locker's events to Prometheus. It implements
@@ -21,8 +21,8 @@ type Metrics struct {
 	lost     *prometheus.CounterVec   // route
 	handoffs *prometheus.CounterVec   // route
 
-	routes  *metrics.Routes[route]
-	reasons metrics.Reasons // of the results beyond metrics.KnownResults
+	routes  *metricdefs.Routes[route]
+	reasons metricdefs.Reasons // of the outcomes beyond metricdefs.KnownOutcomes
 }
 
 // route caches the children of one route label, so that reporting an event
@@ -30,17 +30,17 @@ type Metrics struct {
 type route struct {
 	name     string
 	success  prometheus.Counter
-	failure  [metrics.NumKnownResults]prometheus.Counter // by metrics.ResultIndex; [0] is nil
+	failure  [metricdefs.NumKnownOutcomes]prometheus.Counter // by metricdefs.OutcomeIndex; [0] is nil
 	lost     prometheus.Counter
 	handoffs prometheus.Counter
-	wait     [metrics.NumKnownResults]atomic.Pointer[observer] // by metrics.ResultIndex; set on first use
-	hold     atomic.Pointer[observer]                          // set on first use
-	other    metrics.OtherResults[otherResult]                 // results beyond metrics.KnownResults
+	wait     [metricdefs.NumKnownOutcomes]atomic.Pointer[observer] // by metricdefs.OutcomeIndex; set on first use
+	hold     atomic.Pointer[observer]                              // set on first use
+	other    metricdefs.OtherOutcomes[otherOutcome]                // outcomes beyond metricdefs.KnownOutcomes
 }
 
 type observer struct{ prometheus.Observer }
 
-type otherResult struct {
+type otherOutcome struct {
 	failure prometheus.Counter
 	wait    prometheus.Observer
 }
@@ -65,16 +65,16 @@ func New(opts ...Option) *Metrics {
 			Namespace: c.namespace, Name: name, Help: help, ConstLabels: c.constLabels, Buckets: buckets,
 		}, labels)
 	}
-	const route, reason, result = metrics.LabelRoute, metrics.LabelReason, metrics.LabelResult
+	const route, reason, result = metricdefs.LabelRoute, metricdefs.LabelReason, metricdefs.LabelResult
 	m := &Metrics{
-		success:  counter(metrics.NameSuccess, metrics.HelpSuccess, route),
-		failure:  counter(metrics.NameFailure, metrics.HelpFailure, route, reason),
-		wait:     histogram(metrics.NameWait, metrics.HelpWait, c.waitBuckets, route, result),
-		hold:     histogram(metrics.NameHold, metrics.HelpHold, c.holdBuckets, route),
-		lost:     counter(metrics.NameLost, metrics.HelpLost, route),
-		handoffs: counter(metrics.NameHandoffs, metrics.HelpHandoffs, route),
+		success:  counter(metricdefs.NameSuccess, metricdefs.HelpSuccess, route),
+		failure:  counter(metricdefs.NameFailure, metricdefs.HelpFailure, route, reason),
+		wait:     histogram(metricdefs.NameWait, metricdefs.HelpWait, c.waitBuckets, route, result),
+		hold:     histogram(metricdefs.NameHold, metricdefs.HelpHold, c.holdBuckets, route),
+		lost:     counter(metricdefs.NameLost, metricdefs.HelpLost, route),
+		handoffs: counter(metricdefs.NameHandoffs, metricdefs.HelpHandoffs, route),
 	}
-	m.routes = metrics.NewRoutes(c.maxRoutes, m.newRoute)
+	m.routes = metricdefs.NewRoutes(c.maxRoutes, m.newRoute)
 	return m
 }
 
@@ -98,15 +98,15 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 // Obtained implements reqlock.Metrics: it counts a success or a failure by
 // reason and observes wait in lock_wait_seconds.
-func (m *Metrics) Obtained(label string, result reqlock.Result, wait time.Duration) {
+func (m *Metrics) Obtained(label string, outcome reqlock.Outcome, wait time.Duration) {
 	r := m.routes.Get(label)
-	i := metrics.ResultIndex(result)
+	i := metricdefs.OutcomeIndex(outcome)
 	if i < 0 {
-		// A result package reqlock did not define when this package was
+		// An outcome package reqlock did not define when this package was
 		// written: a failure under its own reason, for the first
-		// metrics.MaxOtherResults such results, or under reason "other".
-		o := r.other.Get(result, &m.reasons, func(reason string) *otherResult {
-			return &otherResult{
+		// metricdefs.MaxOtherOutcomes such outcomes, or under reason "other".
+		o := r.other.Get(outcome, &m.reasons, func(reason string) *otherOutcome {
+			return &otherOutcome{
 				failure: m.failure.WithLabelValues(r.name, reason),
 				wait:    m.wait.WithLabelValues(r.name, reason),
 			}
@@ -122,7 +122,7 @@ func (m *Metrics) Obtained(label string, result reqlock.Result, wait time.Durati
 	}
 	o := r.wait[i].Load()
 	if o == nil {
-		o = &observer{m.wait.WithLabelValues(r.name, string(result))}
+		o = &observer{m.wait.WithLabelValues(r.name, string(outcome))}
 		r.wait[i].Store(o)
 	}
 	o.Observe(seconds(wait))
@@ -160,9 +160,9 @@ func (m *Metrics) newRoute(name string) *route {
 		lost:     m.lost.WithLabelValues(name),
 		handoffs: m.handoffs.WithLabelValues(name),
 	}
-	for i, result := range metrics.KnownResults() {
+	for i, outcome := range metricdefs.KnownOutcomes() {
 		if i > 0 {
-			r.failure[i] = m.failure.WithLabelValues(name, string(result))
+			r.failure[i] = m.failure.WithLabelValues(name, string(outcome))
 		}
 	}
 	return r

@@ -15,17 +15,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/reqlock/reqlock"
-	"github.com/reqlock/reqlock/metrics"
+	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
 // metricNames are the names of the metrics with the default namespace.
 var metricNames = []string{
-	DefaultNamespace + "_" + metrics.NameSuccess,
-	DefaultNamespace + "_" + metrics.NameFailure,
-	DefaultNamespace + "_" + metrics.NameWait,
-	DefaultNamespace + "_" + metrics.NameHold,
-	DefaultNamespace + "_" + metrics.NameLost,
-	DefaultNamespace + "_" + metrics.NameHandoffs,
+	DefaultNamespace + "_" + metricdefs.NameSuccess,
+	DefaultNamespace + "_" + metricdefs.NameFailure,
+	DefaultNamespace + "_" + metricdefs.NameWait,
+	DefaultNamespace + "_" + metricdefs.NameHold,
+	DefaultNamespace + "_" + metricdefs.NameLost,
+	DefaultNamespace + "_" + metricdefs.NameHandoffs,
 }
 
 // The whole text exposition is compared, byte for byte, with that of the
@@ -49,6 +49,10 @@ func TestValues(t *testing.T) {
 		{"store_error POST /x", m.failure.WithLabelValues("POST /x", "store_error"), 1},
 		{"bad_key POST /x", m.failure.WithLabelValues("POST /x", "bad_key"), 0},
 		{"canceled GET /y", m.failure.WithLabelValues("GET /y", "canceled"), 1},
+		{"invalid GET /y", m.failure.WithLabelValues("GET /y", "invalid"), 1},
+		{"invalid POST /x", m.failure.WithLabelValues("POST /x", "invalid"), 0},
+		{"lock_lost POST /x", m.failure.WithLabelValues("POST /x", "lock_lost"), 1},
+		{"lock_lost GET /y", m.failure.WithLabelValues("GET /y", "lock_lost"), 0},
 		{"lost POST /x", m.lost.WithLabelValues("POST /x"), 1},
 		{"handoffs POST /x", m.handoffs.WithLabelValues("POST /x"), 2},
 	} {
@@ -67,6 +71,8 @@ func TestValues(t *testing.T) {
 		{"reqlock_lock_wait_seconds", map[string]string{"route": "POST /x", "result": "timeout"}, 1, 0.5},
 		{"reqlock_lock_wait_seconds", map[string]string{"route": "POST /x", "result": "store_error"}, 1, 2},
 		{"reqlock_lock_wait_seconds", map[string]string{"route": "GET /y", "result": "canceled"}, 1, 0.25},
+		{"reqlock_lock_wait_seconds", map[string]string{"route": "GET /y", "result": "invalid"}, 1, 0},
+		{"reqlock_lock_wait_seconds", map[string]string{"route": "POST /x", "result": "lock_lost"}, 1, 0.0078125},
 		{"reqlock_lock_hold_seconds", map[string]string{"route": "POST /x"}, 2, 0.3125},
 	} {
 		count, sum, ok := histogram(t, reg, c.name, c.labels)
@@ -101,7 +107,7 @@ func TestNoRoutesUntilSeen(t *testing.T) {
 	m.Lost("DELETE /z")
 	for name, want := range map[string]int{
 		"reqlock_lock_success_total":  1,
-		"reqlock_lock_failure_total":  4, // one per reason
+		"reqlock_lock_failure_total":  6, // one per reason
 		"reqlock_lock_lost_total":     1,
 		"reqlock_lock_handoffs_total": 1,
 		"reqlock_lock_wait_seconds":   0,
@@ -120,8 +126,8 @@ func TestMaxRoutes(t *testing.T) {
 	m := New(WithMaxRoutes(2))
 	reg := registered(t, m)
 	for _, route := range []string{"GET /a", "GET /b", "GET /c", "GET /d", "GET /a", "GET /c"} {
-		m.Obtained(route, reqlock.ResultAcquired, time.Millisecond)
-		m.Obtained(route, reqlock.ResultTimeout, time.Millisecond)
+		m.Obtained(route, reqlock.OutcomeAcquired, time.Millisecond)
+		m.Obtained(route, reqlock.OutcomeTimeout, time.Millisecond)
 		m.Held(route, time.Millisecond)
 		m.Lost(route)
 		m.HandedOff(route)
@@ -160,8 +166,8 @@ func TestMaxRoutes(t *testing.T) {
 func TestMaxRoutesZero(t *testing.T) {
 	m := New(WithMaxRoutes(0))
 	reg := registered(t, m)
-	m.Obtained("GET /a", reqlock.ResultAcquired, 0)
-	m.Obtained("GET /b", reqlock.ResultAcquired, 0)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 0)
+	m.Obtained("GET /b", reqlock.OutcomeAcquired, 0)
 	got := labelValues(t, reg, "reqlock_lock_success_total", "route")
 	if len(got) != 1 || !got[OverflowRoute] {
 		t.Fatalf("routes %v, want only %q", got, OverflowRoute)
@@ -181,7 +187,7 @@ func TestMaxRoutesConcurrent(t *testing.T) {
 	for g := range goroutines {
 		wg.Go(func() {
 			for i := range routesEach {
-				m.Obtained(fmt.Sprintf("GET /%d", (g*routesEach+i)%50), reqlock.ResultAcquired, 0)
+				m.Obtained(fmt.Sprintf("GET /%d", (g*routesEach+i)%50), reqlock.OutcomeAcquired, 0)
 			}
 		})
 	}
@@ -202,8 +208,8 @@ func TestMaxRoutesConcurrent(t *testing.T) {
 func TestRouteNames(t *testing.T) {
 	m := New()
 	reg := registered(t, m)
-	m.Obtained("", reqlock.ResultAcquired, 0)
-	m.Obtained("GET /\xff", reqlock.ResultAcquired, 0)
+	m.Obtained("", reqlock.OutcomeAcquired, 0)
+	m.Obtained("GET /\xff", reqlock.OutcomeAcquired, 0)
 	got := labelValues(t, reg, "reqlock_lock_success_total", "route")
 	want := map[string]bool{reqlock.UnlabeledRoute: true, "GET /\uFFFD": true}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -211,15 +217,15 @@ func TestRouteNames(t *testing.T) {
 	}
 }
 
-// TestUnknownResult: a result that package reqlock may add later is a
-// failure under its own reason, up to metrics.MaxOtherResults of them.
-func TestUnknownResult(t *testing.T) {
+// TestUnknownOutcome: an outcome that package reqlock may add later is a
+// failure under its own reason, up to metricdefs.MaxOtherOutcomes of them.
+func TestUnknownOutcome(t *testing.T) {
 	m := New()
 	reg := registered(t, m)
 	m.Obtained("GET /a", "quorum", time.Second)
 	m.Obtained("GET /a", "quorum", time.Second)
-	for i := range metrics.MaxOtherResults + 3 {
-		m.Obtained("GET /b", reqlock.Result(fmt.Sprintf("new%d", i)), 0)
+	for i := range metricdefs.MaxOtherOutcomes + 3 {
+		m.Obtained("GET /b", reqlock.Outcome(fmt.Sprintf("new%d", i)), 0)
 	}
 	if v, _ := counter(t, reg, "reqlock_lock_failure_total", map[string]string{"route": "GET /a", "reason": "quorum"}); v != 2 {
 		t.Errorf("failure{reason=quorum} = %v, want 2", v)
@@ -233,8 +239,8 @@ func TestUnknownResult(t *testing.T) {
 	}
 	// quorum took one of the slots: new0..new6 get theirs, the rest share "other".
 	reasons := labelValues(t, reg, "reqlock_lock_failure_total", "reason")
-	if len(reasons) != 4+metrics.MaxOtherResults+1 || !reasons["other"] || reasons[fmt.Sprintf("new%d", metrics.MaxOtherResults-1)] {
-		t.Errorf("reasons %v: want the 4 known, %d others and \"other\"", reasons, metrics.MaxOtherResults)
+	if len(reasons) != 6+metricdefs.MaxOtherOutcomes+1 || !reasons["other"] || reasons[fmt.Sprintf("new%d", metricdefs.MaxOtherOutcomes-1)] {
+		t.Errorf("reasons %v: want the 6 known, %d others and \"other\"", reasons, metricdefs.MaxOtherOutcomes)
 	}
 	if v, _ := counter(t, reg, "reqlock_lock_failure_total", map[string]string{"route": "GET /b", "reason": "other"}); v != 4 {
 		t.Errorf("failure{route=GET /b,reason=other} = %v, want 4", v)
@@ -253,13 +259,13 @@ func TestNegativeDuration(t *testing.T) {
 func TestOptions(t *testing.T) {
 	m := New(WithNamespace("orders"), WithConstLabels(prometheus.Labels{"locker": "sku"}))
 	reg := registered(t, m)
-	m.Obtained("GET /a", reqlock.ResultAcquired, 0)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 0)
 	if v, ok := counter(t, reg, "orders_lock_success_total", map[string]string{"route": "GET /a", "locker": "sku"}); !ok || v != 1 {
 		t.Fatalf("orders_lock_success_total{locker=sku} = %v (present %v), want 1", v, ok)
 	}
 
 	m = New(WithNamespace(""))
-	m.Obtained("GET /a", reqlock.ResultAcquired, 0)
+	m.Obtained("GET /a", reqlock.OutcomeAcquired, 0)
 	if n := testutil.CollectAndCount(m, "lock_success_total"); n != 1 {
 		t.Fatalf("empty namespace: %d series of lock_success_total, want 1", n)
 	}
@@ -360,13 +366,13 @@ func asAlreadyRegistered(err error, target *prometheus.AlreadyRegisteredError) b
 }
 
 // TestNoAllocation: events of a route already seen, of routes beyond the
-// cap, and of an unknown result already seen do not allocate.
+// cap, and of an unknown outcome already seen do not allocate.
 func TestNoAllocation(t *testing.T) {
 	m := New(WithMaxRoutes(1))
 	events := func(route string) func() {
 		return func() {
-			m.Obtained(route, reqlock.ResultAcquired, time.Millisecond)
-			m.Obtained(route, reqlock.ResultTimeout, time.Millisecond)
+			m.Obtained(route, reqlock.OutcomeAcquired, time.Millisecond)
+			m.Obtained(route, reqlock.OutcomeTimeout, time.Millisecond)
 			m.Obtained(route, "quorum", time.Millisecond)
 			m.Held(route, time.Millisecond)
 			m.Lost(route)

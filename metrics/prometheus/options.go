@@ -6,30 +6,30 @@ import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/reqlock/reqlock/metrics"
+	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
-// Defaults of New, those of the core package
+// Defaults of New, the same as those of the core package
 // github.com/reqlock/reqlock/metrics.
 const (
 	// DefaultNamespace prefixes every metric name: reqlock_lock_success_total.
-	DefaultNamespace = metrics.DefaultNamespace
+	DefaultNamespace = metricdefs.DefaultNamespace
 	// DefaultMaxRoutes caps the distinct route labels; see WithMaxRoutes.
-	DefaultMaxRoutes = metrics.DefaultMaxRoutes
+	DefaultMaxRoutes = metricdefs.DefaultMaxRoutes
 	// OverflowRoute is the route label of events whose route came after
 	// the cap of WithMaxRoutes was reached.
-	OverflowRoute = metrics.OverflowRoute
+	OverflowRoute = metricdefs.OverflowRoute
 )
 
 // DefaultWaitBuckets returns the default buckets, in seconds, of
-// lock_wait_seconds: metrics.DefaultWaitBuckets, from half a millisecond
-// (an uncontended lock, a local handoff) to 10 seconds (a long wait limit).
-func DefaultWaitBuckets() []float64 { return metrics.DefaultWaitBuckets() }
+// lock_wait_seconds: from half a millisecond (an uncontended lock, a local
+// handoff) to 10 seconds (a long wait limit).
+func DefaultWaitBuckets() []float64 { return metricdefs.DefaultWaitBuckets() }
 
 // DefaultHoldBuckets returns the default buckets, in seconds, of
-// lock_hold_seconds: metrics.DefaultHoldBuckets, from a millisecond to a
-// minute, the span of a request's handler.
-func DefaultHoldBuckets() []float64 { return metrics.DefaultHoldBuckets() }
+// lock_hold_seconds: from a millisecond to a minute, the span of a
+// request's handler.
+func DefaultHoldBuckets() []float64 { return metricdefs.DefaultHoldBuckets() }
 
 type config struct {
 	namespace   string
@@ -92,7 +92,7 @@ func newConfig(opts []Option) config {
 	checkBuckets("wait", c.waitBuckets)
 	checkBuckets("hold", c.holdBuckets)
 	for name := range c.constLabels {
-		if name == metrics.LabelRoute || name == metrics.LabelReason || name == metrics.LabelResult {
+		if name == metricdefs.LabelRoute || name == metricdefs.LabelReason || name == metricdefs.LabelResult {
 			panic(fmt.Sprintf("reqlockprom: WithConstLabels: %q is a label of the metrics themselves", name))
 		}
 	}
@@ -103,7 +103,7 @@ func newConfig(opts []Option) config {
 // Prometheus library would panic only when the first child is created, on
 // the request path.
 func checkBuckets(which string, b []float64) {
-	if err := metrics.CheckBuckets(b); err != nil {
+	if err := metricdefs.CheckBuckets(b); err != nil {
 		panic(fmt.Sprintf("reqlockprom: WithBuckets: %s: %v", which, err))
 	}
 }

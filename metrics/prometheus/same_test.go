@@ -86,39 +86,41 @@ const (
 // package's TestExposition.
 func scenario(m reqlock.Metrics) {
 	const x, y = "POST /x", "GET /y"
-	m.Obtained(x, reqlock.ResultAcquired, d7ms)
-	m.Obtained(x, reqlock.ResultAcquired, d62ms)
-	m.Obtained(x, reqlock.ResultTimeout, d500)
-	m.Obtained(x, reqlock.ResultStoreError, d2s)
+	m.Obtained(x, reqlock.OutcomeAcquired, d7ms)
+	m.Obtained(x, reqlock.OutcomeAcquired, d62ms)
+	m.Obtained(x, reqlock.OutcomeTimeout, d500)
+	m.Obtained(x, reqlock.OutcomeStoreError, d2s)
 	m.Held(x, d62ms)
 	m.Held(x, d250)
 	m.Lost(x)
 	m.HandedOff(x)
 	m.HandedOff(x)
-	m.Obtained(y, reqlock.ResultCanceled, d250)
+	m.Obtained(x, reqlock.OutcomeLost, d7ms)
+	m.Obtained(y, reqlock.OutcomeCanceled, d250)
+	m.Obtained(y, reqlock.OutcomeInvalid, 0)
 }
 
 // moreEvents reports every kind of event on routes that need escaping, an
 // empty and an invalid UTF-8 route label, a route named as the overflow
-// route, results package reqlock does not define (more of them than get a
+// route, outcomes package reqlock does not define (more of them than get a
 // reason of their own), negative durations and values on bucket bounds.
 func moreEvents(m reqlock.Metrics) {
 	routes := []string{
 		`POST /a"b`, `GET /c\d`, "GET /e\nf", `\"` + "\n", "GET /ünï", "GET /{id},x=y}",
 		"", reqlock.UnlabeledRoute, "GET /\xff", "GET /\xfe", OverflowRoute, "DELETE /skus/{id}",
 	}
-	results := []reqlock.Result{
-		reqlock.ResultAcquired, reqlock.ResultTimeout, reqlock.ResultStoreError,
-		reqlock.ResultBadKey, reqlock.ResultCanceled,
+	outcomes := []reqlock.Outcome{
+		reqlock.OutcomeAcquired, reqlock.OutcomeTimeout, reqlock.OutcomeStoreError,
+		reqlock.OutcomeBadKey, reqlock.OutcomeCanceled, reqlock.OutcomeInvalid, reqlock.OutcomeLost,
 	}
 	waits := []time.Duration{
 		0, -time.Second, 500 * time.Microsecond, time.Millisecond, 3 * time.Millisecond,
 		123456789 * time.Nanosecond, time.Second, 10 * time.Second, time.Minute,
 	}
 	for i, route := range routes {
-		for j, result := range results {
-			if (i+j)%4 != 3 { // not every route sees every result
-				m.Obtained(route, result, waits[(i+j)%len(waits)])
+		for j, outcome := range outcomes {
+			if (i+j)%4 != 3 { // not every route sees every outcome
+				m.Obtained(route, outcome, waits[(i+j)%len(waits)])
 			}
 		}
 		for k := range i % 3 {
@@ -132,17 +134,17 @@ func moreEvents(m reqlock.Metrics) {
 		}
 	}
 	m.Held("POST /long", 1_000_000*time.Second) // a sum written 1e+06
-	m.Obtained("POST /long", reqlock.ResultTimeout, 1_234_567*time.Second)
+	m.Obtained("POST /long", reqlock.OutcomeTimeout, 1_234_567*time.Second)
 	m.Held("POST /long", time.Hour)
 
-	// Results a newer reqlock may add: the first 8 distinct valid ones get
+	// Outcomes a newer reqlock may add: the first 8 distinct valid ones get
 	// their own reason, the others (and an empty or invalid one) "other".
 	m.Obtained("GET /new", "quorum", 2*time.Second)
 	m.Obtained("GET /new", "quorum", time.Millisecond)
 	m.Obtained("GET /new", "", 0)
 	m.Obtained("GET /new", "bad\xff", 0)
 	for i := range 12 {
-		m.Obtained(routes[i%len(routes)], reqlock.Result(fmt.Sprintf("new%d", i)), time.Duration(i)*time.Millisecond)
+		m.Obtained(routes[i%len(routes)], reqlock.Outcome(fmt.Sprintf("new%d", i)), time.Duration(i)*time.Millisecond)
 	}
 }
 

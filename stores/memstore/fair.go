@@ -5,10 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 )
-
-var _ reqlock.FairStore = (*Store)(nil)
 
 // fairQueue is one key's queue of fair waiters, in arrival order. A key has
 // one only while somebody waits; it is guarded by Store.mu.
@@ -26,7 +24,7 @@ type fairWaiter struct {
 // whose lease has passed, and grants key only when it is free and the queue
 // is empty or headed by token; otherwise token joins the tail when lease is
 // not zero. When it dropped waiters and key is free it signals key's release
-// subscribers, so the new head wakes at once. A refusal's HolderTTL is the
+// subscribers, so the new head wakes at once. A refusal's Wait is the
 // holder's remaining TTL, or when key is free the head's remaining lease,
 // and its Ahead the number of waiters queued before token (-1: not queued).
 //
@@ -35,10 +33,10 @@ type fairWaiter struct {
 // next AcquireFair or LeaveFair of its key.
 //
 // It returns ctx.Err() without acting when ctx has ended, and an error
-// wrapping reqlock.ErrInvalid for a non-positive ttl or a negative lease.
-func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
-	if err := args.CheckAcquireFair(ctx, ttl, lease); err != nil {
-		return reqlock.FairGrant{}, err
+// wrapping stores.ErrInvalid for an empty key, a non-positive ttl or a negative lease.
+func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
+		return stores.FairGrant{}, err
 	}
 	now := s.lockSwept()
 	defer s.mu.Unlock()
@@ -52,17 +50,17 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	dropped := q.dropExpired(now)
 	holder, held := s.heldByOther(key, token)
 	pos := q.index(token)
-	var grant reqlock.FairGrant
+	var grant stores.FairGrant
 	switch {
 	case !held && s.entries[key] != nil:
 		// A retry of this token's own grant (see heldByOther): grant it
 		// again, whoever queued meanwhile.
-		grant.OK, grant.Fence = true, s.grantLocked(now, key, token, ttl)
+		grant.OK, grant.Fences = true, []int64{s.grantLocked(now, key, token, ttl)}
 	case !held && (len(q.waiters) == 0 || pos == 0):
 		if pos == 0 {
 			q.waiters = q.waiters[1:]
 		}
-		grant.OK, grant.Fence = true, s.grantLocked(now, key, token, ttl)
+		grant.OK, grant.Fences = true, []int64{s.grantLocked(now, key, token, ttl)}
 	case lease > 0 && pos < 0:
 		q.waiters = append(q.waiters, fairWaiter{token: token, deadline: now.Add(lease)})
 		pos = len(q.waiters) - 1
@@ -73,13 +71,13 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	switch {
 	case grant.OK:
 	case held:
-		grant.HolderTTL = holder.expiresAt.Sub(now)
+		grant.Wait = holder.expiresAt.Sub(now)
 	default:
 		if dropped {
 			s.signal(key)
 		}
 		if len(q.waiters) > 0 && q.waiters[0].token != token {
-			grant.HolderTTL = q.waiters[0].deadline.Sub(now)
+			grant.Wait = q.waiters[0].deadline.Sub(now)
 		}
 	}
 	s.storeQueue(key, q)

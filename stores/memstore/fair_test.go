@@ -5,20 +5,13 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/reqlock/reqlock"
-	"github.com/reqlock/reqlock/stores/storetest"
 )
-
-func TestFairConformance(t *testing.T) {
-	storetest.RunFair(t, func(t *testing.T) reqlock.Store { return New() })
-}
 
 // TestFairQueueFreed: a queue lives only while somebody waits in it.
 func TestFairQueueFreed(t *testing.T) {
 	s := New()
 	ctx := context.Background()
-	if g, _ := s.Acquire(ctx, "k", "holder", time.Minute); !g.OK {
+	if g, _ := s.Acquire(ctx, one("k"), "holder", time.Minute); !g.OK {
 		t.Fatal("holder refused")
 	}
 	for _, tok := range []string{"a", "b", "c"} {
@@ -32,14 +25,14 @@ func TestFairQueueFreed(t *testing.T) {
 	if err := s.LeaveFair(ctx, "k", "b"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(ctx, "k", "holder", 0); err != nil {
+	if err := s.Release(ctx, one("k"), "holder", 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, tok := range []string{"a", "c"} {
 		if g, err := s.AcquireFair(ctx, "k", tok, time.Minute, time.Minute); err != nil || !g.OK {
 			t.Fatalf("%s: %+v %v, want granted", tok, g, err)
 		}
-		if err := s.Release(ctx, "k", tok, 0); err != nil {
+		if err := s.Release(ctx, one("k"), tok, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,33 +1,33 @@
-// Package memstore is a reqlock.Store that keeps locks in the memory of one
+// Package memstore is a stores.Store that keeps locks in the memory of one
 // process. Use it for a single instance, tests and development; processes do
 // not see each other's locks.
 //
-// Fences come from one counter shared by all keys, so they grow per key and
-// across keys, and no per-key state outlives a lock. Expired locks are freed
-// without a background goroutine: a min-heap orders locks by expiry, and every
-// operation first drops the expired ones from its top, so memory stays bounded
-// by the live locks however many distinct keys pass through.
+// Fences come from one counter shared by all keys, moved on by
+// stores.FenceStride per grant, so they grow per key and across keys, and no
+// per-key state outlives a lock. Expired locks are freed without a background
+// goroutine: a min-heap orders locks by expiry, and every operation first
+// drops the expired ones from its top, so memory stays bounded by the live
+// locks however many distinct keys pass through.
+//
+// Acquire, Release and Refresh act on all their keys under one hold of the
+// store's mutex, so a refused Acquire or Refresh changes nothing. A release
+// that keeps the keys (keep positive) only sets their TTL and signals
+// nothing, since they stay held; their expiry then signals like any other.
 //
 // # Release notification
 //
-// Store implements reqlock.ReleaseNotifier, so a Locker's waiters wake as
-// soon as a lock is released instead of polling. Release signals every
-// subscriber of the key before it returns, and so does the freeing of an
-// expired lock. Expired locks are only freed when an operation (of any key)
-// runs, so a waiter on a lock that expires without further traffic still
-// wakes by its own timer, which the Locker caps by the holder's remaining
-// TTL. Subscriptions live in a map that holds only keys with a live
-// subscriber; no goroutine is involved.
+// Store implements stores.Notifier, so a Locker's waiters wake as soon as a
+// lock is released instead of polling. Release signals every subscriber of
+// the key before it returns, and so does the freeing of an expired lock.
+// Expired locks are only freed when an operation (of any key) runs, so a
+// waiter on a lock that expires without further traffic still wakes by its
+// own timer, which the Locker caps by the holder's remaining TTL.
+// Subscriptions live in a map that holds only keys with a live subscriber; no
+// goroutine is involved.
 //
-// # Several keys
+// # Fair mode
 //
-// Store implements reqlock.MultiStore and reqlock.KeepReleaser. AcquireAll,
-// ReleaseAll and RefreshAll act on all their keys under one hold of the
-// store's mutex, so a refused AcquireAll or RefreshAll changes nothing; each
-// key of a grant takes its own fence from the shared counter. A release that
-// keeps the key (ReleaseKeep, or ReleaseAll with a positive keep) only sets
-// its TTL and signals nothing, since the key stays held; the kept lock's
-// expiry then signals like any other.
+// Store implements stores.FairStore: see Store.AcquireFair.
 package memstore
 
 import (
@@ -37,13 +37,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/stores"
 )
 
-// Store is an in-memory reqlock.Store, and a reqlock.ReleaseNotifier,
-// reqlock.FairStore, reqlock.MultiStore and reqlock.KeepReleaser. It is safe
-// for concurrent use. The zero value is not usable; call New.
+// Store is an in-memory stores.Store, stores.Notifier and stores.FairStore.
+// It is safe for concurrent use. The zero value is not usable; call New.
 type Store struct {
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -63,8 +62,9 @@ type Store struct {
 const args storeargs.Checker = "memstore"
 
 var (
-	_ reqlock.Store           = (*Store)(nil)
-	_ reqlock.ReleaseNotifier = (*Store)(nil)
+	_ stores.Store     = (*Store)(nil)
+	_ stores.Notifier  = (*Store)(nil)
+	_ stores.FairStore = (*Store)(nil)
 )
 
 type entry struct {
@@ -83,13 +83,13 @@ func New() *Store {
 }
 
 // NotifyRelease registers interest in releases of key until stop is called,
-// as reqlock.ReleaseNotifier describes. The channel (buffer 1) receives after
+// as stores.Notifier describes; every subscriber of key is signalled. The channel (buffer 1) receives after
 // each Release of key and after an expired lock of key is freed; sends never
 // block, so several releases may arrive as one signal. stop removes the
 // subscription; it may be called more than once and from any goroutine, and
 // no signal is sent to the channel after it returns. The channel is never
 // closed.
-func (s *Store) NotifyRelease(key string) (released <-chan struct{}, stop func()) {
+func (s *Store) NotifyRelease(key, _ string) (released <-chan struct{}, stop func()) {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	set := s.subs[key]
@@ -141,23 +141,32 @@ func (s *Store) compactSubs() {
 	s.subsPeak = len(subs)
 }
 
-// Acquire sets key to token for ttl if key is absent or expired, issuing the
-// next fence. When key is held it returns a Grant with OK false and the
-// holder's remaining TTL. It returns ctx.Err() without acting when ctx has
-// ended, and an error wrapping reqlock.ErrInvalid for a non-positive ttl.
-func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
-	if err := ctx.Err(); err != nil {
-		return reqlock.Grant{}, err
-	}
-	if err := args.CheckTTL(ttl); err != nil {
-		return reqlock.Grant{}, err
+// Acquire sets every key to token for ttl when none is held by another
+// token (an expired lock counts as free), under one hold of the store's
+// mutex, and issues each key the next fence of the shared counter. When a key
+// is held it sets nothing and returns a Grant with OK false, Held the index
+// of the first held key and Wait its remaining TTL. A key that already holds
+// token is granted again (see stores.Store).
+//
+// It returns ctx.Err() without acting when ctx has ended, and an error
+// wrapping stores.ErrInvalid for no keys, an empty, duplicate or unsorted
+// key, or a non-positive ttl.
+func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
 	}
 	now := s.lockSwept()
 	defer s.mu.Unlock()
-	if e, held := s.heldByOther(key, token); held {
-		return reqlock.Grant{HolderTTL: e.expiresAt.Sub(now)}, nil
+	for i, key := range keys {
+		if e, held := s.heldByOther(key, token); held {
+			return stores.Grant{Held: i, Wait: e.expiresAt.Sub(now)}, nil
+		}
 	}
-	return reqlock.Grant{OK: true, Fence: s.grantLocked(now, key, token, ttl)}, nil
+	fences := make([]int64, len(keys))
+	for i, key := range keys {
+		fences[i] = s.grantLocked(now, key, token, ttl)
+	}
+	return stores.Grant{OK: true, Fences: fences}, nil
 }
 
 // heldByOther returns the entry of key when another token than token holds
@@ -174,8 +183,8 @@ func (s *Store) heldByOther(key, token string) (*entry, bool) {
 }
 
 // grantLocked sets key, free or already holding token, to token for ttl and
-// returns its fence, the next of the shared counter. The caller holds s.mu
-// and has swept expired locks.
+// returns its fence: the shared counter, moved on by stores.FenceStride. The
+// caller holds s.mu and has swept expired locks.
 func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration) int64 {
 	if e, ok := s.entries[key]; ok {
 		e.expiresAt = now.Add(ttl)
@@ -185,38 +194,80 @@ func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration)
 		s.entries[key] = e
 		heap.Push(&s.expiry, e)
 	}
-	s.fence += fenceStep
+	s.fence += stores.FenceStride
 	return s.fence
 }
 
-// Release deletes key if it holds token, raises the fence counter to
-// lastFence when that is higher, and signals the key's release subscribers
-// (see NotifyRelease). It returns an error wrapping
-// reqlock.ErrNotHeld when key is absent, expired or holds another token, and
-// ctx.Err() without acting when ctx has ended.
-func (s *Store) Release(ctx context.Context, key, token string, lastFence int64) error {
-	return s.ReleaseKeep(ctx, key, token, lastFence, 0)
-}
-
-// Refresh resets the TTL of key to ttl if key holds token. It returns an
-// error wrapping reqlock.ErrNotHeld when key is absent, expired or holds
-// another token, one wrapping reqlock.ErrInvalid for a non-positive ttl, and
-// ctx.Err() without acting when ctx has ended.
-func (s *Store) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if err := args.CheckTTL(ttl); err != nil {
+// Release ends token's grant on every key that holds it, under one hold of
+// the store's mutex. With keep zero or negative it deletes the key and
+// signals its release subscribers (see NotifyRelease); with keep positive it
+// sets the key's TTL to keep instead and signals nothing, since the key stays
+// held (its expiry then signals, as every expiry does). It returns an error
+// wrapping stores.ErrNotHeld, naming the keys, when some keys were absent,
+// expired or held another token, after ending the grant on the others.
+//
+// It returns ctx.Err() without acting when ctx has ended, and an error
+// wrapping stores.ErrInvalid for no keys or an empty, duplicate or unsorted
+// key.
+func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
 	now := s.lockSwept()
 	defer s.mu.Unlock()
+	var notHeld []string
+	for _, key := range keys {
+		if !s.releaseLocked(now, key, token, keep) {
+			notHeld = append(notHeld, key)
+		}
+	}
+	if len(notHeld) > 0 {
+		return fmt.Errorf("%w: %d of %d keys: %q", stores.ErrNotHeld, len(notHeld), len(keys), notHeld)
+	}
+	return nil
+}
+
+// releaseLocked ends token's grant on key, as Release describes, and reports
+// whether key held token; when it did not, nothing changes. The caller holds
+// s.mu and has swept expired locks.
+func (s *Store) releaseLocked(now time.Time, key, token string, keep time.Duration) bool {
 	e, ok := s.entries[key]
 	if !ok || e.token != token {
-		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
+		return false
 	}
-	e.expiresAt = now.Add(ttl)
-	heap.Fix(&s.expiry, e.index)
+	if keep > 0 {
+		e.expiresAt = now.Add(keep)
+		heap.Fix(&s.expiry, e.index)
+		return true
+	}
+	delete(s.entries, key)
+	heap.Remove(&s.expiry, e.index)
+	s.signal(key)
+	return true
+}
+
+// Refresh resets the TTL of every key to ttl if each holds token, under one
+// hold of the store's mutex; when one does not, it changes nothing and
+// returns an error wrapping stores.ErrNotHeld that names the first such key.
+// It returns ctx.Err() without acting when ctx has ended, and an error
+// wrapping stores.ErrInvalid for no keys, an empty, duplicate or unsorted
+// key, or a non-positive ttl.
+func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	now := s.lockSwept()
+	defer s.mu.Unlock()
+	for _, key := range keys {
+		if e, ok := s.entries[key]; !ok || e.token != token {
+			return fmt.Errorf("%w: %q (none of the %d keys refreshed)", stores.ErrNotHeld, key, len(keys))
+		}
+	}
+	for _, key := range keys {
+		e := s.entries[key]
+		e.expiresAt = now.Add(ttl)
+		heap.Fix(&s.expiry, e.index)
+	}
 	return nil
 }
 
@@ -287,9 +338,3 @@ func (h *expiryHeap) Pop() any {
 	*h = old[:n]
 	return e
 }
-
-// fenceStep is how far each grant moves the fence counter: past every fence
-// a Locker may issue by handing the grant on locally (at most
-// reqlock.MaxHandoffCount), so that the next grant exceeds them even when
-// the last holder never released and the store never learned them.
-const fenceStep = reqlock.MaxHandoffCount + 1

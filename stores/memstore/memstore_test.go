@@ -9,28 +9,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest"
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) reqlock.Store { return New() })
+	storetest.Run(t, storetest.Suite{New: func(t *testing.T) stores.Store { return New() }, Notify: true, Fair: true})
 }
 
-func TestMultiConformance(t *testing.T) {
-	storetest.RunMulti(t, func(t *testing.T) reqlock.Store { return New() })
-}
-
-func TestKeepConformance(t *testing.T) {
-	storetest.RunKeep(t, func(t *testing.T) reqlock.Store { return New() })
-}
+// one returns key as the keys of a one-key call.
+func one(key string) []string { return []string{key} }
 
 func TestFloodOfKeysIsFreed(t *testing.T) {
 	s := New()
 	ctx := context.Background()
 	const n = 20000
 	for i := range n {
-		g, err := s.Acquire(ctx, "flood:"+strconv.Itoa(i), "t", time.Millisecond)
+		g, err := s.Acquire(ctx, one("flood:"+strconv.Itoa(i)), "t", time.Millisecond)
 		if err != nil || !g.OK {
 			t.Fatalf("Acquire %d: %+v, %v", i, g, err)
 		}
@@ -38,7 +33,7 @@ func TestFloodOfKeysIsFreed(t *testing.T) {
 	waitFor(t, 3*time.Second, func() bool { return s.Len() == 0 })
 
 	// One more operation finds the structures compacted, not just emptied.
-	if g, err := s.Acquire(ctx, "after", "t", time.Minute); err != nil || !g.OK {
+	if g, err := s.Acquire(ctx, one("after"), "t", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire after the flood: %+v, %v", g, err)
 	}
 	s.mu.Lock()
@@ -70,7 +65,7 @@ func TestHeapConsistentUnderConcurrency(t *testing.T) {
 				if r%3 == 0 {
 					ttl = time.Minute
 				}
-				g, err := s.Acquire(ctx, key, token, ttl)
+				g, err := s.Acquire(ctx, one(key), token, ttl)
 				if err != nil {
 					t.Errorf("Acquire: %v", err)
 					return
@@ -79,12 +74,12 @@ func TestHeapConsistentUnderConcurrency(t *testing.T) {
 					continue
 				}
 				for i := range 3 {
-					err := s.Refresh(ctx, key, token, time.Duration(r%7+i)*time.Millisecond+time.Microsecond)
-					if err != nil && !errors.Is(err, reqlock.ErrNotHeld) {
+					err := s.Refresh(ctx, one(key), token, time.Duration(r%7+i)*time.Millisecond+time.Microsecond)
+					if err != nil && !errors.Is(err, stores.ErrNotHeld) {
 						t.Errorf("Refresh: %v", err)
 					}
 				}
-				if err := s.Release(ctx, key, token, 0); err != nil && !errors.Is(err, reqlock.ErrNotHeld) {
+				if err := s.Release(ctx, one(key), token, 0); err != nil && !errors.Is(err, stores.ErrNotHeld) {
 					t.Errorf("Release: %v", err)
 				}
 				if r%50 == 0 {
@@ -105,15 +100,47 @@ func TestHeapConsistentUnderConcurrency(t *testing.T) {
 func TestInvalidTTL(t *testing.T) {
 	s := New()
 	ctx := context.Background()
-	if _, err := s.Acquire(ctx, "k", "t", 0); !errors.Is(err, reqlock.ErrInvalid) {
+	if _, err := s.Acquire(ctx, one("k"), "t", 0); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("Acquire with ttl 0: got %v, want ErrInvalid", err)
 	}
-	if g, err := s.Acquire(ctx, "k", "t", time.Minute); err != nil || !g.OK {
+	if g, err := s.Acquire(ctx, one("k"), "t", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
-	if err := s.Refresh(ctx, "k", "t", -time.Second); !errors.Is(err, reqlock.ErrInvalid) {
+	if err := s.Refresh(ctx, one("k"), "t", -time.Second); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("Refresh with a negative ttl: got %v, want ErrInvalid", err)
 	}
+}
+
+// TestFencesShareOneCounter: every grant of a key, in one call or in
+// several, takes the next fence of one counter, a stride on, so fences grow
+// across keys and past the expiry of a lock whose entry is gone.
+func TestFencesShareOneCounter(t *testing.T) {
+	s := New()
+	ctx := context.Background()
+	var want int64
+	grant := func(keys []string, ttl time.Duration) {
+		t.Helper()
+		g, err := s.Acquire(ctx, keys, "t", ttl)
+		if err != nil || !g.OK {
+			t.Fatalf("Acquire(%q): %+v, %v", keys, g, err)
+		}
+		for i, f := range g.Fences {
+			want += stores.FenceStride
+			if f != want {
+				t.Fatalf("Acquire(%q): fence of %q is %d, want %d", keys, keys[i], f, want)
+			}
+		}
+	}
+	grant([]string{"a", "b", "c"}, time.Minute)
+	grant(one("d"), time.Millisecond)
+	// Waiting for the TTL to run out is what this checks: the lock of d is
+	// freed and its entry dropped.
+	waitFor(t, 3*time.Second, func() bool { return s.Len() == 3 })
+	grant(one("d"), time.Minute)
+	if err := s.Release(ctx, []string{"a", "b", "c", "d"}, "t", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	grant([]string{"a", "d"}, time.Minute)
 }
 
 // checkInvariants reports whether the map and the heap hold the same
@@ -153,9 +180,9 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
 
 func TestNotifyStopEmptiesMap(t *testing.T) {
 	s := New()
-	ch1, stop1 := s.NotifyRelease("a")
-	_, stop2 := s.NotifyRelease("a")
-	_, stop3 := s.NotifyRelease("b")
+	ch1, stop1 := s.NotifyRelease("a", "w")
+	_, stop2 := s.NotifyRelease("a", "w")
+	_, stop3 := s.NotifyRelease("b", "w")
 	if n := subsLen(s); n != 2 {
 		t.Fatalf("%d keys subscribed, want 2", n)
 	}
@@ -164,10 +191,10 @@ func TestNotifyStopEmptiesMap(t *testing.T) {
 	if n := subsLen(s); n != 2 {
 		t.Fatalf("after one of two subscribers of a stopped: %d keys subscribed, want 2", n)
 	}
-	if g, err := s.Acquire(context.Background(), "a", "t", time.Minute); err != nil || !g.OK {
+	if g, err := s.Acquire(context.Background(), one("a"), "t", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
-	if err := s.Release(context.Background(), "a", "t", 0); err != nil {
+	if err := s.Release(context.Background(), one("a"), "t", 0); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	select {
@@ -182,13 +209,13 @@ func TestNotifyStopEmptiesMap(t *testing.T) {
 		t.Fatalf("after every stop: %d keys subscribed, want 0", n)
 	}
 	// A stop from before does not remove a later subscriber of the key.
-	ch, stop := s.NotifyRelease("a")
+	ch, stop := s.NotifyRelease("a", "w")
 	defer stop()
 	stop1()
-	if g, err := s.Acquire(context.Background(), "a", "t", time.Minute); err != nil || !g.OK {
+	if g, err := s.Acquire(context.Background(), one("a"), "t", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
-	if err := s.Release(context.Background(), "a", "t", 0); err != nil {
+	if err := s.Release(context.Background(), one("a"), "t", 0); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	select {
@@ -201,10 +228,10 @@ func TestNotifyStopEmptiesMap(t *testing.T) {
 func TestNotifyOnExpiry(t *testing.T) {
 	s := New()
 	ctx := context.Background()
-	if g, err := s.Acquire(ctx, "k", "t", time.Millisecond); err != nil || !g.OK {
+	if g, err := s.Acquire(ctx, one("k"), "t", time.Millisecond); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
-	ch, stop := s.NotifyRelease("k")
+	ch, stop := s.NotifyRelease("k", "w")
 	defer stop()
 	// Len sweeps, as every operation does; the sweep that frees k signals.
 	waitFor(t, 3*time.Second, func() bool { return s.Len() == 0 })
@@ -220,7 +247,7 @@ func TestNotifySubsMapShrinks(t *testing.T) {
 	const n = 20000
 	stops := make([]func(), 0, n)
 	for i := range n {
-		_, stop := s.NotifyRelease("flood:" + strconv.Itoa(i))
+		_, stop := s.NotifyRelease("flood:"+strconv.Itoa(i), "w")
 		stops = append(stops, stop)
 	}
 	for _, stop := range stops {

@@ -1,7 +1,7 @@
 -- Takes several keys at once, all or none.
 -- KEYS[1..n] lock keys, KEYS[n+1..2n] their fence keys (KEYS[n+i] is the
 -- fence key of KEYS[i]); all in one slot.
--- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms
+-- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] fence stride
 -- Returns {1, fence of KEYS[1], ..., fence of KEYS[n]} when granted, else
 -- {0, index (0-based) of the first held key, its pttl} and writes nothing.
 -- Every fence key is read and checked before anything is written, so a bad
@@ -27,6 +27,6 @@ local now = now_us()
 local reply = {1}
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-  reply[i + 1] = issue_fence(KEYS[n + i], last[i], now, ARGV[3])
+  reply[i + 1] = issue_fence(KEYS[n + i], last[i], now, ARGV[3], tonumber(ARGV[4]))
 end
 return reply

@@ -4,10 +4,12 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // abandonedCleanupTimeout bounds the release of a grant whose caller left
-// before its acquire call returned.
+// before its acquire script returned.
 const abandonedCleanupTimeout = 2 * time.Second
 
 // States of a scriptCall.
@@ -17,28 +19,37 @@ const (
 	callAbandoned
 )
 
-// scriptCall is one acquire script in flight; see untilCancelled.
+// scriptCall is one acquire script in flight; see run.
 type scriptCall struct {
-	state atomic.Int32
-	done  chan struct{} // closed once reply and err are set, unless abandoned
-	reply []int64
-	err   error
+	state  atomic.Int32
+	done   chan struct{} // closed once reply and err are set, unless abandoned
+	store  *Store
+	script *redis.Script
+	keys   []string // the script's keys
+	args   []any
+	reply  []int64
+	err    error
+
+	// undo releases what the script may have granted once it returned to
+	// a caller that left; undoKeys and undoToken say what.
+	undo      func(c *scriptCall, ctx context.Context)
+	undoKeys  []string
+	undoToken string
 }
 
-// untilCancelled runs an acquire script and returns its reply, or ctx.Err()
-// as soon as ctx is cancelled, even while the script is in flight: go-redis
-// bounds a call by its context's deadline but not by its cancellation, so a
-// waiter whose client left would otherwise sit out a stalled Redis until its
-// deadline. The call goes on in the background, bounded by that deadline,
-// and once it returns, undo gets its outcome, so that a grant nobody will
-// use is released: never before, or the release could reach Redis ahead of
-// the grant it undoes.
-func untilCancelled(ctx context.Context, run func(ctx context.Context) ([]int64, error), undo func(reply []int64, err error)) ([]int64, error) {
+// run runs the script and returns its reply, or ctx.Err() as soon as ctx is
+// cancelled, even while the script is in flight: go-redis bounds a call by
+// its context's deadline but not by its cancellation, so a waiter whose
+// client left would otherwise sit out a stalled Redis until its deadline.
+// The script goes on in the background, bounded by that deadline, and once
+// it returns undo releases what it may have granted: never before, or the
+// release could reach Redis ahead of the grant it undoes.
+func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 	if ctx.Done() == nil {
-		return run(ctx) // never cancelled
+		return c.script.Run(ctx, c.store.client, c.keys, c.args...).Int64Slice() // never cancelled
 	}
-	c := &scriptCall{done: make(chan struct{})}
-	go c.run(ctx, run, undo)
+	c.done = make(chan struct{})
+	go c.inBackground(ctx)
 	select {
 	case <-c.done:
 	case <-ctx.Done():
@@ -50,17 +61,34 @@ func untilCancelled(ctx context.Context, run func(ctx context.Context) ([]int64,
 	return c.reply, c.err
 }
 
-func (c *scriptCall) run(ctx context.Context, run func(ctx context.Context) ([]int64, error), undo func(reply []int64, err error)) {
-	c.reply, c.err = run(ctx)
+func (c *scriptCall) inBackground(ctx context.Context) {
+	c.reply, c.err = c.script.Run(ctx, c.store.client, c.keys, c.args...).Int64Slice()
 	if c.state.CompareAndSwap(callRunning, callReturned) {
 		close(c.done)
 		return
 	}
-	undo(c.reply, c.err) // the caller left
+	// The caller left: undo in its stead, when the script may have granted.
+	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) || c.isFair() {
+		ctx, cancel := context.WithTimeout(context.Background(), abandonedCleanupTimeout)
+		defer cancel()
+		c.undo(c, ctx)
+	}
 }
 
-// cleanupContext is the context of an abandoned call's cleanup: it outlives
-// the caller, bounded by abandonedCleanupTimeout.
-func cleanupContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), abandonedCleanupTimeout)
+// isFair reports whether the call was a fair attempt, which may have queued
+// the token even when it did not grant.
+func (c *scriptCall) isFair() bool { return c.script == fairAcquireScript }
+
+// undoRelease releases the keys the call may have granted, owner-checked.
+func undoRelease(c *scriptCall, ctx context.Context) {
+	_ = c.store.Release(ctx, c.undoKeys, c.undoToken, 0)
+}
+
+// undoFair releases the key a fair call may have granted and takes the
+// token out of the queue it may have joined.
+func undoFair(c *scriptCall, ctx context.Context) {
+	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) {
+		_ = c.store.Release(ctx, c.undoKeys, c.undoToken, 0)
+	}
+	_ = c.store.LeaveFair(ctx, c.undoKeys[0], c.undoToken)
 }

@@ -15,8 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest"
 )
 
@@ -121,19 +121,21 @@ func clusterClient(t *testing.T, addr string) *redis.ClusterClient {
 	return c
 }
 
-// TestOnOneNodeCluster runs the conformance suites through a
-// *redis.ClusterClient on a real (one-node) Redis Cluster, and checks that
-// the server's CROSSSLOT refusal of keys in two slots comes back as
-// ErrCrossSlot (and so reqlock.ErrInvalid) when the client check cannot see
-// the cluster.
+// TestOnOneNodeCluster runs the conformance suite through a
+// *redis.ClusterClient on a real (one-node) Redis Cluster, declaring
+// release notification and fair mode, and checks that the server's
+// CROSSSLOT refusal of keys in two slots comes back as ErrCrossSlot (and so
+// stores.ErrInvalid) when the client check cannot see the cluster.
 func TestOnOneNodeCluster(t *testing.T) {
 	addr := clusterNode(t)
 	client := clusterClient(t, addr)
-	mk := func(t *testing.T) reqlock.Store { return newStore(t, client) }
-	t.Run("Run", func(t *testing.T) { storetest.Run(t, mk) })
-	t.Run("RunMulti", func(t *testing.T) { storetest.RunMulti(t, mk) })
-	t.Run("RunKeep", func(t *testing.T) { storetest.RunKeep(t, mk) })
-	t.Run("RunFair", func(t *testing.T) { storetest.RunFair(t, mk) })
+	t.Run("Conformance", func(t *testing.T) {
+		storetest.Run(t, storetest.Suite{
+			New:    func(t *testing.T) stores.Store { return newStore(t, client) },
+			Notify: true,
+			Fair:   true,
+		})
+	})
 
 	t.Run("CrossSlotReply", func(t *testing.T) {
 		// Behind a wrapper the store cannot tell it talks to a Cluster,
@@ -149,23 +151,36 @@ func TestOnOneNodeCluster(t *testing.T) {
 		if slot(keys[0]) == slot(keys[1]) {
 			t.Fatal("test keys share a slot")
 		}
-		_, err := hidden.AcquireAll(ctx, keys, "t", time.Minute)
+		_, err := hidden.Acquire(ctx, keys, "t", time.Minute)
 		var rerr redis.Error
-		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) || !errors.As(err, &rerr) ||
+		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) || !errors.As(err, &rerr) ||
 			!strings.Contains(err.Error(), strconv.Quote(keys[1])) {
-			t.Fatalf("AcquireAll of keys in two slots on a Cluster: got %v, want ErrCrossSlot and ErrInvalid wrapping Redis's reply", err)
+			t.Fatalf("Acquire of keys in two slots on a Cluster: got %v, want ErrCrossSlot and ErrInvalid wrapping Redis's reply", err)
 		}
-		if err := hidden.ReleaseAll(ctx, keys, "t", []int64{0, 0}, 0); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
-			t.Fatalf("ReleaseAll: got %v, want ErrCrossSlot and ErrInvalid", err)
+		for _, keep := range []time.Duration{0, time.Minute} {
+			if err := hidden.Release(ctx, keys, "t", keep); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) {
+				t.Fatalf("Release with keep %v: got %v, want ErrCrossSlot and ErrInvalid", keep, err)
+			}
 		}
-		if err := hidden.RefreshAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
-			t.Fatalf("RefreshAll: got %v, want ErrCrossSlot and ErrInvalid", err)
+		if err := hidden.Refresh(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) {
+			t.Fatalf("Refresh: got %v, want ErrCrossSlot and ErrInvalid", err)
 		}
 		// The store on the bare client refuses before sending.
-		if _, err := s.AcquireAll(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
-			t.Fatalf("AcquireAll through the ClusterClient: got %v, want ErrCrossSlot and ErrInvalid", err)
+		if _, err := s.Acquire(ctx, keys, "t", time.Minute); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) {
+			t.Fatalf("Acquire through the ClusterClient: got %v, want ErrCrossSlot and ErrInvalid", err)
 		}
-		for _, k := range keys {
+		// One key with '}' and no hash tag has its fence key in another
+		// slot: Redis refuses the one-key script, and the store maps it.
+		odd := []string{p + "x{}{y}"}
+		if slot(fenceKey(odd[0])) == slot(odd[0]) {
+			t.Fatal("the odd key shares a slot with its fence key")
+		}
+		for name, st := range map[string]*Store{"ClusterClient": s, "hidden": hidden} {
+			if _, err := st.Acquire(ctx, odd, "t", time.Minute); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) {
+				t.Fatalf("Acquire of one key whose fence key is in another slot, through the %s: got %v, want ErrCrossSlot and ErrInvalid", name, err)
+			}
+		}
+		for _, k := range append(keys, odd...) {
 			if n := client.Exists(ctx, k).Val(); n != 0 {
 				t.Fatalf("a refused call left %q behind", k)
 			}

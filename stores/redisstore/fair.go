@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 )
 
 // fairDropLimit is the most dead waiters one AcquireFair drops, so that a
@@ -27,9 +27,7 @@ var (
 	fairLeaveScript   = redis.NewScript(fairLeaveSrc)
 )
 
-var _ reqlock.FairStore = (*Store)(nil)
-
-// AcquireFair is one attempt of a fair waiter (see reqlock.FairStore and
+// AcquireFair is one attempt of a fair waiter (see stores.FairStore and
 // reqlock.WithFairness), in one script and one round trip.
 //
 // Next to the lock key and its fence key, a key in fair use has two sorted
@@ -49,40 +47,33 @@ var _ reqlock.FairStore = (*Store)(nil)
 // release, so the new head's NotifyRelease wakes it at once.
 //
 // A refusal returns a FairGrant with OK false, the caller's place in the
-// queue as Ahead, and, as HolderTTL, the holder's remaining TTL, or, when
+// queue as Ahead, and, as Wait, the holder's remaining TTL, or, when
 // the key is free but another waiter heads the queue, that waiter's
 // remaining lease. It returns the client's error as is,
-// an error wrapping reqlock.ErrInvalid for a non-positive ttl or a negative
+// an error wrapping stores.ErrInvalid for an empty key, a non-positive ttl or a negative
 // lease, and ctx.Err() without acting when ctx has ended.
-func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (reqlock.FairGrant, error) {
-	if err := args.CheckAcquireFair(ctx, ttl, lease); err != nil {
-		return reqlock.FairGrant{}, err
+func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
+		return stores.FairGrant{}, err
 	}
-	keys := []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)}
-	reply, err := untilCancelled(ctx, func(ctx context.Context) ([]int64, error) {
-		return fairAcquireScript.Run(ctx, s.client, keys,
-			token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit).Int64Slice()
-	}, func(reply []int64, err error) {
-		ctx, cancel := cleanupContext()
-		defer cancel()
-		if err != nil || (len(reply) > 0 && reply[0] == 1) {
-			_ = s.Release(ctx, key, token, 0)
-		}
-		_ = s.LeaveFair(ctx, key, token) // the call may have queued the token
-	})
+	call := &scriptCall{store: s, script: fairAcquireScript,
+		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)},
+		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit, stores.FenceStride},
+		undo: undoFair, undoKeys: []string{key}, undoToken: token}
+	reply, err := call.run(ctx)
 	if err != nil {
-		return reqlock.FairGrant{}, err
+		return stores.FairGrant{}, err
 	}
 	switch {
 	case len(reply) == 2 && reply[0] == 1:
-		return reqlock.FairGrant{Grant: reqlock.Grant{OK: true, Fence: reply[1]}}, nil
+		return stores.FairGrant{Grant: stores.Grant{OK: true, Fences: reply[1:]}}, nil
 	case len(reply) == 3 && reply[0] == 0:
-		return reqlock.FairGrant{
-			Grant: reqlock.Grant{HolderTTL: holderTTL(reply[1])},
+		return stores.FairGrant{
+			Grant: stores.Grant{Wait: holderTTL(reply[1])},
 			Ahead: int(reply[2]),
 		}, nil
 	}
-	return reqlock.FairGrant{}, fmt.Errorf("%w: fair acquire %q answered %v", ErrUnexpectedReply, key, reply)
+	return stores.FairGrant{}, fmt.Errorf("%w: fair acquire %q answered %v", ErrUnexpectedReply, key, reply)
 }
 
 // LeaveFair takes token out of key's fair queue and lease set. When token

@@ -3,7 +3,8 @@
 -- ticket, server microseconds), KEYS[4] leases (ZSET: token -> lease deadline,
 -- server milliseconds); all four in one slot.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] lease ms
--- (0: try once without joining the queue), ARGV[5] most waiters dropped per call.
+-- (0: try once without joining the queue), ARGV[5] most waiters dropped per call,
+-- ARGV[6] fence stride.
 -- Returns {1, fence} when granted, else {0, hint ms, ahead}: the hint is the
 -- holder's PTTL, or, when the key is free but another waiter heads the queue,
 -- that waiter's remaining lease (0 when unknown); ahead is the number of
@@ -23,7 +24,7 @@ if own_retry(KEYS[1], token, ARGV[2]) then
   if err then
     return err
   end
-  return {1, issue_fence(KEYS[2], last, nowus, ARGV[3])}
+  return {1, issue_fence(KEYS[2], last, nowus, ARGV[3], tonumber(ARGV[6]))}
 end
 
 -- Heartbeat first: a late attempt keeps its place unless it was dropped.
@@ -82,7 +83,7 @@ if empty or head == token then
       redis.call('ZREM', KEYS[3], token)
       redis.call('ZREM', KEYS[4], token)
     end
-    return {1, issue_fence(KEYS[2], last, nowus, ARGV[3])}
+    return {1, issue_fence(KEYS[2], last, nowus, ARGV[3], tonumber(ARGV[6]))}
   end
 end
 

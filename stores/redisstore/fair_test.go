@@ -10,15 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
-	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores"
 )
-
-func TestFairConformance(t *testing.T) {
-	client := testredis.Client(t)
-	storetest.RunFair(t, func(t *testing.T) reqlock.Store { return newStore(t, client) })
-}
 
 func TestFairKeysShareTheSlot(t *testing.T) {
 	for _, key := range []string{"reqlock:sku:42", "reqlock:{sku:42}", "reqlock:{sku}:42", "a{b", "{", "ключ:😀"} {
@@ -78,9 +72,7 @@ func TestFairStoredState(t *testing.T) {
 	ctx := context.Background()
 	key := testredis.Prefix(t) + "k"
 	lease := 3 * time.Second
-	if g, err := s.Acquire(ctx, key, "holder", time.Minute); err != nil || !g.OK {
-		t.Fatalf("holder: %+v %v", g, err)
-	}
+	mustAcquire(t, s, []string{key}, "holder", time.Minute)
 	for _, tok := range []string{"a", "b", "c"} {
 		if g, err := s.AcquireFair(ctx, key, tok, time.Minute, lease); err != nil || g.OK {
 			t.Fatalf("%s: %+v %v", tok, g, err)
@@ -123,16 +115,12 @@ func TestFairStoredState(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Granting everybody empties both sets, which then no longer exist.
-	if err := s.Release(ctx, key, "holder", 0); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, s, []string{key}, "holder")
 	for _, tok := range []string{"a", "b", "c"} {
 		if g, err := s.AcquireFair(ctx, key, tok, time.Minute, lease); err != nil || !g.OK {
 			t.Fatalf("%s: %+v %v, want granted", tok, g, err)
 		}
-		if err := s.Release(ctx, key, tok, 0); err != nil {
-			t.Fatal(err)
-		}
+		mustRelease(t, s, []string{key}, tok)
 	}
 	if n := c.Exists(ctx, fairQueueKey(key), fairLeaseKey(key)).Val(); n != 0 {
 		t.Fatalf("%d fair keys left after the queue drained", n)
@@ -221,9 +209,7 @@ func TestFairTicketsGrowWhenClockStepsBack(t *testing.T) {
 	s := newStore(t, c)
 	ctx := context.Background()
 	key := testredis.Prefix(t) + "k"
-	if g, _ := s.Acquire(ctx, key, "holder", time.Minute); !g.OK {
-		t.Fatal("holder refused")
-	}
+	mustAcquire(t, s, []string{key}, "holder", time.Minute)
 	future := float64(time.Now().Add(time.Hour).UnixMicro())
 	pipe := c.TxPipeline()
 	pipe.ZAdd(ctx, fairQueueKey(key), redis.Z{Score: future, Member: "early"})
@@ -242,7 +228,7 @@ func TestFairTicketsGrowWhenClockStepsBack(t *testing.T) {
 
 func TestFairInvalidAndUnexpected(t *testing.T) {
 	s := newStore(t, testredis.Client(t))
-	if _, err := s.AcquireFair(context.Background(), "k", "t", time.Second, -time.Second); !errors.Is(err, reqlock.ErrInvalid) {
+	if _, err := s.AcquireFair(context.Background(), "k", "t", time.Second, -time.Second); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("negative lease: %v", err)
 	}
 }

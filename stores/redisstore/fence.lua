@@ -19,24 +19,18 @@ local function now_us()
 end
 
 -- issue_fence stores and returns the next fence of fence key fk:
--- max(last + 1, now), kept for retention ms.
-local function issue_fence(fk, last, now, retention)
-  local fence = math.max(last + 1, now)
+-- max(last + stride, now), with stride the least step between two grants'
+-- fences (stores.FenceStride). It keeps fk for retention ms, and longer while
+-- the fence is ahead of the clock (many grants within a stride of
+-- microseconds), so that once fk expires the clock alone exceeds every fence
+-- it held.
+local function issue_fence(fk, last, now, retention, stride)
+  local fence = math.max(last + stride, now)
+  local keep = tonumber(retention) + math.ceil((fence - now) / 1000)
   -- %.0f, not tostring: tostring prints 1.7e+15.
-  redis.call('SET', fk, string.format('%.0f', fence), 'PX', retention)
+  redis.call('SET', fk, string.format('%.0f', fence), 'PX', keep)
   return fence
 end
-
--- record_fence raises fence key fk to used, the highest fence used under a
--- grant that ends, when that is higher than what fk holds (0: only the
--- grant's own fence, which fk already holds).
-local function record_fence(fk, used, retention)
-  used = tonumber(used) or 0
-  if used > 0 and used > (tonumber(redis.call('GET', fk) or '0') or 0) then
-    redis.call('SET', fk, string.format('%.0f', used), 'PX', retention)
-  end
-end
-
 
 -- own_retry reports whether lock key k already holds token (a retried call
 -- of the acquisition that set it, whose reply was lost) and then resets its

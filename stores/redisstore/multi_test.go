@@ -14,11 +14,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores"
 )
 
-func TestMultiOneRoundTripEach(t *testing.T) {
+// TestOneRoundTripEach: every call, with one key or several, granted or
+// refused, with or without keep, is one EVALSHA once the scripts are cached;
+// refused arguments send nothing.
+func TestOneRoundTripEach(t *testing.T) {
 	client := testredis.Client(t)
 	log := &commandLog{}
 	client.AddHook(log)
@@ -29,7 +32,6 @@ func TestMultiOneRoundTripEach(t *testing.T) {
 	}
 	p := testredis.Prefix(t)
 	keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
-	zero := make([]int64, len(keys))
 	one := func(what string, op func() error) {
 		t.Helper()
 		log.take()
@@ -40,8 +42,8 @@ func TestMultiOneRoundTripEach(t *testing.T) {
 			t.Fatalf("%s sent %v, want one evalsha", what, got)
 		}
 	}
-	wantGrant := func(want bool) func(reqlock.MultiGrant, error) error {
-		return func(g reqlock.MultiGrant, err error) error {
+	wantGrant := func(want bool) func(stores.Grant, error) error {
+		return func(g stores.Grant, err error) error {
 			if err == nil && g.OK != want {
 				return errors.New("grant " + strconv.FormatBool(g.OK) + ", want " + strconv.FormatBool(want))
 			}
@@ -49,29 +51,39 @@ func TestMultiOneRoundTripEach(t *testing.T) {
 		}
 	}
 	notHeld := func(err error) error {
-		if errors.Is(err, reqlock.ErrNotHeld) {
+		if errors.Is(err, stores.ErrNotHeld) {
 			return nil
 		}
 		return errors.New("want ErrNotHeld, got " + errString(err))
 	}
 
-	one("AcquireAll, granted", func() error { return wantGrant(true)(s.AcquireAll(ctx, keys, "t1", time.Minute)) })
-	one("AcquireAll, refused", func() error { return wantGrant(false)(s.AcquireAll(ctx, keys, "t2", time.Minute)) })
-	one("RefreshAll", func() error { return s.RefreshAll(ctx, keys, "t1", time.Minute) })
-	one("RefreshAll, not held", func() error { return notHeld(s.RefreshAll(ctx, keys, "t2", time.Minute)) })
-	one("ReleaseAll with keep", func() error { return s.ReleaseAll(ctx, keys, "t1", zero, time.Minute) })
-	one("ReleaseAll", func() error { return s.ReleaseAll(ctx, keys, "t1", zero, 0) })
-	one("ReleaseAll, not held", func() error { return notHeld(s.ReleaseAll(ctx, keys, "t1", zero, 0)) })
-	one("AcquireAll of one key", func() error { return wantGrant(true)(s.AcquireAll(ctx, keys[:1], "t3", time.Minute)) })
-	one("ReleaseKeep", func() error { return s.ReleaseKeep(ctx, keys[0], "t3", 0, time.Minute) })
-	one("ReleaseKeep, not held", func() error { return notHeld(s.ReleaseKeep(ctx, keys[0], "t4", 0, time.Minute)) })
-	one("ReleaseKeep with keep 0", func() error { return s.ReleaseKeep(ctx, keys[0], "t3", 0, 0) })
+	one("Acquire of 3 keys, granted", func() error { return wantGrant(true)(s.Acquire(ctx, keys, "t1", time.Minute)) })
+	one("Acquire of 3 keys, retried", func() error { return wantGrant(true)(s.Acquire(ctx, keys, "t1", time.Minute)) })
+	one("Acquire of 3 keys, refused", func() error { return wantGrant(false)(s.Acquire(ctx, keys, "t2", time.Minute)) })
+	one("Refresh of 3 keys", func() error { return s.Refresh(ctx, keys, "t1", time.Minute) })
+	one("Refresh of 3 keys, not held", func() error { return notHeld(s.Refresh(ctx, keys, "t2", time.Minute)) })
+	one("Release of 3 keys with keep", func() error { return s.Release(ctx, keys, "t1", time.Minute) })
+	one("Release of 3 keys", func() error { return s.Release(ctx, keys, "t1", 0) })
+	one("Release of 3 keys, not held", func() error { return notHeld(s.Release(ctx, keys, "t1", 0)) })
+	one("Acquire of one key, granted", func() error { return wantGrant(true)(s.Acquire(ctx, keys[:1], "t3", time.Minute)) })
+	one("Acquire of one key, refused", func() error { return wantGrant(false)(s.Acquire(ctx, keys[:1], "t4", time.Minute)) })
+	one("Refresh of one key", func() error { return s.Refresh(ctx, keys[:1], "t3", time.Minute) })
+	one("Refresh of one key, not held", func() error { return notHeld(s.Refresh(ctx, keys[:1], "t4", time.Minute)) })
+	one("Release of one key with keep", func() error { return s.Release(ctx, keys[:1], "t3", time.Minute) })
+	one("Release of one key with keep, not held", func() error { return notHeld(s.Release(ctx, keys[:1], "t4", time.Minute)) })
+	one("Release of one key", func() error { return s.Release(ctx, keys[:1], "t3", 0) })
+	one("Release of one key, not held", func() error { return notHeld(s.Release(ctx, keys[:1], "t3", 0)) })
 
 	// Refused arguments cost nothing.
 	log.take()
-	_, _ = s.AcquireAll(ctx, []string{keys[1], keys[0]}, "t1", time.Minute)
-	_ = s.ReleaseAll(ctx, keys, "t1", nil, 0)
-	_ = s.RefreshAll(ctx, nil, "t1", time.Minute)
+	_, _ = s.Acquire(ctx, []string{keys[1], keys[0]}, "t1", time.Minute)
+	_, _ = s.Acquire(ctx, nil, "t1", time.Minute)
+	_, _ = s.Acquire(ctx, []string{keys[0], keys[0]}, "t1", time.Minute)
+	_, _ = s.Acquire(ctx, keys, "t1", 0)
+	_ = s.Release(ctx, nil, "t1", 0)
+	_ = s.Release(ctx, []string{""}, "t1", 0)
+	_ = s.Refresh(ctx, nil, "t1", time.Minute)
+	_ = s.Refresh(ctx, keys, "t1", -time.Second)
 	if got := log.take(); len(got) != 0 {
 		t.Fatalf("invalid calls sent %v, want nothing", got)
 	}
@@ -84,53 +96,58 @@ func errString(err error) string {
 	return err.Error()
 }
 
-func TestAcquireAllFences(t *testing.T) {
+func TestMultiAcquireFences(t *testing.T) {
 	client := testredis.Client(t)
-	s := newStore(t, client, WithFenceRetention(time.Minute))
+	const retention = time.Minute
+	s := newStore(t, client, WithFenceRetention(retention))
 	ctx := context.Background()
 	p := testredis.Prefix(t)
 	// Untagged and tagged keys: each has its own fence key, named as for
-	// Acquire.
+	// one key.
 	keys := []string{p + "a", p + "b", p + "{t}:c"}
+	t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
 	const ahead = int64(1) << 52
 	if err := client.Set(ctx, fenceKey(keys[1]), ahead, time.Minute).Err(); err != nil {
 		t.Fatalf("SET fence key: %v", err)
 	}
-	serverNow, err := client.Time(ctx).Result()
-	if err != nil {
-		t.Fatalf("TIME: %v", err)
-	}
-	g, err := s.AcquireAll(ctx, keys, "t", time.Minute)
-	if err != nil || !g.OK {
-		t.Fatalf("AcquireAll: %+v, %v", g, err)
-	}
-	if g.Fences[1] != ahead+1 {
-		t.Fatalf("fence of a key whose counter is ahead of the clock: %d, want %d", g.Fences[1], ahead+1)
+	before := serverMicros(t, client)
+	g := mustAcquire(t, s, keys, "t", time.Minute)
+	after := serverMicros(t, client)
+	if g.Fences[1] != ahead+stores.FenceStride {
+		t.Fatalf("fence of a key whose fence key is ahead of the clock: %d, want %d", g.Fences[1], ahead+stores.FenceStride)
 	}
 	for _, i := range []int{0, 2} {
-		if d := time.UnixMicro(g.Fences[i]).Sub(serverNow); d < 0 || d > 10*time.Second {
-			t.Fatalf("first fence of %q is %v after the server clock, want within [0, 10s]", keys[i], d)
+		if g.Fences[i] < before || g.Fences[i] > after {
+			t.Fatalf("first fence of %q is %d, want the server clock, in [%d, %d]", keys[i], g.Fences[i], before, after)
 		}
 	}
 	for i, k := range keys {
-		raw, err := client.Get(ctx, fenceKey(k)).Result()
-		if err != nil || raw != strconv.FormatInt(g.Fences[i], 10) {
-			t.Fatalf("fence key of %q holds %q (%v), want %d", k, raw, err, g.Fences[i])
+		if stored := storedFence(t, client, k); stored != g.Fences[i] {
+			t.Fatalf("fence key of %q holds %d, want %d", k, stored, g.Fences[i])
 		}
-		if pttl := client.PTTL(ctx, fenceKey(k)).Val(); pttl <= 0 || pttl > time.Minute {
-			t.Fatalf("fence key of %q has TTL %v, want in (0, 1m]", k, pttl)
+		pttl := client.PTTL(ctx, fenceKey(k)).Val()
+		if i == 1 {
+			// Ahead of the clock: kept for the retention plus the lead.
+			if least := retention + time.Duration(g.Fences[i]-after)*time.Microsecond - expirySlack; pttl < least {
+				t.Fatalf("fence key of %q, ahead of the clock, has TTL %v, want at least %v", k, pttl, least)
+			}
+		} else if pttl <= 0 || pttl > retention {
+			t.Fatalf("fence key of %q has TTL %v, want in (0, %v]", k, pttl, retention)
 		}
 		if pttl := client.PTTL(ctx, k).Val(); pttl <= 0 || pttl > time.Minute {
 			t.Fatalf("%q has TTL %v, want in (0, 1m]", k, pttl)
 		}
 	}
-	if err := s.ReleaseAll(ctx, keys, "t", make([]int64, len(keys)), 0); err != nil {
-		t.Fatalf("ReleaseAll: %v", err)
+	// A second grant steps every key by the stride.
+	mustRelease(t, s, keys, "t")
+	next := mustAcquire(t, s, keys, "t2", time.Minute)
+	for i, k := range keys {
+		expectStride(t, g.Fences[i], next.Fences[i], "second grant of "+k)
 	}
-	client.Del(ctx, withFenceKeys(keys)...)
+	mustRelease(t, s, keys, "t2")
 }
 
-func TestAcquireAllBadFenceKeyLeavesNoLock(t *testing.T) {
+func TestMultiBadFenceKeyLeavesNoLock(t *testing.T) {
 	client := testredis.Client(t)
 	s := newStore(t, client)
 	ctx := context.Background()
@@ -140,11 +157,11 @@ func TestAcquireAllBadFenceKeyLeavesNoLock(t *testing.T) {
 	if err := client.Set(ctx, fenceKey(keys[2]), "abc", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.AcquireAll(ctx, keys, "t", time.Minute); err == nil || !strings.Contains(err.Error(), "does not hold a fence") {
-		t.Fatalf("AcquireAll with a bad fence key: got %v, want the script's error", err)
+	if _, err := s.Acquire(ctx, keys, "t", time.Minute); err == nil || !strings.Contains(err.Error(), "does not hold a fence") {
+		t.Fatalf("Acquire with a bad fence key: got %v, want the script's error", err)
 	}
 	if n := client.Exists(ctx, keys...).Val(); n != 0 {
-		t.Fatalf("the failed AcquireAll left %d lock keys behind", n)
+		t.Fatalf("the failed Acquire left %d lock keys behind", n)
 	}
 	client.Del(ctx, withFenceKeys(keys)...)
 }
@@ -162,113 +179,117 @@ func overwriteWithHash(t *testing.T, client *redis.Client, key string) {
 	}
 }
 
-// A key of a multi-key grant that another program overwrote with another
-// type, or whose fence key it overwrote, counts as not held: ReleaseAll
-// leaves it as it is, still releases the other keys and returns ErrNotHeld
-// naming it, and so does ReleaseKeep for that key. (Redis's WRONGTYPE used to
-// fail the whole script, leaving every key locked until its TTL.)
-func TestReleaseAllWrongTypeReleasesTheOthers(t *testing.T) {
+// A key of a grant that another program overwrote with another type counts
+// as not held: Release leaves it as it is, still ends the grant on the other
+// keys and returns ErrNotHeld naming it, with or without keep, for several
+// keys and for one. (Redis's WRONGTYPE used to fail the whole script, leaving
+// every key locked until its TTL.) A fence key of another type no longer
+// matters to Release, which does not touch fence keys since it records no
+// last fence: the keys are released and the fence key is left as it is.
+func TestReleaseWrongType(t *testing.T) {
 	client := testredis.Client(t)
 	s := newStore(t, client)
 	ctx := context.Background()
-	cases := map[string]struct {
-		overwrite func(t *testing.T, key string) string // returns the key of another type
-		typ       string
-	}{
-		"LockKeyIsAHash": {func(t *testing.T, key string) string {
-			overwriteWithHash(t, client, key)
-			return key
-		}, "hash"},
-		"FenceKeyIsAList": {func(t *testing.T, key string) string {
-			fk := fenceKey(key)
+	for _, keep := range []time.Duration{0, 10 * time.Minute} {
+		t.Run(fmt.Sprintf("LockKeyIsAHash/keep=%v", keep), func(t *testing.T) {
+			p := testredis.Prefix(t)
+			keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
+			t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
+			mustAcquire(t, s, keys, "t", time.Minute)
+			overwriteWithHash(t, client, keys[1])
+
+			err := s.Release(ctx, keys, "t", keep)
+			if !errors.Is(err, stores.ErrNotHeld) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) ||
+				strings.Contains(err.Error(), strconv.Quote(keys[0])) || strings.Contains(err.Error(), strconv.Quote(keys[2])) {
+				t.Fatalf("Release with %q of another type: got %v, want ErrNotHeld naming it alone", keys[1], err)
+			}
+			for _, k := range []string{keys[0], keys[2]} {
+				if keep == 0 {
+					if n := client.Exists(ctx, k).Val(); n != 0 {
+						t.Errorf("%q was not released", k)
+					}
+				} else if pttl := client.PTTL(ctx, k).Val(); pttl <= time.Minute || pttl > keep {
+					t.Errorf("%q has TTL %v after Release with keep %v, want in (1m, %v]", k, pttl, keep, keep)
+				}
+			}
+			expectHash(t, client, keys[1], "Release of 3 keys")
+
+			// The same key alone, through the one-key path.
+			if err := s.Release(ctx, keys[1:2], "t", keep); !errors.Is(err, stores.ErrNotHeld) {
+				t.Errorf("Release of one key of another type, keep %v: got %v, want ErrNotHeld", keep, err)
+			}
+			expectHash(t, client, keys[1], "Release of one key")
+		})
+		t.Run(fmt.Sprintf("FenceKeyIsAList/keep=%v", keep), func(t *testing.T) {
+			p := testredis.Prefix(t)
+			keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
+			t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
+			mustAcquire(t, s, keys, "t", time.Minute)
+			fk := fenceKey(keys[1])
 			client.Del(ctx, fk)
 			if err := client.LPush(ctx, fk, "x").Err(); err != nil {
 				t.Fatal(err)
 			}
-			return fk
-		}, "list"},
-	}
-	for name, tc := range cases {
-		for _, keep := range []time.Duration{0, 10 * time.Minute} {
-			t.Run(fmt.Sprintf("%s/keep=%v", name, keep), func(t *testing.T) {
-				p := testredis.Prefix(t)
-				keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
-				t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
-				g, err := s.AcquireAll(ctx, keys, "t", time.Minute)
-				if err != nil || !g.OK {
-					t.Fatalf("AcquireAll: %+v, %v", g, err)
-				}
-				bad := tc.overwrite(t, keys[1])
-
-				// The grant's fences, as the Locker passes them: the
-				// script reads every fence key before it writes.
-				err = s.ReleaseAll(ctx, keys, "t", g.Fences, keep)
-				if !errors.Is(err, reqlock.ErrNotHeld) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) ||
-					strings.Contains(err.Error(), strconv.Quote(keys[0])) || strings.Contains(err.Error(), strconv.Quote(keys[2])) {
-					t.Fatalf("ReleaseAll with %s of another type: got %v, want ErrNotHeld naming %q alone", bad, err, keys[1])
-				}
-				for _, k := range []string{keys[0], keys[2]} {
-					if keep == 0 {
-						if n := client.Exists(ctx, k).Val(); n != 0 {
-							t.Errorf("%q was not released", k)
-						}
-					} else if pttl := client.PTTL(ctx, k).Val(); pttl <= time.Minute || pttl > keep {
-						t.Errorf("%q has TTL %v after ReleaseAll with keep %v, want in (1m, %v]", k, pttl, keep, keep)
+			if err := s.Release(ctx, keys, "t", keep); err != nil {
+				t.Fatalf("Release with the fence key %q of another type: %v, want nil", fk, err)
+			}
+			for _, k := range keys {
+				if keep == 0 {
+					if n := client.Exists(ctx, k).Val(); n != 0 {
+						t.Errorf("%q was not released", k)
 					}
+				} else if pttl := client.PTTL(ctx, k).Val(); pttl <= time.Minute || pttl > keep {
+					t.Errorf("%q has TTL %v after Release with keep %v, want in (1m, %v]", k, pttl, keep, keep)
 				}
-				if typ := client.Type(ctx, bad).Val(); typ != tc.typ {
-					t.Errorf("%q is a %s after ReleaseAll, want it left a %s", bad, typ, tc.typ)
-				}
-				if bad != keys[1] {
-					// Its lock key still holds the token, with its TTL.
-					if v := client.Get(ctx, keys[1]).Val(); v != "t" {
-						t.Errorf("%q holds %q after ReleaseAll, want it left holding the token", keys[1], v)
-					}
-					if pttl := client.PTTL(ctx, keys[1]).Val(); pttl <= 0 || pttl > time.Minute {
-						t.Errorf("%q has TTL %v after ReleaseAll, want it left in (0, 1m]", keys[1], pttl)
-					}
-				}
-
-				if err := s.ReleaseKeep(ctx, keys[1], "t", g.Fences[1], 10*time.Minute); !errors.Is(err, reqlock.ErrNotHeld) {
-					t.Fatalf("ReleaseKeep with %s of another type: got %v, want ErrNotHeld", bad, err)
-				}
-				if typ := client.Type(ctx, bad).Val(); typ != tc.typ {
-					t.Errorf("%q is a %s after ReleaseKeep, want it left a %s", bad, typ, tc.typ)
-				}
-			})
-		}
+			}
+			if typ := client.Type(ctx, fk).Val(); typ != "list" {
+				t.Errorf("%q is a %s after Release, want it left a list", fk, typ)
+			}
+		})
 	}
 }
 
-// A key overwritten with another type does not hold the token, so
-// RefreshAll changes nothing and returns ErrNotHeld naming it. (Redis's
-// WRONGTYPE used to come back as a store error.)
-func TestRefreshAllWrongTypeRefreshesNothing(t *testing.T) {
+// expectHash fails the test unless key is still the hash overwriteWithHash
+// made, without a TTL.
+func expectHash(t *testing.T, client *redis.Client, key, after string) {
+	t.Helper()
+	ctx := context.Background()
+	if typ, v := client.Type(ctx, key).Val(), client.HGet(ctx, key, "field").Val(); typ != "hash" || v != "value" {
+		t.Errorf("%q is a %s holding %q after %s, want the hash left as it was", key, typ, v, after)
+	}
+	if n := client.PTTL(ctx, key).Val(); n >= 0 {
+		t.Errorf("the hash %q got TTL %v from %s, want none", key, n, after)
+	}
+}
+
+// A key overwritten with another type does not hold the token, so Refresh
+// changes nothing and returns ErrNotHeld naming it, for several keys and for
+// one. (Redis's WRONGTYPE used to come back as a store error.)
+func TestRefreshWrongTypeRefreshesNothing(t *testing.T) {
 	client := testredis.Client(t)
 	s := newStore(t, client)
 	ctx := context.Background()
 	p := testredis.Prefix(t)
 	keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}
 	t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
-	if g, err := s.AcquireAll(ctx, keys, "t", time.Minute); err != nil || !g.OK {
-		t.Fatalf("AcquireAll: %+v, %v", g, err)
-	}
+	mustAcquire(t, s, keys, "t", time.Minute)
 	overwriteWithHash(t, client, keys[1])
-	err := s.RefreshAll(ctx, keys, "t", 10*time.Minute)
-	if !errors.Is(err, reqlock.ErrNotHeld) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) {
-		t.Fatalf("RefreshAll with a key of another type: got %v, want ErrNotHeld naming %q", err, keys[1])
+	err := s.Refresh(ctx, keys, "t", 10*time.Minute)
+	if !errors.Is(err, stores.ErrNotHeld) || !strings.Contains(err.Error(), strconv.Quote(keys[1])) {
+		t.Fatalf("Refresh with a key of another type: got %v, want ErrNotHeld naming %q", err, keys[1])
 	}
 	for _, k := range []string{keys[0], keys[2]} {
 		if pttl := client.PTTL(ctx, k).Val(); pttl <= 0 || pttl > time.Minute {
-			t.Errorf("%q has TTL %v after the refused RefreshAll, want it unchanged, in (0, 1m]", k, pttl)
+			t.Errorf("%q has TTL %v after the refused Refresh, want it unchanged, in (0, 1m]", k, pttl)
 		}
 	}
-	if typ, v := client.Type(ctx, keys[1]).Val(), client.HGet(ctx, keys[1], "field").Val(); typ != "hash" || v != "value" {
-		t.Errorf("%q is a %s holding %q after RefreshAll, want the hash left as it was", keys[1], typ, v)
+	expectHash(t, client, keys[1], "Refresh of 3 keys")
+
+	// The same key alone, through the one-key path.
+	if err := s.Refresh(ctx, keys[1:2], "t", 10*time.Minute); !errors.Is(err, stores.ErrNotHeld) {
+		t.Errorf("Refresh of one key of another type: got %v, want ErrNotHeld", err)
 	}
-	if n := client.PTTL(ctx, keys[1]).Val(); n >= 0 {
-		t.Errorf("the hash %q got TTL %v from RefreshAll, want none", keys[1], n)
-	}
+	expectHash(t, client, keys[1], "Refresh of one key")
 }
 
 // noNetwork returns client options' Dialer that counts its calls and never
@@ -292,6 +313,41 @@ func unusedAddr(t *testing.T) string {
 	return addr
 }
 
+// multiCalls are the calls that take several keys at once, for the slot
+// and shard checks.
+func multiCalls(ctx context.Context, s *Store) map[string]func(keys []string) error {
+	return map[string]func(keys []string) error{
+		"Acquire": func(keys []string) error { _, err := s.Acquire(ctx, keys, "t", time.Second); return err },
+		"Release": func(keys []string) error { return s.Release(ctx, keys, "t", 0) },
+		"Release with keep": func(keys []string) error {
+			return s.Release(ctx, keys, "t", time.Second)
+		},
+		"Refresh": func(keys []string) error { return s.Refresh(ctx, keys, "t", time.Second) },
+	}
+}
+
+// oddPair returns two sorted keys that contain '}' but no hash tag, in one
+// slot, whose fence keys (key + ":fence") are in another: keys a multi-key
+// call must refuse on a Cluster for their fence keys alone.
+func oddPair(t *testing.T) []string {
+	t.Helper()
+	first := make(map[uint16]string)
+	for i := range 1 << 20 {
+		k := "x{}{y}:" + strconv.Itoa(i)
+		if slot(fenceKey(k)) == slot(k) {
+			continue
+		}
+		if other, ok := first[slot(k)]; ok && slot(fenceKey(other)) != slot(k) {
+			keys := []string{other, k}
+			slices.Sort(keys)
+			return keys
+		}
+		first[slot(k)] = k
+	}
+	t.Fatal("no two odd keys share a slot")
+	return nil
+}
+
 func TestCrossSlotCheckedBeforeSending(t *testing.T) {
 	var dials atomic.Int64
 	cluster := redis.NewClusterClient(&redis.ClusterOptions{
@@ -310,14 +366,10 @@ func TestCrossSlotCheckedBeforeSending(t *testing.T) {
 	if slot(apart[0]) == slot(apart[1]) {
 		t.Fatal("test keys share a slot")
 	}
-	calls := map[string]func(keys []string) error{
-		"AcquireAll": func(keys []string) error { _, err := s.AcquireAll(ctx, keys, "t", time.Second); return err },
-		"ReleaseAll": func(keys []string) error { return s.ReleaseAll(ctx, keys, "t", make([]int64, len(keys)), 0) },
-		"RefreshAll": func(keys []string) error { return s.RefreshAll(ctx, keys, "t", time.Second) },
-	}
+	calls := multiCalls(ctx, s)
 	for name, call := range calls {
 		err := call(apart)
-		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) {
+		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) {
 			t.Fatalf("%s of keys in two slots: got %v, want ErrCrossSlot and ErrInvalid", name, err)
 		}
 		msg := err.Error()
@@ -327,25 +379,34 @@ func TestCrossSlotCheckedBeforeSending(t *testing.T) {
 			}
 		}
 	}
-	// A key with '}' and no hash tag has its fence key in another slot.
-	odd := []string{"x{}{y}"}
-	if _, err := s.AcquireAll(ctx, odd, "t", time.Second); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) ||
+	// Keys with '}' and no hash tag, in one slot, have their fence keys in
+	// another: Acquire, which writes fence keys, refuses them.
+	odd := oddPair(t)
+	if _, err := s.Acquire(ctx, odd, "t", time.Second); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) ||
 		!strings.Contains(err.Error(), strconv.Quote(fenceKey(odd[0]))) {
-		t.Fatalf("AcquireAll of a key whose fence key is in another slot: got %v, want ErrCrossSlot and ErrInvalid naming the fence key", err)
+		t.Fatalf("Acquire of keys whose fence keys are in another slot: got %v, want ErrCrossSlot and ErrInvalid naming a fence key", err)
 	}
 	// Invalid arguments are reported as such, before the slot check.
-	if _, err := s.AcquireAll(ctx, []string{apart[1], apart[0]}, "t", time.Second); !errors.Is(err, reqlock.ErrInvalid) {
-		t.Fatalf("AcquireAll of unsorted keys: got %v, want ErrInvalid", err)
+	if _, err := s.Acquire(ctx, []string{apart[1], apart[0]}, "t", time.Second); !errors.Is(err, stores.ErrInvalid) ||
+		errors.Is(err, ErrCrossSlot) {
+		t.Fatalf("Acquire of unsorted keys: got %v, want ErrInvalid, not ErrCrossSlot", err)
 	}
 	if n, got := dials.Load(), log.take(); n != 0 || len(got) != 0 {
 		t.Fatalf("the slot check dialled %d times and sent %v; it must fire before any I/O", n, got)
 	}
 
-	// Keys with one hash tag pass the check and go to the network.
+	// Keys with one hash tag pass the check and go to the network; so do
+	// the odd keys to Release and Refresh, which touch no fence key.
 	tagged := []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}
 	for name, call := range calls {
 		if err := call(tagged); err == nil || errors.Is(err, ErrCrossSlot) {
 			t.Fatalf("%s of tagged keys with no server: got %v, want a network error", name, err)
+		}
+		if name == "Acquire" {
+			continue
+		}
+		if err := call(odd); err == nil || errors.Is(err, ErrCrossSlot) {
+			t.Fatalf("%s of keys in one slot whose fence keys are not: got %v, want a network error", name, err)
 		}
 	}
 	if dials.Load() == 0 {
@@ -364,23 +425,18 @@ func TestCrossShardCheckedBeforeSending(t *testing.T) {
 	s := newStore(t, ring)
 	ctx := context.Background()
 	apart := []string{"cart:1:sku:a", "cart:1:sku:b"}
-	calls := map[string]func(keys []string) error{
-		"AcquireAll": func(keys []string) error { _, err := s.AcquireAll(ctx, keys, "t", time.Second); return err },
-		"ReleaseAll": func(keys []string) error { return s.ReleaseAll(ctx, keys, "t", make([]int64, len(keys)), 0) },
-		"RefreshAll": func(keys []string) error { return s.RefreshAll(ctx, keys, "t", time.Second) },
-	}
-	for name, call := range calls {
+	for name, call := range multiCalls(ctx, s) {
 		err := call(apart)
-		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "Ring") {
+		if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), "Ring") {
 			t.Fatalf("%s of untagged keys on a Ring: got %v, want ErrCrossSlot and ErrInvalid about Ring shards", name, err)
 		}
 	}
 	if n := dials.Load(); n != 0 {
 		t.Fatalf("the shard check dialled %d times", n)
 	}
-	_, err := s.AcquireAll(ctx, []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}, "t", time.Second)
+	_, err := s.Acquire(ctx, []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}, "t", time.Second)
 	if errors.Is(err, ErrCrossSlot) {
-		t.Fatalf("AcquireAll of tagged keys on a Ring: %v", err)
+		t.Fatalf("Acquire of tagged keys on a Ring: %v", err)
 	}
 }
 
@@ -394,7 +450,7 @@ func TestCrossSlotReplyMapped(t *testing.T) {
 	reply := redisError("CROSSSLOT Keys in request don't hash to the same slot")
 	keys := []string{"cart:1:sku:a", "cart:1:sku:b"}
 	err := mapCrossSlot(reply, keys, true)
-	if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) || !errors.Is(err, reply) {
+	if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) || !errors.Is(err, reply) {
 		t.Fatalf("mapped CROSSSLOT: got %v, want ErrCrossSlot and ErrInvalid wrapping the reply", err)
 	}
 	if msg := err.Error(); !strings.Contains(msg, strconv.Quote(keys[0])) || !strings.Contains(msg, strconv.Quote(keys[1])) ||
@@ -404,7 +460,7 @@ func TestCrossSlotReplyMapped(t *testing.T) {
 	// Keys that share a slot here (a proxy hashing otherwise): the error
 	// still names keys of the call.
 	tagged := []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}
-	if err := mapCrossSlot(reply, tagged, true); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, reqlock.ErrInvalid) ||
+	if err := mapCrossSlot(reply, tagged, true); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) ||
 		!errors.Is(err, reply) || !strings.Contains(err.Error(), tagged[0]) {
 		t.Fatalf("mapped CROSSSLOT for one-slot keys: got %v", err)
 	}

@@ -5,11 +5,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/reqlock/reqlock"
 )
-
-var _ reqlock.ReleaseNotifier = (*Store)(nil)
 
 // subscriber is what a client needs for release notifications. *redis.Client
 // (also a Sentinel failover client) and *redis.ClusterClient have it.
@@ -47,7 +43,7 @@ type notifier struct {
 }
 
 // NotifyRelease registers interest in releases of key until stop is called,
-// as reqlock.ReleaseNotifier describes. The channel (buffer 1) receives a
+// as stores.Notifier describes (every subscriber of key is signalled). The channel (buffer 1) receives a
 // signal for each message published on the channel named key, which Release
 // publishes in the same script that deletes the lock; sends never block, so
 // several releases may arrive as one signal. stop removes the subscription;
@@ -60,7 +56,7 @@ type notifier struct {
 // sent by the dispatcher, so a release published before it reaches Redis is
 // not signalled. NotifyRelease returns a nil channel and a no-op stop after
 // Close, and when the client cannot subscribe.
-func (s *Store) NotifyRelease(key string) (released <-chan struct{}, stop func()) {
+func (s *Store) NotifyRelease(key, _ string) (released <-chan struct{}, stop func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := &s.notify

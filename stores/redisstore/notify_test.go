@@ -44,7 +44,7 @@ func TestNotifyCloseLeavesNoGoroutine(t *testing.T) {
 	base := runtime.NumGoroutine()
 	s := newStore(t, client)
 	key := testredis.Prefix(t) + "k"
-	ch, stop := s.NotifyRelease(key)
+	ch, stop := s.NotifyRelease(key, "waiter")
 	if ch == nil {
 		t.Fatal("NotifyRelease: nil channel")
 	}
@@ -65,7 +65,7 @@ func TestNotifyCloseLeavesNoGoroutine(t *testing.T) {
 			return fmt.Sprintf("%d goroutines after Close, %d before", runtime.NumGoroutine(), base)
 		})
 
-	ch, stop = s.NotifyRelease(key)
+	ch, stop = s.NotifyRelease(key, "waiter")
 	if ch != nil {
 		t.Fatal("NotifyRelease after Close returned a channel")
 	}
@@ -80,7 +80,7 @@ func TestNotifyReleaseFromAnotherProcess(t *testing.T) {
 	waiter := newStore(t, testredis.Client(t))
 	holder := newStore(t, testredis.Client(t)) // its own client and connections
 	key := testredis.Prefix(t) + "k"
-	ch, stop := waiter.NotifyRelease(key)
+	ch, stop := waiter.NotifyRelease(key, "waiter")
 	defer stop()
 	if ch == nil {
 		t.Fatal("NotifyRelease: nil channel")
@@ -109,7 +109,7 @@ func TestNotifyUnsupportedClients(t *testing.T) {
 			s := newStore(t, client, WithClientTimeoutsOnly())
 			key := testredis.Prefix(t) + "k"
 			for range 2 {
-				ch, stop := s.NotifyRelease(key)
+				ch, stop := s.NotifyRelease(key, "waiter")
 				if ch != nil {
 					t.Fatal("NotifyRelease returned a channel for a client that cannot notify")
 				}
@@ -131,8 +131,8 @@ func TestNotifyUnsubscribesWhenLastStops(t *testing.T) {
 	s := newStore(t, client)
 	prefix := testredis.Prefix(t)
 	key := prefix + "k"
-	ch1, stop1 := s.NotifyRelease(key)
-	ch2, stop2 := s.NotifyRelease(key)
+	ch1, stop1 := s.NotifyRelease(key, "w1")
+	ch2, stop2 := s.NotifyRelease(key, "w2")
 	prime(t, s, key, ch1)
 	waitNumSub(t, client, key, 1) // one subscription for both subscribers
 
@@ -141,7 +141,7 @@ func TestNotifyUnsubscribesWhenLastStops(t *testing.T) {
 	// A subscription made after stop1 is reconciled after it too: once it
 	// is live, stop1 has had its (lack of) effect.
 	barrier := prefix + "barrier"
-	chB, stopB := s.NotifyRelease(barrier)
+	chB, stopB := s.NotifyRelease(barrier, "waiter")
 	prime(t, s, barrier, chB)
 	stopB()
 	if n := numSub(t, client, key); n != 1 {
@@ -180,7 +180,7 @@ func TestNotifyReconcilesChurn(t *testing.T) {
 			stops[key] = append(stops[key][:i], stops[key][i+1:]...)
 			continue
 		}
-		ch, stop := s.NotifyRelease(key)
+		ch, stop := s.NotifyRelease(key, "waiter")
 		if ch == nil {
 			t.Fatal("NotifyRelease: nil channel")
 		}
@@ -192,12 +192,12 @@ func TestNotifyReconcilesChurn(t *testing.T) {
 		stop()
 	}
 	stops[keys[0]] = nil
-	_, stop := s.NotifyRelease(keys[0])
+	_, stop := s.NotifyRelease(keys[0], "waiter")
 	stop()
 	for _, stop := range stops[keys[1]] {
 		stop()
 	}
-	ch, stop := s.NotifyRelease(keys[1])
+	ch, stop := s.NotifyRelease(keys[1], "waiter")
 	stops[keys[1]] = []func(){stop}
 	for _, key := range keys {
 		want := int64(0)
@@ -229,11 +229,11 @@ func TestNotifyFlipsInOrder(t *testing.T) {
 	noMsg := func() string { return "the dispatcher did not take a change" }
 	for i := range 50 {
 		key := prefix + strconv.Itoa(i)
-		_, stop1 := s.NotifyRelease(key)
+		_, stop1 := s.NotifyRelease(key, "waiter")
 		waitFor(t, signalWait, taken, noMsg)
 		stop1()
 		waitFor(t, signalWait, taken, noMsg)
-		ch, stop2 := s.NotifyRelease(key)
+		ch, stop2 := s.NotifyRelease(key, "waiter")
 		waitFor(t, signalWait, taken, noMsg)
 		waitNumSub(t, client, key, 1)
 		prime(t, s, key, ch)
@@ -252,7 +252,7 @@ func TestNotifyResubscribesAfterReconnect(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	s := newStore(t, client)
 	key := testredis.Prefix(t) + "k"
-	ch, stop := s.NotifyRelease(key)
+	ch, stop := s.NotifyRelease(key, "waiter")
 	defer stop()
 	prime(t, s, key, ch)
 
@@ -287,14 +287,14 @@ func TestNotifyClientClosedFirst(t *testing.T) {
 		t.Fatalf("New: %v", err)
 	}
 	key := testredis.Prefix(t) + "k"
-	ch, stop := s.NotifyRelease(key)
+	ch, stop := s.NotifyRelease(key, "waiter")
 	prime(t, s, key, ch)
 	if err := client.Close(); err != nil {
 		t.Fatalf("closing the client: %v", err)
 	}
 	// The pub/sub notices and the Store stops offering channels.
 	waitFor(t, signalWait, func() bool {
-		ch, stop := s.NotifyRelease(key)
+		ch, stop := s.NotifyRelease(key, "waiter")
 		stop()
 		return ch == nil
 	}, func() string { return "NotifyRelease still returns channels after the client was closed" })
@@ -322,7 +322,7 @@ func TestNotifyDoesNotWaitForRedis(t *testing.T) {
 	key := testredis.Prefix(t) + "k"
 	start := time.Now()
 	for i := range 10 {
-		ch, stop := s.NotifyRelease(key + strconv.Itoa(i))
+		ch, stop := s.NotifyRelease(key+strconv.Itoa(i), "waiter")
 		if ch == nil {
 			t.Fatal("NotifyRelease: nil channel")
 		}
@@ -396,10 +396,10 @@ func prime(t *testing.T, s *Store, key string, ch <-chan struct{}) {
 func cycle(t *testing.T, s *Store, key, token string) {
 	t.Helper()
 	ctx := context.Background()
-	if g, err := s.Acquire(ctx, key, token, time.Minute); err != nil || !g.OK {
+	if g, err := s.Acquire(ctx, []string{key}, token, time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire(%q, %q): %+v, %v", key, token, g, err)
 	}
-	if err := s.Release(ctx, key, token, 0); err != nil {
+	if err := s.Release(ctx, []string{key}, token, 0); err != nil {
 		t.Fatalf("Release(%q, %q): %v", key, token, err)
 	}
 }

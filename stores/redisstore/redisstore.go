@@ -1,4 +1,4 @@
-// Package redisstore is a reqlock.Store on Redis (5.0 or later, or Valkey)
+// Package redisstore is a stores.Store on Redis (5.0 or later, or Valkey)
 // through go-redis v9.
 //
 // # What is stored
@@ -18,28 +18,29 @@
 //
 // # Fencing
 //
-// A grant's fence is max(last fence + 1, server time in microseconds), and
-// becomes the new last fence. So fences strictly grow per key while the fence
-// key lives. When it expires after the retention (which keeps a flood of
-// distinct keys from growing Redis forever) the next fence starts again from
-// the server clock, which is above every earlier fence unless the server
-// clock stepped back by more than the retention. Microsecond values stay
-// below 2^53, so Lua numbers hold them exactly.
+// A grant's fence is max(last fence + stores.FenceStride, server time in
+// microseconds), and becomes the new last fence. So fences grow per key by
+// at least the stride while the fence key lives. When it expires after the
+// retention (which keeps a flood of distinct keys from growing Redis
+// forever) the next fence starts again from the server clock. A fence runs
+// ahead of that clock only while one key is granted more often than once per
+// stride of microseconds (about a thousand times a second); the fence key
+// then lives on by the lead, so that once it expires the clock alone exceeds
+// every fence it held. The guarantee thus needs a server clock that does not
+// step back by more than the retention. Microsecond values stay below 2^53,
+// so Lua numbers hold them exactly.
 //
 // # Several keys
 //
-// Store implements reqlock.MultiStore and reqlock.KeepReleaser. AcquireAll
-// checks every key and, only when none is held, sets them all to the token
-// with PX TTL and issues each its own fence from its own fence key, exactly
-// as Acquire does, all in one script: a refused call sets nothing and names
-// the first held key. ReleaseAll releases (or keeps) every key that still
-// holds the token and records each key's last fence, and RefreshAll resets
-// every TTL only when every key still holds the token, each in one script.
-//
-// ReleaseKeep, and ReleaseAll with a positive keep, end a grant by setting the
-// key's TTL to keep instead of deleting it: the key stays held until it
-// expires, so nothing is published and waiters keep waiting (and polling)
-// until then.
+// Acquire, Release and Refresh take any number of keys in one script and
+// one round trip. Acquire checks every key and, only when none is held by
+// another token, sets them all to the token with PX TTL and issues each its
+// own fence from its own fence key: a refused call sets nothing and names
+// the first held key. Release ends the grant on every key that still holds
+// the token, and Refresh resets every TTL only when every key still holds
+// it. A release with a positive keep sets the keys' TTL to keep instead of
+// deleting them: they stay held until they expire, so nothing is published
+// and waiters keep waiting (and polling) until then.
 //
 // # Redis Cluster
 //
@@ -54,7 +55,7 @@
 // them on a Cluster). Keys built by package keyfunc escape braces in request
 // values, so they contain only the braces the template author wrote.
 //
-// The keys of one multi-key call (AcquireAll, ReleaseAll, RefreshAll), with
+// The keys of one multi-key call (Acquire, Release, Refresh), with
 // their fence keys, must share one slot as well. Redis Cluster hashes only
 // the part of a key between its first '{' and the next '}' (the whole key
 // when there is no such pair or nothing between them), so give every key of
@@ -67,14 +68,14 @@
 // is mapped to the same error. A *redis.Ring places keys on its shards by
 // that same part of the key, so there too the keys of one call must share a
 // hash tag, or the call fails with ErrCrossSlot. ErrCrossSlot wraps
-// reqlock.ErrInvalid: it is a mistake in the key template, which no retry
+// stores.ErrInvalid: it is a mistake in the key template, which no retry
 // fixes, not a failure of the store.
 //
 // # Release notification
 //
-// Release (and ReleaseAll) publishes "released" on the channel named exactly
-// like the lock key, in the same script that deletes it. Store implements
-// reqlock.ReleaseNotifier on that: a Locker's waiters wake as soon as the
+// Release publishes "released" on the channel named exactly like the lock
+// key, in the same script that deletes it. Store implements stores.Notifier
+// on that: a Locker's waiters wake as soon as the
 // holder, in any process, lets go, instead of polling.
 //
 // Each Store uses one pub/sub connection, multiplexed over every key its
@@ -103,7 +104,7 @@
 //
 // # Fair mode
 //
-// Store implements reqlock.FairStore: a key in fair use gets a FIFO queue
+// Store implements stores.FairStore: a key in fair use gets a FIFO queue
 // and a set of waiter leases, two sorted sets in the lock key's slot that
 // expire when abandoned. See Store.AcquireFair.
 //
@@ -130,8 +131,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/stores"
 )
 
 // args checks the arguments of Store's methods; its errors start "redisstore:".
@@ -158,10 +159,19 @@ var (
 	releaseSrc string
 	//go:embed refresh.lua
 	refreshSrc string
+	//go:embed acquire_all.lua
+	acquireAllSrc string
+	//go:embed release_all.lua
+	releaseAllSrc string
+	//go:embed refresh_all.lua
+	refreshAllSrc string
 
-	acquireScript = redis.NewScript(withFenceLib(acquireSrc))
-	releaseScript = redis.NewScript(withFenceLib(releaseSrc))
-	refreshScript = redis.NewScript(refreshSrc)
+	acquireScript    = redis.NewScript(withFenceLib(acquireSrc))
+	acquireAllScript = redis.NewScript(withFenceLib(acquireAllSrc))
+	releaseScript    = redis.NewScript(releaseSrc)
+	releaseAllScript = redis.NewScript(releaseAllSrc)
+	refreshScript    = redis.NewScript(refreshSrc)
+	refreshAllScript = redis.NewScript(refreshAllSrc)
 )
 
 // withFenceLib prepends the fence helpers of fence.lua to a script's source:
@@ -177,8 +187,8 @@ func allScripts() []*redis.Script {
 	}
 }
 
-// Store is a reqlock.Store on Redis, and a reqlock.ReleaseNotifier,
-// reqlock.FairStore, reqlock.MultiStore and reqlock.KeepReleaser. It is safe
+// Store is a stores.Store on Redis, and a stores.Notifier and
+// stores.FairStore. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub
 // connection and a goroutine until Close.
 type Store struct {
@@ -192,7 +202,11 @@ type Store struct {
 	notify notifier
 }
 
-var _ reqlock.Store = (*Store)(nil)
+var (
+	_ stores.Store     = (*Store)(nil)
+	_ stores.Notifier  = (*Store)(nil)
+	_ stores.FairStore = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -214,12 +228,12 @@ func WithClientTimeoutsOnly() Option {
 // *redis.Ring, redis.UniversalClient or Sentinel failover client. It starts
 // nothing: the pub/sub connection for NotifyRelease opens on first use. It
 // returns
-// an error wrapping reqlock.ErrInvalid when client is nil, an option is
+// an error wrapping stores.ErrInvalid when client is nil, an option is
 // invalid, or client ignores context deadlines (see Timeouts in the package
 // documentation).
 func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if isNil(client) {
-		return nil, fmt.Errorf("%w: redisstore: client is nil", reqlock.ErrInvalid)
+		return nil, fmt.Errorf("%w: redisstore: client is nil", stores.ErrInvalid)
 	}
 	s := &Store{client: client, routing: routingOf(client), fenceRetention: DefaultFenceRetention}
 	if sub, ok := client.(subscriber); ok {
@@ -234,12 +248,12 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	}
 	if s.fenceRetention < MinFenceRetention {
 		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
-			reqlock.ErrInvalid, s.fenceRetention, MinFenceRetention)
+			stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
 	}
 	if enabled, known := contextTimeoutEnabled(client); known && !enabled && !s.clientTimeoutsOnly {
 		return nil, fmt.Errorf("%w: redisstore: the go-redis client ignores context deadlines, so a stalled Redis "+
 			"would hold requests past their lock wait; set ContextTimeoutEnabled: true in its options "+
-			"(or pass redisstore.WithClientTimeoutsOnly() to accept this)", reqlock.ErrInvalid)
+			"(or pass redisstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid)
 	}
 	return s, nil
 }
@@ -271,85 +285,161 @@ func (s *Store) Load(ctx context.Context) error {
 	return nil
 }
 
-// Acquire sets key to token for ttl if key is absent, issuing the next fence
-// in the same script. When key is held it returns a Grant with OK false and
-// the holder's remaining TTL. It returns the client's error as is, an error
-// wrapping reqlock.ErrInvalid for a non-positive ttl, and ctx.Err() without
-// acting when ctx has ended.
+// Acquire sets every key to token for ttl when none is held by another
+// token, and issues each key its next fence, in one script and one round trip
+// (see Fencing in the package documentation). When a key is held it sets
+// nothing and returns a Grant with OK false, Held the index of the first held
+// key and Wait its remaining TTL. A key that already holds token (a retried
+// call whose reply was lost) is granted again with a fresh fence and TTL.
+//
+// keys must be distinct and sorted. With a *redis.ClusterClient several keys
+// must all hash to one slot (see Redis Cluster in the package documentation);
+// Acquire checks that before it sends anything.
 //
 // It returns ctx.Err() as soon as ctx is cancelled, even while Redis has not
 // answered (go-redis itself honours only deadlines); the script then goes on
 // in the background, bounded by ctx's deadline, and a grant it makes is
-// released, owner-checked, once it returns. The same holds for AcquireAll
-// and AcquireFair.
-func (s *Store) Acquire(ctx context.Context, key, token string, ttl time.Duration) (reqlock.Grant, error) {
-	if err := ctx.Err(); err != nil {
-		return reqlock.Grant{}, err
+// released, owner-checked, once it returns. AcquireFair does the same.
+//
+// It returns an error wrapping stores.ErrInvalid for no keys, an empty,
+// duplicate or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot,
+// and so stores.ErrInvalid, when the keys span Cluster slots (or Ring
+// shards); the client's error as is; and ctx.Err() without acting when ctx
+// has ended.
+func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
 	}
-	if err := args.CheckTTL(ttl); err != nil {
-		return reqlock.Grant{}, err
-	}
-	keys := []string{key, fenceKey(key)}
-	reply, err := untilCancelled(ctx, func(ctx context.Context) ([]int64, error) {
-		return acquireScript.Run(ctx, s.client, keys, token, milliseconds(ttl), s.fenceRetention.Milliseconds()).Int64Slice()
-	}, func(reply []int64, err error) {
-		if err != nil || (len(reply) > 0 && reply[0] == 1) {
-			ctx, cancel := cleanupContext()
-			defer cancel()
-			_ = s.Release(ctx, key, token, 0)
+	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0])}
+	if len(keys) > 1 {
+		if err := s.checkColocated(keys, true); err != nil {
+			return stores.Grant{}, err
 		}
-	})
+		script, scriptKeys = acquireAllScript, withFenceKeys(keys)
+	}
+	call := &scriptCall{store: s, script: script, keys: scriptKeys,
+		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride},
+		undo: undoRelease, undoKeys: keys, undoToken: token}
+	reply, err := call.run(ctx)
 	if err != nil {
-		return reqlock.Grant{}, err
+		return stores.Grant{}, mapCrossSlot(err, keys, true)
 	}
-	if len(reply) != 2 {
-		return reqlock.Grant{}, fmt.Errorf("%w: acquire %q answered %v", ErrUnexpectedReply, key, reply)
+	switch {
+	case len(reply) == len(keys)+1 && reply[0] == 1:
+		return stores.Grant{OK: true, Fences: reply[1:]}, nil
+	case len(keys) == 1 && len(reply) == 2 && reply[0] == 0:
+		return stores.Grant{Wait: holderTTL(reply[1])}, nil
+	case len(keys) > 1 && len(reply) == 3 && reply[0] == 0 && reply[1] >= 0 && reply[1] < int64(len(keys)):
+		return stores.Grant{Held: int(reply[1]), Wait: holderTTL(reply[2])}, nil
 	}
-	if reply[0] == 1 {
-		return reqlock.Grant{OK: true, Fence: reply[1]}, nil
-	}
-	return reqlock.Grant{HolderTTL: holderTTL(reply[1])}, nil
+	return stores.Grant{}, fmt.Errorf("%w: acquire %q answered %v", ErrUnexpectedReply, keys, reply)
 }
 
-// Release deletes key if it holds token, raises the fence key to lastFence
-// when that is higher, and publishes the release on the channel named key.
-// It returns an error wrapping reqlock.ErrNotHeld when key is absent or holds
-// another token, the client's error as is, and ctx.Err() without acting when
-// ctx has ended.
-func (s *Store) Release(ctx context.Context, key, token string, lastFence int64) error {
-	if err := ctx.Err(); err != nil {
+// Release ends token's grant on every key that holds it, in one script and
+// one round trip. With keep zero or negative it deletes the key and
+// publishes the release on the channel named like the key; with keep
+// positive it sets the key's TTL to keep instead and publishes nothing,
+// since the key stays held until it expires (and an expiry publishes
+// nothing either).
+//
+// It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
+// keys were absent or held another token, after ending the grant on the
+// others. A key overwritten with another type than a string (another
+// program's data) counts as not held and is left as it is. keys must be
+// distinct and sorted and, with a *redis.ClusterClient, in one slot. It
+// returns an error wrapping stores.ErrInvalid for no keys or an empty,
+// duplicate or unsorted key; one wrapping ErrCrossSlot, and so
+// stores.ErrInvalid, when the keys span Cluster slots (or Ring shards); the
+// client's error as is; and ctx.Err() without acting when ctx has ended.
+func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
-	n, err := releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)},
-		token, lastFence, milliseconds(s.fenceRetention)).Int64()
+	if len(keys) == 1 && keep <= 0 {
+		n, err := releaseScript.Run(ctx, s.client, keys, token).Int64()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+		}
+		return nil
+	}
+	if err := s.checkColocated(keys, false); err != nil {
+		return err
+	}
+	var keepMS int64
+	if keep > 0 {
+		keepMS = milliseconds(keep)
+	}
+	reply, err := releaseAllScript.Run(ctx, s.client, keys, token, keepMS).Int64Slice()
 	if err != nil {
-		return err
+		return mapCrossSlot(err, keys, false)
 	}
-	if n == 0 {
-		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
+	if len(reply) != len(keys) {
+		return fmt.Errorf("%w: release %q answered %v", ErrUnexpectedReply, keys, reply)
+	}
+	var notHeld []string
+	for i, r := range reply {
+		if r != 1 {
+			notHeld = append(notHeld, keys[i])
+		}
+	}
+	if len(notHeld) > 0 {
+		return fmt.Errorf("%w: %d of %d keys: %q", stores.ErrNotHeld, len(notHeld), len(keys), notHeld)
 	}
 	return nil
 }
 
-// Refresh resets the TTL of key to ttl if key holds token. It returns an
-// error wrapping reqlock.ErrNotHeld when key is absent or holds another token,
-// one wrapping reqlock.ErrInvalid for a non-positive ttl, the client's error
-// as is, and ctx.Err() without acting when ctx has ended.
-func (s *Store) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
+// Refresh resets the TTL of every key to ttl if each holds token, in one
+// script and one round trip; when one does not, it changes nothing and
+// returns an error wrapping stores.ErrNotHeld that names the first such key.
+// A key overwritten with another type than a string counts as not held.
+// keys must be distinct and sorted and, with a *redis.ClusterClient, in one
+// slot. It returns an error wrapping stores.ErrInvalid for no keys, an empty,
+// duplicate or unsorted key, or a non-positive ttl; one wrapping
+// ErrCrossSlot, and so stores.ErrInvalid, when the keys span Cluster slots
+// (or Ring shards); the client's error as is; and ctx.Err() without acting
+// when ctx has ended.
+func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
-	if err := args.CheckTTL(ttl); err != nil {
+	if len(keys) == 1 {
+		n, err := refreshScript.Run(ctx, s.client, keys, token, milliseconds(ttl)).Int64()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+		}
+		return nil
+	}
+	if err := s.checkColocated(keys, false); err != nil {
 		return err
 	}
-	n, err := refreshScript.Run(ctx, s.client, []string{key}, token, milliseconds(ttl)).Int64()
+	n, err := refreshAllScript.Run(ctx, s.client, keys, token, milliseconds(ttl)).Int64()
 	if err != nil {
-		return err
+		return mapCrossSlot(err, keys, false)
 	}
-	if n == 0 {
-		return fmt.Errorf("%w: %q", reqlock.ErrNotHeld, key)
+	switch {
+	case n == 0:
+		return nil
+	case n >= 1 && n <= int64(len(keys)):
+		return fmt.Errorf("%w: %q (none of the %d keys refreshed)", stores.ErrNotHeld, keys[n-1], len(keys))
 	}
-	return nil
+	return fmt.Errorf("%w: refresh %q answered %d", ErrUnexpectedReply, keys, n)
+}
+
+// withFenceKeys returns keys followed by their fence keys, as the multi-key
+// acquire script takes them.
+func withFenceKeys(keys []string) []string {
+	all := make([]string, len(keys), 2*len(keys))
+	copy(all, keys)
+	for _, k := range keys {
+		all = append(all, fenceKey(k))
+	}
+	return all
 }
 
 // fenceKey names the fence key of key so that both hash to one Cluster slot.
@@ -371,9 +461,13 @@ func hasHashTag(key string) bool {
 }
 
 // holderTTL turns a holder's PTTL, as a script answers it, into a Duration.
-// PTTL is negative when the key has no TTL, which this store never sets: that
-// counts as zero.
+// PTTL is negative when the key has no TTL, which this store never sets:
+// that counts as unknown (zero). A held key in its last millisecond answers
+// 0, which counts as 1ms: it is still held, and zero would say "unknown".
 func holderTTL(pttl int64) time.Duration {
+	if pttl == 0 {
+		return time.Millisecond
+	}
 	return time.Duration(max(pttl, 0)) * time.Millisecond
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest"
 )
 
@@ -31,19 +32,15 @@ func newStore(t *testing.T, client redis.Scripter, opts ...Option) *Store {
 	return s
 }
 
+// TestConformance runs the conformance suite on a single Redis, declaring
+// release notification and fair mode.
 func TestConformance(t *testing.T) {
 	client := testredis.Client(t)
-	storetest.Run(t, func(t *testing.T) reqlock.Store { return newStore(t, client) })
-}
-
-func TestMultiConformance(t *testing.T) {
-	client := testredis.Client(t)
-	storetest.RunMulti(t, func(t *testing.T) reqlock.Store { return newStore(t, client) })
-}
-
-func TestKeepConformance(t *testing.T) {
-	client := testredis.Client(t)
-	storetest.RunKeep(t, func(t *testing.T) reqlock.Store { return newStore(t, client) })
+	storetest.Run(t, storetest.Suite{
+		New:    func(t *testing.T) stores.Store { return newStore(t, client) },
+		Notify: true,
+		Fair:   true,
+	})
 }
 
 func TestNewRejectsInvalid(t *testing.T) {
@@ -60,7 +57,7 @@ func TestNewRejectsInvalid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := New(tt.client, tt.opts...); !errors.Is(err, reqlock.ErrInvalid) {
+			if _, err := New(tt.client, tt.opts...); !errors.Is(err, stores.ErrInvalid) {
 				t.Fatalf("New: got %v, want ErrInvalid", err)
 			}
 		})
@@ -76,12 +73,12 @@ func TestNewRejectsInvalid(t *testing.T) {
 
 func TestInvalidTTL(t *testing.T) {
 	s := newStore(t, testredis.Client(t))
-	key := testredis.Prefix(t) + "k"
+	keys := []string{testredis.Prefix(t) + "k"}
 	ctx := context.Background()
-	if _, err := s.Acquire(ctx, key, "t", 0); !errors.Is(err, reqlock.ErrInvalid) {
+	if _, err := s.Acquire(ctx, keys, "t", 0); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("Acquire with ttl 0: got %v, want ErrInvalid", err)
 	}
-	if err := s.Refresh(ctx, key, "t", -time.Second); !errors.Is(err, reqlock.ErrInvalid) {
+	if err := s.Refresh(ctx, keys, "t", -time.Second); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("Refresh with a negative ttl: got %v, want ErrInvalid", err)
 	}
 }
@@ -103,87 +100,233 @@ func TestSubMillisecondTTLRoundsUp(t *testing.T) {
 	}
 }
 
+// serverMicros returns the Redis server clock (TIME) in microseconds, the
+// clock the scripts issue fences from.
+func serverMicros(t *testing.T, client redis.Cmdable) int64 {
+	t.Helper()
+	now, err := client.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	return now.UnixMicro()
+}
+
+// storedFence returns the fence that key's fence key holds.
+func storedFence(t *testing.T, client redis.Cmdable, key string) int64 {
+	t.Helper()
+	raw, err := client.Get(context.Background(), fenceKey(key)).Result()
+	if err != nil {
+		t.Fatalf("GET fence key of %q: %v", key, err)
+	}
+	fence, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		t.Fatalf("fence key of %q holds %q, want a decimal fence", key, raw)
+	}
+	return fence
+}
+
+// mustAcquire acquires keys with token and fails the test unless granted.
+func mustAcquire(t *testing.T, s *Store, keys []string, token string, ttl time.Duration) stores.Grant {
+	t.Helper()
+	g, err := s.Acquire(context.Background(), keys, token, ttl)
+	if err != nil || !g.OK || len(g.Fences) != len(keys) {
+		t.Fatalf("Acquire(%q, %q): %+v, %v; want granted with %d fences", keys, token, g, err, len(keys))
+	}
+	return g
+}
+
+// mustRelease releases keys with token (keep 0) and fails the test on an
+// error.
+func mustRelease(t *testing.T, s *Store, keys []string, token string) {
+	t.Helper()
+	if err := s.Release(context.Background(), keys, token, 0); err != nil {
+		t.Fatalf("Release(%q, %q): %v", keys, token, err)
+	}
+}
+
+// expectStride fails the test unless fence next is at least
+// stores.FenceStride above prev, the fence of the key's previous grant.
+func expectStride(t *testing.T, prev, next int64, what string) {
+	t.Helper()
+	if next-prev < stores.FenceStride {
+		t.Fatalf("%s: fence %d after %d, a step of %d, want at least stores.FenceStride (%d)",
+			what, next, prev, next-prev, stores.FenceStride)
+	}
+}
+
+// waitServerClockPast polls the server clock until it is past fence, in
+// microseconds.
+func waitServerClockPast(t *testing.T, client redis.Cmdable, fence int64) {
+	t.Helper()
+	waitFor(t, signalWait, func() bool { return serverMicros(t, client) > fence },
+		func() string { return "the server clock did not pass the fence " + strconv.FormatInt(fence, 10) })
+}
+
 func TestFenceKeyTTLAndFormat(t *testing.T) {
 	client := testredis.Client(t)
 	s := newStore(t, client, WithFenceRetention(time.Minute))
 	ctx := context.Background()
-	key := testredis.Prefix(t) + "k"
-	serverNow, err := client.Time(ctx).Result()
-	if err != nil {
-		t.Fatalf("TIME: %v", err)
-	}
-	g, err := s.Acquire(ctx, key, "t", time.Minute)
-	if err != nil || !g.OK {
-		t.Fatalf("Acquire: %+v, %v", g, err)
-	}
-	pttl, err := client.PTTL(ctx, fenceKey(key)).Result()
+	keys := []string{testredis.Prefix(t) + "k"}
+	before := serverMicros(t, client)
+	g := mustAcquire(t, s, keys, "t", time.Minute)
+	after := serverMicros(t, client)
+	pttl, err := client.PTTL(ctx, fenceKey(keys[0])).Result()
 	if err != nil {
 		t.Fatalf("PTTL: %v", err)
 	}
+	// A fresh key's fence is the clock, not ahead of it: no lead to add.
 	if pttl <= 0 || pttl > time.Minute {
 		t.Fatalf("fence key TTL %v, want in (0, 1m]", pttl)
 	}
-	raw, err := client.Get(ctx, fenceKey(key)).Result()
-	if err != nil {
-		t.Fatalf("GET fence key: %v", err)
-	}
-	stored, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || stored != g.Fence {
-		t.Fatalf("fence key holds %q, want the decimal fence %d", raw, g.Fence)
+	if stored := storedFence(t, client, keys[0]); stored != g.Fences[0] {
+		t.Fatalf("fence key holds %d, want the decimal fence %d", stored, g.Fences[0])
 	}
 	// A fresh key's first fence is the server clock in microseconds.
-	if d := time.UnixMicro(g.Fence).Sub(serverNow); d < 0 || d > 10*time.Second {
-		t.Fatalf("first fence %d is %v after the server clock, want within [0, 10s]", g.Fence, d)
+	if g.Fences[0] < before || g.Fences[0] > after {
+		t.Fatalf("first fence %d, want the server clock, in [%d, %d]", g.Fences[0], before, after)
 	}
 }
 
-func TestFenceAfterFenceKeyExpires(t *testing.T) {
+// TestFencesStrideOnRedis checks the stride rule where Redis keeps it: in
+// the fence key, which outlives releases and expiries, and in the server
+// clock, which takes over once the fence key is gone.
+func TestFencesStrideOnRedis(t *testing.T) {
 	client := testredis.Client(t)
 	s := newStore(t, client)
 	ctx := context.Background()
-	key := testredis.Prefix(t) + "k"
-	var last int64
-	for i := range 3 {
-		g, err := s.Acquire(ctx, key, "t", time.Minute)
-		if err != nil || !g.OK {
-			t.Fatalf("cycle %d: Acquire: %+v, %v", i, g, err)
+
+	t.Run("BackToBack", func(t *testing.T) {
+		// Grants far faster than one per stride of microseconds: the fence
+		// runs ahead of the clock and still steps by the stride.
+		keys := []string{testredis.Prefix(t) + "k"}
+		var last int64
+		for i := range 200 {
+			token := "t" + strconv.Itoa(i)
+			g := mustAcquire(t, s, keys, token, time.Minute)
+			if i > 0 {
+				expectStride(t, last, g.Fences[0], "grant "+strconv.Itoa(i))
+			}
+			if stored := storedFence(t, client, keys[0]); stored != g.Fences[0] {
+				t.Fatalf("grant %d: fence key holds %d, want the fence %d", i, stored, g.Fences[0])
+			}
+			last = g.Fences[0]
+			mustRelease(t, s, keys, token)
 		}
-		if g.Fence <= last {
-			t.Fatalf("cycle %d: fence %d after the fence key was deleted, want > %d", i, g.Fence, last)
+	})
+
+	t.Run("AfterExpiry", func(t *testing.T) {
+		// A lock that expires unreleased leaves its fence key, so the next
+		// grant steps from its fence. The fence key starts an hour ahead
+		// of the clock, so that the time the expiry takes cannot make up
+		// the step.
+		keys := []string{testredis.Prefix(t) + "k"}
+		t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
+		last := serverMicros(t, client) + time.Hour.Microseconds()
+		if err := client.Set(ctx, fenceKey(keys[0]), last, time.Hour).Err(); err != nil {
+			t.Fatalf("SET fence key: %v", err)
 		}
-		last = g.Fence
-		if err := s.Release(ctx, key, "t", 0); err != nil {
-			t.Fatalf("cycle %d: Release: %v", i, err)
+		for i := range 3 {
+			token := "t" + strconv.Itoa(i)
+			g := mustAcquire(t, s, keys, token, 20*time.Millisecond)
+			expectStride(t, last, g.Fences[0], "grant "+strconv.Itoa(i)+" (the previous one expired)")
+			last = g.Fences[0]
+			waitFor(t, signalWait, func() bool { return client.Exists(ctx, keys[0]).Val() == 0 },
+				func() string { return "the lock did not expire" })
 		}
-		// What retention does to an idle key: the counter is gone.
-		if err := client.Del(ctx, fenceKey(key)).Err(); err != nil {
-			t.Fatalf("DEL fence key: %v", err)
+		if err := s.Release(ctx, keys, "t2", 0); !errors.Is(err, stores.ErrNotHeld) {
+			t.Fatalf("Release of an expired lock: got %v, want ErrNotHeld", err)
 		}
-	}
+	})
+
+	t.Run("AfterFenceKeyDeleted", func(t *testing.T) {
+		// What retention does to an idle key: the fence key is gone and
+		// the server clock takes over. Retention ends no earlier than the
+		// clock passed the last fence (see TestFenceAheadOfClockExtendsFenceKey),
+		// so the key is deleted only then, by the same rule.
+		keys := []string{testredis.Prefix(t) + "k"}
+		var last int64
+		for i := range 3 {
+			token := "t" + strconv.Itoa(i)
+			before := serverMicros(t, client)
+			g := mustAcquire(t, s, keys, token, time.Minute)
+			after := serverMicros(t, client)
+			if i > 0 {
+				expectStride(t, last, g.Fences[0], "grant "+strconv.Itoa(i)+" after the fence key was deleted")
+				if g.Fences[0] < before || g.Fences[0] > after {
+					t.Fatalf("grant %d without a fence key: fence %d, want the server clock, in [%d, %d]",
+						i, g.Fences[0], before, after)
+				}
+			}
+			last = g.Fences[0]
+			mustRelease(t, s, keys, token)
+			waitServerClockPast(t, client, last+stores.FenceStride)
+			if err := client.Del(ctx, fenceKey(keys[0])).Err(); err != nil {
+				t.Fatalf("DEL fence key: %v", err)
+			}
+		}
+	})
 }
 
-func TestFenceAboveClockKeepsCounting(t *testing.T) {
+// expirySlack is how far a key's PTTL may stray from what TIME, read around
+// the script that set it, predicts: Redis counts expiries in milliseconds,
+// from a cached clock that may lag TIME a little.
+const expirySlack = 10 * time.Millisecond
+
+// TestFenceAheadOfClockExtendsFenceKey: when the fence key holds a fence
+// ahead of the server clock, a grant steps it by the stride and keeps the
+// fence key for the retention plus that lead, so that it cannot expire (and
+// hand fences back to the clock) before the clock has caught up.
+func TestFenceAheadOfClockExtendsFenceKey(t *testing.T) {
 	client := testredis.Client(t)
-	s := newStore(t, client)
+	const retention = time.Minute
+	s := newStore(t, client, WithFenceRetention(retention))
 	ctx := context.Background()
-	key := testredis.Prefix(t) + "k"
-	// A counter ahead of the clock (as after a clock step back) still grows
-	// by one; 2^52 also checks that large fences survive exactly.
-	const ahead = int64(1) << 52
-	if err := client.Set(ctx, fenceKey(key), ahead, time.Minute).Err(); err != nil {
-		t.Fatalf("SET fence key: %v", err)
-	}
-	for i := range 2 {
-		g, err := s.Acquire(ctx, key, "t", time.Minute)
-		if err != nil || !g.OK {
-			t.Fatalf("Acquire: %+v, %v", g, err)
-		}
-		if want := ahead + int64(i) + 1; g.Fence != want {
-			t.Fatalf("fence %d, want %d", g.Fence, want)
-		}
-		if err := s.Release(ctx, key, "t", 0); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
+	for _, tc := range []struct {
+		name  string
+		ahead func(now int64) int64
+	}{
+		{"OneHour", func(now int64) int64 { return now + time.Hour.Microseconds() }},
+		// 2^52 also checks that large fences survive exactly.
+		{"TwoToThe52", func(int64) int64 { return 1 << 52 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			keys := []string{testredis.Prefix(t) + "k"}
+			// A fence key far ahead lives as long: do not leave it in a
+			// shared Redis (REQLOCK_REDIS_ADDR).
+			t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
+			last := tc.ahead(serverMicros(t, client))
+			if err := client.Set(ctx, fenceKey(keys[0]), last, time.Minute).Err(); err != nil {
+				t.Fatalf("SET fence key: %v", err)
+			}
+			for i := range 2 {
+				before := serverMicros(t, client)
+				g := mustAcquire(t, s, keys, "t", time.Minute)
+				pttl, err := client.PTTL(ctx, fenceKey(keys[0])).Result()
+				if err != nil {
+					t.Fatalf("PTTL: %v", err)
+				}
+				after := serverMicros(t, client)
+				if want := last + stores.FenceStride; g.Fences[0] != want {
+					t.Fatalf("grant %d: fence %d, want %d (the stride above the fence key)", i, g.Fences[0], want)
+				}
+				if stored := storedFence(t, client, keys[0]); stored != g.Fences[0] {
+					t.Fatalf("grant %d: fence key holds %d, want %d", i, stored, g.Fences[0])
+				}
+				// The script kept the fence key for retention plus the
+				// lead of the fence over its clock, which lies in
+				// [before, after]; PTTL has counted down since, by at
+				// most after's distance from the script. Allow
+				// expirySlack either side.
+				least := retention + time.Duration(g.Fences[0]-after)*time.Microsecond - expirySlack
+				most := retention + time.Duration(g.Fences[0]-before)*time.Microsecond + expirySlack
+				if pttl < least || pttl > most {
+					t.Fatalf("grant %d: fence key TTL %v, want retention %v plus the lead, in [%v, %v]",
+						i, pttl, retention, least, most)
+				}
+				last = g.Fences[0]
+				mustRelease(t, s, keys, "t")
+			}
+		})
 	}
 }
 
@@ -235,13 +378,13 @@ func TestUncontendedLockCostsTwoCommands(t *testing.T) {
 	client.AddHook(log)
 	s := newStore(t, client)
 	ctx := context.Background()
-	key := testredis.Prefix(t) + "k"
+	keys := []string{testredis.Prefix(t) + "k"}
 	cycle := func() {
 		t.Helper()
-		if g, err := s.Acquire(ctx, key, "t", time.Minute); err != nil || !g.OK {
+		if g, err := s.Acquire(ctx, keys, "t", time.Minute); err != nil || !g.OK {
 			t.Fatalf("Acquire: %+v, %v", g, err)
 		}
-		if err := s.Release(ctx, key, "t", 0); err != nil {
+		if err := s.Release(ctx, keys, "t", 0); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	}
@@ -292,7 +435,7 @@ func TestLoadCachesScripts(t *testing.T) {
 func TestStoreDown(t *testing.T) {
 	s := newStore(t, testredis.DownClient(t))
 	start := time.Now()
-	if _, err := s.Acquire(context.Background(), "k", "t", time.Second); err == nil {
+	if _, err := s.Acquire(context.Background(), []string{"k"}, "t", time.Second); err == nil {
 		t.Fatal("Acquire on a down store succeeded")
 	}
 	if d := time.Since(start); d > 2*time.Second {
@@ -318,7 +461,7 @@ func TestStoreStalled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	g, err := s.Acquire(ctx, "k", "t", time.Second)
+	g, err := s.Acquire(ctx, []string{"k"}, "t", time.Second)
 	if err == nil || g.OK {
 		t.Fatalf("Acquire on a stalled store: %+v, %v; want an error", g, err)
 	}
@@ -337,7 +480,7 @@ func TestNewRefusesClientsThatIgnoreDeadlines(t *testing.T) {
 	defer ring.Close()
 	for name, client := range map[string]redis.Scripter{"client": plain, "cluster": cluster, "ring": ring} {
 		_, err := New(client)
-		if !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+		if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
 			t.Errorf("%s: err = %v, want ErrInvalid naming ContextTimeoutEnabled", name, err)
 		}
 		if _, err := New(client, WithClientTimeoutsOnly()); err != nil {
@@ -360,7 +503,7 @@ func TestBadFenceKeyLeavesNoLock(t *testing.T) {
 		if err := setup(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Acquire(ctx, key, "t", time.Minute); err == nil {
+		if _, err := s.Acquire(ctx, []string{key}, "t", time.Minute); err == nil {
 			t.Errorf("%s: Acquire succeeded", name)
 		}
 		if n := client.Exists(ctx, key).Val(); n != 0 {

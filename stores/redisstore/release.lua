@@ -1,12 +1,12 @@
--- KEYS[1] lock key, KEYS[2] fence key (same slot)
--- ARGV[1] token, ARGV[2] highest fence used under this grant (0: only the
--- grant's own, which the fence key already holds), ARGV[3] fence retention ms
+-- KEYS[1] lock key; ARGV[1] token.
 -- Returns 1 when released, 0 when not held. A release is published on the
 -- channel named after the lock key, so that waiters wake without polling.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- A key of another type than a string (another program's data) makes GET
+-- fail; redis.pcall turns the failure into an error table, which equals no
+-- token, so such a key is not held and is left as it is.
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-record_fence(KEYS[2], ARGV[2], ARGV[3])
 redis.call('PUBLISH', KEYS[1], 'released')
 return 1

@@ -9,316 +9,357 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 )
 
-// Leases of the fair subtests: longLease outlives every subtest; shortLease
-// lapses within one, so a waiter that stops calling is dropped.
-const (
-	longLease  = 10 * time.Second
-	shortLease = 300 * time.Millisecond
-)
-
-// RunFair runs the conformance suite of reqlock.FairStore as subtests of t.
-// newStore is called once per subtest and must return a store that
-// implements reqlock.FairStore. The signal subtests apply to stores that also
-// implement reqlock.ReleaseNotifier.
-func RunFair(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
-	runSuite(t, newStore, "", []suiteCase[reqlock.FairStore]{
-		{"GrantsAFreeKeyAtOnce", testFairGrantsFreeKey},
-		{"GrantsInQueueOrder", testFairQueueOrder},
-		{"TryOnceDoesNotJoin", testFairTryOnce},
-		{"RetriedAcquireIsGranted", testFairRetriedAcquire},
-		{"HeartbeatKeepsPlace", testFairHeartbeat},
-		{"LapsedLeaseIsDropped", testFairLapsedLease},
-		{"LeaveLetsNextIn", testFairLeave},
-		{"FencesIncreaseAcrossFairAndPlain", testFairFences},
-		{"PlainAcquireIgnoresQueue", testFairPlainAcquire},
-		{"InvalidArguments", testFairInvalid},
-		{"CancelledContext", testFairCancelled},
-		{"MutualExclusionAndProgress", testFairMutualExclusion},
-		{"LeaveOfHeadSignals", withNotifier(testFairLeaveSignals)},
-		{"DroppedHeadSignals", withNotifier(testFairDropSignals)},
-	})
+// fairTests are the Fair subtests, for stores.FairStore. The signal subtests
+// need stores.Notifier too.
+var fairTests = []subtest{
+	{name: "GrantsAFreeKeyAtOnce", needs: needFair, run: testFairGrantsFreeKey},
+	{name: "GrantsInQueueOrder", needs: needFair, run: testFairQueueOrder},
+	{name: "TryOnceDoesNotJoin", needs: needFair, run: testFairTryOnce},
+	{name: "RetriedAcquireIsGranted", needs: needFair, run: testFairRetriedAcquire},
+	{name: "HeartbeatKeepsPlace", needs: needFair, run: testFairHeartbeat},
+	{name: "LapsedLeaseIsDropped", needs: needFair, run: testFairLapsedLease},
+	{name: "LeaveLetsNextIn", needs: needFair, run: testFairLeave},
+	{name: "FencesGrowAcrossFairAndPlain", needs: needFair, run: testFairFences},
+	{name: "PlainAcquireIgnoresQueue", needs: needFair, run: testFairPlainAcquire},
+	{name: "InvalidArguments", needs: needFair, run: testFairInvalid},
+	{name: "CancelledContext", needs: needFair, run: testFairCancelled},
+	{name: "MutualExclusionAndProgress", needs: needFair, run: testFairMutualExclusion},
+	{name: "LeaveOfHeadSignals", needs: needFair | needNotify, run: testFairLeaveSignals},
+	{name: "DroppedHeadSignals", needs: needFair | needNotify, run: testFairDropSignals},
 }
 
-func fairTry(t *testing.T, f reqlock.FairStore, key, token string, lease time.Duration) reqlock.FairGrant {
+// fairTry calls AcquireFair with the suite's long TTL and checks the shape
+// of its grant.
+func (e *env) fairTry(t *testing.T, key, token string, lease time.Duration) stores.FairGrant {
 	t.Helper()
-	g, err := f.AcquireFair(context.Background(), key, token, longTTL, lease)
+	g, err := e.f.AcquireFair(t.Context(), key, token, e.long, lease)
 	if err != nil {
 		t.Fatalf("AcquireFair(%q, %q, lease %v): %v", key, token, lease, err)
+	}
+	checkGrant(t, g.Grant, 1, "AcquireFair("+key+", "+token+")")
+	if !g.OK && g.Ahead < -1 {
+		t.Fatalf("AcquireFair(%q, %q): Ahead %d, want -1 or more", key, token, g.Ahead)
 	}
 	return g
 }
 
-func expectGranted(t *testing.T, g reqlock.FairGrant, who string) {
+// expectGranted fails the test unless g is a grant with a positive fence.
+func expectGranted(t *testing.T, g stores.FairGrant, who string) {
 	t.Helper()
-	if !g.OK || g.Fence <= 0 {
+	if !g.OK || g.Fences[0] <= 0 {
 		t.Fatalf("%s: %+v, want a grant with a fence", who, g)
 	}
 }
 
-func expectRefused(t *testing.T, g reqlock.FairGrant, who string) {
+// expectRefused fails the test unless g is a refusal.
+func expectRefused(t *testing.T, g stores.FairGrant, who string) {
 	t.Helper()
 	if g.OK {
-		t.Fatalf("%s: granted (fence %d), want refused", who, g.Fence)
+		t.Fatalf("%s: granted (fences %v), want refused", who, g.Fences)
 	}
 }
 
-func mustRelease(t *testing.T, s reqlock.Store, key, token string) {
+// releaseKey releases one key with keep 0 and fails the test on an error.
+func (e *env) releaseKey(t *testing.T, key, token string) {
 	t.Helper()
-	if err := s.Release(context.Background(), key, token, 0); err != nil {
-		t.Fatalf("Release(%q, %q): %v", key, token, err)
-	}
+	e.mustRelease(t, []string{key}, token)
 }
 
-func mustLeave(t *testing.T, f reqlock.FairStore, key, token string) {
+// acquireKey acquires one key with a plain Acquire, as a FairGrant for
+// expectGranted and expectRefused.
+func (e *env) acquireKey(t *testing.T, key, token string) stores.FairGrant {
 	t.Helper()
-	if err := f.LeaveFair(context.Background(), key, token); err != nil {
+	return stores.FairGrant{Grant: e.acquire(t, []string{key}, token, e.long)}
+}
+
+// mustLeave calls LeaveFair and fails the test on an error.
+func (e *env) mustLeave(t *testing.T, key, token string) {
+	t.Helper()
+	if err := e.f.LeaveFair(t.Context(), key, token); err != nil {
 		t.Fatalf("LeaveFair(%q, %q): %v", key, token, err)
 	}
 }
 
-// plain wraps a Store.Acquire outcome for expectGranted and expectRefused.
-func plain(g reqlock.Grant) reqlock.FairGrant { return reqlock.FairGrant{Grant: g} }
-
 // expectAhead fails the test unless g says ahead waiters are queued before
 // the caller.
-func expectAhead(t *testing.T, g reqlock.FairGrant, ahead int, who string) {
+func expectAhead(t *testing.T, g stores.FairGrant, ahead int, who string) {
 	t.Helper()
 	if g.Ahead != ahead {
 		t.Fatalf("%s: %d waiters ahead, want %d", who, g.Ahead, ahead)
 	}
 }
 
-// holdWithQueue makes holder hold k and queues tokens behind it in order.
-func holdWithQueue(t *testing.T, s reqlock.Store, f reqlock.FairStore, k, holder string, lease time.Duration, tokens ...string) {
+// holdWithQueue makes holder hold k and queues tokens behind it in order,
+// checking each one's place and that it waits for the holder's TTL.
+func (e *env) holdWithQueue(t *testing.T, k, holder string, lease time.Duration, tokens ...string) {
 	t.Helper()
-	expectGranted(t, plain(mustAcquire(t, s, k, holder, longTTL)), "holder")
+	expectGranted(t, e.acquireKey(t, k, holder), "holder")
 	for i, tok := range tokens {
-		g := fairTry(t, f, k, tok, lease)
+		g := e.fairTry(t, k, tok, lease)
 		expectRefused(t, g, tok+" behind the holder")
 		expectAhead(t, g, i, tok+" joining")
-		if g.HolderTTL <= 0 || g.HolderTTL > longTTL {
-			t.Fatalf("%s: hint %v, want the holder's remaining TTL", tok, g.HolderTTL)
+		if g.Wait <= 0 || g.Wait > e.long {
+			t.Fatalf("%s: Wait %v, want the holder's remaining TTL", tok, g.Wait)
 		}
 	}
+}
+
+// join queues token for k, which is held or has waiters ahead.
+func (e *env) join(t *testing.T, k, token string, lease time.Duration) {
+	t.Helper()
+	expectRefused(t, e.fairTry(t, k, token, lease), token+" joining")
 }
 
 // testFairGrantsFreeKey: a free key with nobody queued is granted at once,
 // with or without joining.
-func testFairGrantsFreeKey(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	expectGranted(t, fairTry(t, f, k, "a", longLease), "first")
-	mustRelease(t, s, k, "a")
-	expectGranted(t, fairTry(t, f, k, "b", 0), "try once")
-	mustRelease(t, s, k, "b")
+func testFairGrantsFreeKey(t *testing.T, e *env) {
+	k := e.key("k")
+	expectGranted(t, e.fairTry(t, k, "a", e.long), "first")
+	e.releaseKey(t, k, "a")
+	expectGranted(t, e.fairTry(t, k, "b", 0), "try once")
+	e.releaseKey(t, k, "b")
 }
 
 // testFairQueueOrder: after the holder lets go, waiters are granted in the
 // order they joined, whoever asks first.
-func testFairQueueOrder(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
+func testFairQueueOrder(t *testing.T, e *env) {
+	k := e.key("k")
 	order := []string{"w0", "w1", "w2", "w3"}
-	holdWithQueue(t, s, f, k, "holder", longLease, order...)
-	mustRelease(t, s, k, "holder")
+	e.holdWithQueue(t, k, "holder", e.long, order...)
+	e.releaseKey(t, k, "holder")
 	for i, want := range order {
 		// Every later waiter asks first, and is refused.
 		for j, other := range order[i+1:] {
-			g := fairTry(t, f, k, other, longLease)
+			g := e.fairTry(t, k, other, e.long)
 			expectRefused(t, g, other+" while "+want+" heads the queue")
 			expectAhead(t, g, j+1, other)
-			if g.HolderTTL <= 0 || g.HolderTTL > longLease {
-				t.Fatalf("%s: hint %v, want the head's remaining lease", other, g.HolderTTL)
+			if g.Wait <= 0 || g.Wait > e.long {
+				t.Fatalf("%s: Wait %v, want the head's remaining lease", other, g.Wait)
 			}
 		}
-		expectGranted(t, fairTry(t, f, k, want, longLease), want)
+		expectGranted(t, e.fairTry(t, k, want, e.long), want)
 		if i+1 < len(order) {
-			g := fairTry(t, f, k, order[i+1], longLease)
+			g := e.fairTry(t, k, order[i+1], e.long)
 			expectRefused(t, g, order[i+1]+" while "+want+" holds")
 			expectAhead(t, g, 0, order[i+1]+", the new head")
 		}
-		mustRelease(t, s, k, want)
+		e.releaseKey(t, k, want)
 	}
 	// The queue is empty now: a newcomer is granted at once.
-	expectGranted(t, fairTry(t, f, k, "late", 0), "newcomer after the queue drained")
-	mustRelease(t, s, k, "late")
+	expectGranted(t, e.fairTry(t, k, "late", 0), "newcomer after the queue drained")
+	e.releaseKey(t, k, "late")
 }
 
 // testFairTryOnce: a try (lease zero) never joins, and is refused while
 // anybody waits.
-func testFairTryOnce(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	holdWithQueue(t, s, f, k, "holder", longLease, "w")
-	g := fairTry(t, f, k, "try", 0)
+func testFairTryOnce(t *testing.T, e *env) {
+	k := e.key("k")
+	e.holdWithQueue(t, k, "holder", e.long, "w")
+	g := e.fairTry(t, k, "try", 0)
 	expectRefused(t, g, "try while held")
 	expectAhead(t, g, -1, "try")
-	mustRelease(t, s, k, "holder")
-	g = fairTry(t, f, k, "try", 0)
+	e.releaseKey(t, k, "holder")
+	g = e.fairTry(t, k, "try", 0)
 	expectRefused(t, g, "try while w waits for a free key")
 	expectAhead(t, g, -1, "try")
-	expectGranted(t, fairTry(t, f, k, "w", longLease), "w")
-	mustRelease(t, s, k, "w")
+	expectGranted(t, e.fairTry(t, k, "w", e.long), "w")
+	e.releaseKey(t, k, "w")
 	// "try" never joined: the queue is empty, so a newcomer wins at once.
-	expectGranted(t, fairTry(t, f, k, "new", 0), "newcomer")
-	mustRelease(t, s, k, "new")
+	expectGranted(t, e.fairTry(t, k, "new", 0), "newcomer")
+	e.releaseKey(t, k, "new")
+}
+
+// testFairRetriedAcquire: a retried AcquireFair (its reply was lost) finds
+// the key holding the caller's token and is granted again, with a fence a
+// stride above, even with other waiters queued.
+func testFairRetriedAcquire(t *testing.T, e *env) {
+	k := e.key("k")
+	first := e.fairTry(t, k, "t1", e.long)
+	expectGranted(t, first, "first attempt")
+	e.join(t, k, "t2", e.long)
+	retry := e.fairTry(t, k, "t1", e.long)
+	expectGranted(t, retry, "retried attempt")
+	expectStride(t, first.Fences[0], retry.Fences[0], "retried AcquireFair")
+	e.releaseKey(t, k, "t1")
+	e.mustLeave(t, k, "t2")
 }
 
 // testFairHeartbeat: a waiter that keeps calling keeps its place long past
 // its lease.
-func testFairHeartbeat(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	holdWithQueue(t, s, f, k, "holder", shortLease, "a")
-	holdWithQueueJoin(t, f, k, "b", longLease)
-	end := time.Now().Add(4 * shortLease)
-	tick := time.NewTicker(shortLease / 10)
+func testFairHeartbeat(t *testing.T, e *env) {
+	k := e.key("k")
+	e.holdWithQueue(t, k, "holder", e.shortLease, "a")
+	e.join(t, k, "b", e.long)
+	end := time.Now().Add(4 * e.shortLease)
+	tick := time.NewTicker(e.shortLease / 10)
 	defer tick.Stop()
 	for time.Now().Before(end) {
-		expectRefused(t, fairTry(t, f, k, "a", shortLease), "a while held")
-		expectRefused(t, fairTry(t, f, k, "b", longLease), "b while held")
+		expectRefused(t, e.fairTry(t, k, "a", e.shortLease), "a while held")
+		expectRefused(t, e.fairTry(t, k, "b", e.long), "b while held")
 		<-tick.C
 	}
-	mustRelease(t, s, k, "holder")
-	expectRefused(t, fairTry(t, f, k, "b", longLease), "b behind a live a")
-	expectGranted(t, fairTry(t, f, k, "a", shortLease), "a, which kept its place")
-	mustRelease(t, s, k, "a")
-	expectGranted(t, fairTry(t, f, k, "b", longLease), "b")
-	mustRelease(t, s, k, "b")
-}
-
-func holdWithQueueJoin(t *testing.T, f reqlock.FairStore, k, token string, lease time.Duration) {
-	t.Helper()
-	expectRefused(t, fairTry(t, f, k, token, lease), token+" joining")
+	e.releaseKey(t, k, "holder")
+	expectRefused(t, e.fairTry(t, k, "b", e.long), "b behind a live a")
+	expectGranted(t, e.fairTry(t, k, "a", e.shortLease), "a, which kept its place")
+	e.releaseKey(t, k, "a")
+	expectGranted(t, e.fairTry(t, k, "b", e.long), "b")
+	e.releaseKey(t, k, "b")
 }
 
 // testFairLapsedLease: a waiter that stops calling is dropped once its lease
 // has passed, and the next waiter gets the key.
-func testFairLapsedLease(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	holdWithQueue(t, s, f, k, "holder", shortLease, "dead")
-	holdWithQueueJoin(t, f, k, "live", longLease)
-	mustRelease(t, s, k, "holder")
+func testFairLapsedLease(t *testing.T, e *env) {
+	k := e.key("k")
+	e.holdWithQueue(t, k, "holder", e.shortLease, "dead")
+	e.join(t, k, "live", e.long)
+	e.releaseKey(t, k, "holder")
 	start := time.Now()
-	deadline := start.Add(shortLease + signalWait)
-	tick := time.NewTicker(shortLease / 10)
+	deadline := start.Add(e.shortLease + expiryLimit)
+	tick := time.NewTicker(e.shortLease / 10)
 	defer tick.Stop()
+	// Waiting for the dead waiter's lease to run out is the behaviour under
+	// test.
 	for {
-		g := fairTry(t, f, k, "live", longLease)
+		g := e.fairTry(t, k, "live", e.long)
 		if g.OK {
 			break
 		}
-		if g.HolderTTL > shortLease {
-			t.Fatalf("hint %v while the dead head's lease is %v", g.HolderTTL, shortLease)
+		if g.Wait > e.shortLease {
+			t.Fatalf("Wait %v while the dead head's lease is %v", g.Wait, e.shortLease)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the live waiter was not granted within %v of the dead one's lease", signalWait)
+			t.Fatalf("the live waiter was not granted within %v of the dead one's lease", expiryLimit)
 		}
 		<-tick.C
 	}
-	if waited := time.Since(start); waited < shortLease/2 {
-		t.Fatalf("granted after %v: the dead waiter's lease (%v) was not respected", waited, shortLease)
+	if waited := time.Since(start); waited < e.shortLease/2 {
+		t.Fatalf("granted after %v: the dead waiter's lease (%v) was not respected", waited, e.shortLease)
 	}
-	mustRelease(t, s, k, "live")
+	e.releaseKey(t, k, "live")
 	// The dead waiter is gone: a newcomer is granted at once.
-	expectGranted(t, fairTry(t, f, k, "new", 0), "newcomer")
-	mustRelease(t, s, k, "new")
+	expectGranted(t, e.fairTry(t, k, "new", 0), "newcomer")
+	e.releaseKey(t, k, "new")
 }
 
 // testFairLeave: a waiter that leaves no longer blocks the queue; leaving
 // twice, or a queue one never joined, is no error.
-func testFairLeave(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	holdWithQueue(t, s, f, k, "holder", longLease, "a", "b")
-	mustLeave(t, f, k, "a")
-	mustLeave(t, f, k, "a")
-	mustLeave(t, f, k, "never-joined")
-	mustLeave(t, f, key("no-queue"), "x")
-	mustRelease(t, s, k, "holder")
-	expectGranted(t, fairTry(t, f, k, "b", longLease), "b after a left")
-	mustRelease(t, s, k, "b")
-	expectGranted(t, fairTry(t, f, k, "a", 0), "a, no longer queued, on an empty queue")
-	mustRelease(t, s, k, "a")
+func testFairLeave(t *testing.T, e *env) {
+	k := e.key("k")
+	e.holdWithQueue(t, k, "holder", e.long, "a", "b")
+	e.mustLeave(t, k, "a")
+	e.mustLeave(t, k, "a")
+	e.mustLeave(t, k, "never-joined")
+	e.mustLeave(t, e.key("no-queue"), "x")
+	e.releaseKey(t, k, "holder")
+	expectGranted(t, e.fairTry(t, k, "b", e.long), "b after a left")
+	e.releaseKey(t, k, "b")
+	expectGranted(t, e.fairTry(t, k, "a", 0), "a, no longer queued, on an empty queue")
+	e.releaseKey(t, k, "a")
 }
 
-// testFairFences: fences strictly grow across fair grants, plain grants and
-// a release that reports a raised fence.
-func testFairFences(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
+// testFairFences: each fence is a stride above the previous grant's, across
+// fair grants, plain grants, retries, a queued waiter's grant and a fair
+// grant left to expire.
+func testFairFences(t *testing.T, e *env) {
+	k := e.key("k")
 	var last int64
-	next := func(g reqlock.FairGrant, who string) {
+	next := func(g stores.FairGrant, who string) {
 		t.Helper()
 		expectGranted(t, g, who)
-		if g.Fence <= last {
-			t.Fatalf("%s: fence %d after %d", who, g.Fence, last)
+		if last != 0 {
+			expectStride(t, last, g.Fences[0], who)
 		}
-		last = g.Fence
+		last = g.Fences[0]
 	}
 	for i := range 3 {
 		tok := "plain" + strconv.Itoa(i)
-		next(plain(mustAcquire(t, s, k, tok, longTTL)), tok)
-		if err := s.Release(ctx, k, tok, last+100); err != nil { // as after local handoffs
-			t.Fatal(err)
-		}
-		last += 100
+		next(e.acquireKey(t, k, tok), tok)
+		e.releaseKey(t, k, tok)
 		tok = "fair" + strconv.Itoa(i)
-		next(fairTry(t, f, k, tok, longLease), tok)
-		mustRelease(t, s, k, tok)
+		next(e.fairTry(t, k, tok, e.long), tok)
+		next(e.fairTry(t, k, tok, e.long), tok+" retried")
+		e.releaseKey(t, k, tok)
 	}
-	holdWithQueue(t, s, f, k, "holder", longLease, "queued")
-	mustRelease(t, s, k, "holder")
-	next(fairTry(t, f, k, "queued", longLease), "queued")
-	mustRelease(t, s, k, "queued")
+	e.holdWithQueue(t, k, "holder", e.long, "queued")
+	e.releaseKey(t, k, "holder")
+	next(e.fairTry(t, k, "queued", e.long), "queued")
+	e.releaseKey(t, k, "queued")
+
+	g, err := e.f.AcquireFair(t.Context(), k, "expiring", e.expiry, e.long)
+	if err != nil {
+		t.Fatalf("AcquireFair with ttl %v: %v", e.expiry, err)
+	}
+	next(g, "expiring")
+	// Waiting for the TTL to run out is the behaviour under test.
+	next(stores.FairGrant{Grant: e.pollAcquire(t, []string{k}, "after-expiry", e.long, e.expiry+expiryLimit)}, "plain after the fair grant expired")
+	e.releaseKey(t, k, "after-expiry")
 }
 
 // testFairPlainAcquire: the queue does not bind plain Acquire (fairness holds
 // among fair waiters), and a plain holder blocks fair waiters like any other.
-func testFairPlainAcquire(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	holdWithQueue(t, s, f, k, "holder", longLease, "w")
-	mustRelease(t, s, k, "holder")
-	expectGranted(t, plain(mustAcquire(t, s, k, "plain", longTTL)), "plain acquire past the queue")
-	expectRefused(t, fairTry(t, f, k, "w", longLease), "w while plain holds")
-	mustRelease(t, s, k, "plain")
-	expectGranted(t, fairTry(t, f, k, "w", longLease), "w")
-	mustRelease(t, s, k, "w")
+func testFairPlainAcquire(t *testing.T, e *env) {
+	k := e.key("k")
+	e.holdWithQueue(t, k, "holder", e.long, "w")
+	e.releaseKey(t, k, "holder")
+	expectGranted(t, e.acquireKey(t, k, "plain"), "plain acquire past the queue")
+	expectRefused(t, e.fairTry(t, k, "w", e.long), "w while plain holds")
+	e.releaseKey(t, k, "plain")
+	expectGranted(t, e.fairTry(t, k, "w", e.long), "w")
+	e.releaseKey(t, k, "w")
 }
 
-func testFairInvalid(t *testing.T, _ reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
-	for _, tc := range []struct{ ttl, lease time.Duration }{{0, time.Second}, {-time.Second, time.Second}, {time.Second, -1}} {
-		if _, err := f.AcquireFair(ctx, k, "t", tc.ttl, tc.lease); !errors.Is(err, reqlock.ErrInvalid) {
-			t.Errorf("AcquireFair(ttl %v, lease %v): %v, want ErrInvalid", tc.ttl, tc.lease, err)
+// testFairInvalid: an empty key, a non-positive ttl or a negative lease is
+// refused with ErrInvalid, and nobody joins.
+func testFairInvalid(t *testing.T, e *env) {
+	ctx := t.Context()
+	k := e.key("k")
+	for _, tc := range []struct {
+		key        string
+		ttl, lease time.Duration
+	}{
+		{"", time.Second, time.Second},
+		{k, 0, time.Second},
+		{k, -time.Second, time.Second},
+		{k, time.Second, -1},
+	} {
+		g, err := e.f.AcquireFair(ctx, tc.key, "t", tc.ttl, tc.lease)
+		if !errors.Is(err, stores.ErrInvalid) || g.OK {
+			t.Errorf("AcquireFair(%q, ttl %v, lease %v): %+v, %v; want stores.ErrInvalid", tc.key, tc.ttl, tc.lease, g, err)
 		}
 	}
-	expectGranted(t, fairTry(t, f, k, "t", 0), "after invalid calls")
+	expectGranted(t, e.fairTry(t, k, "t2", 0), "a try after invalid calls: nobody joined")
+	e.releaseKey(t, k, "t2")
 }
 
 // testFairCancelled: a call on an ended context fails without joining.
-func testFairCancelled(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	expectGranted(t, plain(mustAcquire(t, s, k, "holder", longTTL)), "holder")
-	if _, err := f.AcquireFair(ctx, k, "gone", longTTL, longLease); !errors.Is(err, context.Canceled) {
-		t.Fatalf("AcquireFair on a cancelled context: %v", err)
+func testFairCancelled(t *testing.T, e *env) {
+	k := e.key("k")
+	ctx := cancelled()
+	expectGranted(t, e.acquireKey(t, k, "holder"), "holder")
+	if _, err := e.f.AcquireFair(ctx, k, "gone", e.long, e.long); !errors.Is(err, context.Canceled) {
+		t.Fatalf("AcquireFair on a cancelled context: got %v, want context.Canceled", err)
 	}
-	if err := f.LeaveFair(ctx, k, "gone"); !errors.Is(err, context.Canceled) {
-		t.Fatalf("LeaveFair on a cancelled context: %v", err)
+	if err := e.f.LeaveFair(ctx, k, "gone"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("LeaveFair on a cancelled context: got %v, want context.Canceled", err)
 	}
-	mustRelease(t, s, k, "holder")
-	expectGranted(t, fairTry(t, f, k, "new", 0), "newcomer: the cancelled call did not join")
-	mustRelease(t, s, k, "new")
+	e.releaseKey(t, k, "holder")
+	expectGranted(t, e.fairTry(t, k, "new", 0), "newcomer: the cancelled call did not join")
+	e.releaseKey(t, k, "new")
 }
 
 // testFairMutualExclusion: concurrent fair waiters polling one key never hold
-// it together, and each is granted.
-func testFairMutualExclusion(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
+// it together, each is granted, and each grant's fence is a stride above
+// the previous one.
+func testFairMutualExclusion(t *testing.T, e *env) {
+	k := e.key("k")
 	const waiters, rounds = 8, 5
 	var (
 		inside, overlaps atomic.Int32
+		lastFence        atomic.Int64
+		strideErrs       atomic.Int32
 		wg               sync.WaitGroup
 		errs             = make(chan error, waiters)
 	)
@@ -326,24 +367,30 @@ func testFairMutualExclusion(t *testing.T, s reqlock.Store, f reqlock.FairStore,
 	defer cancel()
 	for w := range waiters {
 		wg.Go(func() {
+			tick := time.NewTicker(time.Millisecond) // a waiter's poll interval
+			defer tick.Stop()
 			for r := range rounds {
 				token := "w" + strconv.Itoa(w) + "r" + strconv.Itoa(r)
+				var g stores.FairGrant
 				for {
-					g, err := f.AcquireFair(ctx, k, token, longTTL, longLease)
-					if err != nil {
-						errs <- err
+					var err error
+					if g, err = e.f.AcquireFair(ctx, k, token, e.long, e.long); err != nil {
+						errs <- err // the deadline of ctx ends a waiter never granted
 						return
 					}
 					if g.OK {
 						break
 					}
-					time.Sleep(time.Millisecond) // poll interval, as a waiter's backoff
+					<-tick.C
 				}
 				if inside.Add(1) != 1 {
 					overlaps.Add(1)
 				}
+				if prev := lastFence.Swap(g.Fences[0]); prev != 0 && g.Fences[0]-prev < stores.FenceStride {
+					strideErrs.Add(1)
+				}
 				inside.Add(-1)
-				if err := s.Release(context.Background(), k, token, 0); err != nil {
+				if err := e.s.Release(context.Background(), []string{k}, token, 0); err != nil {
 					errs <- err
 					return
 				}
@@ -353,52 +400,60 @@ func testFairMutualExclusion(t *testing.T, s reqlock.Store, f reqlock.FairStore,
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Fatal(err)
+		t.Error(err)
 	}
 	if overlaps.Load() != 0 {
-		t.Fatalf("%d overlapping holders", overlaps.Load())
+		t.Errorf("%d overlapping holders", overlaps.Load())
+	}
+	if strideErrs.Load() != 0 {
+		t.Errorf("%d grants with a fence less than a stride above the previous one", strideErrs.Load())
 	}
 }
 
 // testFairLeaveSignals: the head leaving a free key signals, so the next
-// waiter wakes without polling.
-func testFairLeaveSignals(t *testing.T, s reqlock.Store, f reqlock.FairStore, n reqlock.ReleaseNotifier, key func(string) string) {
-	k := key("k")
-	ch, _ := subscribe(t, n, k)
-	prime(t, s, k, ch)
-	holdWithQueue(t, s, f, k, "holder", longLease, "head", "next")
-	mustRelease(t, s, k, "holder")
-	expectSignal(t, ch, "after the holder's release")
-	flush(t, s, n, key)
-	drain(ch)
-	mustLeave(t, f, k, "head")
-	expectSignal(t, ch, "after the head left a free key")
-	expectGranted(t, fairTry(t, f, k, "next", longLease), "next")
-	mustRelease(t, s, k, "next")
+// waiter wakes without polling. Each waiter subscribes with its token, and
+// only the waiter whose turn came is expected to get the signal.
+func testFairLeaveSignals(t *testing.T, e *env) {
+	k := e.key("k")
+	chHead, _ := e.subscribe(t, k, "head")
+	chNext, _ := e.subscribe(t, k, "next")
+	e.prime(t, k, chHead)
+	e.prime(t, k, chNext)
+	e.holdWithQueue(t, k, "holder", e.long, "head", "next")
+	e.releaseKey(t, k, "holder")
+	expectSignal(t, chHead, "to the head after the holder's release")
+	e.flush(t)
+	drain(chHead)
+	drain(chNext)
+	e.mustLeave(t, k, "head")
+	expectSignal(t, chNext, "to the next waiter after the head left a free key")
+	expectGranted(t, e.fairTry(t, k, "next", e.long), "next")
+	e.releaseKey(t, k, "next")
 }
 
 // testFairDropSignals: an attempt that drops a dead head of a free key
 // signals, so the new head wakes without polling.
-func testFairDropSignals(t *testing.T, s reqlock.Store, f reqlock.FairStore, n reqlock.ReleaseNotifier, key func(string) string) {
-	k := key("k")
-	ch, _ := subscribe(t, n, k)
-	prime(t, s, k, ch)
-	holdWithQueue(t, s, f, k, "holder", shortLease, "dead")
-	holdWithQueueJoin(t, f, k, "head", longLease)
-	holdWithQueueJoin(t, f, k, "third", longLease)
-	mustRelease(t, s, k, "holder")
-	expectSignal(t, ch, "after the holder's release")
-	deadline := time.Now().Add(shortLease + signalWait)
-	tick := time.NewTicker(shortLease / 10)
+func testFairDropSignals(t *testing.T, e *env) {
+	k := e.key("k")
+	ch, _ := e.subscribe(t, k, "head")
+	e.prime(t, k, ch)
+	e.holdWithQueue(t, k, "holder", e.shortLease, "dead")
+	e.join(t, k, "head", e.long)
+	e.join(t, k, "third", e.long)
+	e.releaseKey(t, k, "holder")
+	deadline := time.Now().Add(e.shortLease + expiryLimit)
+	tick := time.NewTicker(e.shortLease / 10)
 	defer tick.Stop()
+	// Waiting for the dead head's lease to run out is the behaviour under
+	// test.
 	for {
-		flush(t, s, n, key)
+		e.flush(t)
 		drain(ch)
 		// "third" polls; once the dead head's lease has passed, its
 		// attempt drops it and must signal the new head.
-		if g := fairTry(t, f, k, "third", longLease); g.OK {
+		if g := e.fairTry(t, k, "third", e.long); g.OK {
 			t.Fatal("third granted ahead of head")
-		} else if g.HolderTTL > shortLease {
+		} else if g.Wait > e.shortLease {
 			break // the head is now "head", whose lease is long
 		}
 		if time.Now().After(deadline) {
@@ -406,24 +461,7 @@ func testFairDropSignals(t *testing.T, s reqlock.Store, f reqlock.FairStore, n r
 		}
 		<-tick.C
 	}
-	expectSignal(t, ch, "after an attempt dropped the dead head of a free key")
-	expectGranted(t, fairTry(t, f, k, "head", longLease), "head")
-	mustRelease(t, s, k, "head")
-}
-
-// A retried AcquireFair (its reply was lost) finds the key holding the
-// caller's token and is granted again, even with other waiters queued.
-func testFairRetriedAcquire(t *testing.T, s reqlock.Store, f reqlock.FairStore, key func(string) string) {
-	k := key("k")
-	lease := time.Minute
-	first := fairTry(t, f, k, "t1", lease)
-	expectGranted(t, first, "first attempt")
-	expectRefused(t, fairTry(t, f, k, "t2", lease), "a waiter")
-	retry := fairTry(t, f, k, "t1", lease)
-	expectGranted(t, retry, "retried attempt")
-	if retry.Fence <= first.Fence {
-		t.Fatalf("retry fence %d, want above %d", retry.Fence, first.Fence)
-	}
-	mustRelease(t, s, k, "t1")
-	mustLeave(t, f, k, "t2")
+	expectSignal(t, ch, "to the new head after an attempt dropped the dead head of a free key")
+	expectGranted(t, e.fairTry(t, k, "head", e.long), "head")
+	e.releaseKey(t, k, "head")
 }

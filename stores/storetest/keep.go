@@ -1,181 +1,165 @@
 package storetest
 
 import (
-	"context"
-	"errors"
+	"fmt"
 	"testing"
 	"time"
-
-	"github.com/reqlock/reqlock"
 )
 
-// RunKeep runs the conformance suite of reqlock.KeepReleaser as subtests of
-// t. newStore is called once per subtest and must return a store that
-// implements reqlock.KeepReleaser. The signal subtests apply to stores that
-// also implement reqlock.ReleaseNotifier; other stores pass them with a log
-// line.
-func RunKeep(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
-	runSuite(t, newStore, "", []suiteCase[reqlock.KeepReleaser]{
-		{"LeavesKeyHeldUntilKeep", testKeepLeavesKeyHeld},
-		{"RecordsLastFence", testKeepRecordsFence},
-		{"WrongTokenOrAbsent", testKeepWrongToken},
-		{"NonPositiveKeepReleases", testKeepNonPositive},
-		{"CancelledContext", testKeepCancelled},
-		{"DoesNotSignal", withNotifier(testKeepNoSignal)},
-		{"NonPositiveKeepSignals", withNotifier(testKeepZeroSignals)},
-	})
+// keepTests are the Keep subtests: Release with a positive keep leaves the
+// keys held by the token until keep has passed. Each checks a set of one key
+// and a set of three.
+var keepTests = []subtest{
+	{name: "LeavesKeysHeldUntilKeep", run: testKeepLeavesKeysHeld},
+	{name: "ExtendsAShorterTTL", run: testKeepExtends},
+	{name: "FencesGrowAcrossKeepAndExpiry", run: testKeepFences},
+	{name: "WrongTokenOrAbsent", run: testKeepWrongToken},
+	{name: "TakenOverKey", run: testKeepTakenOver},
+	{name: "NonPositiveKeepReleases", run: testKeepNonPositive},
+	{name: "CancelledContext", run: testKeepCancelled},
 }
 
-func testKeepLeavesKeyHeld(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
-		t.Fatalf("Acquire: %+v", g)
-	}
-	start := time.Now()
-	if err := kr.ReleaseKeep(ctx, k, "t1", 0, keepTTL); err != nil {
-		t.Fatalf("ReleaseKeep: %v", err)
-	}
-	expectHeld(t, s, []string{k}, keepTTL, "right after ReleaseKeep")
-	end := waitFree(t, s, []string{k}, keepTTL+5*time.Second)
-	if d := end.Sub(start); d < keepTTL-10*time.Millisecond {
-		t.Fatalf("kept key free after %v, want >= %v", d, keepTTL-10*time.Millisecond)
-	}
-	if err := kr.ReleaseKeep(ctx, k, "t1", 0, keepTTL); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("ReleaseKeep after the key expired: got %v, want ErrNotHeld", err)
-	}
-
-	// A keep longer than the TTL left extends the hold.
-	if g := mustAcquire(t, s, k, "t2", time.Second); !g.OK {
-		t.Fatalf("Acquire: %+v", g)
-	}
-	if err := kr.ReleaseKeep(ctx, k, "t2", 0, 5*time.Second); err != nil {
-		t.Fatalf("ReleaseKeep: %v", err)
-	}
-	if held, ttl := holder(t, s, k); !held || ttl <= time.Second {
-		t.Fatalf("after ReleaseKeep of 5s on a 1s lock: held %v, TTL %v; want held with TTL > 1s", held, ttl)
-	}
-	if err := s.Release(ctx, k, "t2", 0); err != nil {
-		t.Fatalf("Release of the kept key by its token: %v", err)
-	}
-}
-
-func testKeepRecordsFence(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
-	g1 := mustAcquire(t, s, k, "t1", longTTL)
-	raised := g1.Fence + 1000
-	if err := kr.ReleaseKeep(ctx, k, "t1", raised, 20*time.Millisecond); err != nil {
-		t.Fatalf("ReleaseKeep: %v", err)
-	}
-	g2 := pollAcquire(t, s, k, "t2", longTTL, 5*time.Second)
-	if g2.Fence <= raised {
-		t.Fatalf("fence after a ReleaseKeep reporting %d is %d, want higher", raised, g2.Fence)
-	}
-	if err := kr.ReleaseKeep(ctx, k, "t2", 1, 20*time.Millisecond); err != nil {
-		t.Fatalf("ReleaseKeep: %v", err)
-	}
-	g3 := pollAcquire(t, s, k, "t3", longTTL, 5*time.Second)
-	if g3.Fence <= g2.Fence {
-		t.Fatalf("a ReleaseKeep reporting a low fence lowered the next one: %d after %d", g3.Fence, g2.Fence)
-	}
-	_ = s.Release(ctx, k, "t3", 0)
-}
-
-func testKeepWrongToken(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
-		t.Fatalf("Acquire: %+v", g)
-	}
-	for _, keep := range []time.Duration{keepTTL, 0} {
-		if err := kr.ReleaseKeep(ctx, k, "t2", 0, keep); !errors.Is(err, reqlock.ErrNotHeld) {
-			t.Fatalf("ReleaseKeep (keep %v) with a wrong token: got %v, want ErrNotHeld", keep, err)
+// testKeepLeavesKeysHeld: after a Release with keep the keys stay held, with
+// at most keep left, refuse other tokens, and are free once keep has passed,
+// not before; the token no longer releases them then.
+func testKeepLeavesKeysHeld(t *testing.T, e *env) {
+	ctx := t.Context()
+	for _, keys := range e.keySets("k") {
+		e.mustAcquire(t, keys, "t1", e.long)
+		start := time.Now()
+		if err := e.s.Release(ctx, keys, "t1", e.keep); err != nil {
+			t.Fatalf("Release(%q) with keep %v: %v", keys, e.keep, err)
 		}
-	}
-	// The holder's TTL is untouched.
-	if held, ttl := holder(t, s, k); !held || ttl <= keepTTL {
-		t.Fatalf("after wrong-token ReleaseKeep calls: held %v, TTL %v; want held with TTL > %v", held, ttl, keepTTL)
-	}
-	if err := kr.ReleaseKeep(ctx, key("absent"), "t1", 0, keepTTL); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("ReleaseKeep of an absent key: got %v, want ErrNotHeld", err)
-	}
-	expectFree(t, s, []string{key("absent")}, "after ReleaseKeep of an absent key")
-	if err := s.Release(ctx, k, "t1", 0); err != nil {
-		t.Fatalf("Release by the holder: %v", err)
-	}
-}
-
-func testKeepNonPositive(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
-	for _, keep := range []time.Duration{0, -time.Second} {
-		g1 := mustAcquire(t, s, k, "t1", longTTL)
-		if !g1.OK {
-			t.Fatalf("Acquire: %+v", g1)
+		e.expectHeld(t, keys, e.keep, "right after Release with keep")
+		if g := e.acquire(t, keys, "t2", e.long); g.OK {
+			t.Fatalf("Acquire(%q) right after Release with keep: %+v, want refused", keys, g)
 		}
-		raised := g1.Fence + 1000
-		if err := kr.ReleaseKeep(ctx, k, "t1", raised, keep); err != nil {
-			t.Fatalf("ReleaseKeep with keep %v: %v", keep, err)
+		// Waiting for keep to run out is the behaviour under test.
+		end := e.waitFree(t, keys, e.keep+expiryLimit)
+		if d := end.Sub(start); d < e.keep-expiryEarly {
+			t.Fatalf("kept keys %q free after %v, want >= %v", keys, d, e.keep-expiryEarly)
 		}
-		g2 := mustAcquire(t, s, k, "t2", longTTL)
-		if !g2.OK {
-			t.Fatalf("Acquire right after ReleaseKeep with keep %v: %+v, want granted", keep, g2)
-		}
-		if g2.Fence <= raised {
-			t.Fatalf("fence after ReleaseKeep (keep %v) reporting %d is %d, want higher", keep, raised, g2.Fence)
-		}
-		if err := s.Release(ctx, k, "t2", 0); err != nil {
-			t.Fatalf("Release: %v", err)
+		for _, keep := range []time.Duration{e.keep, 0} {
+			expectNotHeld(t, e.s.Release(ctx, keys, "t1", keep),
+				fmt.Sprintf("Release(%q) with keep %v after the kept keys expired", keys, keep))
 		}
 	}
 }
 
-func testKeepCancelled(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, key func(string) string) {
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", time.Second); !g.OK {
-		t.Fatalf("Acquire: %+v", g)
+// testKeepExtends: a keep longer than the TTL left extends the hold, and the
+// token still releases the kept keys.
+func testKeepExtends(t *testing.T, e *env) {
+	ctx := t.Context()
+	for _, keys := range e.keySets("k") {
+		e.mustAcquire(t, keys, "t1", e.short)
+		if err := e.s.Release(ctx, keys, "t1", e.long/2); err != nil {
+			t.Fatalf("Release(%q) with keep %v: %v", keys, e.long/2, err)
+		}
+		for _, k := range keys {
+			if held, ttl := e.probe(t, k); !held || ttl <= e.short {
+				t.Fatalf("%q after a keep of %v on a %v lock: held %v, TTL %v; want held with TTL > %v", k, e.long/2, e.short, held, ttl, e.short)
+			}
+		}
+		e.mustRelease(t, keys, "t1")
+		e.expectFree(t, keys, "after the kept keys' Release by their token")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	for _, keep := range []time.Duration{longTTL, 0} {
-		if err := kr.ReleaseKeep(ctx, k, "t1", 0, keep); err == nil {
-			t.Fatalf("ReleaseKeep (keep %v) on a cancelled context succeeded", keep)
+}
+
+// testKeepFences: the grant after a kept release has fences a stride above
+// the released grant's, and so has the grant after that one expired
+// unreleased.
+func testKeepFences(t *testing.T, e *env) {
+	ctx := t.Context()
+	for _, keys := range e.keySets("k") {
+		g1 := e.mustAcquire(t, keys, "t1", e.long)
+		if err := e.s.Release(ctx, keys, "t1", e.expiry); err != nil {
+			t.Fatalf("Release(%q) with keep %v: %v", keys, e.expiry, err)
+		}
+		// Waiting for keep, then the TTL, to run out is the behaviour
+		// under test.
+		g2 := e.pollAcquire(t, keys, "t2", e.expiry, e.expiry+expiryLimit)
+		expectStrides(t, keys, g1.Fences, g2.Fences, "Acquire after a kept release")
+		g3 := e.pollAcquire(t, keys, "t3", e.long, e.expiry+expiryLimit)
+		expectStrides(t, keys, g2.Fences, g3.Fences, "Acquire after an expiry")
+		e.mustRelease(t, keys, "t3")
+	}
+}
+
+// testKeepWrongToken: a Release with keep of keys held by another token, or
+// absent, returns ErrNotHeld and changes nothing: the holder's TTL stays,
+// and an absent key stays free.
+func testKeepWrongToken(t *testing.T, e *env) {
+	ctx := t.Context()
+	for _, keys := range e.keySets("k") {
+		e.mustAcquire(t, keys, "t1", e.long)
+		for _, keep := range []time.Duration{e.keep, 0} {
+			expectNotHeld(t, e.s.Release(ctx, keys, "t2", keep),
+				fmt.Sprintf("Release(%q) (keep %v) with a wrong token", keys, keep))
+		}
+		for _, k := range keys {
+			if held, ttl := e.probe(t, k); !held || ttl <= e.keep {
+				t.Fatalf("%q after wrong-token releases: held %v, TTL %v; want held with TTL > %v", k, held, ttl, e.keep)
+			}
+		}
+		e.mustRelease(t, keys, "t1")
+	}
+	absent := e.keys("absent")
+	expectNotHeld(t, e.s.Release(ctx, absent, "t1", e.keep), "Release with keep of an absent key")
+	e.expectFree(t, absent, "after a Release with keep of an absent key")
+}
+
+// testKeepTakenOver: a Release with keep of a set one of whose keys changed
+// hands returns ErrNotHeld, after keeping the others held for keep, and
+// leaves the new owner's TTL alone.
+func testKeepTakenOver(t *testing.T, e *env) {
+	ctx := t.Context()
+	keys := e.keys("a", "b", "c")
+	e.mustAcquire(t, keys, "t1", e.long)
+	// b changes hands behind the grant's back, as after an expiry.
+	e.mustRelease(t, keys[1:2], "t1")
+	e.mustAcquire(t, keys[1:2], "other", e.long)
+	expectNotHeld(t, e.s.Release(ctx, keys, "t1", e.keep), "Release with keep and a key taken over")
+	e.expectHeld(t, []string{keys[0], keys[2]}, e.keep, "the kept keys of a Release with a key taken over")
+	if held, ttl := e.probe(t, keys[1]); !held || ttl <= e.keep {
+		t.Fatalf("%q, taken over, after the other token's Release with keep: held %v, TTL %v; want held with TTL > %v", keys[1], held, ttl, e.keep)
+	}
+	e.mustRelease(t, keys[1:2], "other")
+	expectNotHeld(t, e.s.Release(ctx, keys, "t1", 0), "Release with b gone")
+	e.expectFree(t, keys, "after the cleanup")
+}
+
+// testKeepNonPositive: a keep of zero or less is a plain release: the keys
+// are free at once, for a grant a stride above.
+func testKeepNonPositive(t *testing.T, e *env) {
+	ctx := t.Context()
+	for _, keys := range e.keySets("k") {
+		for _, keep := range []time.Duration{0, -time.Second} {
+			g1 := e.mustAcquire(t, keys, "t1", e.long)
+			if err := e.s.Release(ctx, keys, "t1", keep); err != nil {
+				t.Fatalf("Release(%q) with keep %v: %v", keys, keep, err)
+			}
+			g2 := e.acquire(t, keys, "t2", e.long)
+			if !g2.OK {
+				t.Fatalf("Acquire(%q) right after Release with keep %v: %+v, want granted", keys, keep, g2)
+			}
+			expectStrides(t, keys, g1.Fences, g2.Fences, fmt.Sprintf("Acquire after Release with keep %v", keep))
+			e.mustRelease(t, keys, "t2")
 		}
 	}
-	expectHeld(t, s, []string{k}, time.Second, "after ReleaseKeep on a cancelled context")
-	if err := s.Release(context.Background(), k, "t1", 0); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
 }
 
-func testKeepNoSignal(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, n reqlock.ReleaseNotifier, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
-	ch := quietSubscriptions(t, s, n, key, k)[0]
-	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
-		t.Fatalf("Acquire: %+v", g)
+// testKeepCancelled: a Release with keep on an ended context fails and
+// changes nothing.
+func testKeepCancelled(t *testing.T, e *env) {
+	ctx := cancelled()
+	for _, keys := range e.keySets("k") {
+		e.mustAcquire(t, keys, "t1", e.short)
+		for _, keep := range []time.Duration{e.long, 0} {
+			if err := e.s.Release(ctx, keys, "t1", keep); err == nil {
+				t.Fatalf("Release(%q) (keep %v) on a cancelled context succeeded", keys, keep)
+			}
+		}
+		e.expectHeld(t, keys, e.short, "after Release on a cancelled context")
+		e.mustRelease(t, keys, "t1")
 	}
-	// A keep that outlives the test: an expiry may signal in some stores.
-	if err := kr.ReleaseKeep(ctx, k, "t1", 0, longTTL); err != nil {
-		t.Fatalf("ReleaseKeep: %v", err)
-	}
-	flush(t, s, n, key) // a signal of the ReleaseKeep would have arrived by now
-	expectNone(t, ch, "after ReleaseKeep: the key stays held")
-	if err := s.Release(ctx, k, "t1", 0); err != nil {
-		t.Fatalf("Release of the kept key by its token: %v", err)
-	}
-	expectSignal(t, ch, "after the final Release")
-}
-
-func testKeepZeroSignals(t *testing.T, s reqlock.Store, kr reqlock.KeepReleaser, n reqlock.ReleaseNotifier, key func(string) string) {
-	k := key("k")
-	ch := quietSubscriptions(t, s, n, key, k)[0]
-	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
-		t.Fatalf("Acquire: %+v", g)
-	}
-	if err := kr.ReleaseKeep(context.Background(), k, "t1", 0, 0); err != nil {
-		t.Fatalf("ReleaseKeep with keep 0: %v", err)
-	}
-	expectSignal(t, ch, "after ReleaseKeep with keep 0, a plain release")
 }

@@ -1,31 +1,48 @@
-// Package storetest is the conformance suite every reqlock.Store must pass.
+// Package storetest is the conformance suite every stores.Store must pass.
 //
-// A store's tests call Run with a function that returns a ready store:
+// A store's tests call Run with a Suite that makes a ready store and declares
+// the optional interfaces the store implements:
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) reqlock.Store { return memstore.New() })
+//		storetest.Run(t, storetest.Suite{New: func(t *testing.T) stores.Store { return memstore.New() }, Notify: true, Fair: true})
 //	}
+//
+// The subtests come in groups, named by their first element: Core (one key),
+// Multi (several keys in one call), Keep (releases that keep the keys held),
+// Notify (stores.Notifier) and Fair (stores.FairStore). A group of an
+// optional interface runs when the Suite declares it; its subtests are
+// skipped otherwise. Run fails at once when a declared interface is not
+// implemented, and when an implemented one is not declared: a store states
+// what it supports, and the suite checks all of it. One group, or one
+// subtest, runs with go test's -run flag, such as -run 'TestConformance/Fair/'.
+//
+// # Keys
 //
 // Every subtest uses keys of its own, so stores that share one backend (one
-// Redis server) across subtests and test binaries never collide.
+// Redis server) across subtests and test binaries never collide. Every key of
+// one Run shares one Redis Cluster hash tag (a "{...}" in its prefix), so all
+// keys of a call, and of a subtest, hash to one slot and a store on a Redis
+// Cluster can run the whole suite.
 //
-// The Notify subtests apply to stores that implement reqlock.ReleaseNotifier;
-// for other stores they pass and log that the store does not notify. A store
-// that implements it must hand the suite a non-nil channel, may subscribe
-// asynchronously (the suite releases until a first signal shows the
-// subscription is live), and must deliver its signals in release order
+// # Time
+//
+// The expiry subtests give a lock Suite.ExpiryTTL and wait, polling, until
+// it is free. The suite's other durations (10s for a lock that must not
+// expire during a subtest, 1s for one that outlives a few calls, 500ms for a
+// kept release, 300ms for a fair waiter's short lease) grow with a longer
+// ExpiryTTL, so that none is below it.
+//
+// # Notification
+//
+// A store that declares Notify must hand the suite a non-nil channel, may
+// subscribe asynchronously (the suite releases until a first signal shows
+// the subscription is live), and must deliver its signals in release order
 // (the suite waits for a signal on a fresh key to know that every earlier
-// signal has been delivered).
-//
-// The optional interfaces have suites of their own, which a store that
-// implements the interface runs next to Run: RunFair for reqlock.FairStore,
-// RunMulti for reqlock.MultiStore and RunKeep for reqlock.KeepReleaser. Each
-// fails when the store does not implement its interface, so a store states
-// what it supports by the suites it runs:
-//
-//	func TestMultiConformance(t *testing.T) {
-//		storetest.RunMulti(t, func(t *testing.T) reqlock.Store { return memstore.New() })
-//	}
+// signal has been delivered). The suite checks that no signal arrives where
+// none is due (another key, a stopped subscription, a release that keeps its
+// keys), so a store whose signals are spurious fails those subtests. While
+// fair waiters queue for a key, the suite expects a signal only for the
+// waiter whose turn came, as stores.Notifier allows.
 package storetest
 
 import (
@@ -33,462 +50,400 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"reflect"
-	"strconv"
+	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 )
 
-// longTTL outlives every subtest, so only the expiry subtest sees a lock
-// expire.
-const longTTL = 10 * time.Second
+// Suite describes the store under test.
+type Suite struct {
+	// New returns a ready store. Run calls it once per subtest, and once
+	// more to check the declared capabilities.
+	New func(t *testing.T) stores.Store
 
-// Run runs the conformance suite as subtests of t. newStore is called once
-// per subtest and returns the store under test.
-func Run(t *testing.T, newStore func(t *testing.T) reqlock.Store) {
-	cases := []struct {
-		name string
-		run  func(t *testing.T, s reqlock.Store, key func(string) string)
+	// Notify declares that the store implements stores.Notifier.
+	Notify bool
+
+	// Fair declares that the store implements stores.FairStore.
+	Fair bool
+
+	// ExpiryTTL is the TTL the expiry subtests give a lock: the shortest
+	// the store honours. Default 50ms.
+	ExpiryTTL time.Duration
+}
+
+// defaultExpiryTTL is the ExpiryTTL of a Suite that leaves it zero.
+const defaultExpiryTTL = 50 * time.Millisecond
+
+// Durations of the suite for the default ExpiryTTL. A longer ExpiryTTL
+// lengthens them, so that no duration the suite gives a store is below it;
+// see newEnv.
+const (
+	// longTTL outlives every subtest, so a lock given it never expires
+	// during one.
+	longTTL = 10 * time.Second
+
+	// shortTTL keeps a lock held through the few calls of a subtest, and
+	// is far enough below longTTL to tell the two apart by a holder's
+	// remaining TTL.
+	shortTTL = time.Second
+
+	// keepTTL is the keep of the subtests that watch kept keys expire: long
+	// enough to see them still held right after the release, short enough
+	// to wait for.
+	keepTTL = 500 * time.Millisecond
+
+	// shortLease lapses within a fair subtest, so a waiter that stops
+	// calling is dropped.
+	shortLease = 300 * time.Millisecond
+
+	// expiryLimit bounds every wait for a lock or lease to expire, past its
+	// TTL.
+	expiryLimit = 5 * time.Second
+
+	// expiryEarly is how much sooner than its TTL a lock may be seen free,
+	// for the clocks of the test and of the store.
+	expiryEarly = 10 * time.Millisecond
+)
+
+// capability is a set of optional interfaces a subtest needs.
+type capability uint8
+
+const (
+	needNotify capability = 1 << iota // stores.Notifier
+	needFair                          // stores.FairStore
+)
+
+// String names the interfaces of c.
+func (c capability) String() string {
+	var names []string
+	if c&needNotify != 0 {
+		names = append(names, "Notify (stores.Notifier)")
+	}
+	if c&needFair != 0 {
+		names = append(names, "Fair (stores.FairStore)")
+	}
+	return strings.Join(names, " and ")
+}
+
+// subtest is one case of the suite.
+type subtest struct {
+	name  string
+	needs capability // skipped unless the Suite declares all of them
+	run   func(t *testing.T, e *env)
+}
+
+// env is what a subtest works with: the store under test as each interface
+// it declares, its keys, and the suite's durations.
+type env struct {
+	s stores.Store
+	n stores.Notifier  // nil unless the Suite declares Notify
+	f stores.FairStore // nil unless the Suite declares Fair
+
+	prefix string // of every key of the subtest
+
+	expiry     time.Duration // Suite.ExpiryTTL
+	short      time.Duration // shortTTL or longer
+	long       time.Duration // longTTL or longer
+	keep       time.Duration // keepTTL or longer
+	shortLease time.Duration // shortLease or longer
+}
+
+// Run runs the conformance suite as subtests of t, grouped as the package
+// documentation describes. It fails without running any when s.New is nil,
+// when s.ExpiryTTL is negative, or when the store from s.New does not
+// implement what s declares or implements an optional interface s does not
+// declare.
+func Run(t *testing.T, s Suite) {
+	t.Helper()
+	if s.New == nil {
+		t.Fatal("storetest: Suite.New is nil")
+	}
+	switch {
+	case s.ExpiryTTL < 0:
+		t.Fatalf("storetest: Suite.ExpiryTTL %v is negative", s.ExpiryTTL)
+	case s.ExpiryTTL == 0:
+		s.ExpiryTTL = defaultExpiryTTL
+	}
+	declared := checkCapabilities(t, s)
+
+	tag := randomHex(6) // the hash tag of every key of this run
+	groups := []struct {
+		name  string
+		tests []subtest
 	}{
-		{"AcquireGrantsFence", testAcquireGrantsFence},
-		{"HeldKeyRefusesOtherToken", testHeldKeyRefusesOtherToken},
-		{"RetriedAcquireIsGranted", testRetriedAcquireIsGranted},
-		{"ReleaseThenReacquireRaisesFence", testReleaseThenReacquire},
-		{"ReleaseWrongTokenKeepsLock", testReleaseWrongToken},
-		{"DoubleRelease", testDoubleRelease},
-		{"RefreshWrongToken", testRefreshWrongToken},
-		{"RefreshExtendsTTL", testRefreshExtendsTTL},
-		{"Expiry", testExpiry},
-		{"FencesIncrease", testFencesIncrease},
-		{"ReleaseRaisesFenceFloor", testReleaseRaisesFenceFloor},
-		{"KeysIndependent", testKeysIndependent},
-		{"RaceOneWinner", testRaceOneWinner},
-		{"MutualExclusion", testMutualExclusion},
-		{"CancelledContext", testCancelledContext},
-		{"NotifyReleaseSignals", notifier(testNotifyReleaseSignals)},
-		{"NotifyOtherKeyNoSignal", notifier(testNotifyOtherKeyNoSignal)},
-		{"NotifyStop", notifier(testNotifyStop)},
-		{"NotifyManySubscribers", notifier(testNotifyManySubscribers)},
-		{"NotifyNeverBlocksRelease", notifier(testNotifyNeverBlocksRelease)},
-		{"NotifyConcurrent", notifier(testNotifyConcurrent)},
+		{"Core", coreTests},
+		{"Multi", multiTests},
+		{"Keep", keepTests},
+		{"Notify", notifyTests},
+		{"Fair", fairTests},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			s := newStore(t)
-			prefix := uniquePrefix(t)
-			c.run(t, s, func(name string) string { return prefix + name })
-		})
-	}
-}
-
-// suiteCase is a subtest of the suite of an optional interface I: it gets
-// the store both as a reqlock.Store and as an I.
-type suiteCase[I any] struct {
-	name string
-	run  func(t *testing.T, s reqlock.Store, i I, key func(string) string)
-}
-
-// runSuite runs cases as subtests of t, each on a store of its own from
-// newStore, which fails the subtest unless it implements I, and with keys of
-// its own: a unique prefix, then infix, then the name the subtest gives.
-func runSuite[I any](t *testing.T, newStore func(t *testing.T) reqlock.Store, infix string, cases []suiteCase[I]) {
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			s := newStore(t)
-			i, ok := s.(I)
-			if !ok {
-				t.Fatalf("%T does not implement %v", s, reflect.TypeFor[I]())
-			}
-			prefix := uniquePrefix(t) + infix
-			c.run(t, s, i, func(name string) string { return prefix + name })
-		})
-	}
-}
-
-// withNotifier adapts a signal subtest of the suite of I: stores without
-// ReleaseNotifier pass with a log line.
-func withNotifier[I any](f func(t *testing.T, s reqlock.Store, i I, n reqlock.ReleaseNotifier, key func(string) string)) func(t *testing.T, s reqlock.Store, i I, key func(string) string) {
-	return func(t *testing.T, s reqlock.Store, i I, key func(string) string) {
-		n, ok := s.(reqlock.ReleaseNotifier)
-		if !ok {
-			t.Logf("%T does not implement reqlock.ReleaseNotifier: nothing to check", s)
-			return
-		}
-		f(t, s, i, n, key)
-	}
-}
-
-func testAcquireGrantsFence(t *testing.T, s reqlock.Store, key func(string) string) {
-	g := mustAcquire(t, s, key("k"), "t1", longTTL)
-	if !g.OK {
-		t.Fatalf("Acquire on a free key: got %+v, want OK", g)
-	}
-	if g.Fence <= 0 {
-		t.Fatalf("Acquire: fence %d, want > 0", g.Fence)
-	}
-}
-
-func testHeldKeyRefusesOtherToken(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
-		t.Fatalf("first Acquire: got %+v, want OK", g)
-	}
-	g := mustAcquire(t, s, k, "t2", longTTL)
-	if g.OK {
-		t.Fatalf("second token on a held key: got %+v, want refused", g)
-	}
-	if g.Fence != 0 {
-		t.Errorf("refused grant: fence %d, want 0", g.Fence)
-	}
-	if g.HolderTTL <= 0 || g.HolderTTL > longTTL {
-		t.Errorf("refused grant: HolderTTL %v, want in (0, %v]", g.HolderTTL, longTTL)
-	}
-}
-
-// A token is used for one acquisition only, so a key that already holds
-// the caller's token was set by this very call, run before: a client that
-// retried after the reply was lost. The retry is granted, with a fresh
-// fence and TTL, instead of waiting for itself.
-func testRetriedAcquireIsGranted(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	first := mustAcquire(t, s, k, "t1", time.Second)
-	if !first.OK {
-		t.Fatalf("first Acquire: got %+v, want OK", first)
-	}
-	retry := mustAcquire(t, s, k, "t1", longTTL)
-	if !retry.OK || retry.Fence <= first.Fence {
-		t.Fatalf("retried Acquire with the holder's token: got %+v, want granted with a fence above %d", retry, first.Fence)
-	}
-	if g := mustAcquire(t, s, k, "t2", longTTL); g.OK || g.HolderTTL <= time.Second {
-		t.Fatalf("other token after the retry: got %+v, want refused with the retry's TTL (above 1s) left", g)
-	}
-	if err := s.Release(context.Background(), k, "t1", 0); err != nil {
-		t.Fatalf("Release after the retry: %v", err)
-	}
-}
-
-func testReleaseThenReacquire(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	g1 := mustAcquire(t, s, k, "t1", longTTL)
-	if !g1.OK {
-		t.Fatalf("Acquire: got %+v, want OK", g1)
-	}
-	if err := s.Release(context.Background(), k, "t1", 0); err != nil {
-		t.Fatalf("Release by owner: %v", err)
-	}
-	g2 := mustAcquire(t, s, k, "t2", longTTL)
-	if !g2.OK {
-		t.Fatalf("Acquire after release: got %+v, want OK", g2)
-	}
-	if g2.Fence <= g1.Fence {
-		t.Fatalf("fence after re-acquire %d, want > %d", g2.Fence, g1.Fence)
-	}
-}
-
-func testReleaseWrongToken(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
-		t.Fatalf("Acquire: got %+v, want OK", g)
-	}
-	if err := s.Release(context.Background(), k, "t2", 0); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Release with a wrong token: got %v, want ErrNotHeld", err)
-	}
-	if g := mustAcquire(t, s, k, "t3", longTTL); g.OK {
-		t.Fatal("a wrong-token Release removed the lock")
-	}
-	if err := s.Release(context.Background(), key("absent"), "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Release of an absent key: got %v, want ErrNotHeld", err)
-	}
-}
-
-func testDoubleRelease(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", longTTL); !g.OK {
-		t.Fatalf("Acquire: got %+v, want OK", g)
-	}
-	if err := s.Release(context.Background(), k, "t1", 0); err != nil {
-		t.Fatalf("first Release: %v", err)
-	}
-	if err := s.Release(context.Background(), k, "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
-	}
-}
-
-func testRefreshWrongToken(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", time.Second); !g.OK {
-		t.Fatalf("Acquire: got %+v, want OK", g)
-	}
-	if err := s.Refresh(context.Background(), k, "t2", longTTL); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Refresh with a wrong token: got %v, want ErrNotHeld", err)
-	}
-	g := mustAcquire(t, s, k, "t2", longTTL)
-	if g.OK || g.HolderTTL > time.Second {
-		t.Fatalf("after a wrong-token Refresh: got %+v, want refused with HolderTTL <= 1s", g)
-	}
-	if err := s.Refresh(context.Background(), key("absent"), "t1", longTTL); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Refresh of an absent key: got %v, want ErrNotHeld", err)
-	}
-}
-
-func testRefreshExtendsTTL(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	if g := mustAcquire(t, s, k, "t1", 200*time.Millisecond); !g.OK {
-		t.Fatalf("Acquire: got %+v, want OK", g)
-	}
-	if err := s.Refresh(context.Background(), k, "t1", 5*time.Second); err != nil {
-		t.Fatalf("Refresh by owner: %v", err)
-	}
-	g := mustAcquire(t, s, k, "t2", longTTL)
-	if g.OK {
-		t.Fatal("lock lost right after Refresh")
-	}
-	if g.HolderTTL <= time.Second {
-		t.Fatalf("HolderTTL after Refresh to 5s: %v, want > 1s", g.HolderTTL)
-	}
-}
-
-func testExpiry(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	const ttl = 50 * time.Millisecond
-	start := time.Now()
-	g1 := mustAcquire(t, s, k, "t1", ttl)
-	if !g1.OK {
-		t.Fatalf("Acquire: got %+v, want OK", g1)
-	}
-	g2 := pollAcquire(t, s, k, "t2", longTTL, 3*time.Second)
-	if elapsed := time.Since(start); elapsed < ttl-10*time.Millisecond {
-		t.Fatalf("expired lock re-granted after %v, want >= %v", elapsed, ttl-10*time.Millisecond)
-	}
-	if g2.Fence <= g1.Fence {
-		t.Fatalf("fence after expiry %d, want > %d", g2.Fence, g1.Fence)
-	}
-	if err := s.Release(context.Background(), k, "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Release by the expired owner: got %v, want ErrNotHeld", err)
-	}
-	if err := s.Refresh(context.Background(), k, "t1", longTTL); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Refresh by the expired owner: got %v, want ErrNotHeld", err)
-	}
-	if g := mustAcquire(t, s, k, "t3", longTTL); g.OK {
-		t.Fatal("the expired owner's Release or Refresh removed the new holder")
-	}
-	if err := s.Release(context.Background(), k, "t2", 0); err != nil {
-		t.Fatalf("Release by the new holder: %v", err)
-	}
-}
-
-func testFencesIncrease(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	var last int64
-	for i := range 100 {
-		g := mustAcquire(t, s, k, "t", longTTL)
-		if !g.OK {
-			t.Fatalf("cycle %d: Acquire refused: %+v", i, g)
-		}
-		if g.Fence <= last {
-			t.Fatalf("cycle %d: fence %d, want > %d", i, g.Fence, last)
-		}
-		last = g.Fence
-		if err := s.Release(context.Background(), k, "t", 0); err != nil {
-			t.Fatalf("cycle %d: Release: %v", i, err)
+	for _, g := range groups {
+		for _, c := range g.tests {
+			t.Run(g.name+"/"+c.name, func(t *testing.T) {
+				if missing := c.needs &^ declared; missing != 0 {
+					t.Skipf("the Suite does not declare %v", missing)
+				}
+				c.run(t, newEnv(t, s, tag))
+			})
 		}
 	}
 }
 
-func testKeysIndependent(t *testing.T, s reqlock.Store, key func(string) string) {
-	a, b := key("a"), key("b")
-	if g := mustAcquire(t, s, a, "t1", longTTL); !g.OK {
-		t.Fatalf("Acquire a: got %+v, want OK", g)
-	}
-	if g := mustAcquire(t, s, b, "t2", longTTL); !g.OK {
-		t.Fatalf("Acquire b while a is held: got %+v, want OK", g)
-	}
-	if err := s.Release(context.Background(), b, "t1", 0); !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Release of b with a's token: got %v, want ErrNotHeld", err)
-	}
-	if err := s.Release(context.Background(), a, "t1", 0); err != nil {
-		t.Fatalf("Release a: %v", err)
-	}
-	if g := mustAcquire(t, s, b, "t3", longTTL); g.OK {
-		t.Fatal("releasing a freed b")
-	}
-	if g := mustAcquire(t, s, a, "t3", longTTL); !g.OK {
-		t.Fatalf("Acquire a after its release: got %+v, want OK", g)
-	}
-}
-
-func testRaceOneWinner(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	const n = 50
-	var (
-		wg      sync.WaitGroup
-		start   = make(chan struct{})
-		granted atomic.Int32
-		errs    = make(chan error, n)
-	)
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			g, err := s.Acquire(context.Background(), k, "t"+strconv.Itoa(i), longTTL)
-			if err != nil {
-				errs <- err
-				return
-			}
-			if g.OK {
-				granted.Add(1)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Errorf("Acquire: %v", err)
-	}
-	if got := granted.Load(); got != 1 {
-		t.Fatalf("%d goroutines racing on one key: %d granted, want 1", n, got)
-	}
-}
-
-func testMutualExclusion(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	const workers, cycles = 8, 50
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var (
-		wg        sync.WaitGroup
-		inside    atomic.Int32
-		lastFence atomic.Int64
-		failed    atomic.Bool
-	)
-	fail := func(format string, args ...any) {
-		failed.Store(true)
-		t.Errorf(format, args...)
-	}
-	for w := range workers {
-		wg.Go(func() {
-			token := "w" + strconv.Itoa(w)
-			for c := 0; c < cycles && !failed.Load(); c++ {
-				var g reqlock.Grant
-				for {
-					var err error
-					g, err = s.Acquire(ctx, k, token, longTTL)
-					if err != nil {
-						fail("worker %d cycle %d: Acquire: %v", w, c, err)
-						return
-					}
-					if g.OK {
-						break
-					}
-				}
-				if n := inside.Add(1); n != 1 {
-					fail("worker %d cycle %d: %d holders inside the lock", w, c, n)
-				}
-				if prev := lastFence.Swap(g.Fence); g.Fence <= prev {
-					fail("worker %d cycle %d: fence %d, want > %d", w, c, g.Fence, prev)
-				}
-				inside.Add(-1)
-				if err := s.Release(ctx, k, token, 0); err != nil {
-					fail("worker %d cycle %d: Release: %v", w, c, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-}
-
-func testCancelledContext(t *testing.T, s reqlock.Store, key func(string) string) {
-	k := key("k")
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	g, err := s.Acquire(ctx, k, "t1", longTTL)
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Acquire on a cancelled context: got %v, want context.Canceled", err)
-	}
-	if g.OK {
-		t.Fatalf("Acquire on a cancelled context granted %+v", g)
-	}
-	if g := mustAcquire(t, s, k, "t2", longTTL); !g.OK {
-		t.Fatalf("Acquire after a cancelled attempt: got %+v, want OK (nothing granted)", g)
-	}
-	if err := s.Release(ctx, k, "t2", 0); err == nil {
-		t.Fatal("Release on a cancelled context succeeded")
-	}
-	if err := s.Refresh(ctx, k, "t2", longTTL); err == nil {
-		t.Fatal("Refresh on a cancelled context succeeded")
-	}
-	if g := mustAcquire(t, s, k, "t3", longTTL); g.OK {
-		t.Fatal("Release on a cancelled context removed the lock")
-	}
-}
-
-func mustAcquire(t *testing.T, s reqlock.Store, key, token string, ttl time.Duration) reqlock.Grant {
+// checkCapabilities fails t unless the store from s.New implements exactly
+// the optional interfaces s declares, and returns them.
+func checkCapabilities(t *testing.T, s Suite) capability {
 	t.Helper()
-	g, err := s.Acquire(context.Background(), key, token, ttl)
-	if err != nil {
-		t.Fatalf("Acquire(%q, %q): %v", key, token, err)
+	store := s.New(t)
+	if store == nil {
+		t.Fatal("storetest: Suite.New returned nil")
 	}
-	return g
+	_, isNotifier := store.(stores.Notifier)
+	_, isFair := store.(stores.FairStore)
+	check := func(declared, implemented bool, field, iface string) {
+		t.Helper()
+		switch {
+		case declared && !implemented:
+			t.Fatalf("storetest: Suite.%s is set, but %T does not implement %s", field, store, iface)
+		case !declared && implemented:
+			t.Fatalf("storetest: %T implements %s, but Suite.%s is not set: declare it, so that the suite checks it", store, iface, field)
+		}
+	}
+	check(s.Notify, isNotifier, "Notify", "stores.Notifier")
+	check(s.Fair, isFair, "Fair", "stores.FairStore")
+	var c capability
+	if s.Notify {
+		c |= needNotify
+	}
+	if s.Fair {
+		c |= needFair
+	}
+	return c
 }
 
-// pollAcquire retries Acquire until it is granted or limit passes.
-func pollAcquire(t *testing.T, s reqlock.Store, key, token string, ttl, limit time.Duration) reqlock.Grant {
+// newEnv makes the env of one subtest: a store of its own from s.New, and a
+// key prefix of its own under the run's hash tag.
+func newEnv(t *testing.T, s Suite, tag string) *env {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	ticker := time.NewTicker(5 * time.Millisecond)
-	defer ticker.Stop()
-	for {
-		if g := mustAcquire(t, s, key, token, ttl); g.OK {
-			return g
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Acquire(%q) not granted within %v", key, limit)
-		}
-		<-ticker.C
+	e := &env{
+		s:          s.New(t),
+		prefix:     keyPrefix(t, tag),
+		expiry:     s.ExpiryTTL,
+		short:      max(shortTTL, 2*s.ExpiryTTL),
+		keep:       max(keepTTL, 2*s.ExpiryTTL),
+		shortLease: max(shortLease, 2*s.ExpiryTTL),
 	}
+	e.long = max(longTTL, 10*e.short)
+	if e.s == nil {
+		t.Fatal("storetest: Suite.New returned nil")
+	}
+	var ok bool
+	if s.Notify {
+		if e.n, ok = e.s.(stores.Notifier); !ok {
+			t.Fatalf("%T from Suite.New does not implement stores.Notifier", e.s)
+		}
+	}
+	if s.Fair {
+		if e.f, ok = e.s.(stores.FairStore); !ok {
+			t.Fatalf("%T from Suite.New does not implement stores.FairStore", e.s)
+		}
+	}
+	return e
 }
 
-// uniquePrefix returns a key prefix of this test's name and a random suffix.
-// Braces are replaced so the keys carry no Redis Cluster hash tag.
-func uniquePrefix(t *testing.T) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
+// keyPrefix returns the key prefix of one subtest: the run's hash tag, the
+// subtest's name without braces (so that the tag stays the only one) and a
+// random suffix.
+func keyPrefix(t *testing.T, tag string) string {
 	name := strings.Map(func(r rune) rune {
 		if r == '{' || r == '}' || r == ' ' {
 			return '_'
 		}
 		return r
 	}, t.Name())
-	return "storetest:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+	return "storetest:{" + tag + "}:" + name + ":" + randomHex(6) + ":"
 }
 
-// testReleaseRaisesFenceFloor: a Release that reports a higher fence used
-// under its grant (a local handoff's) makes the next grant exceed it, while
-// a lower report never lowers the next fence.
-func testReleaseRaisesFenceFloor(t *testing.T, s reqlock.Store, key func(string) string) {
-	ctx := context.Background()
-	k := key("k")
-	g1 := mustAcquire(t, s, k, "t1", longTTL)
-	raised := g1.Fence + 1000
-	if err := s.Release(ctx, k, "t1", raised); err != nil {
-		t.Fatalf("Release: %v", err)
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// key returns the key of the subtest called name.
+func (e *env) key(name string) string { return e.prefix + name }
+
+// keys returns the keys of the subtest called names, sorted, as Acquire
+// wants them.
+func (e *env) keys(names ...string) []string {
+	keys := make([]string, len(names))
+	for i, n := range names {
+		keys[i] = e.key(n)
 	}
-	g2 := mustAcquire(t, s, k, "t2", longTTL)
-	if g2.Fence <= raised {
-		t.Fatalf("fence after a release reporting %d is %d, want higher", raised, g2.Fence)
+	slices.Sort(keys)
+	return keys
+}
+
+// keySets returns a set of one key and a set of three, named after prefix,
+// for the subtests that check a rule on both: a store may take another path
+// for one key.
+func (e *env) keySets(prefix string) [][]string {
+	return [][]string{e.keys(prefix + "1"), e.keys(prefix+"a", prefix+"b", prefix+"c")}
+}
+
+// acquire calls Acquire and checks the shape of its grant: a fence per key
+// when granted, no fences and the index of a key when refused.
+func (e *env) acquire(t *testing.T, keys []string, token string, ttl time.Duration) stores.Grant {
+	t.Helper()
+	g, err := e.s.Acquire(t.Context(), keys, token, ttl)
+	if err != nil {
+		t.Fatalf("Acquire(%q, %q): %v", keys, token, err)
 	}
-	if err := s.Release(ctx, k, "t2", 1); err != nil {
-		t.Fatalf("Release: %v", err)
+	checkGrant(t, g, len(keys), "Acquire("+strings.Join(keys, ", ")+")")
+	return g
+}
+
+// checkGrant fails the test unless g has the shape of a grant of n keys: n
+// fences when granted; no fences and Held in [0, n) when refused.
+func checkGrant(t *testing.T, g stores.Grant, n int, what string) {
+	t.Helper()
+	if g.OK && len(g.Fences) != n {
+		t.Fatalf("%s: granted with fences %v, want %d", what, g.Fences, n)
 	}
-	g3 := mustAcquire(t, s, k, "t3", longTTL)
-	if g3.Fence <= g2.Fence {
-		t.Fatalf("a release reporting a low fence lowered the next one: %d after %d", g3.Fence, g2.Fence)
+	if !g.OK && g.Fences != nil {
+		t.Fatalf("%s: refused with fences %v, want nil", what, g.Fences)
 	}
-	_ = s.Release(ctx, k, "t3", 0)
+	if !g.OK && (g.Held < 0 || g.Held >= n) {
+		t.Fatalf("%s: refused with Held %d, want the index of one of the %d keys", what, g.Held, n)
+	}
+}
+
+// mustAcquire calls Acquire and fails the test unless it grants.
+func (e *env) mustAcquire(t *testing.T, keys []string, token string, ttl time.Duration) stores.Grant {
+	t.Helper()
+	g := e.acquire(t, keys, token, ttl)
+	if !g.OK {
+		t.Fatalf("Acquire(%q, %q) refused: %+v", keys, token, g)
+	}
+	return g
+}
+
+// mustRelease releases keys with keep 0 and fails the test on an error.
+func (e *env) mustRelease(t *testing.T, keys []string, token string) {
+	t.Helper()
+	if err := e.s.Release(t.Context(), keys, token, 0); err != nil {
+		t.Fatalf("Release(%q, %q): %v", keys, token, err)
+	}
+}
+
+// expectNotHeld fails the test unless err wraps stores.ErrNotHeld.
+func expectNotHeld(t *testing.T, err error, what string) {
+	t.Helper()
+	if !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("%s: got %v, want stores.ErrNotHeld", what, err)
+	}
+}
+
+// pollAcquire retries Acquire until it is granted or limit passes.
+func (e *env) pollAcquire(t *testing.T, keys []string, token string, ttl, limit time.Duration) stores.Grant {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	ticker := time.NewTicker(5 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		if g := e.acquire(t, keys, token, ttl); g.OK {
+			return g
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Acquire(%q) not granted within %v", keys, limit)
+		}
+		<-ticker.C
+	}
+}
+
+// probe reports whether key is held, and the holder's remaining TTL (the
+// Wait of a refusal), by trying to acquire it with a token of its own, which
+// it releases at once when granted.
+func (e *env) probe(t *testing.T, key string) (held bool, ttl time.Duration) {
+	t.Helper()
+	g := e.acquire(t, []string{key}, "probe", e.long)
+	if !g.OK {
+		return true, g.Wait
+	}
+	e.mustRelease(t, []string{key}, "probe")
+	return false, 0
+}
+
+// expectHeld fails the test unless every key is held, with a remaining TTL
+// in (0, atMost].
+func (e *env) expectHeld(t *testing.T, keys []string, atMost time.Duration, what string) {
+	t.Helper()
+	for _, k := range keys {
+		held, ttl := e.probe(t, k)
+		if !held {
+			t.Fatalf("%s: %q is free, want held", what, k)
+		}
+		if ttl <= 0 || ttl > atMost {
+			t.Fatalf("%s: %q has TTL %v, want in (0, %v]", what, k, ttl, atMost)
+		}
+	}
+}
+
+// expectFree fails the test unless every key is free.
+func (e *env) expectFree(t *testing.T, keys []string, what string) {
+	t.Helper()
+	for _, k := range keys {
+		if held, ttl := e.probe(t, k); held {
+			t.Fatalf("%s: %q is held (TTL %v), want free", what, k, ttl)
+		}
+	}
+}
+
+// waitFree polls until every key is free or limit passes, and returns when
+// the last one was found free.
+func (e *env) waitFree(t *testing.T, keys []string, limit time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	ticker := time.NewTicker(5 * time.Millisecond)
+	defer ticker.Stop()
+	for _, k := range keys {
+		for {
+			if held, _ := e.probe(t, k); !held {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%q still held %v after it should have expired", k, limit)
+			}
+			<-ticker.C
+		}
+	}
+	return time.Now()
+}
+
+// expectStride fails the test unless next, a key's fence, is at least
+// stores.FenceStride above prev, the fence of the key's previous grant.
+func expectStride(t *testing.T, prev, next int64, what string) {
+	t.Helper()
+	if next-prev < stores.FenceStride {
+		t.Fatalf("%s: fence %d after %d, want at least %d (+ stores.FenceStride)", what, next, prev, prev+stores.FenceStride)
+	}
+}
+
+// expectStrides applies expectStride to the fences of one grant of keys.
+func expectStrides(t *testing.T, keys []string, prev, next []int64, what string) {
+	t.Helper()
+	for i, k := range keys {
+		expectStride(t, prev[i], next[i], what+": "+k)
+	}
+}
+
+// cancelled returns a context that has ended.
+func cancelled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
 }

@@ -24,8 +24,11 @@ const (
 )
 
 // releaseTimeout bounds each release of the bsm/redislock and redsync
-// adapters; reqlock bounds its own (reqlock.DefaultReleaseTimeout).
+// adapters; reqlock bounds its own (2s by default).
 const releaseTimeout = 5 * time.Second
+
+// fairLease is the waiter lease of reqlock's fair mode in -fair runs.
+const fairLease = 2 * time.Second
 
 // locker is what the workloads see of a lock library. lock blocks until the
 // lock on key is granted or ctx ends (ctx carries the wait limit); unlock
@@ -44,7 +47,7 @@ func newLocker(lib string, client *redis.Client, cfg config) (locker, error) {
 		}
 		var opts []reqlock.Option
 		if cfg.Fair {
-			opts = append(opts, reqlock.WithFairness(reqlock.FairOptions{}))
+			opts = append(opts, reqlock.WithFairness(fairLease))
 		}
 		l, err := reqlock.New(store, opts...)
 		if err != nil {
@@ -65,13 +68,12 @@ func newLocker(lib string, client *redis.Client, cfg config) (locker, error) {
 func libSettings(lib string, cfg config) string {
 	switch lib {
 	case libReqlock:
-		b := reqlock.DefaultBackoff
 		mode := "all defaults"
 		if cfg.Fair {
-			mode = fmt.Sprintf("WithFairness (lease %v, no local handoff), other defaults", reqlock.DefaultFairLease)
+			mode = fmt.Sprintf("WithFairness(%v) (no local handoff), other defaults", fairLease)
 		}
-		return fmt.Sprintf("reqlock.New(redisstore.New(client)), %s (backoff %v..%v x%g, jitter ±%g); "+
-			"Obtain(ctx, key, ttl %v, wait %v); Release", mode, b.Initial, b.Max, b.Multiplier, b.Jitter, cfg.TTL, cfg.Wait)
+		return fmt.Sprintf("reqlock.New(redisstore.New(client)), %s (backoff 5ms..200ms x2, jitter ±0.5); "+
+			"Obtain(ctx, key, ttl %v, wait %v); Release", mode, cfg.TTL, cfg.Wait)
 	case libRedislock:
 		return fmt.Sprintf("redislock.New(client).Obtain(ctx with %v deadline, key, ttl %v, "+
 			"RetryStrategy: ExponentialBackoff(%v, %v), a new one per Obtain); Release",

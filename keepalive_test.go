@@ -1,7 +1,6 @@
 package reqlock_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -13,9 +12,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock"
-	"github.com/reqlock/reqlock/internal/testredis"
-	"github.com/reqlock/reqlock/stores/memstore"
-	"github.com/reqlock/reqlock/stores/redisstore"
+	"github.com/reqlock/reqlock/stores"
 )
 
 // wdTTL is the TTL of the watchdog tests: renewals every 100ms, retries every
@@ -28,67 +25,11 @@ const (
 	wdSlack = 150 * time.Millisecond
 )
 
-// wdBackend is a real store, with backdoors that act on a key behind the
-// lock's back the way another process (or an operator) would.
-type wdBackend struct {
-	store  reqlock.Store
-	prefix string
-	// remove deletes key, which holds token.
-	remove func(t *testing.T, key, token string)
-	// overwrite makes key hold another token.
-	overwrite func(t *testing.T, key, token string)
-}
-
-// forEachStore runs f against memstore and against a real Redis.
-func forEachStore(t *testing.T, f func(t *testing.T, b wdBackend)) {
-	t.Run("memstore", func(t *testing.T) {
-		mem := memstore.New()
-		f(t, wdBackend{
-			store:  mem,
-			prefix: reqlock.DefaultKeyPrefix,
-			remove: func(t *testing.T, key, token string) {
-				if err := mem.Release(context.Background(), key, token, 0); err != nil {
-					t.Fatalf("deleting %q: %v", key, err)
-				}
-			},
-			overwrite: func(t *testing.T, key, token string) {
-				if err := mem.Release(context.Background(), key, token, 0); err != nil {
-					t.Fatalf("deleting %q: %v", key, err)
-				}
-				g, err := mem.Acquire(context.Background(), key, "someone-else", time.Minute)
-				if err != nil || !g.OK {
-					t.Fatalf("taking %q over: %+v %v", key, g, err)
-				}
-			},
-		})
-	})
-	t.Run("redis", func(t *testing.T) {
-		client := testredis.Client(t)
-		store, err := redisstore.New(client)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = store.Close() })
-		f(t, wdBackend{
-			store:  store,
-			prefix: testredis.Prefix(t),
-			remove: func(t *testing.T, key, _ string) {
-				if n, err := client.Del(context.Background(), key).Result(); err != nil || n != 1 {
-					t.Fatalf("DEL %q: %d %v", key, n, err)
-				}
-			},
-			overwrite: func(t *testing.T, key, _ string) {
-				if err := client.Set(context.Background(), key, "someone-else", time.Minute).Err(); err != nil {
-					t.Fatalf("SET %q: %v", key, err)
-				}
-			},
-		})
-	})
-}
+var errInjected = errors.New("injected store failure")
 
 // wdStore passes calls to a real store and can make Refresh fail or stall.
 type wdStore struct {
-	reqlock.Store
+	stores.Store
 
 	mu   sync.Mutex // held across a passed-through Refresh: setMode waits for it
 	mode wdMode
@@ -109,9 +50,7 @@ const (
 	refreshStall        // block until the call's context ends
 )
 
-var errInjected = errors.New("injected store failure")
-
-func newWDStore(store reqlock.Store) *wdStore {
+func newWDStore(store stores.Store) *wdStore {
 	return &wdStore{Store: store, events: make(chan error, 256), entered: make(chan struct{}, 256)}
 }
 
@@ -121,7 +60,7 @@ func (s *wdStore) setMode(m wdMode) {
 	s.mu.Unlock()
 }
 
-func (s *wdStore) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
+func (s *wdStore) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	s.calls.Add(1)
@@ -137,7 +76,7 @@ func (s *wdStore) Refresh(ctx context.Context, key, token string, ttl time.Durat
 	var err error
 	switch mode {
 	case refreshOK:
-		err = s.Store.Refresh(ctx, key, token, ttl)
+		err = s.Store.Refresh(ctx, keys, token, ttl)
 	case refreshFail:
 		err = errInjected
 	}
@@ -169,18 +108,18 @@ func (s *wdStore) waitRefresh(t *testing.T) error {
 }
 
 type wdFixture struct {
-	b      wdBackend
+	e      *storeEnv
 	store  *wdStore
 	locker *reqlock.Locker
 	logs   *syncBuffer
 }
 
-func newWDFixture(t *testing.T, b wdBackend) *wdFixture {
+func newWDFixture(t *testing.T, e *storeEnv, opts ...reqlock.Option) *wdFixture {
 	t.Helper()
-	f := &wdFixture{b: b, store: newWDStore(b.store), logs: &syncBuffer{}}
+	f := &wdFixture{e: e, store: newWDStore(e.real), logs: &syncBuffer{}}
 	logger := slog.New(slog.NewTextHandler(f.logs, nil))
 	var err error
-	f.locker, err = reqlock.New(f.store, reqlock.WithKeyPrefix(b.prefix), reqlock.WithLogger(logger))
+	f.locker, err = reqlock.New(f.store, append([]reqlock.Option{reqlock.WithKeyPrefix(e.prefix), reqlock.WithLogger(logger)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,71 +137,14 @@ func (f *wdFixture) obtain(t *testing.T, key string) *reqlock.Lock {
 	return lock
 }
 
-// heldInStore reports whether key still refuses another token, asking the
-// store itself (not the Locker, which may answer from its local queue).
+// heldInStore reports whether lock's key still refuses another token.
 func (f *wdFixture) heldInStore(t *testing.T, lock *reqlock.Lock) bool {
 	t.Helper()
-	g, err := f.b.store.Acquire(context.Background(), lock.StoreKey(), "another-token", time.Minute)
-	if err != nil {
-		t.Fatalf("probe acquire: %v", err)
-	}
-	if g.OK {
-		// Undo the probe's grant so the test's own cleanup is not confused.
-		_ = f.b.store.Release(context.Background(), lock.StoreKey(), "another-token", g.Fence)
-	}
-	return !g.OK
+	return heldInStore(t, f.e.real, f.e.prefix+lock.Key())
 }
 
-// lossLogs counts the watchdog's loss warnings.
+// lossLogs counts the loss warnings.
 func (f *wdFixture) lossLogs() int { return strings.Count(f.logs.String(), "lock lost while") }
-
-// waitDone waits up to limit for ctx to end and returns how long it took.
-func waitDone(t *testing.T, ctx context.Context, limit time.Duration) time.Duration {
-	t.Helper()
-	start := time.Now()
-	select {
-	case <-ctx.Done():
-		return time.Since(start)
-	case <-time.After(limit):
-		t.Fatalf("keep-alive context not done within %v", limit)
-		return 0
-	}
-}
-
-// stacks returns the stacks of all goroutines.
-func stacks() string {
-	buf := make([]byte, 1<<16)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return string(buf[:n])
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-// watchdogs counts the running watchdog goroutines.
-func watchdogs() int { return strings.Count(stacks(), "reqlock.(*watchdog).run(") }
-
-// eventually polls cond until it holds or 5s have passed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5s: %s\n%s", what, stacks())
-		}
-		<-tick.C
-	}
-}
-
-// goroutinesBackTo polls until the goroutine count is at most n.
-func goroutinesBackTo(t *testing.T, n int) {
-	t.Helper()
-	eventually(t, "goroutine count back to baseline", func() bool { return runtime.NumGoroutine() <= n })
-}
 
 func expectLost(t *testing.T, ctx context.Context, also error) {
 	t.Helper()
@@ -276,8 +158,8 @@ func expectLost(t *testing.T, ctx context.Context, also error) {
 }
 
 func TestKeepAliveRenews(t *testing.T) {
-	forEachStore(t, func(t *testing.T, b wdBackend) {
-		f := newWDFixture(t, b)
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		f := newWDFixture(t, e)
 		lock := f.obtain(t, "sku:renew")
 		ctx := lock.KeepAlive(context.Background())
 		end := time.Now().Add(4 * wdTTL)
@@ -309,14 +191,14 @@ func TestKeepAliveRenews(t *testing.T) {
 }
 
 func TestKeepAliveLostWhenKeyDeleted(t *testing.T) {
-	forEachStore(t, func(t *testing.T, b wdBackend) {
-		f := newWDFixture(t, b)
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		f := newWDFixture(t, e)
 		lock := f.obtain(t, "sku:deleted")
 		ctx := lock.KeepAlive(context.Background())
 		if err := f.store.waitRefresh(t); err != nil {
 			t.Fatalf("first renewal: %v", err)
 		}
-		b.remove(t, lock.StoreKey(), lock.Token())
+		e.remove(t, e.prefix+lock.Key(), lock.Token())
 		took := waitDone(t, ctx, 5*time.Second)
 		expectLost(t, ctx, reqlock.ErrNotHeld)
 		if took > wdInterval+wdSlack {
@@ -345,11 +227,11 @@ func TestKeepAliveLostWhenKeyDeleted(t *testing.T) {
 }
 
 func TestKeepAliveLostWhenKeyOverwritten(t *testing.T) {
-	forEachStore(t, func(t *testing.T, b wdBackend) {
-		f := newWDFixture(t, b)
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		f := newWDFixture(t, e)
 		lock := f.obtain(t, "sku:overwritten")
 		ctx := lock.KeepAlive(context.Background())
-		b.overwrite(t, lock.StoreKey(), lock.Token())
+		e.overwrite(t, e.prefix+lock.Key(), lock.Token())
 		took := waitDone(t, ctx, 5*time.Second)
 		expectLost(t, ctx, reqlock.ErrNotHeld)
 		if took > wdInterval+wdSlack {
@@ -379,8 +261,8 @@ func TestKeepAliveLostWhenRenewalsFailUntilValidityEnds(t *testing.T) {
 		{"store stalls", refreshStall, context.DeadlineExceeded},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			forEachStore(t, func(t *testing.T, b wdBackend) {
-				f := newWDFixture(t, b)
+			forEachEnv(t, func(t *testing.T, e *storeEnv) {
+				f := newWDFixture(t, e)
 				lock := f.obtain(t, "sku:failing")
 				ctx := lock.KeepAlive(context.Background())
 				if err := f.store.waitRefresh(t); err != nil {
@@ -423,8 +305,8 @@ func TestKeepAliveLostWhenRenewalsFailUntilValidityEnds(t *testing.T) {
 }
 
 func TestKeepAliveSurvivesTransientStoreFailures(t *testing.T) {
-	forEachStore(t, func(t *testing.T, b wdBackend) {
-		f := newWDFixture(t, b)
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		f := newWDFixture(t, e)
 		lock := f.obtain(t, "sku:flaky")
 		ctx := lock.KeepAlive(context.Background())
 		if err := f.store.waitRefresh(t); err != nil {
@@ -452,15 +334,15 @@ func TestKeepAliveSurvivesTransientStoreFailures(t *testing.T) {
 		if err := lock.Release(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if f.lossLogs() != 0 {
-			t.Fatalf("a loss was logged: %s", f.logs.String())
+		if f.lossLogs() != 0 || lock.Lost() != nil {
+			t.Fatalf("a loss was reported (Lost %v): %s", lock.Lost(), f.logs.String())
 		}
 	})
 }
 
 func TestReleaseStopsWatchdog(t *testing.T) {
-	forEachStore(t, func(t *testing.T, b wdBackend) {
-		f := newWDFixture(t, b)
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		f := newWDFixture(t, e)
 		// Warm up the store's connections so they do not count as leaks.
 		_ = f.obtain(t, "sku:warmup").Release(context.Background())
 		baseline := runtime.NumGoroutine()
@@ -490,8 +372,8 @@ func TestReleaseStopsWatchdog(t *testing.T) {
 }
 
 func TestReleaseStopsRenewalInFlight(t *testing.T) {
-	mem := memstore.New()
-	f := newWDFixture(t, wdBackend{store: mem, prefix: reqlock.DefaultKeyPrefix})
+	e := memEnv()
+	f := newWDFixture(t, e)
 	lock := f.obtain(t, "sku:inflight")
 	f.store.setMode(refreshStall)
 	ctx := lock.KeepAlive(context.Background())
@@ -513,17 +395,17 @@ func TestReleaseStopsRenewalInFlight(t *testing.T) {
 	if d := time.Since(start); d > wdInterval/2+wdSlack {
 		t.Fatalf("Release took %v", d)
 	}
-	if cause := context.Cause(ctx); errors.Is(cause, reqlock.ErrLockLost) || f.lossLogs() != 0 {
+	if cause := context.Cause(ctx); errors.Is(cause, reqlock.ErrLockLost) || f.lossLogs() != 0 || lock.Lost() != nil {
 		t.Fatalf("release was reported as a loss: %v", cause)
 	}
-	if mem.Len() != 0 {
+	if e.left(t) != 0 {
 		t.Fatal("lock left in the store")
 	}
 }
 
 func TestKeepAliveStopsWhenItsContextEnds(t *testing.T) {
-	forEachStore(t, func(t *testing.T, b wdBackend) {
-		f := newWDFixture(t, b)
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		f := newWDFixture(t, e)
 		_ = f.obtain(t, "sku:warmup").Release(context.Background())
 		baseline := runtime.NumGoroutine()
 
@@ -553,8 +435,8 @@ func TestKeepAliveStopsWhenItsContextEnds(t *testing.T) {
 }
 
 func TestKeepAliveTwiceRunsOneWatchdog(t *testing.T) {
-	f := newWDFixture(t, wdBackend{store: memstore.New(), prefix: reqlock.DefaultKeyPrefix})
-	mem := f.store.Store.(*memstore.Store)
+	e := memEnv()
+	f := newWDFixture(t, e)
 	lock := f.obtain(t, "sku:twice")
 	first := lock.KeepAlive(context.Background())
 	second := lock.KeepAlive(context.Background())
@@ -563,9 +445,7 @@ func TestKeepAliveTwiceRunsOneWatchdog(t *testing.T) {
 	if n := watchdogs(); n != 1 {
 		t.Fatalf("%d watchdogs, want 1", n)
 	}
-	if err := mem.Release(context.Background(), lock.StoreKey(), lock.Token(), 0); err != nil {
-		t.Fatal(err)
-	}
+	e.remove(t, e.prefix+lock.Key(), lock.Token())
 	waitDone(t, first, 5*time.Second)
 	waitDone(t, second, 5*time.Second)
 	expectLost(t, first, reqlock.ErrNotHeld)
@@ -583,7 +463,7 @@ func TestKeepAliveTwiceRunsOneWatchdog(t *testing.T) {
 }
 
 func TestKeepAliveRestartsAfterItsContextEnded(t *testing.T) {
-	f := newWDFixture(t, wdBackend{store: memstore.New(), prefix: reqlock.DefaultKeyPrefix})
+	f := newWDFixture(t, memEnv())
 	lock := f.obtain(t, "sku:restart")
 	request, endRequest := context.WithCancel(context.Background())
 	_ = lock.KeepAlive(request)
@@ -605,7 +485,7 @@ func TestKeepAliveRestartsAfterItsContextEnded(t *testing.T) {
 }
 
 func TestKeepAliveOnReleasedLock(t *testing.T) {
-	f := newWDFixture(t, wdBackend{store: memstore.New(), prefix: reqlock.DefaultKeyPrefix})
+	f := newWDFixture(t, memEnv())
 	lock := f.obtain(t, "sku:released")
 	if err := lock.Release(context.Background()); err != nil {
 		t.Fatal(err)
@@ -623,15 +503,15 @@ func TestKeepAliveOnReleasedLock(t *testing.T) {
 // the TTL has already passed renews at once rather than a third of the TTL
 // later, after the lock would have expired.
 func TestKeepAliveRenewsALateStart(t *testing.T) {
-	f := newWDFixture(t, wdBackend{store: memstore.New(), prefix: reqlock.DefaultKeyPrefix})
+	f := newWDFixture(t, memEnv())
 	lock := f.obtain(t, "sku:late")
-	eventually(t, "most of the TTL passed", func() bool { return lock.Validity() < wdTTL/4 })
+	eventually(t, "most of the TTL passed", func() bool { return validity(lock) < wdTTL/4 })
 	ctx := lock.KeepAlive(context.Background())
 	if err := f.store.waitRefresh(t); err != nil {
 		t.Fatalf("renewal: %v", err)
 	}
 	// The store answered; the lock records the new validity just after.
-	eventually(t, "validity renewed", func() bool { return lock.Validity() > wdTTL/2 })
+	eventually(t, "validity renewed", func() bool { return validity(lock) > wdTTL/2 })
 	if ctx.Err() != nil {
 		t.Fatal(context.Cause(ctx))
 	}
@@ -640,19 +520,158 @@ func TestKeepAliveRenewsALateStart(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+func TestObtainAllKeepAliveRenewsEveryKey(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		l := e.locker(t)
+		ctx := context.Background()
+		keys := []string{"a", "b", "c"}
+		lock, err := l.ObtainAll(ctx, keys, wdTTL, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = lock.Release(context.Background()) })
+		kctx := lock.KeepAlive(ctx)
+		end := time.Now().Add(4 * wdTTL)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for time.Now().Before(end) {
+			<-tick.C
+			if err := kctx.Err(); err != nil {
+				t.Fatalf("keep-alive context ended: %v", context.Cause(kctx))
+			}
+			e.expectHeld(t, keys...)
+		}
+		// One store call per renewal, for all the keys.
+		if n := e.spy.refreshes.Load(); n < 4 {
+			t.Fatalf("%d Refresh calls in 4×TTL, want about 12", n)
+		}
+		mustRelease(t, lock)
+		if cause := context.Cause(kctx); !errors.Is(cause, reqlock.ErrNotHeld) || errors.Is(cause, reqlock.ErrLockLost) {
+			t.Fatalf("cause after release = %v, want ErrNotHeld without ErrLockLost", cause)
+		}
+		e.expectNoKeysLeft(t)
+	})
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
+func TestObtainAllKeepAliveLostWhenOneKeyDeleted(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		l := e.locker(t)
+		ctx := context.Background()
+		lock, err := l.ObtainAll(ctx, []string{"a", "b", "c"}, wdTTL, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = lock.Release(context.Background()) })
+		kctx := lock.KeepAlive(ctx)
+		e.remove(t, e.prefix+"b", lock.Token())
+		waitDone(t, kctx, 5*time.Second)
+		expectLost(t, kctx, reqlock.ErrNotHeld)
+		eventually(t, "watchdog exited", func() bool { return watchdogs() == 0 })
+		if lost := lock.Lost(); !errors.Is(lost, reqlock.ErrLockLost) {
+			t.Fatalf("Lost() = %v, want ErrLockLost", lost)
+		}
+		if err := lock.Release(ctx); !errors.Is(err, reqlock.ErrNotHeld) {
+			t.Fatalf("release of a lost lock: %v, want ErrNotHeld", err)
+		}
+		// The keys still held were released with it.
+		e.expectNoKeysLeft(t)
+	})
 }
 
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+// TestLockContextEndsWhenARenewalFindsItGone: without a watchdog, a Refresh
+// that finds the lock gone ends the lock's contexts as a loss, which Lost
+// reports and the Locker logs once.
+func TestLockContextEndsWhenARenewalFindsItGone(t *testing.T) {
+	e := memEnv()
+	f := newWDFixture(t, e)
+	lock, err := f.locker.Obtain(context.Background(), "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := reqlock.NewContext(context.Background(), lock)
+	e.remove(t, e.prefix+"k", lock.Token())
+	if lock.Lost() != nil || ctx.Err() != nil {
+		t.Fatal("a loss was found before anything looked")
+	}
+	if err := lock.Refresh(context.Background(), 0); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("refresh: %v, want ErrNotHeld", err)
+	}
+	expectLost(t, ctx, reqlock.ErrNotHeld)
+	if lost := lock.Lost(); lost != context.Cause(ctx) {
+		t.Fatalf("Lost() = %v, want the context's cause %v", lost, context.Cause(ctx))
+	}
+	if n := f.lossLogs(); n != 1 {
+		t.Fatalf("loss logged %d times: %s", n, f.logs.String())
+	}
+	// A context made after the loss has ended with it; the release does not
+	// relabel it.
+	after := reqlock.NewContext(context.Background(), lock)
+	expectLost(t, after, reqlock.ErrNotHeld)
+	if err := lock.Release(context.Background()); !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("release of a lost lock: %v, want ErrNotHeld", err)
+	}
+	expectLost(t, ctx, reqlock.ErrNotHeld)
+	if n := f.lossLogs(); n != 1 {
+		t.Fatalf("loss logged %d times: %s", n, f.logs.String())
+	}
+}
+
+// TestLockContextEndsWithItsParent: the lock's context ends with the
+// context it was made from, with that context's cause: no loss, and the
+// lock stays held until released. A context made on a released lock has
+// ended already.
+func TestLockContextEndsWithItsParent(t *testing.T) {
+	e := memEnv()
+	f := newWDFixture(t, e)
+	lock, err := f.locker.Obtain(context.Background(), "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, cancel := context.WithCancelCause(context.Background())
+	errClientLeft := errors.New("client left")
+	ctx := reqlock.NewContext(parent, lock)
+	cancel(errClientLeft)
+	if cause := context.Cause(ctx); !errors.Is(cause, errClientLeft) || errors.Is(cause, reqlock.ErrLockLost) {
+		t.Fatalf("cause %v, want the parent's", cause)
+	}
+	if lock.Lost() != nil || !heldInStore(t, e.real, e.prefix+"k") {
+		t.Fatalf("the parent's end touched the lock: Lost %v", lock.Lost())
+	}
+	mustRelease(t, lock)
+	after := reqlock.NewContext(context.Background(), lock)
+	if cause := context.Cause(after); after.Err() == nil || !errors.Is(cause, reqlock.ErrNotHeld) || errors.Is(cause, reqlock.ErrLockLost) {
+		t.Fatalf("NewContext after Release: err %v cause %v, want ended with ErrNotHeld", after.Err(), cause)
+	}
+	if f.lossLogs() != 0 {
+		t.Fatalf("a loss was logged: %s", f.logs.String())
+	}
+}
+
+// TestLockLostByValidityIsLoggedOnce: a lock whose validity runs out
+// unrenewed, with no watchdog, is lost: its contexts end, and the loss is
+// logged once whatever the number of contexts.
+func TestLockLostByValidityIsLoggedOnce(t *testing.T) {
+	f := newWDFixture(t, memEnv())
+	lock, err := f.locker.Obtain(context.Background(), "k", 50*time.Millisecond, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxs := []context.Context{
+		reqlock.NewContext(context.Background(), lock),
+		reqlock.NewContext(context.Background(), lock),
+	}
+	for _, ctx := range ctxs {
+		waitDone(t, ctx, 5*time.Second)
+		if cause := context.Cause(ctx); !errors.Is(cause, reqlock.ErrLockLost) || errors.Is(cause, reqlock.ErrNotHeld) {
+			t.Fatalf("cause %v, want ErrLockLost (the validity ran out; nobody said the key was gone)", cause)
+		}
+	}
+	if lost := lock.Lost(); lost != context.Cause(ctxs[0]) {
+		t.Fatalf("Lost() = %v, want the contexts' cause", lost)
+	}
+	eventually(t, "loss logged", func() bool { return f.lossLogs() == 1 })
+	_ = lock.Release(context.Background())
+	if n := f.lossLogs(); n != 1 {
+		t.Fatalf("loss logged %d times: %s", n, f.logs.String())
+	}
 }

@@ -1,4 +1,4 @@
-package metrics
+package metricdefs
 
 import (
 	"fmt"
@@ -26,10 +26,9 @@ func RouteName(label string) string {
 }
 
 // Routes maps the labels of events to the series R of their routes, for an
-// implementation of reqlock.Metrics: a Registry and the Prometheus adapter
-// github.com/reqlock/reqlock/metrics/prometheus both use it, so that they
-// name and cap routes alike. Create it with NewRoutes; it is safe for
-// concurrent use.
+// implementation of reqlock.Metrics, so that both implementations name and
+// cap routes alike. Create it with NewRoutes; it is safe for concurrent
+// use.
 //
 // The route label value of an event label is its RouteName; event labels
 // of the same RouteName share their series. Routes counts the distinct
@@ -50,12 +49,12 @@ type Routes[R any] struct {
 }
 
 // NewRoutes returns an empty Routes that holds at most maxRoutes distinct
-// event labels (see WithMaxRoutes) and creates the series of a route label
-// value with newRoute, which is called with a lock of Routes held. It
-// panics when maxRoutes is negative.
+// event labels (the cap of the option WithMaxRoutes) and creates the series
+// of a route label value with newRoute, which is called with a lock of
+// Routes held. It panics when maxRoutes is negative.
 func NewRoutes[R any](maxRoutes int, newRoute func(name string) *R) *Routes[R] {
 	if maxRoutes < 0 {
-		panic(fmt.Sprintf("metrics: NewRoutes(%d): the cap must not be negative", maxRoutes))
+		panic(fmt.Sprintf("metricdefs: NewRoutes(%d): the cap must not be negative", maxRoutes))
 	}
 	return &Routes[R]{max: int64(maxRoutes), newRoute: newRoute, byName: make(map[string]*R)}
 }

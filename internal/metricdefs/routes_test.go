@@ -1,95 +1,13 @@
-package metrics
+package metricdefs
 
 import (
 	"fmt"
-	"math"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/reqlock/reqlock"
 )
-
-// The exported names, texts and helpers are what the Prometheus adapter
-// builds on; these tests pin them.
-
-func TestKnownResults(t *testing.T) {
-	known := KnownResults()
-	if known[0] != reqlock.ResultAcquired {
-		t.Errorf("KnownResults()[0] = %q, want acquired", known[0])
-	}
-	for i, r := range known {
-		if got := ResultIndex(r); got != i {
-			t.Errorf("ResultIndex(%q) = %d, want %d", r, got, i)
-		}
-	}
-	want := []reqlock.Result{reqlock.ResultAcquired, reqlock.ResultTimeout, reqlock.ResultStoreError, reqlock.ResultBadKey, reqlock.ResultCanceled}
-	if !slices.Equal(known[:], want) {
-		t.Errorf("KnownResults() = %q, want %q", known, want)
-	}
-	for _, r := range []reqlock.Result{"", "quorum", "Acquired", OtherReason} {
-		if got := ResultIndex(r); got != -1 {
-			t.Errorf("ResultIndex(%q) = %d, want -1", r, got)
-		}
-	}
-}
-
-func TestReasons(t *testing.T) {
-	var rs Reasons // the zero value is ready
-	for _, r := range KnownResults() {
-		if got := rs.Reason(r); got != string(r) {
-			t.Errorf("Reason(%q) = %q", r, got)
-		}
-	}
-	for _, r := range []reqlock.Result{"", "bad\xff"} {
-		if got := rs.Reason(r); got != OtherReason {
-			t.Errorf("Reason(%q) = %q, want %q", r, got, OtherReason)
-		}
-	}
-	for i := range MaxOtherResults + 2 {
-		r := reqlock.Result(fmt.Sprintf("new%d", i))
-		want := string(r)
-		if i >= MaxOtherResults {
-			want = OtherReason
-		}
-		for range 2 { // the same reason the second time
-			if got := rs.Reason(r); got != want {
-				t.Errorf("Reason(%q) = %q, want %q", r, got, want)
-			}
-		}
-	}
-	// Known results take none of the slots, and keep their reason.
-	if got := rs.Reason(reqlock.ResultTimeout); got != "timeout" {
-		t.Errorf("Reason(timeout) after the cap = %q", got)
-	}
-}
-
-func TestOtherResults(t *testing.T) {
-	var rs Reasons
-	var o OtherResults[int]
-	var created []string
-	newSeries := func(reason string) *int {
-		created = append(created, reason)
-		return new(int)
-	}
-	quorum := o.Get("quorum", &rs, newSeries)
-	if o.Get("quorum", &rs, newSeries) != quorum {
-		t.Error("a second Get of a result gives other series")
-	}
-	empty := o.Get("", &rs, newSeries)
-	if o.Get("bad\xff", &rs, newSeries) != empty {
-		t.Error("results of the reason other do not share their series")
-	}
-	if !slices.Equal(created, []string{"quorum", OtherReason}) {
-		t.Errorf("created %q", created)
-	}
-	got := make(map[string]*int)
-	o.Each(func(reason string, s *int) { got[reason] = s })
-	if len(got) != 2 || got["quorum"] != quorum || got[OtherReason] != empty {
-		t.Errorf("Each: %v", got)
-	}
-}
 
 func TestRouteName(t *testing.T) {
 	for label, want := range map[string]string{
@@ -196,31 +114,6 @@ func TestRoutesConcurrent(t *testing.T) {
 	for name, n := range counts {
 		if n != 1 {
 			t.Errorf("%s created %d times", name, n)
-		}
-	}
-}
-
-func TestCheckBuckets(t *testing.T) {
-	for _, b := range [][]float64{nil, {}, {1}, {-1, 0, 1e-9, 1}, {1, math.Inf(1)}, DefaultWaitBuckets(), DefaultHoldBuckets()} {
-		if err := CheckBuckets(b); err != nil {
-			t.Errorf("CheckBuckets(%v): %v", b, err)
-		}
-	}
-	for _, b := range [][]float64{{1, 1}, {2, 1}, {math.NaN()}, {1, math.NaN()}, {math.Inf(1), math.Inf(1)}} {
-		if err := CheckBuckets(b); err == nil || !strings.Contains(err.Error(), "increase strictly") {
-			t.Errorf("CheckBuckets(%v): %v, want an error", b, err)
-		}
-	}
-}
-
-func TestFamilies(t *testing.T) {
-	names := []string{NameFailure, NameHandoffs, NameHold, NameLost, NameSuccess, NameWait}
-	if !slices.IsSorted(names) {
-		t.Errorf("the families are not in the order of their names: %q", names)
-	}
-	for f, d := range families {
-		if d.name != names[f] || d.help == "" || strings.HasSuffix(d.name, "_total") != (d.typ == "counter") {
-			t.Errorf("family %d: %+v", f, d)
 		}
 	}
 }

@@ -1,0 +1,123 @@
+package reqlock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// attempter is how the acquire loop asks the store for keys: plainly, or in
+// fair mode through the store's queue (see fair.go).
+type attempter interface {
+	// attempt is one try; ahead is the caller's place in the store's
+	// queue (0 at its head or without a queue).
+	attempt(ctx context.Context, keys []string, token string, ttl time.Duration) (g stores.Grant, ahead int, err error)
+	// sleepCap caps the next sleep, given the store's hint.
+	sleepCap(hint time.Duration) time.Duration
+	// leave ends the caller's wait in the store, when it has one: at once,
+	// or in the background when the store may be failing.
+	leave(ctx context.Context, keys []string, token string, background bool)
+}
+
+// plainAttempts take keys whenever they are free.
+type plainAttempts struct{ store stores.Store }
+
+func (p plainAttempts) attempt(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, int, error) {
+	g, err := p.store.Acquire(ctx, keys, token, ttl)
+	return g, 0, err
+}
+
+func (plainAttempts) sleepCap(hint time.Duration) time.Duration { return hint }
+
+func (plainAttempts) leave(context.Context, []string, string, bool) {}
+
+// attempter returns the strategy for a wait on keys: fair mode's for a
+// single key that waits, plain otherwise.
+func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
+	if l.fair != nil && len(keys) == 1 {
+		return l.fair.attempts(l, wait)
+	}
+	return l.plain
+}
+
+// contend obtains g's keys from the store for a request that has their turn
+// in this process: one attempt, then, while wait allows and the
+// keys are held, a sleep (woken by a release signal of the key that held it
+// up, capped by its holder's TTL) and another attempt.
+//
+// sawHeld reports that the key was already seen held, by the request ahead
+// in the local queue: a wait that ends with a store call unanswered is then
+// a timeout, not a store that never answered.
+func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration, sawHeld bool) error {
+	keys, token := g.keys, newToken()
+	strategy := l.attempter(keys, wait)
+	var (
+		schedule *backoffSchedule
+		released <-chan struct{}
+		stop     func()
+		watched  = -1 // the index of the key whose releases wake us
+	)
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	for {
+		start := time.Now()
+		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)
+		if (err != nil && !errors.Is(err, ErrInvalid)) || (grant.OK && ctx.Err() != nil) {
+			// The store may have granted the keys although we got no
+			// answer, or after we stopped listening: release them rather
+			// than leave them to their TTL. In the background, bounded by
+			// the release timeout, so a stalled store delays no answer.
+			go l.releaseAbandoned(keys, token)
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			strategy.leave(ctx, keys, token, err != nil)
+			return waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
+		}
+		switch {
+		case errors.Is(err, ErrInvalid):
+			// The store refused the keys before acting (Redis Cluster keys
+			// in different slots, say): a configuration mistake, not an
+			// outage, so never a reason to run unlocked.
+			return err
+		case err != nil:
+			strategy.leave(ctx, keys, token, true)
+			return wrapStoreError(err)
+		case grant.OK:
+			if len(grant.Fences) != len(keys) {
+				go l.releaseAbandoned(keys, token)
+				return wrapStoreError(errors.New("the store granted a wrong number of fences"))
+			}
+			g.granted(token, grant.Fences, ttl, start)
+			return nil
+		case wait == 0:
+			return ErrHeld
+		}
+		sawHeld = true
+		if l.notifier != nil && grant.Held >= 0 && grant.Held < len(keys) && grant.Held != watched {
+			// Wake on a release of the key that is held now: the first
+			// one, or another once that one was released.
+			if stop != nil {
+				stop()
+			}
+			released, stop = l.notifier.NotifyRelease(keys[grant.Held], token)
+			watched = grant.Held
+			if released != nil && ahead == 0 {
+				// A release just before we subscribed would go unseen. In
+				// fair mode only the queue's head could have used it.
+				continue
+			}
+		}
+		if schedule == nil {
+			schedule = newBackoffSchedule(l.backoffInitial, l.backoffMax)
+		}
+		if !schedule.sleep(ctx, strategy.sleepCap(grant.Wait), released) {
+			strategy.leave(ctx, keys, token, false)
+			return waitEnded(true, ctx.Err())
+		}
+	}
+}

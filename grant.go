@@ -1,0 +1,309 @@
+package reqlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/reqlock/reqlock/internal/localqueue"
+)
+
+// grant is one grant of the store: keys held together under one token, from
+// the Acquire that issued it to the Release that ends it. On a single key it
+// may pass from local holder to local holder on the way (a handoff), and a
+// request that holds it may hold it again (reentry).
+//
+// Invariants, kept by the methods in this file alone, under mu:
+//   - validUntil is a lower bound, confirmed by the store, of when the store
+//     lets the keys go: the start of the call that set their TTL (the
+//     acquire, or the last refresh that succeeded) plus that TTL, minus a
+//     margin for clock drift.
+//   - After a refresh whose outcome is unknown (the store failed or did not
+//     answer in time, but may have applied it), validUntil is the smaller of
+//     what it was and what that refresh would have set, and confirmed is
+//     false: the grant is neither handed on nor re-entered until an
+//     owner-checked refresh succeeds.
+//   - A handoff never passes on more validity than the recipient's own TTL
+//     confirms: the recipient caps validUntil at its TTL (minus drift) from
+//     the handoff, and renews first when less than half of it is left.
+//   - epoch counts the handoffs. The holder of epoch n uses the fence
+//     fences[0]+n, and n stays below stores.FenceStride, so every local
+//     holder's fence exceeds its predecessor's and stays below the fence
+//     of the store's next grant of the key.
+//   - holds counts the holds of the current epoch: its holder's lock and
+//     the reentrant locks that share it. The grant ends, or passes on, only
+//     when the count falls to zero, and a lock acts on the grant only while
+//     its epoch is current, so a refresh or a release of a lock that was
+//     released or handed on never touches its successor's grant.
+//   - refreshing counts refreshes in flight: no handoff happens while one
+//     runs, since the store may apply it after the grant changed hands.
+//   - lost is set when the store reported the grant gone; a lost grant is
+//     never handed on or re-entered.
+type grant struct {
+	locker  *Locker
+	keys    []string  // as stored, with the Locker's prefix; sorted
+	one     [1]string // keys' storage for a single key
+	token   string
+	fences  []int64         // as the store issued them, per key
+	turn    localqueue.Turn // the single key's local turn; zero for several keys
+	started time.Time       // when the attempt that obtained it began
+
+	mu         sync.Mutex
+	epoch      int
+	holds      int
+	validUntil time.Time
+	confirmed  bool
+	ttl        time.Duration // the current holder's TTL
+	refreshing int
+	lost       bool
+	ended      bool      // released in the store, or on its way there
+	keepUntil  time.Time // hold-at-least: the keys stay held until then
+	label      string    // the current holder's metrics label
+	since      time.Time // when the current holder got the grant
+}
+
+// newGrant returns the grant to acquire keys (without the prefix) with.
+func (l *Locker) newGrant(keys []string) *grant {
+	g := &grant{locker: l}
+	if len(keys) == 1 {
+		g.one[0] = l.prefix + keys[0]
+		g.keys = g.one[:]
+	} else {
+		g.keys = make([]string, len(keys))
+		for i, k := range keys {
+			g.keys[i] = l.prefix + k
+		}
+	}
+	return g
+}
+
+// granted records what the store granted to an acquire that began at start.
+func (g *grant) granted(token string, fences []int64, ttl time.Duration, start time.Time) {
+	g.token, g.fences, g.started = token, fences, start
+	g.validUntil, g.confirmed, g.ttl = start.Add(ttl-clockDrift(ttl)), true, ttl
+}
+
+// beginEpoch gives the fresh grant its first hold.
+func (g *grant) beginEpoch(label string, ttl time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.holds, g.label, g.since, g.ttl = 1, label, time.Now(), ttl
+}
+
+// ValidUntil returns validUntil: the localqueue.Holder a leaked lock's
+// waiters watch.
+func (g *grant) ValidUntil() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.validUntil
+}
+
+// holderTTL returns the current holder's TTL.
+func (g *grant) holderTTL() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.ttl
+}
+
+// fenceOf returns the fence of storeKey for the holder of epoch, and false
+// when the grant does not hold storeKey.
+func (g *grant) fenceOf(storeKey string, epoch int) (int64, bool) {
+	i, ok := slices.BinarySearch(g.keys, storeKey)
+	if !ok {
+		return 0, false
+	}
+	return g.fences[i] + int64(epoch), true
+}
+
+// adopt makes the recipient of a handoff, with turn, the grant's holder,
+// capping the validity at its TTL, and returns its epoch.
+func (g *grant) adopt(turn localqueue.Turn, label string, ttl time.Duration) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	g.turn = turn
+	g.label, g.since, g.ttl = label, now, ttl
+	if capped := now.Add(ttl - clockDrift(ttl)); capped.Before(g.validUntil) {
+		g.validUntil = capped
+	}
+	return g.epoch
+}
+
+// enter takes a reentrant hold on the holder of epoch's grant. It refuses a
+// grant that is lost, ended, handed on, or whose validity is not confirmed
+// (the caller renews it first, see check).
+func (g *grant) enter(epoch int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lost || g.ended || g.epoch != epoch || g.holds == 0 || !g.confirmed || !time.Now().Before(g.validUntil) {
+		return false
+	}
+	g.holds++
+	return true
+}
+
+// check reports, for a reentry by epoch's holder, whether the grant is
+// known lost and whether it must be renewed before it is entered: its
+// validity ran out or is not confirmed.
+func (g *grant) check(epoch int) (lost, renew bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.epoch != epoch || g.ended {
+		return false, false // not the caller's any more: enter refuses it
+	}
+	return g.lost, !g.confirmed || !time.Now().Before(g.validUntil)
+}
+
+// refresh resets the TTL of the grant's keys to ttl, or to the holder's TTL
+// when ttl is zero, for the holder of epoch. It returns ErrNotHeld, without
+// a store call, when that holder has let go of the grant, and when the
+// grant changed hands or ended while the call ran.
+func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error {
+	g.mu.Lock()
+	if g.epoch != epoch || g.ended || g.holds == 0 {
+		g.mu.Unlock()
+		return fmt.Errorf("%w: %q was released", ErrNotHeld, g.keys[0])
+	}
+	if g.lost {
+		g.mu.Unlock()
+		return fmt.Errorf("%w: %q was lost", ErrNotHeld, g.keys[0])
+	}
+	if ttl == 0 {
+		ttl = g.ttl
+	}
+	g.refreshing++
+	g.mu.Unlock()
+
+	start := time.Now()
+	err := g.locker.store.Refresh(ctx, g.keys, g.token, ttl)
+
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.refreshing--
+	until := start.Add(ttl - clockDrift(ttl))
+	switch {
+	case err == nil:
+		if g.epoch != epoch || g.ended {
+			return fmt.Errorf("%w: %q was released while it was renewed", ErrNotHeld, g.keys[0])
+		}
+		g.validUntil, g.confirmed, g.ttl = until, true, ttl
+		return nil
+	case errors.Is(err, ErrNotHeld):
+		g.lost = true
+		return err
+	case errors.Is(err, ErrInvalid):
+		return err // refused before it acted
+	}
+	// The store may have applied the new TTL, or not: only the smaller of
+	// the two validities is sure, and the grant is not trusted further
+	// until a refresh succeeds.
+	if until.Before(g.validUntil) {
+		g.validUntil = until
+	}
+	g.confirmed = false
+	return wrapStoreError(err)
+}
+
+// holdAtLeast keeps the keys held until d after the current holder got the
+// grant, for the holder of epoch.
+func (g *grant) holdAtLeast(epoch int, d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.epoch == epoch && d > 0 {
+		if until := g.since.Add(d); until.After(g.keepUntil) {
+			g.keepUntil = until
+		}
+	}
+}
+
+// abandon marks a handed-off grant that turned out lost as ended; its
+// recipient keeps the key's turn and contends anew.
+func (g *grant) abandon() {
+	g.mu.Lock()
+	g.ended = true
+	g.mu.Unlock()
+}
+
+// drop ends one hold of epoch's holder. The last hold ends the epoch: the
+// grant passes to the next local waiter when the handoff bounds allow, or
+// is released in the store.
+func (g *grant) drop(ctx context.Context, epoch int) error {
+	g.mu.Lock()
+	if g.epoch != epoch || g.holds == 0 {
+		g.mu.Unlock()
+		return fmt.Errorf("%w: %q was handed on or released", ErrNotHeld, g.keys[0])
+	}
+	g.holds--
+	last := g.holds == 0
+	label, since := g.label, g.since
+	g.mu.Unlock()
+	if !last {
+		return nil
+	}
+	l := g.locker
+	if l.metrics != nil {
+		l.metrics.Held(label, time.Since(since))
+	}
+	var waiting bool
+	if l.handoffCount > 0 {
+		var handed bool
+		if handed, waiting = g.handOff(); handed {
+			return nil
+		}
+	}
+	return g.end(ctx, waiting)
+}
+
+// handOff passes the grant to the next local waiter when one waits and the
+// bounds allow. It reports whether it did, and whether waiters were left
+// without it.
+func (g *grant) handOff() (handed, waiting bool) {
+	return g.turn.HandOff(func() (localqueue.Holder, bool) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		now := time.Now()
+		switch {
+		case g.lost, g.ended, !g.confirmed, g.refreshing > 0,
+			now.Before(g.keepUntil),
+			g.epoch+1 > g.locker.handoffCount,
+			now.Sub(g.started) >= g.locker.handoffTime,
+			!now.Before(g.validUntil):
+			return nil, false
+		}
+		g.epoch++
+		g.holds = 1
+		return g, true
+	})
+}
+
+// end releases the grant in the store, or with hold-at-least leaves its keys
+// to expire when the time is up, and gives the key's turn to the next local
+// waiter. waiting says local waiters were left without a handoff.
+func (g *grant) end(ctx context.Context, waiting bool) error {
+	g.mu.Lock()
+	g.ended = true
+	keep := max(time.Until(g.keepUntil), 0)
+	g.mu.Unlock()
+	start := time.Now()
+	// Owner-checked, also when a key was found lost: the others may still
+	// hold the token.
+	err := g.locker.release(ctx, g.keys, g.token, keep)
+	var yield time.Duration
+	if waiting && keep == 0 {
+		// The bounds cut the chain while this process still has waiters:
+		// other processes' waiters, woken by the release, need about a round
+		// trip to reach the store. Without this head start the next local
+		// waiter, already awake, would win nearly every time.
+		yield = max(2*time.Since(start), minYield)
+	}
+	g.turn.Pass(yield, true)
+	return err
+}
+
+// minYield is the shortest head start a cut chain gives other processes.
+const minYield = 100 * time.Microsecond
+
+var _ localqueue.Holder = (*grant)(nil)

@@ -1,0 +1,324 @@
+package reqlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/memstore"
+	"github.com/reqlock/reqlock/stores/redisstore"
+)
+
+// refreshFaults wraps a real store: a Refresh may be held until released
+// (started reports that it began), or may reach the store and then report
+// failure, as a reply lost after the store applied the call would.
+type refreshFaults struct {
+	stores.Store
+	mu           sync.Mutex
+	holdNext     chan struct{} // the next Refresh waits for it to close
+	started      chan struct{} // receives when a held Refresh began
+	failAfterRun error         // every Refresh runs, then returns this
+}
+
+func (s *refreshFaults) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	s.mu.Lock()
+	hold, fail := s.holdNext, s.failAfterRun
+	s.holdNext = nil
+	s.mu.Unlock()
+	if hold != nil {
+		s.started <- struct{}{}
+		<-hold
+	}
+	err := s.Store.Refresh(ctx, keys, token, ttl)
+	if fail != nil {
+		return fail
+	}
+	return err
+}
+
+// NotifyRelease forwards to the wrapped store, so wrapping keeps wake-ups.
+func (s *refreshFaults) NotifyRelease(key, token string) (<-chan struct{}, func()) {
+	return s.Store.(stores.Notifier).NotifyRelease(key, token)
+}
+
+// obtainAsync starts an Obtain and returns where its outcome arrives.
+func obtainAsync(l *reqlock.Locker, key string, ttl time.Duration) <-chan *reqlock.Lock {
+	got := make(chan *reqlock.Lock, 1)
+	go func() {
+		lock, err := l.Obtain(context.Background(), key, ttl, 10*time.Second)
+		if err != nil {
+			lock = nil
+		}
+		got <- lock
+	}()
+	return got
+}
+
+// awaitLocalWaiters polls until n requests wait in l's local queue for key.
+func awaitLocalWaiters(t *testing.T, l *reqlock.Locker, key string, n int) {
+	t.Helper()
+	pollUntil(t, func() bool { return reqlock.LocalWaiters(l, "reqlock:"+key) == n })
+}
+
+func receiveLock(t *testing.T, got <-chan *reqlock.Lock, who string) *reqlock.Lock {
+	t.Helper()
+	select {
+	case lock := <-got:
+		if lock == nil {
+			t.Fatalf("%s did not get the lock", who)
+		}
+		return lock
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not get the lock within 10s", who)
+	}
+	return nil
+}
+
+// A grant handed from a long-TTL holder to a short-TTL one carries no more
+// validity than the recipient's TTL confirms; after a renewal whose outcome
+// is unknown (the store applied it, the reply failed) the validity is the
+// shorter of the two possible ends, and the grant is not handed on again:
+// the next waiter gets a grant of its own from the store.
+func TestGrantValidityAfterHandoffAndUnknownRenewal(t *testing.T) {
+	mem := memstore.New()
+	faults := &refreshFaults{Store: mem}
+	l := reqlock.MustNew(faults)
+	ctx := context.Background()
+	long, err := l.Obtain(ctx, "k", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const shortTTL = 300 * time.Millisecond
+	gotShort := obtainAsync(l, "k", shortTTL)
+	awaitLocalWaiters(t, l, "k", 1)
+	gotNext := obtainAsync(l, "k", 10*time.Second)
+	awaitLocalWaiters(t, l, "k", 2)
+
+	if err := long.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short := receiveLock(t, gotShort, "the short-TTL waiter")
+	if short.Token() != long.Token() {
+		t.Fatal("the short-TTL waiter did not get the grant by handoff; this test needs the handoff")
+	}
+	if left := time.Until(short.ValidUntil()); left > shortTTL {
+		t.Fatalf("handed-off validity %v exceeds the recipient's TTL %v: the store was never told that TTL", left, shortTTL)
+	}
+
+	faults.mu.Lock()
+	faults.failAfterRun = errors.New("i/o timeout after the store applied the renewal")
+	faults.mu.Unlock()
+	before := time.Now()
+	if err := short.Refresh(ctx, 0); !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("renewal whose reply failed: %v, want ErrStore", err)
+	}
+	if bound := before.Add(shortTTL); short.ValidUntil().After(bound) {
+		t.Fatalf("after an unknown renewal the validity ends %v after the call began, want at most the TTL %v",
+			short.ValidUntil().Sub(before), shortTTL)
+	}
+	faults.mu.Lock()
+	faults.failAfterRun = nil
+	faults.mu.Unlock()
+
+	if err := short.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := receiveLock(t, gotNext, "the next waiter")
+	defer next.Release(ctx)
+	if next.Token() == short.Token() {
+		t.Fatal("a grant whose validity was unknown after a failed renewal was handed on")
+	}
+	if next.Fence() <= short.Fence() {
+		t.Fatalf("next fence %d, want above %d", next.Fence(), short.Fence())
+	}
+}
+
+// The scenario of the report, on Redis: a 10s holder hands off to a 30ms
+// holder with the watchdog; its first renewal reaches Redis but the reply is
+// late; it releases; the next local waiter must not believe in the 10s
+// validity while Redis expires the key 30ms later: another process must not
+// get the key while the waiter believes it holds it.
+func TestLateRenewalNeverMakesTwoHolders(t *testing.T) {
+	proxy := testredis.NewProxy(t)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	proxied, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxied.Close() })
+	if err := proxied.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	direct, err := redisstore.New(testredis.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = direct.Close() })
+	prefix := testredis.Prefix(t)
+	here := reqlock.MustNew(proxied, reqlock.WithKeyPrefix(prefix))
+	other := reqlock.MustNew(direct, reqlock.WithKeyPrefix(prefix)) // another process
+	ctx := context.Background()
+	queued := func(n int) {
+		t.Helper()
+		pollUntil(t, func() bool { return reqlock.LocalWaiters(here, prefix+"k") == n })
+	}
+
+	long, err := here.Obtain(ctx, "k", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const shortTTL = 30 * time.Millisecond
+	gotShort := obtainAsync(here, "k", shortTTL)
+	queued(1)
+	gotNext := obtainAsync(here, "k", 10*time.Second)
+	queued(2)
+
+	proxy.DelayNextReply(25 * time.Millisecond) // the watchdog's first renewal
+	if err := long.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short := receiveLock(t, gotShort, "the short-TTL waiter")
+	wctx, stop := context.WithCancel(ctx)
+	short.KeepAlive(wctx)
+	time.Sleep(20 * time.Millisecond) // the handler's work, during which the renewal goes out
+	stop()
+	_ = short.Release(ctx)
+	next := receiveLock(t, gotNext, "the next waiter")
+	defer next.Release(ctx)
+
+	// Another process tries for the key while the next waiter believes it
+	// holds it.
+	end := time.Now().Add(300 * time.Millisecond) // well past the 30ms the late renewal set
+	for time.Now().Before(end) {
+		lock, err := other.Obtain(ctx, "k", time.Second, 0)
+		if err == nil {
+			believed := time.Until(next.ValidUntil())
+			_ = lock.Release(ctx)
+			if believed > 0 {
+				t.Fatalf("another process got the key while the local holder believed it held it for %v more: two holders", believed)
+			}
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval inside the holder's validity
+	}
+}
+
+// A Refresh in flight while Release lets go of the lock, with a waiter of
+// the same process queued: the refresh must not act on the successor's
+// grant (shortening its TTL below what the successor believes), and it
+// reports ErrNotHeld for the released lock.
+func TestRefreshRacingReleaseNeverTouchesTheSuccessor(t *testing.T) {
+	faults := &refreshFaults{Store: memstore.New(), started: make(chan struct{}, 1)}
+	l := reqlock.MustNew(faults)
+	other := reqlock.MustNew(faults.Store) // another request path to the same store, without the local queue
+	ctx := context.Background()
+	first, err := l.Obtain(ctx, "k", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotNext := obtainAsync(l, "k", 10*time.Second)
+	awaitLocalWaiters(t, l, "k", 1)
+
+	hold := make(chan struct{})
+	faults.mu.Lock()
+	faults.holdNext = hold
+	faults.mu.Unlock()
+	const tinyTTL = 50 * time.Millisecond
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- first.Refresh(ctx, tinyTTL) }()
+	<-faults.started // the renewal is in flight
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := receiveLock(t, gotNext, "the waiter")
+	defer next.Release(ctx)
+	close(hold) // the renewal reaches the store now
+	if err := <-refreshed; !errors.Is(err, reqlock.ErrNotHeld) {
+		t.Fatalf("Refresh of a lock released while it ran: %v, want ErrNotHeld", err)
+	}
+	time.Sleep(2 * tinyTTL) // the renewal's TTL running out, had it reached the successor's grant
+	if time.Until(next.ValidUntil()) <= 0 {
+		t.Fatal("the successor's validity ran out; the test needs it held")
+	}
+	if lock, err := other.Obtain(ctx, "k", time.Second, 0); err == nil {
+		_ = lock.Release(ctx)
+		t.Fatal("the key was free while its holder believed it held: the stale renewal shortened the successor's TTL")
+	}
+}
+
+// A lock's context ends when the lock's validity runs out without a
+// renewal, with a cause wrapping ErrLockLost, and a renewal moves that end.
+func TestLockContextEndsWhenValidityRunsOut(t *testing.T) {
+	l := reqlock.MustNew(memstore.New())
+	ctx := context.Background()
+	const ttl = 150 * time.Millisecond
+	lock, err := l.Obtain(ctx, "k", ttl, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release(ctx)
+	lctx := reqlock.NewContext(ctx, lock)
+	time.Sleep(ttl / 2) // part of the lease goes by
+	if err := lock.Refresh(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	renewedUntil := lock.ValidUntil()
+	select {
+	case <-lctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lock's context did not end when its validity ran out")
+	}
+	if early := time.Until(renewedUntil); early > 5*time.Millisecond {
+		t.Fatalf("the context ended %v before the renewed validity", early)
+	}
+	if cause := context.Cause(lctx); !errors.Is(cause, reqlock.ErrLockLost) {
+		t.Fatalf("cause %v, want ErrLockLost", cause)
+	}
+	if lost := lock.Lost(); !errors.Is(lost, reqlock.ErrLockLost) {
+		t.Fatalf("Lost() = %v, want ErrLockLost", lost)
+	}
+}
+
+// A lock's context ends with the release, with a cause wrapping ErrNotHeld,
+// not ErrLockLost.
+func TestLockContextEndsAtRelease(t *testing.T) {
+	l := reqlock.MustNew(memstore.New())
+	ctx := context.Background()
+	lock, err := l.Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx := reqlock.NewContext(ctx, lock)
+	if lctx.Err() != nil {
+		t.Fatal("a held lock's context has ended")
+	}
+	if err := lock.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cause := context.Cause(lctx); !errors.Is(cause, reqlock.ErrNotHeld) || errors.Is(cause, reqlock.ErrLockLost) {
+		t.Fatalf("cause %v, want ErrNotHeld without ErrLockLost", cause)
+	}
+	if lock.Lost() != nil {
+		t.Fatalf("Lost() = %v after a plain release", lock.Lost())
+	}
+}
+
+// pollUntil polls cond until it holds, failing after 5s.
+func pollUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 5s")
+		}
+		time.Sleep(time.Millisecond) // poll interval inside a deadline
+	}
+}

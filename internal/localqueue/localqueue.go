@@ -1,0 +1,265 @@
+// Package localqueue orders the requests of one process that want the same
+// key: the first has the key's turn (it contends with the store, then holds
+// the lock), the others wait behind it in arrival order, and each turn passes
+// to the next waiter, with the held grant itself (a handoff) or as the right
+// to contend.
+//
+// Invariants, kept by this file alone (every field is guarded by
+// Queues.mu, and no other package can reach them):
+//   - A key has a queue exactly while some request has its turn.
+//   - gen numbers the turns of a key; a Turn acts on its queue only while its
+//     gen is current, so a turn that was taken over or passed on is inert.
+//   - holder is set only while the turn's owner holds the key (Hold), and is
+//     cleared whenever the turn moves on.
+//   - A waiter is given at most one turn, through its channel, under the
+//     mutex, at the moment it is unlinked from the queue.
+//   - When the holder's validity has run out unreleased (a leaked lock, or a
+//     holder stuck past its lease), the head waiter, or a try-once caller,
+//     takes the turn: a lock nobody releases blocks local waiters no longer
+//     than it blocks other processes.
+package localqueue
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// ErrBusy is Join's answer to a caller that will not wait when another
+// request of the process has the key's turn.
+var ErrBusy = errors.New("localqueue: another local request has the key")
+
+// Holder is what holds a key's turn while its owner holds the lock.
+type Holder interface {
+	// ValidUntil is when the holder's lock surely lapses unless renewed.
+	ValidUntil() time.Time
+}
+
+// Queues holds the queues of every key this process is busy with. The zero
+// value is not usable; call New.
+type Queues struct {
+	mu     sync.Mutex
+	queues map[string]*queue
+}
+
+type queue struct {
+	key        string
+	head, tail *waiter
+	gen        uint64
+	holder     Holder
+}
+
+type waiter struct {
+	turn       chan Turn // buffer 1; written once, under Queues.mu
+	prev, next *waiter
+	queued     bool
+}
+
+// Turn is one request's turn on a key. Its zero value is no turn.
+type Turn struct {
+	qs  *Queues
+	q   *queue
+	gen uint64
+
+	// Handoff is the held grant the previous holder passed on, or nil for
+	// a turn to contend with the store.
+	Handoff Holder
+	// Yield, on a turn to contend, is how long to hold back first: the
+	// previous holder's grant went back to the store while this process
+	// still had waiters, and other processes get a head start.
+	Yield time.Duration
+	// AfterHeld reports that the turn comes after a holder, or after a
+	// contender that saw the key held: the key has been seen held.
+	AfterHeld bool
+}
+
+// New returns an empty set of queues.
+func New() *Queues { return &Queues{queues: make(map[string]*queue)} }
+
+// Join gives the caller key's turn. When nobody has it, Join returns it at
+// once. Otherwise, with wait, the caller queues and Join blocks until the
+// turn comes or ctx ends; it then returns ctx.Err(), and, when the turn came
+// as ctx ended, that turn too, which the caller must give up (Pass, or its
+// Handoff released). Without wait it returns ErrBusy instead of queueing.
+// A waiter at the head of the queue checks the holder's validity at least
+// every poll.
+func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Duration) (Turn, error) {
+	qs.mu.Lock()
+	q := qs.queues[key]
+	if q == nil {
+		q = &queue{key: key, gen: 1}
+		qs.queues[key] = q
+		qs.mu.Unlock()
+		return Turn{qs: qs, q: q, gen: q.gen}, nil
+	}
+	if !wait {
+		defer qs.mu.Unlock()
+		if t, ok := qs.takeLapsedLocked(q); ok {
+			return t, nil
+		}
+		return Turn{}, ErrBusy
+	}
+	w := &waiter{turn: make(chan Turn, 1)}
+	q.push(w)
+	qs.mu.Unlock()
+
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		qs.mu.Lock()
+		next := poll
+		if w.queued && q.head == w && q.holder != nil {
+			if left := time.Until(q.holder.ValidUntil()); left > 0 {
+				next = min(left, poll)
+			} else {
+				q.remove(w)
+				t, _ := qs.takeLapsedLocked(q)
+				qs.mu.Unlock()
+				return t, nil
+			}
+		}
+		qs.mu.Unlock()
+		timer.Reset(next)
+		select {
+		case t := <-w.turn:
+			return t, nil
+		case <-ctx.Done():
+			qs.mu.Lock()
+			queued := w.queued
+			if queued {
+				q.remove(w)
+			}
+			qs.mu.Unlock()
+			if queued {
+				return Turn{}, ctx.Err()
+			}
+			return <-w.turn, ctx.Err() // the turn came as the wait ended
+		case <-timer.C:
+		}
+	}
+}
+
+// takeLapsedLocked takes q's turn when its holder's validity has run out.
+// The caller holds qs.mu.
+func (qs *Queues) takeLapsedLocked(q *queue) (Turn, bool) {
+	if q.holder == nil || time.Now().Before(q.holder.ValidUntil()) {
+		return Turn{}, false
+	}
+	q.gen++
+	q.holder = nil
+	return Turn{qs: qs, q: q, gen: q.gen, AfterHeld: true}, true
+}
+
+// Hold records that the turn's owner now holds the key, as h.
+func (t Turn) Hold(h Holder) {
+	if t.q == nil {
+		return
+	}
+	t.qs.mu.Lock()
+	defer t.qs.mu.Unlock()
+	if t.q.gen == t.gen {
+		t.q.holder = h
+	}
+}
+
+// Pass gives the turn, if it is still current, to the next waiter as a turn
+// to contend after yield, or drops the queue when nobody waits. The next
+// turn is AfterHeld when afterHeld says so or this turn held the key.
+func (t Turn) Pass(yield time.Duration, afterHeld bool) {
+	if t.q == nil {
+		return
+	}
+	t.qs.mu.Lock()
+	defer t.qs.mu.Unlock()
+	q := t.q
+	if q.gen != t.gen {
+		return // taken over when the holder's validity ran out
+	}
+	afterHeld = afterHeld || q.holder != nil
+	q.gen++
+	q.holder = nil
+	if w := q.pop(); w != nil {
+		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, AfterHeld: afterHeld}
+		return
+	}
+	delete(t.qs.queues, q.key)
+}
+
+// HandOff passes the held key to the next waiter, when the turn is still
+// current, a waiter waits and offer (called under the queues' mutex, so no
+// waiter comes or goes meanwhile) returns the holder to pass and true. It
+// reports whether the key was handed on, and whether waiters were left
+// without it (offer refused).
+func (t Turn) HandOff(offer func() (Holder, bool)) (handed, waiting bool) {
+	if t.q == nil {
+		return false, false // no turn: several keys have no local queue
+	}
+	t.qs.mu.Lock()
+	defer t.qs.mu.Unlock()
+	q := t.q
+	if q.gen != t.gen || q.head == nil {
+		return false, false
+	}
+	h, ok := offer()
+	if !ok {
+		return false, true
+	}
+	q.gen++
+	q.holder = h
+	q.pop().turn <- Turn{qs: t.qs, q: q, gen: q.gen, Handoff: h, AfterHeld: true}
+	return true, false
+}
+
+// Len reports how many keys have a queue.
+func (qs *Queues) Len() int {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return len(qs.queues)
+}
+
+// Waiters reports how many requests wait for key's turn.
+func (qs *Queues) Waiters(key string) int {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	n := 0
+	if q := qs.queues[key]; q != nil {
+		for w := q.head; w != nil; w = w.next {
+			n++
+		}
+	}
+	return n
+}
+
+func (q *queue) push(w *waiter) {
+	w.queued = true
+	w.prev = q.tail
+	if q.tail != nil {
+		q.tail.next = w
+	} else {
+		q.head = w
+	}
+	q.tail = w
+}
+
+func (q *queue) pop() *waiter {
+	w := q.head
+	if w != nil {
+		q.remove(w)
+	}
+	return w
+}
+
+func (q *queue) remove(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		q.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		q.tail = w.prev
+	}
+	w.prev, w.next, w.queued = nil, nil, false
+}

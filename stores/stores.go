@@ -1,0 +1,155 @@
+// Package stores is the contract between reqlock's Locker and the backends
+// that hold its locks, as database/sql/driver is for database/sql: users of
+// reqlock pass a Store to reqlock.New and never call it themselves; a store
+// implements it, and proves it with the conformance suite in package
+// stores/storetest.
+//
+// # The contract
+//
+// A lock is a set of keys held together under one token. Acquire takes all of
+// them or none, Release and Refresh act only on keys that still hold the
+// caller's token, and every grant carries a fence per key. The Locker has
+// applied its key prefix to every key; keys arrive distinct and sorted. A
+// store must be safe for concurrent use.
+//
+// Grants. Acquire sets every key to token, for at least ttl, only when no key
+// is held by another token, in one atomic step as seen by every other caller
+// of the store. A held key is not an error: the Grant then has OK false and
+// changes nothing. A key that already holds token counts as free: a token
+// serves one acquisition, so such a key was set by this very call, tried
+// before (a client retry after a lost reply), and Acquire grants it again
+// with a fresh fence and TTL.
+//
+// Owner check. Release and Refresh act on a key only while it holds token.
+// They return an error wrapping ErrNotHeld when a key does not: Release after
+// ending the grant on the others, Refresh having changed nothing.
+//
+// Fences. Each key's fence grows by at least FenceStride from one grant to
+// the next, plain or fair, across expiry, release and the store's restarts
+// (within the assumptions the store documents, such as a clock that does not
+// step back). The Locker numbers the local holders of one grant fence,
+// fence+1, ... (handoff), so the stride keeps them below the next grant's.
+//
+// Unknown outcomes. Any error other than ErrNotHeld and ErrInvalid is a store
+// failure, after which the outcome of the call is unknown. Every call returns
+// once its context ends, by deadline or by cancellation, even while the
+// backend has not answered; an acquire it leaves in flight must not leave a
+// grant behind: the store releases it, owner-checked, once the call returns.
+// A store that refuses its arguments returns an error wrapping ErrInvalid
+// before it acts.
+//
+// # Optional capabilities
+//
+// The Locker resolves them once, in reqlock.New. A Notifier signals releases
+// so waiters wake without polling; a FairStore keeps a FIFO queue of waiters
+// per key for fair mode (reqlock.WithFairness).
+package stores
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// FenceStride is the least step between the fences of two successive grants
+// of one key. The Locker hands one grant to at most FenceStride-1 local
+// holders in turn, numbering their fences from the grant's.
+const FenceStride = 1024
+
+// Errors a Store returns for the Locker to tell apart. The root package
+// reqlock exports the same values as reqlock.ErrNotHeld and
+// reqlock.ErrInvalid.
+var (
+	// ErrNotHeld means a key no longer holds the caller's token: the lock
+	// expired, was taken over or was released.
+	ErrNotHeld = errors.New("reqlock: lock not held")
+
+	// ErrInvalid means an argument is invalid, such as an empty key, a
+	// non-positive TTL, or keys a store cannot lock together. A store
+	// returns it before acting.
+	ErrInvalid = errors.New("reqlock: invalid argument")
+)
+
+// Store holds locks. See the package documentation for the contract every
+// method keeps.
+type Store interface {
+	// Acquire sets every key to token for at least ttl when none is held
+	// by another token, and issues each key its fence, all in one atomic
+	// step; otherwise it changes nothing and returns a Grant with OK false.
+	Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (Grant, error)
+
+	// Release ends token's grant on every key that still holds it: it
+	// deletes the key and signals its waiters (see Notifier), or, with
+	// keep positive, leaves the key held until keep has passed and
+	// signals nothing (a hold-at-least release). It returns an error
+	// wrapping ErrNotHeld when some key did not hold token, after ending
+	// the grant on the others.
+	Release(ctx context.Context, keys []string, token string, keep time.Duration) error
+
+	// Refresh resets the TTL of every key to ttl when each still holds
+	// token; when one does not, it changes nothing and returns an error
+	// wrapping ErrNotHeld.
+	Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error
+}
+
+// Grant is the outcome of one Acquire or AcquireFair.
+type Grant struct {
+	// OK reports whether every key was granted.
+	OK bool
+
+	// Fences holds the fence of each key, in the order of the keys asked
+	// for. Nil when OK is false.
+	Fences []int64
+
+	// Held is, when OK is false, the index of a key held by another token.
+	Held int
+
+	// Wait is, when OK is false, how long the refusal is expected to
+	// stand: the remaining TTL of that key's holder or, in fair mode, of
+	// the lease of the waiter ahead; zero when unknown. Waiters cap their
+	// sleep by it.
+	Wait time.Duration
+}
+
+// Notifier is implemented by stores that signal releases, so that a waiter
+// wakes as soon as the holder lets go instead of polling.
+type Notifier interface {
+	// NotifyRelease registers interest in the releases of key until stop
+	// is called; stop must be called. token is the waiter's: a store that
+	// queues waiters in order may signal only the waiter whose turn came.
+	// The channel receives after each release; sends never block, so
+	// several releases may arrive as one signal. Signals can be lost (a
+	// dropped connection) or spurious, so waiters still poll as a
+	// fallback. A nil channel means the store cannot notify right now.
+	NotifyRelease(key, token string) (released <-chan struct{}, stop func())
+}
+
+// FairStore is implemented by stores that keep a FIFO queue of waiters per
+// key, for fair mode (see reqlock.WithFairness).
+type FairStore interface {
+	// AcquireFair is one attempt of a fair waiter, in one atomic step: it
+	// drops waiters whose lease has passed, queues token at the tail when
+	// it is not queued yet, renews token's lease to lease from now, and
+	// sets key to token for at least ttl only when key is free and token
+	// heads the queue (or the queue is empty). A grant takes token out of
+	// the queue; its fence follows the same rules as Acquire's, so fences
+	// grow across fair and plain grants. With lease zero the call only
+	// tries: token does not join the queue, and the grant needs a free key
+	// and an empty queue. A key that already holds token is granted again,
+	// as in Acquire.
+	AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (FairGrant, error)
+
+	// LeaveFair takes token out of key's queue; a token not queued is not
+	// an error. When token headed the queue and key is free, the waiters
+	// are signalled as if key had been released.
+	LeaveFair(ctx context.Context, key, token string) error
+}
+
+// FairGrant is the outcome of one AcquireFair.
+type FairGrant struct {
+	Grant
+
+	// Ahead is, on a refusal, how many waiters are queued ahead of the
+	// token: zero when it heads the queue, -1 when it is not queued.
+	Ahead int
+}
