@@ -50,7 +50,7 @@ func testHeldKeyRefusesOtherToken(t *testing.T, e *env) {
 	if g.Held != 0 {
 		t.Errorf("refused grant: Held %d, want 0", g.Held)
 	}
-	if g.Wait <= 0 || g.Wait > e.long {
+	if !e.waitIn(g.Wait, 0, e.long) {
 		t.Errorf("refused grant: Wait %v, want the holder's remaining TTL, in (0, %v]", g.Wait, e.long)
 	}
 }
@@ -67,7 +67,7 @@ func testRetriedAcquireIsGranted(t *testing.T, e *env) {
 		t.Fatalf("retried Acquire with the holder's token: got %+v, want granted", retry)
 	}
 	expectStride(t, first.Fences[0], retry.Fences[0], "retried Acquire")
-	if g := e.acquire(t, k, "t2", e.long); g.OK || g.Wait <= e.short {
+	if g := e.acquire(t, k, "t2", e.long); g.OK || !e.waitIn(g.Wait, e.short, e.long) {
 		t.Fatalf("other token after the retry: got %+v, want refused with the retry's TTL (above %v) left", g, e.short)
 	}
 	e.mustRelease(t, k, "t1")
@@ -130,7 +130,7 @@ func testRefreshExtendsTTL(t *testing.T, e *env) {
 	if g.OK {
 		t.Fatal("lock lost right after Refresh")
 	}
-	if g.Wait <= e.short || g.Wait > e.long/2 {
+	if !e.waitIn(g.Wait, e.short, e.long/2) {
 		t.Fatalf("Wait after a Refresh to %v of a %v lock: %v, want in (%v, %v]", e.long/2, e.short, g.Wait, e.short, e.long/2)
 	}
 }

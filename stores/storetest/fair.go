@@ -101,7 +101,7 @@ func (e *env) holdWithQueue(t *testing.T, k, holder string, lease time.Duration,
 		g := e.fairTry(t, k, tok, lease)
 		expectRefused(t, g, tok+" behind the holder")
 		expectAhead(t, g, i, tok+" joining")
-		if g.Wait <= 0 || g.Wait > e.long {
+		if !e.waitIn(g.Wait, 0, e.long) {
 			t.Fatalf("%s: Wait %v, want the holder's remaining TTL", tok, g.Wait)
 		}
 	}
@@ -136,7 +136,7 @@ func testFairQueueOrder(t *testing.T, e *env) {
 			g := e.fairTry(t, k, other, e.long)
 			expectRefused(t, g, other+" while "+want+" heads the queue")
 			expectAhead(t, g, j+1, other)
-			if g.Wait <= 0 || g.Wait > e.long {
+			if !e.waitIn(g.Wait, 0, e.long) {
 				t.Fatalf("%s: Wait %v, want the head's remaining lease", other, g.Wait)
 			}
 		}

@@ -80,7 +80,7 @@ func testMultiAllOrNothing(t *testing.T, e *env) {
 		if g.Held != c.held[0] {
 			t.Errorf("%s held: Held %d, want %d (the first held key)", c.name, g.Held, c.held[0])
 		}
-		if g.Wait <= 0 || g.Wait > e.long {
+		if !e.waitIn(g.Wait, 0, e.long) {
 			t.Errorf("%s held: Wait %v, want in (0, %v]", c.name, g.Wait, e.long)
 		}
 		var free []string
@@ -119,7 +119,7 @@ func testMultiRetriedAcquire(t *testing.T, e *env) {
 	}
 	expectStrides(t, keys, first.Fences, retry.Fences, "retried Acquire")
 	e.expectHeld(t, keys, e.long, "after the retry")
-	if g := e.acquire(t, keys, "t2", e.long); g.OK || g.Wait <= e.short {
+	if g := e.acquire(t, keys, "t2", e.long); g.OK || !e.waitIn(g.Wait, e.short, e.long) {
 		t.Fatalf("other token after the retry: %+v, want refused with the retry's TTL (above %v) left", g, e.short)
 	}
 	e.mustRelease(t, keys, "t1")

@@ -73,6 +73,11 @@ type Suite struct {
 	// ExpiryTTL is the TTL the expiry subtests give a lock: the shortest
 	// the store honours. Default 50ms.
 	ExpiryTTL time.Duration
+
+	// WaitUnknown declares that a refusal's Wait may be zero, which the
+	// contract allows when the store does not know how long the holder
+	// keeps the key. A non-zero Wait must still be within bounds.
+	WaitUnknown bool
 }
 
 // defaultExpiryTTL is the ExpiryTTL of a Suite that leaves it zero.
@@ -150,6 +155,14 @@ type env struct {
 	long       time.Duration // longTTL or longer
 	keep       time.Duration // keepTTL or longer
 	shortLease time.Duration // shortLease or longer
+
+	waitUnknown bool // Suite.WaitUnknown
+}
+
+// waitIn reports whether a refusal's Wait is in (lo, hi], or zero on a store
+// that declared WaitUnknown.
+func (e *env) waitIn(w, lo, hi time.Duration) bool {
+	return (w > lo && w <= hi) || (e.waitUnknown && w == 0)
 }
 
 // Run runs the conformance suite as subtests of t, grouped as the package
@@ -229,12 +242,13 @@ func checkCapabilities(t *testing.T, s Suite) capability {
 func newEnv(t *testing.T, s Suite, tag string) *env {
 	t.Helper()
 	e := &env{
-		s:          s.New(t),
-		prefix:     keyPrefix(t, tag),
-		expiry:     s.ExpiryTTL,
-		short:      max(shortTTL, 2*s.ExpiryTTL),
-		keep:       max(keepTTL, 2*s.ExpiryTTL),
-		shortLease: max(shortLease, 2*s.ExpiryTTL),
+		s:           s.New(t),
+		prefix:      keyPrefix(t, tag),
+		expiry:      s.ExpiryTTL,
+		short:       max(shortTTL, 2*s.ExpiryTTL),
+		keep:        max(keepTTL, 2*s.ExpiryTTL),
+		shortLease:  max(shortLease, 2*s.ExpiryTTL),
+		waitUnknown: s.WaitUnknown,
 	}
 	e.long = max(longTTL, 10*e.short)
 	if e.s == nil {
