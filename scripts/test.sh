@@ -22,31 +22,37 @@ if [[ -n $unformatted ]]; then
 	exit 1
 fi
 
-echo "test.sh: go mod tidy -diff"
-go mod tidy -diff
+# Every Go module of the repository: the root (the core) and the nested ones
+# (heavy optional integrations and the benchmarks, each with its own
+# go.mod, so that users of the core do not inherit their dependencies).
+mapfile -t modules < <(find . -name go.mod -not -path './.git/*' -printf '%h\n' | sort)
+for m in "${modules[@]}"; do
+	echo "test.sh: module $m: go mod tidy -diff, go vet, go test -race"
+	(
+		cd "$m"
+		go mod tidy -diff
+		go vet ./...
+		go test -race -count=1 "$@" ./...
+	)
+done
 
-echo "test.sh: go vet"
-go vet ./...
-
-echo "test.sh: go test -race"
-go test -race -count=1 "$@" ./...
-
-echo "test.sh: bench module (lockbench against bsm/redislock and redsync): go vet, go test -race"
-(cd bench && go vet ./... && go test -race -count=1 ./...)
-
-echo "test.sh: metrics/prometheus module (Prometheus adapter): go mod tidy -diff, go vet, go test -race"
-(
-	cd metrics/prometheus
-	go mod tidy -diff
-	go vet ./...
-	go test -race -count=1 ./...
-)
+# moduleOf prints the directory of the module that holds directory $1.
+moduleOf() {
+	local d=$1
+	while [[ ! -f $d/go.mod ]]; do
+		d=$(dirname "$d")
+	done
+	echo "$d"
+}
 
 fuzztime=${FUZZTIME:-10s}
 while IFS=: read -r file name; do
 	dir=$(dirname "$file")
+	mod=$(moduleOf "$dir")
+	rel=${dir#"$mod"}
+	rel=${rel#/}
 	echo "test.sh: fuzz $name in ./$dir for $fuzztime"
-	go test -run='^$' -fuzz="^${name}\$" -fuzztime="$fuzztime" -fuzzminimizetime=2s "./$dir" </dev/null
+	(cd "$mod" && go test -run='^$' -fuzz="^${name}\$" -fuzztime="$fuzztime" -fuzzminimizetime=2s "./$rel" </dev/null)
 done < <(grep -rHoE --include='*_test.go' --exclude-dir=testdata --exclude-dir=vendor --exclude-dir=.git \
 	'^func Fuzz[A-Za-z0-9_]*' . |
 	sed -E 's#^\./##; s#:func #:#' | sort)
