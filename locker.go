@@ -224,8 +224,11 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 // middleware puts each request's lock there) are not waited for: the lock
 // returned takes a hold on that lock's grant, with its fence, and only the
 // other keys are acquired. A grant is released in the store when its last
-// hold ends.
+// hold ends. gin's *gin.Context is a context.Context that does not reach
+// its request's context; behind ginlock's middleware, ObtainAll(c, ...)
+// uses the request's context, as if called with c.Request.Context().
 func (l *Locker) ObtainAll(ctx context.Context, keys []string, ttl, wait time.Duration) (*Lock, error) {
+	ctx = requestContext(ctx)
 	start := time.Now()
 	label := labelOf(ctx)
 	lock, err := l.obtain(ctx, label, keys, ttl, wait)

@@ -3,6 +3,8 @@ package reqlock
 import (
 	"context"
 	"fmt"
+
+	"github.com/reqlock/reqlock/internal/ctxkeys"
 )
 
 type lockContextKey struct{}
@@ -60,9 +62,10 @@ func NewContext(ctx context.Context, lock *Lock) context.Context {
 }
 
 // FromContext returns the innermost lock that ctx carries, if any. A handler
-// behind the lock middleware finds its lock here.
+// behind the lock middleware finds its lock here, also from gin's
+// *gin.Context (see Locker.ObtainAll).
 func FromContext(ctx context.Context) (*Lock, bool) {
-	h, _ := ctx.Value(lockContextKey{}).(*heldLocks)
+	h := heldLocksOf(requestContext(ctx))
 	if h == nil {
 		return nil, false
 	}
@@ -70,9 +73,26 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 }
 
 // holdsLocks reports whether ctx carries any lock.
-func holdsLocks(ctx context.Context) bool {
+func holdsLocks(ctx context.Context) bool { return heldLocksOf(ctx) != nil }
+
+// heldLocksOf returns the innermost context node that carries a lock, or
+// nil.
+func heldLocksOf(ctx context.Context) *heldLocks {
 	h, _ := ctx.Value(lockContextKey{}).(*heldLocks)
-	return h != nil
+	return h
+}
+
+// requestContext returns the request context a router's context stands
+// for, when ctx is such a context (see ctxkeys.RequestContext) and carries
+// no lock itself; ctx otherwise.
+func requestContext(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(lockContextKey{}).(*heldLocks); ok {
+		return ctx
+	}
+	if rc, ok := ctx.Value(ctxkeys.RequestContext).(context.Context); ok && rc != nil {
+		return rc
+	}
+	return ctx
 }
 
 // reenter takes a hold on the grant of each lock of this Locker in ctx that
@@ -119,8 +139,7 @@ func (l *Locker) reenter(ctx context.Context, keys []string) (holds []hold, rest
 // reenterKey takes a hold on the grant of the innermost lock in ctx that
 // holds storeKey, if any.
 func (l *Locker) reenterKey(ctx context.Context, storeKey string) (hold, error) {
-	c, _ := ctx.Value(lockContextKey{}).(*heldLocks)
-	for ; c != nil; c = c.outer() {
+	for c := heldLocksOf(ctx); c != nil; c = c.outer() {
 		if c.lock.locker != l || c.lock.Released() {
 			// Another Locker's, or on its way out: a lock whose Release
 			// has begun holds its keys for nobody.
