@@ -67,7 +67,7 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 	for {
 		start := time.Now()
 		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)
-		if (err != nil && !errors.Is(err, ErrInvalid)) || (grant.OK && ctx.Err() != nil) {
+		if mayHaveGranted(err) || (grant.OK && ctx.Err() != nil) {
 			// The store may have granted the keys although we got no
 			// answer, or after we stopped listening: release them rather
 			// than leave them to their TTL. In the background, bounded by
@@ -120,4 +120,11 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 			return waitEnded(true, ctx.Err())
 		}
 	}
+}
+
+// mayHaveGranted reports whether a failed attempt may have changed the
+// store: a store refuses invalid arguments before it acts, and a call that
+// never reached it changed nothing.
+func mayHaveGranted(err error) bool {
+	return err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, stores.ErrUnreachable)
 }

@@ -1,10 +1,14 @@
 package reqlock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -475,4 +479,43 @@ func TestCancelStopsStalledStoreCallAtOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A Redis that cannot be reached fails the request at once (ErrStore,
+// wrapping stores.ErrUnreachable) and logs no failed release of an
+// abandoned grant: a call that never reached Redis granted nothing.
+func TestUnreachableStoreLeavesNoAbandonedGrant(t *testing.T) {
+	store, err := redisstore.New(testredis.DownClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
+	l := reqlock.MustNew(store, reqlock.WithLogger(logger), reqlock.WithReleaseTimeout(200*time.Millisecond))
+	_, err = l.Obtain(context.Background(), "k", time.Second, time.Second)
+	if !errors.Is(err, reqlock.ErrStore) || !errors.Is(err, stores.ErrUnreachable) {
+		t.Fatalf("Obtain on a Redis that refuses connections: %v, want ErrStore wrapping stores.ErrUnreachable", err)
+	}
+	// Anything the Locker would log of a background release would come
+	// within its release timeout.
+	time.Sleep(400 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(logs.String(), "abandoned") {
+		t.Fatalf("a grant that cannot have existed was released and its failure logged: %s", logs.String())
+	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

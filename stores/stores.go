@@ -31,7 +31,9 @@
 // fence+1, ... (handoff), so the stride keeps them below the next grant's.
 //
 // Unknown outcomes. Any error other than ErrNotHeld and ErrInvalid is a store
-// failure, after which the outcome of the call is unknown. Every call returns
+// failure, after which the outcome of the call is unknown, unless it wraps
+// ErrUnreachable: the call never reached the backend (a refused connection),
+// so nothing changed. Every call returns
 // once its context ends, by deadline or by cancellation, even while the
 // backend has not answered; an acquire it leaves in flight must not leave a
 // grant behind: the store releases it, owner-checked, once the call returns.
@@ -68,6 +70,11 @@ var (
 	// non-positive TTL, or keys a store cannot lock together. A store
 	// returns it before acting.
 	ErrInvalid = errors.New("reqlock: invalid argument")
+
+	// ErrUnreachable marks a store failure of a call that never reached
+	// the backend, such as a refused connection: unlike other failures,
+	// its outcome is known, and there is nothing to clean up.
+	ErrUnreachable = errors.New("reqlock: store unreachable")
 )
 
 // Store holds locks. See the package documentation for the contract every

@@ -68,6 +68,9 @@ func (c *scriptCall) inBackground(ctx context.Context) {
 		return
 	}
 	// The caller left: undo in its stead, when the script may have granted.
+	if markUnreachable(c.err) != c.err {
+		return // it never reached Redis: nothing to undo
+	}
 	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) || c.isFair() {
 		ctx, cancel := context.WithTimeout(context.Background(), abandonedCleanupTimeout)
 		defer cancel()

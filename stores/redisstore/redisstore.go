@@ -304,8 +304,9 @@ func (s *Store) Load(ctx context.Context) error {
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
 // duplicate or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot,
 // and so stores.ErrInvalid, when the keys span Cluster slots (or Ring
-// shards); the client's error as is; and ctx.Err() without acting when ctx
-// has ended.
+// shards); the client's error, wrapped with stores.ErrUnreachable when the
+// call never reached Redis (no connection could be made); and ctx.Err()
+// without acting when ctx has ended.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -322,7 +323,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		undo: undoRelease, undoKeys: keys, undoToken: token}
 	reply, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, mapCrossSlot(err, keys, true)
+		return stores.Grant{}, markUnreachable(mapCrossSlot(err, keys, true))
 	}
 	switch {
 	case len(reply) == len(keys)+1 && reply[0] == 1:
