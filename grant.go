@@ -47,9 +47,10 @@ type grant struct {
 	keys    []string  // as stored, with the Locker's prefix; sorted
 	one     [1]string // keys' storage for a single key
 	token   string
-	fences  []int64         // as the store issued them, per key
-	turn    localqueue.Turn // the single key's local turn; zero for several keys
-	started time.Time       // when the attempt that obtained it began
+	fences  []int64            // as the store issued them, per key
+	turns   []localqueue.Turn  // each key's local turn, in the order of keys
+	oneTurn [1]localqueue.Turn // turns' storage for a single key
+	started time.Time          // when the attempt that obtained it began
 
 	mu         sync.Mutex
 	epoch      int
@@ -124,7 +125,8 @@ func (g *grant) adopt(turn localqueue.Turn, label string, ttl time.Duration) int
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := time.Now()
-	g.turn = turn
+	g.oneTurn[0] = turn
+	g.turns = g.oneTurn[:]
 	g.label, g.since, g.ttl = label, now, ttl
 	if capped := now.Add(ttl - clockDrift(ttl)); capped.Before(g.validUntil) {
 		g.validUntil = capped
@@ -261,7 +263,10 @@ func (g *grant) drop(ctx context.Context, epoch int) error {
 // bounds allow. It reports whether it did, and whether waiters were left
 // without it.
 func (g *grant) handOff() (handed, waiting bool) {
-	return g.turn.HandOff(func() (localqueue.Holder, bool) {
+	if len(g.turns) != 1 {
+		return false, false // several keys are never handed on
+	}
+	return g.turns[0].HandOff(func() (localqueue.Holder, bool) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		now := time.Now()
@@ -280,7 +285,7 @@ func (g *grant) handOff() (handed, waiting bool) {
 }
 
 // end releases the grant in the store, or with hold-at-least leaves its keys
-// to expire when the time is up, and gives the key's turn to the next local
+// to expire when the time is up, and gives each key's turn to its next local
 // waiter. waiting says local waiters were left without a handoff.
 func (g *grant) end(ctx context.Context, waiting bool) error {
 	g.mu.Lock()
@@ -299,7 +304,9 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 		// waiter, already awake, would win nearly every time.
 		yield = max(2*time.Since(start), minYield)
 	}
-	g.turn.Pass(yield, true)
+	for _, t := range g.turns {
+		t.Pass(yield, true)
+	}
 	return err
 }
 
@@ -307,3 +314,18 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 const minYield = 100 * time.Microsecond
 
 var _ localqueue.Holder = (*grant)(nil)
+
+// holdTurns makes g the holder of turns, one per key in the order of keys.
+func (g *grant) holdTurns(turns []localqueue.Turn) {
+	g.turns = turns
+	for _, t := range turns {
+		t.Hold(g)
+	}
+}
+
+// holdTurn makes g, a grant of one key, the holder of its turn.
+func (g *grant) holdTurn(turn localqueue.Turn) {
+	g.oneTurn[0] = turn
+	g.turns = g.oneTurn[:]
+	turn.Hold(g)
+}

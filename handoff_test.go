@@ -489,3 +489,62 @@ func TestQueuedWaitEndingInStoreCallIsATimeout(t *testing.T) {
 		t.Fatalf("first contender: outcome %q, want store_error", o)
 	}
 }
+
+// Requests for several keys queue locally like requests for one, so they
+// are not starved (issue 10 item 11). Withdrawals keep each of two accounts
+// busy without a break (8 clients per account, each withdrawing again as
+// soon as it is served, 2ms of work each) while 20 transfers between the
+// two accounts, in one process, wait up to 2s. In arrival order each
+// transfer is served within a few turns of each account; a transfer that
+// goes to the store on each attempt instead finds one account or the other
+// held nearly every time and runs out of its wait.
+func TestMultiKeyWaitersAreNotStarved(t *testing.T) {
+	for _, backend := range []string{"memstore", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			l := contentionLockers(t, backend, 1)[0]
+			ctx := context.Background()
+			stop := make(chan struct{})
+			var singles sync.WaitGroup
+			for _, acct := range []string{"acct:a", "acct:b"} {
+				for range 8 {
+					singles.Go(func() {
+						for {
+							select {
+							case <-stop:
+								return
+							default:
+							}
+							lock, err := l.Obtain(ctx, acct, 10*time.Second, 2*time.Second)
+							if err != nil {
+								continue
+							}
+							time.Sleep(2 * time.Millisecond) // the work under the lock
+							_ = lock.Release(ctx)
+						}
+					})
+				}
+			}
+			var transfers sync.WaitGroup
+			var served, starved atomic.Int32
+			for range 20 {
+				transfers.Go(func() {
+					lock, err := l.ObtainAll(ctx, []string{"acct:a", "acct:b"}, 10*time.Second, 2*time.Second)
+					if err != nil {
+						starved.Add(1)
+						return
+					}
+					time.Sleep(2 * time.Millisecond) // the work under the lock
+					_ = lock.Release(ctx)
+					served.Add(1)
+				})
+			}
+			transfers.Wait()
+			close(stop)
+			singles.Wait()
+			if starved.Load() != 0 {
+				t.Fatalf("%d of 20 transfers ran out of their 2s wait while withdrawals kept the accounts busy (%d served)",
+					starved.Load(), served.Load())
+			}
+		})
+	}
+}

@@ -200,9 +200,14 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 // whichever comes first. Each store call is bounded by the same deadline, so
 // a stalled store cannot hold the caller past its wait.
 //
-// A single key goes through its local queue: the requests of this process
-// that want it wait in arrival order and only the first talks to the store
-// (see Locker). Several keys go to the store each attempt.
+// Keys go through their local queues: the requests of this process that want
+// a key wait for it in arrival order, and only the first talks to the store
+// (see Locker). A request for several keys takes the turn of each key in
+// their sorted order, then contends for all of them at once; so requests for
+// one key and for several share the keys fairly within a process, and a
+// request for several is never starved by a stream of requests for one. A
+// grant of several keys is never handed on locally: it goes back to the
+// store, and each key's next waiter contends.
 //
 // Errors (see OutcomeOf for how they sort):
 //   - ErrHeld: tried once and a key is held by another owner;
@@ -292,13 +297,21 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		defer cancel()
 	}
 	if len(keys) > 1 {
-		if err := l.contend(ctx, g, ttl, wait, false); err != nil {
+		turns, sawHeld, err := l.joinAll(ctx, g.keys, wait)
+		if err != nil {
+			return hold{}, err
+		}
+		if err := l.contend(ctx, g, ttl, wait, sawHeld); err != nil {
+			for _, t := range turns {
+				t.Pass(0, errors.Is(err, ErrHeld))
+			}
 			return hold{}, err
 		}
 		g.beginEpoch(label, ttl)
+		g.holdTurns(turns)
 		return hold{g: g}, nil
 	}
-	turn, err := l.queues.Join(ctx, g.keys[0], wait > 0, l.backoffMax)
+	turn, err := l.queues.Join(ctx, g.keys[0], wait > 0, l.backoffMax, true)
 	switch {
 	case errors.Is(err, localqueue.ErrBusy):
 		return hold{}, ErrHeld // another request of this process has the key
@@ -326,10 +339,45 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		turn.Pass(0, errors.Is(err, ErrHeld))
 		return hold{}, err
 	}
-	g.turn = turn
 	g.beginEpoch(label, ttl)
-	turn.Hold(g)
+	g.holdTurn(turn)
 	return hold{g: g}, nil
+}
+
+// joinAll takes the local turn of every key (as stored, sorted), one after
+// the other in that order, so that requests for overlapping keys of this
+// process queue in arrival order without waiting for each other in a
+// cycle. It reports whether a key was seen held on the way. When a turn
+// cannot be had, it gives back those it took.
+func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Duration) ([]localqueue.Turn, bool, error) {
+	turns := make([]localqueue.Turn, 0, len(storeKeys))
+	giveBack := func(afterHeld bool) {
+		for _, t := range turns {
+			t.Pass(0, afterHeld)
+		}
+	}
+	var sawHeld bool
+	var yield time.Duration
+	for _, k := range storeKeys {
+		turn, err := l.queues.Join(ctx, k, wait > 0, l.backoffMax, false)
+		switch {
+		case errors.Is(err, localqueue.ErrBusy):
+			giveBack(false)
+			return nil, false, ErrHeld
+		case err != nil:
+			l.giveUp(turn)
+			giveBack(true)
+			return nil, false, waitEnded(true, err)
+		}
+		turns = append(turns, turn)
+		sawHeld = sawHeld || turn.AfterHeld
+		yield = max(yield, turn.Yield)
+	}
+	if yield > 0 && !sleepFor(ctx, yield) {
+		giveBack(true)
+		return nil, false, waitEnded(true, ctx.Err())
+	}
+	return turns, sawHeld, nil
 }
 
 // takeHandoff takes the grant a local holder handed on with turn, capping

@@ -54,6 +54,7 @@ type waiter struct {
 	turn       chan Turn // buffer 1; written once, under Queues.mu
 	prev, next *waiter
 	queued     bool
+	handoff    bool // takes a held grant (a request for this key alone)
 }
 
 // Turn is one request's turn on a key. Its zero value is no turn.
@@ -83,8 +84,10 @@ func New() *Queues { return &Queues{queues: make(map[string]*queue)} }
 // as ctx ended, that turn too, which the caller must give up (Pass, or its
 // Handoff released). Without wait it returns ErrBusy instead of queueing.
 // A waiter at the head of the queue checks the holder's validity at least
-// every poll.
-func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Duration) (Turn, error) {
+// every poll. handoff says the caller takes a held grant of the key alone
+// (HandOff); a request for several keys does not, and gets a turn to
+// contend instead.
+func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Duration, handoff bool) (Turn, error) {
 	qs.mu.Lock()
 	q := qs.queues[key]
 	if q == nil {
@@ -100,7 +103,7 @@ func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Dur
 		}
 		return Turn{}, ErrBusy
 	}
-	w := &waiter{turn: make(chan Turn, 1)}
+	w := &waiter{turn: make(chan Turn, 1), handoff: handoff}
 	q.push(w)
 	qs.mu.Unlock()
 
@@ -187,10 +190,10 @@ func (t Turn) Pass(yield time.Duration, afterHeld bool) {
 }
 
 // HandOff passes the held key to the next waiter, when the turn is still
-// current, a waiter waits and offer (called under the queues' mutex, so no
-// waiter comes or goes meanwhile) returns the holder to pass and true. It
-// reports whether the key was handed on, and whether waiters were left
-// without it (offer refused).
+// current, the next waiter takes handoffs and offer (called under the
+// queues' mutex, so no waiter comes or goes meanwhile) returns the holder
+// to pass and true. It reports whether the key was handed on, and whether
+// waiters were left without it.
 func (t Turn) HandOff(offer func() (Holder, bool)) (handed, waiting bool) {
 	if t.q == nil {
 		return false, false // no turn: several keys have no local queue
@@ -200,6 +203,9 @@ func (t Turn) HandOff(offer func() (Holder, bool)) (handed, waiting bool) {
 	q := t.q
 	if q.gen != t.gen || q.head == nil {
 		return false, false
+	}
+	if !q.head.handoff {
+		return false, true
 	}
 	h, ok := offer()
 	if !ok {
