@@ -126,7 +126,8 @@ servers_start() {
 servers_stop() {
 	[[ -n ${SERVERS_DIR:-} ]] || return 0
 	local pid
-	for pid in ${SERVERS__WATCHDOG:+"$SERVERS__WATCHDOG"} ${SERVERS__JOBS[@]+"${SERVERS__JOBS[@]}"}; do
+	if [[ -n $SERVERS__WATCHDOG ]]; then kill "$SERVERS__WATCHDOG" 2>/dev/null || true; fi
+	for pid in ${SERVERS__JOBS[@]+"${SERVERS__JOBS[@]}"}; do
 		kill "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
 	done
@@ -284,6 +285,7 @@ servers__watchdog() {
 		servers__stop_all "$dir"
 	) </dev/null >/dev/null 2>&1 &
 	SERVERS__WATCHDOG=$!
+	disown "$SERVERS__WATCHDOG" # so that the caller's bare wait does not wait for it
 }
 
 # servers__fail WHAT [REASON [LOG...]] prints why a start failed and the
