@@ -42,6 +42,9 @@ import (
 //     runs, since the store may apply it after the grant changed hands.
 //   - lost is set when the store reported the grant gone; a lost grant is
 //     never handed on or re-entered.
+//   - watchers are the locks on the grant that have contexts (see
+//     NewContext): whenever validUntil moves earlier, each is watched anew,
+//     so that its contexts end when the shorter validity runs out.
 type grant struct {
 	locker  *Locker
 	keys    []string  // as stored, with the Locker's prefix; sorted
@@ -64,11 +67,14 @@ type grant struct {
 	keepUntil  time.Time // hold-at-least: the keys stay held until then
 	label      string    // the current holder's metrics label
 	since      time.Time // when the current holder got the grant
+	watchers   []*Lock   // the locks with contexts on the grant
+	oneWatcher [1]*Lock  // watchers' storage for the common lock
 }
 
 // newGrant returns the grant to acquire keys (without the prefix) with.
 func (l *Locker) newGrant(keys []string) *grant {
 	g := &grant{locker: l}
+	g.watchers = g.oneWatcher[:0:1]
 	if len(keys) == 1 {
 		g.one[0] = l.prefix + keys[0]
 		g.keys = g.one[:]
@@ -183,9 +189,23 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 	err := g.locker.store.Refresh(ctx, g.keys, g.token, ttl)
 
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.refreshing--
-	until := start.Add(ttl - clockDrift(ttl))
+	before := g.validUntil
+	err = g.refreshedLocked(epoch, ttl, start.Add(ttl-clockDrift(ttl)), err)
+	var shortened []*Lock
+	if g.validUntil.Before(before) {
+		shortened = slices.Clone(g.watchers)
+	}
+	g.mu.Unlock()
+	for _, l := range shortened {
+		l.life.rewatch(l)
+	}
+	return err
+}
+
+// refreshedLocked records the outcome err of a refresh to ttl that would
+// make the grant valid until then. The caller holds g.mu.
+func (g *grant) refreshedLocked(epoch int, ttl time.Duration, until time.Time, err error) error {
 	switch {
 	case err == nil:
 		if g.epoch != epoch || g.ended {
@@ -207,6 +227,14 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 	}
 	g.confirmed = false
 	return wrapStoreError(err)
+}
+
+// watchedBy registers l, a lock on the grant with a context, to be watched
+// anew whenever the grant's validity moves earlier.
+func (g *grant) watchedBy(l *Lock) {
+	g.mu.Lock()
+	g.watchers = append(g.watchers, l)
+	g.mu.Unlock()
 }
 
 // holdAtLeast keeps the keys held until d after the current holder got the

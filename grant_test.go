@@ -322,3 +322,86 @@ func pollUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond) // poll interval inside a deadline
 	}
 }
+
+// awaitContextEnd waits for ctx to end, failing after limit, and checks that
+// it ended with ErrLockLost no later than slack after until.
+func awaitContextEnd(t *testing.T, ctx context.Context, until time.Time, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(limit):
+		t.Fatalf("the lock's context did not end within %v, though its validity ran out %v ago",
+			limit, time.Since(until))
+	}
+	const slack = 100 * time.Millisecond // the timer's goroutine under -race
+	if late := time.Since(until); late > slack {
+		t.Fatalf("the lock's context ended %v after the validity ran out, want at most %v", late, slack)
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, reqlock.ErrLockLost) {
+		t.Fatalf("cause %v, want ErrLockLost", cause)
+	}
+}
+
+// A renewal to a shorter TTL whose outcome is unknown (the store applied it,
+// the reply was lost) leaves the lock valid only until the shorter end, and
+// the lock's context ends then, not at the longer validity it had before.
+func TestUnknownShorterRenewalEndsContextAtShorterValidity(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		faults := &refreshFaults{Store: e.real}
+		l := e.lockerOn(t, faults)
+		ctx := context.Background()
+		lock, err := l.Obtain(ctx, "k", time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lock.Release(ctx)
+		lctx := reqlock.NewContext(ctx, lock)
+
+		faults.mu.Lock()
+		faults.failAfterRun = errors.New("i/o timeout after the store applied the renewal")
+		faults.mu.Unlock()
+		const short = 200 * time.Millisecond
+		if err := lock.Refresh(ctx, short); !errors.Is(err, reqlock.ErrStore) {
+			t.Fatalf("renewal whose reply failed: %v, want ErrStore", err)
+		}
+		until := lock.ValidUntil()
+		if left := time.Until(until); left > short {
+			t.Fatalf("validity %v after an unknown renewal to %v, want at most that TTL", left, short)
+		}
+		// Before the fix the context ended a minute later.
+		awaitContextEnd(t, lctx, until, 5*time.Second)
+	})
+}
+
+// A reentrant lock that renews the shared grant to a shorter TTL moves the
+// end of the outer lock's context, the handler's, to the shorter validity.
+func TestReentrantShorterRenewalEndsOuterContext(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		l := e.locker(t)
+		ctx := context.Background()
+		outer, err := l.Obtain(ctx, "k", time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer outer.Release(ctx)
+		octx := reqlock.NewContext(ctx, outer)
+		inner, err := l.Obtain(octx, "k", time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer inner.Release(ctx)
+		if inner.Token() != outer.Token() {
+			t.Fatal("the nested Obtain did not re-enter the outer lock's grant")
+		}
+		const short = 200 * time.Millisecond
+		if err := inner.Refresh(ctx, short); err != nil {
+			t.Fatal(err)
+		}
+		until := outer.ValidUntil()
+		if left := time.Until(until); left > short {
+			t.Fatalf("outer validity %v after the shared grant was renewed to %v", left, short)
+		}
+		// Before the fix the outer context ended a minute later.
+		awaitContextEnd(t, octx, until, 5*time.Second)
+	})
+}

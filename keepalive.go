@@ -73,9 +73,24 @@ func (lt *lifetime) contextLocked(l *Lock, parent context.Context) (context.Cont
 	}
 	if !lt.watched {
 		lt.watched = true
+		for _, h := range l.holds {
+			h.g.watchedBy(l)
+		}
 		l.locker.expiries.watch(l, l.ValidUntil())
 	}
 	return ctx, cancel
+}
+
+// rewatch watches l anew for its current validity, which a refresh of one
+// of its grants moved earlier, unless its contexts have ended. lt.mu is
+// held throughout, so that a lock that ends meanwhile is never watched
+// again (endLife unwatches it after setting cause).
+func (lt *lifetime) rewatch(l *Lock) {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	if lt.watched && lt.cause == nil {
+		l.locker.expiries.watch(l, l.ValidUntil())
+	}
 }
 
 // checkValidity runs when the validity the expiries waited for has
