@@ -51,7 +51,7 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // in the local queue: a wait that ends with a store call unanswered is then
 // a timeout, not a store that never answered.
 func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration, sawHeld bool) error {
-	keys, token := g.keys, newToken()
+	keys, token := g.keys, g.token
 	strategy := l.attempter(keys, wait)
 	var (
 		schedule *backoffSchedule
@@ -92,7 +92,7 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 				go l.releaseAbandoned(keys, token)
 				return wrapStoreError(errors.New("the store granted a wrong number of fences"))
 			}
-			g.granted(token, grant.Fences, ttl, start)
+			g.granted(grant.Fences, ttl, start)
 			return nil
 		case wait == 0:
 			return ErrHeld

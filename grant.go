@@ -69,27 +69,34 @@ type grant struct {
 	since      time.Time // when the current holder got the grant
 	watchers   []*Lock   // the locks with contexts on the grant
 	oneWatcher [1]*Lock  // watchers' storage for the common lock
+	first      keyLock   // the storage of the lock of a fresh grant of one key
 }
 
-// newGrant returns the grant to acquire keys (without the prefix) with.
+// newGrant returns the grant to acquire keys (without the prefix) with,
+// and its token. A single key and the token share one allocation.
 func (l *Locker) newGrant(keys []string) *grant {
 	g := &grant{locker: l}
 	g.watchers = g.oneWatcher[:0:1]
 	if len(keys) == 1 {
-		g.one[0] = l.prefix + keys[0]
+		var token [tokenLen]byte
+		fillToken(&token)
+		s := l.prefix + keys[0] + string(token[:])
+		key := s[:len(s)-tokenLen]
+		g.one[0], g.token = key, s[len(key):]
 		g.keys = g.one[:]
 	} else {
 		g.keys = make([]string, len(keys))
 		for i, k := range keys {
 			g.keys[i] = l.prefix + k
 		}
+		g.token = newToken()
 	}
 	return g
 }
 
 // granted records what the store granted to an acquire that began at start.
-func (g *grant) granted(token string, fences []int64, ttl time.Duration, start time.Time) {
-	g.token, g.fences, g.started = token, fences, start
+func (g *grant) granted(fences []int64, ttl time.Duration, start time.Time) {
+	g.fences, g.started = fences, start
 	g.validUntil, g.confirmed, g.ttl = start.Add(ttl-clockDrift(ttl)), true, ttl
 }
 

@@ -34,25 +34,44 @@ type hold struct {
 	epoch int
 }
 
+// keyLock is a lock of one key with the storage of its slices, so that it
+// takes one allocation, or none beside its grant (see grant.first).
+type keyLock struct {
+	lock  Lock
+	key   [1]string
+	fence [1]int64
+	hold  [1]hold
+}
+
+// init makes k.lock the lock on key, held through h.
+func (k *keyLock) init(l *Locker, label, key string, h hold) *Lock {
+	k.key[0], k.hold[0] = key, h
+	lock := &k.lock
+	lock.keys, lock.fences, lock.holds = k.key[:], k.fence[:], k.hold[:]
+	lock.locker, lock.label = l, label
+	lock.fences[0], _ = h.g.fenceOf(l.prefix+key, h.epoch)
+	return lock
+}
+
+// newKeyLock returns the lock on key held through h, a grant acquired for
+// it alone. A grant fresh from the store (epoch 0) holds the storage of its
+// first lock, so that the request's grant and lock are one allocation.
+func (l *Locker) newKeyLock(label, key string, h hold) *Lock {
+	if h.epoch == 0 {
+		return h.g.first.init(l, label, key, h)
+	}
+	return new(keyLock).init(l, label, key, h)
+}
+
 // newLock returns the lock on keys (sorted, without the prefix; copied)
 // held through holds.
 func (l *Locker) newLock(label string, keys []string, holds []hold) *Lock {
-	var lock *Lock
 	if len(keys) == 1 && len(holds) == 1 {
-		// The common lock of one key: one allocation.
-		one := &struct {
-			lock  Lock
-			key   [1]string
-			fence [1]int64
-			hold  [1]hold
-		}{key: [1]string{keys[0]}, hold: [1]hold{holds[0]}}
-		lock = &one.lock
-		lock.keys, lock.fences, lock.holds = one.key[:], one.fence[:], one.hold[:]
-	} else {
-		// A copy, so that the caller's keys never escape: Obtain's slice
-		// of one key stays on its stack.
-		lock = &Lock{keys: slices.Clone(keys), fences: make([]int64, len(keys)), holds: holds}
+		return new(keyLock).init(l, label, keys[0], holds[0])
 	}
+	// A copy, so that the caller's keys never escape: Obtain's slice of one
+	// key stays on its stack.
+	lock := &Lock{keys: slices.Clone(keys), fences: make([]int64, len(keys)), holds: holds}
 	lock.locker, lock.label = l, label
 	for i, k := range keys {
 		lock.fences[i], _ = lock.holdOf(l.prefix + k)

@@ -278,7 +278,10 @@ func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, w
 			l.dropAll(ctx, holds)
 			return nil, err
 		}
-		if len(holds) == 0 {
+		switch {
+		case len(holds) == 0 && len(keys) == 1:
+			return l.newKeyLock(label, keys[0], h), nil
+		case len(holds) == 0:
 			return l.newLock(label, keys, []hold{h}), nil
 		}
 		holds = append([]hold{h}, holds...)
@@ -458,7 +461,17 @@ func clockDrift(ttl time.Duration) time.Duration {
 
 // newToken returns a random 128-bit token, base64url-encoded.
 func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails since Go 1.24
-	return base64.RawURLEncoding.EncodeToString(b[:])
+	var b [tokenLen]byte
+	fillToken(&b)
+	return string(b[:])
+}
+
+// tokenLen is the length of a token: 128 bits in unpadded base64.
+const tokenLen = 22
+
+// fillToken fills b with a random 128-bit token, base64url-encoded.
+func fillToken(b *[tokenLen]byte) {
+	var r [16]byte
+	_, _ = rand.Read(r[:]) // crypto/rand.Read never fails since Go 1.24
+	base64.RawURLEncoding.Encode(b[:], r[:])
 }
