@@ -27,11 +27,12 @@ type scriptCall struct {
 	script *redis.Script
 	keys   []string // the script's keys
 	args   []any
+	scalar bool // the script answers an integer, not an array
 	reply  []int64
 	err    error
 
-	// undo releases what the script may have granted once it returned to
-	// a caller that left; undoKeys and undoToken say what.
+	// undo, unless nil, releases what the script may have granted once it
+	// returned to a caller that left; undoKeys and undoToken say what.
 	undo      func(c *scriptCall, ctx context.Context)
 	undoKeys  []string
 	undoToken string
@@ -46,7 +47,7 @@ type scriptCall struct {
 // release could reach Redis ahead of the grant it undoes.
 func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 	if ctx.Done() == nil {
-		return c.script.Run(ctx, c.store.client, c.keys, c.args...).Int64Slice() // never cancelled
+		return c.call(ctx) // never cancelled
 	}
 	c.done = make(chan struct{})
 	go c.inBackground(ctx)
@@ -61,14 +62,27 @@ func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 	return c.reply, c.err
 }
 
+// call runs the script and returns its reply as integers.
+func (c *scriptCall) call(ctx context.Context) ([]int64, error) {
+	cmd := c.script.Run(ctx, c.store.client, c.keys, c.args...)
+	if c.scalar {
+		n, err := cmd.Int64()
+		if err != nil {
+			return nil, err
+		}
+		return []int64{n}, nil
+	}
+	return cmd.Int64Slice()
+}
+
 func (c *scriptCall) inBackground(ctx context.Context) {
-	c.reply, c.err = c.script.Run(ctx, c.store.client, c.keys, c.args...).Int64Slice()
+	c.reply, c.err = c.call(ctx)
 	if c.state.CompareAndSwap(callRunning, callReturned) {
 		close(c.done)
 		return
 	}
 	// The caller left: undo in its stead, when the script may have granted.
-	if markUnreachable(c.err) != c.err {
+	if c.undo == nil || markUnreachable(c.err) != c.err {
 		return // it never reached Redis: nothing to undo
 	}
 	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) || c.isFair() {

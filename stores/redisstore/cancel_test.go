@@ -288,3 +288,41 @@ func TestCancelledFairAcquireLeavesNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestCancelledRefreshReturnsAtOnce: a Refresh whose context is cancelled
+// while Redis is frozen returns at once with context.Canceled (a handoff
+// recipient renews while it waits, and its client may leave), for one key
+// and for several; the renewal left in flight goes on and, once Redis
+// answers, is applied: its outcome was unknown, and nothing undoes it.
+func TestCancelledRefreshReturnsAtOnce(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		t.Run(strconv.Itoa(n)+"keys", func(t *testing.T) {
+			script := refreshAllScript
+			if n == 1 {
+				script = refreshScript
+			}
+			e := newCancelEnv(t, script)
+			p := testredis.Prefix(t)
+			keys := []string{p + "{c}:a", p + "{c}:b", p + "{c}:c"}[:n]
+			mustAcquire(t, e.s, keys, "t", time.Minute)
+
+			const renewed = time.Hour
+			e.cancelWhileFrozen(t, func(ctx context.Context) (stores.Grant, error) {
+				return stores.Grant{}, e.s.Refresh(ctx, keys, "t", renewed)
+			})
+			if ttl := e.direct.PTTL(context.Background(), keys[0]).Val(); ttl > time.Minute {
+				t.Fatalf("%q has TTL %v before Redis answered the renewal", keys[0], ttl)
+			}
+			e.proxy.Thaw()
+			waitFor(t, signalWait, func() bool {
+				for _, k := range keys {
+					if e.direct.PTTL(context.Background(), k).Val() <= time.Minute {
+						return false
+					}
+				}
+				return true
+			}, func() string { return "the renewal left in flight was not applied once Redis answered" })
+			mustRelease(t, e.s, keys, "t")
+		})
+	}
+}

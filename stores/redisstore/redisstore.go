@@ -406,8 +406,21 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
+	// Cancel-aware (see scriptCall.run): a waiter renewing a handed-off
+	// grant stops when its client leaves. A renewal left in flight needs
+	// no undo: its outcome is unknown to the Locker, which trusts the
+	// shorter of the two validities.
+	refresh := func(script *redis.Script, keys []string) (int64, error) {
+		call := &scriptCall{store: s, script: script, keys: keys,
+			args: []any{token, milliseconds(ttl)}, scalar: true}
+		reply, err := call.run(ctx)
+		if err != nil {
+			return 0, markUnreachable(err)
+		}
+		return reply[0], nil
+	}
 	if len(keys) == 1 {
-		n, err := refreshScript.Run(ctx, s.client, keys, token, milliseconds(ttl)).Int64()
+		n, err := refresh(refreshScript, keys)
 		if err != nil {
 			return err
 		}
@@ -419,7 +432,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkColocated(keys, false); err != nil {
 		return err
 	}
-	n, err := refreshAllScript.Run(ctx, s.client, keys, token, milliseconds(ttl)).Int64()
+	n, err := refresh(refreshAllScript, keys)
 	if err != nil {
 		return mapCrossSlot(err, keys, false)
 	}
