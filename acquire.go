@@ -122,9 +122,11 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 	}
 }
 
-// mayHaveGranted reports whether a failed attempt may have changed the
-// store: a store refuses invalid arguments before it acts, and a call that
-// never reached it changed nothing.
+// mayHaveGranted reports whether a failed attempt may have left a grant
+// for the Locker to release: a store refuses invalid arguments before it
+// acts, a call that never reached it changed nothing, and a store that
+// abandoned a call in flight cleans up after it itself.
 func mayHaveGranted(err error) bool {
-	return err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, stores.ErrUnreachable)
+	return err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, stores.ErrUnreachable) &&
+		!errors.Is(err, stores.ErrAbandoned)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -501,6 +502,52 @@ func TestUnreachableStoreLeavesNoAbandonedGrant(t *testing.T) {
 	// Anything the Locker would log of a background release would come
 	// within its release timeout.
 	time.Sleep(400 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(logs.String(), "abandoned") {
+		t.Fatalf("a grant that cannot have existed was released and its failure logged: %s", logs.String())
+	}
+}
+
+// A store whose connections hang (a host that drops packets) outlasts a
+// short wait: the acquire's outcome is unknown to the Locker, which
+// releases in the background, and that release cannot reach the store
+// either. Nothing is logged at WARN for a grant that never reached it.
+func TestSlowDialStoreLogsNoAbandonedGrant(t *testing.T) {
+	dials := make(chan struct{}, 16)
+	client := redis.NewClient(&redis.Options{
+		Addr:        "127.0.0.1:1", // never dialled: the dialer hangs instead
+		DialTimeout: 300 * time.Millisecond,
+		MaxRetries:  -1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			select {
+			case dials <- struct{}{}:
+			default:
+			}
+			<-ctx.Done() // as a dial to a host that drops packets
+			return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
+		},
+		ContextTimeoutEnabled: true,
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	store, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
+	const releaseTimeout = 200 * time.Millisecond
+	l := reqlock.MustNew(store, reqlock.WithLogger(logger), reqlock.WithReleaseTimeout(releaseTimeout))
+	_, err = l.Obtain(context.Background(), "k", time.Second, 50*time.Millisecond)
+	if !errors.Is(err, reqlock.ErrStore) && !errors.Is(err, reqlock.ErrWaitEnded) {
+		t.Fatalf("Obtain on a Redis whose dials hang: %v, want ErrStore or ErrWaitEnded", err)
+	}
+	// The Locker's background release dials too; anything it logs comes
+	// within the release timeout of that dial.
+	<-dials
+	time.Sleep(2 * releaseTimeout)
 	mu.Lock()
 	defer mu.Unlock()
 	if strings.Contains(logs.String(), "abandoned") {

@@ -36,7 +36,9 @@
 // so nothing changed. Every call returns
 // once its context ends, by deadline or by cancellation, even while the
 // backend has not answered; an acquire it leaves in flight must not leave a
-// grant behind: the store releases it, owner-checked, once the call returns.
+// grant behind: the store releases it, owner-checked, once the call returns,
+// and says so by returning an error that wraps ErrAbandoned and the
+// context's error, so that the Locker does not release it a second time.
 // A store that refuses its arguments returns an error wrapping ErrInvalid
 // before it acts.
 //
@@ -75,6 +77,11 @@ var (
 	// the backend, such as a refused connection: unlike other failures,
 	// its outcome is known, and there is nothing to clean up.
 	ErrUnreachable = errors.New("reqlock: store unreachable")
+
+	// ErrAbandoned marks the failure of a call that the store left in
+	// flight when its context ended: the store cleans up after the call
+	// itself, once the backend answers (see the package documentation).
+	ErrAbandoned = errors.New("reqlock: store call abandoned when its context ended")
 )
 
 // Store holds locks. See the package documentation for the contract every

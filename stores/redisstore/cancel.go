@@ -2,10 +2,13 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/stores"
 )
 
 // abandonedCleanupTimeout bounds the release of a grant whose caller left
@@ -55,9 +58,16 @@ func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 	case <-c.done:
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(callRunning, callAbandoned) {
-			return nil, ctx.Err()
+			// inBackground undoes what the script may grant.
+			return nil, abandoned(ctx, c.undo != nil)
 		}
 		<-c.done // it returned as ctx ended
+	}
+	if c.err != nil && ctx.Err() != nil && c.undo != nil && markUnreachable(c.err) == c.err {
+		// It failed as its context ended (go-redis's own deadline): its
+		// outcome is as unknown as an abandoned call's, and undone alike.
+		go c.cleanUp()
+		return nil, abandoned(ctx, true)
 	}
 	return c.reply, c.err
 }
@@ -86,10 +96,25 @@ func (c *scriptCall) inBackground(ctx context.Context) {
 		return // it never reached Redis: nothing to undo
 	}
 	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) || c.isFair() {
-		ctx, cancel := context.WithTimeout(context.Background(), abandonedCleanupTimeout)
-		defer cancel()
-		c.undo(c, ctx)
+		c.cleanUp()
 	}
+}
+
+// cleanUp undoes what the call may have granted, bounded by
+// abandonedCleanupTimeout.
+func (c *scriptCall) cleanUp() {
+	ctx, cancel := context.WithTimeout(context.Background(), abandonedCleanupTimeout)
+	defer cancel()
+	c.undo(c, ctx)
+}
+
+// abandoned returns the error of a call left in flight when ctx ended:
+// ctx's error, marked stores.ErrAbandoned when the store undoes the call.
+func abandoned(ctx context.Context, undone bool) error {
+	if undone {
+		return fmt.Errorf("%w: %w", stores.ErrAbandoned, ctx.Err())
+	}
+	return ctx.Err()
 }
 
 // isFair reports whether the call was a fair attempt, which may have queued
