@@ -7,13 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock"
-	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
-	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // refreshFaults wraps a real store: a Refresh may be held until released
@@ -137,120 +133,6 @@ func TestGrantValidityAfterHandoffAndUnknownRenewal(t *testing.T) {
 	}
 	if next.Fence() <= short.Fence() {
 		t.Fatalf("next fence %d, want above %d", next.Fence(), short.Fence())
-	}
-}
-
-// The scenario of the report, on Redis: a 10s holder hands off to a 30ms
-// holder with the watchdog; its first renewal reaches Redis but the reply is
-// late; it releases; the next local waiter must not believe in the 10s
-// validity while Redis expires the key 30ms later: another process must not
-// get the key while the waiter believes it holds it.
-func TestLateRenewalNeverMakesTwoHolders(t *testing.T) {
-	proxy := testredis.NewProxy(t)
-	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	proxied, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxied.Close() })
-	if err := proxied.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	direct, err := redisstore.New(testredis.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = direct.Close() })
-	prefix := testredis.Prefix(t)
-	here := reqlock.MustNew(proxied, reqlock.WithKeyPrefix(prefix))
-	other := reqlock.MustNew(direct, reqlock.WithKeyPrefix(prefix)) // another process
-	ctx := context.Background()
-	queued := func(n int) {
-		t.Helper()
-		pollUntil(t, func() bool { return reqlock.LocalWaiters(here, prefix+"k") == n })
-	}
-
-	long, err := here.Obtain(ctx, "k", 10*time.Second, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const shortTTL = 30 * time.Millisecond
-	gotShort := obtainAsync(here, "k", shortTTL)
-	queued(1)
-	gotNext := obtainAsync(here, "k", 10*time.Second)
-	queued(2)
-
-	proxy.DelayNextReply(25 * time.Millisecond) // the watchdog's first renewal
-	if err := long.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	short := receiveLock(t, gotShort, "the short-TTL waiter")
-	wctx, stop := context.WithCancel(ctx)
-	short.KeepAlive(wctx)
-	time.Sleep(20 * time.Millisecond) // the handler's work, during which the renewal goes out
-	stop()
-	_ = short.Release(ctx)
-	next := receiveLock(t, gotNext, "the next waiter")
-	defer next.Release(ctx)
-
-	// Another process tries for the key while the next waiter believes it
-	// holds it.
-	end := time.Now().Add(300 * time.Millisecond) // well past the 30ms the late renewal set
-	for time.Now().Before(end) {
-		lock, err := other.Obtain(ctx, "k", time.Second, 0)
-		if err == nil {
-			believed := time.Until(next.ValidUntil())
-			_ = lock.Release(ctx)
-			if believed > 0 {
-				t.Fatalf("another process got the key while the local holder believed it held it for %v more: two holders", believed)
-			}
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval inside the holder's validity
-	}
-}
-
-// A Refresh in flight while Release lets go of the lock, with a waiter of
-// the same process queued: the refresh must not act on the successor's
-// grant (shortening its TTL below what the successor believes), and it
-// reports ErrNotHeld for the released lock.
-func TestRefreshRacingReleaseNeverTouchesTheSuccessor(t *testing.T) {
-	faults := &refreshFaults{Store: memstore.New(), started: make(chan struct{}, 1)}
-	l := reqlock.MustNew(faults)
-	other := reqlock.MustNew(faults.Store) // another request path to the same store, without the local queue
-	ctx := context.Background()
-	first, err := l.Obtain(ctx, "k", 10*time.Second, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gotNext := obtainAsync(l, "k", 10*time.Second)
-	awaitLocalWaiters(t, l, "k", 1)
-
-	hold := make(chan struct{})
-	faults.mu.Lock()
-	faults.holdNext = hold
-	faults.mu.Unlock()
-	const tinyTTL = 50 * time.Millisecond
-	refreshed := make(chan error, 1)
-	go func() { refreshed <- first.Refresh(ctx, tinyTTL) }()
-	<-faults.started // the renewal is in flight
-	if err := first.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	next := receiveLock(t, gotNext, "the waiter")
-	defer next.Release(ctx)
-	close(hold) // the renewal reaches the store now
-	if err := <-refreshed; !errors.Is(err, reqlock.ErrNotHeld) {
-		t.Fatalf("Refresh of a lock released while it ran: %v, want ErrNotHeld", err)
-	}
-	time.Sleep(2 * tinyTTL) // the renewal's TTL running out, had it reached the successor's grant
-	if time.Until(next.ValidUntil()) <= 0 {
-		t.Fatal("the successor's validity ran out; the test needs it held")
-	}
-	if lock, err := other.Obtain(ctx, "k", time.Second, 0); err == nil {
-		_ = lock.Release(ctx)
-		t.Fatal("the key was free while its holder believed it held: the stale renewal shortened the successor's TTL")
 	}
 }
 
