@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -37,6 +39,7 @@ type config struct {
 	Fair         bool          `json:"reqlock_fair"`
 	JSONPath     string        `json:"-"`
 	ChartsDir    string        `json:"-"`
+	CPUProfile   string        `json:"-"`
 	Note         string        `json:"note,omitempty"`
 
 	// Child mode: set by the parent of a multi run only.
@@ -74,6 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write all results as JSON to `file`")
 	fs.StringVar(&cfg.ChartsDir, "charts", "",
 		"also write a chart of each workload's wait distribution per library to `dir`/wait-<workload>.svg")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of lockbench (the parent process) to `file`")
 	fs.StringVar(&cfg.Note, "note", "", "free text for the header and the JSON, such as the reqlock commit (run.sh sets it)")
 	fs.BoolVar(&cfg.child, "child", false, "internal: run as a child process of the multi workload")
 	fs.StringVar(&cfg.childPrefix, "child-prefix", "", "internal: key prefix of the child's run")
@@ -179,7 +183,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if cfg.child {
 		err = runChild(ctx, cfg, stdin, stdout)
 	} else {
-		err = runParent(ctx, cfg, stdout, stderr)
+		err = withCPUProfile(cfg.CPUProfile, func() error { return runParent(ctx, cfg, stdout, stderr) })
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "lockbench: %v\n", err)
@@ -198,4 +202,23 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// withCPUProfile runs f, writing a CPU profile of it to path when path is
+// not empty.
+func withCPUProfile(path string, f func() error) error {
+	if path == "" {
+		return f()
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		_ = out.Close()
+		return fmt.Errorf("-cpuprofile: %w", err)
+	}
+	err = f()
+	pprof.StopCPUProfile()
+	return errors.Join(err, out.Close())
 }

@@ -168,6 +168,29 @@ func lockCommands(delta map[string]int64, harnessGets, harnessSets int64) int64 
 	return n - harnessGets - harnessSets
 }
 
+// serverCPU returns the CPU time the Redis server has used, user plus
+// system, from INFO cpu.
+func serverCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	var total float64
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		name, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu: %q: %w", sc.Text(), err)
+		}
+		total += x
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
 // redisVersion returns the server's redis_version.
 func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
 	info, err := c.Info(ctx, "server").Result()

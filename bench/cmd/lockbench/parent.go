@@ -57,8 +57,10 @@ type libResult struct {
 	HandoverP50 time.Duration `json:"handover_p50_ns"`
 	HandoverP99 time.Duration `json:"handover_p99_ns"`
 
-	Commands         int64            `json:"commands"` // from INFO commandstats, see lockCommands
-	CommandsPerAcq   float64          `json:"commands_per_acquisition"`
+	Commands       int64         `json:"commands"` // from INFO commandstats, see lockCommands
+	CommandsPerAcq float64       `json:"commands_per_acquisition"`
+	RedisCPUPerAcq time.Duration `json:"redis_cpu_per_acquisition_ns"` // INFO cpu delta (user+sys), all clients
+
 	CommandDelta     map[string]int64 `json:"commandstats_delta"` // raw, every command
 	RoundTrips       int64            `json:"round_trips"`
 	RoundTripsPerAcq float64          `json:"round_trips_per_acquisition"`
@@ -237,10 +239,14 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 
 	var (
 		before     map[string]int64
+		cpuBefore  time.Duration
 		res        *procResult
 		start      time.Time
 		snapBefore = func() (err error) {
-			before, err = commandStats(ctx, harness)
+			if before, err = commandStats(ctx, harness); err != nil {
+				return err
+			}
+			cpuBefore, err = serverCPU(ctx, harness)
 			return err
 		}
 	)
@@ -270,6 +276,10 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 	if err != nil {
 		return nil, err
 	}
+	cpuAfter, err := serverCPU(ctx, harness)
+	if err != nil {
+		return nil, err
+	}
 	total, err := counterTotal(ctx, harness, s)
 	if err != nil {
 		return nil, err
@@ -284,6 +294,7 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 	if r.Acquisitions > 0 {
 		r.CommandsPerAcq = float64(r.Commands) / float64(r.Acquisitions)
 		r.RoundTripsPerAcq = float64(r.RoundTrips) / float64(r.Acquisitions)
+		r.RedisCPUPerAcq = (cpuAfter - cpuBefore) / time.Duration(r.Acquisitions)
 	}
 	r.CounterTotal = total
 	r.LostUpdates = r.Acquisitions - res.RMWErrors - total
