@@ -28,6 +28,10 @@ const (
 	routeMetrics  = "GET /metrics"
 )
 
+// getHead are the methods of the GET routes on gin and echo: HEAD is GET
+// without the body, as net/http's ServeMux serves it with every GET route.
+var getHead = []string{http.MethodGet, http.MethodHead}
+
 // lockTable is the lock configuration in code: each locked route and its
 // spec without wait and ttl, which -wait and -ttl add. Every key is in the
 // sku: key space, so that all the routes that change a SKU exclude each

@@ -86,6 +86,15 @@
 //	GET  /metrics            the lock metrics in the Prometheus text format
 //	                         (package metrics); not locked
 //
+// Every framework answers these routes alike. A GET route serves HEAD too.
+// A method a path does not serve answers 405 with an Allow header naming the
+// methods it does (echo also answers OPTIONS itself, 204, and lists it), and
+// a path unknown or with a trailing slash answers 404; these bodies are the
+// router's own. A SKU in a path is its segment unescaped: /skus/a%2Fb/deduct
+// deducts the SKU "a/b", under the lock key /orders gives {"sku":"a/b"}, on
+// every framework (gin is set up for it, see routes_gin.go), so instances on
+// different frameworks that share one Redis lock the same keys.
+//
 // The checkout reads every SKU with its fence, works (-work), then deducts
 // them all in one atomic step that checks every fence and every stock first
 // (one Lua script on Redis, one critical section in memory). So even with

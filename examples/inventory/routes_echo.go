@@ -14,7 +14,10 @@ import (
 // installed once for every route (echolock.Install) and then checked against
 // the registered routes; with a nil rt (-nolock) the routes run unlocked.
 // Lock rejections come back as *echo.HTTPError and echo's error handler
-// renders them as JSON. GET /metrics serves metricsHandler, unlocked.
+// renders them as JSON. GET /metrics serves metricsHandler, unlocked. Like
+// net/http's ServeMux, it serves HEAD beside each GET; echo answers a wrong
+// method 405 with an Allow header itself, and an OPTIONS request 204 with
+// one.
 func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (http.Handler, error) {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -25,7 +28,7 @@ func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (ht
 	}
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
 	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)
-	e.GET("/skus/:id", func(c echo.Context) error {
+	e.Match(getHead, "/skus/:id", func(c echo.Context) error {
 		return echoReply(c, s.getReply(c.Request().Context(), echoSKU(c)))
 	})
 	e.PUT("/skus/:id", func(c echo.Context) error {
@@ -40,7 +43,7 @@ func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (ht
 	e.POST("/carts/checkout", func(c echo.Context) error {
 		return echoReply(c, s.checkoutReply(c.Request().Context(), c.Request().Body, echoHolder(c, checkoutKeys)))
 	})
-	e.GET("/metrics", echo.WrapHandler(metricsHandler))
+	e.Match(getHead, "/metrics", echo.WrapHandler(metricsHandler))
 	if rt != nil {
 		if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
 			return nil, err

@@ -16,9 +16,11 @@ func init() { gin.SetMode(gin.ReleaseMode) }
 // installed once in front of every route (ginlock.Install) and then checked
 // against the registered routes; with a nil rt (-nolock) the routes run
 // unlocked. GET /metrics serves metricsHandler, unlocked.
+//
+// gin is set to answer as net/http's ServeMux and echo do (see newGinEngine),
+// and serves HEAD beside each GET, as the ServeMux does.
 func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (http.Handler, error) {
-	r := gin.New()
-	r.Use(gin.Recovery())
+	r := newGinEngine()
 	if rt != nil {
 		if err := ginlock.Install(r, rt); err != nil { // before any route
 			return nil, err
@@ -26,7 +28,7 @@ func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (htt
 	}
 	setKeys, deductKeys := skuKeysOf(rt, routeSet), skuKeysOf(rt, routeDeduct)
 	orderKeys, checkoutKeys := skuKeysOf(rt, routeOrders), skuKeysOf(rt, routeCheckout)
-	r.GET("/skus/:id", func(c *gin.Context) {
+	r.Match(getHead, "/skus/:id", func(c *gin.Context) {
 		ginReply(c, s.getReply(c.Request.Context(), c.Param("id")))
 	})
 	r.PUT("/skus/:id", func(c *gin.Context) {
@@ -41,13 +43,34 @@ func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (htt
 	r.POST("/carts/checkout", func(c *gin.Context) {
 		ginReply(c, s.checkoutReply(c.Request.Context(), c.Request.Body, ginHolder(c, checkoutKeys)))
 	})
-	r.GET("/metrics", gin.WrapH(metricsHandler))
+	r.Match(getHead, "/metrics", gin.WrapH(metricsHandler))
 	if rt != nil {
 		if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
 			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// newGinEngine returns a gin engine with Recovery that answers as the
+// ServeMux and echo do where gin's defaults differ:
+//   - a wrong method is 405 with an Allow header naming the path's methods
+//     (HandleMethodNotAllowed; gin answers 404 by default);
+//   - a path parameter is matched on the escaped path and then unescaped
+//     (UseEscapedPath, UnescapePathValues), so /skus/a%2Fb is the SKU "a/b",
+//     and the lock key sku:<id> is the one the other routers and a JSON
+//     "a/b" give. By default gin matches the unescaped path /skus/a/b, one
+//     segment too many: 404;
+//   - a path with a trailing slash the route lacks is 404, not a redirect
+//     (RedirectTrailingSlash), which would also redirect /skus/a%2Fb/ to the
+//     unescaped /skus/a/b.
+func newGinEngine() *gin.Engine {
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.UseEscapedPath, r.UnescapePathValues = true, true
+	r.RedirectTrailingSlash = false
+	r.Use(gin.Recovery())
+	return r
 }
 
 // ginHolder returns the lock the middleware holds for c's request, if any,
