@@ -241,10 +241,10 @@ func TestConcurrentWaitersExclusive(t *testing.T) {
 	}
 }
 
-// contentionLockers builds n Lockers on one store: memstore shared in
-// memory, or n Redis stores on one server (n processes, as far as the
-// lock can tell).
-func contentionLockers(t *testing.T, backend string, n int) []*reqlock.Locker {
+// contentionLockers builds n Lockers with opts on one store: memstore
+// shared in memory, or n Redis stores on one server (n processes, as far as
+// the lock can tell).
+func contentionLockers(t *testing.T, backend string, n int, opts ...reqlock.Option) []*reqlock.Locker {
 	t.Helper()
 	var lockers []*reqlock.Locker
 	mem := memstore.New()
@@ -259,7 +259,7 @@ func contentionLockers(t *testing.T, backend string, n int) []*reqlock.Locker {
 			t.Cleanup(func() { _ = rs.Close() })
 			store = rs
 		}
-		lockers = append(lockers, reqlock.MustNew(store, reqlock.WithKeyPrefix(prefix)))
+		lockers = append(lockers, reqlock.MustNew(store, append([]reqlock.Option{reqlock.WithKeyPrefix(prefix)}, opts...)...))
 	}
 	return lockers
 }
