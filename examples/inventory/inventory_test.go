@@ -514,20 +514,31 @@ func TestFrozenRedisAnswersInTime(t *testing.T) {
 }
 
 // TestBodyTooLarge: a body above the handlers' limit answers 413, not a
-// JSON error, on every framework and route that reads one.
+// JSON error, on every framework and route that reads one; so does a body
+// above the lock middleware's limit on the routes whose key it reads from
+// the body (/orders and the checkout), before it locks. Nothing changes.
 func TestBodyTooLarge(t *testing.T) {
-	huge := `{"qty":1,"pad":"` + strings.Repeat("x", maxBodyBytes) + `"}`
+	pad := func(n int) string { return `,"pad":"` + strings.Repeat("x", n) + `"}` }
+	huge := `{"qty":1` + pad(maxBodyBytes)
+	requests := []struct {
+		method, path, body string
+		reason             string // the middleware's problem details reason, if it answers
+	}{
+		{http.MethodPost, "/skus/big/deduct", huge, ""},
+		{http.MethodPut, "/skus/big", `{"stock":1` + pad(maxBodyBytes), ""},
+		{http.MethodPost, "/orders", `{"sku":"big","qty":1` + pad(maxBodyBytes), ""},
+		{http.MethodPost, "/carts/checkout", `{"items":[{"sku":"big","qty":1}]` + pad(maxBodyBytes), ""},
+		// Above the middleware's 1 MiB (keyfunc.DefaultMaxBodyBytes).
+		{http.MethodPost, "/orders", `{"sku":"big","qty":1` + pad(1<<20), "body_too_large"},
+		{http.MethodPost, "/carts/checkout", `{"items":[{"sku":"big","qty":1}]` + pad(1<<20), "body_too_large"},
+	}
 	for _, fw := range frameworks {
 		t.Run(fw, func(t *testing.T) {
 			_, srv := startApp(t, testConfig(fw))
-			hugeCart := `{"items":[{"sku":"big","qty":1}],"pad":"` + strings.Repeat("x", maxBodyBytes) + `"}`
-			for path, body := range map[string]string{"/skus/big/deduct": huge, "/carts/checkout": hugeCart} {
-				if got := mustDo(t, http.MethodPost, srv.URL+path, body); got.status != http.StatusRequestEntityTooLarge {
-					t.Errorf("POST %s with %d bytes: %v, want 413", path, len(body), got)
+			for _, r := range requests {
+				if got := mustDo(t, r.method, srv.URL+r.path, r.body); got.status != http.StatusRequestEntityTooLarge || got.Reason != r.reason {
+					t.Errorf("%s %s with %d bytes: %v, want 413 (reason %q)", r.method, r.path, len(r.body), got, r.reason)
 				}
-			}
-			if got := mustDo(t, http.MethodPut, srv.URL+"/skus/big", huge); got.status != http.StatusRequestEntityTooLarge {
-				t.Errorf("PUT /skus/big with %d bytes: %v, want 413", len(huge), got)
 			}
 			if stock := stockOf(t, srv.URL, "big"); stock != 100 {
 				t.Errorf("stock %d, want 100", stock)

@@ -114,18 +114,30 @@
 // reqlock_lock_hold_seconds, reqlock_lock_lost_total and
 // reqlock_lock_handoffs_total. With -nolock it serves no series.
 //
-// Answers: 400 for a bad body (a missing "sku" on /orders; on a checkout,
-// missing or empty "items", an item without "sku", a "qty" below 1); when
-// the route is locked the middleware answers the body errors it sees while
-// deriving the keys, with a problem details body of reason "bad_key". 409
-// with the current stock when it is insufficient; on a checkout 409
-// {"error":"insufficient stock","short":[{"sku":"…","qty":Q,"stock":N},…]}
-// naming every short SKU, and no SKU changed. 409 "stale fence" when the
-// lock was lost before the write (nothing changed). 413 for a cart of more
-// than 64 items (the lock's max-keys). 423 with Retry-After when the lock
-// wait runs out; 503 with Retry-After when the lock store or the stock store
-// is down; 500 when the request's lock does not cover a SKU it writes (see
-// Lock configuration).
+// Answers:
+//
+//   - 400 for a bad body (a missing "sku" on /orders; on a checkout, missing
+//     or empty "items", an item without "sku", a "qty" below 1); when the
+//     route is locked the middleware answers the body errors it sees while
+//     deriving the keys, with a problem details body of reason "bad_key".
+//   - 409 with the current stock when it is insufficient; on a checkout 409
+//     {"error":"insufficient stock","short":[{"sku":"…","qty":Q,"stock":N},…]}
+//     naming every short SKU, and no SKU changed.
+//   - 409 "stale fence" when the lock was lost before the write and a newer
+//     holder came first: the stock store refused the write, nothing changed.
+//   - 409 "lock lost" when the request's lease ran out while it worked and
+//     its client still waited: its context ended with a cause wrapping
+//     reqlock.ErrLockLost (context.Cause tells the loss from a client that
+//     left), so it stopped, and wrote nothing more.
+//   - 413 for a body over 64 KiB, on every route that reads one, and for a
+//     cart of more than 64 items (the lock's max-keys). /orders and the
+//     checkout, whose keys the lock middleware reads from the body, refuse a
+//     body over 1 MiB before they lock, with a problem details body of reason
+//     "body_too_large".
+//   - 423 with Retry-After when the lock wait runs out.
+//   - 503 with Retry-After when the lock store or the stock store is down.
+//   - 500 when the request's lock does not cover a SKU it writes (see Lock
+//     configuration).
 //
 // Try it:
 //
