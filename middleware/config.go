@@ -123,6 +123,12 @@ type Config struct {
 	// handler also ends that context. Needs a TTL of at least MinWatchdogTTL.
 	// Default false.
 	Watchdog bool
+
+	// optionProblems are the problems of the options that built this
+	// Config (an explicit option given a meaningless value), such as
+	// "WithTTL(0s): ..."; NewWithConfig reports them. Only options write
+	// it.
+	optionProblems []string
 }
 
 // MinWatchdogTTL is the shortest TTL a route with the watchdog accepts: a
@@ -144,13 +150,30 @@ var DefaultConfig = Config{
 // DefaultMaxKeys is the default of Config.MaxKeys.
 const DefaultMaxKeys = 64
 
-// Option changes one field of a route's Config.
+// Option changes one field of a route's Config. An option given a value
+// that means nothing for its field, such as WithTTL(0), makes the Guard's
+// constructor fail with an error wrapping ErrInvalidConfig that names the
+// option and the value: leave the option out to get the field's default.
+// (A zero field of a Config built by hand takes its default.)
 type Option func(*Config)
 
-// WithTTL sets Config.TTL.
-func WithTTL(ttl time.Duration) Option { return func(c *Config) { c.TTL = ttl } }
+// optionError records a problem of an option in c.
+func (c *Config) optionError(option string, value any, format string, args ...any) {
+	c.optionProblems = append(c.optionProblems, fmt.Sprintf("%s(%v): %s", option, value, fmt.Sprintf(format, args...)))
+}
 
-// WithWait sets Config.Wait; zero means NoWait (try once).
+// WithTTL sets Config.TTL, at least 1ms. Default 10s.
+func WithTTL(ttl time.Duration) Option {
+	return func(c *Config) {
+		if ttl == 0 {
+			c.optionError("WithTTL", ttl, "a lock's TTL must be at least 1ms (leave the option out for the default %v)", DefaultConfig.TTL)
+			return
+		}
+		c.TTL = ttl
+	}
+}
+
+// WithWait sets Config.Wait; zero means NoWait (try once). Default 2s.
 func WithWait(wait time.Duration) Option {
 	return func(c *Config) {
 		if wait == 0 {
@@ -160,31 +183,64 @@ func WithWait(wait time.Duration) Option {
 	}
 }
 
-// WithTimeoutStatus sets Config.TimeoutStatus.
-func WithTimeoutStatus(status int) Option { return func(c *Config) { c.TimeoutStatus = status } }
+// WithTimeoutStatus sets Config.TimeoutStatus: 423, 409, 429 or 503.
+// Default 423.
+func WithTimeoutStatus(status int) Option {
+	return func(c *Config) {
+		if status == 0 {
+			c.optionError("WithTimeoutStatus", status, "want 423, 409, 429 or 503 (leave the option out for the default %d)", DefaultConfig.TimeoutStatus)
+			return
+		}
+		c.TimeoutStatus = status
+	}
+}
 
-// WithRetryAfter sets Config.RetryAfter.
-func WithRetryAfter(d time.Duration) Option { return func(c *Config) { c.RetryAfter = d } }
+// WithRetryAfter sets Config.RetryAfter, above 0. Default 1s.
+func WithRetryAfter(d time.Duration) Option {
+	return func(c *Config) {
+		if d == 0 {
+			c.optionError("WithRetryAfter", d, "Retry-After is whole seconds, at least 1 (leave the option out for the default %v)", DefaultConfig.RetryAfter)
+			return
+		}
+		c.RetryAfter = d
+	}
+}
 
 // WithFailOpen sets Config.OnStoreError to FailOpen: when the store fails,
 // the handler runs without the lock and a warning is logged.
 func WithFailOpen() Option { return func(c *Config) { c.OnStoreError = FailOpen } }
 
-// WithMaxBodyBytes sets Config.MaxBodyBytes.
-func WithMaxBodyBytes(n int64) Option { return func(c *Config) { c.MaxBodyBytes = n } }
+// WithMaxBodyBytes sets Config.MaxBodyBytes, at least 1. Default 1 MiB.
+func WithMaxBodyBytes(n int64) Option {
+	return func(c *Config) {
+		if n == 0 {
+			c.optionError("WithMaxBodyBytes", n, "the limit must be at least 1 byte (leave the option out for the default %d)", DefaultConfig.MaxBodyBytes)
+			return
+		}
+		c.MaxBodyBytes = n
+	}
+}
 
-// WithMaxValueLen sets Config.MaxValueLen.
-func WithMaxValueLen(n int) Option { return func(c *Config) { c.MaxValueLen = n } }
+// WithMaxValueLen sets Config.MaxValueLen, at least 16. Default 64.
+func WithMaxValueLen(n int) Option {
+	return func(c *Config) {
+		if n == 0 {
+			c.optionError("WithMaxValueLen", n, "the length must be at least %d (leave the option out for the default %d)", minSpecMaxValueLen, DefaultConfig.MaxValueLen)
+			return
+		}
+		c.MaxValueLen = n
+	}
+}
 
-// WithSkipper sets Config.Skipper.
+// WithSkipper sets Config.Skipper. Default nil: every request is locked.
 func WithSkipper(skip func(*http.Request) bool) Option {
 	return func(c *Config) { c.Skipper = skip }
 }
 
-// WithResponder sets Config.Responder.
+// WithResponder sets Config.Responder. Default nil: WriteProblem.
 func WithResponder(r Responder) Option { return func(c *Config) { c.Responder = r } }
 
-// WithLogger sets Config.Logger.
+// WithLogger sets Config.Logger. Default nil: the Locker's logger.
 func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l } }
 
 // WithKeys adds key templates to Config.Keys: the route then locks every
@@ -193,13 +249,21 @@ func WithKeys(templates ...string) Option {
 	return func(c *Config) { c.Keys = append(c.Keys[:len(c.Keys):len(c.Keys)], templates...) }
 }
 
-// WithMaxKeys sets Config.MaxKeys.
-func WithMaxKeys(n int) Option { return func(c *Config) { c.MaxKeys = n } }
+// WithMaxKeys sets Config.MaxKeys, at least 1. Default 64.
+func WithMaxKeys(n int) Option {
+	return func(c *Config) {
+		if n == 0 {
+			c.optionError("WithMaxKeys", n, "a route locks at least 1 key (leave the option out for the default %d)", DefaultConfig.MaxKeys)
+			return
+		}
+		c.MaxKeys = n
+	}
+}
 
-// WithHoldAtLeast sets Config.HoldAtLeast.
+// WithHoldAtLeast sets Config.HoldAtLeast. Default 0: released at once.
 func WithHoldAtLeast(d time.Duration) Option { return func(c *Config) { c.HoldAtLeast = d } }
 
-// WithName sets Config.Name.
+// WithName sets Config.Name. Default: the key templates.
 func WithName(name string) Option { return func(c *Config) { c.Name = name } }
 
 // WithWatchdog sets Config.Watchdog: the lock is renewed while the handler
@@ -237,8 +301,16 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validate reports the first problem of a defaulted Config.
+// validate reports the problems of the options that built c, joined, or
+// else the first problem of the defaulted Config.
 func (c Config) validate() error {
+	if len(c.optionProblems) > 0 {
+		errs := make([]error, len(c.optionProblems))
+		for i, p := range c.optionProblems {
+			errs[i] = fmt.Errorf("%w: route %q: %s", ErrInvalidConfig, c.Name, p)
+		}
+		return errors.Join(errs...)
+	}
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: route %q: %s", ErrInvalidConfig, c.Name, fmt.Sprintf(format, args...))
 	}

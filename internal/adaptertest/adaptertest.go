@@ -661,6 +661,9 @@ func (s *suite) testInvalidConfig(t *testing.T) {
 		{"item:<id>", []middleware.Option{middleware.WithWait(-time.Second)}, "wait"},
 		{"item:<id>", []middleware.Option{middleware.WithTimeoutStatus(http.StatusTeapot)}, "418"},
 		{"item:<id>", []middleware.Option{middleware.WithWatchdog(), middleware.WithTTL(20 * time.Millisecond)}, "watchdog"},
+		// An explicit option given a meaningless zero (issue 10 item 8).
+		{"item:<id>", []middleware.Option{middleware.WithTTL(0)}, "WithTTL(0s)"},
+		{"item:<id>", []middleware.Option{middleware.WithMaxKeys(0)}, "WithMaxKeys(0)"},
 	}
 	for _, tc := range cases {
 		_, err := s.a.Serve(locker, tc.key, tc.opts, func(http.ResponseWriter, *http.Request) {})
