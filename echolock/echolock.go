@@ -5,10 +5,20 @@
 //
 // Path placeholders read c.Param (on a route written /files/*path, <path>
 // reads echo's "*"); ctx placeholders read c.Get, then the
-// request context. The handler finds its lock with Lock(c). A rejection is
-// returned as an *echo.HTTPError whose Message is the problem details and
-// whose Internal is the cause, so the app's error handler renders it; a route
-// with its own middleware.Responder writes the response itself instead.
+// request context. The handler finds its lock with Lock(c), or
+// reqlock.FromContext(c.Request().Context()): echo.Context is not a
+// context.Context, so a handler passes c.Request().Context() to
+// Locker.Obtain (which re-enters the route's lock on the same key).
+//
+// A rejection is returned as an *echo.HTTPError whose Message is the problem
+// details (a middleware.Problem) and whose Internal is the cause. With echo's
+// DefaultHTTPErrorHandler the adapter writes the answer itself, exactly as
+// net/http and gin answer (application/problem+json, the same body bytes,
+// X-Content-Type-Options: nosniff, Retry-After), and the default handler
+// leaves the committed response alone. An app with its own HTTPErrorHandler
+// gets the *echo.HTTPError uncommitted, with only Retry-After set, and
+// renders it as it likes. A route with its own middleware.Responder writes the
+// response itself instead.
 //
 // A whole route table (middleware.Routes) goes in front of every route with
 // Install, or e.Use(Routes(rt)); never with e.Pre (see Routes).
@@ -18,6 +28,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -145,10 +156,31 @@ func reject(g *middleware.Guard, c echo.Context, rej *middleware.Rejection) erro
 		g.Reject(c.Response(), c.Request(), rej)
 		return nil
 	}
+	he := &echo.HTTPError{Code: rej.Status, Message: rej.Problem(), Internal: rej.Err}
+	if usesDefaultErrorHandler(c.Echo()) {
+		// echo's default handler would render he with c.JSON: as
+		// application/json, with "<" escaped, without nosniff. Write the
+		// problem as every adapter does; the default handler leaves a
+		// committed response alone, and the middleware before this one
+		// still sees the error.
+		middleware.WriteProblem(c.Response(), c.Request(), rej)
+		return he
+	}
 	if v := rej.RetryAfterHeader(); v != "" {
 		c.Response().Header().Set("Retry-After", v)
 	}
-	return &echo.HTTPError{Code: rej.Status, Message: rej.Problem(), Internal: rej.Err}
+	return he
+}
+
+// usesDefaultErrorHandler reports whether e renders errors with echo's
+// DefaultHTTPErrorHandler: its HTTPErrorHandler is that method itself (as
+// echo.New sets it), not a function of the app's, even one that calls it.
+func usesDefaultErrorHandler(e *echo.Echo) bool {
+	if e == nil || e.HTTPErrorHandler == nil {
+		return false
+	}
+	// Every method value of DefaultHTTPErrorHandler shares one code pointer.
+	return reflect.ValueOf(e.HTTPErrorHandler).Pointer() == reflect.ValueOf(e.DefaultHTTPErrorHandler).Pointer()
 }
 
 // request is echo's view of keyfunc.Request.

@@ -1,6 +1,7 @@
 package echolock_test
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -80,8 +81,9 @@ func TestEchoAdapter(t *testing.T) {
 		Name:      "echo",
 		Serve:     serveEcho,
 		ServeSpec: serveEchoSpec,
-		// echo's error handler renders the *echo.HTTPError the adapter returns.
-		ProblemContentType: "application/json",
+		// With echo's default error handler a rejection reads as on every
+		// adapter (issue 10 item 4; it was application/json).
+		ProblemContentType: "application/problem+json",
 		ServeRoutes:        serveEchoRoutes,
 		ServeNested:        serveEchoNested,
 	})
@@ -107,6 +109,9 @@ func TestLockAccessorAndContextValue(t *testing.T) {
 	}
 }
 
+// An app with its own error handler gets the rejection as an uncommitted
+// *echo.HTTPError, the problem details in Message and the cause in
+// Internal, and renders it as it likes; only Retry-After is set.
 func TestRejectionIsAnHTTPError(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
 	held, err := locker.Obtain(t.Context(), "sku:1", 0x7fffffff, 0)
@@ -117,15 +122,23 @@ func TestRejectionIsAnHTTPError(t *testing.T) {
 	mw := echolock.Must(echolock.New(locker, "sku:<id>", middleware.WithWait(0)))
 	e := echo.New()
 	var seen *echo.HTTPError
+	var committed bool
 	e.HTTPErrorHandler = func(err error, c echo.Context) {
 		seen, _ = err.(*echo.HTTPError)
-		e.DefaultHTTPErrorHandler(err, c)
+		committed = c.Response().Committed
+		_ = c.String(http.StatusTeapot, "custom")
 	}
 	e.POST("/skus/:id", func(c echo.Context) error { return nil }, mw)
 	rec := httptest.NewRecorder()
 	e.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/skus/1", nil))
-	if seen == nil || seen.Code != http.StatusLocked || seen.Internal == nil {
-		t.Fatalf("error handler saw %#v, want *echo.HTTPError 423 with the cause in Internal", seen)
+	if seen == nil || seen.Code != http.StatusLocked || !errors.Is(seen.Internal, reqlock.ErrHeld) || committed {
+		t.Fatalf("error handler saw %#v (committed %v), want an uncommitted *echo.HTTPError 423 with the cause in Internal", seen, committed)
+	}
+	if p, ok := seen.Message.(middleware.Problem); !ok || p.Status != http.StatusLocked || p.Reason != middleware.ReasonTimeout {
+		t.Fatalf("Message = %#v, want the problem details", seen.Message)
+	}
+	if rec.Code != http.StatusTeapot || rec.Body.String() != "custom" || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/plain") {
+		t.Fatalf("the app's handler did not render the answer: %d %v %q", rec.Code, rec.Header(), rec.Body)
 	}
 	if rec.Header().Get("Retry-After") != "1" {
 		t.Fatalf("Retry-After = %q", rec.Header().Get("Retry-After"))

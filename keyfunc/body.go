@@ -55,9 +55,17 @@ func (bs *bodyState) load(r *http.Request, maxBody int64, ph *placeholder) (bool
 	}
 	if bs.err != nil {
 		if errors.Is(bs.err, ErrBodyTooLarge) {
-			return false, fmt.Errorf("%w: %s: over %d bytes", ErrBodyTooLarge, ph.text, maxBody)
+			return false, &requestError{
+				msg:    fmt.Sprintf("%v: %s: over %d bytes", ErrBodyTooLarge, ph.text, maxBody),
+				detail: fmt.Sprintf("the request body is over %d bytes", maxBody),
+				errs:   []error{ErrBodyTooLarge},
+			}
 		}
-		return false, fmt.Errorf("%w: %s: reading body: %w", ErrBadValue, ph.text, bs.err)
+		return false, &requestError{
+			msg:    fmt.Sprintf("%v: %s: reading body: %v", ErrBadValue, ph.text, bs.err),
+			detail: "the request body could not be read",
+			errs:   []error{ErrBadValue, bs.err},
+		}
 	}
 	return len(bs.buf) > 0, nil // no body: every field is missing
 }
@@ -127,7 +135,7 @@ func (bs *bodyState) jsonObject(ph *placeholder) (map[string]any, error) {
 		bs.jsonObj, bs.jsonErr = decodeObject(bs.buf)
 	}
 	if bs.jsonErr != "" {
-		return nil, badValue(ph, bs.jsonErr)
+		return nil, badValue(ph, bs.jsonErr, "the request "+bs.jsonErr)
 	}
 	return bs.jsonObj, nil
 }
@@ -139,14 +147,14 @@ func (bs *bodyState) jsonValue(ph *placeholder) (string, error) {
 	}
 	v, found, why := walk(obj, ph.path)
 	if why != "" {
-		return "", badValue(ph, why)
+		return "", badValue(ph, why, jsonWhere(ph.name)+": "+why)
 	}
 	if !found {
 		return "", nil
 	}
 	s, ok := scalarText(v)
 	if !ok {
-		return "", badValue(ph, "value is "+jsonKind(v))
+		return "", badValue(ph, "value is "+jsonKind(v), jsonWhere(ph.name)+" is "+jsonKind(v)+", not a string, number or boolean")
 	}
 	return s, nil
 }
@@ -164,9 +172,10 @@ func (bs *bodyState) values(r *http.Request, maxBody int64, ph *placeholder, max
 		return nil, err
 	}
 	each := slices.IndexFunc(ph.path, func(s jsonStep) bool { return s.kind == stepEach })
+	array, _, _ := strings.Cut(ph.name, eachStep)
 	v, found, why := walk(obj, ph.path[:each])
 	if why != "" {
-		return nil, badValue(ph, why)
+		return nil, badValue(ph, why, jsonWhere(array)+": "+why)
 	}
 	if !found {
 		return nil, nil
@@ -174,28 +183,33 @@ func (bs *bodyState) values(r *http.Request, maxBody int64, ph *placeholder, max
 	arr, ok := v.([]any)
 	switch {
 	case !ok:
-		return nil, badValue(ph, "the value at [*] is "+jsonKind(v)+", not an array")
+		return nil, badValue(ph, "the value at [*] is "+jsonKind(v)+", not an array", jsonWhere(array)+" is "+jsonKind(v)+", not an array")
 	case len(arr) == 0:
-		return nil, missingWhy(ph, "the array is empty")
+		return nil, missingWhy(ph, "the array is empty", fmt.Sprintf("the JSON body array %q is empty", array))
 	case len(arr) > maxKeys:
-		return nil, fmt.Errorf("%w: %s: the array has more elements than the limit of %d", ErrTooManyKeys, ph.text, maxKeys)
+		return nil, &requestError{
+			msg:    fmt.Sprintf("%v: %s: the array has more elements than the limit of %d", ErrTooManyKeys, ph.text, maxKeys),
+			detail: fmt.Sprintf("the JSON body array %q has more than %d elements", array, maxKeys),
+			errs:   []error{ErrTooManyKeys},
+		}
 	}
 	rest := ph.path[each+1:]
 	vals := make([]string, len(arr))
 	for i, elem := range arr {
 		v, found, why := walk(elem, rest)
 		if why != "" {
-			return nil, badValue(ph, elemName(ph, i)+": "+why)
+			return nil, badValue(ph, elemName(ph, i)+": "+why, jsonWhere(elemPath(ph, i))+": "+why)
 		}
 		if !found {
-			return nil, missingWhy(ph, elemName(ph, i))
+			return nil, missingWhy(ph, elemName(ph, i), jsonWhere(elemPath(ph, i))+" is missing or empty")
 		}
 		s, ok := scalarText(v)
 		if !ok {
-			return nil, badValue(ph, elemName(ph, i)+": value is "+jsonKind(v))
+			return nil, badValue(ph, elemName(ph, i)+": value is "+jsonKind(v),
+				jsonWhere(elemPath(ph, i))+" is "+jsonKind(v)+", not a string, number or boolean")
 		}
 		if s == "" {
-			return nil, missingWhy(ph, elemName(ph, i))
+			return nil, missingWhy(ph, elemName(ph, i), jsonWhere(elemPath(ph, i))+" is missing or empty")
 		}
 		vals[i] = s
 	}
@@ -207,6 +221,12 @@ func (bs *bodyState) values(r *http.Request, maxBody int64, ph *placeholder, max
 func elemName(ph *placeholder, i int) string {
 	array, _, _ := strings.Cut(ph.name, eachStep)
 	return "at " + array + "[" + strconv.Itoa(i) + "]"
+}
+
+// elemPath is ph's JSON path for element i of its array, such as
+// "items[2].sku" for <json:items[*].sku>.
+func elemPath(ph *placeholder, i int) string {
+	return strings.Replace(ph.name, eachStep, "["+strconv.Itoa(i)+"]", 1)
 }
 
 // walk follows the field steps from v. It reports found false when a field
@@ -299,7 +319,7 @@ func (bs *bodyState) formValue(r *http.Request, maxBody int64, ph *placeholder) 
 		bs.form, bs.formErr = parseForm(r.Header.Get("Content-Type"), bs.buf, maxBody)
 	}
 	if bs.formErr != "" {
-		return "", badValue(ph, bs.formErr)
+		return "", badValue(ph, bs.formErr, "the request "+bs.formErr)
 	}
 	if vs := bs.form[ph.name]; len(vs) > 0 {
 		return vs[0], nil

@@ -32,3 +32,32 @@ var (
 	// middleware answers 413 Content Too Large.
 	ErrTooManyKeys = errors.New("keyfunc: too many keys")
 )
+
+// RequestDetail returns what err, an error of Template.Key or
+// Template.Keys, says is wrong with the request, in words for the request's
+// client: where the value was looked for and what was wrong with it, such as
+//
+//	the JSON body field "sku" is missing or empty
+//
+// It never holds a value from the request nor a Go package name; Error
+// keeps the placeholder as written, for logs. RequestDetail returns "" when
+// err (or an error it wraps) is not such an error.
+func RequestDetail(err error) string {
+	var re *requestError
+	if errors.As(err, &re) {
+		return re.detail
+	}
+	return ""
+}
+
+// requestError is a request that yields no key: it wraps one of the
+// sentinels (and the cause, if any), and says what is wrong both for logs
+// (msg) and for the request's client (detail).
+type requestError struct {
+	msg    string
+	detail string
+	errs   []error // the sentinel, then the cause if any
+}
+
+func (e *requestError) Error() string   { return e.msg }
+func (e *requestError) Unwrap() []error { return e.errs }

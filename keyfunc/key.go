@@ -192,7 +192,8 @@ func (st *keyState) value(ph *placeholder) (string, error) {
 		// both with different values could lock one thing and change another.
 		if ph.src == srcForm && v != "" {
 			if q := st.queryValues()[ph.name]; len(q) > 0 && q[0] != v {
-				return "", badValue(ph, "the field is also in the URL query, with another value")
+				return "", badValue(ph, "the field is also in the URL query, with another value",
+					ph.where()+" is also in the URL query, with another value")
 			}
 		}
 	case srcCtx:
@@ -225,16 +226,55 @@ func (st *keyState) values(ph *placeholder, maxKeys int) ([]string, error) {
 	return vs, nil
 }
 
-func missing(ph *placeholder) error { return fmt.Errorf("%w: %s", ErrMissing, ph.text) }
-
-// missingWhy is missing with a reason, such as the element that lacks the
-// value.
-func missingWhy(ph *placeholder, why string) error {
-	return fmt.Errorf("%w: %s: %s", ErrMissing, ph.text, why)
+// missing is the error of a placeholder whose value is absent or empty.
+func missing(ph *placeholder) error {
+	return &requestError{msg: ErrMissing.Error() + ": " + ph.text, detail: ph.missingDetail(), errs: []error{ErrMissing}}
 }
 
-func badValue(ph *placeholder, why string) error {
-	return fmt.Errorf("%w: %s: %s", ErrBadValue, ph.text, why)
+// missingWhy is missing with a reason, such as the element that lacks the
+// value, and the client's form of it (see RequestDetail).
+func missingWhy(ph *placeholder, why, detail string) error {
+	return &requestError{msg: ErrMissing.Error() + ": " + ph.text + ": " + why, detail: detail, errs: []error{ErrMissing}}
+}
+
+// badValue is the error of a placeholder whose value, or the body it is
+// read from, cannot be part of a key: why says so for logs, detail for the
+// client (see RequestDetail).
+func badValue(ph *placeholder, why, detail string) error {
+	return &requestError{msg: ErrBadValue.Error() + ": " + ph.text + ": " + why, detail: detail, errs: []error{ErrBadValue}}
+}
+
+// where names, for a client, where the value of ph is looked for, such as
+// `the JSON body field "sku"`.
+func (ph *placeholder) where() string {
+	switch ph.src {
+	case srcPath:
+		return fmt.Sprintf("the path parameter %q", ph.name)
+	case srcQuery:
+		return fmt.Sprintf("the query parameter %q", ph.name)
+	case srcHeader:
+		return fmt.Sprintf("the header %q", ph.name)
+	case srcForm:
+		return fmt.Sprintf("the form field %q", ph.name)
+	case srcJSON:
+		return jsonWhere(ph.name)
+	}
+	return fmt.Sprintf("the request's %q value (one the server derives from the request, such as its signed-in user)", ph.name)
+}
+
+// jsonWhere names the JSON body field at path for a client.
+func jsonWhere(path string) string { return fmt.Sprintf("the JSON body field %q", path) }
+
+// missingDetail says, for a client, that the value of ph is absent.
+func (ph *placeholder) missingDetail() string {
+	if ph.multi {
+		array, _, _ := strings.Cut(ph.name, eachStep)
+		return fmt.Sprintf("the JSON body has no array %q", array)
+	}
+	if ph.src == srcCtx {
+		return fmt.Sprintf("the request has no %q value (one the server derives from the request, such as its signed-in user)", ph.name)
+	}
+	return ph.where() + " is missing or empty"
 }
 
 // ctxValue renders the context value of a ctx placeholder.
@@ -276,7 +316,7 @@ func ctxValue(r Request, ph *placeholder) (string, error) {
 			return string(rv.Bytes()), nil
 		}
 	}
-	return "", badValue(ph, fmt.Sprintf("context value of unsupported type %T", v))
+	return "", badValue(ph, fmt.Sprintf("context value of unsupported type %T", v), ph.where()+" cannot be part of a lock key")
 }
 
 // unreserved marks the bytes that escaping keeps: [A-Za-z0-9]. Every other

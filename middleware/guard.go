@@ -270,8 +270,13 @@ func (g *Guard) keyRejection(err error) *Rejection {
 		}
 	}
 	if errors.Is(err, keyfunc.ErrMissing) || errors.Is(err, keyfunc.ErrBadValue) {
-		// keyfunc's messages name the placeholder, never the request's value.
-		return &Rejection{Status: http.StatusBadRequest, Reason: ReasonBadKey, Detail: err.Error(), Err: err}
+		// The client's words for what is missing or wrong, never a value
+		// from the request; Err keeps keyfunc's message for logs.
+		detail := keyfunc.RequestDetail(err)
+		if detail == "" {
+			detail = "the lock key could not be derived from the request"
+		}
+		return &Rejection{Status: http.StatusBadRequest, Reason: ReasonBadKey, Detail: detail, Err: err}
 	}
 	return g.internalRejection(err)
 }

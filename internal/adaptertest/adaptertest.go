@@ -118,6 +118,7 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("stalled store answers 503 within the wait", s.testStoreStalled)
 	t.Run("fail open runs unlocked and logs", s.testFailOpen)
 	t.Run("bad input", s.testBadInput)
+	t.Run("rejections are the same bytes on every adapter", s.testProblemBytes)
 	t.Run("json key leaves the body readable", s.testBodyReadable)
 	t.Run("path values are unescaped like json values", s.testEscapedPath)
 	t.Run("request deadline is a timeout, not a store failure", s.testRequestDeadline)
@@ -242,14 +243,23 @@ func (s *suite) expectRejection(t *testing.T, rec *httptest.ResponseRecorder, st
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
 		t.Fatalf("body is not JSON: %v: %s", err, rec.Body)
 	}
-	if p.Status != status || p.Reason != string(reason) || p.Title == "" {
-		t.Errorf("problem = %+v, want status %d reason %q and a title", p, status, reason)
+	if p.Status != status || p.Reason != string(reason) || p.Title == "" || p.Detail == "" {
+		t.Errorf("problem = %+v, want status %d reason %q, a title and a detail", p, status, reason)
 	}
-	if reason == middleware.ReasonBadKey && !strings.Contains(p.Detail, "<") {
-		t.Errorf("detail %q does not name the placeholder", p.Detail)
+	// The detail is for the client: no Go package prefix, no placeholder
+	// syntax (issue 10 item 4).
+	for _, leak := range []string{"keyfunc:", "reqlock:", "reqlock/", "<"} {
+		if strings.Contains(p.Detail, leak) {
+			t.Errorf("detail %q holds %q", p.Detail, leak)
+		}
 	}
-	if s.a.ProblemContentType == "application/problem+json" && strings.Contains(rec.Body.String(), `\u003c`) {
-		t.Errorf("problem body escapes HTML: %s", rec.Body)
+	if s.a.ProblemContentType == "application/problem+json" {
+		if strings.Contains(rec.Body.String(), `\u00`) {
+			t.Errorf("problem body escapes HTML: %s", rec.Body)
+		}
+		if got := rec.Header().Get("X-Content-Type-Options"); got != "nosniff" {
+			t.Errorf("X-Content-Type-Options = %q, want nosniff", got)
+		}
 	}
 	if got := rec.Header().Get("Retry-After"); (got != "") != retryAfter {
 		t.Errorf("Retry-After = %q, want present=%v", got, retryAfter)
@@ -544,37 +554,84 @@ func (s *suite) testBadInput(t *testing.T) {
 		req    func() *http.Request
 		status int
 		reason middleware.Reason
+		detail string // the client's words for what is wrong
 	}{
 		{"json field missing", "item:<json:sku>", nil,
-			func() *http.Request { return post("/items/1", `{"qty":1}`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1", `{"qty":1}`) }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the JSON body field "sku" is missing or empty`},
 		{"json field empty", "item:<json:sku>", nil,
-			func() *http.Request { return post("/items/1", `{"sku":""}`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1", `{"sku":""}`) }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the JSON body field "sku" is missing or empty`},
 		{"json body invalid", "item:<json:sku>", nil,
-			func() *http.Request { return post("/items/1", `{"sku":`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1", `{"sku":`) }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the request body is not valid JSON`},
 		{"json field is an object", "item:<json:sku>", nil,
-			func() *http.Request { return post("/items/1", `{"sku":{"a":1}}`) }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1", `{"sku":{"a":1}}`) }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the JSON body field "sku" is an object, not a string, number or boolean`},
 		{"no body", "item:<json:sku>", nil,
-			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the JSON body field "sku" is missing or empty`},
 		{"body too large", "item:<json:sku>", []middleware.Option{middleware.WithMaxBodyBytes(16)},
-			func() *http.Request { return post("/items/1", `{"sku":"a-rather-long-sku-value"}`) }, http.StatusRequestEntityTooLarge, middleware.ReasonBodyTooLarge},
+			func() *http.Request { return post("/items/1", `{"sku":"a-rather-long-sku-value"}`) }, http.StatusRequestEntityTooLarge, middleware.ReasonBodyTooLarge,
+			"exceeds 16 bytes"},
 		{"header missing", "tenant:<header:X-Tenant>:item:<id>", nil,
-			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the header "X-Tenant" is missing or empty`},
 		{"query missing", "item:<id>:<query:batch>", nil,
-			func() *http.Request { return post("/items/1?other=1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1?other=1", "") }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the query parameter "batch" is missing or empty`},
 		{"ctx value missing", "user:<ctx:user>", nil,
-			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey},
+			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey,
+			`the request has no "user" value`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			locker, store := newMemLocker(t)
 			var ran atomic.Bool
 			srv := s.serve(t, locker, tc.key, func(w http.ResponseWriter, r *http.Request) { ran.Store(true) }, tc.opts...)
-			s.expectRejection(t, do(srv, tc.req()), tc.status, tc.reason, false)
+			rec := do(srv, tc.req())
+			s.expectRejection(t, rec, tc.status, tc.reason, false)
+			var p problem
+			_ = json.Unmarshal(rec.Body.Bytes(), &p)
+			if !strings.Contains(p.Detail, tc.detail) {
+				t.Errorf("detail %q does not say %q", p.Detail, tc.detail)
+			}
 			if ran.Load() {
 				t.Fatal("handler ran for a request without a key")
 			}
 			if n := store.Len(); n != 0 {
 				t.Fatalf("a lock was taken for a bad request (%d entries)", n)
+			}
+		})
+	}
+}
+
+// Every adapter answers a rejection with the same bytes: the headers
+// WriteProblem sets and its body, with "&" and quotes as JSON writes them
+// unescaped for HTML (issue 10 item 4; on echo with its default error
+// handler).
+func (s *suite) testProblemBytes(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	hold(t, locker, "item:7")
+	for _, tc := range []struct {
+		name, key, body, retryAfter string
+		status                      int
+	}{
+		{"timeout", "item:<id>",
+			`{"type":"about:blank","title":"Locked","status":423,"detail":"the resource is locked by another request; retry later","reason":"timeout"}` + "\n",
+			"1", http.StatusLocked},
+		{"bad key", "t:<header:X-A&B>:item:<id>",
+			`{"type":"about:blank","title":"Bad Request","status":400,"detail":"the header \"X-A&b\" is missing or empty","reason":"bad_key"}` + "\n",
+			"", http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := s.serve(t, locker, tc.key, func(http.ResponseWriter, *http.Request) {}, middleware.WithWait(0))
+			rec := do(srv, post("/items/7", ""))
+			h := rec.Header()
+			if rec.Code != tc.status || rec.Body.String() != tc.body || h.Get("Content-Type") != "application/problem+json" ||
+				h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Retry-After") != tc.retryAfter {
+				t.Fatalf("%s: got %d %v\n%s\nwant %d, application/problem+json, nosniff, Retry-After %q:\n%s",
+					s.a.Name, rec.Code, h, rec.Body, tc.status, tc.retryAfter, tc.body)
 			}
 		})
 	}
