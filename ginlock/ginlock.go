@@ -8,6 +8,12 @@
 // request context. The handler finds its lock with Lock(c). The request flow,
 // responses and configuration are those of package middleware.
 //
+// gin's c is a context.Context, and a locked handler may use it as the
+// request's context: reqlock.FromContext(c) finds the route's lock, and
+// locker.Obtain(c, key, ...) on a key the route holds re-enters the lock at
+// once, with its fence, instead of waiting for itself; both also without
+// the engine's ContextWithFallback.
+//
 // A whole route table (middleware.Routes) goes in front of every route with
 // Install, called before any route is registered; see Install for why the
 // order matters on gin.
@@ -21,6 +27,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/ctxkeys"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
 )
@@ -137,7 +144,26 @@ func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
 
 func serve(g *middleware.Guard, c *gin.Context) {
 	_ = g.Serve(request{c}, func(r *http.Request) error {
+		if r == c.Request {
+			c.Next() // skipped, or a fail-open run: nothing to hand on
+			return nil
+		}
+		// *gin.Context is a context.Context, but without the engine's
+		// ContextWithFallback its Value reads only c.Keys for string keys:
+		// put the request's context, which carries the lock, where the core
+		// looks for it, so that reqlock.FromContext(c) and
+		// locker.Obtain(c, ...) behave as with c.Request.Context().
+		prev, had := c.Get(ctxkeys.RequestContext)
 		c.Request = r
+		c.Set(ctxkeys.RequestContext, r.Context())
+		defer func() {
+			// An outer guard's handlers see its own context again.
+			if had {
+				c.Set(ctxkeys.RequestContext, prev)
+			} else {
+				c.Delete(ctxkeys.RequestContext)
+			}
+		}()
 		c.Next()
 		return nil
 	}, func(rej *middleware.Rejection) error {

@@ -132,9 +132,12 @@ func TestRoundTripsPerLockedRequest(t *testing.T) {
 // The race detector's runtime allocates for itself, and its sync.Pool drops
 // items at random (echo pools its contexts): a race build has figures of
 // its own, the largest measured plus one for that noise.
+// gin's figures include the 2 allocations of the c.Keys map in which
+// ginlock puts the request's context, so that a handler may use its
+// *gin.Context as the lock's context (issue 10 item 3).
 var lockAllocs = map[bool]map[string]float64{
-	false: {"nethttp": 18, "gin": 18, "echo": 20},
-	true:  {"nethttp": 20, "gin": 20, "echo": 23},
+	false: {"nethttp": 18, "gin": 20, "echo": 20},
+	true:  {"nethttp": 20, "gin": 22, "echo": 23},
 }
 
 // TestAllocsPerLockedRequest pins the allocations a lock adds to a request,
