@@ -26,6 +26,13 @@ import (
 //     what it was and what that refresh would have set, and confirmed is
 //     false: the grant is neither handed on nor re-entered until an
 //     owner-checked refresh succeeds.
+//   - A renewal whose outcome was unknown may still reach the store at any
+//     later time (a request held up in the network) and set the keys' TTL
+//     then, past every check of the token. So once one happened, unknownTTL
+//     keeps the shortest such TTL for the rest of the grant: every later
+//     confirmed validity counts no more than unknownTTL from its renewal's
+//     start, and the grant is never handed on (the next holder gets a grant
+//     of its own, with a new token the stale renewal cannot match).
 //   - A handoff never passes on more validity than the recipient's own TTL
 //     confirms: the recipient caps validUntil at its TTL (minus drift) from
 //     the handoff, and renews first when less than half of it is left.
@@ -62,6 +69,7 @@ type grant struct {
 	confirmed  bool
 	ttl        time.Duration // the current holder's TTL
 	refreshing int
+	unknownTTL time.Duration // the shortest TTL of a renewal of unknown outcome; 0 if none
 	lost       bool
 	ended      bool      // released in the store, or on its way there
 	keepUntil  time.Time // hold-at-least: the keys stay held until then
@@ -198,7 +206,7 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 	g.mu.Lock()
 	g.refreshing--
 	before := g.validUntil
-	err = g.refreshedLocked(epoch, ttl, start.Add(ttl-clockDrift(ttl)), err)
+	err = g.refreshedLocked(epoch, ttl, start, err)
 	var shortened []*Lock
 	if g.validUntil.Before(before) {
 		shortened = slices.Clone(g.watchers)
@@ -210,9 +218,14 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 	return err
 }
 
-// refreshedLocked records the outcome err of a refresh to ttl that would
-// make the grant valid until then. The caller holds g.mu.
-func (g *grant) refreshedLocked(epoch int, ttl time.Duration, until time.Time, err error) error {
+// refreshedLocked records the outcome err of a refresh to ttl that began at
+// start. The caller holds g.mu.
+func (g *grant) refreshedLocked(epoch int, ttl time.Duration, start time.Time, err error) error {
+	trusted := ttl // what the keys surely keep from start on
+	if g.unknownTTL > 0 && g.unknownTTL < trusted {
+		trusted = g.unknownTTL // an earlier renewal may yet land
+	}
+	until := start.Add(trusted - clockDrift(trusted))
 	switch {
 	case err == nil:
 		if g.epoch != epoch || g.ended {
@@ -226,11 +239,14 @@ func (g *grant) refreshedLocked(epoch int, ttl time.Duration, until time.Time, e
 	case errors.Is(err, ErrInvalid):
 		return err // refused before it acted
 	}
-	// The store may have applied the new TTL, or not: only the smaller of
-	// the two validities is sure, and the grant is not trusted further
-	// until a refresh succeeds.
+	// The store may have applied the new TTL, or not, or may yet: only the
+	// smaller of the two validities is sure, the grant is not trusted
+	// further until a refresh succeeds, and never handed on.
 	if until.Before(g.validUntil) {
 		g.validUntil = until
+	}
+	if g.unknownTTL == 0 || ttl < g.unknownTTL {
+		g.unknownTTL = ttl
 	}
 	g.confirmed = false
 	return wrapStoreError(err)
@@ -306,7 +322,7 @@ func (g *grant) handOff() (handed, waiting bool) {
 		defer g.mu.Unlock()
 		now := time.Now()
 		switch {
-		case g.lost, g.ended, !g.confirmed, g.refreshing > 0,
+		case g.lost, g.ended, !g.confirmed, g.refreshing > 0, g.unknownTTL > 0,
 			now.Before(g.keepUntil),
 			g.epoch+1 > g.locker.handoffCount,
 			now.Sub(g.started) >= g.locker.handoffTime,

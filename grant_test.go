@@ -287,3 +287,47 @@ func TestReentrantShorterRenewalEndsOuterContext(t *testing.T) {
 		awaitContextEnd(t, octx, until, 5*time.Second)
 	})
 }
+
+// A renewal of unknown outcome may still land after a later one succeeded:
+// the lock then trusts no more than the shorter TTL from each renewal on,
+// and its grant is not handed on, so a waiter of this process gets a grant
+// (and token) of its own.
+func TestUnknownRenewalCapsLaterValidity(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *storeEnv) {
+		faults := &refreshFaults{Store: e.real}
+		l := e.lockerOn(t, faults)
+		ctx := context.Background()
+		lock, err := l.Obtain(ctx, "k", time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const short = 200 * time.Millisecond
+		faults.mu.Lock()
+		faults.failAfterRun = errors.New("i/o timeout: the renewal may still land")
+		faults.mu.Unlock()
+		if err := lock.Refresh(ctx, short); !errors.Is(err, reqlock.ErrStore) {
+			t.Fatalf("renewal whose reply failed: %v, want ErrStore", err)
+		}
+		faults.mu.Lock()
+		faults.failAfterRun = nil
+		faults.mu.Unlock()
+		before := time.Now()
+		if err := lock.Refresh(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if left := lock.ValidUntil().Sub(before); left > short {
+			t.Fatalf("validity %v after a confirmed renewal to 1m, want at most %v: the earlier renewal to %v may land after it",
+				left, short, short)
+		}
+		got := obtainAsync(l, "k", time.Minute)
+		pollUntil(t, func() bool { return reqlock.LocalWaiters(l, e.prefix+"k") == 1 })
+		if err := lock.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		next := receiveLock(t, got, "the waiter")
+		defer next.Release(ctx)
+		if next.Token() == lock.Token() {
+			t.Fatal("a grant with a renewal of unknown outcome was handed on: that renewal may still shorten it")
+		}
+	})
+}

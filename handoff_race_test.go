@@ -474,3 +474,99 @@ func TestRefreshAfterHandoffNeverTouchesTheSuccessor(t *testing.T) {
 		})
 	})
 }
+
+// renewalsStopping reports each Refresh and calls stop once the stopAfter-th
+// has returned, before the Locker sees its outcome.
+type renewalsStopping struct {
+	stores.Store
+	done      chan renewal
+	mu        sync.Mutex
+	n         int
+	stopAfter int
+	stop      func()
+}
+
+func (s *renewalsStopping) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	start := time.Now()
+	err := s.Store.Refresh(ctx, keys, token, ttl)
+	s.mu.Lock()
+	s.n++
+	if s.n == s.stopAfter {
+		s.stop()
+	}
+	s.mu.Unlock()
+	select {
+	case s.done <- renewal{start, time.Since(start), ttl, err}:
+	default:
+	}
+	return err
+}
+
+func (s *renewalsStopping) NotifyRelease(key, token string) (<-chan struct{}, func()) {
+	return s.Store.(stores.Notifier).NotifyRelease(key, token)
+}
+
+// A renewal whose outcome is unknown can still reach Redis after a later
+// renewal succeeded: its request was delayed (a lost packet until its
+// retransmission), not its reply. The watchdog's retry confirms the grant,
+// the grant is handed on to a holder with a longer TTL, which renews it to
+// that TTL; then the stale renewal arrives and sets the short TTL again,
+// with the same token, behind the new holder's back.
+func TestStaleRenewalAfterHandoffNeverShortensTheSuccessor(t *testing.T) {
+	proxy := testredis.NewProxy(t)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	proxied, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxied.Close() })
+	if err := proxied.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	wctx, stopWatchdog := context.WithCancel(ctx)
+	defer stopWatchdog()
+	renewals := &renewalsStopping{Store: proxied, done: make(chan renewal, 16), stopAfter: 2, stop: stopWatchdog}
+	rdb := testredis.Client(t)
+	prefix := testredis.Prefix(t)
+	storeKey := prefix + "k"
+	here := reqlock.MustNew(renewals, reqlock.WithKeyPrefix(prefix), reqlock.WithHandoff(16, time.Hour), quiet)
+
+	long, err := here.Obtain(ctx, "k", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const shortTTL = 60 * time.Millisecond
+	gotShort := obtainAsync(here, "k", shortTTL)
+	pollUntil(t, func() bool { return reqlock.LocalWaiters(here, storeKey) == 1 })
+	gotNext := obtainAsync(here, "k", 10*time.Second)
+	pollUntil(t, func() bool { return reqlock.LocalWaiters(here, storeKey) == 2 })
+
+	staleRan := proxy.DelayNextRequest(300 * time.Millisecond) // the watchdog's first renewal
+	mustRelease(t, long)
+	short := receiveLock(t, gotShort, "the short-TTL waiter")
+	short.KeepAlive(wctx)
+	r1 := within(t, renewals.done, 5*time.Second, "no first renewal")
+	r2 := within(t, renewals.done, 5*time.Second, "no second renewal")
+	if r1.err == nil || r2.err != nil {
+		t.Fatalf("renewals: %v, then %v; this test needs one of unknown outcome, then one that succeeds", r1.err, r2.err)
+	}
+	if err := short.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := receiveLock(t, gotNext, "the next waiter")
+	defer next.Release(ctx)
+
+	// The stale renewal reaches Redis now, and Redis runs it, with the
+	// grant's token, which next holds too.
+	within(t, staleRan, 5*time.Second, "the stale renewal did not reach Redis")
+	pttl, err := rdb.PTTL(ctx, storeKey).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if believed := validity(next); pttl < believed {
+		t.Fatalf("Redis lets the key go in %v while next believes it holds it for %v: a stale renewal shortened the successor's grant",
+			pttl, believed)
+	}
+}
