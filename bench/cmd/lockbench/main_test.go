@@ -91,6 +91,11 @@ func TestAllWorkloads(t *testing.T) {
 			t.Errorf("%s: %d commands (commandstats), %d round trips; want both above 0", name, r.Commands, r.RoundTrips)
 		case r.CommandDelta["info"] == 0:
 			t.Errorf("%s: commandstats delta %v lacks the harness's own INFO", name, r.CommandDelta)
+		case r.ScriptCPUPerAcq <= 0:
+			// Every library releases through a script.
+			t.Errorf("%s: script CPU %v per acquisition, want above 0 (commandstats usec)", name, r.ScriptCPUPerAcq)
+		case r.RedisCPUPerAcq < r.ScriptCPUPerAcq:
+			t.Errorf("%s: Redis CPU %v per acquisition below its scripts' %v", name, r.RedisCPUPerAcq, r.ScriptCPUPerAcq)
 		}
 		wantProcs := 1
 		if r.Workload == "multi" {

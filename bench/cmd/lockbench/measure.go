@@ -126,20 +126,37 @@ func commandStats(ctx context.Context, c *redis.Client) (map[string]int64, error
 		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
+		name = strings.TrimPrefix(name, "cmdstat_")
 		var n int64
 		for _, f := range strings.Split(fields, ",") {
 			k, v, _ := strings.Cut(f, "=")
-			if k == "calls" || k == "rejected_calls" {
-				x, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					return nil, fmt.Errorf("INFO commandstats: %q: %w", sc.Text(), err)
-				}
+			if k != "calls" && k != "rejected_calls" && k != "usec" {
+				continue
+			}
+			x, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("INFO commandstats: %q: %w", sc.Text(), err)
+			}
+			if k == "usec" {
+				stats[usecKey(name)] = x
+			} else {
 				n += x
 			}
 		}
-		stats[strings.TrimPrefix(name, "cmdstat_")] = n
+		stats[name] = n
 	}
 	return stats, nil
+}
+
+// usecKey is the key under which commandStats keeps a command's usec (the
+// CPU time Redis spent in it, nested script calls included), beside its
+// calls under the command's name.
+func usecKey(command string) string { return command + " usec" }
+
+// scriptMicros returns the usec of eval and evalsha in delta: the time Redis
+// spent running scripts, the commands they call included.
+func scriptMicros(delta map[string]int64) int64 {
+	return delta[usecKey("eval")] + delta[usecKey("evalsha")]
 }
 
 // commandDelta is after minus before, per command, leaving out commands that
@@ -161,7 +178,7 @@ func commandDelta(before, after map[string]int64) map[string]int64 {
 func lockCommands(delta map[string]int64, harnessGets, harnessSets int64) int64 {
 	var n int64
 	for name, d := range delta {
-		if !isConnectionCommand(name) {
+		if !isConnectionCommand(name) && !strings.HasSuffix(name, " usec") {
 			n += d
 		}
 	}

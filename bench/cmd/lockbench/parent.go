@@ -57,9 +57,10 @@ type libResult struct {
 	HandoverP50 time.Duration `json:"handover_p50_ns"`
 	HandoverP99 time.Duration `json:"handover_p99_ns"`
 
-	Commands       int64         `json:"commands"` // from INFO commandstats, see lockCommands
-	CommandsPerAcq float64       `json:"commands_per_acquisition"`
-	RedisCPUPerAcq time.Duration `json:"redis_cpu_per_acquisition_ns"` // INFO cpu delta (user+sys), all clients
+	Commands        int64         `json:"commands"` // from INFO commandstats, see lockCommands
+	CommandsPerAcq  float64       `json:"commands_per_acquisition"`
+	RedisCPUPerAcq  time.Duration `json:"redis_cpu_per_acquisition_ns"`  // INFO cpu delta (user+sys), all clients
+	ScriptCPUPerAcq time.Duration `json:"script_cpu_per_acquisition_ns"` // commandstats usec of eval and evalsha
 
 	CommandDelta     map[string]int64 `json:"commandstats_delta"` // raw, every command
 	RoundTrips       int64            `json:"round_trips"`
@@ -295,6 +296,7 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 		r.CommandsPerAcq = float64(r.Commands) / float64(r.Acquisitions)
 		r.RoundTripsPerAcq = float64(r.RoundTrips) / float64(r.Acquisitions)
 		r.RedisCPUPerAcq = (cpuAfter - cpuBefore) / time.Duration(r.Acquisitions)
+		r.ScriptCPUPerAcq = time.Duration(scriptMicros(r.CommandDelta)) * time.Microsecond / time.Duration(r.Acquisitions)
 	}
 	r.CounterTotal = total
 	r.LostUpdates = r.Acquisitions - res.RMWErrors - total

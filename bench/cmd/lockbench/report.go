@@ -143,12 +143,12 @@ func printWorkload(w io.Writer, cfg config, workload string, results []*libResul
 	fmt.Fprintf(w, "\n== %s: %s, %v\n", workload, describe(cfg, workload), cfg.Duration)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "lib\tacq\tacq/s\twait p50\twait p99\twait max\ttimeouts\terrors\t"+
-		"handover p50\thandover p99\thandovers\tcmds/acq\tredis µs/acq\trt/acq\tlost\t")
+		"handover p50\thandover p99\thandovers\tcmds/acq\tscript µs/acq\tredis µs/acq\trt/acq\tlost\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%.2f\t%.1f\t%.2f\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%.2f\t%.1f\t%.1f\t%.2f\t%d\t\n",
 			r.Lib, r.Acquisitions, r.AcqPerSec, fmtDur(r.WaitP50), fmtDur(r.WaitP99), fmtDur(r.WaitMax),
 			r.Timeouts, r.Errors, handoverDur(r, r.HandoverP50), handoverDur(r, r.HandoverP99), r.Handovers,
-			r.CommandsPerAcq, float64(r.RedisCPUPerAcq)/float64(time.Microsecond), r.RoundTripsPerAcq, r.LostUpdates)
+			r.CommandsPerAcq, micros(r.ScriptCPUPerAcq), micros(r.RedisCPUPerAcq), r.RoundTripsPerAcq, r.LostUpdates)
 	}
 	_ = tw.Flush()
 	for _, r := range results {
@@ -198,8 +198,12 @@ How to read this:
   cmds/acq   INFO commandstats delta over the run (calls + rejected_calls of every command; this
              counts the commands that Lua scripts call too), minus connection set-up (HELLO,
              CLIENT ...), INFO and the harness's own counter GET + SET, per acquisition.
+  script µs/acq  time Redis spent running the library's scripts (INFO commandstats usec of eval
+             and evalsha, the commands a script calls included), per acquisition. A library that
+             also sends bare commands (redsync's SET NX) spends more than this.
   redis µs/acq  CPU time of the Redis server (INFO cpu, user + system) over the run, per
-             acquisition: the cost of every client's commands, the harness's counter too.
+             acquisition: every client's commands, the harness's counter, and the server's own
+             housekeeping, so a library with fewer acquisitions pays more of the latter.
   rt/acq     top-level round trips of the library's go-redis client, counted by a hook (a script
              call is one, EVALSHA falling back to EVAL two; connection handshakes excluded), per
              acquisition. The counter GET + SET go through a separate client.
@@ -229,3 +233,6 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.2fs", d.Seconds())
 	}
 }
+
+// micros returns d in microseconds.
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
