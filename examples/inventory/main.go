@@ -135,9 +135,36 @@
 //     body over 1 MiB before they lock, with a problem details body of reason
 //     "body_too_large".
 //   - 423 with Retry-After when the lock wait runs out.
-//   - 503 with Retry-After when the lock store or the stock store is down.
+//   - 503 with Retry-After when the lock store or the stock store is down or
+//     does not answer in time (see Failures).
 //   - 500 when the request's lock does not cover a SKU it writes (see Lock
 //     configuration).
+//
+// Failures:
+//
+// When Redis freezes or dies, a request answers 503 with Retry-After at most
+// its lock wait plus its work (-work) plus one second after it arrived. The
+// wait bounds getting the lock: reqlock bounds each store call by the wait's
+// deadline. Once the request has its lock, its stock calls share 600ms,
+// each bounded by what the calls before it left (the work does not count),
+// and the release of its lock, which runs before the answer leaves, takes
+// at most 400ms (the Locker's release timeout); a lock whose release failed
+// expires with its TTL. A request without a lock (a GET, -nolock, a
+// fail-open route whose lock store failed) gives its stock calls the whole
+// second. With -wait 0 the one try has no deadline of its own: the Redis
+// client bounds it, by its read, write and dial timeouts (1s each unless the
+// -redis URL sets read_timeout, write_timeout or dial_timeout), and go-redis
+// retries a call whose dial failed (max_retries, 3 by default), so a Redis
+// host that drops connections silently holds it a second per try.
+//
+// A deduction whose write went unanswered may still be applied after its
+// request was answered: a frozen Redis applies what it was sent when it
+// thaws. Fencing keeps the stock accounting exact all the same. The write
+// carries the fence its read claimed, and Redis applies it only if no newer
+// holder has read or written the SKU since: a newer holder either reads the
+// stock that write left, or claims the SKU first and the late write is
+// refused. No update is lost; the client may not know whether it bought the
+// unit, and GET /skus/{id} tells it.
 //
 // Try it:
 //
@@ -202,11 +229,18 @@ const (
 // shutdownTimeout bounds the graceful shutdown.
 const shutdownTimeout = 10 * time.Second
 
-// releaseTimeout bounds each lock release, which runs after the handler and
-// before its answer leaves: with stockTimeout, it keeps a request that holds
-// its lock from waiting on a frozen Redis for longer than the lock wait plus
-// about a second.
-const releaseTimeout = time.Second
+// redisGrace is the most a Redis that freezes or dies adds to the answer
+// time of a request once it has its lock (see Failures in the package doc):
+// the request's stock calls share stockBudget of it, and the release of its
+// lock, which runs after the handler and before the answer leaves, takes at
+// most the rest, releaseTimeout. A request without a lock has all of it for
+// its stock calls. It is also the Redis client's read, write and dial
+// timeout unless the -redis URL sets them, which bounds each call that has
+// no deadline of its own: the one try of a lock with -wait 0.
+const redisGrace = time.Second
+
+// releaseTimeout bounds each lock release (reqlock.WithReleaseTimeout).
+const releaseTimeout = 400 * time.Millisecond
 
 // config is the service's configuration, one field per flag.
 type config struct {
@@ -365,8 +399,18 @@ func buildApp(cfg config) (*app, error) {
 		if err != nil {
 			return nil, fmt.Errorf("-redis: invalid Redis URL: %w", err)
 		}
-		// Let a request's lock wait deadline bound a stalled Redis too.
+		// Let a request's lock wait deadline, and its stock budget, bound a
+		// stalled Redis too; and bound each call without a deadline. go-redis
+		// retries a failed call (max_retries) and, within each try, a failed
+		// dial 5 times 100ms apart: for a dead Redis the two multiply into
+		// almost 2s; the retries of the call are enough.
 		opts.ContextTimeoutEnabled = true
+		for _, d := range []*time.Duration{&opts.ReadTimeout, &opts.WriteTimeout, &opts.DialTimeout} {
+			if *d == 0 {
+				*d = redisGrace
+			}
+		}
+		opts.DialerRetries = 1
 		client := redis.NewClient(opts)
 		a.closers = append(a.closers, client.Close)
 		rs, err := redisstore.New(client)
@@ -375,7 +419,7 @@ func buildApp(cfg config) (*app, error) {
 			return nil, fmt.Errorf("redis lock store: %w", err)
 		}
 		where := fmt.Sprintf("Redis %s db %d", opts.Addr, opts.DB)
-		lockStore, stock = rs, boundedStock{newRedisStock(client)}
+		lockStore, stock = rs, newRedisStock(client)
 		a.ping = func(ctx context.Context) error { return client.Ping(ctx).Err() }
 		a.lockDesc, a.stockDesc = "redisstore ("+where+")", "in "+where
 	}

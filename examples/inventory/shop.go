@@ -401,35 +401,58 @@ func int64s(reply []any) ([]int64, error) {
 	return v, nil
 }
 
-// stockTimeout bounds each call to the Redis stock store (boundedStock), so
-// that a request that holds its lock answers within its lock wait plus this
-// (and its work) even when Redis is down or frozen: the first call that
-// fails ends the request. A write that reaches Redis after its request was
-// answered is still fenced, so the accounting stays exact.
-const stockTimeout = time.Second
+// stockBudget is the time the stock calls of a request that holds its lock
+// share: redisGrace less the release's share. A request without a lock (a
+// GET, -nolock, a fail-open route whose lock store failed) releases nothing,
+// and its calls share all of redisGrace.
+const stockBudget = redisGrace - releaseTimeout
 
-// boundedStock is a stockStore whose every call is bounded by stockTimeout.
-type boundedStock struct{ stockStore }
-
-func (b boundedStock) Read(ctx context.Context, sku string, fence int64) (int64, bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, stockTimeout)
-	defer cancel()
-	return b.stockStore.Read(ctx, sku, fence)
+// budgetStock is a stockStore for the calls of one request, which share a
+// budget of time: each call is bounded by what the calls before it left, so
+// that a Redis that freezes or dies holds the request for the budget at
+// most, however many calls it makes, while the request's own work (-work)
+// does not count. A request makes its calls one after the other; so does
+// budgetStock, which is not safe for concurrent use.
+type budgetStock struct {
+	store stockStore
+	left  time.Duration
 }
 
-func (b boundedStock) Write(ctx context.Context, sku string, stock, fence int64) error {
-	ctx, cancel := context.WithTimeout(ctx, stockTimeout)
+// call runs f with a context bounded by what is left of the budget, and
+// takes the time f took from it.
+func (b *budgetStock) call(ctx context.Context, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, b.left)
 	defer cancel()
-	return b.stockStore.Write(ctx, sku, stock, fence)
+	start := time.Now()
+	err := f(ctx)
+	b.left -= time.Since(start)
+	return err
 }
 
-func (b boundedStock) DeductAll(ctx context.Context, ds []deduction, defaultStock int64) ([]int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, stockTimeout)
-	defer cancel()
-	return b.stockStore.DeductAll(ctx, ds, defaultStock)
+func (b *budgetStock) Read(ctx context.Context, sku string, fence int64) (stock int64, found bool, err error) {
+	err = b.call(ctx, func(ctx context.Context) error {
+		stock, found, err = b.store.Read(ctx, sku, fence)
+		return err
+	})
+	return stock, found, err
 }
 
-// shop holds the stock and the operations the handlers call.
+func (b *budgetStock) Write(ctx context.Context, sku string, stock, fence int64) error {
+	return b.call(ctx, func(ctx context.Context) error {
+		return b.store.Write(ctx, sku, stock, fence)
+	})
+}
+
+func (b *budgetStock) DeductAll(ctx context.Context, ds []deduction, defaultStock int64) (left []int64, err error) {
+	err = b.call(ctx, func(ctx context.Context) error {
+		left, err = b.store.DeductAll(ctx, ds, defaultStock)
+		return err
+	})
+	return left, err
+}
+
+// shop holds the stock and the operations the handlers call. A handler
+// calls them on forRequest's shop.
 type shop struct {
 	store        stockStore
 	defaultStock int64         // stock of a SKU never set
@@ -438,6 +461,19 @@ type shop struct {
 	// testHookAfterRead, when set, runs in Deduct between the read and the
 	// work. Tests use it as a barrier; it is nil in the service.
 	testHookAfterRead func(ctx context.Context)
+}
+
+// forRequest returns the shop as one request sees it: its stock calls share
+// a budget (budgetStock), stockBudget when the request holds a lock, which
+// its release will then need time for, and redisGrace when it does not.
+func (s *shop) forRequest(h holder) *shop {
+	budget := redisGrace
+	if h.lock != nil {
+		budget = stockBudget
+	}
+	rs := *s
+	rs.store = &budgetStock{store: s.store, left: budget}
+	return &rs
 }
 
 // Get returns the stock of sku: the default stock for a SKU never set.
@@ -586,7 +622,7 @@ func (s *shop) getReply(ctx context.Context, sku string) reply {
 	if sku == "" {
 		return badRequest("sku is empty")
 	}
-	stock, err := s.Get(ctx, sku)
+	stock, err := s.forRequest(holder{}).Get(ctx, sku)
 	if err != nil {
 		return s.errorReply(ctx, sku, 0, err)
 	}
@@ -613,7 +649,7 @@ func (s *shop) setReply(ctx context.Context, sku string, body io.Reader, h holde
 	if err != nil {
 		return s.errorReply(ctx, sku, 0, err)
 	}
-	if err := s.Set(ctx, sku, *req.Stock, fence); err != nil {
+	if err := s.forRequest(h).Set(ctx, sku, *req.Stock, fence); err != nil {
 		return s.errorReply(ctx, sku, 0, err)
 	}
 	return reply{http.StatusOK, stockBody{SKU: sku, Stock: *req.Stock}}
@@ -656,7 +692,7 @@ func (s *shop) deduct(ctx context.Context, sku string, qty *int64, h holder) rep
 	if err != nil {
 		return s.errorReply(ctx, sku, 0, err)
 	}
-	remaining, err := s.Deduct(ctx, sku, *qty, fence, s.work)
+	remaining, err := s.forRequest(h).Deduct(ctx, sku, *qty, fence, s.work)
 	if err != nil {
 		return s.errorReply(ctx, sku, remaining, err)
 	}
@@ -715,7 +751,7 @@ func (s *shop) checkoutReply(ctx context.Context, body io.Reader, h holder) repl
 		}
 		ds = append(ds, deduction{SKU: sku, Qty: qty[sku], Fence: fence})
 	}
-	left, err := s.Checkout(ctx, ds, s.work)
+	left, err := s.forRequest(h).Checkout(ctx, ds, s.work)
 	if err != nil {
 		return s.errorReply(ctx, "", 0, err)
 	}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock/internal/testservers"
+)
+
+// redisFaults are the ways the tests make a real Redis fail under a
+// request: it freezes (SIGSTOP: it keeps its connections and answers
+// nothing, as in a long pause or behind a partition), or it dies (SIGKILL).
+// restore brings it back with its data.
+var redisFaults = []struct {
+	name          string
+	fail, restore func(*testservers.Server)
+}{
+	{"frozen", (*testservers.Server).Pause, (*testservers.Server).Resume},
+	{"killed", (*testservers.Server).Kill, (*testservers.Server).Restart},
+}
+
+// answerSlack is what the answer-time tests allow beyond the bound the
+// service keeps, for the HTTP round trip and a loaded machine.
+const answerSlack = 250 * time.Millisecond
+
+// TestRedisFailureAnswersInTime: Redis freezes or dies under a request that
+// holds its lock, one that first waited for it most of its lock wait. The
+// request still answers 503 with Retry-After within its wait plus
+// redisGrace (its work is 0): its stock calls share what is left of
+// redisGrace after the release's share, and the release is bounded by
+// releaseTimeout. A request that tries once (-wait 0) and a GET answer
+// within redisGrace too. Once Redis is back the stock is as the fences
+// allow (the frozen write may land once Redis thaws; the dead one never
+// left) and the SKU sells on.
+func TestRedisFailureAnswersInTime(t *testing.T) {
+	for _, fw := range frameworks {
+		for _, fault := range redisFaults {
+			t.Run(fw+"/"+fault.name, func(t *testing.T) {
+				t.Parallel()
+				server := testservers.RedisNodes(t, 1)[0]
+				cfg := testConfig(fw)
+				cfg.redisURL = "redis://" + server.Addr()
+				// Longer than the request's hold, short enough that the
+				// lock a failed release left behind expires within the
+				// next request's wait.
+				cfg.ttl = 1500 * time.Millisecond
+				a, srv := startApp(t, cfg)
+				const sku = "Z"
+				key, err := skuKeysOf(a.routes, routeDeduct).key(sku)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held, err := a.locker.Obtain(context.Background(), key, 10*time.Second, 0)
+				if err != nil {
+					t.Fatalf("Obtain: %v", err)
+				}
+
+				read, failed := make(chan time.Time, 1), make(chan struct{})
+				a.shop.testHookAfterRead = func(ctx context.Context) {
+					read <- time.Now()
+					select {
+					case <-failed:
+					case <-ctx.Done():
+					}
+				}
+				holdFor := cfg.wait - 400*time.Millisecond
+				start := time.Now()
+				answer := doAsync(deductRoutes[0].req(srv.URL, sku))
+				select {
+				case r := <-answer:
+					t.Fatalf("answered %v, %v while another held the lock", r.a, r.err)
+				case <-time.After(holdFor): // the request waits meanwhile
+				}
+				if err := held.Release(context.Background()); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+				var readAt time.Time
+				select {
+				case readAt = <-read:
+				case r := <-answer:
+					t.Fatalf("answered %v, %v before it read the stock", r.a, r.err)
+				}
+				fault.fail(server)
+				close(failed)
+				r := <-answer
+				took := time.Since(start)
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				if waited := readAt.Sub(start); waited < holdFor {
+					t.Fatalf("the request had its lock after %v, before the holder's %v: it did not wait", waited, holdFor)
+				}
+				if r.a.status != http.StatusServiceUnavailable || r.a.retryAfter == "" {
+					t.Errorf("deduction while Redis is %s: %v, want 503 with Retry-After", fault.name, r.a)
+				}
+				if limit := cfg.wait + redisGrace + answerSlack; took > limit {
+					t.Errorf("a request that held its lock when Redis failed answered after %v, above its wait %v + %v", took, cfg.wait, redisGrace)
+				}
+				t.Logf("had the lock after %v, answered after %v", readAt.Sub(start).Round(time.Millisecond), took.Round(time.Millisecond))
+
+				tryOnce := cfg
+				tryOnce.wait = 0
+				_, srvB := startApp(t, tryOnce)
+				for _, req := range []struct{ method, url, body string }{
+					{http.MethodPost, srvB.URL + "/skus/Y/deduct", `{"qty":1}`},
+					{http.MethodGet, srvB.URL + "/skus/Y", ""},
+				} {
+					start := time.Now()
+					got := mustDo(t, req.method, req.url, req.body)
+					if took := time.Since(start); took > redisGrace+answerSlack {
+						t.Errorf("%s %s (-wait 0) while Redis is %s answered after %v, above %v", req.method, req.url, fault.name, took, redisGrace)
+					}
+					if got.status != http.StatusServiceUnavailable {
+						t.Errorf("%s %s (-wait 0) while Redis is %s: %v, want 503", req.method, req.url, fault.name, got)
+					}
+				}
+
+				fault.restore(server)
+				a.shop.testHookAfterRead = nil
+				stock := stockOf(t, srv.URL, sku)
+				switch {
+				case fault.name == "killed" && stock != 100:
+					t.Errorf("stock %d after Redis died before the write, want 100", stock)
+				case stock != 100 && stock != 99:
+					t.Errorf("stock %d after the deduction whose write Redis held back, want 100 or 99", stock)
+				}
+				got := deductRoutes[1].send(t, srv.URL, sku)
+				if got.status != http.StatusOK || *got.Stock != stock-1 {
+					t.Errorf("deduction once Redis is back: %v, want 200 with stock %d", got, stock-1)
+				}
+			})
+		}
+	}
+}
