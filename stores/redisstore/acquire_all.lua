@@ -4,8 +4,8 @@
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] fence stride
 -- Returns {1, fence of KEYS[1], ..., fence of KEYS[n]} when granted, else
 -- {0, index (0-based) of the first held key, its pttl} and writes nothing.
--- Every fence key is read and checked before anything is written, so a bad
--- fence key fails the call without leaving a lock behind.
+-- A fence key that holds no fence fails the call, and the locks it took are
+-- given back, so nothing is left behind.
 -- A key that already holds the token counts as free: this same call set
 -- it before (the client retried after losing the reply).
 local n = #KEYS / 2
@@ -15,18 +15,17 @@ for i = 1, n do
     return {0, i - 1, pttl}
   end
 end
-local last = {}
-for i = 1, n do
-  local l, err = last_fence(KEYS[n + i])
-  if err then
-    return err
-  end
-  last[i] = l
-end
-local now = now_us()
 local reply = {1}
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-  reply[i + 1] = issue_fence(KEYS[n + i], last[i], now, ARGV[3], tonumber(ARGV[4]))
+  local fence, err = next_fence(KEYS[n + i], ARGV[3], tonumber(ARGV[4]))
+  if err then
+    -- Give back every lock this call took; fences issued stay issued.
+    for j = 1, i do
+      redis.call('DEL', KEYS[j])
+    end
+    return err
+  end
+  reply[i + 1] = fence
 end
 return reply

@@ -106,7 +106,9 @@ func TestMultiAcquireFences(t *testing.T) {
 	// one key.
 	keys := []string{p + "a", p + "b", p + "{t}:c"}
 	t.Cleanup(func() { client.Del(ctx, withFenceKeys(keys)...) })
-	const ahead = int64(1) << 52
+	// Far ahead of the clock, and such that this grant is one of the
+	// checks against the clock (see TestFenceAheadOfClockExtendsFenceKey).
+	const ahead = int64(1)<<52 - stores.FenceStride
 	if err := client.Set(ctx, fenceKey(keys[1]), ahead, time.Minute).Err(); err != nil {
 		t.Fatalf("SET fence key: %v", err)
 	}

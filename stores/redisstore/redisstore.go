@@ -18,15 +18,20 @@
 //
 // # Fencing
 //
-// A grant's fence is max(last fence + stores.FenceStride, server time in
-// microseconds), and becomes the new last fence. So fences grow per key by
-// at least the stride while the fence key lives. When it expires after the
-// retention (which keeps a flood of distinct keys from growing Redis
-// forever) the next fence starts again from the server clock. A fence runs
-// ahead of that clock only while one key is granted more often than once per
-// stride of microseconds (about a thousand times a second); the fence key
-// then lives on by the lead, so that once it expires the clock alone exceeds
-// every fence it held. The guarantee thus needs a server clock that does not
+// A grant's fence is the last fence plus stores.FenceStride (one INCRBY of
+// the fence key beside the lock key, which keeps the fence key's TTL), and
+// the server time in microseconds when the fence key is missing. So fences
+// grow per key by at least the stride while the fence key lives. When it
+// expires after the retention (which keeps a flood of distinct keys from
+// growing Redis forever) the next fence starts again from the server clock.
+// A fence runs ahead of that clock only while one key is granted more often
+// than once per stride of microseconds (about a thousand times a second).
+// Every 64th grant of a key therefore reads the clock and keeps the fence
+// key for the retention plus the lead, if any: fences grow by at most 64
+// strides (65ms) between two such checks, far less than the retention, so
+// once the fence key expires the clock alone exceeds every fence it held.
+// An uncontended grant thus costs Redis two commands (SET NX, INCRBY)
+// besides the script call. The guarantee needs a server clock that does not
 // step back by more than the retention. Microsecond values stay below 2^53,
 // so Lua numbers hold them exactly.
 //
