@@ -136,7 +136,9 @@
 //     "body_too_large".
 //   - 423 with Retry-After when the lock wait runs out.
 //   - 503 with Retry-After when the lock store or the stock store is down or
-//     does not answer in time (see Failures).
+//     does not answer in time (see Failures); when it is the write that went
+//     unanswered, the answer says that its outcome is unknown, even if the
+//     lock was lost meanwhile.
 //   - 500 when the request's lock does not cover a SKU it writes (see Lock
 //     configuration).
 //

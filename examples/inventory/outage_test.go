@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/internal/testservers"
 )
 
@@ -132,5 +134,52 @@ func TestRedisFailureAnswersInTime(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestLeaseLapsesDuringWrite: Redis freezes while a deduction's write is on
+// its way, and the request's lease lapses before the write's call gives up.
+// The write may still land (here it does, once Redis thaws: nobody newer
+// came, so its fence lets it), so the request must not answer 409 "lock
+// lost", which says nothing more was written: it answers 503, outcome
+// unknown. The stock then shows the sale, exactly once.
+func TestLeaseLapsesDuringWrite(t *testing.T) {
+	for _, fw := range frameworks {
+		t.Run(fw, func(t *testing.T) {
+			t.Parallel()
+			proxy := testredis.NewProxy(t)
+			cfg := testConfig(fw)
+			cfg.redisURL = "redis://" + proxy.Addr()
+			cfg.ttl = 100 * time.Millisecond // lapses while the frozen write waits
+			a, srv := startApp(t, cfg)
+			sku := redisSKU(t, "W")
+			// A deduction of another SKU loads the scripts: a script Redis
+			// does not have yet would fail the held-back write on arrival.
+			if got := deductRoutes[0].send(t, srv.URL, redisSKU(t, "V")); got.status != http.StatusOK {
+				t.Fatalf("first deduction: %v", got)
+			}
+			a.shop.testHookAfterRead = func(context.Context) { proxy.Freeze() }
+			got := deductRoutes[0].send(t, srv.URL, sku)
+			proxy.Thaw()
+			a.shop.testHookAfterRead = nil
+			if got.status != http.StatusServiceUnavailable || got.retryAfter == "" || !strings.Contains(got.Error, "unknown") {
+				t.Errorf("deduction whose write was on its way when its lease lapsed: %v, want 503 with Retry-After, outcome unknown", got)
+			}
+			// The write lands once Redis has the bytes the freeze held back.
+			poll := time.NewTicker(10 * time.Millisecond)
+			defer poll.Stop()
+			for deadline := time.Now().Add(5 * time.Second); ; <-poll.C {
+				stock := stockOf(t, srv.URL, sku)
+				if stock == 99 {
+					break
+				}
+				if stock != 100 || time.Now().After(deadline) {
+					t.Fatalf("stock %d, want 99: the held-back write did not land once", stock)
+				}
+			}
+			if got := deductRoutes[1].send(t, srv.URL, sku); got.status != http.StatusOK || *got.Stock != 98 {
+				t.Errorf("next deduction: %v, want 200 with stock 98", got)
+			}
+		})
 	}
 }

@@ -490,7 +490,7 @@ func (s *shop) Get(ctx context.Context, sku string) (int64, error) {
 
 // Set sets the stock of sku with a fenced write (unfenced when fence is 0).
 func (s *shop) Set(ctx context.Context, sku string, stock, fence int64) error {
-	return s.store.Write(ctx, sku, stock, fence)
+	return written(s.store.Write(ctx, sku, stock, fence))
 }
 
 // Deduct takes qty from the stock of sku and returns what remains. It reads
@@ -501,7 +501,7 @@ func (s *shop) Set(ctx context.Context, sku string, stock, fence int64) error {
 //
 // Errors: ErrInsufficientStock (with the current stock returned),
 // ErrStaleFence, the context's error when ctx ends during the work, and
-// errStockStore failures.
+// errStockStore failures: of the write, as errOutcomeUnknown.
 func (s *shop) Deduct(ctx context.Context, sku string, qty, fence int64, work time.Duration) (int64, error) {
 	stock, found, err := s.store.Read(ctx, sku, fence)
 	if err != nil {
@@ -520,7 +520,7 @@ func (s *shop) Deduct(ctx context.Context, sku string, qty, fence int64, work ti
 		return 0, err
 	}
 	if err := s.store.Write(ctx, sku, stock-qty, fence); err != nil {
-		return 0, err
+		return 0, written(err)
 	}
 	return stock - qty, nil
 }
@@ -534,7 +534,8 @@ func (s *shop) Deduct(ctx context.Context, sku string, qty, fence int64, work ti
 //
 // Errors: a *shortError naming every short SKU (nothing changed),
 // ErrStaleFence (nothing changed), the context's error when ctx ends during
-// the work, and errStockStore failures.
+// the work, and errStockStore failures: of the deduction, as
+// errOutcomeUnknown.
 func (s *shop) Checkout(ctx context.Context, ds []deduction, work time.Duration) ([]int64, error) {
 	var short []shortItem
 	for _, d := range ds {
@@ -558,26 +559,41 @@ func (s *shop) Checkout(ctx context.Context, ds []deduction, work time.Duration)
 	if err := simulateWork(ctx, work); err != nil {
 		return nil, err
 	}
-	return s.store.DeductAll(ctx, ds, s.defaultStock)
+	left, err := s.store.DeductAll(ctx, ds, s.defaultStock)
+	return left, written(err)
 }
 
 // simulateWork stands for the slow part of a real deduction (pricing, a
-// payment call). It returns ctx's error when ctx ends first.
+// payment call). It returns ctx's error when ctx ends before the work does,
+// or just as it does: its callers write next, and no write starts on an
+// ended context.
 func simulateWork(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
 		}
-		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if ctx.Err() != nil {
 		return fmt.Errorf("work interrupted: %w", context.Cause(ctx))
 	}
+	return nil
+}
+
+// errOutcomeUnknown marks a write the stock store failed to answer: it may
+// have been applied all the same, now or later (a frozen Redis applies it
+// when it thaws), fenced as every write is.
+var errOutcomeUnknown = errors.New("the write's outcome is unknown")
+
+// written returns the error of a write: a refusal (stale fence, short
+// stock) as it is, and any other failure as errOutcomeUnknown.
+func written(err error) error {
+	if err == nil || errors.Is(err, ErrStaleFence) || errors.Is(err, ErrInsufficientStock) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errOutcomeUnknown, err)
 }
 
 // maxBodyBytes bounds the request bodies the handlers decode.
@@ -772,6 +788,11 @@ func (s *shop) checkoutReply(ctx context.Context, body io.Reader, h holder) repl
 //     with the resource's current state that the client may retry;
 //   - errNotCovered: 500. The route's lock configuration does not lock the
 //     SKU in the sku: key space, so the handler writes nothing;
+//   - errOutcomeUnknown: 503 with Retry-After, saying that the write may
+//     still be applied. It comes before ErrLockLost: a request whose lock
+//     was lost while its write was on its way cannot say it changed nothing;
+//   - ErrLockLost, the cause of the request's context: 409. The request's
+//     lease lapsed while it worked, and it wrote nothing more;
 //   - the request's context ended: 499 when the client went away (nobody
 //     reads it), 503 when a deadline passed;
 //   - a stock store failure: 503 with Retry-After.
@@ -793,6 +814,11 @@ func (s *shop) errorReply(ctx context.Context, sku string, stock int64, err erro
 		}}
 	case errors.Is(err, errNotCovered):
 		return reply{http.StatusInternalServerError, errorBody{Error: err.Error(), SKU: sku}}
+	case errors.Is(err, errOutcomeUnknown):
+		return reply{http.StatusServiceUnavailable, errorBody{
+			Error: "stock store unavailable: the write's outcome is unknown, it may still be applied; check the stock before you retry",
+			SKU:   sku,
+		}}
 	case errors.Is(err, reqlock.ErrLockLost),
 		ctx.Err() != nil && errors.Is(context.Cause(ctx), reqlock.ErrLockLost):
 		// The request's lock lapsed (or was taken over) while it worked: its

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -166,7 +167,8 @@ func TestStockStoreRefusesExpiredHolder(t *testing.T) {
 }
 
 // TestDeductWorkHonoursContext checks that the simulated work stops when the
-// request's context ends, and that nothing is written then.
+// request's context ends, also as the work ends, and that nothing is written
+// then.
 func TestDeductWorkHonoursContext(t *testing.T) {
 	s := newMemStock()
 	sh := &shop{store: s, defaultStock: 100}
@@ -177,6 +179,21 @@ func TestDeductWorkHonoursContext(t *testing.T) {
 	}
 	if _, found := readStock(t, s, "X"); found {
 		t.Fatal("a cancelled deduction wrote the stock")
+	}
+	// The context ends just as the work does: whichever the work notices
+	// first, no write starts on the ended context (a Redis write would be
+	// refused by go-redis unsent, and look like a write whose outcome is
+	// unknown). Each try is a coin toss without the check after the work.
+	for i := range 64 {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		sh.testHookAfterRead = func(context.Context) { cancel(reqlock.ErrLockLost) }
+		sku := fmt.Sprint("Y", i)
+		if _, err := sh.Deduct(ctx, sku, 1, 0, time.Nanosecond); !errors.Is(err, reqlock.ErrLockLost) {
+			t.Fatalf("Deduct whose context ended with its work: %v, want its cause, reqlock.ErrLockLost", err)
+		}
+		if _, found := readStock(t, s, sku); found {
+			t.Fatalf("try %d: a deduction whose context ended with its work wrote the stock", i)
+		}
 	}
 }
 
