@@ -91,9 +91,10 @@
 // methods it does (echo also answers OPTIONS itself, 204, and lists it), and
 // a path unknown or with a trailing slash answers 404; these bodies are the
 // router's own. A SKU in a path is its segment unescaped: /skus/a%2Fb/deduct
-// deducts the SKU "a/b", under the lock key /orders gives {"sku":"a/b"}, on
-// every framework (gin is set up for it, see routes_gin.go), so instances on
-// different frameworks that share one Redis lock the same keys.
+// deducts the SKU "a/b", under the same lock key as /orders with
+// {"sku":"a/b"}, on every framework (gin is set up for it, see
+// routes_gin.go), so instances on different frameworks that share one Redis
+// lock the same keys.
 //
 // The checkout reads every SKU with its fence, works (-work), then deducts
 // them all in one atomic step that checks every fence and every stock first
