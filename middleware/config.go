@@ -108,6 +108,18 @@ type Config struct {
 	// instead, which echo's error handler renders).
 	Responder Responder
 
+	// RequestSkipper is Skipper for adapters' framework-native skippers: req
+	// is the keyfunc.Request the adapter passes to Guard.Serve, from which
+	// ginlock.WithSkipper and echolock.WithSkipper read their framework's
+	// context. A request that either skipper lets through goes unlocked.
+	// Default nil.
+	RequestSkipper func(req keyfunc.Request) bool
+
+	// RequestResponder is Responder for adapters' framework-native
+	// responders (ginlock.WithResponder, echolock.WithResponder); a Config
+	// may have one of Responder and RequestResponder. Default nil.
+	RequestResponder RequestResponder
+
 	// Logger receives warnings (store failures, failed releases, fail-open
 	// runs). Default the Locker's logger. A lock lost under the watchdog is
 	// logged on the Locker's logger.
@@ -240,6 +252,16 @@ func WithSkipper(skip func(*http.Request) bool) Option {
 // WithResponder sets Config.Responder. Default nil: WriteProblem.
 func WithResponder(r Responder) Option { return func(c *Config) { c.Responder = r } }
 
+// WithRequestSkipper sets Config.RequestSkipper. Default nil.
+func WithRequestSkipper(skip func(req keyfunc.Request) bool) Option {
+	return func(c *Config) { c.RequestSkipper = skip }
+}
+
+// WithRequestResponder sets Config.RequestResponder. Default nil.
+func WithRequestResponder(r RequestResponder) Option {
+	return func(c *Config) { c.RequestResponder = r }
+}
+
 // WithLogger sets Config.Logger. Default nil: the Locker's logger.
 func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l } }
 
@@ -338,6 +360,8 @@ func (c Config) validate() error {
 		return bad("max body bytes %d is negative", c.MaxBodyBytes)
 	case c.OnStoreError != FailClosed && c.OnStoreError != FailOpen:
 		return bad("unknown store failure policy %v", c.OnStoreError)
+	case c.Responder != nil && c.RequestResponder != nil:
+		return bad("both a Responder and a RequestResponder are set; a route answers with one")
 	}
 	switch c.TimeoutStatus {
 	case http.StatusLocked, http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable:

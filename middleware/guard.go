@@ -95,8 +95,21 @@ func NewFromSpec(locker *reqlock.Locker, spec string) (*Guard, error) {
 func (g *Guard) Config() Config { return g.cfg }
 
 // Skip reports whether the route's Skipper lets r through without a lock.
+// Serve also asks the RequestSkipper (see SkipRequest).
 func (g *Guard) Skip(r *http.Request) bool {
 	return g.cfg.Skipper != nil && g.cfg.Skipper(r)
+}
+
+// SkipRequest reports whether the route's Skipper or RequestSkipper lets
+// req through without a lock.
+func (g *Guard) SkipRequest(req keyfunc.Request) bool {
+	return skips(&g.cfg, req)
+}
+
+// skips reports whether cfg's Skipper or RequestSkipper lets req through.
+func skips(cfg *Config, req keyfunc.Request) bool {
+	return (cfg.Skipper != nil && cfg.Skipper(req.HTTPRequest())) ||
+		(cfg.RequestSkipper != nil && cfg.RequestSkipper(req))
 }
 
 // Enter derives the request's key and obtains its lock, waiting up to the
@@ -229,7 +242,7 @@ func (g *Guard) WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
 // answers the rejection, usually with Reject. Serve keeps neither.
 func (g *Guard) Serve(req keyfunc.Request, next func(*http.Request) error, reject func(*Rejection) error) error {
 	r := req.HTTPRequest()
-	if g.Skip(r) {
+	if g.SkipRequest(req) {
 		return next(r)
 	}
 	lock, rej := g.Enter(req)
@@ -240,17 +253,38 @@ func (g *Guard) Serve(req keyfunc.Request, next func(*http.Request) error, rejec
 	return next(g.WithLock(r, lock))
 }
 
-// Reject writes rej with the route's Responder (WriteProblem by default).
+// Reject writes rej with the route's Responder or RequestResponder
+// (WriteProblem by default), for a request the net/http way. Adapters use
+// Respond.
 func (g *Guard) Reject(w http.ResponseWriter, r *http.Request, rej *Rejection) {
-	if g.cfg.Responder != nil {
-		g.cfg.Responder(w, r, rej)
-		return
-	}
-	WriteProblem(w, r, rej)
+	_ = g.Respond(w, keyfunc.HTTPRequest(r), rej)
 }
 
-// HasResponder reports whether the route has its own Responder.
-func (g *Guard) HasResponder() bool { return g.cfg.Responder != nil }
+// Respond writes rej with the route's RequestResponder, Responder or, by
+// default, WriteProblem; req is the adapter's view of the request. It
+// returns the RequestResponder's error.
+func (g *Guard) Respond(w http.ResponseWriter, req keyfunc.Request, rej *Rejection) error {
+	return respond(&g.cfg, w, req, rej)
+}
+
+// respond writes rej with cfg's responder, or WriteProblem.
+func respond(cfg *Config, w http.ResponseWriter, req keyfunc.Request, rej *Rejection) error {
+	switch {
+	case cfg.RequestResponder != nil:
+		return cfg.RequestResponder(w, req, rej)
+	case cfg.Responder != nil:
+		cfg.Responder(w, req.HTTPRequest(), rej)
+		return nil
+	}
+	WriteProblem(w, req.HTTPRequest(), rej)
+	return nil
+}
+
+// HasResponder reports whether the route has its own Responder or
+// RequestResponder.
+func (g *Guard) HasResponder() bool {
+	return g.cfg.Responder != nil || g.cfg.RequestResponder != nil
+}
 
 func (g *Guard) keyRejection(err error) *Rejection {
 	if errors.Is(err, keyfunc.ErrTooManyKeys) {

@@ -21,7 +21,7 @@ func (g *Guard) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return nil
 		}, func(rej *Rejection) error {
-			g.Reject(w, r, rej)
+			_ = g.Respond(w, keyfunc.HTTPRequest(r), rej)
 			return nil
 		})
 	})

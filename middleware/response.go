@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/reqlock/reqlock/keyfunc"
 )
 
 // StatusClientClosedRequest is the status recorded when the client went away
@@ -85,6 +87,14 @@ func (r *Rejection) RetryAfterHeader() string {
 // Responder writes a rejection. Set one per route to replace the default
 // JSON problem details.
 type Responder func(w http.ResponseWriter, r *http.Request, rej *Rejection)
+
+// RequestResponder writes a rejection, seeing the request as the adapter
+// does: req is the keyfunc.Request the adapter passes to Guard.Serve, from
+// which an adapter's framework-native responder reads its context
+// (ginlock.WithResponder, echolock.WithResponder). It may return an error
+// for the adapter to pass on: echolock returns it to echo's error handler,
+// ginlock adds it to c.Errors, net/http drops it.
+type RequestResponder func(w http.ResponseWriter, req keyfunc.Request, rej *Rejection) error
 
 // WriteProblem is the default Responder: it sets Retry-After when the
 // rejection has one and writes the problem details as

@@ -3,8 +3,10 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 
@@ -15,21 +17,44 @@ import (
 // Routes is the lock configuration of a whole service: one Guard per route,
 // found by the route's method and template. Build it once at start-up with
 // NewRoutes, from a route table file's entries (LoadRouteTable) or from
-// code (ParseRoute), and install it once in the router: Routes.Handler
-// wraps a net/http ServeMux; ginlock.Routes and echolock.Routes are the gin
-// and echo middleware. A request to a route without an entry passes
-// through unlocked, at the cost of one map lookup (on net/http, also a
-// second ServeMux lookup: see Handler).
+// code (ParseRoute), or with LoadRoutes, and install it once in the router:
+// Routes.Handler wraps a net/http ServeMux; ginlock.Install and
+// echolock.Install put it in front of gin's and echo's routes. Every
+// install checks the table against the router's routes, so that no entry
+// is left matching nothing: Handler at once, the gin and echo installs at
+// their first request, or at start-up through CheckRoutes. A request to a
+// route without an entry passes through unlocked, at the cost of one map
+// lookup (on net/http, also a second ServeMux lookup: see Handler).
 //
 // Routes is immutable and safe for concurrent use.
 type Routes struct {
 	entries []routeEntry
 	byRoute map[routeKey]*Guard // by canonical ({id}) and colon (:id) path
+
+	// table is the table-wide options: Skipper, RequestSkipper, Responder,
+	// RequestResponder, Logger and Name; its responder answers the
+	// requests of a broken install.
+	table  Config
+	logger *slog.Logger
+
+	// problems are the problems of entries that LoadRoutesDeferred kept
+	// instead of failing; every check reports them. unbuilt are those
+	// entries whose route is known, which the checks match against the
+	// router as well.
+	problems []entryProblem
+	unbuilt  []routeEntry
 }
 
 type routeEntry struct {
 	spec  RouteSpec
-	guard *Guard
+	guard *Guard // nil for an unbuilt entry
+	order int    // the entry's line in its file, else its index
+}
+
+// entryProblem is a problem of the table, in the order of its entry.
+type entryProblem struct {
+	order int
+	err   error
 }
 
 type routeKey struct{ method, path string }
@@ -46,13 +71,107 @@ type RouteID struct {
 // each prefixed with the entry's Source and wrapping ErrInvalidConfig:
 // an invalid configuration, a route listed twice, or a key template that
 // reads a path parameter the route does not have.
-func NewRoutes(locker *reqlock.Locker, specs []RouteSpec) (*Routes, error) {
-	rt := &Routes{byRoute: make(map[routeKey]*Guard, 2*len(specs))}
+//
+// opts are table-wide options, applied to every route without editing the
+// entries: WithSkipper, WithRequestSkipper (a request either the table's or
+// the entry's skipper lets through goes unlocked), WithResponder,
+// WithRequestResponder, WithLogger and WithName (the metrics and log label
+// of every route whose entry names none), and the adapters' native forms
+// (ginlock.WithSkipper, echolock.WithResponder...). An entry's own value of
+// a field wins over the table's. Any other option is an error: the fields a
+// spec sets belong to each entry.
+func NewRoutes(locker *reqlock.Locker, specs []RouteSpec, opts ...Option) (*Routes, error) {
+	table, err := tableConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	rt, problems := buildRoutes(locker, specs, nil, table)
+	if len(problems) > 0 {
+		return nil, joinProblems(problems)
+	}
+	return rt, nil
+}
+
+// tableConfig applies the table-wide options opts to an empty Config and
+// checks that they set only the fields that apply to a whole table.
+func tableConfig(opts []Option) (Config, error) {
+	var c Config
+	for _, opt := range opts {
+		opt(&c)
+	}
 	var errs []error
+	for _, p := range c.optionProblems {
+		errs = append(errs, fmt.Errorf("%w: route table option %s", ErrInvalidConfig, p))
+	}
+	var set []string
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"Key", c.Key != ""}, {"Keys", len(c.Keys) > 0}, {"MaxKeys", c.MaxKeys != 0},
+		{"HoldAtLeast", c.HoldAtLeast != 0}, {"TTL", c.TTL != 0}, {"Wait", c.Wait != 0},
+		{"TimeoutStatus", c.TimeoutStatus != 0}, {"RetryAfter", c.RetryAfter != 0},
+		{"OnStoreError", c.OnStoreError != FailClosed}, {"MaxBodyBytes", c.MaxBodyBytes != 0},
+		{"MaxValueLen", c.MaxValueLen != 0}, {"Watchdog", c.Watchdog},
+	} {
+		if f.set {
+			set = append(set, f.name)
+		}
+	}
+	if len(set) > 0 {
+		errs = append(errs, fmt.Errorf("%w: route table options set %s, which belong to each entry's spec; "+
+			"only Skipper, RequestSkipper, Responder, RequestResponder, Logger and Name apply to a whole table",
+			ErrInvalidConfig, strings.Join(set, ", ")))
+	}
+	if c.Responder != nil && c.RequestResponder != nil {
+		errs = append(errs, fmt.Errorf("%w: route table options set both a Responder and a RequestResponder", ErrInvalidConfig))
+	}
+	return c, errors.Join(errs...)
+}
+
+// withTable gives cfg the table-wide fields it does not set itself.
+func (c Config) withTable(table Config) Config {
+	if c.Skipper == nil && c.RequestSkipper == nil {
+		c.Skipper, c.RequestSkipper = table.Skipper, table.RequestSkipper
+	}
+	if c.Responder == nil && c.RequestResponder == nil {
+		c.Responder, c.RequestResponder = table.Responder, table.RequestResponder
+	}
+	if c.Logger == nil {
+		c.Logger = table.Logger
+	}
+	if c.Name == "" {
+		c.Name = table.Name
+	}
+	return c
+}
+
+// buildRoutes builds the Routes of specs, the i-th ordered by orders[i] (a
+// line) or else by i, with the table-wide options of table, and returns the
+// problems of the entries it could not build; those whose route parsed are
+// kept unbuilt.
+func buildRoutes(locker *reqlock.Locker, specs []RouteSpec, orders []int, table Config) (*Routes, []entryProblem) {
+	rt := &Routes{byRoute: make(map[routeKey]*Guard, 2*len(specs)), table: table, logger: table.Logger}
+	if rt.logger == nil && locker != nil {
+		rt.logger = locker.Logger()
+	}
+	if rt.logger == nil {
+		rt.logger = slog.Default()
+	}
+	var problems []entryProblem
 	first := make(map[routeKey]string, len(specs))
-	for _, spec := range specs {
+	for i, spec := range specs {
+		order := i
+		if orders != nil {
+			order = orders[i]
+		}
+		failed := false
+		add := func(err error) {
+			problems = append(problems, entryProblem{order, err})
+			failed = true
+		}
 		fail := func(format string, args ...any) {
-			errs = append(errs, fmt.Errorf("%w: %s: %s %s: %s", ErrInvalidConfig, spec.Source,
+			add(fmt.Errorf("%w: %s: %s %s: %s", ErrInvalidConfig, spec.Source,
 				spec.Method, spec.Path, fmt.Sprintf(format, args...)))
 		}
 		path := canonicalPath(spec.Path)
@@ -62,33 +181,44 @@ func NewRoutes(locker *reqlock.Locker, specs []RouteSpec) (*Routes, error) {
 			continue
 		}
 		first[shape] = spec.Source
-		cfg := spec.Config
+		cfg := spec.Config.withTable(table)
 		if cfg.Name == "" {
 			cfg.Name = spec.Method + " " + path
 		}
 		g, err := NewWithConfig(locker, cfg)
 		if err != nil {
-			errs = append(errs, sourced(spec, cfg.Name, err))
-			continue
-		}
-		params := pathParams(path)
-		for _, t := range g.templates {
-			for _, name := range t.PathNames() {
-				if !slices.Contains(params, name) {
-					fail("key template %q reads path parameter %q, which the route does not have (it has: %s)",
-						t.String(), name, listOrNone(params))
+			add(sourced(spec, cfg.Name, err))
+		} else {
+			params := pathParams(path)
+			for _, t := range g.templates {
+				for _, name := range t.PathNames() {
+					if !slices.Contains(params, name) {
+						fail("key template %q reads path parameter %q, which the route does not have (it has: %s)",
+							t.String(), name, listOrNone(params))
+					}
 				}
 			}
 		}
 		spec.Path = path
-		rt.entries = append(rt.entries, routeEntry{spec: spec, guard: g})
+		if failed {
+			rt.unbuilt = append(rt.unbuilt, routeEntry{spec: spec, order: order})
+			continue
+		}
+		rt.entries = append(rt.entries, routeEntry{spec: spec, guard: g, order: order})
 		rt.byRoute[routeKey{spec.Method, path}] = g
 		rt.byRoute[routeKey{spec.Method, colonPath(path)}] = g
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	return rt, problems
+}
+
+// joinProblems joins problems in the order of their entries.
+func joinProblems(problems []entryProblem) error {
+	slices.SortStableFunc(problems, func(a, b entryProblem) int { return a.order - b.order })
+	errs := make([]error, len(problems))
+	for i, p := range problems {
+		errs[i] = p.err
 	}
-	return rt, nil
+	return errors.Join(errs...)
 }
 
 // sourced puts an entry's source and route in front of err's message, after
@@ -111,13 +241,79 @@ func (e *sourcedError) Error() string { return e.msg }
 func (e *sourcedError) Unwrap() error { return e.err }
 
 // LoadRoutes reads the route table file at path (see LoadRouteTable) and
-// builds its Routes. Errors name the file and line of each problem.
-func LoadRoutes(locker *reqlock.Locker, path string) (*Routes, error) {
+// builds its Routes, with the table-wide options opts (see NewRoutes).
+// Errors name the file and line of each problem.
+func LoadRoutes(locker *reqlock.Locker, path string, opts ...Option) (*Routes, error) {
 	specs, err := LoadRouteTable(path)
 	if err != nil {
 		return nil, err
 	}
-	return NewRoutes(locker, specs)
+	return NewRoutes(locker, specs, opts...)
+}
+
+// LoadRoutesDeferred is LoadRoutes for reporting every problem of a table
+// in one start-up error: it never fails, and keeps the problems it finds
+// (an unreadable file, a syntax error, a bad route or spec, a route listed
+// twice, a bad table option) in the Routes, whose install reports them
+// together with the entries that match no route the router serves, each
+// with its file and line, in the order of the file: Routes.Handler and
+// CheckRoutes (ginlock.CheckRoutes, echolock.CheckRoutes) at start-up, the
+// gin and echo installs at their first request. A Routes with problems
+// never locks or runs a request: its installs answer 500. Err returns the
+// problems kept.
+//
+//	rt := middleware.LoadRoutesDeferred(locker, "routes.yaml")
+//	handler, err := rt.Handler(mux) // every problem, at once
+func LoadRoutesDeferred(locker *reqlock.Locker, path string, opts ...Option) *Routes {
+	table, tableErr := tableConfig(opts)
+	var specs []RouteSpec
+	var lines []int
+	var problems []entryProblem
+	var unbuilt []routeEntry
+	if tableErr != nil {
+		problems = append(problems, entryProblem{0, tableErr})
+	}
+	if _, err := tableFormat(path); err != nil {
+		problems = append(problems, entryProblem{0, err})
+	} else if data, err := os.ReadFile(path); err != nil {
+		problems = append(problems, entryProblem{0, fmt.Errorf("%w: %s: read route table: %w", ErrInvalidConfig, path, err)})
+	} else {
+		t := parseTable(path, data)
+		specs, lines = t.specs, t.lines
+		for _, p := range t.problems {
+			problems = append(problems, entryProblem{p.line, p.err})
+		}
+		for _, b := range t.broken {
+			unbuilt = append(unbuilt, routeEntry{spec: b.spec, order: b.line})
+		}
+	}
+	rt, built := buildRoutes(locker, specs, lines, table)
+	rt.problems = append(problems, built...)
+	rt.unbuilt = append(unbuilt, rt.unbuilt...)
+	return rt
+}
+
+// Err returns the problems of the table that LoadRoutesDeferred kept,
+// joined in the order of the file, or nil. Every install reports them.
+func (rt *Routes) Err() error {
+	if len(rt.problems) == 0 {
+		return nil
+	}
+	return joinProblems(slices.Clone(rt.problems))
+}
+
+// HasResponder reports whether the table has a Responder or
+// RequestResponder of its own, given by a table-wide option.
+func (rt *Routes) HasResponder() bool {
+	return rt.table.Responder != nil || rt.table.RequestResponder != nil
+}
+
+// Respond writes rej, the answer of a request the table cannot serve (see
+// Installation), with the table's RequestResponder, Responder or, by
+// default, WriteProblem; req is the adapter's view of the request. It
+// returns the RequestResponder's error.
+func (rt *Routes) Respond(w http.ResponseWriter, req keyfunc.Request, rej *Rejection) error {
+	return respond(&rt.table, w, req, rej)
 }
 
 // Guard returns the Guard of the route with method and path template, in
@@ -138,22 +334,35 @@ func (rt *Routes) Specs() []RouteSpec {
 
 // Check reports, joined, every entry that matches none of the registered
 // routes, each prefixed with its Source, so that a typo in a table never
-// leaves a route silently unlocked. Adapters call it with their router's
-// routes, through CheckRoutes; see ginlock.CheckRoutes and
-// echolock.CheckRoutes.
+// leaves a route silently unlocked, together with the problems a
+// LoadRoutesDeferred table kept, in the order of the file. Adapters call it
+// with their router's routes, through CheckRoutes; see ginlock.CheckRoutes
+// and echolock.CheckRoutes.
 func (rt *Routes) Check(registered []RouteID) error {
 	have := make(map[routeKey]bool, len(registered))
 	for _, r := range registered {
 		have[routeKey{r.Method, canonicalPath(r.Path)}] = true
 	}
-	var errs []error
-	for _, e := range rt.entries {
-		if !have[routeKey{e.spec.Method, e.spec.Path}] {
-			errs = append(errs, fmt.Errorf("%w: %s: %s %s matches no registered route",
-				ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path))
+	return rt.check(func(e routeEntry) bool { return have[routeKey{e.spec.Method, e.spec.Path}] }, "matches no registered route")
+}
+
+// check returns the table's problems and those of every entry, built or
+// not, that served reports the router does not serve (saying so with
+// unserved), joined in the order of the entries.
+func (rt *Routes) check(served func(routeEntry) bool, unserved string) error {
+	problems := slices.Clone(rt.problems)
+	for _, list := range [][]routeEntry{rt.entries, rt.unbuilt} {
+		for _, e := range list {
+			if !served(e) {
+				problems = append(problems, entryProblem{e.order, fmt.Errorf("%w: %s: %s %s %s",
+					ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path, unserved)})
+			}
 		}
 	}
-	return errors.Join(errs...)
+	if len(problems) == 0 {
+		return nil
+	}
+	return joinProblems(problems)
 }
 
 // CheckRoutes is rt.Check for a router's own list of routes, such as gin's
@@ -174,7 +383,8 @@ func CheckRoutes[R any](rt *Routes, routes []R, route func(R) (method, path stri
 // Routes, installed once around the whole ServeMux. Register every route on
 // mux first: Handler checks each entry against mux and returns an error,
 // wrapping ErrInvalidConfig and naming the entry's Source, for an entry that
-// no registered pattern serves.
+// no registered pattern serves, joined with the problems a
+// LoadRoutesDeferred table kept, in the order of the file.
 //
 // Each request is routed by mux.Handler to find its pattern; a request whose
 // pattern has an entry (by the request's method) is locked as Guard.Handler
@@ -182,20 +392,20 @@ func CheckRoutes[R any](rt *Routes, routes []R, route func(R) (method, path stri
 // requests use a GET entry when they have none of their own.
 func (rt *Routes) Handler(mux *http.ServeMux) (http.Handler, error) {
 	byPattern := make(map[routeKey]*patternGuard, len(rt.entries))
-	var errs []error
-	for _, e := range rt.entries {
+	served := func(e routeEntry) bool {
 		probe := &http.Request{Method: e.spec.Method, URL: &url.URL{Path: probePath(e.spec.Path)}, Host: "localhost"}
 		_, pattern := mux.Handler(probe)
 		method, path := splitPattern(pattern)
 		if pattern == "" || canonicalPath(path) != e.spec.Path ||
 			(method != "" && method != e.spec.Method && !(method == http.MethodGet && e.spec.Method == http.MethodHead)) {
-			errs = append(errs, fmt.Errorf("%w: %s: %s %s matches no pattern registered on the ServeMux",
-				ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path))
-			continue
+			return false
 		}
-		byPattern[routeKey{e.spec.Method, pattern}] = newPatternGuard(e.guard, path)
+		if e.guard != nil {
+			byPattern[routeKey{e.spec.Method, pattern}] = newPatternGuard(e.guard, path)
+		}
+		return true
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := rt.check(served, "matches no pattern registered on the ServeMux"); err != nil {
 		return nil, err
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -204,11 +414,12 @@ func (rt *Routes) Handler(mux *http.ServeMux) (http.Handler, error) {
 			mux.ServeHTTP(w, r)
 			return
 		}
-		_ = pg.guard.Serve(patternRequest{r: r, pg: pg}, func(r *http.Request) error {
+		req := patternRequest{r: r, pg: pg}
+		_ = pg.guard.Serve(req, func(r *http.Request) error {
 			mux.ServeHTTP(w, r)
 			return nil
 		}, func(rej *Rejection) error {
-			pg.guard.Reject(w, r, rej)
+			_ = pg.guard.Respond(w, req, rej)
 			return nil
 		})
 	}), nil

@@ -241,10 +241,25 @@ func LoadRouteTable(path string) ([]RouteSpec, error) {
 // /skus/{id} and /skus/:sku, are the same. YAML anchors, aliases and tags
 // are not supported.
 func ParseRouteTable(name string, data []byte) ([]RouteSpec, error) {
-	format, err := tableFormat(name)
-	if err != nil {
+	if _, err := tableFormat(name); err != nil {
 		return nil, err
 	}
+	t := parseTable(name, data)
+	if len(t.problems) > 0 {
+		errs := make([]error, len(t.problems))
+		for i, p := range t.problems {
+			errs[i] = p.err
+		}
+		return nil, errors.Join(errs...)
+	}
+	return t.specs, nil
+}
+
+// parseTable parses the table data, whose name has a supported extension,
+// and returns the parser: its entries without problems, their lines, every
+// problem sorted by line, and the entries with problems whose route parsed.
+func parseTable(name string, data []byte) *tableParser {
+	format, _ := tableFormat(name)
 	t := &tableParser{name: name, data: data}
 	if off := invalidUTF8(data); off >= 0 {
 		t.fail(t.lineAt(off), "invalid UTF-8")
@@ -254,15 +269,8 @@ func ParseRouteTable(name string, data []byte) ([]RouteSpec, error) {
 		t.parseYAML()
 	}
 	t.check()
-	if len(t.problems) > 0 {
-		slices.SortStableFunc(t.problems, func(a, b tableProblem) int { return a.line - b.line })
-		errs := make([]error, len(t.problems))
-		for i, p := range t.problems {
-			errs[i] = p.err
-		}
-		return nil, errors.Join(errs...)
-	}
-	return t.specs, nil
+	slices.SortStableFunc(t.problems, func(a, b tableProblem) int { return a.line - b.line })
+	return t
 }
 
 // tableFormat returns "json" or "yaml" by name's extension.
@@ -297,6 +305,15 @@ type tableParser struct {
 	entries  []tableEntry
 	problems []tableProblem
 	specs    []RouteSpec
+	lines    []int         // of specs
+	broken   []brokenEntry // entries with problems whose route parsed
+}
+
+// brokenEntry is an entry with a problem, not a duplicate, whose route
+// parsed: its route can still be matched against a router's.
+type brokenEntry struct {
+	spec RouteSpec
+	line int
 }
 
 // tableEntry is one route of the table, as read from the file.
@@ -351,13 +368,15 @@ func (t *tableParser) check() {
 		} else {
 			rs, shape, problems = parseRouteEntry(e.route, e.spec)
 		}
+		dup := false
 		if shape != "" {
-			if f, dup := seen[shape]; dup {
+			if f, ok := seen[shape]; ok {
 				as := ""
 				if f.label != label {
 					as = " as " + f.label
 				}
 				problems = append(problems, routeProblem{msg: fmt.Sprintf("%s is listed twice (first at line %d%s)", label, f.line, as)})
+				dup = true
 			} else {
 				seen[shape] = first{e.line, label}
 			}
@@ -365,9 +384,14 @@ func (t *tableParser) check() {
 		for _, p := range problems {
 			t.problems = append(t.problems, tableProblem{e.line, p.at(src)})
 		}
-		if len(problems) == 0 {
-			rs.Source = src
+		rs.Source = src
+		switch {
+		case len(problems) == 0:
 			t.specs = append(t.specs, rs)
+			t.lines = append(t.lines, e.line)
+		case shape != "" && !dup:
+			method, path, _, _ := parseRouteText(e.route)
+			t.broken = append(t.broken, brokenEntry{RouteSpec{Method: method, Path: path, Spec: e.spec, Source: src}, e.line})
 		}
 	}
 }
