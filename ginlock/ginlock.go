@@ -16,7 +16,10 @@
 //
 // A whole route table (middleware.Routes) goes in front of every route with
 // Install, called before any route is registered; see Install for why the
-// order matters on gin.
+// order matters on gin, and how a wrong table is caught.
+//
+// WithSkipper and WithResponder give a route or a table gin-shaped skippers
+// and responders.
 package ginlock
 
 import (
@@ -78,22 +81,31 @@ func Handler(g *middleware.Guard) gin.HandlerFunc {
 	return func(c *gin.Context) { serve(g, c) }
 }
 
-// Install puts the route table rt in front of every route of r, as
-// r.Use(Routes(rt)), and is the recommended way to install it. gin copies
-// the engine's middleware into a route when the route is registered, and
-// into a group when the group is created, so a route registered, or a group
-// created, before r.Use(Routes(rt)) never runs the table: its entry silently
-// locks nothing, and CheckRoutes cannot tell, since gin lists only each
-// route's last handler. Install therefore refuses, with an error wrapping
+// Install puts the route table rt in front of every route of r, and is the
+// one way to install a table on gin. gin copies the engine's middleware into
+// a route when the route is registered, and into a group when the group is
+// created, so a route registered, or a group created, before the table's
+// middleware would never run it: its entry would silently lock nothing.
+// Install therefore refuses, with an error wrapping
 // middleware.ErrInvalidConfig that names a route, when r has routes already,
 // installing nothing; it refuses a nil r or rt too. Call it before
-// registering routes and before creating groups (a group without routes yet
-// is out of its sight), and CheckRoutes once the routes are registered:
+// registering routes and before creating groups (a group created before
+// Install, even one without routes yet, is out of its sight: gin lists no
+// groups).
+//
+// The table is checked against r.Routes() at the first request: an entry
+// that matches no route r serves (a typo) breaks the install, which logs the
+// problem once and answers every request 500, never running a handler
+// unlocked. Call CheckRoutes once the routes are registered to fail at
+// start-up instead:
 //
 //	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
 //	if err := ginlock.Install(r, rt); err != nil { ... }
 //	r.POST("/skus/:id/deduct", deduct)
 //	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil { ... }
+//
+// Each request is locked by its route's entry, found by c.FullPath(); routes
+// without one pass through.
 func Install(r *gin.Engine, rt *middleware.Routes) error {
 	if r == nil || rt == nil {
 		return fmt.Errorf("%w: ginlock.Install: the engine or the route table is nil", middleware.ErrInvalidConfig)
@@ -104,42 +116,71 @@ func Install(r *gin.Engine, rt *middleware.Routes) error {
 			"install the route table before registering routes and creating groups",
 			middleware.ErrInvalidConfig, len(routes), routes[0].Method, routes[0].Path)
 	}
-	r.Use(Routes(rt))
+	in := rt.Install("ginlock.Install")
+	router := engineRoutes{r}
+	r.Use(func(c *gin.Context) {
+		g, rej := in.Guard(c.Request.Method, c.FullPath(), router)
+		switch {
+		case rej != nil:
+			if err := rt.Respond(c.Writer, request{c}, rej); err != nil {
+				_ = c.Error(err)
+			}
+			c.Abort()
+		case g == nil:
+			c.Next()
+		default:
+			serve(g, c)
+		}
+	})
 	return nil
 }
 
-// Routes returns gin middleware that locks each request by its route's
-// entry in rt, found by c.FullPath(); routes without one pass through.
-// Prefer Install, which checks the order below.
-//
-// gin gives a route only the middleware installed before the route is
-// registered (or before its group is created): install Routes once with
-// engine.Use before registering any route and before creating any group,
-// since a route registered earlier runs unlocked whatever rt says, and
-// CheckRoutes cannot see it. Call CheckRoutes once the routes are
-// registered:
-//
-//	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
-//	r.Use(ginlock.Routes(rt)) // first: before any route or group
-//	r.POST("/skus/:id/deduct", deduct)
-//	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil { ... }
-func Routes(rt *middleware.Routes) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		g := rt.Guard(c.Request.Method, c.FullPath())
-		if g == nil {
-			c.Next()
-			return
-		}
-		serve(g, c)
+// engineRoutes lists a gin engine's routes for a middleware.Installation.
+type engineRoutes struct{ r *gin.Engine }
+
+func (e engineRoutes) RegisteredRoutes() []middleware.RouteID { return routeIDs(e.r.Routes()) }
+
+func routeIDs(routes gin.RoutesInfo) []middleware.RouteID {
+	ids := make([]middleware.RouteID, len(routes))
+	for i, r := range routes {
+		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
 	}
+	return ids
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
-// (engine.Routes()), naming the entry's source; see middleware.CheckRoutes.
-// It cannot tell whether Routes runs in front of a route (gin lists only a
-// route's last handler): Install sees to that.
+// (engine.Routes()), naming the entry's source, joined with the problems a
+// middleware.LoadRoutesDeferred table kept; see middleware.CheckRoutes.
+// Call it once the routes are registered, to fail at start-up rather than
+// at the first request. It cannot tell whether the table runs in front of a
+// route (gin lists only a route's last handler): Install sees to that.
 func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
 	return middleware.CheckRoutes(rt, routes, func(r gin.RouteInfo) (string, string) { return r.Method, r.Path })
+}
+
+// WithSkipper is middleware.WithSkipper in gin's shape: a request for which
+// skip returns true goes through unlocked. Give it to New, NewWithConfig's
+// Config (as its RequestSkipper's option) or a route table
+// (middleware.NewRoutes, LoadRoutes). On another adapter it skips nothing.
+func WithSkipper(skip func(c *gin.Context) bool) middleware.Option {
+	return middleware.WithRequestSkipper(func(req keyfunc.Request) bool {
+		r, ok := req.(request)
+		return ok && skip(r.c)
+	})
+}
+
+// WithResponder is middleware.WithResponder in gin's shape: respond answers
+// each rejection with c (the request is aborted after it). Give it to New or
+// a route table. On another adapter the answer is middleware.WriteProblem.
+func WithResponder(respond func(c *gin.Context, rej *middleware.Rejection)) middleware.Option {
+	return middleware.WithRequestResponder(func(w http.ResponseWriter, req keyfunc.Request, rej *middleware.Rejection) error {
+		if r, ok := req.(request); ok {
+			respond(r.c, rej)
+			return nil
+		}
+		middleware.WriteProblem(w, req.HTTPRequest(), rej)
+		return nil
+	})
 }
 
 func serve(g *middleware.Guard, c *gin.Context) {
@@ -167,7 +208,9 @@ func serve(g *middleware.Guard, c *gin.Context) {
 		c.Next()
 		return nil
 	}, func(rej *middleware.Rejection) error {
-		g.Reject(c.Writer, c.Request, rej)
+		if err := g.Respond(c.Writer, request{c}, rej); err != nil {
+			_ = c.Error(err)
+		}
 		c.Abort()
 		return nil
 	})
