@@ -21,10 +21,16 @@
 // response itself instead.
 //
 // A whole route table (middleware.Routes) goes in front of every route with
-// Install, or e.Use(Routes(rt)); never with e.Pre (see Routes).
+// Install, or e.Use(Routes(rt)); installed with e.Pre, or with an entry that
+// matches no route, it answers 500 rather than let a route run unlocked
+// (see Routes).
+//
+// WithSkipper and WithResponder give a route or a table echo-shaped
+// skippers and responders.
 package echolock
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -90,8 +96,10 @@ func Middleware(g *middleware.Guard) echo.MiddlewareFunc {
 // middleware when a request arrives, after routing, so unlike on gin the
 // order does not matter: routes registered before Install are locked as well
 // as those registered after it. Install returns an error wrapping
-// middleware.ErrInvalidConfig, installing nothing, when e or rt is nil. Call
-// CheckRoutes once the routes are registered:
+// middleware.ErrInvalidConfig, installing nothing, when e or rt is nil. The
+// table is checked against e's routes at the first request (see Routes);
+// call CheckRoutes once the routes are registered to fail at start-up
+// instead:
 //
 //	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
 //	if err := echolock.Install(e, rt); err != nil { ... }
@@ -101,28 +109,45 @@ func Install(e *echo.Echo, rt *middleware.Routes) error {
 	if e == nil || rt == nil {
 		return fmt.Errorf("%w: echolock.Install: the echo instance or the route table is nil", middleware.ErrInvalidConfig)
 	}
-	e.Use(Routes(rt))
+	e.Use(tableMiddleware(rt.Install("echolock.Install")))
 	return nil
 }
 
 // Routes returns echo middleware that locks each request by its route's
 // entry in rt, found by c.Path(); routes without one pass through. Install
-// it once with e.Use (or Install), before or after registering the routes,
-// and call CheckRoutes once they are registered:
+// it once in one echo instance with e.Use (or Install), before or after
+// registering the routes.
+//
+// A wrong table or install never lets a listed route run unlocked: at the
+// first request the table is checked against the echo instance's routes,
+// and a request to a route that arrives before routing (the middleware
+// installed with e.Pre, where c.Path() is still empty) is caught; either
+// breaks the install, which logs the problem once and answers every
+// request 500 from then on. Call CheckRoutes once the routes are registered
+// to fail at start-up instead:
 //
 //	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
 //	e.Use(echolock.Routes(rt))
 //	e.POST("/skus/:id/deduct", deduct)
 //	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil { ... }
-//
-// Never install it with e.Pre: Pre middleware runs before routing, when
-// c.Path() is still empty, so every route would run unlocked, and
-// CheckRoutes would not notice.
 func Routes(rt *middleware.Routes) echo.MiddlewareFunc {
+	return tableMiddleware(rt.Install("echolock.Routes"))
+}
+
+func tableMiddleware(in *middleware.Installation) echo.MiddlewareFunc {
+	rt := in.Routes()
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			g := rt.Guard(c.Request().Method, c.Path())
-			if g == nil {
+			path := c.Path()
+			g, rej := in.Guard(c.Request().Method, path, echoRoutes{c.Echo()})
+			if rej == nil && g == nil && path == "" && routed(c) {
+				rej = in.Fail(errors.New("a request to a route reached the table's middleware before routing, " +
+					"with no route path: it is installed with e.Pre; install it with e.Use or echolock.Install"))
+			}
+			switch {
+			case rej != nil:
+				return reject(rt, c, rej)
+			case g == nil:
 				return next(c)
 			}
 			return serve(g, c, next)
@@ -130,11 +155,75 @@ func Routes(rt *middleware.Routes) echo.MiddlewareFunc {
 	}
 }
 
+// routed reports whether the request of c, whose route path is empty,
+// matches a route of its echo instance: an empty path then means routing
+// has not happened yet. (After routing, a request to no route has an empty
+// path too.)
+func routed(c echo.Context) bool {
+	e, r := c.Echo(), c.Request()
+	if e == nil {
+		return false
+	}
+	router := e.Router()
+	if hr, ok := e.Routers()[r.Host]; ok {
+		router = hr
+	}
+	probe := e.NewContext(r, nil)
+	router.Find(r.Method, echo.GetPath(r), probe)
+	return probe.Path() != ""
+}
+
+// echoRoutes lists an echo instance's routes, of every host, for a
+// middleware.Installation.
+type echoRoutes struct{ e *echo.Echo }
+
+func (er echoRoutes) RegisteredRoutes() []middleware.RouteID {
+	if er.e == nil {
+		return nil
+	}
+	routes := er.e.Routes()
+	for _, r := range er.e.Routers() {
+		routes = append(routes, r.Routes()...)
+	}
+	ids := make([]middleware.RouteID, len(routes))
+	for i, r := range routes {
+		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
+	}
+	return ids
+}
+
 // CheckRoutes reports every entry of rt that matches none of routes
-// (e.Routes()), naming the entry's source; see middleware.CheckRoutes. It
-// cannot tell how Routes was installed (see Routes on e.Pre).
+// (e.Routes()), naming the entry's source, joined with the problems a
+// middleware.LoadRoutesDeferred table kept; see middleware.CheckRoutes.
+// Call it once the routes are registered, to fail at start-up rather than
+// at the first request.
 func CheckRoutes(rt *middleware.Routes, routes []*echo.Route) error {
 	return middleware.CheckRoutes(rt, routes, func(r *echo.Route) (string, string) { return r.Method, r.Path })
+}
+
+// WithSkipper is middleware.WithSkipper in echo's shape (echo middleware's
+// Skipper): a request for which skip returns true goes through unlocked.
+// Give it to New or to a route table (middleware.NewRoutes, LoadRoutes). On
+// another adapter it skips nothing.
+func WithSkipper(skip func(c echo.Context) bool) middleware.Option {
+	return middleware.WithRequestSkipper(func(req keyfunc.Request) bool {
+		r, ok := req.(request)
+		return ok && skip(r.c)
+	})
+}
+
+// WithResponder is middleware.WithResponder in echo's shape: respond answers
+// each rejection with c, or returns an error, which goes to echo's error
+// handler as the middleware's. Give it to New or to a route table. On
+// another adapter the answer is middleware.WriteProblem.
+func WithResponder(respond func(c echo.Context, rej *middleware.Rejection) error) middleware.Option {
+	return middleware.WithRequestResponder(func(w http.ResponseWriter, req keyfunc.Request, rej *middleware.Rejection) error {
+		if r, ok := req.(request); ok {
+			return respond(r.c, rej)
+		}
+		middleware.WriteProblem(w, req.HTTPRequest(), rej)
+		return nil
+	})
 }
 
 func serve(g *middleware.Guard, c echo.Context, next echo.HandlerFunc) error {
@@ -151,10 +240,16 @@ func Lock(c echo.Context) (*reqlock.Lock, bool) {
 	return reqlock.FromContext(c.Request().Context())
 }
 
-func reject(g *middleware.Guard, c echo.Context, rej *middleware.Rejection) error {
+// responder answers rejections: a route's Guard, or a table's Routes for
+// the requests of a broken install.
+type responder interface {
+	HasResponder() bool
+	Respond(w http.ResponseWriter, req keyfunc.Request, rej *middleware.Rejection) error
+}
+
+func reject(g responder, c echo.Context, rej *middleware.Rejection) error {
 	if g.HasResponder() {
-		g.Reject(c.Response(), c.Request(), rej)
-		return nil
+		return g.Respond(c.Response(), request{c}, rej)
 	}
 	he := &echo.HTTPError{Code: rej.Status, Message: rej.Problem(), Internal: rej.Err}
 	if usesDefaultErrorHandler(c.Echo()) {
