@@ -48,6 +48,16 @@ func serveEchoRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http
 	if err := echolock.Install(e, rt); err != nil {
 		return nil, err
 	}
+	registerEcho(e, routes)
+	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// registerEcho registers routes on e, in their groups and each behind its
+// Guard.
+func registerEcho(e *echo.Echo, routes []adaptertest.Endpoint) {
 	for _, route := range routes {
 		var mws []echo.MiddlewareFunc
 		if route.Guard != nil {
@@ -56,10 +66,32 @@ func serveEchoRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http
 		path := adaptertest.ColonPath(strings.TrimPrefix(route.Path, route.Group))
 		e.Group(route.Group).Add(route.Method, path, echo.WrapHandler(route.Handler), mws...)
 	}
-	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
+}
+
+// installEchoRoutes installs the table with echolock.Install, before the
+// routes or, late, after them, and never calls CheckRoutes.
+func installEchoRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint, late bool) (http.Handler, error) {
+	e := echo.New()
+	if late {
+		registerEcho(e, routes)
+	}
+	if err := echolock.Install(e, rt); err != nil {
 		return nil, err
 	}
+	if !late {
+		registerEcho(e, routes)
+	}
 	return e, nil
+}
+
+func echoSkipper() middleware.Option {
+	return echolock.WithSkipper(func(c echo.Context) bool { return c.Request().Header.Get("X-Skip") != "" })
+}
+
+func echoResponder(status int, body string) middleware.Option {
+	return echolock.WithResponder(func(c echo.Context, rej *middleware.Rejection) error {
+		return c.String(status, body+":"+string(rej.Reason))
+	})
 }
 
 // serveEchoNested puts outer on a group and inner on the route.
@@ -85,6 +117,9 @@ func TestEchoAdapter(t *testing.T) {
 		// adapter (issue 10 item 4; it was application/json).
 		ProblemContentType: "application/problem+json",
 		ServeRoutes:        serveEchoRoutes,
+		InstallRoutes:      installEchoRoutes,
+		Skipper:            echoSkipper,
+		Responder:          echoResponder,
 		ServeNested:        serveEchoNested,
 	})
 }

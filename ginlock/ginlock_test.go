@@ -50,6 +50,16 @@ func serveGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.
 	if err := ginlock.Install(r, rt); err != nil {
 		return nil, err
 	}
+	registerGin(r, routes)
+	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// registerGin registers routes on r, in their groups and each behind its
+// Guard.
+func registerGin(r *gin.Engine, routes []adaptertest.Endpoint) {
 	for _, route := range routes {
 		var handlers []gin.HandlerFunc
 		if route.Guard != nil {
@@ -59,10 +69,32 @@ func serveGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.
 		path := adaptertest.ColonPath(strings.TrimPrefix(route.Path, route.Group))
 		group.Handle(route.Method, path, append(handlers, gin.WrapF(route.Handler))...)
 	}
-	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
+}
+
+// installGinRoutes installs the table with ginlock.Install, before the
+// routes or, late, after them, and never calls CheckRoutes.
+func installGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint, late bool) (http.Handler, error) {
+	r := gin.New()
+	if late {
+		registerGin(r, routes)
+	}
+	if err := ginlock.Install(r, rt); err != nil {
 		return nil, err
 	}
+	if !late {
+		registerGin(r, routes)
+	}
 	return r, nil
+}
+
+func ginSkipper() middleware.Option {
+	return ginlock.WithSkipper(func(c *gin.Context) bool { return c.GetHeader("X-Skip") != "" })
+}
+
+func ginResponder(status int, body string) middleware.Option {
+	return ginlock.WithResponder(func(c *gin.Context, rej *middleware.Rejection) {
+		c.String(status, "%s:%s", body, rej.Reason)
+	})
 }
 
 // serveGinNested puts outer on a route group and inner on the route.
@@ -81,6 +113,9 @@ func TestGinAdapter(t *testing.T) {
 		ServeSpec:          serveGinSpec,
 		ProblemContentType: "application/problem+json",
 		ServeRoutes:        serveGinRoutes,
+		InstallRoutes:      installGinRoutes,
+		Skipper:            ginSkipper,
+		Responder:          ginResponder,
 		ServeNested:        serveGinNested,
 	})
 }

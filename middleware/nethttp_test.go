@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"io"
 	"net/http"
 	"os"
 	"testing"
@@ -37,6 +38,25 @@ func serveNetHTTPRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (h
 	return rt.Handler(mux)
 }
 
+// installNetHTTPRoutes is serveNetHTTPRoutes: net/http's table wraps the
+// whole mux, after the routes are registered, and checks them always.
+func installNetHTTPRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint, late bool) (http.Handler, error) {
+	return serveNetHTTPRoutes(rt, routes)
+}
+
+// netHTTPSkipper and netHTTPResponder are the native options of net/http:
+// middleware's own.
+func netHTTPSkipper() middleware.Option {
+	return middleware.WithSkipper(func(r *http.Request) bool { return r.Header.Get("X-Skip") != "" })
+}
+
+func netHTTPResponder(status int, body string) middleware.Option {
+	return middleware.WithResponder(func(w http.ResponseWriter, r *http.Request, rej *middleware.Rejection) {
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body+":"+string(rej.Reason))
+	})
+}
+
 // serveNetHTTPNested wraps the route twice: outer, then inner.
 func serveNetHTTPNested(outer, inner *middleware.Guard, around func(*http.Request, func()), h http.HandlerFunc) http.Handler {
 	route := inner.Handler(h)
@@ -53,6 +73,9 @@ func TestNetHTTPAdapter(t *testing.T) {
 		Serve:              serveNetHTTP,
 		ProblemContentType: "application/problem+json",
 		ServeRoutes:        serveNetHTTPRoutes,
+		InstallRoutes:      installNetHTTPRoutes,
+		Skipper:            netHTTPSkipper,
+		Responder:          netHTTPResponder,
 		ServeNested:        serveNetHTTPNested,
 	})
 }

@@ -60,6 +60,22 @@ type Adapter struct {
 	// echolock.CheckRoutes, or the error of Routes.Handler.
 	ServeRoutes func(rt *middleware.Routes, routes []Endpoint) (http.Handler, error)
 
+	// InstallRoutes returns a router with rt installed once for the whole
+	// router and routes registered on it as ServeRoutes does, but without
+	// the adapter's explicit start-up check (CheckRoutes): what a user who
+	// forgets it gets. With late, the routes are registered first and the
+	// table installed after them. It returns the install's own error, if
+	// any (net/http's Routes.Handler always checks).
+	InstallRoutes func(rt *middleware.Routes, routes []Endpoint, late bool) (http.Handler, error)
+
+	// Skipper and Responder return the adapter's framework-native skipper
+	// and responder options (ginlock.WithSkipper, echolock.WithResponder;
+	// on net/http, middleware's): the skipper skips a request that has the
+	// header X-Skip, the responder answers a rejection with status and the
+	// body "<body>:<reason>".
+	Skipper   func() middleware.Option
+	Responder func(status int, body string) middleware.Option
+
 	// ServeNested returns a router that serves Route with two guards: outer
 	// at the group level (gin RouterGroup.Use, an echo Group's middleware,
 	// the outer of two net/http wrappers) and inner on the route itself.
@@ -132,8 +148,8 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("watchdog keeps a long handler's lock", s.testWatchdogKeeps)
 	t.Run("a lapsed lease cancels the handler's context", s.testLeaseEndsHandlerContext)
 
-	if a.ServeRoutes == nil || a.ServeNested == nil {
-		t.Fatalf("%s: Adapter.ServeRoutes and Adapter.ServeNested are required", a.Name)
+	if a.ServeRoutes == nil || a.ServeNested == nil || a.InstallRoutes == nil || a.Skipper == nil || a.Responder == nil {
+		t.Fatalf("%s: Adapter.ServeRoutes, ServeNested, InstallRoutes, Skipper and Responder are required", a.Name)
 	}
 	t.Run("routes: listed routes are locked, others run unlocked", s.testRoutesLockListed)
 	t.Run("routes: a YAML table locks the same way", s.testRoutesYAML)
@@ -144,6 +160,11 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("routes: routes in a group are matched by their whole path", s.testRoutesGroup)
 	t.Run("routes: an entry matching no route fails at start-up with its source", s.testRoutesUnmatched)
 	t.Run("routes: a template reading a missing path parameter fails NewRoutes", s.testRoutesMissingParam)
+	t.Run("routes: a table installed after the routes never leaves them unlocked", s.testRoutesInstalledLate)
+	t.Run("routes: a typo without a check call never runs unlocked", s.testRoutesTypoUnchecked)
+	t.Run("routes: every problem of a table in one start-up error", s.testRoutesEveryProblem)
+	t.Run("routes: table-wide skipper, responder, logger and name", s.testRoutesTableOptions)
+	t.Run("native skipper and responder on a route and a table", s.testNativeOptions)
 	t.Run("reentrant: group and route guard on one key share the lock", s.testReentrantNested)
 	t.Run("reentrant: routes middleware and route guard on one key share the lock", s.testReentrantRoutesAndGuard)
 	t.Run("hold-at-least: memstore", func(t *testing.T) { s.testHoldAtLeast(t, memLockerFor) })
