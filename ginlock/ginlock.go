@@ -159,9 +159,9 @@ func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
 }
 
 // WithSkipper is middleware.WithSkipper in gin's shape: a request for which
-// skip returns true goes through unlocked. Give it to New, NewWithConfig's
-// Config (as its RequestSkipper's option) or a route table
-// (middleware.NewRoutes, LoadRoutes). On another adapter it skips nothing.
+// skip returns true goes through unlocked. Give it to New or to a route
+// table (middleware.NewRoutes, LoadRoutes). On another adapter it skips
+// nothing.
 func WithSkipper(skip func(c *gin.Context) bool) middleware.Option {
 	return middleware.WithRequestSkipper(func(req keyfunc.Request) bool {
 		r, ok := req.(request)
