@@ -19,7 +19,7 @@ local now = math.floor(nowus / 1000)
 -- A key that already holds the token was set by this same call, run before
 -- (the client retried after losing the reply): grant it again, whoever
 -- queued meanwhile.
-if own_retry(KEYS[1], token, ARGV[2]) then
+if own_retry(KEYS[1], redis.pcall('GET', KEYS[1]), token, ARGV[2]) then
   local fence, err = next_fence(KEYS[2], ARGV[3], tonumber(ARGV[6]))
   if err then
     redis.call('DEL', KEYS[1])
@@ -119,7 +119,8 @@ elseif queued then
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl > 0 then
-  return {0, pttl, ahead}
+  -- Held: mark it as waited for, so that its release signals.
+  return {0, refused(KEYS[1], redis.pcall('GET', KEYS[1])), ahead}
 end
 if pttl == -2 and dropped > 0 then
   -- The key is free and dead waiters left: wake the new head now.

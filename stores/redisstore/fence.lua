@@ -41,12 +41,12 @@ local function next_fence(fk, retention, stride)
   return fence
 end
 
--- own_retry reports whether lock key k already holds token (a retried call
--- of the acquisition that set it, whose reply was lost) and then resets its
--- TTL to ttl ms, as a fresh grant would. A key of another type than a string
--- does not hold the token.
-local function own_retry(k, token, ttl)
-  if redis.pcall('GET', k) == token then
+-- own_retry reports whether lock key k, whose value is v, already holds
+-- token (a retried call of the acquisition that set it, whose reply was
+-- lost) and then resets its TTL to ttl ms, as a fresh grant would. It keeps
+-- the key's mark: waiters refused meanwhile still wait.
+local function own_retry(k, v, token, ttl)
+  if holds(v, token) then
     redis.call('PEXPIRE', k, ttl)
     return true
   end

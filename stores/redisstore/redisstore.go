@@ -156,6 +156,8 @@ const MinFenceRetention = time.Minute
 var ErrUnexpectedReply = errors.New("redisstore: unexpected reply from Redis")
 
 var (
+	//go:embed lockvalue.lua
+	lockValueLibSrc string
 	//go:embed fence.lua
 	fenceLibSrc string
 	//go:embed acquire.lua
@@ -173,15 +175,29 @@ var (
 
 	acquireScript    = redis.NewScript(withFenceLib(acquireSrc))
 	acquireAllScript = redis.NewScript(withFenceLib(acquireAllSrc))
-	releaseScript    = redis.NewScript(releaseSrc)
-	releaseAllScript = redis.NewScript(releaseAllSrc)
-	refreshScript    = redis.NewScript(refreshSrc)
-	refreshAllScript = redis.NewScript(refreshAllSrc)
+	releaseScript    = redis.NewScript(withLockValueLib(releaseSrc))
+	releaseAllScript = redis.NewScript(withLockValueLib(releaseAllSrc))
+	refreshScript    = redis.NewScript(withLockValueLib(refreshSrc))
+	refreshAllScript = redis.NewScript(withLockValueLib(refreshAllSrc))
 )
 
-// withFenceLib prepends the fence helpers of fence.lua to a script's source:
-// Redis has no include, and one definition keeps every script's fences alike.
-func withFenceLib(src string) string { return fenceLibSrc + src }
+// withLockValueLib prepends the lock key helpers of lockvalue.lua to a
+// script's source: Redis has no include, and one definition keeps every
+// script's reading of a lock key alike.
+func withLockValueLib(src string) string { return lockValueLibSrc + src }
+
+// withFenceLib prepends the lock key helpers and the fence helpers of
+// fence.lua to a script's source, so that every script issues fences alike.
+func withFenceLib(src string) string { return lockValueLibSrc + fenceLibSrc + src }
+
+// checkToken refuses a token the lock key's waiter mark could be mistaken
+// for (see lockvalue.lua): reqlock's tokens are base64url, without ':'.
+func checkToken(token string) error {
+	if token == "" || strings.Contains(token, ":") {
+		return fmt.Errorf("%w: redisstore: token %q is empty or contains ':'", stores.ErrInvalid, token)
+	}
+	return nil
+}
 
 // allScripts lists every script of the package, for Load.
 func allScripts() []*redis.Script {
@@ -316,6 +332,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
+	if err := checkToken(token); err != nil {
+		return stores.Grant{}, err
+	}
 	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0])}
 	if len(keys) > 1 {
 		if err := s.checkColocated(keys, true); err != nil {
@@ -359,6 +378,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 // client's error as is; and ctx.Err() without acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	if err := checkToken(token); err != nil {
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
@@ -409,6 +431,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // when ctx has ended.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := checkToken(token); err != nil {
 		return err
 	}
 	// Cancel-aware (see scriptCall.run): a waiter renewing a handed-off
