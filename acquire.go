@@ -50,7 +50,20 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // sawHeld reports that the key was already seen held, by the request ahead
 // in the local queue: a wait that ends with a store call unanswered is then
 // a timeout, not a store that never answered.
-func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration, sawHeld bool) error {
+//
+// queued is how long the request waited in the local queue before: when
+// its wait ends in its first store call, and it spent longer queued than in
+// that call, the wait went to contention, not to a store that never
+// answered (a waiter handed its turn with little of its wait left).
+func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration, sawHeld bool, queued time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		// The wait went by before this request's first store call, in the
+		// local queue behind a contender whose own call ran out of time:
+		// no evidence that the store failed, so a timeout. (Calling the
+		// store on the ended context would fail at once, and be taken for
+		// a failure, by every waiter of the queue in turn.)
+		return waitEnded(true, err)
+	}
 	keys, token := g.keys, g.token
 	strategy := l.attempter(keys, wait)
 	var (
@@ -74,9 +87,16 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 			// the release timeout, so a stalled store delays no answer.
 			go l.releaseAbandoned(keys, token)
 		}
-		if cerr := ctx.Err(); cerr != nil {
+		cerr := ctx.Err()
+		if cerr == nil && err != nil && deadlinePassed(ctx) {
+			// go-redis times the call out by the context's deadline itself,
+			// a moment before the context reports it: the wait ended.
+			cerr = context.DeadlineExceeded
+		}
+		if cerr != nil {
 			strategy.leave(ctx, keys, token, err != nil)
-			return waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
+			spentQueued := queued >= time.Since(start)
+			return waitEnded(sawHeld || spentQueued || (err == nil && !grant.OK), cerr)
 		}
 		switch {
 		case errors.Is(err, ErrInvalid):
@@ -120,6 +140,12 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 			return waitEnded(true, ctx.Err())
 		}
 	}
+}
+
+// deadlinePassed reports whether ctx has a deadline and it has passed.
+func deadlinePassed(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // mayHaveGranted reports whether a failed attempt may have left a grant

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
@@ -571,5 +573,56 @@ func TestObtainAllConcurrentCarts(t *testing.T) {
 	}
 	if left := redisKeys(t, e.client, e.prefix); len(left) != 0 {
 		t.Fatalf("keys left in Redis: %s", strings.Join(left, " "))
+	}
+}
+
+// A Redis that stalls: the request at the head of the local queue spends its
+// wait in its own store call, a store failure; the one queued behind it gets
+// its turn with a sliver of its wait left, and the wait ends in its store
+// call too, but it went by in the queue: a timeout, never a store failure
+// (and so never a fail-open run). A burst of requests with one deadline
+// made every waiter of the queue a 503 in turn.
+func TestWaitSpentQueuedIsATimeoutEvenWhenTheStoreStalls(t *testing.T) {
+	proxy := testredis.NewProxy(t)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	store, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	if err := store.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	prefix := testredis.Prefix(t)
+	l := reqlock.MustNew(store, reqlock.WithKeyPrefix(prefix), quiet)
+	proxy.Freeze()
+	t.Cleanup(proxy.Thaw)
+
+	type result struct{ err error }
+	obtain := func(wait time.Duration) <-chan result {
+		done := make(chan result, 1)
+		go func() {
+			lock, err := l.Obtain(context.Background(), "k", time.Minute, wait)
+			if err == nil {
+				_ = lock.Release(context.Background())
+			}
+			done <- result{err}
+		}()
+		return done
+	}
+	head := obtain(100 * time.Millisecond)
+	pollUntil(t, func() bool { return reqlock.LocalQueues(l) == 1 })
+	follower := obtain(115 * time.Millisecond) // its turn comes with ~15ms left
+	pollUntil(t, func() bool { return reqlock.LocalWaiters(l, prefix+"k") == 1 })
+
+	h := <-head
+	if !errors.Is(h.err, reqlock.ErrStore) && reqlock.OutcomeOf(context.Background(), h.err) != reqlock.OutcomeStoreError {
+		t.Fatalf("head, whose own store call took its whole wait: %v, want a store failure", h.err)
+	}
+	f := <-follower
+	if errors.Is(f.err, reqlock.ErrStore) || reqlock.OutcomeOf(context.Background(), f.err) != reqlock.OutcomeTimeout {
+		t.Fatalf("follower, whose wait went by in the queue: %v (outcome %v), want a timeout",
+			f.err, reqlock.OutcomeOf(context.Background(), f.err))
 	}
 }
