@@ -21,6 +21,10 @@ type expiries struct {
 	locks expiryHeap
 	timer *time.Timer // created on first use
 	fire  func()      // the timer's function, made once
+
+	// checked, when set by a test, runs in expire between a lock's check
+	// and its new watch: the window a renewal or a release may fall in.
+	checked func(*Lock)
 }
 
 // watch watches l until its validity until passes, or moves its watch there.
@@ -80,8 +84,13 @@ func (e *expiries) expire() {
 	e.resetLocked()
 	e.mu.Unlock()
 	for _, l := range due {
-		if until, valid := l.checkValidity(); valid {
-			e.watch(l, until)
+		if _, valid := l.checkValidity(); valid {
+			if e.checked != nil {
+				e.checked(l)
+			}
+			// Re-read under the lock's own mutex: a renewal or a release
+			// may come between the check and the watch.
+			l.life.rewatch(l)
 		}
 	}
 }

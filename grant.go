@@ -49,9 +49,10 @@ import (
 //     runs, since the store may apply it after the grant changed hands.
 //   - lost is set when the store reported the grant gone; a lost grant is
 //     never handed on or re-entered.
-//   - watchers are the locks on the grant that have contexts (see
-//     NewContext): whenever validUntil moves earlier, each is watched anew,
-//     so that its contexts end when the shorter validity runs out.
+//   - watchers are the locks on the grant whose contexts (see NewContext)
+//     have not ended: whenever validUntil moves earlier, each is watched
+//     anew, so that its contexts end when the shorter validity runs out,
+//     and when the store reports the grant gone, each is lost.
 type grant struct {
 	locker  *Locker
 	keys    []string  // as stored, with the Locker's prefix; sorted
@@ -121,6 +122,18 @@ func (g *grant) ValidUntil() time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.validUntil
+}
+
+// trustedTTL returns how long past its start a renewal to the holder's TTL
+// keeps the grant valid: that TTL, or less after a renewal of unknown
+// outcome (see unknownTTL).
+func (g *grant) trustedTTL() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.unknownTTL > 0 && g.unknownTTL < g.ttl {
+		return g.unknownTTL
+	}
+	return g.ttl
 }
 
 // holderTTL returns the current holder's TTL.
@@ -205,15 +218,21 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 
 	g.mu.Lock()
 	g.refreshing--
-	before := g.validUntil
+	before, wasLost := g.validUntil, g.lost
 	err = g.refreshedLocked(epoch, ttl, start, err)
-	var shortened []*Lock
-	if g.validUntil.Before(before) {
+	var shortened, lost []*Lock
+	switch {
+	case g.lost && !wasLost:
+		lost = slices.Clone(g.watchers) // the store said the grant is gone
+	case g.validUntil.Before(before):
 		shortened = slices.Clone(g.watchers)
 	}
 	g.mu.Unlock()
 	for _, l := range shortened {
 		l.life.rewatch(l)
+	}
+	for _, l := range lost {
+		l.lose(fmt.Errorf("%w: a renewal found %q no longer held: %w", ErrLockLost, g.keys[0], err))
 	}
 	return err
 }
@@ -250,6 +269,15 @@ func (g *grant) refreshedLocked(epoch int, ttl time.Duration, start time.Time, e
 	}
 	g.confirmed = false
 	return wrapStoreError(err)
+}
+
+// unwatchedBy takes l, whose contexts have ended, off the watchers.
+func (g *grant) unwatchedBy(l *Lock) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if i := slices.Index(g.watchers, l); i >= 0 {
+		g.watchers = slices.Delete(g.watchers, i, i+1)
+	}
 }
 
 // watchedBy registers l, a lock on the grant with a context, to be watched

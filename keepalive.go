@@ -81,6 +81,14 @@ func (lt *lifetime) contextLocked(l *Lock, parent context.Context) (context.Cont
 	return ctx, cancel
 }
 
+// unwatchGrants takes l, whose contexts have ended, off its grants'
+// watchers.
+func (l *Lock) unwatchGrants() {
+	for _, h := range l.holds {
+		h.g.unwatchedBy(l)
+	}
+}
+
 // rewatch watches l anew for its current validity, which a refresh of one
 // of its grants moved earlier, unless its contexts have ended. lt.mu is
 // held throughout, so that a lock that ends meanwhile is never watched
@@ -119,12 +127,8 @@ func (lt *lifetime) refreshed(l *Lock, err error) {
 	case err == nil:
 		lt.mu.Lock()
 		lt.lastErr = nil
-		watched := lt.watched && lt.cause == nil
 		lt.mu.Unlock()
-		if watched {
-			// A renewal may also shorten the validity.
-			l.locker.expiries.watch(l, l.ValidUntil())
-		}
+		lt.rewatch(l) // a renewal may also shorten the validity
 	case isNotHeld(err) && !l.Released():
 		l.lose(fmt.Errorf("%w: renewal found %q no longer held: %w", ErrLockLost, l.keys[0], err))
 	default:
@@ -149,6 +153,7 @@ func (l *Lock) lose(cause error) {
 	lt.mu.Unlock()
 	if watched {
 		l.locker.expiries.unwatch(l)
+		l.unwatchGrants()
 	}
 	// Counted and logged before the contexts end, so that whoever sees a
 	// context end sees the loss reported.
@@ -175,6 +180,7 @@ func (l *Lock) endLife(cause error) {
 	lt.mu.Unlock()
 	if watched {
 		l.locker.expiries.unwatch(l)
+		l.unwatchGrants()
 	}
 	ends.call(cause)
 	if wd != nil {
@@ -370,10 +376,11 @@ func retryInterval(ttl time.Duration) time.Duration {
 
 // renewDelay is the time until the next renewal is due: a third of the TTL
 // after the lock was granted or last renewed, which is when two thirds of the
-// TTL remain before ValidUntil. It is never longer than a third of the TTL,
+// TTL remain before ValidUntil. The TTL is the one a renewal confirms (see
+// grant.trustedTTL). It is never longer than a third of the TTL,
 // nor shorter than minRenewInterval, so the watchdog never spins.
 func renewDelay(l *Lock) time.Duration {
-	ttl := l.TTL()
+	ttl := l.trustedTTL()
 	interval := renewInterval(ttl)
 	due := time.Until(l.ValidUntil()) - (ttl - interval)
 	return min(max(due, minRenewInterval), interval)

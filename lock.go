@@ -128,6 +128,18 @@ func (l *Lock) TTL() time.Duration {
 	return ttl
 }
 
+// trustedTTL is the shortest validity a renewal of the lock confirms (see
+// grant.trustedTTL).
+func (l *Lock) trustedTTL() time.Duration {
+	var ttl time.Duration
+	for i, h := range l.holds {
+		if t := h.g.trustedTTL(); i == 0 || t < ttl {
+			ttl = t
+		}
+	}
+	return ttl
+}
+
 // ValidUntil returns the time until which the lock is surely held: the start
 // of the store call that set its TTL (the acquire, or the last renewal that
 // succeeded) plus that TTL, minus a margin for clock drift. After a renewal
