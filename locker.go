@@ -78,8 +78,12 @@ func WithBackoff(initial, max time.Duration) Option {
 	}
 }
 
-// WithReleaseTimeout bounds each release, which runs on a context that the
-// caller's cancellation cannot end. Default 2s.
+// WithReleaseTimeout bounds each store call that no wait bounds: a release,
+// which runs on a context that the caller's cancellation cannot end, and the
+// one attempt of an Obtain that does not wait (wait 0), which fails when
+// the store has not answered by then as a wait that ended with the store
+// unanswered does: ErrWaitEnded without ErrHeld, OutcomeStoreError (503 in
+// the middleware). Default 2s.
 func WithReleaseTimeout(d time.Duration) Option {
 	return func(l *Locker) error {
 		if d <= 0 {
@@ -295,11 +299,15 @@ func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, w
 func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, wait time.Duration) (hold, error) {
 	began := time.Now()
 	g := l.newGrant(keys)
-	if wait > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
+	// The wait bounds every store call of the attempt; a try-once attempt
+	// gets the release timeout, so that a stalled store cannot hold it
+	// for as long as the client library's own timeouts and retries.
+	bound := wait
+	if wait == 0 {
+		bound = l.releaseTimeout
 	}
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
 	if len(keys) > 1 {
 		turns, sawHeld, err := l.joinAll(ctx, g.keys, wait)
 		if err != nil {

@@ -626,3 +626,35 @@ func TestWaitSpentQueuedIsATimeoutEvenWhenTheStoreStalls(t *testing.T) {
 			f.err, reqlock.OutcomeOf(context.Background(), f.err))
 	}
 }
+
+// A try-once Obtain (wait 0) on a stalled Redis returns within the release
+// timeout, as a store failure, instead of sitting out the client's own
+// timeouts and retries.
+func TestTryOnceIsBoundedWhenTheStoreStalls(t *testing.T) {
+	proxy := testredis.NewProxy(t)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
+	t.Cleanup(func() { _ = client.Close() })
+	store, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	if err := store.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const bound = 200 * time.Millisecond
+	l := reqlock.MustNew(store, reqlock.WithKeyPrefix(testredis.Prefix(t)), reqlock.WithReleaseTimeout(bound), quiet)
+	proxy.Freeze()
+	t.Cleanup(proxy.Thaw)
+	start := time.Now()
+	_, err = l.Obtain(context.Background(), "k", time.Minute, 0)
+	if took := time.Since(start); took > 5*bound {
+		t.Fatalf("try-once Obtain on a stalled Redis took %v, want about the release timeout %v", took, bound)
+	}
+	if got := reqlock.OutcomeOf(context.Background(), err); got != reqlock.OutcomeStoreError {
+		t.Fatalf("try-once Obtain on a stalled Redis: %v (outcome %v), want a store failure", err, got)
+	}
+	if !errors.Is(err, reqlock.ErrWaitEnded) || errors.Is(err, reqlock.ErrHeld) {
+		t.Fatalf("try-once Obtain on a stalled Redis: %v, want ErrWaitEnded without ErrHeld", err)
+	}
+}
