@@ -51,6 +51,12 @@ func (t *Template) Key(r Request) (string, error) {
 		vals = append(vals, v)
 		n += renderedLen(v, t.maxValueLen)
 	}
+	return t.render(vals, n), nil
+}
+
+// render writes the template with vals, one per placeholder in order, each
+// escaped or hashed; n is the rendered length.
+func (t *Template) render(vals []string, n int) string {
 	var b strings.Builder
 	b.Grow(n)
 	i := 0
@@ -62,7 +68,7 @@ func (t *Template) Key(r Request) (string, error) {
 		writeValue(&b, vals[i], t.maxValueLen)
 		i++
 	}
-	return b.String(), nil
+	return b.String()
 }
 
 // Keys renders every key of r. A Multi template yields one key per element

@@ -2,7 +2,6 @@ package keyfunc
 
 import (
 	"fmt"
-	"strings"
 )
 
 // Render returns the key the template renders from values, one per
@@ -40,18 +39,7 @@ func (t *Template) Render(values ...string) (string, error) {
 		n += renderedLen(values[i], t.maxValueLen)
 		i++
 	}
-	var b strings.Builder
-	b.Grow(n)
-	i = 0
-	for _, p := range t.parts {
-		if p.ph == nil {
-			b.WriteString(p.literal)
-			continue
-		}
-		writeValue(&b, values[i], t.maxValueLen)
-		i++
-	}
-	return b.String(), nil
+	return t.render(values, n), nil
 }
 
 // Render parses template with opts and renders it from values: see
