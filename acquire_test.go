@@ -379,12 +379,17 @@ func TestStoreRefusalIsNotAStoreFailure(t *testing.T) {
 }
 
 // proxiedRedisStore returns a Store on the test Redis behind a fault proxy,
-// with go-redis's default retries, its scripts loaded and its connection
-// open, so that the next reply through the proxy is a script's.
-func proxiedRedisStore(t *testing.T) (*redisstore.Store, *testredis.Proxy) {
+// with go-redis's default retries unless configure changes the client's
+// options, its scripts loaded and its connection open, so that the next
+// reply through the proxy is a script's.
+func proxiedRedisStore(t *testing.T, configure ...func(*redis.Options)) (*redisstore.Store, *testredis.Proxy) {
 	t.Helper()
 	proxy := testredis.NewProxy(t)
-	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
+	opts := &redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true}
+	for _, c := range configure {
+		c(opts)
+	}
+	client := redis.NewClient(opts)
 	t.Cleanup(func() { _ = client.Close() })
 	store, err := redisstore.New(client)
 	if err != nil {

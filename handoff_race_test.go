@@ -127,17 +127,7 @@ func (r *fencedResource) leave(fence int64) {
 // process that tries for the key all along never works on it at the same
 // time.
 func TestLateRenewalNeverMakesTwoHolders(t *testing.T) {
-	proxy := testredis.NewProxy(t)
-	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	proxied, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxied.Close() })
-	if err := proxied.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	proxied, proxy := proxiedRedisStore(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	renewals := &renewalLog{Store: proxied, done: make(chan renewal, 16)}
 	direct, err := redisstore.New(testredis.Client(t))
 	if err != nil {
@@ -513,17 +503,7 @@ func (s *renewalsStopping) NotifyRelease(key, token string) (<-chan struct{}, fu
 // that TTL; then the stale renewal arrives and sets the short TTL again,
 // with the same token, behind the new holder's back.
 func TestStaleRenewalAfterHandoffNeverShortensTheSuccessor(t *testing.T) {
-	proxy := testredis.NewProxy(t)
-	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	proxied, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxied.Close() })
-	if err := proxied.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	proxied, proxy := proxiedRedisStore(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	ctx := context.Background()
 	wctx, stopWatchdog := context.WithCancel(ctx)
 	defer stopWatchdog()

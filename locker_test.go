@@ -583,17 +583,7 @@ func TestObtainAllConcurrentCarts(t *testing.T) {
 // (and so never a fail-open run). A burst of requests with one deadline
 // made every waiter of the queue a 503 in turn.
 func TestWaitSpentQueuedIsATimeoutEvenWhenTheStoreStalls(t *testing.T) {
-	proxy := testredis.NewProxy(t)
-	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	store, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	if err := store.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	store, proxy := proxiedRedisStore(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	prefix := testredis.Prefix(t)
 	l := reqlock.MustNew(store, reqlock.WithKeyPrefix(prefix), quiet)
 	proxy.Freeze()
@@ -631,23 +621,13 @@ func TestWaitSpentQueuedIsATimeoutEvenWhenTheStoreStalls(t *testing.T) {
 // timeout, as a store failure, instead of sitting out the client's own
 // timeouts and retries.
 func TestTryOnceIsBoundedWhenTheStoreStalls(t *testing.T) {
-	proxy := testredis.NewProxy(t)
-	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
-	t.Cleanup(func() { _ = client.Close() })
-	store, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	if err := store.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	store, proxy := proxiedRedisStore(t, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second })
 	const bound = 200 * time.Millisecond
 	l := reqlock.MustNew(store, reqlock.WithKeyPrefix(testredis.Prefix(t)), reqlock.WithReleaseTimeout(bound), quiet)
 	proxy.Freeze()
 	t.Cleanup(proxy.Thaw)
 	start := time.Now()
-	_, err = l.Obtain(context.Background(), "k", time.Minute, 0)
+	_, err := l.Obtain(context.Background(), "k", time.Minute, 0)
 	if took := time.Since(start); took > 5*bound {
 		t.Fatalf("try-once Obtain on a stalled Redis took %v, want about the release timeout %v", took, bound)
 	}
