@@ -131,14 +131,10 @@ type Notifier interface {
 	// NotifyRelease registers interest in the releases of key until stop
 	// is called; stop must be called. token is the waiter's: a store that
 	// queues waiters in order may signal only the waiter whose turn came.
-	// The channel receives after each release of key that was waited for:
-	// an Acquire (or AcquireFair) of another token was refused on key
-	// since it was granted, as a waiter's is before it subscribes. A
-	// release nobody waited for may signal or not, so that an uncontended
-	// lock costs the store no signal. Sends never block, so several
-	// releases may arrive as one signal. Signals can be lost (a dropped
-	// connection) or spurious, so waiters still poll as a fallback. A nil
-	// channel means the store cannot notify right now.
+	// The channel receives after each release; sends never block, so
+	// several releases may arrive as one signal. Signals can be lost (a
+	// dropped connection) or spurious, so waiters still poll as a
+	// fallback. A nil channel means the store cannot notify right now.
 	NotifyRelease(key, token string) (released <-chan struct{}, stop func())
 }
 

@@ -56,9 +56,6 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
 	}
-	if err := checkToken(token); err != nil {
-		return stores.FairGrant{}, err
-	}
 	call := &scriptCall{store: s, script: fairAcquireScript,
 		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)},
 		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit, stores.FenceStride},

@@ -19,13 +19,12 @@ local now = math.floor(nowus / 1000)
 -- A key that already holds the token was set by this same call, run before
 -- (the client retried after losing the reply): grant it again, whoever
 -- queued meanwhile.
-if own_retry(KEYS[1], redis.pcall('GET', KEYS[1]), token, ARGV[2]) then
-  local fence, err = next_fence(KEYS[2], ARGV[3], tonumber(ARGV[6]))
+if own_retry(KEYS[1], token, ARGV[2]) then
+  local last, err = last_fence(KEYS[2])
   if err then
-    redis.call('DEL', KEYS[1])
     return err
   end
-  return {1, fence}
+  return {1, issue_fence(KEYS[2], last, nowus, ARGV[3], tonumber(ARGV[6]))}
 end
 
 -- Heartbeat first: a late attempt keeps its place unless it was dropped.
@@ -73,19 +72,18 @@ for _ = 1, limit do
 end
 
 if empty or head == token then
+  -- The fence key is read and checked before the lock is written, as in
+  -- acquire.lua, so a bad fence key leaves no lock behind.
+  local last, err = last_fence(KEYS[2])
+  if err then
+    return err
+  end
   if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
-    -- A fence key that holds no fence fails the call, as in acquire.lua,
-    -- and the lock is given back; the token keeps its place in the queue.
-    local fence, err = next_fence(KEYS[2], ARGV[3], tonumber(ARGV[6]))
-    if err then
-      redis.call('DEL', KEYS[1])
-      return err
-    end
     if queued then
       redis.call('ZREM', KEYS[3], token)
       redis.call('ZREM', KEYS[4], token)
     end
-    return {1, fence}
+    return {1, issue_fence(KEYS[2], last, nowus, ARGV[3], tonumber(ARGV[6]))}
   end
 end
 
@@ -119,8 +117,7 @@ elseif queued then
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl > 0 then
-  -- Held: mark it as waited for, so that its release signals.
-  return {0, refused(KEYS[1], redis.pcall('GET', KEYS[1])), ahead}
+  return {0, pttl, ahead}
 end
 if pttl == -2 and dropped > 0 then
   -- The key is free and dead waiters left: wake the new head now.

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -14,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/reqlock/internal/testredis"
-	"github.com/reqlock/reqlock/stores"
 )
 
 const (
@@ -394,16 +392,12 @@ func prime(t *testing.T, s *Store, key string, ch <-chan struct{}) {
 	}
 }
 
-// cycle acquires key with token, has a waiter refused, and releases it.
+// cycle acquires key with token and releases it.
 func cycle(t *testing.T, s *Store, key, token string) {
 	t.Helper()
 	ctx := context.Background()
 	if g, err := s.Acquire(ctx, []string{key}, token, time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire(%q, %q): %+v, %v", key, token, g, err)
-	}
-	// A waiter is refused meanwhile, so that the release signals.
-	if g, err := s.Acquire(ctx, []string{key}, token+"-waiter", time.Minute); err != nil || g.OK {
-		t.Fatalf("Acquire(%q) of a waiter while %q holds it: %+v, %v; want a refusal", key, token, g, err)
 	}
 	if err := s.Release(ctx, []string{key}, token, 0); err != nil {
 		t.Fatalf("Release(%q, %q): %v", key, token, err)
@@ -439,91 +433,5 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool, msg func() str
 			t.Fatal(msg())
 		}
 		<-ticker.C
-	}
-}
-
-// nextPubSub returns the next message or pong of ps, failing after
-// signalWait.
-func nextPubSub(t *testing.T, ps *redis.PubSub) any {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), signalWait)
-	defer cancel()
-	m, err := ps.Receive(ctx)
-	if err != nil {
-		t.Fatalf("pub/sub receive: %v", err)
-	}
-	return m
-}
-
-// An uncontended release publishes nothing; a release that a refused
-// acquire waited for publishes once, also after the holder's own retried
-// acquire (which keeps the mark), for one key and for several.
-func TestReleasePublishesOnlyWhenWaitedFor(t *testing.T) {
-	client := testredis.Client(t)
-	s := newStore(t, client)
-	ctx := context.Background()
-	p := testredis.Prefix(t)
-	for _, keys := range [][]string{{p + "k"}, {p + "{m}:a", p + "{m}:b"}} {
-		ps := client.Subscribe(ctx, keys...)
-		t.Cleanup(func() { _ = ps.Close() })
-		for range keys {
-			if _, ok := nextPubSub(t, ps).(*redis.Subscription); !ok {
-				t.Fatal("no subscription confirmation")
-			}
-		}
-		// Unwaited: no message may come before the pong.
-		mustAcquire(t, s, keys, "t1", time.Minute)
-		mustRelease(t, s, keys, "t1")
-		if err := ps.Ping(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if m, ok := nextPubSub(t, ps).(*redis.Pong); !ok {
-			t.Fatalf("an uncontended release of %q published %v", keys, m)
-		}
-		// Waited for, then retried by the holder: one message per key.
-		mustAcquire(t, s, keys, "t2", time.Minute)
-		if g, err := s.Acquire(ctx, keys[:1], "waiter", time.Minute); err != nil || g.OK {
-			t.Fatalf("waiter: %+v, %v; want a refusal", g, err)
-		}
-		if len(keys) > 1 {
-			if g, err := s.Acquire(ctx, keys[1:], "waiter", time.Minute); err != nil || g.OK {
-				t.Fatalf("waiter of %q: %+v, %v; want a refusal", keys[1], g, err)
-			}
-		}
-		mustAcquire(t, s, keys, "t2", time.Minute) // a retry keeps the mark
-		mustRelease(t, s, keys, "t2")
-		got := map[string]bool{}
-		for range keys {
-			m, ok := nextPubSub(t, ps).(*redis.Message)
-			if !ok {
-				t.Fatalf("release of %q that a waiter waited for: got %v, want a message", keys, m)
-			}
-			got[m.Channel] = true
-		}
-		for _, k := range keys {
-			if !got[k] {
-				t.Fatalf("no message on %q; got %v", k, got)
-			}
-		}
-	}
-}
-
-func TestTokenWithColonIsRefused(t *testing.T) {
-	s := newStore(t, testredis.Client(t))
-	ctx := context.Background()
-	keys := []string{testredis.Prefix(t) + "k"}
-	for _, token := range []string{"a:w", ":", ""} {
-		if _, err := s.Acquire(ctx, keys, token, time.Minute); !errors.Is(err, stores.ErrInvalid) {
-			t.Errorf("Acquire with token %q: %v, want ErrInvalid", token, err)
-		}
-		if _, err := s.AcquireFair(ctx, keys[0], token, time.Minute, time.Minute); !errors.Is(err, stores.ErrInvalid) {
-			t.Errorf("AcquireFair with token %q: %v, want ErrInvalid", token, err)
-		}
-		if err := s.Release(ctx, keys, token, 0); !errors.Is(err, stores.ErrInvalid) {
-			t.Errorf("Release with token %q: %v, want ErrInvalid", token, err)
-		}
-		if err := s.Refresh(ctx, keys, token, time.Minute); !errors.Is(err, stores.ErrInvalid) {
-			t.Errorf("Refresh with token %q: %v, want ErrInvalid", token, err)
-		}
 	}
 }

@@ -18,20 +18,15 @@
 //
 // # Fencing
 //
-// A grant's fence is the last fence plus stores.FenceStride (one INCRBY of
-// the fence key beside the lock key, which keeps the fence key's TTL), and
-// the server time in microseconds when the fence key is missing. So fences
-// grow per key by at least the stride while the fence key lives. When it
-// expires after the retention (which keeps a flood of distinct keys from
-// growing Redis forever) the next fence starts again from the server clock.
-// A fence runs ahead of that clock only while one key is granted more often
-// than once per stride of microseconds (about a thousand times a second).
-// Every 64th grant of a key therefore reads the clock and keeps the fence
-// key for the retention plus the lead, if any: fences grow by at most 64
-// strides (65ms) between two such checks, far less than the retention, so
-// once the fence key expires the clock alone exceeds every fence it held.
-// An uncontended grant thus costs Redis two commands (SET NX, INCRBY)
-// besides the script call. The guarantee needs a server clock that does not
+// A grant's fence is max(last fence + stores.FenceStride, server time in
+// microseconds), and becomes the new last fence. So fences grow per key by
+// at least the stride while the fence key lives. When it expires after the
+// retention (which keeps a flood of distinct keys from growing Redis
+// forever) the next fence starts again from the server clock. A fence runs
+// ahead of that clock only while one key is granted more often than once per
+// stride of microseconds (about a thousand times a second); the fence key
+// then lives on by the lead, so that once it expires the clock alone exceeds
+// every fence it held. The guarantee thus needs a server clock that does not
 // step back by more than the retention. Microsecond values stay below 2^53,
 // so Lua numbers hold them exactly.
 //
@@ -156,8 +151,6 @@ const MinFenceRetention = time.Minute
 var ErrUnexpectedReply = errors.New("redisstore: unexpected reply from Redis")
 
 var (
-	//go:embed lockvalue.lua
-	lockValueLibSrc string
 	//go:embed fence.lua
 	fenceLibSrc string
 	//go:embed acquire.lua
@@ -175,29 +168,15 @@ var (
 
 	acquireScript    = redis.NewScript(withFenceLib(acquireSrc))
 	acquireAllScript = redis.NewScript(withFenceLib(acquireAllSrc))
-	releaseScript    = redis.NewScript(withLockValueLib(releaseSrc))
-	releaseAllScript = redis.NewScript(withLockValueLib(releaseAllSrc))
-	refreshScript    = redis.NewScript(withLockValueLib(refreshSrc))
-	refreshAllScript = redis.NewScript(withLockValueLib(refreshAllSrc))
+	releaseScript    = redis.NewScript(releaseSrc)
+	releaseAllScript = redis.NewScript(releaseAllSrc)
+	refreshScript    = redis.NewScript(refreshSrc)
+	refreshAllScript = redis.NewScript(refreshAllSrc)
 )
 
-// withLockValueLib prepends the lock key helpers of lockvalue.lua to a
-// script's source: Redis has no include, and one definition keeps every
-// script's reading of a lock key alike.
-func withLockValueLib(src string) string { return lockValueLibSrc + src }
-
-// withFenceLib prepends the lock key helpers and the fence helpers of
-// fence.lua to a script's source, so that every script issues fences alike.
-func withFenceLib(src string) string { return lockValueLibSrc + fenceLibSrc + src }
-
-// checkToken refuses a token the lock key's waiter mark could be mistaken
-// for (see lockvalue.lua): reqlock's tokens are base64url, without ':'.
-func checkToken(token string) error {
-	if token == "" || strings.Contains(token, ":") {
-		return fmt.Errorf("%w: redisstore: token %q is empty or contains ':'", stores.ErrInvalid, token)
-	}
-	return nil
-}
+// withFenceLib prepends the fence helpers of fence.lua to a script's source:
+// Redis has no include, and one definition keeps every script's fences alike.
+func withFenceLib(src string) string { return fenceLibSrc + src }
 
 // allScripts lists every script of the package, for Load.
 func allScripts() []*redis.Script {
@@ -332,9 +311,6 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	if err := checkToken(token); err != nil {
-		return stores.Grant{}, err
-	}
 	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0])}
 	if len(keys) > 1 {
 		if err := s.checkColocated(keys, true); err != nil {
@@ -378,9 +354,6 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 // client's error as is; and ctx.Err() without acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
-		return err
-	}
-	if err := checkToken(token); err != nil {
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
@@ -431,9 +404,6 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // when ctx has ended.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
-		return err
-	}
-	if err := checkToken(token); err != nil {
 		return err
 	}
 	// Cancel-aware (see scriptCall.run): a waiter renewing a handed-off

@@ -218,7 +218,6 @@ func testNotifyEveryKey(t *testing.T, e *env) {
 	keys := e.keys("a", "b", "c")
 	chs := e.quietSubscriptions(t, keys...)
 	e.mustAcquire(t, keys, "t1", e.long)
-	e.refuseWaiters(t, keys)
 	e.mustRelease(t, keys, "t1")
 	for i, ch := range chs {
 		expectSignal(t, ch, fmt.Sprintf("on %q after a Release of %d keys", keys[i], len(keys)))
@@ -240,7 +239,6 @@ func testNotifyKeepNoSignal(t *testing.T, e *env) {
 		for i, ch := range chs {
 			expectNone(t, ch, fmt.Sprintf("on %q after a Release with keep: the keys stay held", keys[i]))
 		}
-		e.refuseWaiters(t, keys)
 		e.mustRelease(t, keys, "t1") // the keys still hold the token
 		for i, ch := range chs {
 			expectSignal(t, ch, fmt.Sprintf("on %q after the final Release", keys[i]))
@@ -256,7 +254,6 @@ func testNotifyNonPositiveKeep(t *testing.T, e *env) {
 	ch := e.quietSubscriptions(t, keys...)[0]
 	for _, keep := range []time.Duration{0, -time.Second} {
 		e.mustAcquire(t, keys, "t1", e.long)
-		e.refuseWaiters(t, keys)
 		if err := e.s.Release(ctx, keys, "t1", keep); err != nil {
 			t.Fatalf("Release with keep %v: %v", keep, err)
 		}
@@ -337,8 +334,7 @@ func (e *env) cycle(t *testing.T, key, token string) {
 	}
 }
 
-// cycleErr acquires key with token, has an Acquire of another token
-// refused meanwhile (a waiter: see stores.Notifier), and releases it.
+// cycleErr acquires key with token and releases it.
 func (e *env) cycleErr(ctx context.Context, key, token string) error {
 	keys := []string{key}
 	g, err := e.s.Acquire(ctx, keys, token, e.long)
@@ -348,26 +344,10 @@ func (e *env) cycleErr(ctx context.Context, key, token string) error {
 	if !g.OK {
 		return fmt.Errorf("Acquire(%q, %q) refused: %+v", key, token, g)
 	}
-	waiter := token + "-waiter"
-	if g, err := e.s.Acquire(ctx, keys, waiter, e.long); err != nil || g.OK {
-		return fmt.Errorf("Acquire(%q, %q) of a waiter while %q holds it: %+v, %v; want a refusal", key, waiter, token, g, err)
-	}
 	if err := e.s.Release(ctx, keys, token, 0); err != nil {
 		return fmt.Errorf("Release(%q, %q): %w", key, token, err)
 	}
 	return nil
-}
-
-// refuseWaiters has an Acquire of another token refused on each of keys, as
-// a waiter's would be: a release of keys then signals (see
-// stores.Notifier).
-func (e *env) refuseWaiters(t *testing.T, keys []string) {
-	t.Helper()
-	for _, k := range keys {
-		if g := e.acquire(t, []string{k}, "waiter", e.long); g.OK {
-			t.Fatalf("Acquire(%q) of a waiter while the key is held: granted", k)
-		}
-	}
 }
 
 // drain empties ch of the one signal its buffer may hold.
