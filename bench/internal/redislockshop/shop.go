@@ -24,15 +24,15 @@
 // users typically do not fence, so a holder whose lease lapsed (a GC pause,
 // a slow network) can still write over a newer holder's update. The example
 // fences every write: its lock grant carries a fencing token per key, which
-// reqlock's acquire script issues (one INCRBY inside the same EVALSHA), and
-// its read and write scripts check and record it (an HSET of the fence on
-// the read, an HGET on the write, inside the same EVALSHAs). Fencing
-// therefore costs the reqlock side no round trip: both services make four
-// per deduction, all script calls (lock, read, write, release), and the
-// example three more commands inside Redis (INCRBY, HSET, HGET: 12 against
-// 9 per deduction), a couple more when a SKU's fence key is new. The
-// example also keeps lock metrics and checks that the lock covers the SKU
-// it writes; this package does not.
+// reqlock's acquire script issues inside the same EVALSHA that takes the
+// lock, and its read and write scripts check and record it (an HSET of the
+// fence on the read, an HGET on the write, inside the same EVALSHAs).
+// Fencing therefore costs the reqlock side no round trip: both services
+// make four per deduction, all script calls (lock, read, write, release).
+// It costs commands inside Redis instead: this package's deduction runs 9
+// (EVALSHA x4, SET, HMGET, HSET, GET, DEL), and httpbench reports how many
+// the example's runs, per command. The example also keeps lock metrics and
+// checks that the lock covers the SKU it writes; this package does not.
 //
 // The Redis client has the example's options (NewClient): the contexts of
 // the calls bound them (ContextTimeoutEnabled), 1s read, write and dial
