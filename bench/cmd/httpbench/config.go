@@ -1,0 +1,80 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// config is httpbench's configuration, one field per flag.
+type config struct {
+	redisAddr  string
+	inventory  string // the example's binary; empty: build it from reqlockDir
+	reqlockDir string
+	clients    int
+	skus       int
+	duration   time.Duration
+	rounds     int
+	warmup     time.Duration
+	wait, ttl  time.Duration
+	stock      int64
+	note       string
+}
+
+// parseFlags parses httpbench's arguments; usage and flag errors go to out.
+func parseFlags(args []string, out io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("httpbench", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&cfg.redisAddr, "redis", "", "Redis `host:port` both services use (required; nobody else should use it meanwhile)")
+	fs.StringVar(&cfg.inventory, "inventory", "", "the examples/inventory `binary`; empty: go build it from -reqlock-dir")
+	fs.StringVar(&cfg.reqlockDir, "reqlock-dir", "..", "the reqlock module `dir` to build examples/inventory from when -inventory is empty")
+	fs.IntVar(&cfg.clients, "clients", 50, "concurrent HTTP clients")
+	fs.IntVar(&cfg.skus, "skus", 1000, "SKUs; client c cycles through c, c+clients, ...")
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured time per service per round")
+	fs.IntVar(&cfg.rounds, "rounds", 3, "rounds, each the example then the baseline")
+	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured load per service before the first round")
+	fs.DurationVar(&cfg.wait, "wait", 2*time.Second, "lock wait of both services (the example's -wait)")
+	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock TTL of both services (the example's -ttl)")
+	fs.Int64Var(&cfg.stock, "stock", 1_000_000_000_000, "initial stock of every SKU (the example's -stock): enough that no deduction runs out")
+	fs.StringVar(&cfg.note, "note", "", "a line for the report's header (httpbench.sh says which reqlock was built)")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	return cfg, cfg.validate()
+}
+
+// validate reports the first invalid setting, naming its flag.
+func (cfg config) validate() error {
+	if cfg.redisAddr == "" {
+		return errors.New("-redis is required (bench/httpbench.sh starts a private redis-server and passes it)")
+	}
+	if _, _, err := net.SplitHostPort(cfg.redisAddr); err != nil {
+		return fmt.Errorf("-redis %q: %w", cfg.redisAddr, err)
+	}
+	switch {
+	case cfg.clients < 1:
+		return fmt.Errorf("-clients %d: want at least 1", cfg.clients)
+	case cfg.skus < cfg.clients:
+		return fmt.Errorf("-skus %d: want at least -clients (%d), so that every client has SKUs of its own", cfg.skus, cfg.clients)
+	case cfg.duration <= 0:
+		return fmt.Errorf("-duration %v: must be positive", cfg.duration)
+	case cfg.rounds < 1:
+		return fmt.Errorf("-rounds %d: want at least 1", cfg.rounds)
+	case cfg.warmup < 0:
+		return fmt.Errorf("-warmup %v: must not be negative", cfg.warmup)
+	case cfg.wait < 0:
+		return fmt.Errorf("-wait %v: must not be negative", cfg.wait)
+	case cfg.ttl < time.Millisecond:
+		return fmt.Errorf("-ttl %v: must be at least 1ms", cfg.ttl)
+	case cfg.stock < 1:
+		return fmt.Errorf("-stock %d: must be positive", cfg.stock)
+	}
+	return nil
+}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/reqlock/reqlock/bench/internal/redislockshop"
+)
+
+// serveBaselineFlag, as the first argument, makes httpbench serve the
+// baseline instead of measuring.
+const serveBaselineFlag = "-serve-baseline"
+
+// baselineListening starts the line the baseline prints once it listens.
+const baselineListening = "redislockshop: listening on "
+
+// inventoryListening starts the line the example prints once it listens.
+const inventoryListening = "inventory: listening on "
+
+// startTimeout bounds a service's start, from exec to its listening line.
+const startTimeout = 30 * time.Second
+
+// serveBaselineMain serves redislockshop on a free loopback port until
+// SIGINT or SIGTERM, as the example serves itself: flags -redis URL, -wait,
+// -ttl, -stock.
+func serveBaselineMain(args []string, stdout, stderr io.Writer) int {
+	cfg := redislockshop.DefaultConfig()
+	fs := flag.NewFlagSet("httpbench "+serveBaselineFlag, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	url := fs.String("redis", "", "Redis URL")
+	fs.DurationVar(&cfg.Wait, "wait", cfg.Wait, "lock wait")
+	fs.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "lock TTL")
+	fs.Int64Var(&cfg.DefaultStock, "stock", cfg.DefaultStock, "stock of a SKU never set")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := serveBaseline(ctx, *url, cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "redislockshop:", err)
+		return 1
+	}
+	return 0
+}
+
+func serveBaseline(ctx context.Context, url string, cfg redislockshop.Config, stdout io.Writer) error {
+	client, err := redislockshop.NewClient(url)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	h, err := redislockshop.New(client, cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "%shttp://%s\n", baselineListening, ln.Addr())
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+// service is one of the two services, running as a process of its own.
+type service struct {
+	name string // "reqlock" or "redislock"
+	base string // http://127.0.0.1:port
+
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *syncBuffer // its stdout after the listening line, and its stderr
+}
+
+// startService runs cmd and waits for the line that starts with listening
+// and names the service's base URL.
+func startService(name string, cmd *exec.Cmd, listening string) (*service, error) {
+	s := &service{name: name, cmd: cmd, exited: make(chan struct{}), out: &syncBuffer{}}
+	cmd.Stderr = s.out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	setParentDeathSignal(cmd)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if base, ok := strings.CutPrefix(sc.Text(), listening); ok {
+				found <- strings.TrimSpace(base)
+				break
+			}
+			s.out.WriteString(sc.Text() + "\n")
+		}
+		_, _ = io.Copy(s.out, stdout) // the rest, until it exits
+		_ = cmd.Wait()
+		close(s.exited)
+	}()
+	timer := time.NewTimer(startTimeout)
+	defer timer.Stop()
+	select {
+	case s.base = <-found:
+		return s, nil
+	case <-s.exited:
+		return nil, fmt.Errorf("%s exited before it listened (%v); its output:\n%s", name, cmd.ProcessState, s.out)
+	case <-timer.C:
+		s.stop()
+		return nil, fmt.Errorf("%s did not listen within %v; its output:\n%s", name, startTimeout, s.out)
+	}
+}
+
+// stop ends the service with SIGTERM (both shut down gracefully), and kills
+// it when it has not exited 10s later.
+func (s *service) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-s.exited:
+	case <-t.C:
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// startInventory runs the example's binary on a free loopback port.
+func startInventory(bin string, cfg config) (*service, error) {
+	cmd := exec.Command(bin, "-framework", "gin", "-redis", redisURL(cfg.redisAddr), "-addr", "127.0.0.1:0",
+		"-stock", strconv.FormatInt(cfg.stock, 10), "-wait", cfg.wait.String(), "-ttl", cfg.ttl.String())
+	cmd.Env = withoutEnv(os.Environ(), "REDIS_URL")
+	return startService("reqlock", cmd, inventoryListening)
+}
+
+// startBaseline re-executes this program to serve the baseline.
+func startBaseline(cfg config) (*service, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, serveBaselineFlag, "-redis", redisURL(cfg.redisAddr),
+		"-stock", strconv.FormatInt(cfg.stock, 10), "-wait", cfg.wait.String(), "-ttl", cfg.ttl.String())
+	return startService("redislock", cmd, baselineListening)
+}
+
+// redisURL is the URL of db 0 at addr.
+func redisURL(addr string) string { return "redis://" + addr + "/0" }
+
+// withoutEnv returns env without the variable name.
+func withoutEnv(env []string, name string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// buildInventory builds examples/inventory of the reqlock module in dir
+// into tmp and returns the binary's path.
+func buildInventory(ctx context.Context, dir, tmp string) (string, error) {
+	if _, err := os.Stat(filepath.Join(dir, "examples", "inventory", "main.go")); err != nil {
+		return "", fmt.Errorf("-reqlock-dir %s: no examples/inventory there (run from bench/, or pass -inventory): %w", dir, err)
+	}
+	bin := filepath.Join(tmp, "inventory")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./examples/inventory")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./examples/inventory in %s: %w\n%s", dir, err, out)
+	}
+	return bin, nil
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) WriteString(s string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b.WriteString(s)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
