@@ -51,18 +51,16 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // in the local queue: a wait that ends with a store call unanswered is then
 // a timeout, not a store that never answered.
 //
-// queued is how long the request waited in the local queue before: when
-// its wait ends in its first store call, and it spent longer queued than in
-// that call, the wait went to contention, not to a store that never
-// answered (a waiter handed its turn with little of its wait left).
-func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration, sawHeld bool, queued time.Duration) error {
+// A request that got its turn behind a local contender inherits what that
+// contender found (sawHeld, or not: a store that never answered), and its
+// wait, spent in the queue, ending in or before its first store call is
+// classed by that: a timeout behind a held key, a store failure behind an
+// unanswered store, whose outage the whole queue then reports.
+func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration, sawHeld bool) error {
 	if err := ctx.Err(); err != nil {
-		// The wait went by before this request's first store call, in the
-		// local queue behind a contender whose own call ran out of time:
-		// no evidence that the store failed, so a timeout. (Calling the
-		// store on the ended context would fail at once, and be taken for
-		// a failure, by every waiter of the queue in turn.)
-		return waitEnded(true, err)
+		// The wait went by in the local queue: calling the store on the
+		// ended context would only fail at once.
+		return waitEnded(sawHeld, err)
 	}
 	keys, token := g.keys, g.token
 	strategy := l.attempter(keys, wait)
@@ -95,8 +93,7 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 		}
 		if cerr != nil {
 			strategy.leave(ctx, keys, token, err != nil)
-			spentQueued := queued >= time.Since(start)
-			return waitEnded(sawHeld || spentQueued || (err == nil && !grant.OK), cerr)
+			return waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
 		}
 		switch {
 		case errors.Is(err, ErrInvalid):

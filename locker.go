@@ -297,7 +297,6 @@ func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, w
 // key through its local queue (from a handoff or the store), several keys
 // from the store.
 func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, wait time.Duration) (hold, error) {
-	began := time.Now()
 	g := l.newGrant(keys)
 	// The wait bounds every store call of the attempt; a try-once attempt
 	// gets the release timeout, so that a stalled store cannot hold it
@@ -313,7 +312,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		if err != nil {
 			return hold{}, err
 		}
-		if err := l.contend(ctx, g, ttl, wait, sawHeld, time.Since(began)); err != nil {
+		if err := l.contend(ctx, g, ttl, wait, sawHeld); err != nil {
 			for _, t := range turns {
 				t.Pass(0, errors.Is(err, ErrHeld))
 			}
@@ -345,7 +344,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	// A request that queued behind a local holder, or behind a contender
 	// that saw the key held, has seen the key held: if its wait ends in its
 	// first store call, that is a timeout, not a store that never answered.
-	if err := l.contend(ctx, g, ttl, wait, turn.AfterHeld, time.Since(began)); err != nil {
+	if err := l.contend(ctx, g, ttl, wait, turn.AfterHeld); err != nil {
 		// A contender that saw the key held passes that on: the next
 		// waiter, whose wait went by in the queue, has seen it held too.
 		turn.Pass(0, errors.Is(err, ErrHeld))
