@@ -235,6 +235,15 @@ func serve(g *middleware.Guard, c echo.Context, next echo.HandlerFunc) error {
 	})
 }
 
+// Param returns the path parameter name of c's request as the lock's key
+// reads it: unescaped, as net/http and gin give it. echo's own c.Param
+// keeps the escapes of a path like "/accounts/a%2Fb", so a handler that
+// reads it locks "a/b" and works on "a%2Fb"; use Param for the value the
+// lock covers. A wildcard "*path" is named "path" or "*".
+func Param(c echo.Context, name string) string {
+	return request{c}.PathValue(name)
+}
+
 // Lock returns the lock the middleware holds for c's request.
 func Lock(c echo.Context) (*reqlock.Lock, bool) {
 	return reqlock.FromContext(c.Request().Context())

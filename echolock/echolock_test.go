@@ -13,6 +13,7 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/echolock"
 	"github.com/reqlock/reqlock/internal/adaptertest"
+	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores/memstore"
@@ -177,5 +178,40 @@ func TestRejectionIsAnHTTPError(t *testing.T) {
 	}
 	if rec.Header().Get("Retry-After") != "1" {
 		t.Fatalf("Retry-After = %q", rec.Header().Get("Retry-After"))
+	}
+}
+
+// Param gives a handler the path value its lock's key was rendered from:
+// "a/b" for /accounts/a%2Fb, where echo's c.Param keeps the escape, so the
+// handler works on the account the lock covers.
+func TestParamIsTheLockedValue(t *testing.T) {
+	locker := reqlock.MustNew(memstore.New())
+	e := echo.New()
+	var param, echoParam string
+	var locked bool
+	e.POST("/accounts/:id/withdraw", func(c echo.Context) error {
+		param, echoParam = echolock.Param(c, "id"), c.Param("id")
+		lock, ok := echolock.Lock(c)
+		key, err := keyfunc.MustParse("acct:<id>").Render(param)
+		if ok && err == nil {
+			_, locked = lock.FenceOf(key)
+		}
+		return c.NoContent(http.StatusNoContent)
+	}, echolock.Must(echolock.New(locker, "acct:<id>")))
+	for _, tc := range []struct{ path, want string }{
+		{"/accounts/a%2Fb/withdraw", "a/b"},
+		{"/accounts/plain/withdraw", "plain"},
+	} {
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, tc.path, nil))
+		if rec.Code != http.StatusNoContent {
+			t.Fatalf("%s: status %d: %s", tc.path, rec.Code, rec.Body)
+		}
+		if param != tc.want {
+			t.Fatalf("%s: Param = %q (echo's c.Param %q), want %q", tc.path, param, echoParam, tc.want)
+		}
+		if !locked {
+			t.Fatalf("%s: the lock holds no key rendered from %q", tc.path, param)
+		}
 	}
 }
