@@ -2,7 +2,6 @@ package main
 
 import (
 	"net/http"
-	"net/url"
 
 	"github.com/labstack/echo/v4"
 
@@ -52,17 +51,9 @@ func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (ht
 	return e, nil
 }
 
-// echoSKU returns the path parameter id unescaped, as net/http, gin and the
-// lock key have it: echo routes on the escaped path when the URL has one.
-func echoSKU(c echo.Context) string {
-	v := c.Param("id")
-	if c.Request().URL.RawPath != "" {
-		if u, err := url.PathUnescape(v); err == nil {
-			return u
-		}
-	}
-	return v
-}
+// echoSKU returns the path parameter id as the lock key has it (see
+// echolock.Param): unescaped, as net/http and gin give it.
+func echoSKU(c echo.Context) string { return echolock.Param(c, "id") }
 
 // echoHolder returns the lock the middleware holds for c's request, if any,
 // with the route's SKU keys.
