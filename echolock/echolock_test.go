@@ -13,8 +13,8 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/echolock"
 	"github.com/reqlock/reqlock/internal/adaptertest"
-	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
