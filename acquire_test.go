@@ -515,9 +515,10 @@ func TestUnreachableStoreLeavesNoAbandonedGrant(t *testing.T) {
 }
 
 // A store whose connections hang (a host that drops packets) outlasts a
-// short wait: the acquire's outcome is unknown to the Locker, which
-// releases in the background, and that release cannot reach the store
-// either. Nothing is logged at WARN for a grant that never reached it.
+// short wait: the acquire is left in flight, and the store, which undoes an
+// abandoned call itself (stores.ErrAbandoned), finds that it never reached
+// Redis. The Locker must not release it a second time: that release would
+// dial again and log a WARN per request for a grant that never existed.
 func TestSlowDialStoreLogsNoAbandonedGrant(t *testing.T) {
 	dials := make(chan struct{}, 16)
 	client := redis.NewClient(&redis.Options{
@@ -549,9 +550,10 @@ func TestSlowDialStoreLogsNoAbandonedGrant(t *testing.T) {
 	if !errors.Is(err, reqlock.ErrStore) && !errors.Is(err, reqlock.ErrWaitEnded) {
 		t.Fatalf("Obtain on a Redis whose dials hang: %v, want ErrStore or ErrWaitEnded", err)
 	}
-	// The Locker's background release dials too; anything it logs comes
-	// within the release timeout of that dial.
-	<-dials
+	<-dials // the acquire's own dial, cut off by the wait
+	// A release by the Locker would fail within its release timeout and
+	// log (go-redis dials again by itself, so a dial proves nothing).
+	// Nothing signals that no log line comes: wait twice that timeout.
 	time.Sleep(2 * releaseTimeout)
 	mu.Lock()
 	defer mu.Unlock()
