@@ -63,9 +63,10 @@ func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 		}
 		<-c.done // it returned as ctx ended
 	}
-	if c.err != nil && ctx.Err() != nil && c.undo != nil && markUnreachable(c.err) == c.err {
-		// It failed as its context ended (go-redis's own deadline): its
-		// outcome is as unknown as an abandoned call's, and undone alike.
+	if c.err != nil && ctxEnded(ctx) && c.undo != nil && markUnreachable(c.err) == c.err {
+		// It failed as its context ended (go-redis times a call out by the
+		// deadline a moment before the context reports it): its outcome
+		// is as unknown as an abandoned call's, and undone alike.
 		go c.cleanUp()
 		return nil, abandoned(ctx, true)
 	}
@@ -108,13 +109,26 @@ func (c *scriptCall) cleanUp() {
 	c.undo(c, ctx)
 }
 
+// ctxEnded reports whether ctx has ended, or its deadline has passed.
+func ctxEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
 // abandoned returns the error of a call left in flight when ctx ended:
 // ctx's error, marked stores.ErrAbandoned when the store undoes the call.
 func abandoned(ctx context.Context, undone bool) error {
-	if undone {
-		return fmt.Errorf("%w: %w", stores.ErrAbandoned, ctx.Err())
+	err := ctx.Err()
+	if err == nil {
+		err = context.DeadlineExceeded // the deadline passed; ctx reports it a moment later
 	}
-	return ctx.Err()
+	if undone {
+		return fmt.Errorf("%w: %w", stores.ErrAbandoned, err)
+	}
+	return err
 }
 
 // isFair reports whether the call was a fair attempt, which may have queued
