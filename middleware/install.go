@@ -34,8 +34,7 @@ type Installation struct {
 	by string // the install, such as "ginlock.Install", for messages
 
 	checked sync.Once
-	failed  sync.Once
-	broken  atomic.Pointer[Rejection]
+	broken  atomic.Pointer[Rejection] // set once, by the first Fail
 }
 
 // Install returns an Installation of rt; by names the install in messages,
@@ -68,15 +67,16 @@ func (in *Installation) Guard(method, path string, routes RouteLister) (*Guard, 
 // failure is logged, and from now on Guard answers every request with the
 // returned Rejection (500).
 func (in *Installation) Fail(err error) *Rejection {
-	in.failed.Do(func() {
-		in.rt.logger.Error("reqlock: the route table's install is broken; answering 500 to every request it sees until it is fixed",
-			slog.String("install", in.by), slog.Any("error", err))
-		in.broken.Store(&Rejection{
-			Status: http.StatusInternalServerError,
-			Reason: ReasonInternal,
-			Detail: "the server's lock configuration is broken",
-			Err:    fmt.Errorf("%w: %s: %w", ErrInvalidConfig, in.by, err),
-		})
-	})
-	return in.broken.Load()
+	rej := &Rejection{
+		Status: http.StatusInternalServerError,
+		Reason: ReasonInternal,
+		Detail: "the server's lock configuration is broken",
+		Err:    fmt.Errorf("%w: %s: %w", ErrInvalidConfig, in.by, err),
+	}
+	if !in.broken.CompareAndSwap(nil, rej) {
+		return in.broken.Load()
+	}
+	in.rt.logger.Error("reqlock: the route table's install is broken; answering 500 to every request it sees until it is fixed",
+		slog.String("install", in.by), slog.Any("error", err))
+	return rej
 }
