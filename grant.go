@@ -130,10 +130,17 @@ func (g *grant) ValidUntil() time.Time {
 func (g *grant) trustedTTL() time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.unknownTTL > 0 && g.unknownTTL < g.ttl {
+	return g.trustedLocked(g.ttl)
+}
+
+// trustedLocked returns how long past its start a renewal to ttl keeps the
+// grant valid: ttl, capped by a renewal of unknown outcome that may yet
+// land. The caller holds g.mu.
+func (g *grant) trustedLocked(ttl time.Duration) time.Duration {
+	if g.unknownTTL > 0 && g.unknownTTL < ttl {
 		return g.unknownTTL
 	}
-	return g.ttl
+	return ttl
 }
 
 // holderTTL returns the current holder's TTL.
@@ -240,10 +247,7 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 // refreshedLocked records the outcome err of a refresh to ttl that began at
 // start. The caller holds g.mu.
 func (g *grant) refreshedLocked(epoch int, ttl time.Duration, start time.Time, err error) error {
-	trusted := ttl // what the keys surely keep from start on
-	if g.unknownTTL > 0 && g.unknownTTL < trusted {
-		trusted = g.unknownTTL // an earlier renewal may yet land
-	}
+	trusted := g.trustedLocked(ttl) // what the keys surely keep from start on
 	until := start.Add(trusted - clockDrift(trusted))
 	switch {
 	case err == nil:

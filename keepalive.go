@@ -128,7 +128,10 @@ func (lt *lifetime) refreshed(l *Lock, err error) {
 		lt.mu.Lock()
 		lt.lastErr = nil
 		lt.mu.Unlock()
-		lt.rewatch(l) // a renewal may also shorten the validity
+		// A longer validity needs no new watch (the timer finds it when it
+		// fires) and a shorter one was watched by the grant; watching now
+		// saves the timer an early wake-up.
+		lt.rewatch(l)
 	case isNotHeld(err) && !l.Released():
 		l.lose(fmt.Errorf("%w: renewal found %q no longer held: %w", ErrLockLost, l.keys[0], err))
 	default:
