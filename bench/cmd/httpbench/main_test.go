@@ -26,6 +26,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/bench/internal/redislockshop"
+	"github.com/reqlock/reqlock/bench/internal/redisstats"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
@@ -238,7 +239,7 @@ func TestLoadRun(t *testing.T) {
 				t.Errorf("%s round %d: elapsed %v, p50 %v, p99 %v", name, r+1, w.elapsed, percentile(w.latency, 0.5), percentile(w.latency, 0.99))
 			}
 		}
-		if got := scriptCalls(rep.commands[i]); got != 4*rep.requests[i] {
+		if got := redisstats.ScriptCalls(rep.commands[i]); got != 4*rep.requests[i] {
 			t.Errorf("%s: %d script calls for %d requests, want 4 each", name, got, rep.requests[i])
 		}
 		if len(rep.mismatches[i]) != 0 {

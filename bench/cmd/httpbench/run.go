@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/bench/internal/redisstats"
 )
 
 // run runs httpbench with args and returns its exit code.
@@ -71,7 +73,7 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, PoolSize: 2})
 	defer rdb.Close()
-	version, err := redisVersion(ctx, rdb)
+	version, err := redisstats.RedisVersion(ctx, rdb)
 	if err != nil {
 		return nil, fmt.Errorf("Redis at %s: %w", cfg.redisAddr, err)
 	}
@@ -154,7 +156,7 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 	results := rep.rounds
 	for r := 1; r <= cfg.rounds; r++ {
 		for i, t := range targets {
-			before, err := commandStats(ctx, rdb)
+			before, err := redisstats.CommandStats(ctx, rdb)
 			if err != nil {
 				return nil, err
 			}
@@ -162,16 +164,18 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 			if err != nil {
 				return nil, fmt.Errorf("round %d: %w", r, err)
 			}
-			after, err := commandStats(ctx, rdb)
+			after, err := redisstats.CommandStats(ctx, rdb)
 			if err != nil {
 				return nil, err
 			}
-			res := roundResult{w: w, delta: commandDelta(before, after)}
+			// Without the overhead commands: neither set-up nor INFO nor the
+			// example's start-up PING serves a request.
+			res := roundResult{w: w, delta: redisstats.WithoutOverhead(redisstats.Delta(before, after))}
 			results[i] = append(results[i], res)
 			n := float64(max(w.requests, 1))
 			fmt.Fprintf(out, "%-5d  %-9s  %8d  %8.0f  %8s  %8s  %8.2f  %11.2f  %12.1f  %s\n",
 				r, t.svc.name, w.requests, w.rate(), round(percentile(w.latency, 0.50)), round(percentile(w.latency, 0.99)),
-				float64(commandCount(res.delta))/n, float64(scriptCalls(res.delta))/n, float64(scriptMicros(res.delta))/n,
+				float64(commandCount(res.delta))/n, float64(redisstats.ScriptCalls(res.delta))/n, float64(redisstats.ScriptMicros(res.delta))/n,
 				otherAnswers(w.status))
 		}
 		ratio := results[0][r-1].w.rate() / results[1][r-1].w.rate()
@@ -272,7 +276,7 @@ func perRequest(d map[string]int64, requests int64) string {
 	n := float64(max(requests, 1))
 	var names []string
 	for k := range d {
-		if !isUsec(k) {
+		if !redisstats.IsUsec(k) {
 			names = append(names, k)
 		}
 	}
@@ -284,7 +288,7 @@ func perRequest(d map[string]int64, requests int64) string {
 		parts[i] = fmt.Sprintf("%s %.2f", name, float64(d[name])/n)
 	}
 	return fmt.Sprintf("%.2f commands, %.2f script calls, %.1f µs in scripts: %s",
-		float64(commandCount(d))/n, float64(scriptCalls(d))/n, float64(scriptMicros(d))/n, strings.Join(parts, ", "))
+		float64(commandCount(d))/n, float64(redisstats.ScriptCalls(d))/n, float64(redisstats.ScriptMicros(d))/n, strings.Join(parts, ", "))
 }
 
 // moduleVersion returns the version of the module path this program was

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/bench/internal/redisstats"
 )
 
 // newLibClient returns the client a library runs on: ContextTimeoutEnabled
@@ -63,7 +65,8 @@ func warmPool(ctx context.Context, client *redis.Client, n int) error {
 
 // roundTripCounter is a go-redis hook that counts top-level round trips: a
 // command, or a pipeline, is one. The connection handshake (HELLO, AUTH,
-// SELECT, CLIENT SETINFO, ...) that go-redis sends when it dials is counted
+// SELECT, CLIENT SETINFO, ...) that go-redis sends when it dials, and any
+// other command redisstats.IsOverhead names (warmPool's PINGs), is counted
 // apart, in handshakes.
 type roundTripCounter struct {
 	trips      atomic.Int64
@@ -91,7 +94,7 @@ func (c *roundTripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) r
 
 func (c *roundTripCounter) count(cmds ...redis.Cmder) {
 	for _, cmd := range cmds {
-		if isConnectionCommand(cmd.Name()) {
+		if redisstats.IsOverhead(cmd.Name()) {
 			c.handshakes.Add(1)
 			return
 		}
@@ -99,86 +102,14 @@ func (c *roundTripCounter) count(cmds ...redis.Cmder) {
 	c.trips.Add(1)
 }
 
-// isConnectionCommand reports whether name (lower case, with "|subcommand"
-// for INFO commandstats) is a command that go-redis sends to set up a
-// connection or that the benchmark sends to read statistics: none is part of
-// taking or releasing a lock.
-func isConnectionCommand(name string) bool {
-	switch name {
-	case "hello", "auth", "select", "info", "client":
-		return true
-	}
-	return strings.HasPrefix(name, "client|")
-}
-
-// commandStats reads INFO commandstats: for each command, calls plus
-// rejected_calls (commands refused before they ran). Commands that Lua
-// scripts call with redis.call are counted too, under their own names.
-func commandStats(ctx context.Context, c *redis.Client) (map[string]int64, error) {
-	info, err := c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return nil, fmt.Errorf("INFO commandstats: %w", err)
-	}
-	stats := map[string]int64{}
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		name, fields, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		name = strings.TrimPrefix(name, "cmdstat_")
-		var n int64
-		for _, f := range strings.Split(fields, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			if k != "calls" && k != "rejected_calls" && k != "usec" {
-				continue
-			}
-			x, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("INFO commandstats: %q: %w", sc.Text(), err)
-			}
-			if k == "usec" {
-				stats[usecKey(name)] = x
-			} else {
-				n += x
-			}
-		}
-		stats[name] = n
-	}
-	return stats, nil
-}
-
-// usecKey is the key under which commandStats keeps a command's usec (the
-// CPU time Redis spent in it, nested script calls included), beside its
-// calls under the command's name.
-func usecKey(command string) string { return command + " usec" }
-
-// scriptMicros returns the usec of eval and evalsha in delta: the time Redis
-// spent running scripts, the commands they call included.
-func scriptMicros(delta map[string]int64) int64 {
-	return delta[usecKey("eval")] + delta[usecKey("evalsha")]
-}
-
-// commandDelta is after minus before, per command, leaving out commands that
-// did not change.
-func commandDelta(before, after map[string]int64) map[string]int64 {
-	d := map[string]int64{}
-	for name, n := range after {
-		if diff := n - before[name]; diff != 0 {
-			d[name] = diff
-		}
-	}
-	return d
-}
-
 // lockCommands sums delta over the commands that take part in locking: all
-// but connection set-up and INFO, and minus the harness's own GET and SET of
+// but connection set-up, INFO and PING (redisstats.IsOverhead), and minus the harness's own GET and SET of
 // the lost-update counter (harnessGets, harnessSets), which Redis counts
 // under the same names as the GET and SET a library's script may call.
 func lockCommands(delta map[string]int64, harnessGets, harnessSets int64) int64 {
 	var n int64
 	for name, d := range delta {
-		if !isConnectionCommand(name) && !strings.HasSuffix(name, " usec") {
+		if !redisstats.IsOverhead(name) && !redisstats.IsUsec(name) {
 			n += d
 		}
 	}
@@ -206,20 +137,6 @@ func serverCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
 		total += x
 	}
 	return time.Duration(total * float64(time.Second)), nil
-}
-
-// redisVersion returns the server's redis_version.
-func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
-	info, err := c.Info(ctx, "server").Result()
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v, nil
-		}
-	}
-	return "unknown", nil
 }
 
 // percentile returns the nearest-rank p-quantile (0 < p <= 1) of sorted:

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/bench/internal/redisstats"
 )
 
 // startDelay is how far ahead of now a workload's common start time is set,
@@ -100,7 +102,7 @@ type environment struct {
 func runParent(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	harness := newHarnessClient(cfg)
 	defer harness.Close()
-	version, err := redisVersion(ctx, harness)
+	version, err := redisstats.RedisVersion(ctx, harness)
 	if err != nil {
 		return fmt.Errorf("redis %s: %w", cfg.Redis, err)
 	}
@@ -244,7 +246,7 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 		res        *procResult
 		start      time.Time
 		snapBefore = func() (err error) {
-			if before, err = commandStats(ctx, harness); err != nil {
+			if before, err = redisstats.CommandStats(ctx, harness); err != nil {
 				return err
 			}
 			cpuBefore, err = serverCPU(ctx, harness)
@@ -273,7 +275,7 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	after, err := commandStats(ctx, harness)
+	after, err := redisstats.CommandStats(ctx, harness)
 	if err != nil {
 		return nil, err
 	}
@@ -289,14 +291,14 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 	r.Workload, r.Lib, r.Settings = workload, lib, libSettings(lib, cfg)
 	r.Processes, r.Waiters, r.Keys = procs, s.waiters, s.keys
 	r.Elapsed = elapsed
-	r.CommandDelta = commandDelta(before, after)
+	r.CommandDelta = redisstats.Delta(before, after)
 	r.Commands = lockCommands(r.CommandDelta, res.HarnessGets, res.HarnessSets)
 	r.RoundTrips, r.Handshakes = res.RoundTrips, res.Handshakes
 	if r.Acquisitions > 0 {
 		r.CommandsPerAcq = float64(r.Commands) / float64(r.Acquisitions)
 		r.RoundTripsPerAcq = float64(r.RoundTrips) / float64(r.Acquisitions)
 		r.RedisCPUPerAcq = (cpuAfter - cpuBefore) / time.Duration(r.Acquisitions)
-		r.ScriptCPUPerAcq = time.Duration(scriptMicros(r.CommandDelta)) * time.Microsecond / time.Duration(r.Acquisitions)
+		r.ScriptCPUPerAcq = time.Duration(redisstats.ScriptMicros(r.CommandDelta)) * time.Microsecond / time.Duration(r.Acquisitions)
 	}
 	r.CounterTotal = total
 	r.LostUpdates = r.Acquisitions - res.RMWErrors - total
