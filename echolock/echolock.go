@@ -109,7 +109,7 @@ func Install(e *echo.Echo, rt *middleware.Routes) error {
 	if e == nil || rt == nil {
 		return fmt.Errorf("%w: echolock.Install: the echo instance or the route table is nil", middleware.ErrInvalidConfig)
 	}
-	e.Use(tableMiddleware(rt.Install("echolock.Install")))
+	e.Use(tableMiddleware(rt, "echolock.Install"))
 	return nil
 }
 
@@ -131,26 +131,31 @@ func Install(e *echo.Echo, rt *middleware.Routes) error {
 //	e.POST("/skus/:id/deduct", deduct)
 //	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil { ... }
 func Routes(rt *middleware.Routes) echo.MiddlewareFunc {
-	return tableMiddleware(rt.Install("echolock.Routes"))
+	return tableMiddleware(rt, "echolock.Routes")
 }
 
-func tableMiddleware(in *middleware.Installation) echo.MiddlewareFunc {
-	rt := in.Routes()
+// tableMiddleware installs rt; by names the install in messages.
+func tableMiddleware(rt *middleware.Routes, by string) echo.MiddlewareFunc {
+	// The middleware learns its echo instance from its requests.
+	in := rt.Install(by, func(req keyfunc.Request) error {
+		return CheckRoutes(rt, allRoutes(req.(request).c.Echo()))
+	})
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			path := c.Path()
-			g, rej := in.Guard(c.Request().Method, path, echoRoutes{c.Echo()})
-			if rej == nil && g == nil && path == "" && routed(c) {
-				rej = in.Fail(errors.New("a request to a route reached the table's middleware before routing, " +
-					"with no route path: it is installed with e.Pre; install it with e.Use or echolock.Install"))
-			}
-			switch {
-			case rej != nil:
-				return reject(rt, c, rej)
-			case g == nil:
+			return in.Serve(request{c}, c.Request().Method, path, func(r *http.Request) error {
+				// A request without a route path has no entry. If it
+				// matches a route all the same, routing has not happened
+				// yet: the table is in e.Pre, and would lock nothing.
+				if path == "" && routed(c) {
+					return reject(rt, c, in.Fail(errors.New("a request to a route reached the table's middleware before routing, "+
+						"with no route path: it is installed with e.Pre; install it with e.Use or echolock.Install")))
+				}
+				c.SetRequest(r)
 				return next(c)
-			}
-			return serve(g, c, next)
+			}, func(a middleware.Answerer, rej *middleware.Rejection) error {
+				return reject(a, c, rej)
+			})
 		}
 	}
 }
@@ -173,23 +178,16 @@ func routed(c echo.Context) bool {
 	return probe.Path() != ""
 }
 
-// echoRoutes lists an echo instance's routes, of every host, for a
-// middleware.Installation.
-type echoRoutes struct{ e *echo.Echo }
-
-func (er echoRoutes) RegisteredRoutes() []middleware.RouteID {
-	if er.e == nil {
+// allRoutes lists the routes of e, of every host.
+func allRoutes(e *echo.Echo) []*echo.Route {
+	if e == nil {
 		return nil
 	}
-	routes := er.e.Routes()
-	for _, r := range er.e.Routers() {
+	routes := e.Routes()
+	for _, r := range e.Routers() {
 		routes = append(routes, r.Routes()...)
 	}
-	ids := make([]middleware.RouteID, len(routes))
-	for i, r := range routes {
-		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
-	}
-	return ids
+	return routes
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
@@ -249,16 +247,11 @@ func Lock(c echo.Context) (*reqlock.Lock, bool) {
 	return reqlock.FromContext(c.Request().Context())
 }
 
-// responder answers rejections: a route's Guard, or a table's Routes for
-// the requests of a broken install.
-type responder interface {
-	HasResponder() bool
-	Respond(w http.ResponseWriter, req keyfunc.Request, rej *middleware.Rejection) error
-}
-
-func reject(g responder, c echo.Context, rej *middleware.Rejection) error {
-	if g.HasResponder() {
-		return g.Respond(c.Response(), request{c}, rej)
+// reject answers rej with a when it has a responder of its own, else
+// returns it as an *echo.HTTPError (see the package doc).
+func reject(a middleware.Answerer, c echo.Context, rej *middleware.Rejection) error {
+	if a.HasResponder() {
+		return a.Respond(c.Response(), request{c}, rej)
 	}
 	he := &echo.HTTPError{Code: rej.Status, Message: rej.Problem(), Internal: rej.Err}
 	if usesDefaultErrorHandler(c.Echo()) {

@@ -78,7 +78,9 @@ func Must(h gin.HandlerFunc, err error) gin.HandlerFunc {
 // guard's Responder and aborted; otherwise the rest of the chain runs while
 // the lock is held, and the lock is released when it returns or panics.
 func Handler(g *middleware.Guard) gin.HandlerFunc {
-	return func(c *gin.Context) { serve(g, c) }
+	return func(c *gin.Context) {
+		_ = g.Serve(request{c}, next(c), func(rej *middleware.Rejection) error { return reject(c, g, rej) })
+	}
 }
 
 // Install puts the route table rt in front of every route of r, and is the
@@ -116,36 +118,12 @@ func Install(r *gin.Engine, rt *middleware.Routes) error {
 			"install the route table before registering routes and creating groups",
 			middleware.ErrInvalidConfig, len(routes), routes[0].Method, routes[0].Path)
 	}
-	in := rt.Install("ginlock.Install")
-	router := engineRoutes{r}
+	in := rt.Install("ginlock.Install", func(keyfunc.Request) error { return CheckRoutes(rt, r.Routes()) })
 	r.Use(func(c *gin.Context) {
-		g, rej := in.Guard(c.Request.Method, c.FullPath(), router)
-		switch {
-		case rej != nil:
-			if err := rt.Respond(c.Writer, request{c}, rej); err != nil {
-				_ = c.Error(err)
-			}
-			c.Abort()
-		case g == nil:
-			c.Next()
-		default:
-			serve(g, c)
-		}
+		_ = in.Serve(request{c}, c.Request.Method, c.FullPath(), next(c),
+			func(a middleware.Answerer, rej *middleware.Rejection) error { return reject(c, a, rej) })
 	})
 	return nil
-}
-
-// engineRoutes lists a gin engine's routes for a middleware.Installation.
-type engineRoutes struct{ r *gin.Engine }
-
-func (e engineRoutes) RegisteredRoutes() []middleware.RouteID { return routeIDs(e.r.Routes()) }
-
-func routeIDs(routes gin.RoutesInfo) []middleware.RouteID {
-	ids := make([]middleware.RouteID, len(routes))
-	for i, r := range routes {
-		ids[i] = middleware.RouteID{Method: r.Method, Path: r.Path}
-	}
-	return ids
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
@@ -183,10 +161,12 @@ func WithResponder(respond func(c *gin.Context, rej *middleware.Rejection)) midd
 	})
 }
 
-func serve(g *middleware.Guard, c *gin.Context) {
-	_ = g.Serve(request{c}, func(r *http.Request) error {
+// next returns the function that runs the rest of c's chain with the
+// request a Guard hands on.
+func next(c *gin.Context) func(*http.Request) error {
+	return func(r *http.Request) error {
 		if r == c.Request {
-			c.Next() // skipped, or a fail-open run: nothing to hand on
+			c.Next() // skipped, unlisted, or a fail-open run: nothing to hand on
 			return nil
 		}
 		// *gin.Context is a context.Context, but without the engine's
@@ -207,13 +187,17 @@ func serve(g *middleware.Guard, c *gin.Context) {
 		}()
 		c.Next()
 		return nil
-	}, func(rej *middleware.Rejection) error {
-		if err := g.Respond(c.Writer, request{c}, rej); err != nil {
-			_ = c.Error(err)
-		}
-		c.Abort()
-		return nil
-	})
+	}
+}
+
+// reject answers rej with a and aborts c's chain; an error of a's
+// RequestResponder goes to c.Errors.
+func reject(c *gin.Context, a middleware.Answerer, rej *middleware.Rejection) error {
+	if err := a.Respond(c.Writer, request{c}, rej); err != nil {
+		_ = c.Error(err)
+	}
+	c.Abort()
+	return nil
 }
 
 // Lock returns the lock the middleware holds for c's request.
