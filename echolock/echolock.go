@@ -36,6 +36,7 @@ import (
 	"net/url"
 	"reflect"
 	"strings"
+	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
 
@@ -140,14 +141,21 @@ func tableMiddleware(rt *middleware.Routes, by string) echo.MiddlewareFunc {
 	in := rt.Install(by, func(req keyfunc.Request) error {
 		return CheckRoutes(rt, allRoutes(req.(request).c.Echo()))
 	})
+	// afterRouting is set by the first request with a route path, which
+	// a table in e.Pre never sees: from then on a request without one is
+	// a request to no route, and is not routed a second time to tell.
+	var afterRouting atomic.Bool
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			path := c.Path()
+			if path != "" && !afterRouting.Load() {
+				afterRouting.Store(true)
+			}
 			return in.Serve(request{c}, c.Request().Method, path, func(r *http.Request) error {
 				// A request without a route path has no entry. If it
 				// matches a route all the same, routing has not happened
 				// yet: the table is in e.Pre, and would lock nothing.
-				if path == "" && routed(c) {
+				if path == "" && !afterRouting.Load() && routed(c) {
 					return reject(rt, c, in.Fail(errors.New("a request to a route reached the table's middleware before routing, "+
 						"with no route path: it is installed with e.Pre; install it with e.Use or echolock.Install")))
 				}
@@ -163,7 +171,7 @@ func tableMiddleware(rt *middleware.Routes, by string) echo.MiddlewareFunc {
 // routed reports whether the request of c, whose route path is empty,
 // matches a route of its echo instance: an empty path then means routing
 // has not happened yet. (After routing, a request to no route has an empty
-// path too.)
+// path too.) It routes the request a second time, at the cost of a context.
 func routed(c echo.Context) bool {
 	e, r := c.Echo(), c.Request()
 	if e == nil {

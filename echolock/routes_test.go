@@ -136,3 +136,30 @@ func mustRoute(t *testing.T, route, spec string) middleware.RouteSpec {
 	}
 	return rs
 }
+
+// A request to no route has no route path, as every request has before
+// routing: the table routes it a second time to tell a table in e.Pre,
+// but only until a request arrives with a route path, which a table in
+// e.Pre never sees. From then on a flood of 404s costs the table nothing
+// more than it costs echo.
+func TestRoutesStopProbingOnceARequestIsRouted(t *testing.T) {
+	rt := adaptertest.Table(t, reqlock.MustNew(memstore.New()), "POST /items/{id}", "key=item:<id>")
+	e := echo.New()
+	if err := echolock.Install(e, rt); err != nil {
+		t.Fatal(err)
+	}
+	e.POST("/items/:id", lockKeys)
+	notFound := func() {
+		if rec := adaptertest.Do(e, http.MethodGet, "/nowhere"); rec.Code != http.StatusNotFound {
+			t.Fatalf("a request to no route: got %d, want 404", rec.Code)
+		}
+	}
+	notFound() // the install's check runs
+	probing := testing.AllocsPerRun(50, notFound)
+	if rec := adaptertest.Do(e, http.MethodPost, "/items/1"); rec.Code != http.StatusOK || rec.Body.String() != "item:1" {
+		t.Fatalf("POST /items/1: got %d %q, want 200 item:1", rec.Code, rec.Body)
+	}
+	if routed := testing.AllocsPerRun(50, notFound); routed >= probing {
+		t.Fatalf("a 404 after a routed request allocates %v, as many as before it (%v): the table still routes it twice", routed, probing)
+	}
+}
