@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -10,14 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/bench/internal/privateredis"
 	"github.com/reqlock/reqlock/bench/internal/redislockshop"
 	"github.com/reqlock/reqlock/bench/internal/redisstats"
 	"github.com/reqlock/reqlock/stores/redisstore"
@@ -45,17 +41,13 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	// redis-server and the services get SIGKILL when the thread that started
-	// them dies (setParentDeathSignal): keep this one for the main
-	// goroutine, which lives until the tests end.
-	runtime.LockOSThread()
-	s, err := startTestRedis()
+	s, err := privateredis.Start()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "httpbench tests need redis-server: %v\n", err)
 		return 1
 	}
-	defer s.stop()
-	redisAddr = s.addr
+	defer s.Stop()
+	redisAddr = s.Addr()
 	tmp, err := os.MkdirTemp("", "httpbench-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -304,105 +296,4 @@ func TestRunExitCodes(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
 		}
 	}
-}
-
-// testRedis is a redis-server the tests started.
-type testRedis struct {
-	addr   string
-	dir    string
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-// startTestRedis starts redis-server on a free loopback port, without
-// persistence, in a temporary directory, trying a few ports.
-func startTestRedis() (*testRedis, error) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		return nil, errors.New("redis-server is not on PATH (apt-get install redis-server)")
-	}
-	var errs []error
-	for range 3 {
-		s, err := tryStartTestRedis()
-		if err == nil {
-			return s, nil
-		}
-		errs = append(errs, err)
-	}
-	return nil, errors.Join(errs...)
-}
-
-func tryStartTestRedis() (*testRedis, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	dir, err := os.MkdirTemp("", "httpbench-test-redis-")
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir)
-	setParentDeathSignal(cmd)
-	if err := cmd.Start(); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	s := &testRedis{addr: addr, dir: dir, cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(s.exited)
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := ping(addr); err == nil {
-			return s, nil
-		} else if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("redis-server on %s: no PONG: %w", addr, err)
-		}
-		select {
-		case <-s.exited:
-			s.stop()
-			return nil, fmt.Errorf("redis-server on %s exited", addr)
-		case <-time.After(20 * time.Millisecond): // polling for PONG
-		}
-	}
-}
-
-func (s *testRedis) stop() {
-	select {
-	case <-s.exited:
-	default:
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(5 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-s.exited
-		}
-	}
-	_ = os.RemoveAll(s.dir)
-}
-
-func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(line) != "+PONG" {
-		return fmt.Errorf("PING answered %q", line)
-	}
-	return nil
 }

@@ -66,7 +66,7 @@ type report struct {
 // and returns it.
 func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err error) {
 	// The services get SIGKILL if the thread that started them dies
-	// (setParentDeathSignal): keep this goroutine on its thread until they
+	// (pdeathsig.Set): keep this goroutine on its thread until they
 	// are stopped.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

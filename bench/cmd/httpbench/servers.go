@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/reqlock/reqlock/bench/internal/pdeathsig"
 	"github.com/reqlock/reqlock/bench/internal/redislockshop"
 )
 
@@ -105,7 +106,7 @@ func startService(name string, cmd *exec.Cmd, listening string) (*service, error
 	if err != nil {
 		return nil, err
 	}
-	setParentDeathSignal(cmd)
+	pdeathsig.Set(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

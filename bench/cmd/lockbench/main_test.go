@@ -16,7 +16,15 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/bench/internal/privateredis"
 )
+
+// envRedisAddr names a running Redis for the tests (host:port); without it
+// they start a private redis-server on a free loopback port. It is not the
+// REQLOCK_REDIS_ADDR of scripts/test.sh: the tests read INFO commandstats,
+// which counts every client's commands.
+const envRedisAddr = "LOCKBENCH_REDIS_ADDR"
 
 // redisAddr is the Redis of the tests: LOCKBENCH_REDIS_ADDR, or a
 // redis-server that TestMain started.
@@ -38,13 +46,13 @@ func testMain(m *testing.M) int {
 	if redisAddr = os.Getenv(envRedisAddr); redisAddr != "" {
 		return m.Run()
 	}
-	s, err := startTestRedis()
+	s, err := privateredis.Start()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "lockbench tests need a Redis: %v\n", err)
+		fmt.Fprintf(os.Stderr, "lockbench tests need a Redis (or %s naming a running one): %v\n", envRedisAddr, err)
 		return 1
 	}
-	defer s.stop()
-	redisAddr = s.addr
+	defer s.Stop()
+	redisAddr = s.Addr()
 	return m.Run()
 }
 

@@ -1,0 +1,179 @@
+// Package privateredis starts a redis-server of its own for a test binary
+// of the bench module: on a free loopback port, without persistence, in a
+// temporary directory. lockbench's and httpbench's tests use it; they read
+// INFO commandstats, which counts every client's commands, so they want a
+// server no other test binary uses. (The core's internal/testredis, which
+// redislockshop's tests use, honours REQLOCK_REDIS_ADDR, the server that
+// scripts/test.sh shares among all test binaries.)
+//
+// On Linux the server dies with the test binary, even one that crashes
+// before it calls Stop.
+package privateredis
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/reqlock/reqlock/bench/internal/pdeathsig"
+)
+
+const (
+	attempts     = 3
+	startTimeout = 10 * time.Second
+	pollInterval = 20 * time.Millisecond
+	stopTimeout  = 5 * time.Second
+)
+
+// Server is a redis-server that Start started.
+type Server struct {
+	addr   string
+	dir    string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has been waited for
+}
+
+// Addr returns the server's host:port.
+func (s *Server) Addr() string { return s.addr }
+
+// Start starts redis-server, trying a few ports: another process may take a
+// port between the moment it was free and the server's bind.
+func Start() (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, errors.New("redis-server is not on PATH (apt-get install redis-server)")
+	}
+	type result struct {
+		s   *Server
+		err error
+	}
+	res := make(chan result)
+	// The server gets SIGKILL when the thread that started it dies
+	// (pdeathsig.Set): start it on a thread of its own, which this
+	// goroutine keeps until the server exits.
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the server
+		var errs []error
+		for range attempts {
+			s, err := tryStart()
+			if err == nil {
+				res <- result{s: s}
+				<-s.exited
+				return
+			}
+			errs = append(errs, err)
+		}
+		res <- result{err: errors.Join(errs...)}
+	}()
+	r := <-res
+	return r.s, r.err
+}
+
+func tryStart() (*Server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	dir, err := os.MkdirTemp("", "reqlock-bench-redis-")
+	if err != nil {
+		return nil, err
+	}
+	log, err := os.Create(dir + "/redis.log")
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	defer log.Close()
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir)
+	cmd.Stdout, cmd.Stderr = log, log
+	pdeathsig.Set(cmd)
+	if err := cmd.Start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	s := &Server{addr: addr, dir: dir, cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(s.exited)
+	}()
+	if err := s.waitReady(); err != nil {
+		out, _ := os.ReadFile(dir + "/redis.log")
+		s.Stop()
+		return nil, fmt.Errorf("redis-server on %s: %w; its log: %s", addr, err, lastLines(string(out), 5))
+	}
+	return s, nil
+}
+
+// waitReady polls the server with PING until it answers PONG, it exits, or
+// startTimeout passes.
+func (s *Server) waitReady() error {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		err := ping(s.addr)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no PONG within %v: %w", startTimeout, err)
+		}
+		select {
+		case <-s.exited:
+			return errors.New("it exited")
+		case <-time.After(pollInterval): // polling for PONG
+		}
+	}
+}
+
+// Stop stops the server with SIGTERM, or SIGKILL when it has not exited
+// stopTimeout later, and removes its directory.
+func (s *Server) Stop() {
+	select {
+	case <-s.exited:
+	default:
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.exited:
+		case <-time.After(stopTimeout):
+			_ = s.cmd.Process.Kill()
+			<-s.exited
+		}
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+// ping sends PING over a connection of its own and wants +PONG.
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(line) != "+PONG" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+// lastLines returns the last n lines of s, joined with " | ".
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], " | ")
+}

@@ -1,0 +1,31 @@
+package privateredis
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Start gives a server that answers, and Stop stops it and removes its
+// directory.
+func TestStartStop(t *testing.T) {
+	s, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("PING: %v", err)
+	}
+	s.Stop()
+	if err := ping(s.Addr()); err == nil {
+		t.Fatal("the server still answers after Stop")
+	}
+	if _, err := os.Stat(s.dir); !os.IsNotExist(err) {
+		t.Fatalf("its directory %s: %v, want it removed", s.dir, err)
+	}
+	s.Stop() // a second Stop does nothing
+}
