@@ -66,7 +66,11 @@ const StockPrefix = "inventory:sku:"
 const LockPrefix = "sku:"
 
 // ReadScript is the example's fenced read (examples/inventory, shop.go,
-// redisReadScript), called here with fence 0.
+// redisReadScript), called here with fence 0. It and WriteScript are copies
+// on purpose: the example is a main package, which no other package can
+// import, and the two services must run the same stock scripts so that
+// httpbench compares their locks, not their stock code.
+// TestScriptsAreTheExamples fails when a copy drifts from the example's.
 var ReadScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 'stock', 'fence')
 local fence = tonumber(ARGV[1])
