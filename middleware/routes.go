@@ -73,13 +73,16 @@ type RouteID struct {
 // reads a path parameter the route does not have.
 //
 // opts are table-wide options, applied to every route without editing the
-// entries: WithSkipper, WithRequestSkipper (a request either the table's or
-// the entry's skipper lets through goes unlocked), WithResponder,
-// WithRequestResponder, WithLogger and WithName (the metrics and log label
-// of every route whose entry names none), and the adapters' native forms
-// (ginlock.WithSkipper, echolock.WithResponder...). An entry's own value of
-// a field wins over the table's. Any other option is an error: the fields a
-// spec sets belong to each entry.
+// entries: WithSkipper and WithRequestSkipper (a request that either lets
+// through goes unlocked), WithResponder, WithRequestResponder, WithLogger
+// and WithName (the metrics and log label of every route whose entry names
+// none), and the adapters' native forms (ginlock.WithSkipper,
+// echolock.WithResponder...). An entry's own value of a field wins over the
+// table's, the two skippers counting as one field and the two responders as
+// another: an entry with a Skipper or RequestSkipper of its own (one built
+// in code; a spec sets neither) skips by its own alone, never by the
+// table's. Any other option is an error: the fields a spec sets belong to
+// each entry.
 func NewRoutes(locker *reqlock.Locker, specs []RouteSpec, opts ...Option) (*Routes, error) {
 	table, err := tableConfig(opts)
 	if err != nil {
@@ -129,7 +132,8 @@ func tableConfig(opts []Option) (Config, error) {
 	return c, errors.Join(errs...)
 }
 
-// withTable gives cfg the table-wide fields it does not set itself.
+// withTable gives cfg the table-wide fields it does not set itself; the
+// skippers go as a pair, and so do the responders.
 func (c Config) withTable(table Config) Config {
 	if c.Skipper == nil && c.RequestSkipper == nil {
 		c.Skipper, c.RequestSkipper = table.Skipper, table.RequestSkipper

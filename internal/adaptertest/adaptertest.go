@@ -164,6 +164,7 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("routes: a typo without a check call never runs unlocked", s.testRoutesTypoUnchecked)
 	t.Run("routes: every problem of a table in one start-up error", s.testRoutesEveryProblem)
 	t.Run("routes: table-wide skipper, responder, logger and name", s.testRoutesTableOptions)
+	t.Run("routes: an entry's own skipper replaces both of the table's", s.testRoutesEntrySkipperWins)
 	t.Run("native skipper and responder on a route and a table", s.testNativeOptions)
 	t.Run("reentrant: group and route guard on one key share the lock", s.testReentrantNested)
 	t.Run("reentrant: routes middleware and route guard on one key share the lock", s.testReentrantRoutesAndGuard)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
@@ -256,6 +257,46 @@ func (s *suite) testRoutesTableOptions(t *testing.T) {
 	expectBody(t, srv, request(http.MethodPost, "/items/1", ""), unlocked)
 	if !strings.Contains(logs.String(), "WITHOUT the lock") {
 		t.Fatalf("the fail-open run was not logged on the table's logger: %q", logs.String())
+	}
+}
+
+// An entry's own skipper replaces the table's, both of them: the table's
+// Skipper and RequestSkipper skip the other entries' requests, and the
+// entry's requests skip by its own alone (NewRoutes' doc).
+func (s *suite) testRoutesEntrySkipperWins(t *testing.T) {
+	locker, _ := newMemLocker(t)
+	plain, err := middleware.ParseRoute("POST /items/{id}", "key=item:<id>", "code:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := middleware.ParseRoute("PUT /items/{id}", "key=item:<id>", "code:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own.Config.Skipper = func(r *http.Request) bool { return r.Header.Get("X-Own") != "" }
+	rt, err := middleware.NewRoutes(locker, []middleware.RouteSpec{plain, own},
+		middleware.WithSkipper(func(r *http.Request) bool { return r.Header.Get("X-Table") != "" }),
+		middleware.WithRequestSkipper(func(req keyfunc.Request) bool { return req.HTTPRequest().Header.Get("X-Skip") != "" }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := reportLock(locker)
+	srv := s.serveRoutes(t, rt,
+		Endpoint{Method: http.MethodPost, Path: "/items/{id}", Handler: report},
+		Endpoint{Method: http.MethodPut, Path: "/items/{id}", Handler: report})
+	for _, tc := range []struct{ method, header, want string }{
+		{http.MethodPost, "X-Table", unlocked},
+		{http.MethodPost, "X-Skip", unlocked},
+		{http.MethodPost, "X-Own", "item:1"},
+		{http.MethodPut, "X-Own", unlocked},
+		{http.MethodPut, "X-Table", "item:1"},
+		{http.MethodPut, "X-Skip", "item:1"},
+	} {
+		req := request(tc.method, "/items/1", "")
+		req.Header.Set(tc.header, "1")
+		if rec := do(srv, req); rec.Code != http.StatusOK || rec.Body.String() != tc.want {
+			t.Errorf("%s with %s: got %d %q, want 200 %q", tc.method, tc.header, rec.Code, rec.Body, tc.want)
+		}
 	}
 }
 
