@@ -154,11 +154,8 @@
 // at most 400ms (the Locker's release timeout); a lock whose release failed
 // expires with its TTL. A request without a lock (a GET, -nolock, a
 // fail-open route whose lock store failed) gives its stock calls the whole
-// second. With -wait 0 the one try has no deadline of its own: the Redis
-// client bounds it, by its read, write and dial timeouts (1s each unless the
-// -redis URL sets read_timeout, write_timeout or dial_timeout), and go-redis
-// retries a call whose dial failed (max_retries, 3 by default), so a Redis
-// host that drops connections silently holds it a second per try.
+// second. With -wait 0 the one try is bounded by the Locker's release
+// timeout, 400ms, and answered 503 when Redis has not answered by then.
 //
 // A deduction whose write went unanswered may still be applied after its
 // request was answered: a frozen Redis applies what it was sent when it
@@ -238,8 +235,7 @@ const shutdownTimeout = 10 * time.Second
 // lock, which runs after the handler and before the answer leaves, takes at
 // most the rest, releaseTimeout. A request without a lock has all of it for
 // its stock calls. It is also the Redis client's read, write and dial
-// timeout unless the -redis URL sets them, which bounds each call that has
-// no deadline of its own: the one try of a lock with -wait 0.
+// timeout unless the -redis URL sets them.
 const redisGrace = time.Second
 
 // releaseTimeout bounds each lock release (reqlock.WithReleaseTimeout).

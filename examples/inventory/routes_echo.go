@@ -12,8 +12,9 @@ import (
 // echoRoutes routes the shop with echo. rt, the lock configuration, is
 // installed once for every route (echolock.Install) and then checked against
 // the registered routes; with a nil rt (-nolock) the routes run unlocked.
-// Lock rejections come back as *echo.HTTPError and echo's error handler
-// renders them as JSON. GET /metrics serves metricsHandler, unlocked. Like
+// Lock rejections are written as problem details, the same bytes as on
+// net/http and gin, with echo's default error handler (a custom one would
+// get them as *echo.HTTPError). GET /metrics serves metricsHandler, unlocked. Like
 // net/http's ServeMux, it serves HEAD beside each GET; echo answers a wrong
 // method 405 with an Allow header itself, and an OPTIONS request 204 with
 // one.
