@@ -94,22 +94,20 @@ func NewFromSpec(locker *reqlock.Locker, spec string) (*Guard, error) {
 // Config returns the route's configuration with defaults applied.
 func (g *Guard) Config() Config { return g.cfg }
 
-// Skip reports whether the route's Skipper lets r through without a lock.
-// Serve also asks the RequestSkipper (see SkipRequest).
+// Skip reports whether the route lets r through without a lock, as Serve
+// decides for a net/http request: SkipRequest with keyfunc.HTTPRequest(r).
+// An adapter with its own view of the request calls SkipRequest with it,
+// so that a native skipper (ginlock.WithSkipper) sees its framework's
+// context.
 func (g *Guard) Skip(r *http.Request) bool {
-	return g.cfg.Skipper != nil && g.cfg.Skipper(r)
+	return g.SkipRequest(keyfunc.HTTPRequest(r))
 }
 
 // SkipRequest reports whether the route's Skipper or RequestSkipper lets
-// req through without a lock.
+// req through without a lock: Serve's decision.
 func (g *Guard) SkipRequest(req keyfunc.Request) bool {
-	return skips(&g.cfg, req)
-}
-
-// skips reports whether cfg's Skipper or RequestSkipper lets req through.
-func skips(cfg *Config, req keyfunc.Request) bool {
-	return (cfg.Skipper != nil && cfg.Skipper(req.HTTPRequest())) ||
-		(cfg.RequestSkipper != nil && cfg.RequestSkipper(req))
+	return (g.cfg.Skipper != nil && g.cfg.Skipper(req.HTTPRequest())) ||
+		(g.cfg.RequestSkipper != nil && g.cfg.RequestSkipper(req))
 }
 
 // Enter derives the request's key and obtains its lock, waiting up to the
@@ -239,7 +237,8 @@ func (g *Guard) WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
 // then continues). Serve returns what next returns.
 //
 // next runs the rest of the chain with the request it is given; reject
-// answers the rejection, usually with Reject. Serve keeps neither.
+// answers the rejection, usually with Respond (Reject on net/http). Serve
+// keeps neither.
 func (g *Guard) Serve(req keyfunc.Request, next func(*http.Request) error, reject func(*Rejection) error) error {
 	r := req.HTTPRequest()
 	if g.SkipRequest(req) {
