@@ -285,33 +285,33 @@ func (g *Guard) HasResponder() bool {
 	return g.cfg.Responder != nil || g.cfg.RequestResponder != nil
 }
 
+// keyRejection answers a request whose key could not be derived. Detail
+// is keyfunc's words for the client (RequestDetail), never a value from the
+// request; Err keeps keyfunc's message for logs. Where keyfunc has no words
+// (several templates together over MaxKeys), Detail says what the route
+// found.
 func (g *Guard) keyRejection(err error) *Rejection {
-	if errors.Is(err, keyfunc.ErrTooManyKeys) {
-		return &Rejection{
-			Status: http.StatusRequestEntityTooLarge,
-			Reason: ReasonTooManyKeys,
-			Detail: fmt.Sprintf("the request names more than %d lock keys, the most this route locks at once", g.cfg.MaxKeys),
-			Err:    err,
+	rej := &Rejection{Detail: keyfunc.RequestDetail(err), Err: err}
+	switch {
+	case errors.Is(err, keyfunc.ErrTooManyKeys):
+		rej.Status, rej.Reason = http.StatusRequestEntityTooLarge, ReasonTooManyKeys
+		if rej.Detail == "" {
+			rej.Detail = fmt.Sprintf("the request names more than %d lock keys, the most this route locks at once", g.cfg.MaxKeys)
 		}
-	}
-	if errors.Is(err, keyfunc.ErrBodyTooLarge) {
-		return &Rejection{
-			Status: http.StatusRequestEntityTooLarge,
-			Reason: ReasonBodyTooLarge,
-			Detail: fmt.Sprintf("the request body needed to derive the lock key exceeds %d bytes", g.cfg.MaxBodyBytes),
-			Err:    err,
+	case errors.Is(err, keyfunc.ErrBodyTooLarge):
+		rej.Status, rej.Reason = http.StatusRequestEntityTooLarge, ReasonBodyTooLarge
+		if rej.Detail == "" {
+			rej.Detail = fmt.Sprintf("the request body is over %d bytes", g.cfg.MaxBodyBytes)
 		}
-	}
-	if errors.Is(err, keyfunc.ErrMissing) || errors.Is(err, keyfunc.ErrBadValue) {
-		// The client's words for what is missing or wrong, never a value
-		// from the request; Err keeps keyfunc's message for logs.
-		detail := keyfunc.RequestDetail(err)
-		if detail == "" {
-			detail = "the lock key could not be derived from the request"
+	case errors.Is(err, keyfunc.ErrMissing) || errors.Is(err, keyfunc.ErrBadValue):
+		rej.Status, rej.Reason = http.StatusBadRequest, ReasonBadKey
+		if rej.Detail == "" {
+			rej.Detail = "the lock key could not be derived from the request"
 		}
-		return &Rejection{Status: http.StatusBadRequest, Reason: ReasonBadKey, Detail: detail, Err: err}
+	default:
+		return g.internalRejection(err)
 	}
-	return g.internalRejection(err)
+	return rej
 }
 
 func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rejection {

@@ -595,7 +595,7 @@ func (s *suite) testBadInput(t *testing.T) {
 			`the JSON body field "sku" is missing or empty`},
 		{"body too large", "item:<json:sku>", []middleware.Option{middleware.WithMaxBodyBytes(16)},
 			func() *http.Request { return post("/items/1", `{"sku":"a-rather-long-sku-value"}`) }, http.StatusRequestEntityTooLarge, middleware.ReasonBodyTooLarge,
-			"exceeds 16 bytes"},
+			"the request body is over 16 bytes"},
 		{"header missing", "tenant:<header:X-Tenant>:item:<id>", nil,
 			func() *http.Request { return post("/items/1", "") }, http.StatusBadRequest, middleware.ReasonBadKey,
 			`the header "X-Tenant" is missing or empty`},

@@ -195,22 +195,28 @@ func (s *suite) testMultiKeyTwoTemplates(t *testing.T) {
 
 func (s *suite) testMultiKeyTooMany(t *testing.T) {
 	cases := []struct {
-		name string
-		key  string
-		opts []middleware.Option
-		body string
+		name   string
+		key    string
+		opts   []middleware.Option
+		body   string
+		detail string // keyfunc's words for one template, the route's for several
 	}{
 		{"array longer than max-keys", "sku:<json:items[*].sku>", []middleware.Option{middleware.WithMaxKeys(3)},
-			cart("a", "b", "c", "d")},
+			cart("a", "b", "c", "d"), `the JSON body array "items" has more than 3 elements`},
 		{"templates yield more than max-keys", "a:<id>", []middleware.Option{middleware.WithKeys("b:<json:x[*]>"), middleware.WithMaxKeys(2)},
-			`{"x":["p","q"]}`},
+			`{"x":["p","q"]}`, "the request names more than 2 lock keys, the most this route locks at once"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			locker, store := newMemLocker(t)
 			var ran atomic.Bool
 			srv := s.serve(t, locker, tc.key, func(w http.ResponseWriter, r *http.Request) { ran.Store(true) }, tc.opts...)
-			s.expectRejection(t, do(srv, post("/items/1", tc.body)), http.StatusRequestEntityTooLarge, middleware.ReasonTooManyKeys, false)
+			rec := do(srv, post("/items/1", tc.body))
+			s.expectRejection(t, rec, http.StatusRequestEntityTooLarge, middleware.ReasonTooManyKeys, false)
+			var p problem
+			if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Detail != tc.detail {
+				t.Errorf("detail %q (%v), want %q", p.Detail, err, tc.detail)
+			}
 			if ran.Load() || store.Len() != 0 {
 				t.Fatalf("handler ran (%v) or keys were taken (%d)", ran.Load(), store.Len())
 			}
