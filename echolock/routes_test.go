@@ -93,11 +93,8 @@ func TestInstallRefusesNil(t *testing.T) {
 func TestRoutesInPreFailsLoudly(t *testing.T) {
 	var logs strings.Builder
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	rt, err := middleware.NewRoutes(reqlock.MustNew(memstore.New()),
-		[]middleware.RouteSpec{mustRoute(t, "POST /items/{id}", "key=item:<id>")}, middleware.WithLogger(logger))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := adaptertest.TableWith(t, reqlock.MustNew(memstore.New()), []middleware.Option{middleware.WithLogger(logger)},
+		"POST /items/{id}", "key=item:<id>")
 	e := echo.New()
 	e.Pre(echolock.Routes(rt))
 	ran := 0
@@ -126,15 +123,6 @@ func TestRoutesInPreFailsLoudly(t *testing.T) {
 		!strings.Contains(l, "install=echolock.Routes") {
 		t.Fatalf("the Pre install was not logged once, naming e.Pre: %s", l)
 	}
-}
-
-func mustRoute(t *testing.T, route, spec string) middleware.RouteSpec {
-	t.Helper()
-	rs, err := middleware.ParseRoute(route, spec, "code:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs
 }
 
 // A request to no route has no route path, as every request has before

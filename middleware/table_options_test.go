@@ -3,13 +3,13 @@ package middleware_test
 import (
 	"errors"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/adaptertest"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores/memstore"
@@ -102,14 +102,7 @@ func (r *statusRecorder) WriteHeader(status int)      { r.status = status }
 // match no route, an entry with a bad spec included.
 func TestLoadRoutesDeferred(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
-	dir := t.TempDir()
-	write := func(name, data string) string {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
+	write := func(name, data string) string { return adaptertest.WriteTable(t, name, data) }
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /items/{id}", func(http.ResponseWriter, *http.Request) {})
 
@@ -117,7 +110,7 @@ func TestLoadRoutesDeferred(t *testing.T) {
 		name, path string
 		want       []string
 	}{
-		{"missing file", filepath.Join(dir, "none.yaml"), []string{"none.yaml: read route table"}},
+		{"missing file", filepath.Join(t.TempDir(), "none.yaml"), []string{"none.yaml: read route table"}},
 		{"bad extension", write("routes.txt", ""), []string{`unsupported route table extension ".txt"`}},
 		{"syntax error", write("syntax.json", `{"routes": {`), []string{"syntax.json:1: invalid JSON"}},
 		{"bad spec on an unserved route", write("both.yaml", "routes:\n  POST /items/{id}: key=item:<id>\n  PUT /nowhere/{id}: key=x:<id> ttl=0\n"),

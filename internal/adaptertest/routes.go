@@ -19,22 +19,7 @@ import (
 // pair (from 1) with Source "code:i".
 func Table(t testing.TB, locker *reqlock.Locker, pairs ...string) *middleware.Routes {
 	t.Helper()
-	if len(pairs)%2 != 0 {
-		t.Fatalf("Table: odd number of route and spec strings")
-	}
-	var specs []middleware.RouteSpec
-	for i := 0; i < len(pairs); i += 2 {
-		rs, err := middleware.ParseRoute(pairs[i], pairs[i+1], fmt.Sprintf("code:%d", i/2+1))
-		if err != nil {
-			t.Fatalf("ParseRoute(%q, %q): %v", pairs[i], pairs[i+1], err)
-		}
-		specs = append(specs, rs)
-	}
-	rt, err := middleware.NewRoutes(locker, specs)
-	if err != nil {
-		t.Fatalf("NewRoutes: %v", err)
-	}
-	return rt
+	return TableWith(t, locker, nil, pairs...)
 }
 
 func (s *suite) serveRoutes(t *testing.T, rt *middleware.Routes, routes ...Endpoint) http.Handler {

@@ -19,11 +19,14 @@ import (
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
-// TableWith is Table with table-wide options.
+// TableWith is Table with the table-wide options opts.
 func TableWith(t testing.TB, locker *reqlock.Locker, opts []middleware.Option, pairs ...string) *middleware.Routes {
 	t.Helper()
+	if len(pairs)%2 != 0 {
+		t.Fatalf("Table: odd number of route and spec strings")
+	}
 	var specs []middleware.RouteSpec
-	for i := 0; i+1 < len(pairs); i += 2 {
+	for i := 0; i < len(pairs); i += 2 {
 		rs, err := middleware.ParseRoute(pairs[i], pairs[i+1], fmt.Sprintf("code:%d", i/2+1))
 		if err != nil {
 			t.Fatalf("ParseRoute(%q, %q): %v", pairs[i], pairs[i+1], err)
@@ -129,8 +132,9 @@ const threeProblems = `routes:
   DELETE /items/{id}: key=item:<id> wiat=1s
 `
 
-// writeTable writes a route table file and returns its path.
-func writeTable(t *testing.T, name, data string) string {
+// WriteTable writes data to a route table file named name, in a directory
+// of its own that the test removes, and returns its path.
+func WriteTable(t testing.TB, name, data string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
@@ -146,7 +150,7 @@ func writeTable(t *testing.T, name, data string) string {
 // breaks the install with the same list, and nothing runs.
 func (s *suite) testRoutesEveryProblem(t *testing.T) {
 	locker, _ := newMemLocker(t)
-	path := writeTable(t, "routes.yaml", threeProblems)
+	path := WriteTable(t, "routes.yaml", threeProblems)
 	want := []string{
 		"routes.yaml:2: POST /items/{id}: spec column 15: wait: \"2x\" is not a duration",
 		"routes.yaml:3: PUT /itmes/{id} matches no",
