@@ -128,8 +128,7 @@ func TestRoutesInPreFailsLoudly(t *testing.T) {
 // A request to no route has no route path, as every request has before
 // routing: the table routes it a second time to tell a table in e.Pre,
 // but only until a request arrives with a route path, which a table in
-// e.Pre never sees. From then on a flood of 404s costs the table nothing
-// more than it costs echo.
+// e.Pre never sees. From then on a flood of 404s is routed once, by echo.
 func TestRoutesStopProbingOnceARequestIsRouted(t *testing.T) {
 	rt := adaptertest.Table(t, reqlock.MustNew(memstore.New()), "POST /items/{id}", "key=item:<id>")
 	e := echo.New()
