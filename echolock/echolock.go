@@ -160,7 +160,17 @@ func tableMiddleware(rt *middleware.Routes, by string) echo.MiddlewareFunc {
 						"with no route path: it is installed with e.Pre; install it with e.Use or echolock.Install")))
 				}
 				c.SetRequest(r)
-				return next(c)
+				err := next(c)
+				if path == "" && c.Path() != "" {
+					// Routed after the table ran: it is in e.Pre, ahead of
+					// a middleware that rewrote the path (Rewrite,
+					// RemoveTrailingSlash), which the probe above could
+					// not foresee. This request ran unlocked; every later
+					// one is refused.
+					in.Fail(errors.New("a request was routed to " + c.Path() + " after the table's middleware ran: " +
+						"it is installed with e.Pre; install it with e.Use or echolock.Install"))
+				}
+				return err
 			}, func(a middleware.Answerer, rej *middleware.Rejection) error {
 				return reject(a, c, rej)
 			})
