@@ -79,7 +79,8 @@ func Must(h gin.HandlerFunc, err error) gin.HandlerFunc {
 // the lock is held, and the lock is released when it returns or panics.
 func Handler(g *middleware.Guard) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		_ = g.Serve(request{c}, next(c), func(rej *middleware.Rejection) error { return reject(c, g, rej) })
+		_ = g.Serve(request{c}, func(r *http.Request) error { return next(c, r) },
+			func(rej *middleware.Rejection) error { return reject(c, g, rej) })
 	}
 }
 
@@ -120,7 +121,7 @@ func Install(r *gin.Engine, rt *middleware.Routes) error {
 	}
 	in := rt.Install("ginlock.Install", func(keyfunc.Request) error { return CheckRoutes(rt, r.Routes()) })
 	r.Use(func(c *gin.Context) {
-		_ = in.Serve(request{c}, c.Request.Method, c.FullPath(), next(c),
+		_ = in.Serve(request{c}, c.Request.Method, c.FullPath(), func(r *http.Request) error { return next(c, r) },
 			func(a middleware.Answerer, rej *middleware.Rejection) error { return reject(c, a, rej) })
 	})
 	return nil
@@ -161,33 +162,32 @@ func WithResponder(respond func(c *gin.Context, rej *middleware.Rejection)) midd
 	})
 }
 
-// next returns the function that runs the rest of c's chain with the
-// request a Guard hands on.
-func next(c *gin.Context) func(*http.Request) error {
-	return func(r *http.Request) error {
-		if r == c.Request {
-			c.Next() // skipped, unlisted, or a fail-open run: nothing to hand on
-			return nil
-		}
-		// *gin.Context is a context.Context, but without the engine's
-		// ContextWithFallback its Value reads only c.Keys for string keys:
-		// put the request's context, which carries the lock, where the core
-		// looks for it, so that reqlock.FromContext(c) and
-		// locker.Obtain(c, ...) behave as with c.Request.Context().
-		prev, had := c.Get(ctxkeys.RequestContext)
-		c.Request = r
-		c.Set(ctxkeys.RequestContext, r.Context())
-		defer func() {
-			// An outer guard's handlers see its own context again.
-			if had {
-				c.Set(ctxkeys.RequestContext, prev)
-			} else {
-				c.Delete(ctxkeys.RequestContext)
-			}
-		}()
-		c.Next()
+// next runs the rest of c's chain with the request r a Guard hands on.
+// Callers wrap it in a function literal at the call: a returned closure
+// would cost every locked request an allocation.
+func next(c *gin.Context, r *http.Request) error {
+	if r == c.Request {
+		c.Next() // skipped, unlisted, or a fail-open run: nothing to hand on
 		return nil
 	}
+	// *gin.Context is a context.Context, but without the engine's
+	// ContextWithFallback its Value reads only c.Keys for string keys:
+	// put the request's context, which carries the lock, where the core
+	// looks for it, so that reqlock.FromContext(c) and
+	// locker.Obtain(c, ...) behave as with c.Request.Context().
+	prev, had := c.Get(ctxkeys.RequestContext)
+	c.Request = r
+	c.Set(ctxkeys.RequestContext, r.Context())
+	defer func() {
+		// An outer guard's handlers see its own context again.
+		if had {
+			c.Set(ctxkeys.RequestContext, prev)
+		} else {
+			c.Delete(ctxkeys.RequestContext)
+		}
+	}()
+	c.Next()
+	return nil
 }
 
 // reject answers rej with a and aborts c's chain; an error of a's
