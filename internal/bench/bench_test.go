@@ -130,14 +130,16 @@ func TestRoundTripsPerLockedRequest(t *testing.T) {
 // figures measured when the lock's context began to end with its lease
 // (issue 8), which it was required to cost no allocation.
 // The race detector's runtime allocates for itself, and its sync.Pool drops
-// items at random (echo pools its contexts): a race build has figures of
-// its own, the largest measured plus one for that noise.
+// items at random (gin and echo pool their contexts), so a race build's
+// count wanders by a few: its bounds are the largest measured plus two.
+// The exact figures are checked without -race: scripts/test.sh runs this
+// test once more without it.
 // gin's figures include the 2 allocations of the c.Keys map in which
 // ginlock puts the request's context, so that a handler may use its
 // *gin.Context as the lock's context (issue 10 item 3).
 var lockAllocs = map[bool]map[string]float64{
 	false: {"nethttp": 18, "gin": 20, "echo": 20},
-	true:  {"nethttp": 20, "gin": 22, "echo": 23},
+	true:  {"nethttp": 21, "gin": 25, "echo": 25},
 }
 
 // TestAllocsPerLockedRequest pins the allocations a lock adds to a request,
