@@ -155,7 +155,10 @@ func TestLateRenewalNeverMakesTwoHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The watchdog renews after a third of it, bounded by a third of it.
-	const shortTTL = 60 * time.Millisecond
+	// Long enough that the watchdog's retry, on a fresh connection while
+	// the first renewal is held up, succeeds within the validity left even
+	// on a loaded machine under -race (60ms failed there now and then).
+	const shortTTL = 300 * time.Millisecond
 	gotShort := obtainAsync(here, "k", shortTTL)
 	queued(1)
 	gotNext := obtainAsync(here, "k", 10*time.Second)
@@ -517,13 +520,16 @@ func TestStaleRenewalAfterHandoffNeverShortensTheSuccessor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const shortTTL = 60 * time.Millisecond
+	// Long enough that the watchdog's retry, on a fresh connection while
+	// the first renewal is held up, succeeds within the validity left even
+	// on a loaded machine under -race (60ms failed there now and then).
+	const shortTTL = 300 * time.Millisecond
 	gotShort := obtainAsync(here, "k", shortTTL)
 	pollUntil(t, func() bool { return reqlock.LocalWaiters(here, storeKey) == 1 })
 	gotNext := obtainAsync(here, "k", 10*time.Second)
 	pollUntil(t, func() bool { return reqlock.LocalWaiters(here, storeKey) == 2 })
 
-	staleRan := proxy.DelayNextRequest(300 * time.Millisecond) // the watchdog's first renewal
+	staleRan := proxy.DelayNextRequest(800 * time.Millisecond) // the watchdog's first renewal
 	mustRelease(t, long)
 	short := receiveLock(t, gotShort, "the short-TTL waiter")
 	short.KeepAlive(wctx)
