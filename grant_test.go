@@ -215,7 +215,7 @@ func awaitContextEnd(t *testing.T, ctx context.Context, until time.Time, limit t
 		t.Fatalf("the lock's context did not end within %v, though its validity ran out %v ago",
 			limit, time.Since(until))
 	}
-	const slack = 100 * time.Millisecond // the timer's goroutine under -race
+	const slack = 300 * time.Millisecond // the timer's goroutine under -race, on a loaded machine
 	if late := time.Since(until); late > slack {
 		t.Fatalf("the lock's context ended %v after the validity ran out, want at most %v", late, slack)
 	}
