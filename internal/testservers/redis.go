@@ -156,6 +156,16 @@ func redisIs(ctx context.Context, addr string, pid int) error {
 	if got := infoField(info, "process_id"); got != strconv.Itoa(pid) {
 		return fmt.Errorf("%s is process %s, not %d", addr, got, pid)
 	}
+	// INFO answers while a restarted Redis still loads its data, which
+	// every other command refuses (LOADING) until it is done. A Sentinel
+	// has no persistence section: no loading field, nothing to wait for.
+	persistence, err := redisString(ctx, addr, "INFO", "persistence")
+	if err != nil {
+		return err
+	}
+	if infoField(persistence, "loading") == "1" {
+		return fmt.Errorf("%s is still loading its data", addr)
+	}
 	return nil
 }
 
