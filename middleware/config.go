@@ -31,6 +31,8 @@ const (
 	FailOpen
 )
 
+// String returns the policy as the spec language writes it: "fail-closed"
+// or "fail-open".
 func (p FailurePolicy) String() string {
 	switch p {
 	case FailClosed:
