@@ -171,6 +171,20 @@ const DefaultMaxKeys = 64
 // (A zero field of a Config built by hand takes its default.)
 type Option func(*Config)
 
+// nonZero returns the option that sets the field of c that field points to
+// to v, refusing a zero v, which would silently mean the default, with why
+// in the words of the option. def is the default the message names.
+func nonZero[T comparable](option string, v T, field func(c *Config) *T, why string, def T) Option {
+	return func(c *Config) {
+		var zero T
+		if v == zero {
+			c.optionError(option, v, "%s (leave the option out for the default %v)", why, def)
+			return
+		}
+		*field(c) = v
+	}
+}
+
 // optionError records a problem of an option in c.
 func (c *Config) optionError(option string, value any, format string, args ...any) {
 	c.optionProblems = append(c.optionProblems, fmt.Sprintf("%s(%v): %s", option, value, fmt.Sprintf(format, args...)))
@@ -178,13 +192,8 @@ func (c *Config) optionError(option string, value any, format string, args ...an
 
 // WithTTL sets Config.TTL, at least 1ms. Default 10s.
 func WithTTL(ttl time.Duration) Option {
-	return func(c *Config) {
-		if ttl == 0 {
-			c.optionError("WithTTL", ttl, "a lock's TTL must be at least 1ms (leave the option out for the default %v)", DefaultConfig.TTL)
-			return
-		}
-		c.TTL = ttl
-	}
+	return nonZero("WithTTL", ttl, func(c *Config) *time.Duration { return &c.TTL },
+		"a lock's TTL must be at least 1ms", DefaultConfig.TTL)
 }
 
 // WithWait sets Config.Wait; zero means NoWait (try once). Default 2s.
@@ -200,24 +209,14 @@ func WithWait(wait time.Duration) Option {
 // WithTimeoutStatus sets Config.TimeoutStatus: 423, 409, 429 or 503.
 // Default 423.
 func WithTimeoutStatus(status int) Option {
-	return func(c *Config) {
-		if status == 0 {
-			c.optionError("WithTimeoutStatus", status, "want 423, 409, 429 or 503 (leave the option out for the default %d)", DefaultConfig.TimeoutStatus)
-			return
-		}
-		c.TimeoutStatus = status
-	}
+	return nonZero("WithTimeoutStatus", status, func(c *Config) *int { return &c.TimeoutStatus },
+		"want 423, 409, 429 or 503", DefaultConfig.TimeoutStatus)
 }
 
 // WithRetryAfter sets Config.RetryAfter, above 0. Default 1s.
 func WithRetryAfter(d time.Duration) Option {
-	return func(c *Config) {
-		if d == 0 {
-			c.optionError("WithRetryAfter", d, "Retry-After is whole seconds, at least 1 (leave the option out for the default %v)", DefaultConfig.RetryAfter)
-			return
-		}
-		c.RetryAfter = d
-	}
+	return nonZero("WithRetryAfter", d, func(c *Config) *time.Duration { return &c.RetryAfter },
+		"Retry-After is whole seconds, at least 1", DefaultConfig.RetryAfter)
 }
 
 // WithFailOpen sets Config.OnStoreError to FailOpen: when the store fails,
@@ -226,24 +225,14 @@ func WithFailOpen() Option { return func(c *Config) { c.OnStoreError = FailOpen 
 
 // WithMaxBodyBytes sets Config.MaxBodyBytes, at least 1. Default 1 MiB.
 func WithMaxBodyBytes(n int64) Option {
-	return func(c *Config) {
-		if n == 0 {
-			c.optionError("WithMaxBodyBytes", n, "the limit must be at least 1 byte (leave the option out for the default %d)", DefaultConfig.MaxBodyBytes)
-			return
-		}
-		c.MaxBodyBytes = n
-	}
+	return nonZero("WithMaxBodyBytes", n, func(c *Config) *int64 { return &c.MaxBodyBytes },
+		"the limit must be at least 1 byte", DefaultConfig.MaxBodyBytes)
 }
 
 // WithMaxValueLen sets Config.MaxValueLen, at least 16. Default 64.
 func WithMaxValueLen(n int) Option {
-	return func(c *Config) {
-		if n == 0 {
-			c.optionError("WithMaxValueLen", n, "the length must be at least %d (leave the option out for the default %d)", minSpecMaxValueLen, DefaultConfig.MaxValueLen)
-			return
-		}
-		c.MaxValueLen = n
-	}
+	return nonZero("WithMaxValueLen", n, func(c *Config) *int { return &c.MaxValueLen },
+		fmt.Sprintf("the length must be at least %d", minSpecMaxValueLen), DefaultConfig.MaxValueLen)
 }
 
 // WithSkipper sets Config.Skipper. Default nil: every request is locked.
@@ -275,13 +264,8 @@ func WithKeys(templates ...string) Option {
 
 // WithMaxKeys sets Config.MaxKeys, at least 1. Default 64.
 func WithMaxKeys(n int) Option {
-	return func(c *Config) {
-		if n == 0 {
-			c.optionError("WithMaxKeys", n, "a route locks at least 1 key (leave the option out for the default %d)", DefaultConfig.MaxKeys)
-			return
-		}
-		c.MaxKeys = n
-	}
+	return nonZero("WithMaxKeys", n, func(c *Config) *int { return &c.MaxKeys },
+		"a route locks at least 1 key", DefaultConfig.MaxKeys)
 }
 
 // WithHoldAtLeast sets Config.HoldAtLeast. Default 0: released at once.
