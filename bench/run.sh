@@ -18,33 +18,14 @@
 #   REQLOCK_REF=HEAD bench/run.sh -duration 10s
 set -euo pipefail
 
-bench_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(dirname "$bench_dir")
-
-for tool in redis-server redis-cli go; do
-	if ! command -v "$tool" >/dev/null 2>&1; then
-		echo "run.sh: $tool is not installed (redis-server and redis-cli: apt-get install redis-server redis-tools)" >&2
-		exit 1
-	fi
-done
-
-source "$root/scripts/private-redis.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/lockbench.XXXXXX")
-cleanup() {
-	private_redis_stop
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_setup run.sh
 
 # Build first: a build error should not leave a server starting for nothing.
 # The builds run in subshells in bench/, lockbench in the caller's directory
 # (so a relative -json path is relative to where run.sh was called).
 if [[ -n ${REQLOCK_REF:-} ]]; then
-	commit=$(git -C "$root" rev-parse --verify "${REQLOCK_REF}^{commit}")
-	mkdir "$tmp/core"
-	git -C "$root" archive "$commit" | tar -x -C "$tmp/core"
+	bench_snapshot
 	cp "$bench_dir/go.mod" "$tmp/go.mod"
 	cp "$bench_dir/go.sum" "$tmp/go.sum"
 	(
@@ -56,14 +37,10 @@ if [[ -n ${REQLOCK_REF:-} ]]; then
 	note="reqlock at $commit (clean snapshot of $REQLOCK_REF)"
 else
 	(cd "$bench_dir" && go build -o "$tmp/lockbench" ./cmd/lockbench)
-	commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-	changed=$(git -C "$root" status --porcelain -- . ':(exclude)bench' 2>/dev/null | wc -l | tr -d ' ')
-	note="reqlock from the working tree at $commit, $changed changed or untracked paths outside bench/"
+	note=$(bench_tree_note reqlock)
 fi
 echo "run.sh: $note" >&2
 
-private_redis_start "$tmp"
-port=$PRIVATE_REDIS_PORT
-echo "run.sh: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port" >&2
+bench_redis run.sh
 
 "$tmp/lockbench" -redis "127.0.0.1:$port" -note "$note" -charts "$bench_dir/charts" "$@"
