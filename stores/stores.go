@@ -135,6 +135,10 @@ type Notifier interface {
 	// several releases may arrive as one signal. Signals can be lost (a
 	// dropped connection) or spurious, so waiters still poll as a
 	// fallback. A nil channel means the store cannot notify right now.
+	// A store may leave unsignalled a release of a key that no caller was
+	// refused (by Acquire or AcquireFair) while the grant stood: a waiter
+	// subscribes after a refusal, so nobody waits for such a release, and
+	// an uncontended lock pays for no signal.
 	NotifyRelease(key, token string) (released <-chan struct{}, stop func())
 }
 

@@ -139,7 +139,9 @@ func (s *suite) testLeaseEndsHandlerContext(t *testing.T) {
 			http.Error(w, "the handler's context outlived the lease", http.StatusInternalServerError)
 			return
 		}
-		if took := time.Since(start); took > 2*ttl {
+		// A second of slack for a loaded machine; a context the lease does
+		// not end runs into the 5s above.
+		if took := time.Since(start); took > ttl+time.Second {
 			http.Error(w, "the context ended "+took.String()+" after the handler began, for a "+ttl.String()+" lease", http.StatusInternalServerError)
 			return
 		}

@@ -23,7 +23,7 @@ var (
 	//go:embed fair_leave.lua
 	fairLeaveSrc string
 
-	fairAcquireScript = redis.NewScript(withFenceLib(fairAcquireSrc))
+	fairAcquireScript = redis.NewScript(withLib(fairAcquireSrc))
 	fairLeaveScript   = redis.NewScript(fairLeaveSrc)
 )
 
@@ -57,7 +57,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		return stores.FairGrant{}, err
 	}
 	call := &scriptCall{store: s, script: fairAcquireScript,
-		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key)},
+		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key)},
 		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit, stores.FenceStride},
 		undo: undoFair, undoKeys: []string{key}, undoToken: token}
 	reply, err := call.run(ctx)
@@ -87,6 +87,11 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	}
 	return fairLeaveScript.Run(ctx, s.client, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
 }
+
+// waitingKey names the key that marks key waited for, in the slot of key
+// (see fenceKey): a refused acquire sets it, and a release publishes only
+// when it deletes it (see lib.lua).
+func waitingKey(key string) string { return siblingKey(key, ":waiting") }
 
 // fairQueueKey names key's fair queue, in the slot of key (see fenceKey).
 func fairQueueKey(key string) string { return siblingKey(key, ":fair:queue") }

@@ -1,7 +1,7 @@
 -- One attempt of a fair waiter.
 -- KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue (ZSET: token -> arrival
 -- ticket, server microseconds), KEYS[4] leases (ZSET: token -> lease deadline,
--- server milliseconds); all four in one slot.
+-- server milliseconds), KEYS[5] waiting key; all five in one slot.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] lease ms
 -- (0: try once without joining the queue), ARGV[5] most waiters dropped per call,
 -- ARGV[6] fence stride.
@@ -19,12 +19,19 @@ local now = math.floor(nowus / 1000)
 -- A key that already holds the token was set by this same call, run before
 -- (the client retried after losing the reply): grant it again, whoever
 -- queued meanwhile.
-if own_retry(KEYS[1], token, ARGV[2]) then
-  local last, err = last_fence(KEYS[2])
+-- grant issues the fence of a grant the call just made, or undoes the grant
+-- when the fence key is bad.
+local function grant()
+  local fence, err = issue_fence(KEYS[2], nowus, ARGV[3], tonumber(ARGV[6]))
   if err then
+    redis.call('DEL', KEYS[1])
     return err
   end
-  return {1, issue_fence(KEYS[2], last, nowus, ARGV[3], tonumber(ARGV[6]))}
+  return {1, fence}
+end
+
+if own_retry(KEYS[1], token, ARGV[2]) then
+  return grant()
 end
 
 -- Heartbeat first: a late attempt keeps its place unless it was dropped.
@@ -71,20 +78,13 @@ for _ = 1, limit do
   dropped = dropped + 1
 end
 
-if empty or head == token then
-  -- The fence key is read and checked before the lock is written, as in
-  -- acquire.lua, so a bad fence key leaves no lock behind.
-  local last, err = last_fence(KEYS[2])
-  if err then
-    return err
+if (empty or head == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+  local reply = grant()
+  if queued and reply[1] == 1 then
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('ZREM', KEYS[4], token)
   end
-  if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
-    if queued then
-      redis.call('ZREM', KEYS[3], token)
-      redis.call('ZREM', KEYS[4], token)
-    end
-    return {1, issue_fence(KEYS[2], last, nowus, ARGV[3], tonumber(ARGV[6]))}
-  end
+  return reply
 end
 
 if lease > 0 then
@@ -116,6 +116,10 @@ elseif queued then
   ahead = redis.call('ZRANK', KEYS[3], token)
 end
 local pttl = redis.call('PTTL', KEYS[1])
+if pttl > 0 or queued then
+  -- The release of the key, or of the one the head takes next, publishes.
+  mark_waiting(KEYS[5], math.max(pttl, lease))
+end
 if pttl > 0 then
   return {0, pttl, ahead}
 end

@@ -63,3 +63,7 @@ func FuzzFenceKeySlot(f *testing.F) {
 		}
 	})
 }
+
+// withFenceKeys returns keys followed by their fence and waiting keys, for
+// tests to delete all a lock leaves.
+func withFenceKeys(keys []string) []string { return withSiblingKeys(keys, fenceKey, waitingKey) }

@@ -392,12 +392,16 @@ func prime(t *testing.T, s *Store, key string, ch <-chan struct{}) {
 	}
 }
 
-// cycle acquires key with token and releases it.
+// cycle acquires key with token, has a waiter refused it (so that the
+// release publishes) and releases it.
 func cycle(t *testing.T, s *Store, key, token string) {
 	t.Helper()
 	ctx := context.Background()
 	if g, err := s.Acquire(ctx, []string{key}, token, time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire(%q, %q): %+v, %v", key, token, g, err)
+	}
+	if g, err := s.Acquire(ctx, []string{key}, "waiter", time.Minute); err != nil || g.OK {
+		t.Fatalf("Acquire(%q) of a waiter: %+v, %v; want a refusal", key, g, err)
 	}
 	if err := s.Release(ctx, []string{key}, token, 0); err != nil {
 		t.Fatalf("Release(%q, %q): %v", key, token, err)
@@ -434,4 +438,84 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool, msg func() str
 		}
 		<-ticker.C
 	}
+}
+
+// TestReleasePublishesOnlyWhenWaitedFor: a release publishes only for the
+// keys a caller was refused while they were held (the waiting key marks
+// them), and deletes the mark; an uncontended lock publishes nothing.
+func TestReleasePublishesOnlyWhenWaitedFor(t *testing.T) {
+	client := testredis.Client(t)
+	s := newStore(t, client)
+	ctx := t.Context()
+	prefix := testredis.Prefix(t)
+	ps := client.PSubscribe(ctx, prefix+"*")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil { // the subscription is live
+		t.Fatalf("PSUBSCRIBE: %v", err)
+	}
+	barrier := 0
+	// expectChannels receives the next messages and checks their channels,
+	// then publishes a barrier and expects it next: no other message came.
+	expectChannels := func(want ...string) {
+		t.Helper()
+		barrier++
+		want = append(want, prefix+"barrier"+strconv.Itoa(barrier))
+		for i, ch := range want {
+			if i == len(want)-1 {
+				if err := client.Publish(ctx, ch, "barrier").Err(); err != nil {
+					t.Fatalf("PUBLISH: %v", err)
+				}
+			}
+			msg, err := ps.ReceiveTimeout(ctx, signalWait)
+			if err != nil {
+				t.Fatalf("waiting for a message on %q: %v", ch, err)
+			}
+			if m, ok := msg.(*redis.Message); !ok || m.Channel != ch {
+				t.Fatalf("got %v, want a message on %q", msg, ch)
+			}
+		}
+	}
+	a, b := prefix+"{t}a", prefix+"{t}b"
+	acquire := func(keys []string, token string, want bool) {
+		t.Helper()
+		if g, err := s.Acquire(ctx, keys, token, time.Minute); err != nil || g.OK != want {
+			t.Fatalf("Acquire(%q, %q): %+v, %v; want OK %v", keys, token, g, err, want)
+		}
+	}
+	release := func(keys []string, token string) {
+		t.Helper()
+		if err := s.Release(ctx, keys, token, 0); err != nil {
+			t.Fatalf("Release(%q, %q): %v", keys, token, err)
+		}
+	}
+
+	acquire([]string{a}, "t1", true)
+	release([]string{a}, "t1")
+	expectChannels() // uncontended: nothing published
+
+	acquire([]string{a}, "t2", true)
+	acquire([]string{a}, "waiter", false)
+	pttl := client.PTTL(ctx, waitingKey(a)).Val()
+	if pttl <= time.Minute-time.Second || pttl > time.Minute+time.Second {
+		t.Fatalf("the waiting mark's TTL is %v, want the holder's minute plus up to a second", pttl)
+	}
+	release([]string{a}, "t2")
+	expectChannels(a)
+	if n := client.Exists(ctx, waitingKey(a)).Val(); n != 0 {
+		t.Fatal("the release left the waiting mark behind")
+	}
+	acquire([]string{a}, "t3", true)
+	release([]string{a}, "t3")
+	expectChannels() // the mark went with the last release
+
+	// Several keys: only the one a waiter was refused publishes.
+	both := []string{a, b}
+	acquire(both, "t4", true)
+	acquire([]string{b}, "waiter", false)
+	release(both, "t4")
+	expectChannels(b)
+	acquire(both, "t5", true)
+	acquire(both, "waiter", false) // refused at the first held key, a
+	release(both, "t5")
+	expectChannels(a)
 }

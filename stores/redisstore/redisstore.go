@@ -6,8 +6,15 @@
 // A lock is its key holding the owner's token with a PX TTL, set with
 // SET NX PX. Next to it a fence key holds the last fence issued for the key,
 // with a TTL of the fence retention (WithFenceRetention, default 24h) that
-// every grant renews. Release deletes the lock key, and Refresh resets its
-// TTL, only while it holds the caller's token.
+// every grant renews, and a waiting key marks a lock a caller was refused
+// (see Release notification). Release deletes the lock key, and Refresh
+// resets its TTL, only while it holds the caller's token.
+//
+// An uncontended lock costs Redis 7 commands: the acquire's EVALSHA, SET NX
+// PX, TIME and SET ... GET of the fence key (a second SET only when the
+// fence runs ahead of the clock), and the release's EVALSHA, GET and DEL.
+// A refusal adds PTTL and the SET of the waiting key; the release of a lock
+// someone waited for adds its PUBLISH.
 //
 // # Round trips
 //
@@ -74,9 +81,16 @@
 // # Release notification
 //
 // Release publishes "released" on the channel named exactly like the lock
-// key, in the same script that deletes it. Store implements stores.Notifier
-// on that: a Locker's waiters wake as soon as the
-// holder, in any process, lets go, instead of polling.
+// key, in the same script that deletes it, when a caller was refused the
+// lock while it was held: every refused acquire sets the lock's waiting key
+// (for the holder's remaining TTL plus a second; a waiter tries again within
+// that TTL, which renews it), the release deletes it with the lock key in
+// one DEL and publishes only when that DEL removed both. A waiter subscribes
+// after its refusal, so nobody waits for an unmarked release, and an
+// uncontended lock publishes nothing. Store implements stores.Notifier on
+// that: a Locker's waiters wake as soon as the holder, in any process, lets
+// go, instead of polling. (A waiter of a reqlock version that predates the
+// waiting key, during a rolling upgrade, sets no mark: it wakes by its poll.)
 //
 // Each Store uses one pub/sub connection, multiplexed over every key its
 // process waits on. The first NotifyRelease opens it and starts one
@@ -151,8 +165,8 @@ const MinFenceRetention = time.Minute
 var ErrUnexpectedReply = errors.New("redisstore: unexpected reply from Redis")
 
 var (
-	//go:embed fence.lua
-	fenceLibSrc string
+	//go:embed lib.lua
+	libSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed release.lua
@@ -166,17 +180,18 @@ var (
 	//go:embed refresh_all.lua
 	refreshAllSrc string
 
-	acquireScript    = redis.NewScript(withFenceLib(acquireSrc))
-	acquireAllScript = redis.NewScript(withFenceLib(acquireAllSrc))
+	acquireScript    = redis.NewScript(withLib(acquireSrc))
+	acquireAllScript = redis.NewScript(withLib(acquireAllSrc))
 	releaseScript    = redis.NewScript(releaseSrc)
 	releaseAllScript = redis.NewScript(releaseAllSrc)
 	refreshScript    = redis.NewScript(refreshSrc)
 	refreshAllScript = redis.NewScript(refreshAllSrc)
 )
 
-// withFenceLib prepends the fence helpers of fence.lua to a script's source:
-// Redis has no include, and one definition keeps every script's fences alike.
-func withFenceLib(src string) string { return fenceLibSrc + src }
+// withLib prepends the helpers of lib.lua to a script's source: Redis has no
+// include, and one definition keeps every script's fences and waiting marks
+// alike.
+func withLib(src string) string { return libSrc + src }
 
 // allScripts lists every script of the package, for Load.
 func allScripts() []*redis.Script {
@@ -311,12 +326,12 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0])}
+	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0])}
 	if len(keys) > 1 {
 		if err := s.checkColocated(keys, true); err != nil {
 			return stores.Grant{}, err
 		}
-		script, scriptKeys = acquireAllScript, withFenceKeys(keys)
+		script, scriptKeys = acquireAllScript, withSiblingKeys(keys, fenceKey, waitingKey)
 	}
 	call := &scriptCall{store: s, script: script, keys: scriptKeys,
 		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride},
@@ -357,7 +372,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
-		n, err := releaseScript.Run(ctx, s.client, keys, token).Int64()
+		n, err := releaseScript.Run(ctx, s.client, []string{keys[0], waitingKey(keys[0])}, token).Int64()
 		if err != nil {
 			return err
 		}
@@ -373,7 +388,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if keep > 0 {
 		keepMS = milliseconds(keep)
 	}
-	reply, err := releaseAllScript.Run(ctx, s.client, keys, token, keepMS).Int64Slice()
+	reply, err := releaseAllScript.Run(ctx, s.client, withSiblingKeys(keys, waitingKey), token, keepMS).Int64Slice()
 	if err != nil {
 		return mapCrossSlot(err, keys, false)
 	}
@@ -445,13 +460,15 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	return fmt.Errorf("%w: refresh %q answered %d", ErrUnexpectedReply, keys, n)
 }
 
-// withFenceKeys returns keys followed by their fence keys, as the multi-key
-// acquire script takes them.
-func withFenceKeys(keys []string) []string {
-	all := make([]string, len(keys), 2*len(keys))
+// withSiblingKeys returns keys followed by the keys each of names gives them,
+// name by name, as the multi-key scripts take them.
+func withSiblingKeys(keys []string, names ...func(string) string) []string {
+	all := make([]string, len(keys), (1+len(names))*len(keys))
 	copy(all, keys)
-	for _, k := range keys {
-		all = append(all, fenceKey(k))
+	for _, name := range names {
+		for _, k := range keys {
+			all = append(all, name(k))
+		}
 	}
 	return all
 }

@@ -218,6 +218,7 @@ func testNotifyEveryKey(t *testing.T, e *env) {
 	keys := e.keys("a", "b", "c")
 	chs := e.quietSubscriptions(t, keys...)
 	e.mustAcquire(t, keys, "t1", e.long)
+	e.refuse(t, keys...)
 	e.mustRelease(t, keys, "t1")
 	for i, ch := range chs {
 		expectSignal(t, ch, fmt.Sprintf("on %q after a Release of %d keys", keys[i], len(keys)))
@@ -231,6 +232,7 @@ func testNotifyKeepNoSignal(t *testing.T, e *env) {
 	for _, keys := range e.keySets("k") {
 		chs := e.quietSubscriptions(t, keys...)
 		e.mustAcquire(t, keys, "t1", e.long)
+		e.refuse(t, keys...)
 		// A keep that outlives the test: an expiry may signal.
 		if err := e.s.Release(ctx, keys, "t1", e.long); err != nil {
 			t.Fatalf("Release(%q) with keep: %v", keys, err)
@@ -254,6 +256,7 @@ func testNotifyNonPositiveKeep(t *testing.T, e *env) {
 	ch := e.quietSubscriptions(t, keys...)[0]
 	for _, keep := range []time.Duration{0, -time.Second} {
 		e.mustAcquire(t, keys, "t1", e.long)
+		e.refuse(t, keys...)
 		if err := e.s.Release(ctx, keys, "t1", keep); err != nil {
 			t.Fatalf("Release with keep %v: %v", keep, err)
 		}
@@ -334,7 +337,7 @@ func (e *env) cycle(t *testing.T, key, token string) {
 	}
 }
 
-// cycleErr acquires key with token and releases it.
+// cycleErr acquires key with token, has a waiter refused it, and releases it.
 func (e *env) cycleErr(ctx context.Context, key, token string) error {
 	keys := []string{key}
 	g, err := e.s.Acquire(ctx, keys, token, e.long)
@@ -344,8 +347,35 @@ func (e *env) cycleErr(ctx context.Context, key, token string) error {
 	if !g.OK {
 		return fmt.Errorf("Acquire(%q, %q) refused: %+v", key, token, g)
 	}
+	if err := e.refuseErr(ctx, keys); err != nil {
+		return err
+	}
 	if err := e.s.Release(ctx, keys, token, 0); err != nil {
 		return fmt.Errorf("Release(%q, %q): %w", key, token, err)
+	}
+	return nil
+}
+
+// refuse has a waiter refused each of keys, which must be held: a store may
+// signal only the releases of keys some caller was refused (see
+// stores.Notifier), as a waiter is before it subscribes.
+func (e *env) refuse(t *testing.T, keys ...string) {
+	t.Helper()
+	if err := e.refuseErr(t.Context(), keys); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// refuseErr has a waiter refused each of keys, one by one.
+func (e *env) refuseErr(ctx context.Context, keys []string) error {
+	for _, k := range keys {
+		g, err := e.s.Acquire(ctx, []string{k}, "refused-waiter", e.long)
+		if err != nil {
+			return fmt.Errorf("Acquire(%q) of a waiter: %w", k, err)
+		}
+		if g.OK {
+			return fmt.Errorf("Acquire(%q) of a waiter was granted a held key", k)
+		}
 	}
 	return nil
 }
