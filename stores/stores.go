@@ -136,9 +136,11 @@ type Notifier interface {
 	// dropped connection) or spurious, so waiters still poll as a
 	// fallback. A nil channel means the store cannot notify right now.
 	// A store may leave unsignalled a release of a key that no caller was
-	// refused (by Acquire or AcquireFair) while the grant stood: a waiter
-	// subscribes after a refusal, so nobody waits for such a release, and
-	// an uncontended lock pays for no signal.
+	// refused (by Acquire or AcquireFair) while the grant stood, and may
+	// forget a refusal once the holder's remaining TTL it answered (Wait)
+	// has passed by some margin: a waiter subscribes after a refusal and
+	// tries again within Wait, so nobody waits for such a release, and an
+	// uncontended lock pays for no signal.
 	NotifyRelease(key, token string) (released <-chan struct{}, stop func())
 }
 

@@ -14,21 +14,26 @@ end
 -- (many grants within a stride of microseconds), so that once fk expires the
 -- clock alone exceeds every fence it held.
 --
--- It writes now and reads last in one SET ... GET, and writes again only when
--- last + stride is ahead of now. When fk holds something else than a fence,
--- it puts that value back and returns nil and an error reply; the caller then
--- undoes its grant, so a bad fence key leaves no lock behind.
+-- It writes now and reads last in one SET ... GET (Redis 6.2 or later), and
+-- writes again only when last + stride is ahead of now. When fk holds
+-- something else than a fence, it puts that value back (with the retention
+-- as its TTL) and returns nil and an error reply; the caller then undoes its
+-- grant, so a bad fence key leaves no lock behind.
 local function issue_fence(fk, now, retention, stride)
   -- %.0f, not tostring: tostring prints 1.7e+15.
   local prev = redis.pcall('SET', fk, string.format('%.0f', now), 'PX', retention, 'GET')
   if type(prev) == 'table' and prev.err then
+    if string.find(prev.err, 'syntax') then
+      return nil, redis.error_reply('reqlock: redisstore needs Redis 6.2 or later (SET ... GET): ' .. prev.err)
+    end
     return nil, redis.error_reply('reqlock: fence key ' .. fk .. ' does not hold a fence: ' .. prev.err)
   end
   local last = 0
   if prev then
     last = tonumber(prev)
-    if last == nil or last >= 9007199254740992 then
-      redis.call('SET', fk, prev)
+    -- last ~= last: strtod reads "nan".
+    if last == nil or last ~= last or last >= 9007199254740992 then
+      redis.call('SET', fk, prev, 'KEEPTTL')
       return nil, redis.error_reply('reqlock: fence key ' .. fk .. ' does not hold a fence')
     end
   end

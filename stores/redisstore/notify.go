@@ -45,7 +45,8 @@ type notifier struct {
 // NotifyRelease registers interest in releases of key until stop is called,
 // as stores.Notifier describes (every subscriber of key is signalled). The channel (buffer 1) receives a
 // signal for each message published on the channel named key, which Release
-// publishes in the same script that deletes the lock; sends never block, so
+// publishes in the same script that deletes the lock when a caller was
+// refused the lock meanwhile (see the package documentation); sends never block, so
 // several releases may arrive as one signal. stop removes the subscription;
 // it may be called more than once and from any goroutine, and no signal is
 // sent to the channel after it returns. The channel is never closed.

@@ -1,4 +1,4 @@
-// Package redisstore is a stores.Store on Redis (5.0 or later, or Valkey)
+// Package redisstore is a stores.Store on Redis (6.2 or later, or Valkey)
 // through go-redis v9.
 //
 // # What is stored
@@ -52,7 +52,7 @@
 // # Redis Cluster
 //
 // A script runs on one node, so every key it touches must hash to one slot:
-// for a single-key call, the lock key and its fence key. When the lock key
+// for a single-key call, the lock key, its fence key and its waiting key. When the lock key
 // has a hash tag (a '{' followed later by a '}' with at least one character
 // between), the fence key is the lock key plus ":fence" and shares the tag.
 // Otherwise the fence key is "{" + key + "}:fence", whose hash tag is the
@@ -60,7 +60,11 @@
 // wrapped that way: its fence key is key + ":fence", which may land in
 // another slot, so such keys are not Cluster-safe (a multi-key call refuses
 // them on a Cluster). Keys built by package keyfunc escape braces in request
-// values, so they contain only the braces the template author wrote.
+// values, so they contain only the braces the template author wrote. The
+// waiting key follows the same rules with ":waiting" for ":fence". So a
+// template must not make one lock's key another's fence or waiting key
+// (sku:<id> next to sku:<id>:fence); keyfunc escapes ':' in request values,
+// so only a template can.
 //
 // The keys of one multi-key call (Acquire, Release, Refresh), with
 // their fence keys, must share one slot as well. Redis Cluster hashes only
@@ -352,8 +356,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 }
 
 // Release ends token's grant on every key that holds it, in one script and
-// one round trip. With keep zero or negative it deletes the key and
-// publishes the release on the channel named like the key; with keep
+// one round trip. With keep zero or negative it deletes the key and, when a
+// caller was refused it meanwhile (see Release notification in the package
+// documentation), publishes the release on the channel named like the key; with keep
 // positive it sets the key's TTL to keep instead and publishes nothing,
 // since the key stays held until it expires (and an expiry publishes
 // nothing either).
@@ -374,7 +379,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if len(keys) == 1 && keep <= 0 {
 		n, err := releaseScript.Run(ctx, s.client, []string{keys[0], waitingKey(keys[0])}, token).Int64()
 		if err != nil {
-			return err
+			return mapCrossSlot(err, keys, false)
 		}
 		if n == 0 {
 			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])

@@ -493,22 +493,48 @@ func TestBadFenceKeyLeavesNoLock(t *testing.T) {
 	client := testredis.Client(t)
 	s := newStore(t, client)
 	ctx := context.Background()
-	key := testredis.Prefix(t) + "k"
+	key := testredis.Prefix(t) + "{k}a"
+	other := testredis.Prefix(t) + "{k}b"
+	acquires := map[string]func() error{
+		"one key": func() error {
+			_, err := s.Acquire(ctx, []string{key}, "t", time.Minute)
+			return err
+		},
+		"several keys": func() error {
+			_, err := s.Acquire(ctx, []string{key, other}, "t", time.Minute)
+			return err
+		},
+		"fair": func() error {
+			_, err := s.AcquireFair(ctx, key, "t", time.Minute, time.Second)
+			return err
+		},
+	}
 	for name, setup := range map[string]func() error{
 		"wrong type":   func() error { return client.LPush(ctx, fenceKey(key), "x").Err() },
-		"not a number": func() error { return client.Set(ctx, fenceKey(key), "abc", 0).Err() },
-		"beyond 2^53":  func() error { return client.Set(ctx, fenceKey(key), "9007199254740993", 0).Err() },
+		"not a number": func() error { return client.Set(ctx, fenceKey(key), "abc", time.Hour).Err() },
+		"nan":          func() error { return client.Set(ctx, fenceKey(key), "nan", time.Hour).Err() },
+		"beyond 2^53":  func() error { return client.Set(ctx, fenceKey(key), "9007199254740993", time.Hour).Err() },
 	} {
-		client.Del(ctx, key, fenceKey(key))
-		if err := setup(); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Acquire(ctx, []string{key}, "t", time.Minute); err == nil {
-			t.Errorf("%s: Acquire succeeded", name)
-		}
-		if n := client.Exists(ctx, key).Val(); n != 0 {
-			t.Errorf("%s: the failed Acquire left the lock key behind", name)
+		for how, acquire := range acquires {
+			client.Del(ctx, withFenceKeys([]string{key, other})...)
+			if err := setup(); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := client.Dump(ctx, fenceKey(key)).Result()
+			hadTTL := client.PTTL(ctx, fenceKey(key)).Val() > 0
+			if err := acquire(); err == nil {
+				t.Errorf("%s, %s: Acquire succeeded", name, how)
+			}
+			if n := client.Exists(ctx, key, other).Val(); n != 0 {
+				t.Errorf("%s, %s: the failed Acquire left a lock key behind", name, how)
+			}
+			if after, _ := client.Dump(ctx, fenceKey(key)).Result(); after != before {
+				t.Errorf("%s, %s: the fence key's value changed", name, how)
+			}
+			if pttl := client.PTTL(ctx, fenceKey(key)).Val(); hadTTL && pttl < 0 {
+				t.Errorf("%s, %s: the fence key lost its TTL (PTTL %v)", name, how, pttl)
+			}
 		}
 	}
-	client.Del(ctx, key, fenceKey(key))
+	client.Del(ctx, withFenceKeys([]string{key, other})...)
 }
