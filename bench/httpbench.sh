@@ -25,10 +25,10 @@ bench_setup httpbench.sh
 # Build first: a build error should not leave a server starting for nothing.
 if [[ -n ${REQLOCK_REF:-} ]]; then
 	bench_snapshot
-	(cd "$tmp/core" && go build -o "$tmp/inventory" ./examples/inventory)
+	(cd "$tmp/core" && go -C examples/inventory build -o "$tmp/inventory" .)
 	note="examples/inventory at $commit (clean snapshot of $REQLOCK_REF)"
 else
-	(cd "$root" && go build -o "$tmp/inventory" ./examples/inventory)
+	(cd "$root" && go -C examples/inventory build -o "$tmp/inventory" .)
 	note=$(bench_tree_note examples/inventory)
 fi
 (cd "$bench_dir" && go build -o "$tmp/httpbench" ./cmd/httpbench)

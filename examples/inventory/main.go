@@ -23,7 +23,11 @@
 //
 // Usage:
 //
-//	go run ./examples/inventory [flags]
+//	go -C examples/inventory run . [flags]
+//
+// (the example is a Go module of its own, so that the stores it can take from a
+// URL do not become dependencies of reqlock's core; -C runs it from its
+// directory, where relative paths such as -routes routes.yaml start)
 //
 // Flags:
 //
@@ -54,7 +58,7 @@
 //	POST /carts/checkout     @lock key=sku:<json:items[*].sku>   on-timeout=423 on-store-error=503
 //
 // routes.yaml, next to this file, is that table with the default wait=2s and
-// ttl=10s: -routes examples/inventory/routes.yaml behaves exactly as no
+// ttl=10s: -routes routes.yaml behaves exactly as no
 // flag. Edit a copy to change a route's wait, ttl, timeout status or failure
 // policy (see package middleware for the spec grammar). A route left out of
 // the table runs unlocked. A table with an error, or with an entry that
@@ -168,7 +172,7 @@
 //
 // Try it:
 //
-//	go run ./examples/inventory -work 10ms -wait 30s &
+//	go -C examples/inventory run . -work 10ms -wait 30s &
 //	seq 150 | xargs -P 50 -I{} curl -s -o /dev/null -w '%{http_code}\n' \
 //	    -X POST -d '{"qty":1}' localhost:8080/skus/apple/deduct | sort | uniq -c
 //	curl -s localhost:8080/skus/apple   # 100 answered 200, 50 answered 409; stock 0
@@ -190,9 +194,9 @@
 //
 // The same service, its locks from the route table:
 //
-//	go run ./examples/inventory -routes examples/inventory/routes.yaml
-//	cp examples/inventory/routes.yaml /tmp/r.yaml   # break a line, such as wait=2x
-//	go run ./examples/inventory -routes /tmp/r.yaml # exits 1: /tmp/r.yaml:LINE: …
+//	go -C examples/inventory run . -routes routes.yaml
+//	cp examples/inventory/routes.yaml /tmp/r.yaml     # break a line, such as wait=2x
+//	go -C examples/inventory run . -routes /tmp/r.yaml # exits 1: /tmp/r.yaml:LINE: …
 package main
 
 import (

@@ -191,10 +191,11 @@ func buildInventory(ctx context.Context, dir, tmp string) (string, error) {
 		return "", fmt.Errorf("-reqlock-dir %s: no examples/inventory there (run from bench/, or pass -inventory): %w", dir, err)
 	}
 	bin := filepath.Join(tmp, "inventory")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./examples/inventory")
-	cmd.Dir = dir
+	// The example is a module of its own: build it from its directory.
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	cmd.Dir = filepath.Join(dir, "examples", "inventory")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./examples/inventory in %s: %w\n%s", dir, err, out)
+		return "", fmt.Errorf("go build in %s: %w\n%s", cmd.Dir, err, out)
 	}
 	return bin, nil
 }
