@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -162,4 +163,23 @@ func mapCrossSlot(err error, keys []string, withFences bool) error {
 	}
 	return fmt.Errorf("%w: Redis refused the keys from %q to %q (%w); %s",
 		ErrCrossSlot, keys[0], last, err, crossSlotFix)
+}
+
+// noteFailure has a Cluster client reload its slot map after a call failed
+// without a reply from Redis (a refused connection, a timeout). go-redis
+// reloads it on a MOVED reply, which a dead master never sends, and
+// otherwise only every ClusterStateReloadInterval (60s by default): until
+// then it keeps sending the slots of a master that died to that master,
+// while its replica has taken over. The reload runs in the background, at
+// most once per go-redis's own minimum interval, so calling it on every
+// failure costs nothing while a node is down.
+func (s *Store) noteFailure(err error) {
+	if s.cluster == nil || err == nil {
+		return
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return // Redis answered: the map is not what failed
+	}
+	s.cluster.ReloadState(context.Background())
 }

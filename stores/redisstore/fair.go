@@ -85,7 +85,9 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return fairLeaveScript.Run(ctx, s.client, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
+	err := fairLeaveScript.Run(ctx, s.client, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
+	s.noteFailure(err)
+	return err
 }
 
 // waitingKey names the key that marks key waited for, in the slot of key

@@ -212,7 +212,8 @@ func allScripts() []*redis.Script {
 // connection and a goroutine until Close.
 type Store struct {
 	client             redis.Scripter
-	routing            routing // how client spreads keys; see checkColocated
+	routing            routing              // how client spreads keys; see checkColocated
+	cluster            *redis.ClusterClient // client, when it is one; see noteFailure
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
 
@@ -255,6 +256,7 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: client is nil", stores.ErrInvalid)
 	}
 	s := &Store{client: client, routing: routingOf(client), fenceRetention: DefaultFenceRetention}
+	s.cluster, _ = client.(*redis.ClusterClient)
 	if sub, ok := client.(subscriber); ok {
 		// A Ring routes a channel to one shard, so one pub/sub cannot hear
 		// the releases of keys on the other shards.
@@ -379,6 +381,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if len(keys) == 1 && keep <= 0 {
 		n, err := releaseScript.Run(ctx, s.client, []string{keys[0], waitingKey(keys[0])}, token).Int64()
 		if err != nil {
+			s.noteFailure(err)
 			return mapCrossSlot(err, keys, false)
 		}
 		if n == 0 {
@@ -395,6 +398,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	reply, err := releaseAllScript.Run(ctx, s.client, withSiblingKeys(keys, waitingKey), token, keepMS).Int64Slice()
 	if err != nil {
+		s.noteFailure(err)
 		return mapCrossSlot(err, keys, false)
 	}
 	if len(reply) != len(keys) {
