@@ -242,6 +242,10 @@ const shutdownTimeout = 10 * time.Second
 // timeout unless the -redis URL sets them.
 const redisGrace = time.Second
 
+// storeOpenTimeout bounds opening the -store lock store (connecting,
+// creating its table).
+const storeOpenTimeout = 10 * time.Second
+
 // releaseTimeout bounds each lock release (reqlock.WithReleaseTimeout).
 const releaseTimeout = 400 * time.Millisecond
 
@@ -249,7 +253,8 @@ const releaseTimeout = 400 * time.Millisecond
 type config struct {
 	addr         string
 	framework    string
-	redisURL     string // empty: everything in memory
+	redisURL     string // empty: the stock in memory (and the locks, without storeURL)
+	storeURL     string // the lock store; empty: where redisURL says
 	defaultStock int64
 	work         time.Duration
 	wait         time.Duration
@@ -282,7 +287,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.SetOutput(out)
 	fs.StringVar(&cfg.addr, "addr", cfg.addr, "listen address `host:port` (port 0 picks a free one)")
 	fs.StringVar(&cfg.framework, "framework", cfg.framework, "router: gin, echo or nethttp")
-	fs.StringVar(&cfg.redisURL, "redis", "", "Redis `URL` for the locks and the stock (default $REDIS_URL; none: in memory)")
+	fs.StringVar(&cfg.redisURL, "redis", "", "Redis `URL` for the stock, and the locks without -store (default $REDIS_URL; none: in memory)")
+	fs.StringVar(&cfg.storeURL, "store", "", "lock store `URL`: "+storeSchemes()+" (default $REQLOCK_STORE; none: where -redis says)")
 	fs.Int64Var(&cfg.defaultStock, "stock", cfg.defaultStock, "initial stock of a SKU never set")
 	fs.DurationVar(&cfg.work, "work", cfg.work, "simulated work between reading and writing the stock")
 	fs.DurationVar(&cfg.wait, "wait", cfg.wait, "how long a request waits for a held lock (0 tries once)")
@@ -309,20 +315,24 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 			return config{}, conflict
 		}
 	}
-	redisFlag := "-redis"
+	redisFlag, storeFlag := "-redis", "-store"
 	if cfg.redisURL == "" && getenv != nil {
 		cfg.redisURL = getenv("REDIS_URL")
 		redisFlag = "-redis (from $REDIS_URL)"
 	}
-	if err := cfg.validate(redisFlag); err != nil {
+	if cfg.storeURL == "" && getenv != nil {
+		cfg.storeURL = getenv("REQLOCK_STORE")
+		storeFlag = "-store (from $REQLOCK_STORE)"
+	}
+	if err := cfg.validate(redisFlag, storeFlag); err != nil {
 		return config{}, err
 	}
 	return cfg, nil
 }
 
 // validate reports the first invalid setting, naming its flag; redisFlag
-// names where the Redis URL came from.
-func (cfg config) validate(redisFlag string) error {
+// and storeFlag name where the Redis and store URLs came from.
+func (cfg config) validate(redisFlag, storeFlag string) error {
 	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
 		return fmt.Errorf("-addr %q: %w", cfg.addr, err)
 	}
@@ -334,6 +344,11 @@ func (cfg config) validate(redisFlag string) error {
 	if cfg.redisURL != "" {
 		if _, err := redis.ParseURL(cfg.redisURL); err != nil {
 			return fmt.Errorf("%s: invalid Redis URL: %w", redisFlag, err)
+		}
+	}
+	if cfg.storeURL != "" {
+		if _, _, err := parseStoreURL(cfg.storeURL); err != nil {
+			return fmt.Errorf("%s: %w", storeFlag, err)
 		}
 	}
 	switch {
@@ -386,7 +401,7 @@ func newApp(cfg config) (http.Handler, func(), error) {
 
 // buildApp is newApp returning the app's parts.
 func buildApp(cfg config) (*app, error) {
-	if err := cfg.validate("-redis"); err != nil {
+	if err := cfg.validate("-redis", "-store"); err != nil {
 		return nil, err
 	}
 	a := &app{}
@@ -395,36 +410,42 @@ func buildApp(cfg config) (*app, error) {
 		stock     stockStore
 	)
 	if cfg.redisURL == "" {
-		lockStore, stock = memstore.New(), newMemStock()
-		a.lockDesc, a.stockDesc = "memstore (in memory)", "in memory"
+		stock = newMemStock()
+		a.stockDesc = "in memory"
 	} else {
-		opts, err := redis.ParseURL(cfg.redisURL)
+		client, where, err := newRedisClient(cfg.redisURL)
 		if err != nil {
-			return nil, fmt.Errorf("-redis: invalid Redis URL: %w", err)
+			return nil, fmt.Errorf("-redis: %w", err)
 		}
-		// Let a request's lock wait deadline, and its stock budget, bound a
-		// stalled Redis too; and bound each call without a deadline. go-redis
-		// retries a failed call (max_retries) and, within each try, a failed
-		// dial 5 times 100ms apart: for a dead Redis the two multiply into
-		// almost 2s; the retries of the call are enough.
-		opts.ContextTimeoutEnabled = true
-		for _, d := range []*time.Duration{&opts.ReadTimeout, &opts.WriteTimeout, &opts.DialTimeout} {
-			if *d == 0 {
-				*d = redisGrace
-			}
-		}
-		opts.DialerRetries = 1
-		client := redis.NewClient(opts)
 		a.closers = append(a.closers, client.Close)
-		rs, err := redisstore.New(client)
+		stock = newRedisStock(client)
+		a.ping = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+		a.stockDesc = "in " + where
+		if cfg.storeURL == "" {
+			// The locks live in the stock's Redis.
+			rs, err := redisstore.New(client)
+			if err != nil {
+				a.close()
+				return nil, fmt.Errorf("redis lock store: %w", err)
+			}
+			lockStore, a.lockDesc = rs, "redisstore ("+where+")"
+		}
+	}
+	switch {
+	case cfg.storeURL != "":
+		ctx, cancel := context.WithTimeout(context.Background(), storeOpenTimeout)
+		opened, err := openLockStore(ctx, cfg.storeURL)
+		cancel()
 		if err != nil {
 			a.close()
-			return nil, fmt.Errorf("redis lock store: %w", err)
+			return nil, fmt.Errorf("-store: %w", err)
 		}
-		where := fmt.Sprintf("Redis %s db %d", opts.Addr, opts.DB)
-		lockStore, stock = rs, newRedisStock(client)
-		a.ping = func(ctx context.Context) error { return client.Ping(ctx).Err() }
-		a.lockDesc, a.stockDesc = "redisstore ("+where+")", "in "+where
+		if opened.close != nil {
+			a.closers = append(a.closers, opened.close)
+		}
+		lockStore, a.lockDesc = opened.store, opened.desc
+	case lockStore == nil:
+		lockStore, a.lockDesc = memstore.New(), "memstore (in memory)"
 	}
 	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work}
 	a.metrics = metrics.New()

@@ -50,6 +50,11 @@ func TestParseFlags(t *testing.T) {
 			c.redisURL = "redis://a:1"
 			return c
 		}},
+		{"store flag", []string{"-store", "memory://"}, nil, func(c config) config { c.storeURL = "memory://"; return c }},
+		{"store from env", nil, map[string]string{"REQLOCK_STORE": "redis://s:1"}, func(c config) config {
+			c.storeURL = "redis://s:1"
+			return c
+		}},
 		{"routes", []string{"-routes", "r.yaml", "-stock", "5", "-work", "1ms"}, nil, func(c config) config {
 			c.routesFile, c.defaultStock, c.work = "r.yaml", 5, time.Millisecond
 			return c
@@ -84,6 +89,9 @@ func TestParseFlags(t *testing.T) {
 		{"bad redis scheme", []string{"-redis", "http://localhost:6379"}, nil, "-redis"},
 		{"bad redis option", []string{"-redis", "redis://localhost:6379?nope=1"}, nil, "-redis"},
 		{"bad REDIS_URL", nil, map[string]string{"REDIS_URL": "mysql://x"}, "$REDIS_URL"},
+		{"unknown store", []string{"-store", "consul://x"}, nil, `-store: unknown store "consul"`},
+		{"store not a URL", []string{"-store", "redis://u:se%cret@x"}, nil, "-store: not a URL"},
+		{"bad REQLOCK_STORE", nil, map[string]string{"REQLOCK_STORE": "nope://"}, "-store (from $REQLOCK_STORE)"},
 		{"unknown flag", []string{"-port", "80"}, nil, "-port"},
 		{"stray argument", []string{"gin"}, nil, `"gin"`},
 		{"routes and wait", []string{"-routes", "r.yaml", "-wait", "1s"}, nil, "-wait with -routes"},

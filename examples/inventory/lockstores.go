@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/memstore"
+	"github.com/reqlock/reqlock/stores/redisstore"
+)
+
+// openedStore is a lock store the service opened from a -store URL.
+type openedStore struct {
+	store stores.Store
+	desc  string       // where the locks live, for the start-up line
+	close func() error // releases what opening it took; nil when nothing
+}
+
+// storeOpener opens the lock store a -store URL names.
+type storeOpener func(ctx context.Context, u *url.URL, raw string) (openedStore, error)
+
+// storeOpeners are the -store URL schemes, one per store.
+var storeOpeners = map[string]storeOpener{
+	"memory": openMemory,
+	"redis":  openRedisLocks,
+	"rediss": openRedisLocks,
+}
+
+// storeSchemes lists the -store URL schemes, for messages.
+func storeSchemes() string {
+	schemes := make([]string, 0, len(storeOpeners))
+	for s := range storeOpeners {
+		schemes = append(schemes, s+"://")
+	}
+	slices.Sort(schemes)
+	return strings.Join(schemes, ", ")
+}
+
+// parseStoreURL checks a -store URL's form, without connecting.
+func parseStoreURL(raw string) (*url.URL, storeOpener, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse quotes the URL, password included: name only its scheme.
+		scheme, _, _ := strings.Cut(raw, ":")
+		return nil, nil, fmt.Errorf("not a URL (scheme %q): %w", scheme, errors.Unwrap(err))
+	}
+	open, ok := storeOpeners[u.Scheme]
+	if !ok {
+		return nil, nil, fmt.Errorf("unknown store %q (want one of %s)", u.Scheme, storeSchemes())
+	}
+	return u, open, nil
+}
+
+// openLockStore opens the lock store of a -store URL.
+func openLockStore(ctx context.Context, raw string) (openedStore, error) {
+	u, open, err := parseStoreURL(raw)
+	if err != nil {
+		return openedStore{}, err
+	}
+	return open(ctx, u, raw)
+}
+
+// openMemory is memory://: memstore, this process only.
+func openMemory(context.Context, *url.URL, string) (openedStore, error) {
+	return openedStore{store: memstore.New(), desc: "memstore (in memory)"}, nil
+}
+
+// openRedisLocks is redis:// and rediss://: redisstore on that Redis.
+func openRedisLocks(_ context.Context, _ *url.URL, raw string) (openedStore, error) {
+	client, where, err := newRedisClient(raw)
+	if err != nil {
+		return openedStore{}, err
+	}
+	rs, err := redisstore.New(client)
+	if err != nil {
+		_ = client.Close()
+		return openedStore{}, err
+	}
+	return openedStore{store: rs, desc: "redisstore (" + where + ")", close: client.Close}, nil
+}
+
+// newRedisClient returns a client of the Redis a URL names, with the
+// timeouts the service needs, and says where it points.
+func newRedisClient(raw string) (*redis.Client, string, error) {
+	opts, err := redis.ParseURL(raw)
+	if err != nil {
+		return nil, "", fmt.Errorf("invalid Redis URL: %w", err)
+	}
+	// Let a request's lock wait deadline, and its stock budget, bound a
+	// stalled Redis too; and bound each call without a deadline. go-redis
+	// retries a failed call (max_retries) and, within each try, a failed
+	// dial 5 times 100ms apart: for a dead Redis the two multiply into
+	// almost 2s; the retries of the call are enough.
+	opts.ContextTimeoutEnabled = true
+	for _, d := range []*time.Duration{&opts.ReadTimeout, &opts.WriteTimeout, &opts.DialTimeout} {
+		if *d == 0 {
+			*d = redisGrace
+		}
+	}
+	opts.DialerRetries = 1
+	return redis.NewClient(opts), fmt.Sprintf("Redis %s db %d", opts.Addr, opts.DB), nil
+}
