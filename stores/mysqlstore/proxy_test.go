@@ -34,9 +34,9 @@ type proxy struct {
 type commitAction int
 
 const (
-	commitPass        commitAction = iota // forward it
-	commitDropAndCut                      // cut the connection without forwarding it
-	commitForwardAndCut                   // forward it, then cut the connection before the reply
+	commitPass          commitAction = iota // forward it
+	commitDropAndCut                        // cut the connection without forwarding it
+	commitForwardAndCut                     // forward it, then cut the connection before the reply
 )
 
 // newProxy starts a proxy to the test MariaDB, stopped when the test ends.
@@ -204,4 +204,3 @@ func errIsNot(t *testing.T, err error, what string, targets ...error) {
 		}
 	}
 }
-

@@ -1,0 +1,137 @@
+package mysqlstore
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
+)
+
+// TestHotKeyNoLostUpdates: 200 goroutines, each with a Locker of its own (as
+// 200 processes would be), increment a plain int under one key's lock. No
+// increment is lost, no two hold the lock at once, and the fences grow by
+// a stride from grant to grant.
+func TestHotKeyNoLostUpdates(t *testing.T) {
+	s := newStore(t, openDB(t))
+	key := testKeys(1)[0]
+	const goroutines, rounds = 200, 3
+	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
+	defer cancel()
+	var (
+		wg        sync.WaitGroup
+		counter   int // deliberately not atomic: the lock guards it
+		inside    atomic.Int32
+		lastFence int64 // guarded by the lock too
+		start     = make(chan struct{})
+	)
+	for g := range goroutines {
+		locker, err := reqlock.New(s, reqlock.WithHandoff(0, 0))
+		if err != nil {
+			t.Fatalf("reqlock.New: %v", err)
+		}
+		wg.Go(func() {
+			<-start
+			for r := range rounds {
+				lock, err := locker.Obtain(ctx, key, 10*time.Second, 40*time.Second)
+				if err != nil {
+					t.Errorf("goroutine %d round %d: Obtain: %v", g, r, err)
+					return
+				}
+				if n := inside.Add(1); n != 1 {
+					t.Errorf("goroutine %d round %d: %d holders inside the lock", g, r, n)
+				}
+				if f := lock.Fence(); f-lastFence < stores.FenceStride {
+					t.Errorf("goroutine %d round %d: fence %d after %d, want a stride above", g, r, f, lastFence)
+				}
+				lastFence = lock.Fence()
+				v := counter
+				runtime.Gosched() // invite a lost update, should the lock fail
+				counter = v + 1
+				inside.Add(-1)
+				if err := lock.Release(ctx); err != nil {
+					t.Errorf("goroutine %d round %d: Release: %v", g, r, err)
+					return
+				}
+			}
+		})
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	if counter != goroutines*rounds {
+		t.Fatalf("counter %d, want %d: %d updates lost", counter, goroutines*rounds, goroutines*rounds-counter)
+	}
+	t.Logf("%d grants in %v; attempts made again after a loss to contention: %d",
+		counter, time.Since(began).Round(time.Millisecond), s.Retries())
+}
+
+// TestRacesOnNewKeys: 200 goroutines race for each of several keys that
+// have no row yet, where concurrent INSERTs of one key are prone to
+// deadlock in InnoDB; and for overlapping sets of three new keys. Exactly
+// one wins each single key, no two grants of sets share a key, and no call
+// fails: the store retries what the server rolled back.
+func TestRacesOnNewKeys(t *testing.T) {
+	s := newStore(t, openDB(t))
+	const goroutines = 200
+	race := func(t *testing.T, sets [][]string) []int {
+		t.Helper()
+		var (
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			mu    sync.Mutex
+			won   []int // indexes of the sets granted
+		)
+		for g := range goroutines {
+			set := sets[g%len(sets)]
+			wg.Go(func() {
+				<-start
+				gr, err := s.Acquire(t.Context(), set, "g"+strconv.Itoa(g), time.Minute)
+				if err != nil {
+					t.Errorf("goroutine %d: Acquire(%q): %v", g, set, err)
+					return
+				}
+				if gr.OK {
+					mu.Lock()
+					won = append(won, g%len(sets))
+					mu.Unlock()
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		return won
+	}
+	for range 5 {
+		key := testKeys(1)
+		if won := race(t, [][]string{key}); len(won) != 1 {
+			t.Fatalf("%d goroutines racing for a new key: %d granted, want 1", goroutines, len(won))
+		}
+	}
+	// Sets {a,b,c}, {b,c,d}, {c,d,e}, ... of new keys: every two of them
+	// within distance 2 overlap.
+	keys := testKeys(8)
+	var sets [][]string
+	for i := 0; i+3 <= len(keys); i++ {
+		sets = append(sets, keys[i:i+3])
+	}
+	won := race(t, sets)
+	if len(won) == 0 {
+		t.Fatal("no set granted")
+	}
+	owner := map[string]int{}
+	for _, w := range won {
+		for _, k := range sets[w] {
+			if prev, ok := owner[k]; ok {
+				t.Fatalf("%q granted within set %d and set %d", k, prev, w)
+			}
+			owner[k] = w
+		}
+	}
+	t.Logf("sets granted: %v; attempts made again after a loss to contention: %d", won, s.Retries())
+}
