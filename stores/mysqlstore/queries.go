@@ -38,9 +38,12 @@ const (
 	// as it is. The outcome comes back as the statement's LAST_INSERT_ID,
 	// which the server sends in its OK packet: the new fence when granted,
 	// refusedFlag plus the holder's remaining microseconds when refused.
-	// ON DUPLICATE KEY UPDATE assigns left to right, each assignment seeing
-	// the ones before it: fence and token decide on the row as it was, and
-	// expires_at moves only when token became (or was) the caller's.
+	// MySQL assigns left to right, each assignment seeing the ones before
+	// it, and MariaDB with sql_mode SIMULTANEOUS_ASSIGNMENT all at once,
+	// each seeing the row as it was: the assignments give the same row
+	// either way. fence and token see the row as it was in both, and
+	// expires_at's condition holds exactly when token became (left to
+	// right) or was to become (at once) the caller's.
 	//
 	// Arguments: key, token, ttl µs, token, token, token, token, ttl µs.
 	acquireOneSQL = `INSERT INTO {table} (lock_key, token, expires_at, fence)
@@ -50,7 +53,7 @@ ON DUPLICATE KEY UPDATE
     LAST_INSERT_ID(GREATEST(fence + {stride}, {micros})),
     fence + 0 * LAST_INSERT_ID({refused} + TIMESTAMPDIFF(MICROSECOND, {now}, expires_at))),
   token = IF(token = ? OR expires_at <= {now}, ?, token),
-  expires_at = IF(token = ?, {now} + INTERVAL ? MICROSECOND, expires_at)`
+  expires_at = IF(token = ? OR expires_at <= {now}, {now} + INTERVAL ? MICROSECOND, expires_at)`
 
 	// acquireManyRowSQL is one row of acquireManySQL. Arguments: key,
 	// token, ttl µs.
@@ -59,14 +62,14 @@ ON DUPLICATE KEY UPDATE
 	// acquireManySQL sets several keys as acquireOneSQL does, row by row in
 	// key order, inside a transaction: it locks every row exclusively (an
 	// existing one as its duplicate key), and selectManySQL then reads what
-	// each row holds. Arguments: the rows, then token, token, token, token,
-	// ttl µs.
+	// each row holds. The assignments are as in acquireOneSQL. Arguments:
+	// the rows, then token, token, token, token, ttl µs.
 	acquireManySQL = `INSERT INTO {table} (lock_key, token, expires_at, fence)
 VALUES {rows}
 ON DUPLICATE KEY UPDATE
   fence = IF(token = ? OR expires_at <= {now}, GREATEST(fence + {stride}, {micros}), fence),
   token = IF(token = ? OR expires_at <= {now}, ?, token),
-  expires_at = IF(token = ?, {now} + INTERVAL ? MICROSECOND, expires_at)`
+  expires_at = IF(token = ? OR expires_at <= {now}, {now} + INTERVAL ? MICROSECOND, expires_at)`
 
 	// heldSQL finds, without locking, the first of several keys that is
 	// held by another token, and its remaining TTL in microseconds: a
