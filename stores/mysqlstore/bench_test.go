@@ -148,48 +148,49 @@ func reportWaits(b *testing.B, waits []time.Duration, elapsed time.Duration) {
 }
 
 // BenchmarkHot: 50 goroutines take turns on one key, holding it 1ms.
-func BenchmarkHot(b *testing.B) {
-	runAlternated(b, func(b *testing.B, l benchLock, prefix string) {
-		key := prefix + "hot"
-		var (
-			next    atomic.Int64
-			counter int // deliberately not atomic: the lock guards it
-			wg      sync.WaitGroup
-			waits   = make([]time.Duration, b.N)
-			failed  atomic.Int64
-		)
-		b.ResetTimer()
-		start := time.Now()
-		for range benchGoroutines {
-			wg.Go(func() {
-				for {
-					i := next.Add(1) - 1
-					if i >= int64(b.N) {
-						return
-					}
-					t0 := time.Now()
-					release, err := l.obtain(context.Background(), key)
-					if err != nil {
-						failed.Add(1)
-						b.Errorf("obtain: %v", err)
-						return
-					}
-					waits[i] = time.Since(t0)
-					v := counter
-					time.Sleep(benchHold)
-					counter = v + 1
-					if err := release(); err != nil {
-						b.Errorf("release: %v", err)
-					}
+func BenchmarkHot(b *testing.B) { runAlternated(b, hot) }
+
+// hot is one run of BenchmarkHot for l.
+func hot(b *testing.B, l benchLock, prefix string) {
+	key := prefix + "hot"
+	var (
+		next    atomic.Int64
+		counter int // deliberately not atomic: the lock guards it
+		wg      sync.WaitGroup
+		waits   = make([]time.Duration, b.N)
+		failed  atomic.Int64
+	)
+	b.ResetTimer()
+	start := time.Now()
+	for range benchGoroutines {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
 				}
-			})
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
-		b.StopTimer()
-		reportWaits(b, waits, elapsed)
-		b.ReportMetric(float64(int64(b.N)-failed.Load()-int64(counter)), "lost-updates")
-	})
+				t0 := time.Now()
+				release, err := l.obtain(context.Background(), key)
+				if err != nil {
+					failed.Add(1)
+					b.Errorf("obtain: %v", err)
+					return
+				}
+				waits[i] = time.Since(t0)
+				v := counter
+				time.Sleep(benchHold)
+				counter = v + 1
+				if err := release(); err != nil {
+					b.Errorf("release: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	reportWaits(b, waits, elapsed)
+	b.ReportMetric(float64(int64(b.N)-failed.Load()-int64(counter)), "lost-updates")
 }
 
 // BenchmarkSpread: 50 workers lock 1000 keys, never one key at once, and

@@ -107,7 +107,7 @@ func TestRacesOnNewKeys(t *testing.T) {
 		wg.Wait()
 		return won
 	}
-	for range 5 {
+	for range 3 {
 		key := testKeys(1)
 		if won := race(t, [][]string{key}); len(won) != 1 {
 			t.Fatalf("%d goroutines racing for a new key: %d granted, want 1", goroutines, len(won))

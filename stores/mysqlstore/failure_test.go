@@ -155,7 +155,18 @@ func TestLostConnectionKeepsTheLease(t *testing.T) {
 	keys := testKeys(1)
 	mustAcquire(t, s, keys, "t1", time.Minute)
 	p.cut()
-	if err := s.Refresh(t.Context(), keys, "t1", time.Minute); err != nil {
+	// A statement sent on a connection whose cut the driver has not seen
+	// yet fails (its outcome unknown to the client, as the contract
+	// allows), and database/sql drops that connection: a watchdog's next
+	// renewal gets a new one. The lease is never found lost.
+	var err error
+	for range 3 {
+		if err = s.Refresh(t.Context(), keys, "t1", time.Minute); err == nil || errors.Is(err, stores.ErrNotHeld) {
+			break
+		}
+		t.Logf("Refresh on a connection cut under it: %v", err)
+	}
+	if err != nil {
 		t.Fatalf("Refresh after the connections were cut: %v", err)
 	}
 	if g, err := direct.Acquire(t.Context(), keys, "t2", time.Minute); err != nil || g.OK {
