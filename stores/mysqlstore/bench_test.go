@@ -21,7 +21,7 @@ import (
 // connection's return to the pool on release. The module proxy refused that
 // module (403), so getLocker below follows its documented behaviour; the
 // code is this package's own. Both run against the same server in the same
-// run, one after the other, and each case runs twice, alternated:
+// run, one after the other, and each case runs three times, alternated:
 //
 //	go test -run '^$' -bench . -benchtime 1000x ./stores/mysqlstore/
 //
@@ -124,10 +124,10 @@ func benchLocks(b *testing.B) []struct {
 	}
 }
 
-// runAlternated runs bench for every lock, twice, alternating.
+// runAlternated runs bench for every lock, three times, alternating.
 func runAlternated(b *testing.B, bench func(b *testing.B, l benchLock, prefix string)) {
 	locks := benchLocks(b)
-	for round := range 2 {
+	for round := range 3 {
 		for _, l := range locks {
 			prefix := fmt.Sprintf("bench:%s:%s:%d:%s:", b.Name(), l.name, round, testKeys(1)[0][16:26])
 			b.Run(l.name, func(b *testing.B) { bench(b, l.lock, prefix) })
