@@ -23,13 +23,13 @@
 // One row per key ever locked, in one table (DefaultTable, or WithTable):
 //
 //	lock_key   VARBINARY(512) PRIMARY KEY  the key, byte for byte
-//	token      VARBINARY(255)              the holder's token; '' once released
+//	token      VARBINARY(255)              the token of the key's last grant
 //	expires_at DATETIME(6)                 UTC, by the server's clock
 //	fence      BIGINT                      the last fence issued for the key
 //
-// A key is held while its row's token is not empty and expires_at is later
-// than the server's clock. Release clears the token and sets expires_at to
-// now; the row, and its fence, stay. The Store creates the table with
+// A key is held by the row's token while expires_at is later than the
+// server's clock. Release sets expires_at to now; the row, its token and its
+// fence stay, so every write updates the row in place. The Store creates the table with
 // CREATE TABLE IF NOT EXISTS on first use (Open does it at once), which
 // needs the CREATE privilege; for a managed schema, apply schema.sql (or the
 // statement Schema returns, with the table's name in it) beforehand and
@@ -77,6 +77,14 @@
 // Open does (64).
 //
 // # Contention
+//
+// Waiters on a held key poll it (see below), and a statement that writes a
+// row first takes its InnoDB row lock, even when it then refuses: a hundred
+// waiters' INSERTs would queue with the holder's Release for that lock. So
+// once this Store has found a key held, its next attempts on that key first
+// read the row without locking (a consistent read), and refuse on what they
+// read while the key is held; only an attempt that finds it free runs the
+// INSERT. A key this Store has not found held costs no read.
 //
 // Concurrent writers of one row queue for its InnoDB row lock; concurrent
 // first INSERTs of one key, and transactions over overlapping sets of keys,

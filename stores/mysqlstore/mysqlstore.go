@@ -69,7 +69,9 @@ type Store struct {
 	setupMu sync.Mutex
 	ready   atomic.Bool // the table exists
 	stmts   stmtCache
-	dbx     dbExecer // db, to run statements on
+	// contended holds the keys an Acquire of one key found held lately.
+	contended contendedKeys
+	dbx       dbExecer // db, to run statements on
 
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
@@ -273,8 +275,8 @@ func (s *Store) setup(ctx context.Context) error {
 }
 
 // checkSizes returns an error wrapping stores.ErrInvalid when a key or the
-// token is longer than the table holds, or the token is empty (the mark of
-// a released key).
+// token is longer than the table holds, or the token is empty (a token
+// names one acquisition).
 func checkSizes(keys []string, token string) error {
 	for _, k := range keys {
 		if len(k) > MaxKeyLen {

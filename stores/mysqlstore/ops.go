@@ -78,6 +78,13 @@ func (s *Store) acquire(ctx context.Context, c *call[stores.Grant], keys []strin
 		var err error
 		if len(keys) == 1 {
 			g, err = s.acquireOne(ctx, keys[0], token, ttl)
+			switch {
+			case err != nil:
+			case g.OK:
+				s.contended.forget(keys[0])
+			default:
+				s.contended.mark(keys[0], g.Wait)
+			}
 		} else {
 			g, err = s.acquireMany(ctx, c, keys, token, ttl)
 		}
@@ -113,8 +120,15 @@ func (s *Store) retry(ctx context.Context, left func() bool, attempt func() erro
 	}
 }
 
-// acquireOne runs acquireOneSQL and reads its outcome from LAST_INSERT_ID.
+// acquireOne runs acquireOneSQL and reads its outcome from LAST_INSERT_ID;
+// on a contended key it first looks for a holder without locking (see
+// contendedKeys).
 func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (stores.Grant, error) {
+	if s.contended.contended(key) {
+		if g, err := s.findHeld(ctx, []string{key}, token); err != nil || !g.OK {
+			return g, err
+		}
+	}
 	res, err := s.execOn(ctx, s.dbx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
 	if err != nil {
 		return stores.Grant{}, err
@@ -243,7 +257,7 @@ func (s *Store) readRows(ctx context.Context, tx *sql.Tx, keys []string, token s
 
 // Release ends token's grant on every key that holds it, in one statement
 // and one round trip, as stores.Store describes: with keep zero or negative
-// it clears the token and lets the row expire now, keeping its fence; with
+// it lets the row expire now, keeping its fence; with
 // keep positive it sets the key's TTL to keep instead, so the key stays
 // held until then. It returns an error wrapping stores.ErrNotHeld, saying
 // how many keys, when some keys were absent, expired or held another token,

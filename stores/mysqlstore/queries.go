@@ -85,11 +85,12 @@ ORDER BY lock_key LIMIT 1`
 FROM {table} WHERE lock_key IN ({keys}) ORDER BY lock_key FOR UPDATE`
 
 	// releaseSQL ends the token's grant on the keys that still hold it: the
-	// token is cleared and the row expires now, keeping its fence. The row
-	// always changes (expires_at was later than now), so the affected rows
-	// count the keys released whatever the driver's found-rows mode.
-	// Arguments: the keys, token.
-	releaseSQL = `UPDATE {table} SET token = '', expires_at = {now}
+	// row expires now, keeping its fence and token (so that InnoDB updates
+	// it in place, every column keeping its size; an expired row is free
+	// whatever its token). The row always changes (expires_at was later
+	// than now), so the affected rows count the keys released whatever the
+	// driver's found-rows mode. Arguments: the keys, token.
+	releaseSQL = `UPDATE {table} SET expires_at = {now}
 WHERE lock_key IN ({keys}) AND token = ? AND expires_at > {now}`
 
 	// expireSQL sets the TTL of the keys that still hold the token: Refresh,
