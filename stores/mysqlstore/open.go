@@ -3,6 +3,7 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -68,7 +69,13 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("URL: %w", err) // url.Error hides the password
+		// url.Error quotes the whole URL, password included: give its
+		// reason alone.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, nil, fmt.Errorf("URL: %w", err)
 	}
 	if u.Scheme != "mysql" && u.Scheme != "mariadb" {
 		return nil, nil, fmt.Errorf("URL scheme %q: want mysql://user:password@host:port/database", u.Scheme)

@@ -66,6 +66,8 @@ func TestParseURL(t *testing.T) {
 		{"mysql://u:p@h/db#x", "fragment"},
 		{"mysql://u:p@h/db?%zz", "URL query"},
 		{"::", "URL"},
+		{"mysql://u:p@h:port/db", "invalid port"},
+		{"mysql://u:p@h/db\x7f", "invalid control character"},
 	}
 	for _, b := range bad {
 		_, err := Open(t.Context(), b.url)
