@@ -122,6 +122,18 @@
 // deterministic for replication (UTC_TIMESTAMP and LAST_INSERT_ID(expr) are
 // logged with the statement; the table has one unique key).
 //
+// # Open and the driver
+//
+// New takes any *sql.DB, so an application keeps its own driver, pool and
+// settings. Open takes a URL, mysql://user:password@host:port/database?
+// table=reqlock_locks, for configuration that names a store by a string (the
+// example service does): turning that into a *sql.DB needs one driver, so
+// Open uses github.com/go-sql-driver/mysql, the driver the tests run on, and
+// this module depends on it. The module is separate from reqlock's, so
+// users of other stores never download it. Open converts the URL to the
+// driver's DSN, user:password@tcp(host:port)/database?params, passing on
+// the driver's own parameters.
+//
 // # No release notification, no fair mode
 //
 // MySQL has no publish/subscribe: a stores.Notifier could only poll the
