@@ -1,7 +1,9 @@
-// Package mysqlstore is a stores.Store on MySQL (5.7 or later) or MariaDB
-// (10.3 or later) through database/sql: the caller brings the *sql.DB and
-// its driver (New), or Open makes one from a mysql:// URL with
-// github.com/go-sql-driver/mysql.
+// Package mysqlstore is a stores.Store on MySQL or MariaDB through
+// database/sql: the caller brings the *sql.DB and its driver (New), or Open
+// makes one from a mysql:// URL with github.com/go-sql-driver/mysql. Its
+// tests run on MariaDB 10.11; it uses nothing newer than MySQL 5.7 and
+// MariaDB 10.3 have (DATETIME(6), INSERT ... ON DUPLICATE KEY UPDATE,
+// LAST_INSERT_ID(expr)).
 //
 // # Why lease rows, not GET_LOCK
 //
@@ -29,7 +31,8 @@
 //
 // A key is held by the row's token while expires_at is later than the
 // server's clock. Release sets expires_at to now; the row, its token and its
-// fence stay, so every write updates the row in place. The Store creates the table with
+// fence stay, so a grant to a token of the same length (a Locker's tokens
+// all have one) updates the row in place. The Store creates the table with
 // CREATE TABLE IF NOT EXISTS on first use (Open does it at once), which
 // needs the CREATE privilege; for a managed schema, apply schema.sql (or the
 // statement Schema returns, with the table's name in it) beforehand and
@@ -54,10 +57,12 @@
 // A grant's fence is max(the key's last fence + stores.FenceStride, the
 // server's clock in microseconds since 1970), and becomes the key's last
 // fence. So fences grow by at least the stride across expiry, release (the
-// row stays) and server restarts (the row is on disk), and even across a
-// purge or a table lost with its data, since the clock by then exceeds
-// every fence issued, unless the server's clock steps back by more than the
-// retention.
+// row stays), server restarts (the row is on disk) and purges (a purge
+// waits until the clock has passed the row's fence by the retention), unless
+// the server's clock steps back by more than the retention. Should rows be
+// lost (a crash that loses the last commits, a table dropped), the next
+// fences start from the clock, above the lost ones unless the key was
+// granted more than about a thousand times a second just before.
 //
 // # Round trips
 //
