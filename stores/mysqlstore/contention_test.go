@@ -163,3 +163,34 @@ func warmUp(t *testing.T, db *sql.DB, n int) {
 		_ = c.Close()
 	}
 }
+
+// TestContendedKeyRefusesWithoutRowLock: once a Store has found a key held,
+// its next attempts refuse on a read that takes no row lock, so they neither
+// wait for nor hold up a transaction that has the row locked (here a
+// SELECT ... FOR UPDATE standing in for a holder's Release in flight).
+func TestContendedKeyRefusesWithoutRowLock(t *testing.T) {
+	db := openDB(t)
+	s := newStore(t, db)
+	key := testKeys(1)
+	mustAcquire(t, s, key, "holder", time.Minute)
+	if g, err := s.Acquire(t.Context(), key, "waiter", time.Minute); err != nil || g.OK {
+		t.Fatalf("first attempt of a waiter: %+v, %v; want refused", g, err)
+	}
+	tx, err := db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("BeginTx: %v", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var token string
+	if err := tx.QueryRowContext(t.Context(), "SELECT token FROM reqlock_locks WHERE lock_key = ? FOR UPDATE", key[0]).Scan(&token); err != nil {
+		t.Fatalf("lock the row: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	g, err := s.Acquire(ctx, key, "waiter", time.Minute)
+	if err != nil || g.OK || g.Wait <= 0 {
+		t.Fatalf("next attempt while the row is locked: %+v, %v after %v; want refused with the holder's TTL, without waiting for the row lock",
+			g, err, time.Since(start))
+	}
+}
