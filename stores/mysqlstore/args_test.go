@@ -1,0 +1,100 @@
+package mysqlstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+func TestNewRejectsInvalid(t *testing.T) {
+	db := openDB(t)
+	if _, err := New(nil); !errors.Is(err, stores.ErrInvalid) {
+		t.Errorf("New(nil): %v, want stores.ErrInvalid", err)
+	}
+	bad := []struct {
+		name string
+		opt  Option
+		want string
+	}{
+		{"nil option", nil, "option is nil"},
+		{"empty table", WithTable(""), "table"},
+		{"table with a dash", WithTable("a-b"), "table"},
+		{"table with a backtick", WithTable("a`b"), "table"},
+		{"table too long", WithTable(strings.Repeat("t", 65)), "table"},
+		{"three-part name", WithTable("a.b.c"), "table"},
+		{"short retention", WithPurge(time.Hour, 59*time.Second), "retention"},
+		{"negative interval", WithPurge(-time.Hour, time.Hour), "interval"},
+	}
+	for _, b := range bad {
+		if _, err := New(db, b.opt); !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("%s: New: %v; want stores.ErrInvalid naming %q", b.name, err, b.want)
+		}
+	}
+	if _, err := Schema("x;DROP TABLE y"); !errors.Is(err, stores.ErrInvalid) {
+		t.Errorf("Schema of a bad name: %v, want stores.ErrInvalid", err)
+	}
+	if q, err := Schema("locks.reqlock_locks"); err != nil || !strings.Contains(q, "CREATE TABLE IF NOT EXISTS `locks`.`reqlock_locks`") {
+		t.Errorf("Schema(locks.reqlock_locks): %q, %v", q, err)
+	}
+}
+
+// TestSizeLimits: keys and tokens the table cannot hold, and the empty
+// token that marks a released key, are refused with ErrInvalid before the
+// store acts.
+func TestSizeLimits(t *testing.T) {
+	s := newStore(t, openDB(t))
+	ok := testKeys(1)
+	long := []string{ok[0] + strings.Repeat("k", MaxKeyLen)}
+	cases := []struct {
+		name  string
+		keys  []string
+		token string
+	}{
+		{"long key", long, "t1"},
+		{"empty token", ok, ""},
+		{"long token", ok, strings.Repeat("t", MaxTokenLen+1)},
+	}
+	for _, c := range cases {
+		if g, err := s.Acquire(t.Context(), c.keys, c.token, time.Minute); !errors.Is(err, stores.ErrInvalid) || g.OK {
+			t.Errorf("%s: Acquire: %+v, %v; want stores.ErrInvalid", c.name, g, err)
+		}
+		if err := s.Refresh(t.Context(), c.keys, c.token, time.Minute); !errors.Is(err, stores.ErrInvalid) {
+			t.Errorf("%s: Refresh: %v; want stores.ErrInvalid", c.name, err)
+		}
+		if err := s.Release(t.Context(), c.keys, c.token, 0); !errors.Is(err, stores.ErrInvalid) {
+			t.Errorf("%s: Release: %v; want stores.ErrInvalid", c.name, err)
+		}
+	}
+	// The longest key and token fit.
+	maxKey := []string{ok[0] + strings.Repeat("k", MaxKeyLen-len(ok[0]))}
+	maxToken := strings.Repeat("t", MaxTokenLen)
+	mustAcquire(t, s, maxKey, maxToken, time.Minute)
+	if err := s.Release(t.Context(), maxKey, maxToken, 0); err != nil {
+		t.Fatalf("Release of the longest key: %v", err)
+	}
+}
+
+// TestCustomTableWithoutCreate: a Store told not to create its table fails
+// until the operator has created it from Schema, then works.
+func TestCustomTableWithoutCreate(t *testing.T) {
+	db := openDB(t)
+	table := "managed_" + strings.ToLower(testKeys(1)[0][16:26])
+	s := newStore(t, db, WithTable(table), WithoutCreateTable())
+	keys := testKeys(1)
+	if _, err := s.Acquire(t.Context(), keys, "t1", time.Minute); err == nil {
+		t.Fatal("Acquire without the table succeeded")
+	}
+	ddl, err := Schema(table)
+	if err != nil {
+		t.Fatalf("Schema: %v", err)
+	}
+	if _, err := db.ExecContext(t.Context(), ddl); err != nil {
+		t.Fatalf("%s: %v", ddl, err)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE `"+table+"`") })
+	mustAcquire(t, s, keys, "t1", time.Minute)
+}

@@ -1,0 +1,98 @@
+package mysqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// detachedLimit bounds a call whose caller's context can end: the call runs
+// on a context without the caller's cancellation, so that it reaches its
+// outcome and can be undone, bounded by this. It exceeds InnoDB's default
+// innodb_lock_wait_timeout (50s), the longest a statement of this store
+// waits for a row lock on a server with default settings.
+const detachedLimit = time.Minute
+
+// cleanupTimeout bounds the release of a grant whose caller left before its
+// acquire returned.
+const cleanupTimeout = 5 * time.Second
+
+// errLeft ends an operation that saw its caller leave before it committed:
+// it rolled back, so there is nothing to undo.
+var errLeft = errors.New("mysqlstore: the caller left; rolled back")
+
+// States of a call.
+const (
+	callRunning int32 = iota
+	callReturned
+	callAbandoned
+)
+
+// call is one store operation in flight; see run.
+type call[T any] struct {
+	state atomic.Int32
+	done  chan struct{} // closed once v and err are set, unless abandoned
+	v     T
+	err   error
+}
+
+// left reports whether the caller has left: the operation then runs for the
+// abandoned hook alone, and should not commit what it can still roll back.
+func (c *call[T]) left() bool { return c.state.Load() == callAbandoned }
+
+// run runs op and returns its outcome, or, as soon as ctx ends even while op
+// waits for the server, ctx's error: joined with stores.ErrAbandoned when
+// abandoned is not nil, for it undoes what op did.
+//
+// op does not run on ctx: with go-sql-driver/mysql a cancelled statement
+// closes its connection, and the server may still apply the statement after
+// that, too late for anyone to undo it. op runs instead on a context without
+// ctx's cancellation, bounded by detachedLimit, so it reaches its outcome;
+// when the caller has left by then, abandoned (if not nil) gets that
+// outcome, to undo it: never before, so an undo cannot reach the server
+// ahead of what it undoes. op is given the call, so it can see that the
+// caller left (call.left) and roll back instead of committing. A ctx that
+// can never end runs op inline on ctx.
+//
+// run returns ErrClosed once Close has begun; Close waits for every op.
+func run[T any](s *Store, ctx context.Context, op func(context.Context, *call[T]) (T, error),
+	abandoned func(T, error)) (T, error) {
+	var zero T
+	if !s.begin() {
+		return zero, ErrClosed
+	}
+	if ctx.Done() == nil {
+		defer s.calls.Done()
+		return op(ctx, &call[T]{})
+	}
+	c := &call[T]{done: make(chan struct{})}
+	go func() {
+		defer s.calls.Done()
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), detachedLimit)
+		defer cancel()
+		c.v, c.err = op(bg, c)
+		if c.state.CompareAndSwap(callRunning, callReturned) {
+			close(c.done)
+			return
+		}
+		if abandoned != nil && !errors.Is(c.err, errLeft) {
+			abandoned(c.v, c.err)
+		}
+	}()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if c.state.CompareAndSwap(callRunning, callAbandoned) {
+			if abandoned != nil {
+				return zero, fmt.Errorf("%w: %w", stores.ErrAbandoned, ctx.Err())
+			}
+			return zero, ctx.Err()
+		}
+		<-c.done // it returned as ctx ended
+	}
+	return c.v, c.err
+}

@@ -1,0 +1,67 @@
+package mysqlstore
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+var (
+	// ErrUnexpectedReply means the server answered in a shape this package
+	// does not expect, such as a table of another program under the
+	// store's table name, or a driver that does not report LAST_INSERT_ID.
+	ErrUnexpectedReply = errors.New("mysqlstore: unexpected reply from the server")
+
+	// ErrClosed means the Store was closed.
+	ErrClosed = errors.New("mysqlstore: store closed")
+
+	// ErrContention means a call lost every one of its attempts to
+	// contention for row locks (deadlocks or lock wait timeouts, each of
+	// which the server rolled back). It wraps the server's last error. Its
+	// outcome is known: nothing changed.
+	ErrContention = errors.New("mysqlstore: lost to row lock contention")
+)
+
+// Server error numbers the store tells apart. Both mean the statement (on a
+// deadlock, the whole transaction) was rolled back and changed nothing.
+const (
+	erLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
+	erDeadlock        = 1213 // ER_LOCK_DEADLOCK
+)
+
+// contended reports whether err is a loss to contention for row locks, not a
+// failure of the server: the server chose the statement as a deadlock's
+// victim, or it waited innodb_lock_wait_timeout for a row lock. An error of
+// go-sql-driver/mysql is recognised by its number; another driver's by the
+// server's English message.
+func contended(err error) bool {
+	if err == nil {
+		return false
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == erDeadlock || me.Number == erLockWaitTimeout
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "Deadlock found when trying to get lock") ||
+		strings.Contains(msg, "Lock wait timeout exceeded")
+}
+
+// markUnreachable wraps err with stores.ErrUnreachable when the call never
+// reached the server: no connection could be dialled. Such a call changed
+// nothing, so the Locker has nothing to clean up after it.
+func markUnreachable(err error) error {
+	if err == nil || errors.Is(err, stores.ErrUnreachable) {
+		return err
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return fmt.Errorf("%w: mysqlstore: %w", stores.ErrUnreachable, err)
+	}
+	return err
+}

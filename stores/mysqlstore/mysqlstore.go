@@ -1,0 +1,318 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/stores"
+)
+
+// args checks the arguments of Store's methods; its errors start "mysqlstore:".
+const args storeargs.Checker = "mysqlstore"
+
+// Defaults and limits, written in one place.
+const (
+	// DefaultTable is the table a Store keeps its leases in unless
+	// WithTable says otherwise.
+	DefaultTable = "reqlock_locks"
+
+	// MaxKeyLen is the longest key, in bytes, the table holds (its primary
+	// key is VARBINARY(512), within InnoDB's 767-byte index limit of every
+	// row format).
+	MaxKeyLen = 512
+
+	// MaxTokenLen is the longest token, in bytes, the table holds.
+	MaxTokenLen = 255
+
+	// DefaultPurgeInterval is how often a Store purges rows unless
+	// WithPurge says otherwise.
+	DefaultPurgeInterval = time.Hour
+
+	// DefaultRetention is how long a purged row must have been free, and
+	// its fence behind the server clock, unless WithPurge says otherwise.
+	DefaultRetention = 24 * time.Hour
+
+	// MinRetention is the shortest retention WithPurge accepts: the server
+	// clock may step back by up to the retention without a purge letting a
+	// fence repeat.
+	MinRetention = time.Minute
+
+	// contentionAttempts is how many times an operation that lost to row
+	// lock contention (a deadlock, a lock wait timeout) is tried in all.
+	contentionAttempts = 10
+
+	// purgeBatch is how many rows a purge deletes per statement.
+	purgeBatch = 500
+)
+
+// Store is a stores.Store on MySQL or MariaDB: a lease row per key in one
+// InnoDB table. It is safe for concurrent use. It owns a purge goroutine
+// (unless WithPurge turned it off) and, from Open, its *sql.DB, until Close.
+// It does not implement stores.Notifier or stores.FairStore; see the package
+// documentation.
+type Store struct {
+	db          *sql.DB
+	ownsDB      bool // from Open: Close closes db
+	table       string
+	q           queries
+	createTable bool
+	purgeEvery  time.Duration
+	retention   time.Duration
+
+	setupMu sync.Mutex
+	ready   atomic.Bool // the table exists
+	stmts   stmtCache
+	// contended holds the keys an Acquire of one key found held lately.
+	contended contendedKeys
+	dbx       dbExecer // db, to run statements on
+
+	// mu guards closed; calls counts the operations in flight, which Close
+	// waits for.
+	mu     sync.RWMutex
+	closed bool
+	calls  sync.WaitGroup
+
+	stopPurge chan struct{} // closed by Close
+	purgeDone chan struct{} // closed when the purge goroutine returns
+
+	// retries counts attempts made again after a loss to row lock
+	// contention, undos the releases of grants whose callers left; for
+	// tests and diagnostics.
+	retries, undos atomic.Int64
+}
+
+var _ stores.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store) error
+
+// WithTable sets the table the Store keeps its leases in: a name of letters,
+// digits, '_' and '$' (at most 64), optionally qualified by a database name
+// of the same form ("locks.reqlock_locks"). Default DefaultTable, in the
+// connection's database.
+func WithTable(name string) Option {
+	return func(s *Store) error {
+		if err := checkTable(name); err != nil {
+			return err
+		}
+		s.table = name
+		return nil
+	}
+}
+
+// WithoutCreateTable makes the Store use the table as it finds it: it does
+// not run CREATE TABLE IF NOT EXISTS on first use. For managed schemas:
+// create the table beforehand from Schema (or schema.sql). Default: the
+// Store creates it.
+func WithoutCreateTable() Option {
+	return func(s *Store) error {
+		s.createTable = false
+		return nil
+	}
+}
+
+// WithPurge sets how often the Store deletes rows that have been free for
+// retention and whose fence the server clock has passed by retention (see
+// Purge), in a goroutine that Close stops. An interval of zero turns the
+// goroutine off (Purge can still be called). Default DefaultPurgeInterval
+// and DefaultRetention; retention at least MinRetention.
+func WithPurge(interval, retention time.Duration) Option {
+	return func(s *Store) error {
+		if interval < 0 || retention < MinRetention {
+			return fmt.Errorf("WithPurge: interval %v must not be negative and retention %v at least %v",
+				interval, retention, MinRetention)
+		}
+		s.purgeEvery, s.retention = interval, retention
+		return nil
+	}
+}
+
+// validTable matches the table names WithTable accepts.
+var validTable = regexp.MustCompile(`^([A-Za-z0-9_$]{1,64}\.)?[A-Za-z0-9_$]{1,64}$`)
+
+// checkTable returns an error naming the problem unless name is a table
+// name WithTable accepts.
+func checkTable(name string) error {
+	if !validTable.MatchString(name) {
+		return fmt.Errorf("table %q is not a name of 1 to 64 letters, digits, '_' and '$' (optionally database.table)", name)
+	}
+	return nil
+}
+
+// quoteTable quotes a name validTable matched.
+func quoteTable(name string) string {
+	return "`" + strings.ReplaceAll(name, ".", "`.`") + "`"
+}
+
+// New returns a Store that keeps its leases in a table of db, which must
+// reach MySQL (5.7 or later) or MariaDB (10.3 or later) through a driver
+// that reports LAST_INSERT_ID as sql.Result.LastInsertId, such as
+// github.com/go-sql-driver/mysql. The caller keeps owning db and closes it
+// after the Store. New does no I/O: the first operation creates the table
+// (unless WithoutCreateTable) and prepares the statements. It starts the
+// purge goroutine (see WithPurge); Close stops it.
+//
+// It returns an error wrapping stores.ErrInvalid, naming the problem, when
+// db is nil or an option is invalid.
+func New(db *sql.DB, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: mysqlstore: db is nil", stores.ErrInvalid)
+	}
+	s := &Store{
+		db:          db,
+		dbx:         dbExecer{db},
+		table:       DefaultTable,
+		createTable: true,
+		purgeEvery:  DefaultPurgeInterval,
+		retention:   DefaultRetention,
+		stopPurge:   make(chan struct{}),
+		purgeDone:   make(chan struct{}),
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: mysqlstore: an option is nil", stores.ErrInvalid)
+		}
+		if err := opt(s); err != nil {
+			return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
+		}
+	}
+	s.q = newQueries(quoteTable(s.table))
+	if s.purgeEvery > 0 {
+		go s.purgeLoop()
+	} else {
+		close(s.purgeDone)
+	}
+	return s, nil
+}
+
+// Schema returns the CREATE TABLE IF NOT EXISTS statement of a Store's
+// table, for a managed schema (see WithoutCreateTable). table is as
+// WithTable takes it; empty means DefaultTable. It returns an error wrapping
+// stores.ErrInvalid for an invalid name.
+func Schema(table string) (string, error) {
+	if table == "" {
+		table = DefaultTable
+	}
+	if err := checkTable(table); err != nil {
+		return "", fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
+	}
+	return strings.ReplaceAll(schemaSQL, "{table}", quoteTable(table)), nil
+}
+
+// Table returns the name of the Store's table, as WithTable took it.
+func (s *Store) Table() string { return s.table }
+
+// Close stops the purge goroutine, waits for the operations in flight
+// (including those whose callers left, which end within detachedLimit, a
+// minute, even on a stalled server), closes the prepared statements and,
+// for a Store from Open, the *sql.DB. Operations after Close return
+// ErrClosed. Close may be called more than once; it returns the error of
+// closing the *sql.DB.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	close(s.stopPurge)
+	<-s.purgeDone
+	s.calls.Wait()
+	s.stmts.close()
+	if s.ownsDB {
+		return s.db.Close()
+	}
+	return nil
+}
+
+// begin counts an operation in, unless the Store is closed.
+func (s *Store) begin() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return false
+	}
+	s.calls.Add(1)
+	return true
+}
+
+// setup creates the table (unless WithoutCreateTable) and prepares the
+// one-key statements, once: a failure is returned and tried again by the
+// next operation. The statements on several keys are prepared on first use.
+func (s *Store) setup(ctx context.Context) error {
+	if s.ready.Load() {
+		return nil
+	}
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if s.ready.Load() {
+		return nil
+	}
+	if s.createTable {
+		ddl, err := Schema(s.table)
+		if err != nil {
+			return err
+		}
+		if _, err := s.db.ExecContext(ctx, ddl); err != nil {
+			return fmt.Errorf("mysqlstore: create table %s: %w", s.table, markUnreachable(err))
+		}
+	}
+	for _, q := range []string{s.q.acquireOne, withKeys(s.q.release, 1), withKeys(s.q.expire, 1)} {
+		if _, err := s.stmts.get(ctx, s.db, q); err != nil {
+			return fmt.Errorf("mysqlstore: prepare statements on table %s: %w", s.table, markUnreachable(err))
+		}
+	}
+	s.ready.Store(true)
+	return nil
+}
+
+// checkSizes returns an error wrapping stores.ErrInvalid when a key or the
+// token is longer than the table holds, or the token is empty (a token
+// names one acquisition).
+func checkSizes(keys []string, token string) error {
+	for _, k := range keys {
+		if len(k) > MaxKeyLen {
+			return fmt.Errorf("%w: mysqlstore: key of %d bytes is longer than %d", stores.ErrInvalid, len(k), MaxKeyLen)
+		}
+	}
+	switch {
+	case token == "":
+		return fmt.Errorf("%w: mysqlstore: empty token", stores.ErrInvalid)
+	case len(token) > MaxTokenLen:
+		return fmt.Errorf("%w: mysqlstore: token of %d bytes is longer than %d", stores.ErrInvalid, len(token), MaxTokenLen)
+	}
+	return nil
+}
+
+// micros rounds d up to whole microseconds: the server must not expire a
+// lock before the holder's own clock says it has.
+func micros(d time.Duration) int64 {
+	us := d.Microseconds()
+	if d%time.Microsecond != 0 {
+		us++
+	}
+	return us
+}
+
+// remaining turns a remaining TTL in microseconds into a refusal's Wait: at
+// least a microsecond, since zero would mean unknown.
+func remaining(us int64) time.Duration {
+	return max(time.Duration(us)*time.Microsecond, time.Microsecond)
+}
+
+// anys returns keys as query arguments.
+func anys(keys []string) []any {
+	a := make([]any, len(keys))
+	for i, k := range keys {
+		a[i] = k
+	}
+	return a
+}

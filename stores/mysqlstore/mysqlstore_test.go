@@ -1,0 +1,62 @@
+package mysqlstore
+
+import (
+	"database/sql"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
+
+// openDB returns a *sql.DB on the test MariaDB, closed when the test ends.
+func openDB(t testing.TB) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testservers.MySQLDSN(t))
+	if err != nil {
+		t.Fatalf("ParseDSN: %v", err)
+	}
+	c, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatalf("NewConnector: %v", err)
+	}
+	db := sql.OpenDB(c)
+	db.SetMaxIdleConns(maxIdleConns) // as Open does
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// newStore returns a Store on db, closed when the test ends (before db).
+func newStore(t testing.TB, db *sql.DB, opts ...Option) *Store {
+	t.Helper()
+	s, err := New(db, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// TestConformance runs the conformance suite on MariaDB.
+func TestConformance(t *testing.T) {
+	db := openDB(t)
+	var retries atomic.Int64
+	storetest.Run(t, storetest.Suite{
+		New: func(t *testing.T) stores.Store {
+			s := newStore(t, db)
+			t.Cleanup(func() {
+				if n := s.Retries(); n > 0 {
+					retries.Add(n)
+					t.Logf("attempts made again after a loss to contention: %d", n)
+				}
+			})
+			return s
+		},
+	})
+}

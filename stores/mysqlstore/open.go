@@ -1,0 +1,149 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// defaultPort is the port of a URL that names none.
+const defaultPort = "3306"
+
+// maxIdleConns is how many idle connections the *sql.DB of Open keeps.
+const maxIdleConns = 64
+
+// Open returns a Store on the MySQL or MariaDB server that rawURL names,
+// with a *sql.DB of its own (go-sql-driver/mysql) that Close closes:
+//
+//	mysql://user:password@host:port/database?table=reqlock_locks
+//
+// The scheme is mysql or mariadb; the port defaults to 3306; user, password
+// and database are required. The parameter table picks the table (see
+// WithTable; default DefaultTable), and create=false stands for
+// WithoutCreateTable. Any other parameter goes to the driver as in its DSN
+// (such as tls=true, timeout=5s, readTimeout=10s); interpolateParams=true
+// is set unless the URL says otherwise, so that a statement on several keys
+// takes one round trip instead of a prepare and an execute. Open converts
+// the URL to the driver's DSN: user:password@tcp(host:port)/database?params.
+//
+// Open connects, creates the table (unless create=false) and prepares the
+// statements, bounded by ctx. It returns an error wrapping
+// stores.ErrInvalid, naming the problem, for a URL it cannot use, and the
+// driver's error when the server cannot be reached or refuses the login.
+func Open(ctx context.Context, rawURL string) (*Store, error) {
+	cfg, storeOpts, err := parseURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
+	}
+	db := sql.OpenDB(connector)
+	// database/sql keeps 2 idle connections by default: under contention
+	// every other call would dial and log in anew.
+	db.SetMaxIdleConns(maxIdleConns)
+	s, err := New(db, storeOpts...)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	s.ownsDB = true
+	if err := s.setup(ctx); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// parseURL converts a URL of the form Open takes to the driver's
+// configuration and the Store's options.
+func parseURL(rawURL string) (*mysql.Config, []Option, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Error quotes the whole URL, password included: give its
+		// reason alone.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, nil, fmt.Errorf("URL: %w", err)
+	}
+	if u.Scheme != "mysql" && u.Scheme != "mariadb" {
+		return nil, nil, fmt.Errorf("URL scheme %q: want mysql://user:password@host:port/database", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
+		return nil, nil, fmt.Errorf("URL %s names no host: want mysql://user:password@host:port/database", u.Redacted())
+	}
+	if u.User == nil || u.User.Username() == "" {
+		return nil, nil, fmt.Errorf("URL %s names no user: want mysql://user:password@host:port/database", u.Redacted())
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" || strings.Contains(db, "/") {
+		return nil, nil, fmt.Errorf("URL %s: path %q is not one database name: want mysql://user:password@host:port/database", u.Redacted(), u.Path)
+	}
+	if u.Fragment != "" {
+		return nil, nil, fmt.Errorf("URL %s has a fragment", u.Redacted())
+	}
+	port := u.Port()
+	if port == "" {
+		if strings.HasSuffix(u.Host, ":") {
+			return nil, nil, fmt.Errorf("URL %s has an empty port", u.Redacted())
+		}
+		port = defaultPort
+	}
+	query, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, fmt.Errorf("URL query: %w", err)
+	}
+	var opts []Option
+	driverParams := url.Values{"interpolateParams": {"true"}}
+	for name, vals := range query {
+		if len(vals) != 1 {
+			return nil, nil, fmt.Errorf("URL parameter %s is given %d times", name, len(vals))
+		}
+		switch v := vals[0]; name {
+		case "table":
+			if err := checkTable(v); err != nil {
+				return nil, nil, fmt.Errorf("URL parameter table: %w", err)
+			}
+			opts = append(opts, WithTable(v))
+		case "create":
+			switch v {
+			case "true":
+			case "false":
+				opts = append(opts, WithoutCreateTable())
+			default:
+				return nil, nil, fmt.Errorf("URL parameter create=%q: want true or false", v)
+			}
+		default:
+			driverParams.Set(name, v)
+		}
+	}
+	base := mysql.NewConfig()
+	base.User = u.User.Username()
+	base.Passwd, _ = u.User.Password()
+	base.Net = "tcp"
+	base.Addr = net.JoinHostPort(u.Hostname(), port)
+	base.DBName = db
+	// The driver parses its own parameters: a DSN of the fields above and
+	// the URL's other parameters.
+	dsn := base.FormatDSN()
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	cfg, err := mysql.ParseDSN(dsn + sep + driverParams.Encode())
+	if err != nil {
+		return nil, nil, fmt.Errorf("URL %s: driver parameters: %w", u.Redacted(), err)
+	}
+	return cfg, opts, nil
+}

@@ -1,0 +1,395 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// Acquire sets every key to token for ttl when none is held by another
+// token, and issues each key its next fence, as stores.Store describes.
+// When a key is held it sets nothing and returns a Grant with OK false,
+// Held the index of the first held key and Wait its holder's remaining TTL
+// by the server's clock. A key that already holds token (a retried call
+// whose reply was lost) is granted again with a fresh fence and TTL.
+//
+// One key takes one statement and one round trip. Several keys take a
+// transaction (begin, one INSERT for all rows, one SELECT, commit or
+// rollback) that locks their rows in key order.
+//
+// Contention is not a failure: a statement the server chose as a
+// deadlock's victim, or that timed out waiting for a row lock, changed
+// nothing and is tried again after a short random sleep, up to
+// contentionAttempts times while the caller waits; then Acquire returns an
+// error wrapping ErrContention.
+//
+// It returns as soon as ctx ends, even while the server has not answered:
+// the statement goes on (see Failures in the package documentation), a
+// grant it makes is released, owner-checked, once it returns, and the error
+// wraps stores.ErrAbandoned and ctx's error. It returns an error wrapping
+// stores.ErrInvalid for no keys, an empty, duplicate, unsorted or too long
+// key, an empty or too long token or a non-positive ttl; ErrClosed after
+// Close; ErrUnexpectedReply for a reply it cannot read; and the driver's
+// error otherwise, wrapped with stores.ErrUnreachable when no connection
+// could be made. An error of a COMMIT leaves the outcome unknown, as the
+// contract allows: the Locker then releases the keys.
+func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := checkSizes(keys, token); err != nil {
+		return stores.Grant{}, err
+	}
+	op := func(ctx context.Context, c *call[stores.Grant]) (stores.Grant, error) {
+		g, err := s.acquire(ctx, c, keys, token, micros(ttl))
+		return g, markUnreachable(err)
+	}
+	return run(s, ctx, op, func(g stores.Grant, err error) {
+		// Nothing changed when the server was unreachable or every attempt
+		// lost to contention; otherwise the outcome may be a grant.
+		if g.OK || (err != nil && !errors.Is(err, stores.ErrUnreachable) && !errors.Is(err, ErrContention)) {
+			s.cleanup(keys, token)
+		}
+	})
+}
+
+// cleanup releases, owner-checked, what an acquire whose caller left may
+// have granted.
+func (s *Store) cleanup(keys []string, token string) {
+	s.undos.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_ = s.release(ctx, nil, keys, token, 0)
+}
+
+// acquire is Acquire's operation.
+func (s *Store) acquire(ctx context.Context, c *call[stores.Grant], keys []string, token string, ttl int64) (stores.Grant, error) {
+	if err := s.setup(ctx); err != nil {
+		return stores.Grant{}, err
+	}
+	var g stores.Grant
+	err := s.retry(ctx, c.left, func() error {
+		var err error
+		if len(keys) == 1 {
+			g, err = s.acquireOne(ctx, keys[0], token, ttl)
+			switch {
+			case err != nil:
+			case g.OK:
+				s.contended.forget(keys[0])
+			default:
+				s.contended.mark(keys[0], g.Wait)
+			}
+		} else {
+			g, err = s.acquireMany(ctx, c, keys, token, ttl)
+		}
+		return err
+	})
+	return g, err
+}
+
+// retry runs attempt, and again after a random sleep of a few milliseconds
+// while it loses to row lock contention, up to contentionAttempts times in
+// all and only while the caller waits (left reports false) and ctx lasts.
+// A loss to contention changed nothing, so trying again is safe.
+func (s *Store) retry(ctx context.Context, left func() bool, attempt func() error) error {
+	for n := 1; ; n++ {
+		err := attempt()
+		if !contended(err) {
+			return err
+		}
+		if n >= contentionAttempts || (left != nil && left()) || ctx.Err() != nil {
+			return fmt.Errorf("%w after %d attempts: %w", ErrContention, n, err)
+		}
+		s.retries.Add(1)
+		// The transactions that won hold their rows for a round trip or
+		// two: wait about that long, longer after each loss.
+		sleep := time.Duration(rand.Int64N(int64(n) * int64(time.Millisecond)))
+		t := time.NewTimer(sleep)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w after %d attempts: %w", ErrContention, n, err)
+		}
+	}
+}
+
+// acquireOne runs acquireOneSQL and reads its outcome from LAST_INSERT_ID;
+// on a contended key it first looks for a holder without locking (see
+// contendedKeys).
+func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (stores.Grant, error) {
+	if s.contended.contended(key) {
+		if g, err := s.findHeld(ctx, []string{key}, token); err != nil || !g.OK {
+			return g, err
+		}
+	}
+	res, err := s.execOn(ctx, s.dbx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return stores.Grant{}, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, key, err)
+	}
+	switch {
+	case id > 0 && id < refusedFlag:
+		return stores.Grant{OK: true, Fences: []int64{id}}, nil
+	case id > refusedFlag:
+		return stores.Grant{Wait: remaining(id - refusedFlag)}, nil
+	}
+	return stores.Grant{}, fmt.Errorf("%w: acquire %q answered LAST_INSERT_ID %d", ErrUnexpectedReply, key, id)
+}
+
+// acquireMany takes several keys in one transaction: acquireManySQL locks
+// and sets their rows, selectManySQL reads them, and the transaction
+// commits when every row holds token, else rolls back. It rolls back too
+// when the caller has left meanwhile.
+func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []string, token string, ttl int64) (stores.Grant, error) {
+	if g, err := s.findHeld(ctx, keys, token); err != nil || !g.OK {
+		return g, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	values := make([]any, 0, 3*len(keys)+5)
+	for _, k := range keys {
+		values = append(values, k, token, ttl)
+	}
+	values = append(values, token, token, token, token, ttl)
+	if _, err := s.execOn(ctx, tx, withRows(s.q.acquireMany, s.q.acquireRow, len(keys)), values...); err != nil {
+		return stores.Grant{}, err
+	}
+	fences, held, wait, err := s.readRows(ctx, tx, keys, token)
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	if held >= 0 {
+		return stores.Grant{Held: held, Wait: remaining(wait)}, nil // rolled back
+	}
+	if c.left() {
+		return stores.Grant{}, errLeft // rolled back: nothing to undo
+	}
+	if err := tx.Commit(); err != nil {
+		// Whether the server committed is unknown.
+		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %q (outcome unknown): %w", keys, err)
+	}
+	committed = true
+	return stores.Grant{OK: true, Fences: fences}, nil
+}
+
+// findHeld looks, without locking, for a key held by another token, and
+// returns a refusal naming it, or a Grant with OK true (and no fences) when
+// it found none: under contention most attempts on several keys then take
+// one read and no row lock, and hold up no one.
+func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stores.Grant, error) {
+	rows, err := s.queryOn(ctx, s.dbx, withKeys(s.q.held, len(keys)), append(anys(keys), token)...)
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return stores.Grant{OK: true}, rows.Err()
+	}
+	var (
+		key  string
+		left int64
+	)
+	if err := rows.Scan(&key, &left); err != nil {
+		return stores.Grant{}, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, keys, err)
+	}
+	i := slices.Index(keys, key)
+	if i < 0 {
+		return stores.Grant{}, fmt.Errorf("%w: acquire %q read row %q", ErrUnexpectedReply, keys, key)
+	}
+	return stores.Grant{Held: i, Wait: remaining(left)}, nil
+}
+
+// readRows reads the rows of keys within tx: each one's fence and, when a
+// row holds another token, the index of the first such and its remaining
+// TTL in microseconds (held is -1 when every row holds token).
+func (s *Store) readRows(ctx context.Context, tx *sql.Tx, keys []string, token string) (fences []int64, held int, wait int64, err error) {
+	rows, err := s.queryOn(ctx, tx, withKeys(s.q.selectMany, len(keys)), anys(keys)...)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer rows.Close()
+	fences = make([]int64, len(keys))
+	held = -1
+	i := 0
+	for rows.Next() {
+		var (
+			key, holder string
+			fence, left int64
+		)
+		if err := rows.Scan(&key, &holder, &fence, &left); err != nil {
+			return nil, 0, 0, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, keys, err)
+		}
+		if i >= len(keys) || key != keys[i] {
+			return nil, 0, 0, fmt.Errorf("%w: acquire %q read row %q", ErrUnexpectedReply, keys, key)
+		}
+		if holder != token && held < 0 {
+			held, wait = i, left
+		}
+		fences[i] = fence
+		i++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, 0, err
+	}
+	if i != len(keys) {
+		return nil, 0, 0, fmt.Errorf("%w: acquire %q read %d rows", ErrUnexpectedReply, keys, i)
+	}
+	return fences, held, wait, nil
+}
+
+// Release ends token's grant on every key that holds it, in one statement
+// and one round trip, as stores.Store describes: with keep zero or negative
+// it lets the row expire now, keeping its fence; with
+// keep positive it sets the key's TTL to keep instead, so the key stays
+// held until then. It returns an error wrapping stores.ErrNotHeld, saying
+// how many keys, when some keys were absent, expired or held another token,
+// after ending the grant on the others.
+//
+// It returns ctx.Err() as soon as ctx ends (the statement goes on); an
+// error wrapping stores.ErrInvalid for no keys or an empty, duplicate,
+// unsorted or too long key, or an empty or too long token; ErrClosed after
+// Close; one wrapping ErrContention after contentionAttempts losses to row
+// lock contention; and the driver's error otherwise.
+func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	if err := checkSizes(keys, token); err != nil {
+		return err
+	}
+	_, err := run(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {
+		return struct{}{}, markUnreachable(s.release(ctx, c.left, keys, token, keep))
+	}, nil)
+	return err
+}
+
+// release is Release's operation.
+func (s *Store) release(ctx context.Context, left func() bool, keys []string, token string, keep time.Duration) error {
+	if err := s.setup(ctx); err != nil {
+		return err
+	}
+	query := s.q.release
+	var vals []any
+	if keep > 0 {
+		query = s.q.expire
+		vals = append(vals, micros(keep), micros(keep))
+	}
+	vals = append(append(vals, anys(keys)...), token)
+	var n int64
+	err := s.retry(ctx, left, func() error {
+		var err error
+		n, err = s.exec(ctx, withKeys(query, len(keys)), vals)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if n < int64(len(keys)) {
+		if len(keys) == 1 {
+			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+		}
+		return fmt.Errorf("%w: %d of %d keys", stores.ErrNotHeld, int64(len(keys))-n, len(keys))
+	}
+	return nil
+}
+
+// exec runs one statement and returns the rows it affected.
+func (s *Store) exec(ctx context.Context, query string, vals []any) (int64, error) {
+	res, err := s.execOn(ctx, s.dbx, query, vals...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Refresh resets the TTL of every key to ttl if each holds token; when one
+// does not, it changes nothing and returns an error wrapping
+// stores.ErrNotHeld. One key takes one statement; several a transaction
+// (begin, one UPDATE, commit or rollback), rolled back unless the UPDATE
+// found every key holding token.
+//
+// It returns ctx.Err() as soon as ctx ends (the statement goes on); an
+// error wrapping stores.ErrInvalid for no keys, an empty, duplicate,
+// unsorted or too long key, an empty or too long token or a non-positive
+// ttl; ErrClosed after Close; one wrapping ErrContention after
+// contentionAttempts losses to row lock contention; and the driver's error
+// otherwise, wrapped with stores.ErrUnreachable when no connection could be
+// made. A lost connection is no lost lock: the lease is a row, which any
+// connection refreshes.
+func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := checkSizes(keys, token); err != nil {
+		return err
+	}
+	_, err := run(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {
+		return struct{}{}, markUnreachable(s.refresh(ctx, c.left, keys, token, micros(ttl)))
+	}, nil)
+	return err
+}
+
+// refresh is Refresh's operation.
+func (s *Store) refresh(ctx context.Context, left func() bool, keys []string, token string, ttl int64) error {
+	if err := s.setup(ctx); err != nil {
+		return err
+	}
+	vals := append(append([]any{ttl, ttl}, anys(keys)...), token)
+	return s.retry(ctx, left, func() error {
+		if len(keys) == 1 {
+			n, err := s.exec(ctx, withKeys(s.q.expire, 1), vals)
+			if err != nil {
+				return err
+			}
+			if n != 1 {
+				return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+			}
+			return nil
+		}
+		return s.refreshMany(ctx, keys, vals)
+	})
+}
+
+// refreshMany runs expireSQL on several keys in a transaction, committed
+// only when every key held the token.
+func (s *Store) refreshMany(ctx context.Context, keys []string, vals []any) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	res, err := s.execOn(ctx, tx, withKeys(s.q.expire, len(keys)), vals...)
+	if err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if n != int64(len(keys)) {
+		if err := tx.Rollback(); err != nil {
+			return err // unknown whether the rollback reached the server
+		}
+		return fmt.Errorf("%w: %d of %d keys (none refreshed)", stores.ErrNotHeld, int64(len(keys))-n, len(keys))
+	}
+	return tx.Commit()
+}

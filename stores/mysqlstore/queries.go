@@ -1,0 +1,169 @@
+package mysqlstore
+
+import (
+	_ "embed"
+	"strconv"
+	"strings"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// The SQL of the store. Every value is a placeholder; the only text put into
+// a query is the table name, which New validates (see validTable), the
+// stride stores.FenceStride, and for the calls on several keys one "?" per
+// key. Times are the server's: UTC_TIMESTAMP(6), which MySQL and MariaDB
+// evaluate once per statement (at its start) and which neither the
+// session's time_zone nor daylight saving time moves. In the templates
+// {table} stands for the quoted table name, {stride} for
+// stores.FenceStride, {now} for the server's clock and {micros} for that
+// clock in microseconds since 1970.
+
+// schemaSQL is the table's definition; see Schema.
+//
+//go:embed schema.sql
+var schemaSQL string
+
+const (
+	nowSQL    = "UTC_TIMESTAMP(6)"
+	microsSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+
+	// refusedFlag marks a refusal in the LAST_INSERT_ID of acquireOneSQL:
+	// the holder's remaining TTL in microseconds is added to it. Fences stay
+	// far below it (2^62 microseconds is about 146,000 years).
+	refusedFlag = 1 << 62
+
+	// acquireOneSQL takes one key in one statement and one round trip. A
+	// new key is inserted; an existing one is taken when it has expired (or
+	// was released) or already holds the token (a retried call), else left
+	// as it is. The outcome comes back as the statement's LAST_INSERT_ID,
+	// which the server sends in its OK packet: the new fence when granted,
+	// refusedFlag plus the holder's remaining microseconds when refused.
+	// MySQL assigns left to right, each assignment seeing the ones before
+	// it, and MariaDB with sql_mode SIMULTANEOUS_ASSIGNMENT all at once,
+	// each seeing the row as it was: the assignments give the same row
+	// either way. fence and token see the row as it was in both, and
+	// expires_at's condition holds exactly when token became (left to
+	// right) or was to become (at once) the caller's.
+	//
+	// Arguments: key, token, ttl µs, token, token, token, token, ttl µs.
+	acquireOneSQL = `INSERT INTO {table} (lock_key, token, expires_at, fence)
+VALUES (?, ?, {now} + INTERVAL ? MICROSECOND, LAST_INSERT_ID(GREATEST({stride}, {micros})))
+ON DUPLICATE KEY UPDATE
+  fence = IF(token = ? OR expires_at <= {now},
+    LAST_INSERT_ID(GREATEST(fence + {stride}, {micros})),
+    fence + 0 * LAST_INSERT_ID({refused} + TIMESTAMPDIFF(MICROSECOND, {now}, expires_at))),
+  token = IF(token = ? OR expires_at <= {now}, ?, token),
+  expires_at = IF(token = ? OR expires_at <= {now}, {now} + INTERVAL ? MICROSECOND, expires_at)`
+
+	// acquireManyRowSQL is one row of acquireManySQL. Arguments: key,
+	// token, ttl µs.
+	acquireManyRowSQL = `(?, ?, {now} + INTERVAL ? MICROSECOND, GREATEST({stride}, {micros}))`
+
+	// acquireManySQL sets several keys as acquireOneSQL does, row by row in
+	// key order, inside a transaction: it locks every row exclusively (an
+	// existing one as its duplicate key), and selectManySQL then reads what
+	// each row holds. The assignments are as in acquireOneSQL. Arguments:
+	// the rows, then token, token, token, token, ttl µs.
+	acquireManySQL = `INSERT INTO {table} (lock_key, token, expires_at, fence)
+VALUES {rows}
+ON DUPLICATE KEY UPDATE
+  fence = IF(token = ? OR expires_at <= {now}, GREATEST(fence + {stride}, {micros}), fence),
+  token = IF(token = ? OR expires_at <= {now}, ?, token),
+  expires_at = IF(token = ? OR expires_at <= {now}, {now} + INTERVAL ? MICROSECOND, expires_at)`
+
+	// heldSQL finds, without locking, the first of several keys that is
+	// held by another token, and its remaining TTL in microseconds: a
+	// multi-key acquire that finds one refuses without taking any row lock.
+	// Arguments: the keys, token.
+	heldSQL = `SELECT lock_key, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at) FROM {table}
+WHERE lock_key IN ({keys}) AND token <> ? AND expires_at > {now}
+ORDER BY lock_key LIMIT 1`
+
+	// selectManySQL reads the rows acquireManySQL locked, with each one's
+	// remaining TTL in microseconds. Arguments: the keys.
+	selectManySQL = `SELECT lock_key, token, fence, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at)
+FROM {table} WHERE lock_key IN ({keys}) ORDER BY lock_key FOR UPDATE`
+
+	// releaseSQL ends the token's grant on the keys that still hold it: the
+	// row expires now, keeping its fence and token (so that InnoDB updates
+	// it in place, every column keeping its size; an expired row is free
+	// whatever its token). The row always changes (expires_at was later
+	// than now), so the affected rows count the keys released whatever the
+	// driver's found-rows mode. Arguments: the keys, token.
+	releaseSQL = `UPDATE {table} SET expires_at = {now}
+WHERE lock_key IN ({keys}) AND token = ? AND expires_at > {now}`
+
+	// expireSQL sets the TTL of the keys that still hold the token: Refresh,
+	// and Release with a keep. When the new expiry equals the old one to
+	// the microsecond it adds one, so that the row changes and counts in
+	// the affected rows whatever the driver's found-rows mode. Arguments:
+	// ttl µs, ttl µs, the keys, token.
+	expireSQL = `UPDATE {table}
+SET expires_at = IF(expires_at = {now} + INTERVAL ? MICROSECOND,
+  expires_at + INTERVAL 1 MICROSECOND, {now} + INTERVAL ? MICROSECOND)
+WHERE lock_key IN ({keys}) AND token = ? AND expires_at > {now}`
+
+	// purgeCandidatesSQL finds, without locking, the next keys after a
+	// given one that purgeSQL may delete. Arguments: after, retention µs,
+	// retention µs, limit.
+	purgeCandidatesSQL = `SELECT lock_key FROM {table}
+WHERE lock_key > ? AND expires_at <= {now} - INTERVAL ? MICROSECOND
+  AND fence + {stride} <= {micros} - ?
+ORDER BY lock_key LIMIT ?`
+
+	// purgeSQL deletes rows that have been free for the retention and
+	// whose fence the server clock has passed by the retention, checking
+	// both again under the row locks: the next grant of such a key starts
+	// from the clock, above every fence the row held, unless the clock
+	// steps back by more than the retention. Arguments: the keys,
+	// retention µs, retention µs.
+	purgeSQL = `DELETE FROM {table}
+WHERE lock_key IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND
+  AND fence + {stride} <= {micros} - ?`
+)
+
+// queries holds the store's SQL for one table.
+type queries struct {
+	acquireOne, acquireMany, acquireRow string
+	held, selectMany                    string
+	release, expire                     string
+	purgeCandidates, purge              string
+}
+
+// newQueries returns the SQL for quoted, a validated and quoted table name.
+func newQueries(quoted string) queries {
+	r := strings.NewReplacer(
+		"{table}", quoted,
+		"{stride}", strconv.Itoa(stores.FenceStride),
+		"{now}", nowSQL,
+		"{micros}", microsSQL,
+		"{refused}", strconv.FormatInt(refusedFlag, 10),
+	)
+	return queries{
+		acquireOne:      r.Replace(acquireOneSQL),
+		acquireMany:     r.Replace(acquireManySQL),
+		acquireRow:      r.Replace(acquireManyRowSQL),
+		held:            r.Replace(heldSQL),
+		selectMany:      r.Replace(selectManySQL),
+		release:         r.Replace(releaseSQL),
+		expire:          r.Replace(expireSQL),
+		purgeCandidates: r.Replace(purgeCandidatesSQL),
+		purge:           r.Replace(purgeSQL),
+	}
+}
+
+// withKeys puts n placeholders for keys into q.
+func withKeys(q string, n int) string {
+	return strings.Replace(q, "{keys}", placeholders(n), 1)
+}
+
+// withRows puts n copies of row into q.
+func withRows(q, row string, n int) string {
+	rows := strings.Repeat(row+", ", n-1) + row
+	return strings.Replace(q, "{rows}", rows, 1)
+}
+
+// placeholders returns n comma-separated placeholders.
+func placeholders(n int) string {
+	return strings.Repeat("?, ", n-1) + "?"
+}
