@@ -16,10 +16,11 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/internal/testservers"
 )
 
 // TestMain stops the redis-server that testredis may start.
-func TestMain(m *testing.M) { os.Exit(testredis.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(testservers.Main(m, testredis.Main)) }
 
 // frameworks are the routers every HTTP test runs against.
 var frameworks = []string{frameworkGin, frameworkEcho, frameworkNetHTTP}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
+	"github.com/reqlock/reqlock/stores/mysqlstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
@@ -28,9 +29,29 @@ type storeOpener func(ctx context.Context, u *url.URL, raw string) (openedStore,
 
 // storeOpeners are the -store URL schemes, one per store.
 var storeOpeners = map[string]storeOpener{
-	"memory": openMemory,
-	"redis":  openRedisLocks,
-	"rediss": openRedisLocks,
+	"memory":  openMemory,
+	"redis":   openRedisLocks,
+	"rediss":  openRedisLocks,
+	"mysql":   opener("mysqlstore", mysqlstore.Open),
+	"mariadb": opener("mysqlstore", mysqlstore.Open),
+}
+
+// closingStore is a store that holds resources until Close.
+type closingStore interface {
+	stores.Store
+	Close() error
+}
+
+// opener adapts a store package's Open(ctx, rawURL) to a storeOpener; name
+// is the package, for the start-up line.
+func opener[S closingStore](name string, open func(context.Context, string) (S, error)) storeOpener {
+	return func(ctx context.Context, u *url.URL, raw string) (openedStore, error) {
+		s, err := open(ctx, raw)
+		if err != nil {
+			return openedStore{}, err
+		}
+		return openedStore{store: s, desc: name + " (" + u.Redacted() + ")", close: s.Close}, nil
+	}
 }
 
 // storeSchemes lists the -store URL schemes, for messages.

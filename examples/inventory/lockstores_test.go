@@ -1,0 +1,69 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/internal/testservers"
+)
+
+// storeURLs gives, per -store scheme, a URL of a real server of that store
+// for the test (from internal/testservers), or of none for memory://.
+var storeURLs = map[string]func(t *testing.T) string{
+	"memory": func(*testing.T) string { return "memory://" },
+	"redis":  func(t *testing.T) string { return "redis://" + testredis.Addr(t) },
+	"mysql": func(t *testing.T) string {
+		// The DSN is user:pass@tcp(host:port)/db; the URL form drops tcp().
+		dsn := testservers.MySQLDSN(t)
+		cred, rest, _ := strings.Cut(dsn, "@tcp(")
+		addr, db, _ := strings.Cut(rest, ")/")
+		return "mysql://" + cred + "@" + addr + "/" + db + "?table=inventory_locks"
+	},
+}
+
+// TestLockStoresFromURL: the service runs on every store it takes from a
+// -store URL, and its locks keep concurrent deductions of one SKU from
+// losing updates (the stock is in memory, so the lock alone protects it;
+// each deduction works 2ms between reading and writing the stock), with a
+// fence that grows from one deduction to the next.
+func TestLockStoresFromURL(t *testing.T) {
+	for scheme := range storeOpeners {
+		if _, ok := storeURLs[scheme]; !ok && scheme != "rediss" && scheme != "mariadb" {
+			t.Errorf("-store scheme %s has no test server in storeURLs", scheme)
+		}
+	}
+	for scheme, url := range storeURLs {
+		t.Run(scheme, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(frameworkNetHTTP)
+			cfg.storeURL = url(t)
+			cfg.work = 2 * time.Millisecond
+			cfg.wait = 20 * time.Second
+			a, srv := startApp(t, cfg)
+			if !strings.HasPrefix(a.lockDesc, strings.TrimSuffix(scheme, "s")) && !strings.Contains(a.lockDesc, scheme) {
+				t.Errorf("lock store %q, want the %s store", a.lockDesc, scheme)
+			}
+			sku := redisSKU(t, "S")
+			first := deductRoutes[0].send(t, srv.URL, sku)
+			second := deductRoutes[0].send(t, srv.URL, sku)
+			if first.status != http.StatusOK || second.status != http.StatusOK || second.Fence <= first.Fence {
+				t.Fatalf("two deductions: %v then %v, want 200 twice with a growing fence", first, second)
+			}
+			const n = 10
+			for i, got := range concurrently(t, n, func(int) (string, string, string) {
+				return deductRoutes[0].req(srv.URL, sku)
+			}) {
+				if got.status != http.StatusOK {
+					t.Errorf("concurrent deduction %d: %v", i, got)
+				}
+			}
+			if stock, want := stockOf(t, srv.URL, sku), cfg.defaultStock-2-n; stock != want {
+				t.Fatalf("stock %d after %d deductions of 1 from %d, want %d: the lock let updates get lost",
+					stock, 2+n, cfg.defaultStock, want)
+			}
+		})
+	}
+}
