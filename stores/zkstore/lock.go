@@ -1,0 +1,388 @@
+package zkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// maxAttempts bounds the rounds of one call that lose a race to another
+// writer of the same nodes (a version conflict) and read them again.
+const maxAttempts = 10
+
+// lockNode is what a read of one key's lock node found.
+type lockNode struct {
+	exists  bool
+	token   string
+	version int32
+	left    time.Duration // of the holder's TTL, per ages; <= 0 once expired
+}
+
+// free reports whether a grant to token may take the node: it is absent,
+// expired, or token's own (a retried acquire).
+func (n lockNode) free(token string) bool {
+	return !n.exists || n.token == token || n.left <= 0
+}
+
+// Acquire sets every key to token for ttl when none is held by another
+// token, in one ZooKeeper transaction, and returns each key's fence: the
+// transaction's zxid times stores.FenceStride. See stores.Store.
+func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	return call(ctx, s, func() (stores.Grant, error) {
+		return s.acquire(s.lockPaths(keys), token, ttl)
+	}, func(g stores.Grant, err error) {
+		if err == nil && !g.OK {
+			return
+		}
+		_ = s.release(keys, token, 0) // owner-checked: a no-op when nothing was granted
+	})
+}
+
+// acquire is Acquire on the lock nodes at paths.
+func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores.Grant, error) {
+	data := lockData(ttl, token)
+	var nodes []lockNode // nil until read: first try to create every node
+	now := time.Now()
+	if slices.ContainsFunc(paths, func(p string) bool { return s.ages.live(p, now) }) {
+		// A key seen held: read first, so a refusal costs one round trip.
+		var err error
+		if nodes, err = s.readLocks(paths); err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		if nodes != nil {
+			for i, n := range nodes {
+				if !n.free(token) {
+					return stores.Grant{Held: i, Wait: n.left}, nil
+				}
+			}
+		}
+		ops := s.grantOps(paths, nodes, data)
+		resp, err := s.conn.Multi(ops...)
+		if err == nil {
+			return s.granted(paths, token, ttl, start, resp[len(resp)-1].Stat)
+		}
+		if attempt >= maxAttempts && errors.Is(err, zk.ErrNodeExists) {
+			// Every attempt lost a race for a key that was free when read:
+			// others keep taking it. A refusal, for how long unknown.
+			return stores.Grant{Held: failedKey(ops, resp, paths)}, nil
+		}
+		if err = s.retryable(err, paths, attempt); err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
+		if nodes, err = s.readLocks(paths); err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
+	}
+}
+
+// grantOps returns the transaction that grants the lock nodes at paths,
+// found as nodes (nil: assumed absent), with data: each is deleted, when
+// present, at the version read, and created anew as an ephemeral node.
+// The last operation sets the first node's data again: its reply carries
+// the transaction's zxid, the fence, which a create in a transaction does
+// not report.
+func (s *Store) grantOps(paths []string, nodes []lockNode, data []byte) []any {
+	ops := make([]any, 0, 2*len(paths)+1)
+	for i, p := range paths {
+		if nodes != nil && nodes[i].exists {
+			ops = append(ops, &zk.DeleteRequest{Path: p, Version: nodes[i].version})
+		}
+		ops = append(ops, &zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagEphemeral})
+	}
+	return append(ops, &zk.SetDataRequest{Path: paths[0], Data: data, Version: -1})
+}
+
+// failedKey returns the index in paths of the node of the first operation
+// of ops that failed, per resp, or 0 when none is known.
+func failedKey(ops []any, resp []zk.MultiResponse, paths []string) int {
+	for i, r := range resp {
+		if r.Error == nil || i >= len(ops) {
+			continue
+		}
+		if c, ok := ops[i].(*zk.CreateRequest); ok {
+			if k := slices.Index(paths, c.Path); k >= 0 {
+				return k
+			}
+		}
+		break
+	}
+	return 0
+}
+
+// granted returns the Grant of a transaction that created the lock nodes at
+// paths, whose last operation's stat is stat, and records the grant as this
+// Store's write, made by a call that started at start.
+//
+// Fences: every create of a lock node is a transaction of its own (a
+// release deletes the node, a retry or takeover deletes and creates it), and
+// ZooKeeper numbers transactions with zxids that grow strictly, ensemble-wide,
+// and survive restarts in the transaction log. So the zxid of a grant's
+// transaction, its nodes' czxid, is above the previous grant's by at least
+// one, and times stores.FenceStride by at least the stride.
+func (s *Store) granted(paths []string, token string, ttl time.Duration, start time.Time, stat *zk.Stat) (stores.Grant, error) {
+	if stat == nil {
+		return stores.Grant{}, errors.New("acquire: the transaction's reply has no stat")
+	}
+	for i, p := range paths {
+		version := int32(0)
+		if i == 0 {
+			version = stat.Version
+		}
+		s.ages.wrote(p, stat.Mzxid, version, token, ttl, start)
+	}
+	if stat.Czxid <= 0 || stat.Czxid > math.MaxInt64/stores.FenceStride {
+		_ = s.releasePaths(paths, token, 0)
+		return stores.Grant{}, fmt.Errorf("%w: zxid %#x", ErrFenceRange, stat.Czxid)
+	}
+	fences := make([]int64, len(paths))
+	for i := range fences {
+		fences[i] = stat.Czxid * stores.FenceStride
+	}
+	return stores.Grant{OK: true, Fences: fences}, nil
+}
+
+// retryable returns nil when err, the failure of attempt, is a conflict with
+// another writer worth a new read and attempt, after creating the parents
+// of the lock nodes at paths when one was missing; and err otherwise.
+func (s *Store) retryable(err error, paths []string, attempt int) error {
+	switch {
+	case attempt >= maxAttempts:
+		return fmt.Errorf("gave up after %d conflicting attempts: %w", attempt, err)
+	case errors.Is(err, zk.ErrNoNode):
+		return s.makeParents(paths)
+	case errors.Is(err, zk.ErrNodeExists), errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNotEmpty):
+		return nil
+	}
+	return err
+}
+
+// makeParents creates the parents of the nodes at paths, as container nodes
+// (the server deletes them once empty), when missing.
+func (s *Store) makeParents(paths []string) error {
+	return forEach(len(paths), func(i int) error {
+		_, err := s.conn.CreateContainer(parentOf(paths[i]), nil, zk.FlagContainer, s.acl)
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return err
+		}
+		return nil
+	})
+}
+
+// readLocks reads the lock nodes at paths, in parallel.
+func (s *Store) readLocks(paths []string) ([]lockNode, error) {
+	nodes := make([]lockNode, len(paths))
+	err := forEach(len(paths), func(i int) error {
+		data, stat, err := s.conn.Get(paths[i])
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return nil
+		case err != nil:
+			return err
+		}
+		ttl, token, err := parseLockData(data)
+		if err != nil {
+			return err
+		}
+		nodes[i] = lockNode{exists: true, token: token, version: stat.Version,
+			left: s.ages.remaining(paths[i], stat.Mzxid, ttl, time.Now())}
+		return nil
+	})
+	return nodes, err
+}
+
+// forEach runs fn for 0..n-1, in parallel when n > 1 (go-zookeeper
+// pipelines the requests on its connection), and returns the first error.
+func forEach(n int, fn func(i int) error) error {
+	if n == 1 {
+		return fn(0)
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = fn(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Release ends token's grant on every key that still holds it: it deletes
+// the key's lock node, which wakes the key's waiters, or with keep positive
+// sets the node's TTL to keep, which wakes nobody. A key whose TTL has
+// passed counts as not held. It returns an error wrapping stores.ErrNotHeld
+// when some key did not hold token, after ending the grant on the others.
+// A kept key stays held until keep has passed or the Store's session ends,
+// whichever comes first (see the package documentation).
+func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	_, err := call(ctx, s, func() (struct{}, error) {
+		return struct{}{}, s.release(keys, token, keep)
+	}, nil)
+	return err
+}
+
+// release is Release.
+func (s *Store) release(keys []string, token string, keep time.Duration) error {
+	return s.releasePaths(s.lockPaths(keys), token, keep)
+}
+
+// releasePaths is Release on the lock nodes at paths.
+func (s *Store) releasePaths(paths []string, token string, keep time.Duration) error {
+	data := lockData(keep, token)
+	op := func(p string, version int32) any {
+		if keep > 0 {
+			return &zk.SetDataRequest{Path: p, Data: data, Version: version}
+		}
+		return &zk.DeleteRequest{Path: p, Version: version}
+	}
+	start := time.Now()
+	// This Store's own grant, unchanged since: no read needed.
+	if versions, ok := s.ownVersions(paths, token, start); ok {
+		ops := make([]any, len(paths))
+		for i, p := range paths {
+			ops[i] = op(p, versions[i])
+		}
+		resp, err := s.conn.Multi(ops...)
+		if err == nil {
+			s.released(paths, resp, token, keep, start)
+			return nil
+		}
+		if err = s.retryable(err, nil, 1); err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		start = time.Now()
+		nodes, err := s.readLocks(paths)
+		if err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+		var (
+			ops     []any
+			touched []string
+			notHeld []string
+		)
+		for i, n := range nodes {
+			switch {
+			case !n.exists || n.token != token:
+				notHeld = append(notHeld, paths[i])
+			case n.left <= 0: // expired, not yet taken over: cleaned up
+				notHeld = append(notHeld, paths[i])
+				ops = append(ops, &zk.DeleteRequest{Path: paths[i], Version: n.version})
+				touched = append(touched, paths[i])
+			default:
+				ops = append(ops, op(paths[i], n.version))
+				touched = append(touched, paths[i])
+			}
+		}
+		if len(ops) > 0 {
+			resp, err := s.conn.Multi(ops...)
+			if err != nil {
+				if err = s.retryable(err, nil, attempt); err != nil {
+					return fmt.Errorf("release: %w", err)
+				}
+				continue
+			}
+			s.released(touched, resp, token, keep, start)
+		}
+		if len(notHeld) > 0 {
+			return fmt.Errorf("%w: zkstore: release: %d of %d keys not held by the token", stores.ErrNotHeld, len(notHeld), len(paths))
+		}
+		return nil
+	}
+}
+
+// released records a release transaction on the nodes at paths, whose
+// replies are resp.
+func (s *Store) released(paths []string, resp []zk.MultiResponse, token string, keep time.Duration, start time.Time) {
+	for i, p := range paths {
+		if st := resp[i].Stat; st != nil { // kept: a SetData
+			s.ages.wrote(p, st.Mzxid, st.Version, token, keep, start)
+		} else {
+			s.ages.forget(p)
+		}
+	}
+}
+
+// ownVersions returns the data versions of the lock nodes at paths when
+// this Store granted them all to token, or kept or refreshed them, and none
+// has expired; the nodes may have changed since, which the versions then
+// tell the server.
+func (s *Store) ownVersions(paths []string, token string, now time.Time) ([]int32, bool) {
+	versions := make([]int32, len(paths))
+	for i, p := range paths {
+		v, ok := s.ages.owned(p, token, now)
+		if !ok {
+			return nil, false
+		}
+		versions[i] = v
+	}
+	return versions, true
+}
+
+// Refresh sets the TTL of every key to ttl when each still holds token and
+// its TTL has not passed; otherwise it changes nothing and returns an error
+// wrapping stores.ErrNotHeld. A key whose holder's session has ended
+// (expired, or closed) is gone, and so not held: a holder learns of a lost
+// session from its next Refresh.
+func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	_, err := call(ctx, s, func() (struct{}, error) {
+		return struct{}{}, s.refresh(s.lockPaths(keys), token, ttl)
+	}, nil)
+	return err
+}
+
+// refresh is Refresh on the lock nodes at paths.
+func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
+	data := lockData(ttl, token)
+	versions, known := s.ownVersions(paths, token, time.Now())
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		if !known {
+			nodes, err := s.readLocks(paths)
+			if err != nil {
+				return fmt.Errorf("refresh: %w", err)
+			}
+			versions = make([]int32, len(paths))
+			for i, n := range nodes {
+				if !n.exists || n.token != token || n.left <= 0 {
+					return fmt.Errorf("%w: zkstore: refresh: key %d of %d not held by the token", stores.ErrNotHeld, i+1, len(paths))
+				}
+				versions[i] = n.version
+			}
+		}
+		ops := make([]any, len(paths))
+		for i, p := range paths {
+			ops[i] = &zk.SetDataRequest{Path: p, Data: data, Version: versions[i]}
+		}
+		resp, err := s.conn.Multi(ops...)
+		if err == nil {
+			for i, p := range paths {
+				s.ages.wrote(p, resp[i].Stat.Mzxid, resp[i].Stat.Version, token, ttl, start)
+			}
+			return nil
+		}
+		if err = s.retryable(err, nil, attempt); err != nil {
+			return fmt.Errorf("refresh: %w", err)
+		}
+		known = false
+	}
+}
