@@ -40,9 +40,11 @@ type sighting struct {
 	since time.Time
 	life  time.Duration // the TTL or lease in the node's data
 
-	// Set for the Store's own writes only.
+	// Set for the Store's own writes only: the token, and the data
+	// versions of the node and of its parent, which identify the grant.
 	token   string
 	version int32
+	pver    int32
 	own     bool
 }
 
@@ -56,10 +58,10 @@ const (
 
 // wrote records this Store's own write of a node's version, made by a call
 // that started at start.
-func (a *ages) wrote(path string, mzxid int64, version int32, token string, life time.Duration, start time.Time) {
+func (a *ages) wrote(path string, mzxid int64, version, pver int32, token string, life time.Duration, start time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.putLocked(path, sighting{mzxid: mzxid, since: start, life: life, token: token, version: version, own: true})
+	a.putLocked(path, sighting{mzxid: mzxid, since: start, life: life, token: token, version: version, pver: pver, own: true})
 }
 
 // remaining returns how long the version mzxid of the node at path, whose
@@ -76,16 +78,17 @@ func (a *ages) remaining(path string, mzxid int64, life time.Duration, now time.
 	return s.since.Add(s.life).Sub(now)
 }
 
-// owned returns the data version of the node at path as this Store last
-// wrote it for token, and whether that write is known and has not expired.
-func (a *ages) owned(path, token string, now time.Time) (int32, bool) {
+// owned returns the data versions of the node at path and of its parent as
+// this Store last wrote them for token, and whether that write is known and
+// has not expired.
+func (a *ages) owned(path, token string, now time.Time) (version, pver int32, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s, ok := a.seen[path]
 	if !ok || !s.own || s.token != token || !now.Before(s.since.Add(s.life)) {
-		return 0, false
+		return 0, 0, false
 	}
-	return s.version, true
+	return s.version, s.pver, true
 }
 
 // live reports whether a version of the node at path was seen, or

@@ -42,7 +42,9 @@ func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(
 	}
 	var state atomic.Int32
 	done := make(chan result, 1)
+	s.inFlight.Add(1)
 	started := s.goTracked(func() {
+		defer s.inFlight.Add(-1)
 		v, err := fn()
 		if state.CompareAndSwap(callRunning, callReturned) {
 			done <- result{v, err}
@@ -53,6 +55,7 @@ func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(
 		}
 	})
 	if !started {
+		s.inFlight.Add(-1)
 		return zero, ErrClosed
 	}
 	select {

@@ -21,9 +21,10 @@ type place struct {
 }
 
 // due reports whether the lease of the place should be set again, to lease,
-// at now: it was set for another lease, or half of it has passed.
+// at now: it was set for another lease, or a third of it has passed, which
+// leaves two thirds for the next attempt to come.
 func (p place) due(lease time.Duration, now time.Time) bool {
-	return p.lease != lease || now.Sub(p.renewed) >= lease/2
+	return p.lease != lease || now.Sub(p.renewed) >= lease/3
 }
 
 // AcquireFair is one attempt of a fair waiter; see stores.FairStore. The
@@ -32,8 +33,8 @@ func (p place) due(lease time.Duration, now time.Time) bool {
 // tail by creating its node, and its node is deleted in the transaction
 // that grants it the key, or by LeaveFair, or, once its lease has passed
 // unrenewed, by the next attempt of another waiter, or by the server when
-// the waiter's session ends. A call renews the caller's lease only when half
-// of it has passed, so most attempts read and do not write.
+// the waiter's session ends. A call renews the caller's lease only when a
+// third of it has passed, so most attempts read and do not write.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
@@ -89,8 +90,11 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			if mine >= 0 {
 				ops = append(ops, &zk.DeleteRequest{Path: p.parent + "/" + queue[mine].name, Version: -1})
 			}
-			nodes := []lockNode{lock}
-			ops = append(ops, s.grantOps([]string{p.lock}, nodes, lockData(ttl, token))...)
+			grant, stamps := s.grantOps([]string{p.lock}, []lockNode{lock}, lockData(ttl, token))
+			for i := range stamps {
+				stamps[i] += len(ops)
+			}
+			ops = append(ops, grant...)
 			resp, err := s.conn.Multi(ops...)
 			if err != nil {
 				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
@@ -101,7 +105,7 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			if mine >= 0 {
 				s.setPlace(id, nil)
 			}
-			g, err := s.granted([]string{p.lock}, token, ttl, start, resp[len(resp)-1].Stat)
+			g, err := s.granted([]string{p.lock}, token, ttl, start, resp, stamps)
 			return stores.FairGrant{Grant: g}, err
 		}
 		var renew *place
@@ -147,29 +151,19 @@ func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time)
 	return nil
 }
 
-// readQueue reads the queue of the key at p, in sequence order, and its
-// lock node, in parallel.
+// readQueue reads the queue of the key at p, in sequence order, then its
+// lock node (so that the parent's version read with the queue is from
+// before the node: see ref).
 func (s *Store) readQueue(p paths) ([]queueNode, lockNode, error) {
-	var (
-		children []string
-		lock     lockNode
-	)
-	err := forEach(2, func(i int) error {
-		if i == 1 {
-			nodes, err := s.readLocks([]string{p.lock})
-			if err == nil {
-				lock = nodes[0]
-			}
-			return err
-		}
-		var err error
-		children, _, err = s.conn.Children(p.parent)
-		if errors.Is(err, zk.ErrNoNode) {
-			return nil
-		}
-		return err
-	})
+	children, pstat, err := s.conn.Children(p.parent)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, lockNode{}, nil
+	}
 	if err != nil {
+		return nil, lockNode{}, err
+	}
+	var lock lockNode
+	if err := s.readLock(p.lock, pstat.Version, &lock); err != nil {
 		return nil, lockNode{}, err
 	}
 	return parseQueue(children), lock, nil

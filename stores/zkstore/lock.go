@@ -22,8 +22,25 @@ const maxAttempts = 10
 type lockNode struct {
 	exists  bool
 	token   string
-	version int32
+	version int32         // the node's data version
+	pver    int32         // the parent's data version, read before the node
 	left    time.Duration // of the holder's TTL, per ages; <= 0 once expired
+}
+
+// ref is a grant as an owner-checked write names it: the lock node's data
+// version, and its parent's, which every grant of the key increments in its
+// transaction. A lock node's version starts again at 0 when the node is
+// deleted and created anew, so a version alone could match another grant's
+// node; the parent's version never repeats while a lock node exists under
+// it, so the pair names one grant, and its unchanged state.
+type ref struct {
+	version, pver int32
+}
+
+// checked returns the operations that apply op to the lock node at path
+// only while it is still the grant r.
+func checked(path string, r ref, op func(path string, version int32) any) []any {
+	return []any{&zk.CheckVersionRequest{Path: parentOf(path), Version: r.pver}, op(path, r.version)}
 }
 
 // free reports whether a grant to token may take the node: it is absent,
@@ -70,10 +87,10 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 				}
 			}
 		}
-		ops := s.grantOps(paths, nodes, data)
+		ops, stamps := s.grantOps(paths, nodes, data)
 		resp, err := s.conn.Multi(ops...)
 		if err == nil {
-			return s.granted(paths, token, ttl, start, resp[len(resp)-1].Stat)
+			return s.granted(paths, token, ttl, start, resp, stamps)
 		}
 		if attempt >= maxAttempts && errors.Is(err, zk.ErrNodeExists) {
 			// Every attempt lost a race for a key that was free when read:
@@ -91,19 +108,25 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 
 // grantOps returns the transaction that grants the lock nodes at paths,
 // found as nodes (nil: assumed absent), with data: each is deleted, when
-// present, at the version read, and created anew as an ephemeral node.
-// The last operation sets the first node's data again: its reply carries
-// the transaction's zxid, the fence, which a create in a transaction does
-// not report.
-func (s *Store) grantOps(paths []string, nodes []lockNode, data []byte) []any {
-	ops := make([]any, 0, 2*len(paths)+1)
+// present, at the versions read, and created anew as an ephemeral node, and
+// its parent's data version is incremented (see ref) by a SetData, whose
+// reply carries the transaction's zxid, the fence, which a create in a
+// transaction does not report. stamps holds the index of each key's
+// SetData.
+func (s *Store) grantOps(paths []string, nodes []lockNode, data []byte) (ops []any, stamps []int) {
+	ops = make([]any, 0, 3*len(paths))
+	stamps = make([]int, len(paths))
 	for i, p := range paths {
+		pver := int32(-1)
 		if nodes != nil && nodes[i].exists {
+			pver = nodes[i].pver
 			ops = append(ops, &zk.DeleteRequest{Path: p, Version: nodes[i].version})
 		}
 		ops = append(ops, &zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagEphemeral})
+		stamps[i] = len(ops)
+		ops = append(ops, &zk.SetDataRequest{Path: parentOf(p), Version: pver})
 	}
-	return append(ops, &zk.SetDataRequest{Path: paths[0], Data: data, Version: -1})
+	return ops, stamps
 }
 
 // failedKey returns the index in paths of the node of the first operation
@@ -133,24 +156,23 @@ func failedKey(ops []any, resp []zk.MultiResponse, paths []string) int {
 // and survive restarts in the transaction log. So the zxid of a grant's
 // transaction, its nodes' czxid, is above the previous grant's by at least
 // one, and times stores.FenceStride by at least the stride.
-func (s *Store) granted(paths []string, token string, ttl time.Duration, start time.Time, stat *zk.Stat) (stores.Grant, error) {
-	if stat == nil {
-		return stores.Grant{}, errors.New("acquire: the transaction's reply has no stat")
-	}
+func (s *Store) granted(paths []string, token string, ttl time.Duration, start time.Time, resp []zk.MultiResponse, stamps []int) (stores.Grant, error) {
+	var zxid int64
 	for i, p := range paths {
-		version := int32(0)
-		if i == 0 {
-			version = stat.Version
+		st := resp[stamps[i]].Stat
+		if st == nil {
+			return stores.Grant{}, errors.New("acquire: the transaction's reply has no stat")
 		}
-		s.ages.wrote(p, stat.Mzxid, version, token, ttl, start)
+		zxid = st.Mzxid // the same for every key: one transaction
+		s.ages.wrote(p, zxid, 0, st.Version, token, ttl, start)
 	}
-	if stat.Czxid <= 0 || stat.Czxid > math.MaxInt64/stores.FenceStride {
+	if zxid <= 0 || zxid > math.MaxInt64/stores.FenceStride {
 		_ = s.releasePaths(paths, token, 0)
-		return stores.Grant{}, fmt.Errorf("%w: zxid %#x", ErrFenceRange, stat.Czxid)
+		return stores.Grant{}, fmt.Errorf("%w: zxid %#x", ErrFenceRange, zxid)
 	}
 	fences := make([]int64, len(paths))
 	for i := range fences {
-		fences[i] = stat.Czxid * stores.FenceStride
+		fences[i] = zxid * stores.FenceStride
 	}
 	return stores.Grant{OK: true, Fences: fences}, nil
 }
@@ -182,26 +204,37 @@ func (s *Store) makeParents(paths []string) error {
 	})
 }
 
-// readLocks reads the lock nodes at paths, in parallel.
+// readLocks reads the lock nodes at paths, in parallel: for each, first its
+// parent's version, then the node (see ref).
 func (s *Store) readLocks(paths []string) ([]lockNode, error) {
 	nodes := make([]lockNode, len(paths))
 	err := forEach(len(paths), func(i int) error {
-		data, stat, err := s.conn.Get(paths[i])
-		switch {
-		case errors.Is(err, zk.ErrNoNode):
-			return nil
-		case err != nil:
+		ok, pstat, err := s.conn.Exists(parentOf(paths[i]))
+		if err != nil || !ok {
 			return err
 		}
-		ttl, token, err := parseLockData(data)
-		if err != nil {
-			return err
-		}
-		nodes[i] = lockNode{exists: true, token: token, version: stat.Version,
-			left: s.ages.remaining(paths[i], stat.Mzxid, ttl, time.Now())}
-		return nil
+		return s.readLock(paths[i], pstat.Version, &nodes[i])
 	})
 	return nodes, err
+}
+
+// readLock reads the lock node at path, whose parent's version was pver
+// before, into n.
+func (s *Store) readLock(path string, pver int32, n *lockNode) error {
+	data, stat, err := s.conn.Get(path)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return nil
+	case err != nil:
+		return err
+	}
+	ttl, token, err := parseLockData(data)
+	if err != nil {
+		return err
+	}
+	*n = lockNode{exists: true, token: token, version: stat.Version, pver: pver,
+		left: s.ages.remaining(path, stat.Mzxid, ttl, time.Now())}
+	return nil
 }
 
 // forEach runs fn for 0..n-1, in parallel when n > 1 (go-zookeeper
@@ -250,16 +283,17 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration) e
 		}
 		return &zk.DeleteRequest{Path: p, Version: version}
 	}
+	del := func(p string, version int32) any { return &zk.DeleteRequest{Path: p, Version: version} }
 	start := time.Now()
 	// This Store's own grant, unchanged since: no read needed.
-	if versions, ok := s.ownVersions(paths, token, start); ok {
-		ops := make([]any, len(paths))
+	if refs, ok := s.ownRefs(paths, token, start); ok {
+		var ops []any
 		for i, p := range paths {
-			ops[i] = op(p, versions[i])
+			ops = append(ops, checked(p, refs[i], op)...)
 		}
 		resp, err := s.conn.Multi(ops...)
 		if err == nil {
-			s.released(paths, resp, token, keep, start)
+			s.released(paths, refs, resp, token, keep, start)
 			return nil
 		}
 		if err = s.retryable(err, nil, 1); err != nil {
@@ -275,19 +309,21 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration) e
 		var (
 			ops     []any
 			touched []string
-			notHeld []string
+			refs    []ref
+			notHeld int
 		)
 		for i, n := range nodes {
+			r := ref{n.version, n.pver}
 			switch {
 			case !n.exists || n.token != token:
-				notHeld = append(notHeld, paths[i])
+				notHeld++
 			case n.left <= 0: // expired, not yet taken over: cleaned up
-				notHeld = append(notHeld, paths[i])
-				ops = append(ops, &zk.DeleteRequest{Path: paths[i], Version: n.version})
-				touched = append(touched, paths[i])
+				notHeld++
+				ops = append(ops, checked(paths[i], r, del)...)
+				touched, refs = append(touched, paths[i]), append(refs, r)
 			default:
-				ops = append(ops, op(paths[i], n.version))
-				touched = append(touched, paths[i])
+				ops = append(ops, checked(paths[i], r, op)...)
+				touched, refs = append(touched, paths[i]), append(refs, r)
 			}
 		}
 		if len(ops) > 0 {
@@ -298,41 +334,42 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration) e
 				}
 				continue
 			}
-			s.released(touched, resp, token, keep, start)
+			s.released(touched, refs, resp, token, keep, start)
 		}
-		if len(notHeld) > 0 {
-			return fmt.Errorf("%w: zkstore: release: %d of %d keys not held by the token", stores.ErrNotHeld, len(notHeld), len(paths))
+		if notHeld > 0 {
+			return fmt.Errorf("%w: zkstore: release: %d of %d keys not held by the token", stores.ErrNotHeld, notHeld, len(paths))
 		}
 		return nil
 	}
 }
 
-// released records a release transaction on the nodes at paths, whose
-// replies are resp.
-func (s *Store) released(paths []string, resp []zk.MultiResponse, token string, keep time.Duration, start time.Time) {
+// released records a release transaction on the grants refs of the nodes
+// at paths, each a check of its parent and a delete or set, whose replies
+// are resp.
+func (s *Store) released(paths []string, refs []ref, resp []zk.MultiResponse, token string, keep time.Duration, start time.Time) {
 	for i, p := range paths {
-		if st := resp[i].Stat; st != nil { // kept: a SetData
-			s.ages.wrote(p, st.Mzxid, st.Version, token, keep, start)
+		if st := resp[2*i+1].Stat; st != nil && keep > 0 { // kept: a SetData
+			s.ages.wrote(p, st.Mzxid, st.Version, refs[i].pver, token, keep, start)
 		} else {
 			s.ages.forget(p)
 		}
 	}
 }
 
-// ownVersions returns the data versions of the lock nodes at paths when
-// this Store granted them all to token, or kept or refreshed them, and none
-// has expired; the nodes may have changed since, which the versions then
-// tell the server.
-func (s *Store) ownVersions(paths []string, token string, now time.Time) ([]int32, bool) {
-	versions := make([]int32, len(paths))
+// ownRefs returns the grants of the lock nodes at paths when this Store
+// granted them all to token, or kept or refreshed them since, and none has
+// expired; the nodes may have changed since, which the refs then tell the
+// server.
+func (s *Store) ownRefs(paths []string, token string, now time.Time) ([]ref, bool) {
+	refs := make([]ref, len(paths))
 	for i, p := range paths {
-		v, ok := s.ages.owned(p, token, now)
+		v, pv, ok := s.ages.owned(p, token, now)
 		if !ok {
 			return nil, false
 		}
-		versions[i] = v
+		refs[i] = ref{v, pv}
 	}
-	return versions, true
+	return refs, true
 }
 
 // Refresh sets the TTL of every key to ttl when each still holds token and
@@ -353,7 +390,8 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 // refresh is Refresh on the lock nodes at paths.
 func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 	data := lockData(ttl, token)
-	versions, known := s.ownVersions(paths, token, time.Now())
+	set := func(p string, version int32) any { return &zk.SetDataRequest{Path: p, Data: data, Version: version} }
+	refs, known := s.ownRefs(paths, token, time.Now())
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		if !known {
@@ -361,22 +399,23 @@ func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 			if err != nil {
 				return fmt.Errorf("refresh: %w", err)
 			}
-			versions = make([]int32, len(paths))
+			refs = make([]ref, len(paths))
 			for i, n := range nodes {
 				if !n.exists || n.token != token || n.left <= 0 {
 					return fmt.Errorf("%w: zkstore: refresh: key %d of %d not held by the token", stores.ErrNotHeld, i+1, len(paths))
 				}
-				versions[i] = n.version
+				refs[i] = ref{n.version, n.pver}
 			}
 		}
-		ops := make([]any, len(paths))
+		var ops []any
 		for i, p := range paths {
-			ops[i] = &zk.SetDataRequest{Path: p, Data: data, Version: versions[i]}
+			ops = append(ops, checked(p, refs[i], set)...)
 		}
 		resp, err := s.conn.Multi(ops...)
 		if err == nil {
 			for i, p := range paths {
-				s.ages.wrote(p, resp[i].Stat.Mzxid, resp[i].Stat.Version, token, ttl, start)
+				st := resp[2*i+1].Stat
+				s.ages.wrote(p, st.Mzxid, st.Version, refs[i].pver, token, ttl, start)
 			}
 			return nil
 		}

@@ -14,8 +14,10 @@ import (
 const rearmDelay = 100 * time.Millisecond
 
 // subscriptions are the Store's release subscriptions, by the node each
-// watches. Signals are sent from the connection's event callback, in the
-// order the server sent the events: so in release order.
+// watches. The connection's event callback marks the subscriptions of a
+// deleted node, in the order the server sent the events, and wakes them;
+// each sets its watch again before it signals its waiter, so that the
+// waiter's next move, which may be a new grant and release at once, is seen.
 type subscriptions struct {
 	mu     sync.Mutex
 	byPath map[string]map[*subscription]struct{}
@@ -32,6 +34,7 @@ type subscription struct {
 	nudge    chan struct{} // wakes the goroutine to find its target anew
 	stop     chan struct{} // closed by the stop function
 	target   string        // guarded by subscriptions.mu
+	pending  bool          // a signal is due; guarded by subscriptions.mu
 }
 
 func (ss *subscriptions) init() {
@@ -47,24 +50,36 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// deleted signals the subscriptions that watch the node at path, which was
-// just deleted, and has them find their target anew.
+// deleted has the subscriptions that watch the node at path, which was
+// just deleted, find their target anew and signal.
 func (ss *subscriptions) deleted(path string) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for sub := range ss.byPath[path] {
-		signal(sub.released)
+		sub.pending = true
 		signal(sub.nudge)
 	}
 }
 
-// wakeAll signals every subscription and has it set its watch anew.
+// wakeAll has every subscription set its watch anew and signal.
 func (ss *subscriptions) wakeAll() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for sub := range ss.all {
-		signal(sub.released)
+		sub.pending = true
 		signal(sub.nudge)
+	}
+}
+
+// flush signals sub when a signal is due, unless it has stopped.
+func (ss *subscriptions) flush(sub *subscription) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if sub.pending {
+		sub.pending = false
+		if _, ok := ss.all[sub]; ok {
+			signal(sub.released)
+		}
 	}
 }
 
@@ -174,8 +189,11 @@ func (s *Store) watch(sub *subscription) {
 		} else if expectPresent && !exists {
 			// Created and deleted between two watches: a release the
 			// event callback could not see.
-			signal(sub.released)
+			s.subs.mu.Lock()
+			sub.pending = true
+			s.subs.mu.Unlock()
 		}
+		s.subs.flush(sub)
 		expectPresent = false
 		select {
 		case ev := <-events:

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -40,6 +42,8 @@ type Store struct {
 	closed bool
 	done   chan struct{} // closed by Close
 	wg     sync.WaitGroup
+
+	inFlight atomic.Int64 // calls running, undo included; for tests
 }
 
 // waiterID names a fair waiter.
@@ -90,6 +94,7 @@ type config struct {
 	root    string
 	session time.Duration
 	acl     []zk.ACL
+	dialer  zk.Dialer // tests cut the network with theirs
 }
 
 // WithRoot sets the znode under which the Store keeps its keys: an absolute
@@ -160,7 +165,7 @@ func checkRoot(path string) error {
 // the Store to end its session, which frees every lock and queue place it
 // holds at once.
 func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) {
-	c := config{root: DefaultRoot, session: DefaultSessionTimeout, acl: zk.WorldACL(zk.PermAll)}
+	c := config{root: DefaultRoot, session: DefaultSessionTimeout, acl: zk.WorldACL(zk.PermAll), dialer: net.DialTimeout}
 	if len(servers) == 0 {
 		return nil, fmt.Errorf("%w: zkstore: no servers", stores.ErrInvalid)
 	}
@@ -187,6 +192,7 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 	sessionUp := make(chan struct{}, 1)
 	conn, _, err := zk.Connect(servers, c.session,
 		zk.WithLogger(log.New(io.Discard, "", 0)),
+		zk.WithDialer(c.dialer),
 		zk.WithEventCallback(func(ev zk.Event) {
 			if ev.Type == zk.EventSession && ev.State == zk.StateHasSession {
 				select {
@@ -346,3 +352,6 @@ func (s *Store) onEvent(ev zk.Event) {
 		s.subs.wakeAll()
 	}
 }
+
+// Root returns the znode under which the Store keeps its keys.
+func (s *Store) Root() string { return s.root }
