@@ -171,7 +171,11 @@ func (s *Store) watch(sub *subscription) {
 	retry := time.NewTimer(0)
 	defer retry.Stop()
 	<-retry.C
-	expectPresent := false // the last event said the target exists
+	var (
+		expectPresent bool   // the last event said the target exists
+		lastTarget    string // the target of the last watch set
+		lastExists    bool   // whether it existed then
+	)
 	for {
 		target, err := s.target(p, sub.id)
 		var (
@@ -186,12 +190,16 @@ func (s *Store) watch(sub *subscription) {
 		if err != nil {
 			retry.Reset(rearmDelay)
 			wake = retry.C
-		} else if expectPresent && !exists {
-			// Created and deleted between two watches: a release the
-			// event callback could not see.
-			s.subs.mu.Lock()
-			sub.pending = true
-			s.subs.mu.Unlock()
+		} else {
+			if !exists && (expectPresent || lastExists || target != lastTarget) {
+				// Gone before the watch was set: deleted since the waiter
+				// was refused, or created and deleted between two watches,
+				// a release the event callback could not see.
+				s.subs.mu.Lock()
+				sub.pending = true
+				s.subs.mu.Unlock()
+			}
+			lastTarget, lastExists = target, exists
 		}
 		s.subs.flush(sub)
 		expectPresent = false

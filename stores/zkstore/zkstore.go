@@ -210,7 +210,9 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 		select {
 		case <-sessionUp:
 		case <-ctx.Done():
-			conn.Close()
+			// Close waits up to two connect timeouts for a server to take
+			// its close request: it ends on its own, after Open returned.
+			go conn.Close()
 			return nil, fmt.Errorf("zkstore: no session with %v: %w", servers, ctx.Err())
 		}
 	}
