@@ -127,10 +127,3 @@ func (a *ages) putLocked(path string, s sighting) {
 	}
 	a.seen[path] = s
 }
-
-// len returns the number of sightings, for tests.
-func (a *ages) len() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.seen)
-}

@@ -16,8 +16,8 @@ import (
 	"github.com/reqlock/reqlock/stores/zkstore"
 )
 
-// The benchmarks compare reqlock (a Locker over a Store) with the lock
-// recipe of go-zookeeper (zk.NewLock: ephemeral sequential nodes, each
+// The benchmarks compare reqlock (a Locker over a Store, plain and in fair
+// mode, which hands no grant on locally) with the lock recipe of go-zookeeper (zk.NewLock: ephemeral sequential nodes, each
 // waiter watching the one before it) on the same server, in the same run,
 // one after the other for each workload:
 //
@@ -32,6 +32,7 @@ const (
 	benchTTL     = 10 * time.Second
 	benchKeys    = 1000
 	benchCycles  = 1000
+	benchLease   = 2 * time.Second // of a fair waiter
 )
 
 // locker is one side of a comparison: lock(key) blocks until key is held
@@ -56,14 +57,18 @@ func benchLockers(b *testing.B) []locker {
 	if err != nil {
 		b.Fatal(err)
 	}
+	fair, err := reqlock.New(store, reqlock.WithFairness(benchLease), reqlock.WithKeyPrefix("fair:"))
+	if err != nil {
+		b.Fatal(err)
+	}
 	conn, _, err := zk.Connect([]string{addr}, zkstore.DefaultSessionTimeout, zk.WithLogger(discard{}))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(conn.Close)
 	peerRoot := testRoot()
-	return []locker{
-		{"reqlock", func(b *testing.B, key string) func() {
+	obtain := func(l *reqlock.Locker) func(b *testing.B, key string) func() {
+		return func(b *testing.B, key string) func() {
 			lock, err := l.Obtain(context.Background(), key, benchTTL, time.Minute)
 			if err != nil {
 				b.Fatalf("Obtain: %v", err)
@@ -73,7 +78,11 @@ func benchLockers(b *testing.B) []locker {
 					b.Errorf("Release: %v", err)
 				}
 			}
-		}},
+		}
+	}
+	return []locker{
+		{"reqlock", obtain(l)},
+		{"reqlock-fair", obtain(fair)},
 		{"zk.NewLock", func(b *testing.B, key string) func() {
 			lock := zk.NewLock(conn, peerRoot+"/"+key, zk.WorldACL(zk.PermAll))
 			if err := lock.Lock(); err != nil {

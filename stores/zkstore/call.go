@@ -73,12 +73,6 @@ func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(
 	}
 }
 
-// cleanupContext returns the context of an undo: its own deadline, and no
-// cancellation by the caller who left.
-func cleanupContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), cleanupTimeout)
-}
-
 // wrapErr gives an error of go-zookeeper the package's prefix, keeping it
 // testable with errors.Is; the package's own errors pass as they are.
 func wrapErr(err error) error {

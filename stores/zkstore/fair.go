@@ -34,7 +34,8 @@ func (p place) due(lease time.Duration, now time.Time) bool {
 // that grants it the key, or by LeaveFair, or, once its lease has passed
 // unrenewed, by the next attempt of another waiter, or by the server when
 // the waiter's session ends. A call renews the caller's lease only when a
-// third of it has passed, so most attempts read and do not write.
+// third of it has passed, so most attempts read three nodes (the queue, the
+// lock, the head of the queue) and write nothing.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
@@ -81,12 +82,12 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 		if mine >= 0 {
 			ahead = queue[:mine]
 		}
-		live, drop, err := s.readAhead(p, ahead)
+		head, count, drop, err := s.readAhead(p, ahead)
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 		}
 		ops := drop
-		if retry || (lock.free(token) && len(live) == 0) {
+		if retry || (lock.free(token) && head == nil) {
 			if mine >= 0 {
 				ops = append(ops, &zk.DeleteRequest{Path: p.parent + "/" + queue[mine].name, Version: -1})
 			}
@@ -129,12 +130,12 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 		}
 		g := stores.FairGrant{Ahead: -1}
 		if mine >= 0 {
-			g.Ahead = len(live)
+			g.Ahead = count
 		}
 		if !lock.free(token) {
 			g.Wait = lock.left
-		} else if len(live) > 0 {
-			g.Wait = live[0].left
+		} else if head != nil {
+			g.Wait = head.left
 		}
 		return g, nil
 	}
@@ -181,44 +182,34 @@ func parseQueue(children []string) []queueNode {
 	return queue
 }
 
-// readAhead reads the queue nodes ahead, in parallel, and returns those
-// whose lease is live, in order, and the deletes of those whose lease has
-// passed, at the version read. Nodes gone meanwhile are in neither.
-func (s *Store) readAhead(p paths, ahead []queueNode) ([]queued, []any, error) {
-	nodes := make([]*queued, len(ahead))
-	err := forEach(len(ahead), func(i int) error {
-		path := p.parent + "/" + ahead[i].name
+// readAhead reads the queue nodes ahead, in order, until it finds one whose
+// lease is live, the head, and returns it (nil when none is), how many
+// nodes are ahead counting from it, and the deletes of the nodes before it
+// whose lease has passed, at the version read. Most attempts read one node:
+// a node further back is aged and dropped only once it would head the
+// queue, so Ahead may count waiters that have lapsed behind a live head.
+func (s *Store) readAhead(p paths, ahead []queueNode) (head *queued, count int, drop []any, err error) {
+	for i, q := range ahead {
+		path := p.parent + "/" + q.name
 		data, stat, err := s.conn.Get(path)
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
-			return nil
+			continue
 		case err != nil:
-			return err
+			return nil, 0, nil, err
 		}
 		lease, err := parseLeaseData(data)
 		if err != nil {
-			return err
+			return nil, 0, nil, err
 		}
-		nodes[i] = &queued{path: path, version: stat.Version, left: s.ages.remaining(path, stat.Mzxid, lease, time.Now())}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	var (
-		live []queued
-		drop []any
-	)
-	for _, n := range nodes {
-		switch {
-		case n == nil:
-		case n.left > 0:
-			live = append(live, *n)
-		default:
-			drop = append(drop, &zk.DeleteRequest{Path: n.path, Version: n.version})
+		left := s.ages.remaining(path, stat.Mzxid, lease, time.Now())
+		if left <= 0 {
+			drop = append(drop, &zk.DeleteRequest{Path: path, Version: stat.Version})
+			continue
 		}
+		return &queued{path: path, version: stat.Version, left: left}, len(ahead) - i, drop, nil
 	}
-	return live, drop, nil
+	return nil, 0, drop, nil
 }
 
 // LeaveFair takes token out of key's queue by deleting its queue node; see

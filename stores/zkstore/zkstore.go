@@ -81,10 +81,6 @@ const (
 	// told otherwise. The server may grant another, within its
 	// minSessionTimeout and maxSessionTimeout.
 	DefaultSessionTimeout = 10 * time.Second
-
-	// cleanupTimeout bounds the owner-checked undo of a call whose caller
-	// left before it returned.
-	cleanupTimeout = 10 * time.Second
 )
 
 // Option configures New.
