@@ -21,10 +21,12 @@ import (
 // waiter watching the one before it) on the same server, in the same run,
 // one after the other for each workload:
 //
-//	go test -run '^$' -bench . -benchtime 3s ./stores/zkstore/
+//	cd stores/zkstore && go test -run '^$' -bench . -benchtime 3s .
 //
-// Both sides use one ZooKeeper session for all their goroutines, as a
-// service process would.
+// Each workload runs benchRounds rounds, each round every side in turn, so
+// that the sides alternate on a machine whose disk (ZooKeeper syncs every
+// write) is not always as fast. Both sides use one ZooKeeper session for
+// all their goroutines, as a service process would.
 
 const (
 	benchWorkers = 50
@@ -33,7 +35,18 @@ const (
 	benchKeys    = 1000
 	benchCycles  = 1000
 	benchLease   = 2 * time.Second // of a fair waiter
+	benchRounds  = 2
 )
+
+// eachSide runs bench for every side, benchRounds times in turn.
+func eachSide(b *testing.B, bench func(b *testing.B, l locker)) {
+	sides := benchLockers(b)
+	for r := range benchRounds {
+		for _, l := range sides {
+			b.Run(fmt.Sprintf("round=%d/%s", r+1, l.name), func(b *testing.B) { bench(b, l) })
+		}
+	}
+}
 
 // locker is one side of a comparison: lock(key) blocks until key is held
 // and returns its unlock.
@@ -162,34 +175,28 @@ func run(b *testing.B, l locker, nkeys int, key func(i int) int, hold time.Durat
 
 // BenchmarkHot: 50 goroutines take turns on one key, each holding it 1ms.
 func BenchmarkHot(b *testing.B) {
-	for _, l := range benchLockers(b) {
-		b.Run(l.name, func(b *testing.B) {
-			run(b, l, 1, func(int) int { return 0 }, benchHold)
-		})
-	}
+	eachSide(b, func(b *testing.B, l locker) {
+		run(b, l, 1, func(int) int { return 0 }, benchHold)
+	})
 }
 
 // BenchmarkSpread: 50 workers lock 1000 keys in turn, the i-th acquisition
 // key i mod 1000, so that the ~50 in flight never contend; no hold.
 func BenchmarkSpread(b *testing.B) {
-	for _, l := range benchLockers(b) {
-		b.Run(l.name, func(b *testing.B) {
-			run(b, l, benchKeys, func(i int) int { return i % benchKeys }, 0)
-		})
-	}
+	eachSide(b, func(b *testing.B, l locker) {
+		run(b, l, benchKeys, func(i int) int { return i % benchKeys }, 0)
+	})
 }
 
 // BenchmarkCycles: 1000 acquire/release cycles on one key, one after the
 // other; an op is the 1000 cycles.
 func BenchmarkCycles(b *testing.B) {
-	for _, l := range benchLockers(b) {
-		b.Run(l.name, func(b *testing.B) {
-			for range b.N {
-				for range benchCycles {
-					l.lock(b, "cycles")()
-				}
+	eachSide(b, func(b *testing.B, l locker) {
+		for range b.N {
+			for range benchCycles {
+				l.lock(b, "cycles")()
 			}
-			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/1000-cycles")
-		})
-	}
+		}
+		b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/1000-cycles")
+	})
 }

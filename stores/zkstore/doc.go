@@ -86,7 +86,7 @@
 // is deleted in the granting transaction. A node whose lease has passed
 // unrenewed (aged as lock nodes are) is deleted by the next attempt of a
 // waiter behind it; a waiter whose process dies leaves the queue when its
-// session ends. An attempt renews its own lease only when a third of it has
+// session ends. An attempt renews its own lease only when a quarter of it has
 // passed, so most attempts only read.
 //
 // # Notification

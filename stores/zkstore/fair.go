@@ -21,10 +21,10 @@ type place struct {
 }
 
 // due reports whether the lease of the place should be set again, to lease,
-// at now: it was set for another lease, or a third of it has passed, which
-// leaves two thirds for the next attempt to come.
+// at now: it was set for another lease, or a quarter of it has passed, which
+// leaves three quarters for the next attempt to come.
 func (p place) due(lease time.Duration, now time.Time) bool {
-	return p.lease != lease || now.Sub(p.renewed) >= lease/3
+	return p.lease != lease || now.Sub(p.renewed) >= lease/4
 }
 
 // AcquireFair is one attempt of a fair waiter; see stores.FairStore. The
@@ -34,7 +34,7 @@ func (p place) due(lease time.Duration, now time.Time) bool {
 // that grants it the key, or by LeaveFair, or, once its lease has passed
 // unrenewed, by the next attempt of another waiter, or by the server when
 // the waiter's session ends. A call renews the caller's lease only when a
-// third of it has passed, so most attempts read three nodes (the queue, the
+// quarter of it has passed, so most attempts read three nodes (the queue, the
 // lock, the head of the queue) and write nothing.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
@@ -70,14 +70,6 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 		}
 		mine := slices.IndexFunc(queue, func(q queueNode) bool { return q.token == token })
 		retry := lock.exists && lock.token == token
-		if mine < 0 && lease > 0 && !retry {
-			if err := s.join(p, id, lease, start); err != nil {
-				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
-					return stores.FairGrant{}, fmt.Errorf("acquire fair: join: %w", err)
-				}
-			}
-			continue // read the queue again, with the new node in it
-		}
 		ahead := queue
 		if mine >= 0 {
 			ahead = queue[:mine]
@@ -108,6 +100,17 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			}
 			g, err := s.granted([]string{p.lock}, token, ttl, start, resp, stamps)
 			return stores.FairGrant{Grant: g}, err
+		}
+		if mine < 0 && lease > 0 {
+			// Not queued, and the key is not to be had: join at the tail.
+			// (A free key with nobody live in the queue was granted above,
+			// as if the caller had joined and headed the queue at once.)
+			if err := s.join(p, id, lease, start); err != nil {
+				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
+					return stores.FairGrant{}, fmt.Errorf("acquire fair: join: %w", err)
+				}
+			}
+			continue // read the queue again, with the new node in it
 		}
 		var renew *place
 		if mine >= 0 && lease > 0 {
