@@ -64,7 +64,7 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 	id := waiterID{key, token}
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		queue, lock, err := s.readQueue(p)
+		queue, lock, err := s.readQueue(p, token)
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 		}
@@ -155,19 +155,32 @@ func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time)
 	return nil
 }
 
-// readQueue reads the queue of the key at p, in sequence order, then its
-// lock node (so that the parent's version read with the queue is from
-// before the node: see ref).
-func (s *Store) readQueue(p paths) ([]queueNode, lockNode, error) {
-	children, pstat, err := s.conn.Children(p.parent)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil, lockNode{}, nil
+// readQueue reads the queue of the key at p, in sequence order, and its
+// lock node, in parallel; a lock node that token may take over is read
+// again after its parent (see ref).
+func (s *Store) readQueue(p paths, token string) ([]queueNode, lockNode, error) {
+	var (
+		children []string
+		lock     lockNode
+	)
+	err := forEach(2, func(i int) error {
+		if i == 1 {
+			return s.readLock(p.lock, -1, &lock)
+		}
+		var err error
+		children, _, err = s.conn.Children(p.parent)
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		return err
+	})
+	if err == nil && lock.exists && lock.pver < 0 && lock.free(token) {
+		var nodes []lockNode
+		if nodes, err = s.readLocks([]string{p.lock}); err == nil {
+			lock = nodes[0]
+		}
 	}
 	if err != nil {
-		return nil, lockNode{}, err
-	}
-	var lock lockNode
-	if err := s.readLock(p.lock, pstat.Version, &lock); err != nil {
 		return nil, lockNode{}, err
 	}
 	return parseQueue(children), lock, nil

@@ -23,7 +23,7 @@ type lockNode struct {
 	exists  bool
 	token   string
 	version int32         // the node's data version
-	pver    int32         // the parent's data version, read before the node
+	pver    int32         // the parent's data version, read before the node; -1 unread
 	left    time.Duration // of the holder's TTL, per ages; <= 0 once expired
 }
 
@@ -74,7 +74,7 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 	if slices.ContainsFunc(paths, func(p string) bool { return s.ages.live(p, now) }) {
 		// A key seen held: read first, so a refusal costs one round trip.
 		var err error
-		if nodes, err = s.readLocks(paths); err != nil {
+		if nodes, err = s.peekLocks(paths); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
 	}
@@ -85,6 +85,15 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 				if !n.free(token) {
 					return stores.Grant{Held: i, Wait: n.left}, nil
 				}
+			}
+			if slices.ContainsFunc(nodes, func(n lockNode) bool { return n.exists && n.pver < 0 }) {
+				// A takeover names the grant it replaces: read again, in
+				// order, and decide anew.
+				var err error
+				if nodes, err = s.readLocks(paths); err != nil {
+					return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+				}
+				continue
 			}
 		}
 		ops, stamps := s.grantOps(paths, nodes, data)
@@ -100,7 +109,7 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 		if err = s.retryable(err, paths, attempt); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
-		if nodes, err = s.readLocks(paths); err != nil {
+		if nodes, err = s.peekLocks(paths); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
 	}
@@ -215,6 +224,14 @@ func (s *Store) readLocks(paths []string) ([]lockNode, error) {
 		}
 		return s.readLock(paths[i], pstat.Version, &nodes[i])
 	})
+	return nodes, err
+}
+
+// peekLocks reads the lock nodes at paths, in parallel, without their
+// parents' versions: enough to refuse, or to create a node found absent.
+func (s *Store) peekLocks(paths []string) ([]lockNode, error) {
+	nodes := make([]lockNode, len(paths))
+	err := forEach(len(paths), func(i int) error { return s.readLock(paths[i], -1, &nodes[i]) })
 	return nodes, err
 }
 
