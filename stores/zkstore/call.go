@@ -33,6 +33,9 @@ func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
+	if s.isClosed() {
+		return zero, ErrClosed
+	}
 	if st := s.conn.State(); st != zk.StateHasSession {
 		return zero, fmt.Errorf("%w: %w (connection state %v)", stores.ErrUnreachable, errNoSession, st)
 	}

@@ -51,7 +51,12 @@ func (n lockNode) free(token string) bool {
 
 // Acquire sets every key to token for ttl when none is held by another
 // token, in one ZooKeeper transaction, and returns each key's fence: the
-// transaction's zxid times stores.FenceStride. See stores.Store.
+// transaction's zxid times stores.FenceStride. See stores.Store. A refusal's
+// Wait is the holder's remaining TTL as this Store ages it, or zero when
+// every attempt lost its race for a key found free to other callers.
+// Errors wrap stores.ErrInvalid (bad arguments), stores.ErrUnreachable (no
+// session: nothing sent), stores.ErrAbandoned (ctx ended in flight; undone),
+// ErrClosed, ErrFenceRange, or a go-zookeeper error (outcome unknown).
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err

@@ -98,8 +98,8 @@ func TestOpen(t *testing.T) {
 	if g, err := b.Acquire(t.Context(), []string{"k"}, "tb", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire on b after a closed: %+v, %v; want granted", g, err)
 	}
-	if _, err := a.Acquire(t.Context(), []string{"k"}, "ta", time.Minute); err == nil {
-		t.Fatal("Acquire on a closed Store succeeded")
+	if _, err := a.Acquire(t.Context(), []string{"k"}, "ta", time.Minute); !errors.Is(err, zkstore.ErrClosed) {
+		t.Fatalf("Acquire on a closed Store: %v, want ErrClosed", err)
 	}
 }
 

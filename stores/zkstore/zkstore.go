@@ -315,6 +315,13 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// isClosed reports whether Close has been called.
+func (s *Store) isClosed() bool {
+	s.life.Lock()
+	defer s.life.Unlock()
+	return s.closed
+}
+
 // goTracked runs fn in a goroutine that Close waits for, and reports false,
 // without running it, once the Store is closed.
 func (s *Store) goTracked(fn func()) bool {
