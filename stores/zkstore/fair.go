@@ -1,0 +1,295 @@
+package zkstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// place is a fair waiter's queue node, as this Store made it.
+type place struct {
+	name    string        // the node's name under the key's parent
+	renewed time.Time     // the start of the call that last set its lease
+	lease   time.Duration // the lease it set
+}
+
+// due reports whether the lease of the place should be set again, to lease,
+// at now: it was set for another lease, or a quarter of it has passed, which
+// leaves three quarters for the next attempt to come.
+func (p place) due(lease time.Duration, now time.Time) bool {
+	return p.lease != lease || now.Sub(p.renewed) >= lease/4
+}
+
+// AcquireFair is one attempt of a fair waiter; see stores.FairStore. The
+// queue of a key is its ephemeral sequential queue nodes, in the order of
+// their sequence numbers, which the server assigns: a waiter joins at the
+// tail by creating its node, and its node is deleted in the transaction
+// that grants it the key, or by LeaveFair, or, once its lease has passed
+// unrenewed, by the next attempt of another waiter, or by the server when
+// the waiter's session ends. A call renews the caller's lease only when a
+// quarter of it has passed, so most attempts read three nodes (the queue, the
+// lock, the head of the queue) and write nothing.
+func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
+		return stores.FairGrant{}, err
+	}
+	return call(ctx, s, func() (stores.FairGrant, error) {
+		return s.acquireFair(key, token, ttl, lease)
+	}, func(g stores.FairGrant, err error) {
+		// The waiter left: neither its grant nor its place stays.
+		if err != nil || g.OK {
+			_ = s.release([]string{key}, token, 0)
+		}
+		_ = s.leaveFair(key, token)
+	})
+}
+
+// queued is a queue node as an attempt read it.
+type queued struct {
+	path    string
+	version int32
+	left    time.Duration // of its lease, per ages
+}
+
+// acquireFair is AcquireFair.
+func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+	p := s.pathsOf(key)
+	id := waiterID{key, token}
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		queue, lock, err := s.readQueue(p, token)
+		if err != nil {
+			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+		}
+		mine := slices.IndexFunc(queue, func(q queueNode) bool { return q.token == token })
+		retry := lock.exists && lock.token == token
+		ahead := queue
+		if mine >= 0 {
+			ahead = queue[:mine]
+		}
+		head, count, drop, err := s.readAhead(p, ahead)
+		if err != nil {
+			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+		}
+		ops := drop
+		if retry || (lock.free(token) && head == nil) {
+			if mine >= 0 {
+				ops = append(ops, &zk.DeleteRequest{Path: p.parent + "/" + queue[mine].name, Version: -1})
+			}
+			grant, stamps := s.grantOps([]string{p.lock}, []lockNode{lock}, lockData(ttl, token))
+			for i := range stamps {
+				stamps[i] += len(ops)
+			}
+			ops = append(ops, grant...)
+			resp, err := s.conn.Multi(ops...)
+			if err != nil {
+				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
+					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+				}
+				continue
+			}
+			if mine >= 0 {
+				s.setPlace(id, nil)
+			}
+			g, err := s.granted([]string{p.lock}, token, ttl, start, resp, stamps)
+			return stores.FairGrant{Grant: g}, err
+		}
+		if mine < 0 && lease > 0 {
+			// Not queued, and the key is not to be had: join at the tail.
+			// (A free key with nobody live in the queue was granted above,
+			// as if the caller had joined and headed the queue at once.)
+			if err := s.join(p, id, lease, start); err != nil {
+				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
+					return stores.FairGrant{}, fmt.Errorf("acquire fair: join: %w", err)
+				}
+			}
+			continue // read the queue again, with the new node in it
+		}
+		var renew *place
+		if mine >= 0 && lease > 0 {
+			pl, ok := s.placeOf(id)
+			if !ok || pl.name != queue[mine].name || pl.due(lease, start) {
+				renew = &place{name: queue[mine].name, renewed: start, lease: lease}
+				ops = append(ops, &zk.SetDataRequest{Path: p.parent + "/" + renew.name, Data: leaseData(lease), Version: -1})
+			}
+		}
+		if len(ops) > 0 {
+			if _, err := s.conn.Multi(ops...); err != nil {
+				if err = s.retryable(err, nil, attempt); err != nil {
+					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+				}
+				continue // a lapsed waiter came back, or the caller was dropped
+			}
+			if renew != nil {
+				s.setPlace(id, renew)
+			}
+		}
+		g := stores.FairGrant{Ahead: -1}
+		if mine >= 0 {
+			g.Ahead = count
+		}
+		if !lock.free(token) {
+			g.Wait = lock.left
+		} else if head != nil {
+			g.Wait = head.left
+		}
+		return g, nil
+	}
+}
+
+// join queues the waiter id at the tail of the queue of the key at p, with
+// lease, in a call that started at start.
+func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time) error {
+	path, err := s.conn.Create(p.queuePrefix(id.token), leaseData(lease), zk.FlagEphemeralSequential, s.acl)
+	if err != nil {
+		return err
+	}
+	s.setPlace(id, &place{name: path[len(p.parent)+1:], renewed: start, lease: lease})
+	return nil
+}
+
+// readQueue reads the queue of the key at p, in sequence order, and its
+// lock node, in parallel; a lock node that token may take over is read
+// again after its parent (see ref).
+func (s *Store) readQueue(p paths, token string) ([]queueNode, lockNode, error) {
+	var (
+		children []string
+		lock     lockNode
+	)
+	err := forEach(2, func(i int) error {
+		if i == 1 {
+			return s.readLock(p.lock, -1, &lock)
+		}
+		var err error
+		children, _, err = s.conn.Children(p.parent)
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		return err
+	})
+	if err == nil && lock.exists && lock.pver < 0 && lock.free(token) {
+		var nodes []lockNode
+		if nodes, err = s.readLocks([]string{p.lock}); err == nil {
+			lock = nodes[0]
+		}
+	}
+	if err != nil {
+		return nil, lockNode{}, err
+	}
+	return parseQueue(children), lock, nil
+}
+
+// parseQueue returns the queue nodes among children, in sequence order.
+func parseQueue(children []string) []queueNode {
+	var queue []queueNode
+	for _, c := range children {
+		if q, ok := parseQueueNode(c); ok {
+			queue = append(queue, q)
+		}
+	}
+	slices.SortFunc(queue, func(a, b queueNode) int { return cmp.Compare(a.seq, b.seq) })
+	return queue
+}
+
+// readAhead reads the queue nodes ahead, in order, until it finds one whose
+// lease is live, the head, and returns it (nil when none is), how many
+// nodes are ahead counting from it, and the deletes of the nodes before it
+// whose lease has passed, at the version read. Most attempts read one node:
+// a node further back is aged and dropped only once it would head the
+// queue, so Ahead may count waiters that have lapsed behind a live head.
+func (s *Store) readAhead(p paths, ahead []queueNode) (head *queued, count int, drop []any, err error) {
+	for i, q := range ahead {
+		path := p.parent + "/" + q.name
+		data, stat, err := s.conn.Get(path)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			continue
+		case err != nil:
+			return nil, 0, nil, err
+		}
+		lease, err := parseLeaseData(data)
+		if err != nil {
+			return nil, 0, nil, err
+		}
+		left := s.ages.remaining(path, stat.Mzxid, lease, time.Now())
+		if left <= 0 {
+			drop = append(drop, &zk.DeleteRequest{Path: path, Version: stat.Version})
+			continue
+		}
+		return &queued{path: path, version: stat.Version, left: left}, len(ahead) - i, drop, nil
+	}
+	return nil, 0, drop, nil
+}
+
+// LeaveFair takes token out of key's queue by deleting its queue node; see
+// stores.FairStore. The waiter behind it, watching that node, is signalled.
+func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
+	if err := args.CheckRelease(ctx, []string{key}); err != nil {
+		return err
+	}
+	_, err := call(ctx, s, func() (struct{}, error) {
+		return struct{}{}, s.leaveFair(key, token)
+	}, nil)
+	return err
+}
+
+// leaveFair is LeaveFair.
+func (s *Store) leaveFair(key, token string) error {
+	p := s.pathsOf(key)
+	id := waiterID{key, token}
+	var names []string
+	if pl, ok := s.placeOf(id); ok {
+		names = []string{pl.name}
+	} else {
+		children, _, err := s.conn.Children(p.parent)
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("leave fair: %w", err)
+		}
+		for _, q := range parseQueue(children) {
+			if q.token == token {
+				names = append(names, q.name)
+			}
+		}
+	}
+	for _, name := range names {
+		if err := s.conn.Delete(p.parent+"/"+name, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return fmt.Errorf("leave fair: %w", err)
+		}
+	}
+	s.setPlace(id, nil)
+	return nil
+}
+
+// placeOf returns the queue place this Store made for the waiter id.
+func (s *Store) placeOf(id waiterID) (place, bool) {
+	s.joinedMu.Lock()
+	defer s.joinedMu.Unlock()
+	pl, ok := s.joined[id]
+	return pl, ok
+}
+
+// setPlace records the queue place of the waiter id, or with pl nil that it
+// has none, and has the waiter's release subscriptions watch anew.
+func (s *Store) setPlace(id waiterID, pl *place) {
+	s.joinedMu.Lock()
+	old, had := s.joined[id]
+	if pl == nil {
+		delete(s.joined, id)
+	} else {
+		s.joined[id] = *pl
+	}
+	s.joinedMu.Unlock()
+	if had != (pl != nil) || (pl != nil && old.name != pl.name) {
+		s.subs.nudgeWaiter(id)
+	}
+}

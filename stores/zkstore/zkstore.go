@@ -1,0 +1,362 @@
+package zkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/stores"
+)
+
+// Store is a stores.Store, stores.Notifier and stores.FairStore on
+// ZooKeeper; see the package documentation. It is safe for concurrent use.
+// The zero value is not usable; call New or Open.
+type Store struct {
+	conn *zk.Conn
+	root string
+	acl  []zk.ACL
+
+	ages ages // what this Store knows of the age of lock and queue nodes
+
+	// joined holds the fair waiters this Store has queued, so that their
+	// release subscriptions watch the node ahead of them.
+	joinedMu sync.Mutex
+	joined   map[waiterID]place
+
+	subs subscriptions
+
+	// life guards closed and wg, so that no goroutine starts once Close
+	// waits for them.
+	life   sync.Mutex
+	closed bool
+	done   chan struct{} // closed by Close
+	wg     sync.WaitGroup
+
+	inFlight atomic.Int64 // calls running, undo included; for tests
+}
+
+// waiterID names a fair waiter.
+type waiterID struct{ key, token string }
+
+// args checks the arguments of Store's methods; its errors start "zkstore:".
+const args storeargs.Checker = "zkstore"
+
+var (
+	_ stores.Store     = (*Store)(nil)
+	_ stores.Notifier  = (*Store)(nil)
+	_ stores.FairStore = (*Store)(nil)
+)
+
+// Errors of the package, checkable with errors.Is.
+var (
+	// ErrClosed is returned by the calls made after Close.
+	ErrClosed = errors.New("zkstore: store closed")
+
+	// ErrFenceRange is returned by an Acquire whose transaction id times
+	// stores.FenceStride does not fit an int64: the ensemble has gone
+	// through more than 2^21 leader epochs. The grant is released.
+	ErrFenceRange = errors.New("zkstore: fence out of the int64 range")
+
+	// errNoSession marks a call made while the connection has no session.
+	errNoSession = errors.New("zkstore: no ZooKeeper session")
+)
+
+// Defaults, written in one place.
+const (
+	// DefaultRoot is the znode under which a Store keeps its keys.
+	DefaultRoot = "/reqlock"
+
+	// DefaultSessionTimeout is the session timeout a Store asks for unless
+	// told otherwise. The server may grant another, within its
+	// minSessionTimeout and maxSessionTimeout.
+	DefaultSessionTimeout = 10 * time.Second
+)
+
+// Option configures New.
+type Option func(*config) error
+
+type config struct {
+	root    string
+	session time.Duration
+	acl     []zk.ACL
+	dialer  zk.Dialer // tests cut the network with theirs
+}
+
+// WithRoot sets the znode under which the Store keeps its keys: an absolute
+// path, not "/", without a trailing slash. Default DefaultRoot. New creates
+// it, with its missing ancestors, as persistent nodes.
+func WithRoot(path string) Option {
+	return func(c *config) error {
+		if err := checkRoot(path); err != nil {
+			return fmt.Errorf("WithRoot: %w", err)
+		}
+		c.root = path
+		return nil
+	}
+}
+
+// WithSessionTimeout sets the session timeout the Store asks for: how long
+// the server keeps the session, and so the Store's locks and queue places,
+// after it last heard from the Store. Default DefaultSessionTimeout.
+func WithSessionTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < time.Second {
+			return fmt.Errorf("WithSessionTimeout: %v is below 1s", d)
+		}
+		c.session = d
+		return nil
+	}
+}
+
+// WithACL sets the ACL of every znode the Store creates. Default
+// zk.WorldACL(zk.PermAll).
+func WithACL(acl []zk.ACL) Option {
+	return func(c *config) error {
+		if len(acl) == 0 {
+			return errors.New("WithACL: the ACL is empty")
+		}
+		c.acl = acl
+		return nil
+	}
+}
+
+// checkRoot returns an error unless path is a valid root for a Store.
+func checkRoot(path string) error {
+	switch {
+	case path == "" || path[0] != '/':
+		return fmt.Errorf("root %q is not an absolute path", path)
+	case path == "/":
+		return errors.New("root is /: a Store needs a znode of its own")
+	case strings.HasSuffix(path, "/"):
+		return fmt.Errorf("root %q ends with a slash", path)
+	}
+	for _, part := range strings.Split(path[1:], "/") {
+		if part == "" || part == "." || part == ".." {
+			return fmt.Errorf("root %q has an empty, . or .. element", path)
+		}
+		for i := 0; i < len(part); i++ {
+			if part[i] < 0x20 || part[i] == 0x7F {
+				return fmt.Errorf("root %q has a control character", path)
+			}
+		}
+	}
+	return nil
+}
+
+// New connects to the ZooKeeper ensemble at servers (host:port each) and
+// returns a Store once it has a session and its root exists, or ctx's error
+// when ctx ends first. It returns an error wrapping stores.ErrInvalid,
+// naming the problem, when servers is empty or an option is invalid. Close
+// the Store to end its session, which frees every lock and queue place it
+// holds at once.
+func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) {
+	c := config{root: DefaultRoot, session: DefaultSessionTimeout, acl: zk.WorldACL(zk.PermAll), dialer: net.DialTimeout}
+	if len(servers) == 0 {
+		return nil, fmt.Errorf("%w: zkstore: no servers", stores.ErrInvalid)
+	}
+	for _, srv := range servers {
+		if srv == "" || strings.ContainsAny(srv, "/, ") {
+			return nil, fmt.Errorf("%w: zkstore: server %q is not host:port", stores.ErrInvalid, srv)
+		}
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: zkstore: nil option", stores.ErrInvalid)
+		}
+		if err := opt(&c); err != nil {
+			return nil, fmt.Errorf("%w: zkstore: %w", stores.ErrInvalid, err)
+		}
+	}
+	s := &Store{
+		root:   c.root,
+		acl:    c.acl,
+		joined: make(map[waiterID]place),
+		done:   make(chan struct{}),
+	}
+	s.subs.init()
+	sessionUp := make(chan struct{}, 1)
+	conn, _, err := zk.Connect(servers, c.session,
+		zk.WithLogger(log.New(io.Discard, "", 0)),
+		zk.WithDialer(c.dialer),
+		zk.WithEventCallback(func(ev zk.Event) {
+			if ev.Type == zk.EventSession && ev.State == zk.StateHasSession {
+				select {
+				case sessionUp <- struct{}{}:
+				default:
+				}
+			}
+			s.onEvent(ev)
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("zkstore: connect: %w", err)
+	}
+	s.conn = conn
+	if conn.State() != zk.StateHasSession {
+		select {
+		case <-sessionUp:
+		case <-ctx.Done():
+			// Close waits up to two connect timeouts for a server to take
+			// its close request: it ends on its own, after Open returned.
+			go conn.Close()
+			return nil, fmt.Errorf("zkstore: no session with %v: %w", servers, ctx.Err())
+		}
+	}
+	if _, err := call(ctx, s, func() (struct{}, error) { return struct{}{}, s.makeRoot() }, nil); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("zkstore: create root %q: %w", s.root, err)
+	}
+	return s, nil
+}
+
+// Open returns a Store from a URL of the form
+//
+//	zk://host:port[,host:port...]/root/path?session=10s
+//
+// The path is the Store's root (DefaultRoot when empty or "/"); session is
+// the session timeout (DefaultSessionTimeout when absent), a Go duration of
+// at least 1s. Open returns an error wrapping stores.ErrInvalid, naming the
+// problem, for any other scheme, a missing host, a user, a fragment or an
+// unknown parameter; and New's errors.
+func Open(ctx context.Context, rawURL string) (*Store, error) {
+	servers, opts, err := parseURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: zkstore: %w", stores.ErrInvalid, err)
+	}
+	return New(ctx, servers, opts...)
+}
+
+// parseURL parses Open's URL into New's arguments.
+func parseURL(rawURL string) ([]string, []Option, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bad URL: %w", err)
+	}
+	switch {
+	case u.Scheme != "zk":
+		return nil, nil, fmt.Errorf("URL scheme %q is not zk", u.Scheme)
+	case u.Opaque != "":
+		return nil, nil, fmt.Errorf("URL %q has no //host", rawURL)
+	case u.Host == "":
+		return nil, nil, errors.New("URL has no host:port")
+	case u.User != nil:
+		return nil, nil, errors.New("URL has a user: ZooKeeper authentication is not supported")
+	case u.Fragment != "":
+		return nil, nil, fmt.Errorf("URL has a fragment %q", u.Fragment)
+	}
+	var servers []string
+	for _, h := range strings.Split(u.Host, ",") {
+		if h == "" || !strings.Contains(h, ":") {
+			return nil, nil, fmt.Errorf("server %q is not host:port", h)
+		}
+		servers = append(servers, h)
+	}
+	var opts []Option
+	if p := u.Path; p != "" && p != "/" {
+		opts = append(opts, WithRoot(p))
+	}
+	for name, values := range u.Query() {
+		switch name {
+		case "session":
+			d, err := time.ParseDuration(values[len(values)-1])
+			if err != nil {
+				return nil, nil, fmt.Errorf("session %q is not a duration", values[len(values)-1])
+			}
+			opts = append(opts, WithSessionTimeout(d))
+		default:
+			return nil, nil, fmt.Errorf("unknown URL parameter %q", name)
+		}
+	}
+	return servers, opts, nil
+}
+
+// makeRoot creates the root and its missing ancestors, as persistent nodes.
+func (s *Store) makeRoot() error {
+	path := ""
+	for _, part := range strings.Split(s.root[1:], "/") {
+		path += "/" + part
+		if _, err := s.conn.Create(path, nil, 0, s.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close closes the connection, which ends the session: ZooKeeper then
+// deletes every lock and queue place of the Store at once, kept keys
+// included. It then waits for the Store's goroutines: the calls still in
+// flight, which fail, and the release subscriptions, whose channels get no
+// more signals. Calls made after Close return an error wrapping ErrClosed.
+// Close is idempotent and returns nil.
+func (s *Store) Close() error {
+	s.life.Lock()
+	if s.closed {
+		s.life.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.done)
+	s.life.Unlock()
+	// Closing the session first ends the requests still in flight, which
+	// would otherwise wait for a lost server, and deletes the Store's
+	// nodes, which is every clean-up an abandoned call had left to do.
+	s.conn.Close()
+	s.wg.Wait()
+	return nil
+}
+
+// isClosed reports whether Close has been called.
+func (s *Store) isClosed() bool {
+	s.life.Lock()
+	defer s.life.Unlock()
+	return s.closed
+}
+
+// goTracked runs fn in a goroutine that Close waits for, and reports false,
+// without running it, once the Store is closed.
+func (s *Store) goTracked(fn func()) bool {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// onEvent is the connection's event callback. go-zookeeper calls it from
+// its receiving goroutine, in the order the server sent the events, before
+// it wakes the watches: so signals reach subscribers in release order. It
+// never blocks.
+func (s *Store) onEvent(ev zk.Event) {
+	switch ev.Type {
+	case zk.EventNodeDeleted:
+		s.subs.deleted(ev.Path)
+	case zk.EventSession:
+		// A new session has none of the old one's nodes and watches, and a
+		// session that came back may have missed events: every waiter
+		// tries again, and every subscription watches anew.
+		if ev.State == zk.StateHasSession || ev.State == zk.StateExpired {
+			s.subs.wakeAll()
+		}
+	case zk.EventNotWatching:
+		s.subs.wakeAll()
+	}
+}
+
+// Root returns the znode under which the Store keeps its keys.
+func (s *Store) Root() string { return s.root }
