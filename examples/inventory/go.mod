@@ -10,6 +10,7 @@ require (
 	github.com/redis/go-redis/v9 v9.22.0
 	github.com/reqlock/reqlock v0.0.0-00010101000000-000000000000
 	github.com/reqlock/reqlock/stores/mysqlstore v0.0.0-00010101000000-000000000000
+	github.com/reqlock/reqlock/stores/zkstore v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -26,6 +27,7 @@ require (
 	github.com/go-playground/universal-translator v0.18.1 // indirect
 	github.com/go-playground/validator/v10 v10.30.1 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
+	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
@@ -54,3 +56,5 @@ require (
 )
 
 replace github.com/reqlock/reqlock/stores/mysqlstore => ../../stores/mysqlstore
+
+replace github.com/reqlock/reqlock/stores/zkstore => ../../stores/zkstore

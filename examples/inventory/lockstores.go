@@ -15,6 +15,7 @@ import (
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/mysqlstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
+	"github.com/reqlock/reqlock/stores/zkstore"
 )
 
 // openedStore is a lock store the service opened from a -store URL.
@@ -34,6 +35,7 @@ var storeOpeners = map[string]storeOpener{
 	"rediss":  openRedisLocks,
 	"mysql":   opener("mysqlstore", mysqlstore.Open),
 	"mariadb": opener("mysqlstore", mysqlstore.Open),
+	"zk":      opener("zkstore", zkstore.Open),
 }
 
 // closingStore is a store that holds resources until Close.

@@ -15,6 +15,7 @@ import (
 var storeURLs = map[string]func(t *testing.T) string{
 	"memory": func(*testing.T) string { return "memory://" },
 	"redis":  func(t *testing.T) string { return "redis://" + testredis.Addr(t) },
+	"zk":     func(t *testing.T) string { return "zk://" + testservers.ZooKeeperAddr(t) + "/inventory-test" },
 	"mysql": func(t *testing.T) string {
 		// The DSN is user:pass@tcp(host:port)/db; the URL form drops tcp().
 		dsn := testservers.MySQLDSN(t)
