@@ -101,21 +101,26 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	// The gate: one node first, the same for every client of the key, so
 	// that contenders that lose there stop without splitting the votes of
 	// the other nodes (where none would win a quorum). The others are asked
-	// once the gate granted, or failed.
+	// once the gate granted, or failed. A gate whose last call failed is
+	// skipped: every node is asked at once, as in classic Redlock.
 	gate := s.gate(keys[0])
-	select {
-	case r := <-s.fanOut(ctx, timeout, []int{gate}, call):
-		classify(r)
-	case <-ctx.Done():
-		// The gate's reply is lost to us: undo the grant it may make.
-		s.settle(keys, token, nil, 0, []int{gate}, true)
-		return stores.Grant{}, abandoned(ctx, true)
+	others := make([]int, 0, total)
+	if s.nodes[gate].failing.Load() {
+		gate = -1
+	} else {
+		select {
+		case r := <-s.fanOut(ctx, timeout, []int{gate}, call):
+			classify(r)
+		case <-ctx.Done():
+			// The gate's reply is lost to us: undo the grant it may make.
+			s.settle(keys, token, nil, 0, []int{gate}, true)
+			return stores.Grant{}, abandoned(ctx, true)
+		}
+		if len(refused) == 1 {
+			s.settle(keys, token, nil, 0, nil, true)
+			return stores.Grant{Held: int(refused[0].vals[1]), Wait: s.refusalWait(refused[0].vals[2])}, nil
+		}
 	}
-	if len(refused) == 1 {
-		s.settle(keys, token, nil, 0, nil, true)
-		return stores.Grant{Held: int(refused[0].vals[1]), Wait: s.refusalWait(refused[0].vals[2])}, nil
-	}
-	others := make([]int, 0, total-1)
 	for i := range total {
 		if i != gate {
 			others = append(others, i)

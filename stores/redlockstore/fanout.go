@@ -61,6 +61,7 @@ func (s *Store) fanOut(ctx context.Context, timeout time.Duration, indexes []int
 func (s *Store) count(i int, err error) {
 	n := s.nodes[i]
 	n.calls.Add(1)
+	n.failing.Store(err != nil)
 	if err != nil {
 		n.failures.Add(1)
 		if s.onFailure != nil {

@@ -218,6 +218,7 @@ type node struct {
 	name                         string
 	client                       redis.Scripter
 	calls, failures, quarantines atomic.Uint64
+	failing                      atomic.Bool // its last call failed
 }
 
 // Option configures a Store.
