@@ -76,7 +76,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	scriptKeys = append(scriptKeys, MarkerKey)
 	argv := []any{token, milliseconds(ttl + s.drift(ttl)), s.fenceRetention.Milliseconds(),
-		stores.FenceStride, s.maxTTL.Milliseconds()}
+		stores.FenceStride, s.maxTTL.Milliseconds(), time.Now().Add(firstFenceMargin).UnixMicro()}
 	timeout := s.callTimeout(ttl)
 	call := func(ctx context.Context, i int) ([]int64, error) {
 		return acquireScript.Run(ctx, s.nodes[i].client, scriptKeys, argv...).Int64Slice()
@@ -98,16 +98,17 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	// The gate: one node first, the same for every client of the key, so
-	// that contenders that lose there stop without splitting the votes of
-	// the other nodes (where none would win a quorum). The others are asked
-	// once the gate granted, or failed. A gate whose last call failed is
-	// skipped: every node is asked at once, as in classic Redlock.
+	// The gate: one node per key, the same for every client. A first
+	// attempt asks every node at once (one round trip when the key is
+	// free); a contender that wins the gate but not a quorum waits briefly
+	// for the others, which lost the gate and let go (see gateRetries), so
+	// that contenders splitting the nodes still yield one winner. A retry
+	// after a refusal asks the gate first and the others only once the gate
+	// granted: waiters that lose there cost one call, not one per node. A
+	// gate whose last call failed is not asked first.
 	gate := s.gate(keys[0])
 	others := make([]int, 0, total)
-	if s.nodes[gate].failing.Load() {
-		gate = -1
-	} else {
+	if s.wasRefused(token) && !s.nodes[gate].failing.Load() {
 		select {
 		case r := <-s.fanOut(ctx, timeout, []int{gate}, call):
 			classify(r)
@@ -118,11 +119,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 		if len(refused) == 1 {
 			s.settle(keys, token, nil, 0, nil, true)
-			return stores.Grant{Held: int(refused[0].vals[1]), Wait: s.refusalWait(refused[0].vals[2])}, nil
+			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2])), nil
 		}
 	}
 	for i := range total {
-		if i != gate {
+		if len(granted)+len(failed) == 0 || i != gate {
 			others = append(others, i)
 		}
 	}
@@ -140,10 +141,57 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	if len(granted) >= q && pending > 0 {
-		// Give the other nodes as long again as the quorum took: healthy
-		// ones answer by then, and every grant in hand before Acquire
-		// returns is one that a Release will not race with.
+	if len(granted) < q && len(failed) <= total-q && slices.ContainsFunc(granted, func(r reply) bool { return r.node == gate }) {
+		// The gate is ours: the nodes that refused are held by contenders
+		// that lost it, and let go at once. Ask them again, briefly.
+		for pending > 0 {
+			select {
+			case r := <-replies:
+				pending--
+				classify(r)
+			case <-ctx.Done():
+				s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+				return stores.Grant{}, abandoned(ctx, true)
+			}
+		}
+		backoff := time.Millisecond
+		for try := 0; try < gateRetries && len(granted) < q && len(refused) > 0 && len(failed) <= total-q; try++ {
+			if time.Since(start)+backoff+timeout >= ttl {
+				break
+			}
+			timer := time.NewTimer(backoff)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				timer.Stop()
+				s.settle(keys, token, nil, 0, undoNodes(granted, failed), true)
+				return stores.Grant{}, abandoned(ctx, true)
+			}
+			backoff *= 2
+			again := make([]int, len(refused))
+			for i, r := range refused {
+				again[i] = r.node
+			}
+			refused = refused[:0]
+			replies, pending = s.fanOut(ctx, timeout, again, call), len(again)
+			for pending > 0 {
+				select {
+				case r := <-replies:
+					pending--
+					classify(r)
+				case <-ctx.Done():
+					s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+					return stores.Grant{}, abandoned(ctx, true)
+				}
+			}
+		}
+	}
+
+	if pending > 0 && (len(granted) >= q || len(failed) <= total-q) {
+		// Give the other nodes as long again as the decision took: healthy
+		// ones answer by then. Every grant in hand before Acquire returns
+		// is one that a Release will not race with, and a refusal's Wait
+		// then comes from most nodes.
 		grace := time.NewTimer(max(time.Since(phase2), time.Millisecond))
 	late:
 		for pending > 0 {
@@ -170,6 +218,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			return stores.Grant{}, err
 		}
 		s.settle(keys, token, replies, pending, undoNodes(nil, failed), false)
+		s.forgetRefusal(token)
 		return stores.Grant{OK: true, Fences: fences}, nil
 	}
 
@@ -182,7 +231,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			waits[i] = s.refusalWait(r.vals[2])
 		}
 		slices.Sort(waits)
-		return stores.Grant{Held: int(refused[0].vals[1]), Wait: waits[max(0, len(refused)-(total-q)-1)]}, nil
+		return s.refusal(token, refused[0].vals[1], waits[max(0, len(refused)-(total-q)-1)]), nil
 	}
 	if ctxEnded(ctx) {
 		return stores.Grant{}, abandoned(ctx, true)
@@ -192,6 +241,54 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		unreachable = unreachable && r.unreachable()
 	}
 	return stores.Grant{}, s.noQuorum(fmt.Sprintf("acquire %q", keys), len(granted)+len(refused), failed, unreachable)
+}
+
+// firstFenceMargin is how far ahead of the client's clock the first fence of
+// a key is proposed: nodes whose clocks are within it of the client's all
+// take the proposal, so they agree without a second round trip.
+const firstFenceMargin = time.Second
+
+// gateRetries is how many times a contender that won the gate asks the
+// nodes that refused it again, after 1ms, 2ms, 4ms, ... (and while the TTL
+// leaves room).
+const gateRetries = 6
+
+// maxRefusedTokens bounds the tokens remembered as refused.
+const maxRefusedTokens = 4096
+
+// refusal returns the Grant of a refusal, and remembers that token was
+// refused: its next attempt, a waiter's retry, asks the gate first.
+func (s *Store) refusal(token string, held int64, wait time.Duration) stores.Grant {
+	s.mu.Lock()
+	if len(s.refused) >= maxRefusedTokens {
+		// Waiters that gave up never come back: drop the old entries.
+		for t, at := range s.refused {
+			if time.Since(at) > time.Minute {
+				delete(s.refused, t)
+			}
+		}
+		if len(s.refused) >= maxRefusedTokens {
+			clear(s.refused)
+		}
+	}
+	s.refused[token] = time.Now()
+	s.mu.Unlock()
+	return stores.Grant{Held: int(held), Wait: wait}
+}
+
+// wasRefused reports whether token's last attempt was refused.
+func (s *Store) wasRefused(token string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.refused[token]
+	return ok
+}
+
+// forgetRefusal forgets that token was refused.
+func (s *Store) forgetRefusal(token string) {
+	s.mu.Lock()
+	delete(s.refused, token)
+	s.mu.Unlock()
 }
 
 // gate returns the node a key's acquisitions try first.

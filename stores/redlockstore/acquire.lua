@@ -1,12 +1,15 @@
 -- KEYS[1..n] lock keys, KEYS[n+1..2n] their fence keys, KEYS[2n+1] the node marker.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] fence
--- stride, ARGV[5] quarantine ms after a data loss.
+-- stride, ARGV[5] quarantine ms after a data loss, ARGV[6] the first fence
+-- the client proposes for a new fence key (its clock in microseconds plus a
+-- margin).
 -- Returns {1, fence of KEYS[1], ..., fence of KEYS[n]} when granted;
 -- {0, index (0-based) of the first key held by another token, its pttl}; or
 -- {-1, ms left} while the node is quarantined. A refusal writes nothing.
 -- A fence is the last one + stride while the fence key lives, so nodes that
--- saw the same grants issue the same fence; a new fence key starts from the
--- node's clock.
+-- saw the same grants issue the same fence. A new fence key starts from the
+-- client's proposal, so that nodes agree on it too, within [node clock,
+-- node clock + 2s].
 local n = (#KEYS - 1) / 2
 local nowus = now_us()
 local wait = quarantine(KEYS[#KEYS], math.floor(nowus / 1000), tonumber(ARGV[5]))
@@ -34,7 +37,7 @@ local stride = tonumber(ARGV[4])
 local reply = {1}
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-  local fence = nowus
+  local fence = math.max(nowus, math.min(tonumber(ARGV[6]), nowus + 2000000))
   if last[i] then
     fence = last[i] + stride
   end

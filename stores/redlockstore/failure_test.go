@@ -263,8 +263,14 @@ func TestRestartedEmptyNodeQuarantined(t *testing.T) {
 	if err != nil && !errors.Is(err, redlockstore.ErrQuarantined) {
 		t.Fatalf("Acquire next to a restarted node: %v", err)
 	}
-	if q := s.NodeStats()[gate].Quarantines; q == 0 {
-		t.Fatalf("the restarted node %d was not quarantined: %+v", gate, s.NodeStats()[gate])
+	// The node's answer may come after the refusal was decided.
+	if err := eventually(5*time.Second, func() error {
+		if st := s.NodeStats()[gate]; st.Quarantines == 0 {
+			return fmt.Errorf("the restarted node %d was not quarantined: %+v", gate, st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	// Once the holder's TTL and the quarantine have passed, the node takes

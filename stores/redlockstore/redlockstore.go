@@ -136,7 +136,7 @@ const MarkerKey = "reqlock:redlock:node"
 
 // Defaults of the options.
 const (
-	DefaultNodeTimeout    = 200 * time.Millisecond
+	DefaultNodeTimeout    = time.Second
 	DefaultMaxTTL         = time.Minute
 	DefaultDriftFactor    = 0.01
 	DefaultDriftFixed     = 2 * time.Millisecond
@@ -208,9 +208,10 @@ type Store struct {
 	notify *redisstore.Store // over the first node
 	owned  []*redis.Client   // clients Open made, closed by Close
 
-	wg     sync.WaitGroup // background calls
-	mu     sync.Mutex     // guards tokens
-	tokens map[string]*tokenState
+	wg      sync.WaitGroup // background calls
+	mu      sync.Mutex     // guards tokens and refused
+	tokens  map[string]*tokenState
+	refused map[string]time.Time // tokens whose last Acquire was refused, and when
 }
 
 // node is one Redis master.
@@ -269,6 +270,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		driftFixed:     DefaultDriftFixed,
 		fenceRetention: DefaultFenceRetention,
 		tokens:         make(map[string]*tokenState),
+		refused:        make(map[string]time.Time),
 	}
 	for _, opt := range opts {
 		opt(s)

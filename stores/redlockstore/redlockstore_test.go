@@ -21,7 +21,7 @@ func clients(t testing.TB, addrs []string) []redis.Scripter {
 	t.Helper()
 	out := make([]redis.Scripter, len(addrs))
 	for i, a := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: a, ContextTimeoutEnabled: true, MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{Addr: a, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 64})
 		t.Cleanup(func() { _ = c.Close() })
 		out[i] = c
 	}
@@ -61,7 +61,7 @@ func TestConformance(t *testing.T) {
 		New: func(t *testing.T) stores.Store {
 			// A long node timeout: the suite races 50 goroutines under
 			// -race on a shared machine.
-			return newStore(t, nodes, redlockstore.WithNodeTimeout(2*time.Second))
+			return newStore(t, nodes, redlockstore.WithNodeTimeout(5*time.Second))
 		},
 		Notify:    true,
 		ExpiryTTL: 300 * time.Millisecond,

@@ -28,6 +28,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := s.checkTTL("keep", keep); err != nil {
 		return err
 	}
+	s.forgetRefusal(token)
 	if err := s.awaitLanded(ctx, token); err != nil {
 		return err
 	}
