@@ -62,7 +62,14 @@ func grantOnce(ctx context.Context, s *redlockstore.Store, key string, ttl time.
 // that names the nodes (a store failure, not a refusal) within the wait;
 // once the nodes return, the same Store grants again.
 func TestQuorumLoss(t *testing.T) {
-	servers, s := privateNodes(t, redlockstore.WithNodeTimeout(500*time.Millisecond))
+	var hookMu sync.Mutex
+	hooked := map[string]int{}
+	servers, s := privateNodes(t, redlockstore.WithNodeTimeout(500*time.Millisecond),
+		redlockstore.WithNodeFailureHook(func(node string, _ error) {
+			hookMu.Lock()
+			hooked[node]++
+			hookMu.Unlock()
+		}))
 	ctx := context.Background()
 	const key = "quorum-loss"
 	if _, err := grantOnce(ctx, s, key, time.Second); err != nil {
@@ -107,6 +114,13 @@ func TestQuorumLoss(t *testing.T) {
 	}
 
 	after := s.NodeStats()
+	hookMu.Lock()
+	for _, srv := range down {
+		if hooked[srv.Addr()] == 0 {
+			t.Errorf("the failure hook never reported the failed node %s", srv.Addr())
+		}
+	}
+	hookMu.Unlock()
 	for i := range after {
 		failures := after[i].Failures - before[i].Failures
 		isDown := i >= 1 && i <= 3

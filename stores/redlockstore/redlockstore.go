@@ -4,27 +4,44 @@
 //
 // # Algorithm
 //
-// Acquire sends one Lua script to every node at once, each call bounded by a
-// node timeout (WithNodeTimeout, default 200ms, and at most a third of the
-// TTL). The script sets every key to the token with SET NX semantics for the
-// TTL plus the drift allowance (WithDrift: 1% of the TTL + 2ms by default), so
-// that the lock lasts at least the TTL from the call's start in spite of
-// clock drift between the nodes and the client. The lock is granted once a
-// quorum (N/2+1) of nodes granted and the validity, TTL - elapsed, is
-// positive: the Locker then counts the TTL from its call's start, which
-// equals the classic TTL - elapsed - drift validity on the nodes' clocks.
-// Acquire decides as soon as the replies so far settle it: a quorum of
-// grants, or so many refusals or failures that no quorum is possible. It
-// does not wait for slow nodes; a late grant is kept as part of the lock, or
-// released at once if the lock was refused, abandoned or already released.
-// When the lock is not granted, every node that granted, or whose outcome
-// is unknown, is released, owner-checked, at once (a node still in flight
-// once it answers, so the release never overtakes the grant).
+// Acquire runs one Lua script per node, each call bounded by a node timeout
+// (WithNodeTimeout, default 1s, and at most a third of the TTL). The script
+// sets every key to the token with SET NX semantics for the TTL plus the
+// drift allowance (WithDrift: 1% of the TTL + 2ms by default), so that the
+// lock lasts at least the TTL from the call's start in spite of clock drift
+// between the nodes and the client. The lock is granted once a quorum
+// (N/2+1) of nodes granted and the validity, TTL - elapsed, is positive:
+// the Locker counts the TTL from its call's start, which equals the classic
+// TTL - elapsed - drift on the nodes' clocks.
 //
-// Release and Refresh also go to every node at once. Refresh needs a quorum
-// that still holds the token, within the validity; a node that lost the key
-// (restarted empty) gets it back when it is free there, as long as some node
-// still held it. Release ends the lock on every node it reaches.
+// A first attempt asks every node at once: one round trip for a free key.
+// Each key has a gate node (a hash of the key), the same for every client.
+// Contenders that race split the nodes so that none may reach a quorum; the
+// one that won the gate then asks the nodes that refused it again, after
+// 1ms, 2ms, 4ms... (6 times at most), while the others, which lost the
+// gate, let go of what they took. So racing contenders still yield one
+// winner. A retry with a refused token (a waiter) asks the gate alone
+// first, and the other nodes only when the gate granted: a waiter that
+// loses costs one call, not one per node. A gate whose last call failed is
+// not asked alone.
+//
+// Acquire decides as soon as the replies settle it (a quorum of grants, or
+// so many refusals or failures that no quorum is possible), then gives the
+// other nodes as long again as the decision took, so that healthy nodes'
+// grants are in hand and a refusal's Wait comes from most nodes. A later
+// grant stays part of the lock; Release waits for it (bounded by the node
+// timeout) before it releases, and when the lock was refused, abandoned or
+// released it is released as soon as it lands. When the lock is not
+// granted, every node that granted, or whose outcome is unknown, is
+// released, owner-checked, at once (a node still in flight once it answers,
+// so the release never overtakes the grant). A new Acquire with the same
+// token waits for those releases first.
+//
+// Release and Refresh go to every node at once and wait for every answer,
+// each bounded by the node timeout. Refresh needs a quorum that still holds
+// the token, within the TTL; a node that lost the keys (restarted empty)
+// takes them again where they are free, when some node still held the
+// lock. Release ends the lock on every node it reaches.
 //
 // # Errors
 //
@@ -44,34 +61,36 @@
 // Fences grow strictly per key from grant to grant, also when the quorums
 // of two grants differ, without any assumption about clocks while no node
 // loses its data. Each node keeps a fence key per lock key: a grant on the
-// node issues last + stores.FenceStride, or the node's clock in
-// microseconds when the fence key is absent. The grant's fence F is the
-// largest fence of its quorum, and before Acquire returns, F is stored on a
+// node issues last + stores.FenceStride. The grant's fence F is the largest
+// fence its quorum issued, and before Acquire returns F is stored on a
 // quorum: nodes that saw the same grants issue the same fence, so this
-// usually holds already; otherwise (a node that missed grants, a fresh key)
-// Acquire raises the lagging nodes' fence keys to F (one more round trip)
-// and fails unless a quorum then stores F.
+// usually holds already; otherwise (a node that missed grants or was
+// restarted) Acquire raises the lagging nodes' fence keys to F, one more
+// round trip, and fails unless a quorum then stores F.
 //
 // Claim: a later grant G2 of the key gets a fence above G1's F1. G1 stored
 // F1 on a quorum S1; G2 was granted by a quorum Q2; two majorities of N
-// share a node j. A fence key only grows, so j's last fence is at least F1
-// when G2 reaches it, and G2's fence, the largest of its quorum, is at
-// least F1 + stride. This holds whichever nodes failed in between, and
-// needs no clock at all.
+// nodes share a node j. A fence key only grows, so j's last fence is at
+// least F1 when G2 reaches it, and G2's fence, the largest of its quorum,
+// is at least F1 + stride. This holds whichever nodes failed in between,
+// and needs no clock. (A majority-quorum register needs a read before its
+// write, or clocks; agreement between the nodes saves that round trip.)
 //
-// Two events remove a fence key and fall back to the node's clock, which
-// then needs assumptions. A fence key expires after the fence retention
-// (WithFenceRetention, default 24h) without grants, and lives on by the lead
-// of its fence over the node's clock, so its next fence (the clock) exceeds
-// every fence it held if that node's clock does not step back. And a node
-// restarted empty lost all of them: it stays out of quorums for the
-// quarantine (see Restarts), so its clock has moved on by the max TTL when
-// it next issues a fence; that exceeds F1 if F1 led the clock of the node
-// that issued it by less than the max TTL minus the clock skew between the
-// nodes. Fences lead the clock only while a key is granted more than about
-// 976 times a second (one stride per microsecond) since its fence key was
-// created, so this holds unless a key is that hot for longer than the max
-// TTL.
+// A new fence key (the first grant of a key, or after the fence retention,
+// WithFenceRetention, default 24h, without grants) starts from the client's
+// proposal, its clock + 1s, clamped on each node to [node clock, node clock
+// + 2s], so that nodes agree on it without a raise. Two events remove a
+// fence key, and monotonicity then rests on clocks. Expiry after the
+// retention: a fence key lives on by the lead of its fence over the node's
+// clock, so the next fence, at least that clock, exceeds every fence it
+// held if the node's clock does not step back. A node restarted empty: it
+// stays out of quorums for the quarantine (see Restarts), so when it next
+// issues a fence its clock has moved on by the max TTL since it last held
+// F1; that exceeds F1 when F1 led the clock of the node that issued it by
+// less than the max TTL minus the clock skew between the nodes. A fence
+// leads the clock by at most 2s when its key is created, and then gains
+// 1024µs per grant against the clock's 1µs per µs, so it leads more only
+// while a key is granted more than about 976 times a second for long.
 //
 // # Restarts
 //
@@ -136,7 +155,7 @@ const MarkerKey = "reqlock:redlock:node"
 
 // Defaults of the options.
 const (
-	DefaultNodeTimeout    = time.Second
+	DefaultNodeTimeout    = time.Second // lower it on a fast network for a faster failover
 	DefaultMaxTTL         = time.Minute
 	DefaultDriftFactor    = 0.01
 	DefaultDriftFixed     = 2 * time.Millisecond
