@@ -103,18 +103,22 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	// free); a contender that wins the gate but not a quorum waits briefly
 	// for the others, which lost the gate and let go (see gateRetries), so
 	// that contenders splitting the nodes still yield one winner. A retry
-	// after a refusal asks the gate first and the others only once the gate
-	// granted: waiters that lose there cost one call, not one per node. A
-	// gate whose last call failed is not asked first.
+	// after a refusal, or while another Acquire of the key runs in this
+	// process, asks the gate first and the others only once the gate
+	// granted: contenders that lose there cost one call, not one per node.
+	// A gate whose last call failed is not asked first.
 	gate := s.gate(keys[0])
 	others := make([]int, 0, total)
-	if s.wasRefused(token) && !s.nodes[gate].failing.Load() {
+	contended := s.enter(keys[0], token)
+	defer s.leave(keys[0])
+	if contended && !s.nodes[gate].failing.Load() {
+		gateReply := s.fanOut(ctx, timeout, []int{gate}, call)
 		select {
-		case r := <-s.fanOut(ctx, timeout, []int{gate}, call):
+		case r := <-gateReply:
 			classify(r)
 		case <-ctx.Done():
-			// The gate's reply is lost to us: undo the grant it may make.
-			s.settle(keys, token, nil, 0, []int{gate}, true)
+			// Undo the grant the gate may make, once it answers.
+			s.settle(keys, token, gateReply, 1, nil, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 		if len(refused) == 1 {
@@ -276,12 +280,24 @@ func (s *Store) refusal(token string, held int64, wait time.Duration) stores.Gra
 	return stores.Grant{Held: int(held), Wait: wait}
 }
 
-// wasRefused reports whether token's last attempt was refused.
-func (s *Store) wasRefused(token string) bool {
+// enter counts an Acquire of key in flight and reports whether the key is
+// contended: token's last attempt was refused, or another Acquire of key
+// runs in this process. leave undoes it.
+func (s *Store) enter(key, token string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.refused[token]
-	return ok
+	s.inflight[key]++
+	_, refused := s.refused[token]
+	return refused || s.inflight[key] > 1
+}
+
+// leave ends what enter counted.
+func (s *Store) leave(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inflight[key]--; s.inflight[key] == 0 {
+		delete(s.inflight, key)
+	}
 }
 
 // forgetRefusal forgets that token was refused.

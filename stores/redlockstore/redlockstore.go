@@ -20,8 +20,9 @@
 // one that won the gate then asks the nodes that refused it again, after
 // 1ms, 2ms, 4ms... (6 times at most), while the others, which lost the
 // gate, let go of what they took. So racing contenders still yield one
-// winner. A retry with a refused token (a waiter) asks the gate alone
-// first, and the other nodes only when the gate granted: a waiter that
+// winner. A retry with a refused token (a waiter), or an Acquire of a key
+// that another Acquire of this process is acquiring, asks the gate alone
+// first, and the other nodes only when the gate granted: a contender that
 // loses costs one call, not one per node. A gate whose last call failed is
 // not asked alone.
 //
@@ -227,10 +228,11 @@ type Store struct {
 	notify *redisstore.Store // over the first node
 	owned  []*redis.Client   // clients Open made, closed by Close
 
-	wg      sync.WaitGroup // background calls
-	mu      sync.Mutex     // guards tokens and refused
-	tokens  map[string]*tokenState
-	refused map[string]time.Time // tokens whose last Acquire was refused, and when
+	wg       sync.WaitGroup // background calls
+	mu       sync.Mutex     // guards tokens, refused and inflight
+	tokens   map[string]*tokenState
+	inflight map[string]int       // Acquires in flight per first key
+	refused  map[string]time.Time // tokens whose last Acquire was refused, and when
 }
 
 // node is one Redis master.
@@ -290,6 +292,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		fenceRetention: DefaultFenceRetention,
 		tokens:         make(map[string]*tokenState),
 		refused:        make(map[string]time.Time),
+		inflight:       make(map[string]int),
 	}
 	for _, opt := range opts {
 		opt(s)
