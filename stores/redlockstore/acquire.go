@@ -1,0 +1,574 @@
+package redlockstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// tokenState tracks what an acquisition token still has in flight: node
+// calls that had not answered when Acquire returned, and releases that undo
+// grants. A late grant stays part of the lock while the token's last
+// Acquire granted and its lock is not released; it is released at once
+// when that Acquire did not grant or the lock was released, and kept for the
+// verdict while another Acquire with the token runs. A new Acquire with the
+// token (the Locker retries with one token until it is granted) first waits
+// for the undos in flight, so that none deletes what the new one grants.
+// Fields are guarded by Store.mu.
+type tokenState struct {
+	pending  int           // late replies not yet in
+	landed   chan struct{} // closed when pending drops to zero
+	undos    int           // undo calls in flight
+	idle     chan struct{} // closed when undos drops to zero
+	state    int           // tokenRunning, tokenHeld or tokenFree
+	deferred []int         // nodes of late grants that came while running
+}
+
+// States of a token.
+const (
+	tokenRunning = iota // an Acquire with the token runs
+	tokenHeld           // its last Acquire granted, and no Release came since
+	tokenFree           // its last Acquire did not grant, or it was released
+)
+
+// Acquire sets every key to token on every node it reaches, and grants the
+// lock when a quorum of nodes did so within the TTL (see Algorithm in the
+// package documentation). Each key's fence is the largest its quorum issued,
+// stored on a quorum before Acquire returns (see Fencing).
+//
+// A refusal (Grant.OK false) comes when so many nodes refused that no quorum
+// is possible; Held is the index of a held key and Wait the shortest
+// remaining TTL a refusing node reported, less the drift allowance. The
+// nodes that granted are released first.
+//
+// It returns an error wrapping stores.ErrInvalid for no keys, an empty,
+// duplicate or unsorted key, or a ttl not positive or above the max TTL;
+// ctx.Err() without acting when ctx has ended; an error wrapping ErrNoQuorum
+// (and stores.ErrUnreachable when no node may have changed) that names every
+// failed node when failures make a quorum impossible or the quorum came too
+// late; and, when ctx ends while calls are in flight, an error wrapping
+// stores.ErrAbandoned and ctx's error, the store releasing what the calls
+// granted once they answer.
+func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := s.checkTTL("ttl", ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := s.awaitUndos(ctx, token); err != nil {
+		s.settle(keys, token, nil, 0, nil, true)
+		return stores.Grant{}, err
+	}
+	start := time.Now()
+	n := len(keys)
+	scriptKeys := make([]string, 0, 2*n+1)
+	scriptKeys = append(scriptKeys, keys...)
+	for _, k := range keys {
+		scriptKeys = append(scriptKeys, fenceKey(k))
+	}
+	scriptKeys = append(scriptKeys, MarkerKey)
+	argv := []any{token, milliseconds(ttl + s.drift(ttl)), s.fenceRetention.Milliseconds(),
+		stores.FenceStride, s.maxTTL.Milliseconds(), time.Now().Add(firstFenceMargin).UnixMicro()}
+	timeout := s.callTimeout(ttl)
+	call := func(ctx context.Context, i int) ([]int64, error) {
+		return acquireScript.Run(ctx, s.nodes[i].client, scriptKeys, argv...).Int64Slice()
+	}
+
+	total, q := len(s.nodes), s.quorum
+	var granted, refused, failed []reply
+	classify := func(r reply) {
+		switch {
+		case r.err != nil:
+			failed = append(failed, r)
+		case len(r.vals) == n+1 && r.vals[0] == 1:
+			granted = append(granted, r)
+		case len(r.vals) == 3 && r.vals[0] == 0 && r.vals[1] >= 0 && r.vals[1] < int64(n):
+			refused = append(refused, r)
+		default:
+			r.err = fmt.Errorf("%w: acquire %q answered %v", ErrUnexpectedReply, keys, r.vals)
+			failed = append(failed, r)
+		}
+	}
+
+	// The gate: one node per key, the same for every client. A first
+	// attempt asks every node at once (one round trip when the key is
+	// free); a contender that wins the gate but not a quorum waits briefly
+	// for the others, which lost the gate and let go (see gateRetries), so
+	// that contenders splitting the nodes still yield one winner. A retry
+	// after a refusal, or while another Acquire of the key runs in this
+	// process, asks the gate first and the others only once the gate
+	// granted: contenders that lose there cost one call, not one per node.
+	// A gate whose last call failed is not asked first.
+	gate := s.gate(keys[0])
+	others := make([]int, 0, total)
+	contended := s.enter(keys[0], token)
+	defer s.leave(keys[0])
+	if contended && !s.nodes[gate].failing.Load() {
+		gateReply := s.fanOut(ctx, timeout, []int{gate}, call)
+		select {
+		case r := <-gateReply:
+			classify(r)
+		case <-ctx.Done():
+			// Undo the grant the gate may make, once it answers.
+			s.settle(keys, token, gateReply, 1, nil, true)
+			return stores.Grant{}, abandoned(ctx, true)
+		}
+		if len(refused) == 1 {
+			s.settle(keys, token, nil, 0, nil, true)
+			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2])), nil
+		}
+	}
+	for i := range total {
+		if len(granted)+len(failed) == 0 || i != gate {
+			others = append(others, i)
+		}
+	}
+	phase2 := time.Now()
+	replies := s.fanOut(ctx, timeout, others, call)
+	pending := len(others)
+	for pending > 0 && len(granted) < q && len(refused)+len(failed) <= total-q {
+		select {
+		case r := <-replies:
+			pending--
+			classify(r)
+		case <-ctx.Done():
+			s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+			return stores.Grant{}, abandoned(ctx, true)
+		}
+	}
+
+	if len(granted) < q && len(failed) <= total-q && slices.ContainsFunc(granted, func(r reply) bool { return r.node == gate }) {
+		// The gate is ours: the nodes that refused are held by contenders
+		// that lost it, and let go at once. Ask them again, briefly.
+		for pending > 0 {
+			select {
+			case r := <-replies:
+				pending--
+				classify(r)
+			case <-ctx.Done():
+				s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+				return stores.Grant{}, abandoned(ctx, true)
+			}
+		}
+		backoff := time.Millisecond
+		for try := 0; try < gateRetries && len(granted) < q && len(refused) > 0 && len(failed) <= total-q; try++ {
+			if time.Since(start)+backoff+timeout >= ttl {
+				break
+			}
+			timer := time.NewTimer(backoff)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				timer.Stop()
+				s.settle(keys, token, nil, 0, undoNodes(granted, failed), true)
+				return stores.Grant{}, abandoned(ctx, true)
+			}
+			backoff *= 2
+			again := make([]int, len(refused))
+			for i, r := range refused {
+				again[i] = r.node
+			}
+			refused = refused[:0]
+			replies, pending = s.fanOut(ctx, timeout, again, call), len(again)
+			for pending > 0 {
+				select {
+				case r := <-replies:
+					pending--
+					classify(r)
+				case <-ctx.Done():
+					s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+					return stores.Grant{}, abandoned(ctx, true)
+				}
+			}
+		}
+	}
+
+	if pending > 0 && (len(granted) >= q || len(failed) <= total-q) {
+		// Give the other nodes as long again as the decision took: healthy
+		// ones answer by then. Every grant in hand before Acquire returns
+		// is one that a Release will not race with, and a refusal's Wait
+		// then comes from most nodes.
+		grace := time.NewTimer(max(time.Since(phase2), time.Millisecond))
+	late:
+		for pending > 0 {
+			select {
+			case r := <-replies:
+				pending--
+				classify(r)
+			case <-grace.C:
+				break late
+			case <-ctx.Done():
+				break late
+			}
+		}
+		grace.Stop()
+	}
+
+	if len(granted) >= q {
+		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout)
+		if err != nil {
+			s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+			if ctxEnded(ctx) {
+				return stores.Grant{}, abandoned(ctx, true)
+			}
+			return stores.Grant{}, err
+		}
+		s.settle(keys, token, replies, pending, undoNodes(nil, failed), false)
+		s.forgetRefusal(token)
+		return stores.Grant{OK: true, Fences: fences}, nil
+	}
+
+	s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+	if len(failed) <= total-q && len(refused) > 0 {
+		// The refusal stands until enough refusing nodes let go that the
+		// rest no longer block a quorum.
+		waits := make([]time.Duration, len(refused))
+		for i, r := range refused {
+			waits[i] = s.refusalWait(r.vals[2])
+		}
+		slices.Sort(waits)
+		return s.refusal(token, refused[0].vals[1], waits[max(0, len(refused)-(total-q)-1)]), nil
+	}
+	if ctxEnded(ctx) {
+		return stores.Grant{}, abandoned(ctx, true)
+	}
+	unreachable := len(granted) == 0 && pending == 0
+	for _, r := range failed {
+		unreachable = unreachable && r.unreachable()
+	}
+	return stores.Grant{}, s.noQuorum(fmt.Sprintf("acquire %q", keys), len(granted)+len(refused), failed, unreachable)
+}
+
+// firstFenceMargin is how far ahead of the client's clock the first fence of
+// a key is proposed: nodes whose clocks are within it of the client's all
+// take the proposal, so they agree without a second round trip.
+const firstFenceMargin = time.Second
+
+// gateRetries is how many times a contender that won the gate asks the
+// nodes that refused it again, after 1ms, 2ms, 4ms, ... (and while the TTL
+// leaves room).
+const gateRetries = 6
+
+// maxRefusedTokens bounds the tokens remembered as refused.
+const maxRefusedTokens = 4096
+
+// refusal returns the Grant of a refusal, and remembers that token was
+// refused: its next attempt, a waiter's retry, asks the gate first.
+func (s *Store) refusal(token string, held int64, wait time.Duration) stores.Grant {
+	s.mu.Lock()
+	if len(s.refused) >= maxRefusedTokens {
+		// Waiters that gave up never come back: drop the old entries.
+		for t, at := range s.refused {
+			if time.Since(at) > time.Minute {
+				delete(s.refused, t)
+			}
+		}
+		if len(s.refused) >= maxRefusedTokens {
+			clear(s.refused)
+		}
+	}
+	s.refused[token] = time.Now()
+	s.mu.Unlock()
+	return stores.Grant{Held: int(held), Wait: wait}
+}
+
+// enter counts an Acquire of key in flight and reports whether the key is
+// contended: token's last attempt was refused, or another Acquire of key
+// runs in this process. leave undoes it.
+func (s *Store) enter(key, token string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inflight[key]++
+	_, refused := s.refused[token]
+	return refused || s.inflight[key] > 1
+}
+
+// leave ends what enter counted.
+func (s *Store) leave(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inflight[key]--; s.inflight[key] == 0 {
+		delete(s.inflight, key)
+	}
+}
+
+// forgetRefusal forgets that token was refused.
+func (s *Store) forgetRefusal(token string) {
+	s.mu.Lock()
+	delete(s.refused, token)
+	s.mu.Unlock()
+}
+
+// gate returns the node a key's acquisitions try first.
+func (s *Store) gate(key string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(len(s.nodes)))
+}
+
+// grantFences returns the fences of a grant by the nodes of granted: per
+// key the largest they issued, once a quorum stores it (raising the fence
+// keys of nodes that lag, when fewer do), and within the TTL.
+func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply, start time.Time, ttl, timeout time.Duration) ([]int64, error) {
+	n := len(keys)
+	fences := make([]int64, n)
+	for _, r := range granted {
+		for k := range n {
+			fences[k] = max(fences[k], r.vals[k+1])
+		}
+	}
+	agree := true
+	var lag []int
+	for k := range n {
+		count := 0
+		for _, r := range granted {
+			if r.vals[k+1] == fences[k] {
+				count++
+			}
+		}
+		agree = agree && count >= s.quorum
+	}
+	for _, r := range granted {
+		for k := range n {
+			if r.vals[k+1] != fences[k] {
+				lag = append(lag, r.node)
+				break
+			}
+		}
+	}
+	if len(lag) > 0 {
+		// Nodes that missed grants catch up, so that they agree again.
+		raised := s.raise(ctx, keys, fences, lag, timeout)
+		if !agree {
+			stored := len(granted) - len(lag)
+			var failed []reply
+			for range lag {
+				select {
+				case r := <-raised:
+					if r.err == nil {
+						stored++
+					} else {
+						failed = append(failed, r)
+					}
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			if stored < s.quorum {
+				return nil, s.noQuorum(fmt.Sprintf("store the fences of %q", keys), stored, failed, false)
+			}
+		}
+	}
+	if elapsed := time.Since(start); elapsed >= ttl {
+		return nil, fmt.Errorf("%w: acquire %q: a quorum granted after %v, not within the TTL %v",
+			ErrNoQuorum, keys, elapsed, ttl)
+	}
+	return fences, nil
+}
+
+// raise raises the fence keys of keys on the nodes of indexes to fences.
+func (s *Store) raise(ctx context.Context, keys []string, fences []int64, indexes []int, timeout time.Duration) <-chan reply {
+	fks := make([]string, len(keys))
+	argv := make([]any, 0, len(keys)+1)
+	for i, k := range keys {
+		fks[i] = fenceKey(k)
+		argv = append(argv, fences[i])
+	}
+	argv = append(argv, s.fenceRetention.Milliseconds())
+	return s.fanOut(ctx, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
+		n, err := raiseScript.Run(ctx, s.nodes[i].client, fks, argv...).Int64()
+		return []int64{n}, err
+	})
+}
+
+// refusalWait turns a refusing node's PTTL into the holder's remaining TTL:
+// less the drift allowance the holder's Acquire added, at least 1ms, and
+// zero (unknown) for a key without TTL.
+func (s *Store) refusalWait(pttl int64) time.Duration {
+	if pttl < 0 {
+		return 0
+	}
+	d := time.Duration(pttl) * time.Millisecond
+	d = time.Duration(float64(d)*(1-s.driftFactor)) - s.driftFixed
+	return max(d, time.Millisecond)
+}
+
+// undoNodes returns the nodes to release: those that granted, and those
+// whose call failed with an unknown outcome.
+func undoNodes(granted, failed []reply) []int {
+	var out []int
+	for _, r := range granted {
+		out = append(out, r.node)
+	}
+	for _, r := range failed {
+		if mayHaveGranted(r) {
+			out = append(out, r.node)
+		}
+	}
+	return out
+}
+
+// mayHaveGranted reports whether a failed acquire call may have set keys:
+// not when it never reached the node, was refused by quarantine, or failed
+// in its script (which checks before it writes).
+func mayHaveGranted(r reply) bool {
+	var rerr redis.Error
+	return r.err != nil && !r.unreachable() && !errors.Is(r.err, ErrQuarantined) && !errors.As(r.err, &rerr)
+}
+
+// settle records the outcome of an acquire with token: released when it
+// did not grant (or was abandoned). It releases the nodes of now at once,
+// and hands the pending replies to a background goroutine that releases each
+// node that granted, or whose outcome is unknown, when the token's state
+// says so as the reply arrives. Each release is bounded by cleanupTimeout.
+func (s *Store) settle(keys []string, token string, replies <-chan reply, pending int, now []int, released bool) {
+	s.mu.Lock()
+	st := s.tokens[token]
+	if st == nil && (pending > 0 || len(now) > 0) {
+		// Nothing of the token was in flight before.
+		st = &tokenState{}
+		s.tokens[token] = st
+	}
+	if st == nil {
+		s.mu.Unlock()
+		return
+	}
+	st.state = tokenHeld
+	if released {
+		st.state = tokenFree
+		now = append(now, st.deferred...)
+	}
+	st.deferred = nil
+	if st.pending == 0 && pending > 0 {
+		st.landed = make(chan struct{})
+	}
+	st.pending += pending
+	if len(now) > 0 {
+		s.startUndoLocked(st)
+	}
+	s.mu.Unlock()
+	if len(now) > 0 {
+		s.wg.Go(func() { s.undo(keys, token, st, now) })
+	}
+	if pending == 0 {
+		return
+	}
+	s.wg.Go(func() {
+		for range pending {
+			r := <-replies
+			maybe := r.err == nil && len(r.vals) > 0 && r.vals[0] == 1 || mayHaveGranted(r)
+			s.mu.Lock()
+			st.pending--
+			if st.pending == 0 {
+				close(st.landed)
+			}
+			undo := maybe && st.state == tokenFree
+			if maybe && st.state == tokenRunning {
+				st.deferred = append(st.deferred, r.node)
+			}
+			if undo {
+				s.startUndoLocked(st)
+			}
+			s.dropIdleLocked(token, st)
+			s.mu.Unlock()
+			if undo {
+				s.undo(keys, token, st, []int{r.node})
+			}
+		}
+	})
+}
+
+// startUndoLocked counts an undo of st in flight. The caller holds s.mu.
+func (s *Store) startUndoLocked(st *tokenState) {
+	if st.undos == 0 {
+		st.idle = make(chan struct{})
+	}
+	st.undos++
+}
+
+// dropIdleLocked forgets st once nothing of it is in flight. The caller
+// holds s.mu.
+func (s *Store) dropIdleLocked(token string, st *tokenState) {
+	if st.pending == 0 && st.undos == 0 && s.tokens[token] == st {
+		delete(s.tokens, token)
+	}
+}
+
+// awaitUndos marks token running, so that late grants of its earlier
+// attempts wait for the new attempt's verdict, and waits for the undos in flight, or for ctx to end.
+func (s *Store) awaitUndos(ctx context.Context, token string) error {
+	s.mu.Lock()
+	var idle chan struct{}
+	if st := s.tokens[token]; st != nil {
+		st.state = tokenRunning
+		if st.undos > 0 {
+			idle = st.idle
+		}
+	}
+	s.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// awaitLanded waits until every late reply of token's acquires is in, or
+// ctx ends: a Release sent after them cannot be overtaken by their grants.
+func (s *Store) awaitLanded(ctx context.Context, token string) error {
+	s.mu.Lock()
+	var landed chan struct{}
+	if st := s.tokens[token]; st != nil && st.pending > 0 {
+		landed = st.landed
+	}
+	s.mu.Unlock()
+	if landed == nil {
+		return nil
+	}
+	select {
+	case <-landed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// markReleased tells the late replies of token's acquire that the lock is
+// released.
+func (s *Store) markReleased(token string) {
+	s.mu.Lock()
+	if st := s.tokens[token]; st != nil {
+		st.state = tokenFree
+	}
+	s.mu.Unlock()
+}
+
+// undo releases keys, owner-checked, on the nodes of indexes, and counts
+// the undo of st done.
+func (s *Store) undo(keys []string, token string, st *tokenState, indexes []int) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	replies := s.releaseOn(ctx, keys, token, 0, indexes, cleanupTimeout)
+	for range indexes {
+		<-replies
+	}
+	s.mu.Lock()
+	st.undos--
+	if st.undos == 0 {
+		close(st.idle)
+	}
+	s.dropIdleLocked(token, st)
+	s.mu.Unlock()
+}

@@ -1,0 +1,47 @@
+-- KEYS[1..n] lock keys, KEYS[n+1..2n] their fence keys, KEYS[2n+1] the node marker.
+-- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] fence
+-- stride, ARGV[5] quarantine ms after a data loss, ARGV[6] the first fence
+-- the client proposes for a new fence key (its clock in microseconds plus a
+-- margin).
+-- Returns {1, fence of KEYS[1], ..., fence of KEYS[n]} when granted;
+-- {0, index (0-based) of the first key held by another token, its pttl}; or
+-- {-1, ms left} while the node is quarantined. A refusal writes nothing.
+-- A fence is the last one + stride while the fence key lives, so nodes that
+-- saw the same grants issue the same fence. A new fence key starts from the
+-- client's proposal, so that nodes agree on it too, within [node clock,
+-- node clock + 2s].
+local n = (#KEYS - 1) / 2
+local nowus = now_us()
+local wait = quarantine(KEYS[#KEYS], math.floor(nowus / 1000), tonumber(ARGV[5]))
+if wait > 0 then
+  return {-1, wait}
+end
+for i = 1, n do
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl ~= -2 and redis.pcall('GET', KEYS[i]) ~= ARGV[1] then
+    return {0, i - 1, pttl}
+  end
+end
+local last = {}
+for i = 1, n do
+  local l = redis.call('GET', KEYS[n + i])
+  if l then
+    l = tonumber(l)
+    if l == nil or l >= 9007199254740992 then
+      return redis.error_reply('reqlock: fence key ' .. KEYS[n + i] .. ' does not hold a fence')
+    end
+  end
+  last[i] = l
+end
+local stride = tonumber(ARGV[4])
+local reply = {1}
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  local fence = math.max(nowus, math.min(tonumber(ARGV[6]), nowus + 2000000))
+  if last[i] then
+    fence = last[i] + stride
+  end
+  redis.call('SET', KEYS[n + i], string.format('%.0f', fence), 'PX', fence_keep(fence, nowus, ARGV[3]))
+  reply[i + 1] = fence
+end
+return reply

@@ -1,0 +1,118 @@
+package redlockstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// reply is one node's answer to a script.
+type reply struct {
+	node int
+	vals []int64
+	err  error
+}
+
+// unreachable reports whether the call never reached the node: no
+// connection could be dialled, or none came free in time.
+func (r reply) unreachable() bool {
+	var op *net.OpError
+	return (errors.As(r.err, &op) && op.Op == "dial") || errors.Is(r.err, redis.ErrPoolTimeout)
+}
+
+// fanOut runs call on every node in indexes at once, each bounded by
+// timeout (and ctx's deadline) but not by ctx's cancellation, and returns
+// the channel their replies arrive on; it has room for all of them, so a
+// call never blocks on a reader that left. The calls are counted and their
+// failures reported.
+func (s *Store) fanOut(ctx context.Context, timeout time.Duration, indexes []int,
+	call func(ctx context.Context, i int) ([]int64, error)) <-chan reply {
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	base := context.WithoutCancel(ctx)
+	out := make(chan reply, len(indexes))
+	for _, i := range indexes {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			cctx, cancel := context.WithDeadline(base, deadline)
+			vals, err := call(cctx, i)
+			cancel()
+			if err == nil && len(vals) == 2 && vals[0] == -1 {
+				err = fmt.Errorf("%w for %v more", ErrQuarantined, time.Duration(vals[1])*time.Millisecond)
+				s.nodes[i].quarantines.Add(1)
+			}
+			s.count(i, err)
+			out <- reply{node: i, vals: vals, err: err}
+		}()
+	}
+	return out
+}
+
+// count records one call of node i and its failure.
+func (s *Store) count(i int, err error) {
+	n := s.nodes[i]
+	n.calls.Add(1)
+	n.failing.Store(err != nil)
+	if err != nil {
+		n.failures.Add(1)
+		if s.onFailure != nil {
+			s.onFailure(n.name, err)
+		}
+	}
+}
+
+// all returns the indexes of every node.
+func (s *Store) all() []int {
+	out := make([]int, len(s.nodes))
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// noQuorum returns the error of an operation that too few nodes answered:
+// it wraps ErrNoQuorum and every node's error, and stores.ErrUnreachable
+// when unreachable says no node may have changed.
+func (s *Store) noQuorum(op string, ok int, failed []reply, unreachable bool) error {
+	errs := make([]error, 0, len(failed))
+	for _, r := range failed {
+		errs = append(errs, &NodeError{Node: s.nodes[r.node].name, Err: r.err})
+	}
+	err := fmt.Errorf("%w: %s: %d of %d nodes answered, quorum %d: %w",
+		ErrNoQuorum, op, ok, len(s.nodes), s.quorum, errors.Join(errs...))
+	if unreachable {
+		return fmt.Errorf("%w: %w", stores.ErrUnreachable, err)
+	}
+	return err
+}
+
+// abandoned returns the error of a call left in flight when ctx ended:
+// ctx's error, marked stores.ErrAbandoned when the store undoes the call.
+func abandoned(ctx context.Context, undone bool) error {
+	err := ctx.Err()
+	if err == nil {
+		err = context.DeadlineExceeded // the deadline passed; ctx reports it a moment later
+	}
+	if undone {
+		return fmt.Errorf("%w: %w", stores.ErrAbandoned, err)
+	}
+	return err
+}
+
+// ctxEnded reports whether ctx has ended, or its deadline has passed.
+func ctxEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}

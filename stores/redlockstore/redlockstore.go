@@ -1,0 +1,420 @@
+// Package redlockstore is a stores.Store on Redlock: the same lock on N
+// independent Redis masters (5.0 or later, or Valkey, no Cluster between
+// them), granted while a majority of them holds it.
+//
+// # Algorithm
+//
+// Acquire runs one Lua script per node, each call bounded by a node timeout
+// (WithNodeTimeout, default 1s, and at most a third of the TTL). The script
+// sets every key to the token with SET NX semantics for the TTL plus the
+// drift allowance (WithDrift: 1% of the TTL + 2ms by default), so that the
+// lock lasts at least the TTL from the call's start in spite of clock drift
+// between the nodes and the client. The lock is granted once a quorum
+// (N/2+1) of nodes granted and the validity, TTL - elapsed, is positive:
+// the Locker counts the TTL from its call's start, which equals the classic
+// TTL - elapsed - drift on the nodes' clocks.
+//
+// A first attempt asks every node at once: one round trip for a free key.
+// Each key has a gate node (a hash of the key), the same for every client.
+// Contenders that race split the nodes so that none may reach a quorum; the
+// one that won the gate then asks the nodes that refused it again, after
+// 1ms, 2ms, 4ms... (6 times at most), while the others, which lost the
+// gate, let go of what they took. So racing contenders still yield one
+// winner. A retry with a refused token (a waiter), or an Acquire of a key
+// that another Acquire of this process is acquiring, asks the gate alone
+// first, and the other nodes only when the gate granted: a contender that
+// loses costs one call, not one per node. A gate whose last call failed is
+// not asked alone.
+//
+// Acquire decides as soon as the replies settle it (a quorum of grants, or
+// so many refusals or failures that no quorum is possible), then gives the
+// other nodes as long again as the decision took, so that healthy nodes'
+// grants are in hand and a refusal's Wait comes from most nodes. A later
+// grant stays part of the lock; Release waits for it (bounded by the node
+// timeout) before it releases, and when the lock was refused, abandoned or
+// released it is released as soon as it lands. When the lock is not
+// granted, every node that granted, or whose outcome is unknown, is
+// released, owner-checked, at once (a node still in flight once it answers,
+// so the release never overtakes the grant). A new Acquire with the same
+// token waits for those releases first.
+//
+// Release and Refresh go to every node at once and wait for every answer,
+// each bounded by the node timeout. Refresh needs a quorum that still holds
+// the token, within the TTL; a node that lost the keys (restarted empty)
+// takes them again where they are free, when some node still held the
+// lock. Release ends the lock on every node it reaches.
+//
+// # Errors
+//
+// A key held by another token is a refusal (Grant.OK false, so ErrHeld and
+// 423 upstream) when refusals make a quorum impossible. When failed nodes
+// (errors, timeouts, quarantine) make it impossible, Acquire returns an
+// error wrapping ErrNoQuorum that names each failed node and its error: a
+// store failure (503 upstream). It also wraps stores.ErrUnreachable when no
+// node may have changed (every failure was a refused connection). Release
+// returns stores.ErrNotHeld when a key was not released on a quorum of the
+// nodes that answered, and ErrNoQuorum when too few answered. NodeStats
+// counts each node's calls and failures, and WithNodeFailureHook reports
+// each failure, for metrics that alert when a node is down.
+//
+// # Fencing
+//
+// Fences grow strictly per key from grant to grant, also when the quorums
+// of two grants differ, without any assumption about clocks while no node
+// loses its data. Each node keeps a fence key per lock key: a grant on the
+// node issues last + stores.FenceStride. The grant's fence F is the largest
+// fence its quorum issued, and before Acquire returns F is stored on a
+// quorum: nodes that saw the same grants issue the same fence, so this
+// usually holds already; otherwise (a node that missed grants or was
+// restarted) Acquire raises the lagging nodes' fence keys to F, one more
+// round trip, and fails unless a quorum then stores F.
+//
+// Claim: a later grant G2 of the key gets a fence above G1's F1. G1 stored
+// F1 on a quorum S1; G2 was granted by a quorum Q2; two majorities of N
+// nodes share a node j. A fence key only grows, so j's last fence is at
+// least F1 when G2 reaches it, and G2's fence, the largest of its quorum,
+// is at least F1 + stride. This holds whichever nodes failed in between,
+// and needs no clock. (A majority-quorum register needs a read before its
+// write, or clocks; agreement between the nodes saves that round trip.)
+//
+// A new fence key (the first grant of a key, or after the fence retention,
+// WithFenceRetention, default 24h, without grants) starts from the client's
+// proposal, its clock + 1s, clamped on each node to [node clock, node clock
+// + 2s], so that nodes agree on it without a raise. Two events remove a
+// fence key, and monotonicity then rests on clocks. Expiry after the
+// retention: a fence key lives on by the lead of its fence over the node's
+// clock, so the next fence, at least that clock, exceeds every fence it
+// held if the node's clock does not step back. A node restarted empty: it
+// stays out of quorums for the quarantine (see Restarts), so when it next
+// issues a fence its clock has moved on by the max TTL since it last held
+// F1; that exceeds F1 when F1 led the clock of the node that issued it by
+// less than the max TTL minus the clock skew between the nodes. A fence
+// leads the clock by at most 2s when its key is created, and then gains
+// 1024µs per grant against the clock's 1µs per µs, so it leads more only
+// while a key is granted more than about 976 times a second for long.
+//
+// # Restarts
+//
+// A node restarted empty has lost the locks it held; if it joined a quorum
+// at once, a second client could take a lock that a majority still held
+// before the restart (the Redis documentation's "delayed restarts" rule).
+// Every node keeps a marker key, MarkerKey. A script that finds it absent
+// (data lost, or a new node) sets it to the moment the node will have been
+// up for the max TTL (WithMaxTTL, default 1 minute), reading the node's
+// uptime from INFO, and the node refuses to take part in grants and renewals
+// until then: a quarantined node is a failed node, named in errors. TTLs
+// above the max TTL are refused, so every lock the node held has expired by
+// then. Every client of the nodes must use the same max TTL.
+//
+// What the operator must do: nothing for a node that comes back empty (with
+// no data files). A node restarted from an RDB snapshot or an AOF without
+// appendfsync always may come back with a marker but without recent locks:
+// either configure appendfsync always, or delete its data files before
+// starting it, or keep it away from clients for the max TTL. FLUSHALL on a
+// node that has been up longer than the max TTL is not detected: don't.
+// On a brand-new deployment, nodes started less than the max TTL ago are
+// quarantined until then; SET MarkerKey to 0 on each to admit them at once
+// (only on nodes that held no lock within the max TTL).
+//
+// # Release notification
+//
+// Release publishes on the first node (the notify node) in the same script
+// that deletes the key; NotifyRelease subscribes there through a
+// redisstore.Store (one pub/sub connection for all keys). One node keeps
+// signals in release order, as stores.Notifier's users expect. While that
+// node is down, waiters fall back to polling.
+//
+// # Fair mode
+//
+// Store does not implement stores.FairStore. A FIFO queue needs every node
+// to agree on the order of waiters; each node would keep its own queue, the
+// queues' heads could differ, and then no waiter would get a majority until
+// leases expire. Agreeing on one order needs consensus (etcd, ZooKeeper).
+package redlockstore
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore"
+)
+
+// args checks the arguments of Store's methods; its errors start "redlockstore:".
+const args storeargs.Checker = "redlockstore"
+
+// MarkerKey is the key each node keeps to tell that it has not lost its data
+// (see Restarts in the package documentation).
+const MarkerKey = "reqlock:redlock:node"
+
+// Defaults of the options.
+const (
+	DefaultNodeTimeout    = time.Second // lower it on a fast network for a faster failover
+	DefaultMaxTTL         = time.Minute
+	DefaultDriftFactor    = 0.01
+	DefaultDriftFixed     = 2 * time.Millisecond
+	DefaultFenceRetention = 24 * time.Hour
+	// MinFenceRetention is the shortest fence retention WithFenceRetention
+	// accepts.
+	MinFenceRetention = time.Minute
+)
+
+// cleanupTimeout bounds the release of what a call that did not grant, or
+// was abandoned, may have left on a node.
+const cleanupTimeout = 2 * time.Second
+
+// Errors of the package.
+var (
+	// ErrNoQuorum means too few nodes answered for a quorum: a store
+	// failure, not a refusal. The error names each failed node.
+	ErrNoQuorum = errors.New("redlockstore: too few nodes for a quorum")
+
+	// ErrQuarantined is a node's failure while it stays out of quorums
+	// after losing its data.
+	ErrQuarantined = errors.New("redlockstore: node quarantined after losing its data")
+
+	// ErrUnexpectedReply means a script answered in a shape this package
+	// does not expect.
+	ErrUnexpectedReply = errors.New("redlockstore: unexpected reply from Redis")
+)
+
+// NodeError is the failure of one node in a call.
+type NodeError struct {
+	Node string // the node's address, or "node <index>"
+	Err  error
+}
+
+// Error returns "node <name>: <error>".
+func (e *NodeError) Error() string { return "node " + e.Node + ": " + e.Err.Error() }
+
+// Unwrap returns the node's error.
+func (e *NodeError) Unwrap() error { return e.Err }
+
+// NodeStat counts one node's calls and failures since New.
+type NodeStat struct {
+	Node        string
+	Calls       uint64 // script calls sent to the node
+	Failures    uint64 // calls that failed: errors, timeouts, quarantine
+	Quarantines uint64 // calls refused while the node was quarantined
+}
+
+var (
+	_ stores.Store    = (*Store)(nil)
+	_ stores.Notifier = (*Store)(nil)
+)
+
+// Store is a stores.Store on Redlock over N independent Redis masters, and a
+// stores.Notifier. It is safe for concurrent use. Close stops its pub/sub
+// connection and waits for its background calls.
+type Store struct {
+	nodes  []*node
+	quorum int
+
+	nodeTimeout    time.Duration
+	maxTTL         time.Duration
+	driftFactor    float64
+	driftFixed     time.Duration
+	fenceRetention time.Duration
+	onFailure      func(node string, err error)
+	clientTimeouts bool
+
+	notify *redisstore.Store // over the first node
+	owned  []*redis.Client   // clients Open made, closed by Close
+
+	wg       sync.WaitGroup // background calls
+	mu       sync.Mutex     // guards tokens, refused and inflight
+	tokens   map[string]*tokenState
+	inflight map[string]int       // Acquires in flight per first key
+	refused  map[string]time.Time // tokens whose last Acquire was refused, and when
+}
+
+// node is one Redis master.
+type node struct {
+	name                         string
+	client                       redis.Scripter
+	calls, failures, quarantines atomic.Uint64
+	failing                      atomic.Bool // its last call failed
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithNodeTimeout bounds each call to one node; a call is further bounded by
+// a third of its TTL. Default DefaultNodeTimeout.
+func WithNodeTimeout(d time.Duration) Option { return func(s *Store) { s.nodeTimeout = d } }
+
+// WithMaxTTL sets the longest TTL (and keep) the Store accepts, which is
+// also how long a node that lost its data stays out of quorums. Every
+// client of the nodes must use the same. Default DefaultMaxTTL.
+func WithMaxTTL(d time.Duration) Option { return func(s *Store) { s.maxTTL = d } }
+
+// WithDrift sets the clock drift allowance of a lock of TTL ttl to
+// factor*ttl + fixed. Defaults DefaultDriftFactor and DefaultDriftFixed.
+func WithDrift(factor float64, fixed time.Duration) Option {
+	return func(s *Store) { s.driftFactor, s.driftFixed = factor, fixed }
+}
+
+// WithFenceRetention sets how long a fence key outlives the last grant of
+// its lock key. Default DefaultFenceRetention; at least MinFenceRetention.
+func WithFenceRetention(d time.Duration) Option { return func(s *Store) { s.fenceRetention = d } }
+
+// WithNodeFailureHook calls f with the node's name and error on every failed
+// node call, for metrics that alert when a node is down. f must not block.
+func WithNodeFailureHook(f func(node string, err error)) Option {
+	return func(s *Store) { s.onFailure = f }
+}
+
+// WithClientTimeoutsOnly accepts clients without ContextTimeoutEnabled: each
+// call is then bounded by the clients' own read and write timeouts only,
+// not by the node timeout.
+func WithClientTimeoutsOnly() Option { return func(s *Store) { s.clientTimeouts = true } }
+
+// New returns a Store over nodes, independent Redis masters (such as one
+// *redis.Client each, with ContextTimeoutEnabled set): at least 3, and an
+// odd number is best (5 tolerates 2 failed nodes). The first node carries
+// release notifications. New sends nothing. It returns an error wrapping
+// stores.ErrInvalid when there are fewer than 3 nodes, a node is nil or
+// ignores context deadlines (see WithClientTimeoutsOnly), or an option is
+// invalid.
+func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
+	s := &Store{
+		nodeTimeout:    DefaultNodeTimeout,
+		maxTTL:         DefaultMaxTTL,
+		driftFactor:    DefaultDriftFactor,
+		driftFixed:     DefaultDriftFixed,
+		fenceRetention: DefaultFenceRetention,
+		tokens:         make(map[string]*tokenState),
+		refused:        make(map[string]time.Time),
+		inflight:       make(map[string]int),
+	}
+	for _, opt := range opts {
+		opt(s)
+	}
+	switch {
+	case len(nodes) < 3:
+		return nil, fmt.Errorf("%w: redlockstore: %d nodes; Redlock needs at least 3", stores.ErrInvalid, len(nodes))
+	case s.nodeTimeout <= 0:
+		return nil, fmt.Errorf("%w: redlockstore: node timeout %v is not positive", stores.ErrInvalid, s.nodeTimeout)
+	case s.maxTTL <= 0:
+		return nil, fmt.Errorf("%w: redlockstore: max TTL %v is not positive", stores.ErrInvalid, s.maxTTL)
+	case s.driftFactor < 0 || s.driftFactor >= 0.5 || s.driftFixed < 0:
+		return nil, fmt.Errorf("%w: redlockstore: drift %v*ttl + %v: want a factor in [0, 0.5) and a fixed part not negative",
+			stores.ErrInvalid, s.driftFactor, s.driftFixed)
+	case s.fenceRetention < MinFenceRetention:
+		return nil, fmt.Errorf("%w: redlockstore: fence retention %v is below %v", stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
+	}
+	for i, c := range nodes {
+		if isNil(c) {
+			return nil, fmt.Errorf("%w: redlockstore: node %d is nil", stores.ErrInvalid, i)
+		}
+		if enabled, known := contextTimeoutEnabled(c); known && !enabled && !s.clientTimeouts {
+			return nil, fmt.Errorf("%w: redlockstore: the go-redis client of node %d ignores context deadlines, so a "+
+				"stalled node would hold calls past the node timeout; set ContextTimeoutEnabled: true in its options "+
+				"(or pass redlockstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid, i)
+		}
+		s.nodes = append(s.nodes, &node{name: nodeName(c, i), client: c})
+	}
+	s.quorum = len(nodes)/2 + 1
+	var ropts []redisstore.Option
+	if s.clientTimeouts {
+		ropts = append(ropts, redisstore.WithClientTimeoutsOnly())
+	}
+	notify, err := redisstore.New(nodes[0], ropts...)
+	if err != nil {
+		return nil, fmt.Errorf("redlockstore: node 0: %w", err)
+	}
+	s.notify = notify
+	return s, nil
+}
+
+// Quorum returns how many nodes a grant needs: N/2+1.
+func (s *Store) Quorum() int { return s.quorum }
+
+// NodeStats returns each node's counters, in the order of the nodes given
+// to New.
+func (s *Store) NodeStats() []NodeStat {
+	out := make([]NodeStat, len(s.nodes))
+	for i, n := range s.nodes {
+		out[i] = NodeStat{Node: n.name, Calls: n.calls.Load(), Failures: n.failures.Load(), Quarantines: n.quarantines.Load()}
+	}
+	return out
+}
+
+// NotifyRelease registers interest in releases of key until stop is called,
+// as stores.Notifier describes, through the notify node (the first node).
+// It returns a nil channel after Close and when that client cannot
+// subscribe.
+func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
+	return s.notify.NotifyRelease(key, token)
+}
+
+// Close stops the pub/sub connection of release notifications and waits for
+// the Store's background calls (late replies, clean-ups), each bounded by
+// its timeout. It does not close the clients, which the caller owns and
+// closes after the Store; a Store from Open closes the clients it made. It
+// returns the error of closing the pub/sub (and those clients).
+func (s *Store) Close() error {
+	err := s.notify.Close()
+	s.wg.Wait()
+	for _, c := range s.owned {
+		err = errors.Join(err, c.Close())
+	}
+	s.owned = nil
+	return err
+}
+
+// drift returns the drift allowance of a TTL.
+func (s *Store) drift(ttl time.Duration) time.Duration {
+	return time.Duration(float64(ttl)*s.driftFactor) + s.driftFixed
+}
+
+// callTimeout bounds each node call of an operation with TTL ttl.
+func (s *Store) callTimeout(ttl time.Duration) time.Duration {
+	return min(s.nodeTimeout, max(ttl/3, time.Millisecond))
+}
+
+// checkTTL refuses a TTL above the max TTL.
+func (s *Store) checkTTL(what string, ttl time.Duration) error {
+	if ttl > s.maxTTL {
+		return fmt.Errorf("%w: redlockstore: %s %v is above the max TTL %v (WithMaxTTL)", stores.ErrInvalid, what, ttl, s.maxTTL)
+	}
+	return nil
+}
+
+// nodeName names a node by its address when its client tells it.
+func nodeName(c redis.Scripter, i int) string {
+	if rc, ok := c.(*redis.Client); ok {
+		return rc.Options().Addr
+	}
+	return fmt.Sprintf("node %d", i)
+}
+
+// contextTimeoutEnabled reports whether client honours context deadlines,
+// when its type tells.
+func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled, true
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled, true
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled, true
+	}
+	return false, false
+}
+
+// isNil reports whether client is nil or a nil pointer in an interface.
+func isNil(client redis.Scripter) bool {
+	if client == nil {
+		return true
+	}
+	v := reflect.ValueOf(client)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}

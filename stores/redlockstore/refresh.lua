@@ -1,0 +1,28 @@
+-- KEYS[1..n] lock keys, KEYS[n+1] the node marker.
+-- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] 1 to re-take keys that are absent,
+-- ARGV[4] quarantine ms after a data loss.
+-- Returns {0} when every key holds the token with its TTL reset (absent keys
+-- re-taken when ARGV[3] is 1); {1, index (1-based)} when a key holds another
+-- token; {2} when some key is absent and ARGV[3] is 0; {-1, ms left} while
+-- the node is quarantined. Only {0} changes anything.
+local n = #KEYS - 1
+local wait = quarantine(KEYS[#KEYS], math.floor(now_us() / 1000), tonumber(ARGV[4]))
+if wait > 0 then
+  return {-1, wait}
+end
+local absent = false
+for i = 1, n do
+  local v = redis.pcall('GET', KEYS[i])
+  if v == false then
+    absent = true
+  elseif v ~= ARGV[1] then
+    return {1, i}
+  end
+end
+if absent and ARGV[3] ~= '1' then
+  return {2}
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+end
+return {0}
