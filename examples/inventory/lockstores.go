@@ -15,6 +15,7 @@ import (
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/mysqlstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
+	"github.com/reqlock/reqlock/stores/redlockstore"
 	"github.com/reqlock/reqlock/stores/zkstore"
 )
 
@@ -36,6 +37,7 @@ var storeOpeners = map[string]storeOpener{
 	"mysql":   opener("mysqlstore", mysqlstore.Open),
 	"mariadb": opener("mysqlstore", mysqlstore.Open),
 	"zk":      opener("zkstore", zkstore.Open),
+	"redlock": opener("redlockstore", redlockstore.Open),
 }
 
 // closingStore is a store that holds resources until Close.

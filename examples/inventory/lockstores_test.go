@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores/redlockstore"
 )
 
 // storeURLs gives, per -store scheme, a URL of a real server of that store
@@ -15,7 +18,22 @@ import (
 var storeURLs = map[string]func(t *testing.T) string{
 	"memory": func(*testing.T) string { return "memory://" },
 	"redis":  func(t *testing.T) string { return "redis://" + testredis.Addr(t) },
-	"zk":     func(t *testing.T) string { return "zk://" + testservers.ZooKeeperAddr(t) + "/inventory-test" },
+	"redlock": func(t *testing.T) string {
+		nodes := testservers.RedisNodeAddrs(t)
+		// Nodes no Redlock client used yet would stay out of quorums for
+		// the max TTL (redlockstore's restart quarantine): admit them, as
+		// its documentation tells operators of a new deployment to.
+		for _, addr := range nodes {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			err := c.SetNX(t.Context(), redlockstore.MarkerKey, 0, 0).Err()
+			_ = c.Close()
+			if err != nil {
+				t.Fatalf("admitting Redis node %s: %v", addr, err)
+			}
+		}
+		return "redlock://" + strings.Join(nodes, ",")
+	},
+	"zk": func(t *testing.T) string { return "zk://" + testservers.ZooKeeperAddr(t) + "/inventory-test" },
 	"mysql": func(t *testing.T) string {
 		// The DSN is user:pass@tcp(host:port)/db; the URL form drops tcp().
 		dsn := testservers.MySQLDSN(t)
