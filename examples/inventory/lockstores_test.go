@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -15,28 +16,28 @@ import (
 
 // storeURLs gives, per -store scheme, a URL of a real server of that store
 // for the test (from internal/testservers), or of none for memory://.
-var storeURLs = map[string]func(t *testing.T) string{
-	"memory": func(*testing.T) string { return "memory://" },
-	"redis":  func(t *testing.T) string { return "redis://" + testredis.Addr(t) },
-	"redlock": func(t *testing.T) string {
-		nodes := testservers.RedisNodeAddrs(t)
+var storeURLs = map[string]func(tb testing.TB) string{
+	"memory": func(tb testing.TB) string { return "memory://" },
+	"redis":  func(tb testing.TB) string { return "redis://" + testredis.Addr(tb) },
+	"redlock": func(tb testing.TB) string {
+		nodes := testservers.RedisNodeAddrs(tb)
 		// Nodes no Redlock client used yet would stay out of quorums for
 		// the max TTL (redlockstore's restart quarantine): admit them, as
 		// its documentation tells operators of a new deployment to.
 		for _, addr := range nodes {
 			c := redis.NewClient(&redis.Options{Addr: addr})
-			err := c.SetNX(t.Context(), redlockstore.MarkerKey, 0, 0).Err()
+			err := c.SetNX(context.Background(), redlockstore.MarkerKey, 0, 0).Err()
 			_ = c.Close()
 			if err != nil {
-				t.Fatalf("admitting Redis node %s: %v", addr, err)
+				tb.Fatalf("admitting Redis node %s: %v", addr, err)
 			}
 		}
 		return "redlock://" + strings.Join(nodes, ",")
 	},
-	"zk": func(t *testing.T) string { return "zk://" + testservers.ZooKeeperAddr(t) + "/inventory-test" },
-	"mysql": func(t *testing.T) string {
+	"zk": func(tb testing.TB) string { return "zk://" + testservers.ZooKeeperAddr(tb) + "/inventory-test" },
+	"mysql": func(tb testing.TB) string {
 		// The DSN is user:pass@tcp(host:port)/db; the URL form drops tcp().
-		dsn := testservers.MySQLDSN(t)
+		dsn := testservers.MySQLDSN(tb)
 		cred, rest, _ := strings.Cut(dsn, "@tcp(")
 		addr, db, _ := strings.Cut(rest, ")/")
 		return "mysql://" + cred + "@" + addr + "/" + db + "?table=inventory_locks"
