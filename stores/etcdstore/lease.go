@@ -21,7 +21,7 @@ type leasePool struct {
 	timeout time.Duration // of a grant
 
 	mu      sync.Mutex
-	buckets map[int64]*pooledLease // by requested seconds
+	buckets map[int64]*pooledLease         // by requested seconds
 	granted map[clientv3.LeaseID]time.Time // every lease granted, to its latest possible expiry, for Close
 }
 
