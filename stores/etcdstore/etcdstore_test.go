@@ -40,9 +40,24 @@ func newStore(t testing.TB, opts ...etcdstore.Option) *etcdstore.Store {
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Suite{
-		New:       func(t *testing.T) stores.Store { return newStore(t) },
-		Notify:    true,
-		Fair:      true,
-		ExpiryTTL: 2 * time.Second, // etcd's shortest lease with its default election timeout
+		New:    func(t *testing.T) stores.Store { return newStore(t) },
+		Notify: true,
+		Fair:   true,
+		// The shortest TTL the store honours is etcd's shortest lease (2s
+		// with the default election timeout): a shorter lock lives that long.
+		ExpiryTTL: minLeaseTTL(t),
 	})
+}
+
+// minLeaseTTL returns the shortest lease the shared etcd grants: it raises
+// shorter ones to 1.5 x its election timeout, rounded up to seconds.
+func minLeaseTTL(t *testing.T) time.Duration {
+	t.Helper()
+	c := newClient(t, testservers.EtcdEndpoints(t))
+	resp, err := c.Grant(t.Context(), 1)
+	if err != nil {
+		t.Fatalf("Grant: %v", err)
+	}
+	_, _ = c.Revoke(t.Context(), resp.ID)
+	return time.Duration(resp.TTL) * time.Second
 }
