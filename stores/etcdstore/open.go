@@ -62,35 +62,52 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 }
 
 // parseURL parses Open's URL into a client configuration and Store options.
+// The host list is split by hand: net/url takes "a:1,b:2" for one host
+// with a bad port.
 func parseURL(rawURL string) (clientv3.Config, []Option, error) {
 	invalid := func(format string, a ...any) (clientv3.Config, []Option, error) {
 		return clientv3.Config{}, nil, fmt.Errorf("%w: etcdstore: URL %s: %s", stores.ErrInvalid, redacted(rawURL), fmt.Sprintf(format, a...))
 	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err // without the URL, which may hold a password
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	switch {
+	case !ok:
+		return invalid("no scheme, want etcd://host:port[,host:port...]/prefix")
+	case scheme != "etcd":
+		return invalid("scheme %q, want etcd", scheme)
+	}
+	end := strings.IndexAny(rest, "/?")
+	if end < 0 {
+		end = len(rest)
+	}
+	authority, tail := rest[:end], rest[end:]
+	cfg := clientv3.Config{DialTimeout: DefaultDialTimeout, Logger: zap.NewNop()}
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		user, password, _ := strings.Cut(authority[:at], ":")
+		var err1, err2 error
+		cfg.Username, err1 = url.PathUnescape(user)
+		cfg.Password, err2 = url.PathUnescape(password)
+		if err := errors.Join(err1, err2); err != nil {
+			return invalid("malformed user or password")
 		}
-		return invalid("malformed: %v", err)
+		authority = authority[at+1:]
 	}
-	if u.Scheme != "etcd" {
-		return invalid("scheme %q, want etcd", u.Scheme)
-	}
-	if u.Host == "" {
+	if authority == "" {
 		return invalid("no endpoint (etcd://host:port[,host:port...])")
 	}
-	cfg := clientv3.Config{DialTimeout: DefaultDialTimeout, Logger: zap.NewNop()}
-	for _, hp := range strings.Split(u.Host, ",") {
+	for _, hp := range strings.Split(authority, ",") {
 		host, port, err := net.SplitHostPort(hp)
 		if err != nil || host == "" || port == "" {
 			return invalid("endpoint %q is not host:port", hp)
 		}
 		cfg.Endpoints = append(cfg.Endpoints, "http://"+hp)
 	}
-	if u.User != nil {
-		cfg.Username = u.User.Username()
-		cfg.Password, _ = u.User.Password()
+	u, err := url.Parse("etcd://endpoints" + tail)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // without the URL, which may hold a password
+		}
+		return invalid("malformed prefix or parameters: %v", err)
 	}
 	var opts []Option
 	if prefix := strings.TrimPrefix(u.Path, "/"); prefix != "" {
@@ -132,12 +149,23 @@ func parseURL(rawURL string) (clientv3.Config, []Option, error) {
 	return cfg, opts, nil
 }
 
-// redacted is rawURL without its password, for messages; rawURL itself
-// when it does not parse.
+// redacted is rawURL with its password, if any, masked, for messages.
 func redacted(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(malformed)"
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return rawURL
 	}
-	return u.Redacted()
+	end := strings.IndexAny(rest, "/?")
+	if end < 0 {
+		end = len(rest)
+	}
+	at := strings.LastIndex(rest[:end], "@")
+	if at < 0 {
+		return rawURL
+	}
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		return rawURL
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
 }
