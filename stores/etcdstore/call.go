@@ -28,14 +28,21 @@ const (
 // When op finishes after the caller left, undo releases what it may have
 // granted (unless it never reached etcd), on a context of its own.
 func (s *Store) detached(ctx context.Context, op func(context.Context) error, undo func(context.Context)) error {
+	s.lifeMu.RLock()
+	if s.closed {
+		s.lifeMu.RUnlock()
+		return ErrClosed
+	}
+	s.cleanupWait.Add(1)
+	s.lifeMu.RUnlock()
 	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	if ctx.Done() == nil {
+		defer s.cleanupWait.Done()
 		defer cancel()
 		return op(opCtx)
 	}
 	var state atomic.Int32
 	done := make(chan error, 1)
-	s.cleanupWait.Add(1)
 	go func() {
 		defer s.cleanupWait.Done()
 		err := op(opCtx)

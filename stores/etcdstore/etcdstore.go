@@ -106,9 +106,15 @@ const (
 // per key.
 const MaxKeys = 64
 
-// ErrUnexpectedReply means etcd answered in a shape this package does not
-// expect.
-var ErrUnexpectedReply = errors.New("etcdstore: unexpected reply from etcd")
+var (
+	// ErrUnexpectedReply means etcd answered in a shape this package does
+	// not expect.
+	ErrUnexpectedReply = errors.New("etcdstore: unexpected reply from etcd")
+
+	// ErrClosed means the Store was closed. It wraps stores.ErrUnreachable:
+	// a call on a closed Store changes nothing.
+	ErrClosed = fmt.Errorf("%w: etcdstore: store closed", stores.ErrUnreachable)
+)
 
 // Store is a stores.Store on etcd, and a stores.Notifier and
 // stores.FairStore. It is safe for concurrent use. It owns the leases it
@@ -123,8 +129,9 @@ type Store struct {
 	notify      *notifier
 	closeOnce   sync.Once
 	closeErr    error
-	closed      chan struct{}
-	cleanupWait sync.WaitGroup // undo calls of abandoned acquires
+	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
+	closed      bool           // guarded by lifeMu
+	cleanupWait sync.WaitGroup // detached acquires and their undo, which Close waits for
 }
 
 // Option configures a Store.
@@ -169,7 +176,6 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 		kv:      clientv3.NewKVFromKVClient(failFastKV{pb.NewKVClient(conn)}, client),
 		prefix:  DefaultPrefix,
 		timeout: DefaultRequestTimeout,
-		closed:  make(chan struct{}),
 	}
 	for _, opt := range opts {
 		if err := opt(s); err != nil {
@@ -181,13 +187,24 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the Store's watches, revokes the leases it granted that may
+// isClosed reports whether Close was called.
+func (s *Store) isClosed() bool {
+	s.lifeMu.RLock()
+	defer s.lifeMu.RUnlock()
+	return s.closed
+}
+
+// Close stops the Store's watches, waits for the acquires it finishes for
+// callers that left (bounded by the request timeout), revokes the leases it granted that may
 // still be alive (so its locks and queue places go at once), and closes the
-// client when Open made it. It returns the first error; calling it again
+// client when Open made it. Calls after Close return ErrClosed, and
+// NotifyRelease a nil channel. It returns the first error; calling it again
 // returns the same.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		close(s.closed)
+		s.lifeMu.Lock()
+		s.closed = true
+		s.lifeMu.Unlock()
 		s.notify.close()
 		s.cleanupWait.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
@@ -366,6 +383,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := errors.Join(checkToken(token), checkCount(keys)); err != nil {
 		return err
 	}
+	if s.isClosed() {
+		return ErrClosed
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var resp *clientv3.TxnResponse
@@ -419,6 +439,9 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	}
 	if err := errors.Join(checkToken(token), checkCount(keys)); err != nil {
 		return err
+	}
+	if s.isClosed() {
+		return ErrClosed
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -175,6 +175,9 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := checkToken(token); err != nil {
 		return err
 	}
+	if s.isClosed() {
+		return ErrClosed
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if _, err := s.kv.Txn(ctx).Then(clientv3.OpDelete(queueDir(s.dir(key)) + token)).Commit(); err != nil {

@@ -195,8 +195,16 @@ func TestCloseRevokesLeases(t *testing.T) {
 	if g, err := b.Acquire(t.Context(), k, "b", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire right after the holder's Store closed: %+v, %v; want granted", g, err)
 	}
-	if g, err := a.Acquire(t.Context(), k, "a2", time.Minute); err == nil && g.OK {
-		t.Fatal("a closed Store granted a lock")
+	other := []string{uniqueKey(t) + "-free"}
+	if _, err := a.Acquire(t.Context(), other, "a2", time.Minute); !errors.Is(err, etcdstore.ErrClosed) || !errors.Is(err, stores.ErrUnreachable) {
+		t.Fatalf("Acquire of a free key on a closed Store: %v; want etcdstore.ErrClosed (stores.ErrUnreachable)", err)
+	}
+	if err := a.Release(t.Context(), k, "a", 0); !errors.Is(err, etcdstore.ErrClosed) {
+		t.Fatalf("Release on a closed Store: %v; want etcdstore.ErrClosed", err)
+	}
+	if ch, stop := a.NotifyRelease(k[0], "w"); ch != nil {
+		stop()
+		t.Fatal("NotifyRelease on a closed Store returned a channel")
 	}
 }
 
