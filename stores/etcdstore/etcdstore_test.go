@@ -39,6 +39,7 @@ func newStore(t testing.TB, opts ...etcdstore.Option) *etcdstore.Store {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return newStore(t) },
 		Notify: true,

@@ -63,6 +63,7 @@ func (f *fencedStock) write(v, fence int64) bool {
 // (sold equals what the stock went down by, never below zero), sales go on
 // after the kill without anyone's help, and no lock is left behind.
 func TestClusterMemberKilledUnderLoad(t *testing.T) {
+	t.Parallel()
 	members := testservers.EtcdCluster(t, 3)
 	endpoints := make([]string, len(members))
 	for i, m := range members {
@@ -175,6 +176,7 @@ func leaderOf(t *testing.T, members []*testservers.Server) *testservers.Server {
 // transaction, the Store releases the grant itself, long before its TTL.
 // Then, with the member killed, a call fails with stores.ErrUnreachable.
 func TestPausedMemberAbandonedAcquire(t *testing.T) {
+	t.Parallel()
 	member := testservers.EtcdCluster(t, 1)[0]
 	endpoints := []string{"http://" + member.Addr()}
 	s, err := etcdstore.New(newClient(t, endpoints), etcdstore.WithRequestTimeout(20*time.Second))

@@ -29,6 +29,7 @@ func uniqueKey(t *testing.T) string {
 }
 
 func TestOpen(t *testing.T) {
+	t.Parallel()
 	hosts := hostPorts(t)
 	a, err := etcdstore.Open(t.Context(), "etcd://"+hosts+"/tenant-a?timeout=3s&dial-timeout=2s")
 	if err != nil {
@@ -65,6 +66,7 @@ func TestOpen(t *testing.T) {
 }
 
 func TestOpenInvalid(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ url, want string }{
 		{"etcd://127.0.0.1:2379/%zz", "malformed prefix"},
 		{"127.0.0.1:2379", "no scheme"},
@@ -93,6 +95,7 @@ func TestOpenInvalid(t *testing.T) {
 }
 
 func TestNewInvalid(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, testservers.EtcdEndpoints(t))
 	for name, tc := range map[string]struct {
 		opt  etcdstore.Option
@@ -128,6 +131,7 @@ func TestNewInvalid(t *testing.T) {
 // TestKeysThatNestDoNotCollide: keys that would nest as etcd directories
 // ("a" and "a/h/x", or keys with '%') are distinct locks.
 func TestKeysThatNestDoNotCollide(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	base := uniqueKey(t)
 	keys := []string{base, base + "/h/t2", base + "%2Fh%2Ft3", base + "/"}
@@ -149,6 +153,7 @@ func TestKeysThatNestDoNotCollide(t *testing.T) {
 // one's grant and leaves it alone (etcd issue 22082: concurrency.Mutex
 // identifies its owner by session, so a stale retry deletes a newer lock).
 func TestStaleReleaseSameLease(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	c := newClient(t, testservers.EtcdEndpoints(t))
 	k := uniqueKey(t)
@@ -180,6 +185,7 @@ func TestStaleReleaseSameLease(t *testing.T) {
 // TestCloseRevokesLeases: Close frees the Store's locks at once, not at
 // their TTL (etcd issue 17470: a lease kept alive after its client left).
 func TestCloseRevokesLeases(t *testing.T) {
+	t.Parallel()
 	a, err := etcdstore.New(newClient(t, testservers.EtcdEndpoints(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -213,6 +219,7 @@ func TestCloseRevokesLeases(t *testing.T) {
 // Locker's lock context ends with ErrLockLost at its next renewal (etcd
 // issue 19597: a holder that went on after its session expired).
 func TestLostLeaseEndsTheLock(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	c := newClient(t, testservers.EtcdEndpoints(t))
 	locker, err := reqlock.New(s)
@@ -245,6 +252,7 @@ func TestLostLeaseEndsTheLock(t *testing.T) {
 // TestFairWaitersWakeInTurn: waiters queued in one Store are woken one at
 // a time, in queue order: a release signals only the head.
 func TestFairWaitersWakeInTurn(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	k := uniqueKey(t)
 	ctx := t.Context()
