@@ -53,8 +53,10 @@
 //
 // # Round trips
 //
-// Acquire, Release and Refresh are one transaction each, for any number of
-// keys (up to MaxKeys), plus a LeaseGrant when no shared lease fits. A fair
+// Acquire, Release and Refresh are one request each (a transaction, or a
+// plain delete to release one key), for any number of keys (up to
+// MaxKeys), plus a LeaseGrant when no shared lease fits. Every request is a
+// write through etcd's log, a refused acquire too. A fair
 // attempt is one transaction, and a second one when its caller heads the
 // queue behind other waiters.
 //
@@ -228,6 +230,10 @@ func (c failFastKV) Txn(ctx context.Context, in *pb.TxnRequest, opts ...grpc.Cal
 	return c.KVClient.Txn(ctx, in, append(opts, grpc.WaitForReady(false))...)
 }
 
+func (c failFastKV) DeleteRange(ctx context.Context, in *pb.DeleteRangeRequest, opts ...grpc.CallOption) (*pb.DeleteRangeResponse, error) {
+	return c.KVClient.DeleteRange(ctx, in, append(opts, grpc.WaitForReady(false))...)
+}
+
 // failFastLease is failFastKV for lease grants and revocations.
 type failFastLease struct{ pb.LeaseClient }
 
@@ -388,6 +394,18 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	if len(keys) == 1 && keep <= 0 {
+		// A plain delete: etcd applies it without the read view a
+		// transaction takes first.
+		resp, err := s.kv.Delete(ctx, holderDir(s.dir(keys[0]))+token)
+		if err != nil {
+			return s.failed("release", keys, err)
+		}
+		if resp.Deleted == 0 {
+			return fmt.Errorf("%w: etcdstore: release: %q not held by the token", stores.ErrNotHeld, keys[0])
+		}
+		return nil
+	}
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, keep, func(lease clientv3.LeaseID) error {
 		ops := make([]clientv3.Op, len(keys))

@@ -19,7 +19,10 @@ const fairAttempts = 3
 // reqlock.WithFairness). The queue is the key's q/ directory in create
 // revision order; a waiter's lease is the etcd lease its queue key is
 // attached to, so a waiter that stops calling is dropped by etcd itself
-// once it lapses, and the watch of NotifyRelease hears of it.
+// once it lapses, and the watch of NotifyRelease hears of it. Like a TTL,
+// the lease is rounded up to whole seconds and to etcd's shortest lease (2s
+// by default), so a dead waiter holds its place that long even under a
+// Locker's shorter WithFairness lease.
 //
 // The first transaction grants when the key is free (or holds token) and
 // nobody else is queued; otherwise it queues token, or renews its lease
