@@ -8,18 +8,23 @@
 // Every key of the Locker gets a directory, the Store's prefix plus the key
 // with '%' and '/' percent-escaped plus "/". In it:
 //
-//   - h/<token>: the holder. The lock is held while a key exists under h/,
-//     by the token in that key's name. Its value is the TTL it was given,
-//     in milliseconds, which refusals report as Wait.
+//   - holder: the lock is held while this key exists. Its value is the
+//     holder's token, a NUL byte, and the TTL it was given in milliseconds,
+//     which refusals report as Wait. One fixed name per lock key, so that
+//     etcd's index does not grow with every acquisition until the next
+//     compaction, and a grant compares one key, not a range.
 //   - q/<token>: a fair waiter, ordered by its create revision (the queue is
 //     etcd's revision order, as in concurrency.Mutex). Its value is the
-//     waiter's lease, in milliseconds.
+//     waiter's lease, in milliseconds. Each waiter leaves a deleted name in
+//     etcd's index until the next compaction, which fair use of a busy key
+//     therefore needs (etcd's --auto-compaction-retention).
 //
-// A token is part of the key's name, so every owner check is by token, in
-// the same transaction as the change it guards: a release or refresh never
-// acts on another acquisition, even one of the same Store and the same etcd
-// lease (etcd issue 22082 is a concurrency.Mutex that identifies its owner
-// by session lease alone).
+// Every owner check compares the holder's value with the caller's token, in
+// the same transaction as the change it guards, so a release or refresh
+// never acts on another acquisition, even one of the same Store and the
+// same etcd lease (etcd issue 22082 is a concurrency.Mutex that identifies
+// its owner by its session's lease alone). A token must not contain a NUL
+// byte.
 //
 // # TTL and leases
 //
@@ -102,6 +107,10 @@ const (
 	// WithRequestTimeout says otherwise.
 	DefaultRequestTimeout = 5 * time.Second
 )
+
+// acquireAttempts bounds the transactions of one Acquire: the first, and
+// those of a retry that found its own grants and lost a race for them.
+const acquireAttempts = 3
 
 // MaxKeys is the most keys one call takes: etcd limits a transaction to 128
 // operations by default (--max-txn-ops), and an acquire compares two ranges
@@ -230,10 +239,6 @@ func (c failFastKV) Txn(ctx context.Context, in *pb.TxnRequest, opts ...grpc.Cal
 	return c.KVClient.Txn(ctx, in, append(opts, grpc.WaitForReady(false))...)
 }
 
-func (c failFastKV) DeleteRange(ctx context.Context, in *pb.DeleteRangeRequest, opts ...grpc.CallOption) (*pb.DeleteRangeResponse, error) {
-	return c.KVClient.DeleteRange(ctx, in, append(opts, grpc.WaitForReady(false))...)
-}
-
 // failFastLease is failFastKV for lease grants and revocations.
 type failFastLease struct{ pb.LeaseClient }
 
@@ -254,9 +259,38 @@ func (s *Store) dir(key string) string {
 	return s.prefix + key + "/"
 }
 
-// holderDir and queueDir are the parents of key's holder and waiter keys.
-func holderDir(dir string) string { return dir + "h/" }
+// holderKey is key's holder key, and queueDir the parent of its waiters.
+func holderKey(dir string) string { return dir + "holder" }
 func queueDir(dir string) string  { return dir + "q/" }
+
+// holderValue is the value of a holder key: the token, a NUL byte, and the
+// TTL in milliseconds (which refusals report as Wait).
+func holderValue(token string, ttl time.Duration) string { return token + "\x00" + millis(ttl) }
+
+// holderToken and holderTTL read a holderValue.
+func holderToken(v []byte) string {
+	tok, _, _ := strings.Cut(string(v), "\x00")
+	return tok
+}
+
+func holderTTL(v []byte) time.Duration {
+	_, ttl, _ := strings.Cut(string(v), "\x00")
+	return parseMillis([]byte(ttl))
+}
+
+// heldBy compares true when key exists and holds token: its value starts
+// with token and a NUL byte, which no token contains (see checkToken).
+func heldBy(key, token string) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(key), ">", token+"\x00"),
+		clientv3.Compare(clientv3.Value(key), "<", token+"\x01"),
+	}
+}
+
+// absent compares true when key does not exist.
+func absent(key string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+}
 
 // othersAbsent compares true when no key under parent other than mine
 // exists: two range comparisons, before and after mine.
@@ -265,11 +299,6 @@ func othersAbsent(parent, mine string) []clientv3.Cmp {
 		clientv3.Compare(clientv3.CreateRevision(parent), "=", 0).WithRange(mine),
 		clientv3.Compare(clientv3.CreateRevision(mine+"\x00"), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(parent)),
 	}
-}
-
-// exists compares true when key exists.
-func exists(key string) clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
 }
 
 // millis is the value of a holder or waiter key: its TTL or lease in
@@ -288,11 +317,11 @@ func parseMillis(v []byte) time.Duration {
 // fence is the fence of a grant made at revision rev.
 func fence(rev int64) int64 { return rev * stores.FenceStride }
 
-// checkToken refuses an empty token, whose holder key would be its
-// directory.
+// checkToken refuses an empty token, and one with a NUL byte, which ends
+// the token in a holder key's value.
 func checkToken(token string) error {
-	if token == "" {
-		return fmt.Errorf("%w: etcdstore: empty token", stores.ErrInvalid)
+	if token == "" || strings.Contains(token, "\x00") {
+		return fmt.Errorf("%w: etcdstore: empty token, or one with a NUL byte", stores.ErrInvalid)
 	}
 	return nil
 }
@@ -307,9 +336,10 @@ func checkCount(keys []string) error {
 
 // Acquire sets every key to token for at least ttl when none is held by
 // another token, in one transaction (see stores.Store): it compares, per
-// key, that no holder key other than token's exists, and then puts token's
-// holder key on a shared lease of ttl. A retry finds its own holder key and
-// puts it again, with a fresh fence and lease. A refusal names the first key
+// key, that its holder key does not exist, and then puts token's holder
+// key on a shared lease of ttl. A retry finds keys holding its own token
+// and puts them again, with a fresh fence and lease, in a second
+// transaction that compares they are unchanged. A refusal names the first key
 // held by another token and, as Wait, the TTL that holder was given (an
 // upper bound of what it has left). It returns an error wrapping
 // stores.ErrInvalid for invalid arguments or more than MaxKeys keys, and
@@ -334,50 +364,62 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 }
 
 func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
-	var resp *clientv3.TxnResponse
-	err := s.withLease(ctx, ttl, func(lease clientv3.LeaseID) error {
-		cmps := make([]clientv3.Cmp, 0, 2*len(keys))
-		puts := make([]clientv3.Op, len(keys))
-		gets := make([]clientv3.Op, len(keys))
-		val := millis(ttl)
-		for i, k := range keys {
-			h := holderDir(s.dir(k))
-			cmps = append(cmps, othersAbsent(h, h+token)...)
-			puts[i] = clientv3.OpPut(h+token, val, clientv3.WithLease(lease))
-			gets[i] = clientv3.OpGet(h, clientv3.WithPrefix(), clientv3.WithLimit(2))
-		}
-		var err error
-		resp, err = s.kv.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
-		return err
-	})
-	if err != nil {
-		return stores.Grant{}, s.failed("acquire", keys, err)
-	}
-	if resp.Succeeded {
-		fences := make([]int64, len(keys))
-		for i := range fences {
-			fences[i] = fence(resp.Header.Revision)
-		}
-		return stores.Grant{OK: true, Fences: fences}, nil
-	}
-	if len(resp.Responses) != len(keys) {
-		return stores.Grant{}, fmt.Errorf("%w: acquire answered %d ranges for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
-	}
+	holders := make([]string, len(keys))
 	for i, k := range keys {
-		mine := holderDir(s.dir(k)) + token
-		for _, kv := range resp.Responses[i].GetResponseRange().GetKvs() {
-			if string(kv.Key) != mine {
-				return stores.Grant{Held: i, Wait: parseMillis(kv.Value)}, nil
+		holders[i] = holderKey(s.dir(k))
+	}
+	// First every key must be absent; when only token's own grants stand
+	// in the way (a retry), the keys must be as they were then read.
+	conds := make([]clientv3.Cmp, len(keys))
+	for i, h := range holders {
+		conds[i] = absent(h)
+	}
+	for range acquireAttempts {
+		var resp *clientv3.TxnResponse
+		err := s.withLease(ctx, ttl, func(lease clientv3.LeaseID) error {
+			puts := make([]clientv3.Op, len(keys))
+			gets := make([]clientv3.Op, len(keys))
+			val := holderValue(token, ttl)
+			for i, h := range holders {
+				puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
+				gets[i] = clientv3.OpGet(h)
 			}
+			var err error
+			resp, err = s.kv.Txn(ctx).If(conds...).Then(puts...).Else(gets...).Commit()
+			return err
+		})
+		if err != nil {
+			return stores.Grant{}, s.failed("acquire", keys, err)
+		}
+		if resp.Succeeded {
+			fences := make([]int64, len(keys))
+			for i := range fences {
+				fences[i] = fence(resp.Header.Revision)
+			}
+			return stores.Grant{OK: true, Fences: fences}, nil
+		}
+		if len(resp.Responses) != len(keys) {
+			return stores.Grant{}, fmt.Errorf("%w: acquire answered %d ranges for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
+		}
+		for i, r := range resp.Responses {
+			kvs := r.GetResponseRange().GetKvs()
+			if len(kvs) == 0 {
+				conds[i] = absent(holders[i])
+				continue
+			}
+			if holderToken(kvs[0].Value) != token {
+				return stores.Grant{Held: i, Wait: holderTTL(kvs[0].Value)}, nil
+			}
+			conds[i] = clientv3.Compare(clientv3.ModRevision(holders[i]), "=", kvs[0].ModRevision)
 		}
 	}
-	return stores.Grant{}, fmt.Errorf("%w: acquire of %q refused with every key free", ErrUnexpectedReply, keys)
+	return stores.Grant{}, fmt.Errorf("etcdstore: acquire %q: the keys changed under %d attempts", keys, acquireAttempts)
 }
 
 // Release ends token's grant on every key that still holds it, in one
-// transaction: it deletes token's holder keys, which signals waiters (see
-// NotifyRelease); with keep positive it moves them to a lease of keep
-// instead, so they stay held until it passes and nothing is signalled. It
+// transaction: it deletes the holder keys that hold token, which signals
+// waiters (see NotifyRelease); with keep positive it moves them to a lease
+// of keep instead, so they stay held until it passes and nothing is signalled. It
 // returns an error wrapping stores.ErrNotHeld when some key did not hold
 // token, after ending the grant on the others, one wrapping
 // stores.ErrInvalid for invalid arguments, and ctx.Err() without acting
@@ -394,29 +436,16 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if len(keys) == 1 && keep <= 0 {
-		// A plain delete: etcd applies it without the read view a
-		// transaction takes first.
-		resp, err := s.kv.Delete(ctx, holderDir(s.dir(keys[0]))+token)
-		if err != nil {
-			return s.failed("release", keys, err)
-		}
-		if resp.Deleted == 0 {
-			return fmt.Errorf("%w: etcdstore: release: %q not held by the token", stores.ErrNotHeld, keys[0])
-		}
-		return nil
-	}
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, keep, func(lease clientv3.LeaseID) error {
 		ops := make([]clientv3.Op, len(keys))
 		for i, k := range keys {
-			hk := holderDir(s.dir(k)) + token
+			h := holderKey(s.dir(k))
+			end := clientv3.OpDelete(h)
 			if keep > 0 {
-				ops[i] = clientv3.OpTxn([]clientv3.Cmp{exists(hk)},
-					[]clientv3.Op{clientv3.OpPut(hk, millis(keep), clientv3.WithLease(lease))}, nil)
-			} else {
-				ops[i] = clientv3.OpDelete(hk)
+				end = clientv3.OpPut(h, holderValue(token, keep), clientv3.WithLease(lease))
 			}
+			ops[i] = clientv3.OpTxn(heldBy(h, token), []clientv3.Op{end}, nil)
 		}
 		var err error
 		resp, err = s.kv.Txn(ctx).Then(ops...).Commit()
@@ -430,13 +459,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	var notHeld []string
 	for i, r := range resp.Responses {
-		held := false
-		if keep > 0 {
-			held = r.GetResponseTxn().GetSucceeded()
-		} else {
-			held = r.GetResponseDeleteRange().GetDeleted() > 0
-		}
-		if !held {
+		if !r.GetResponseTxn().GetSucceeded() {
 			notHeld = append(notHeld, keys[i])
 		}
 	}
@@ -465,12 +488,12 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	defer cancel()
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, ttl, func(lease clientv3.LeaseID) error {
-		cmps := make([]clientv3.Cmp, len(keys))
+		cmps := make([]clientv3.Cmp, 0, 2*len(keys))
 		puts := make([]clientv3.Op, len(keys))
 		for i, k := range keys {
-			hk := holderDir(s.dir(k)) + token
-			cmps[i] = exists(hk)
-			puts[i] = clientv3.OpPut(hk, millis(ttl), clientv3.WithLease(lease))
+			h := holderKey(s.dir(k))
+			cmps = append(cmps, heldBy(h, token)...)
+			puts[i] = clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(lease))
 		}
 		var err error
 		resp, err = s.kv.Txn(ctx).If(cmps...).Then(puts...).Commit()

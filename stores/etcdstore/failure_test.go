@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -262,11 +263,11 @@ func TestPausedMemberAbandonedAcquire(t *testing.T) {
 	}
 }
 
-// leaseOf returns the lease of key's holder key with token, through c.
+// leaseOf returns the lease of key's holder key, held by token, through c.
 func leaseOf(t *testing.T, c *clientv3.Client, prefix, key, token string) clientv3.LeaseID {
 	t.Helper()
-	resp, err := c.Get(t.Context(), prefix+key+"/h/"+token)
-	if err != nil || len(resp.Kvs) != 1 {
+	resp, err := c.Get(t.Context(), prefix+key+"/holder")
+	if err != nil || len(resp.Kvs) != 1 || !strings.HasPrefix(string(resp.Kvs[0].Value), token+"\x00") {
 		t.Fatalf("Get of the holder key of %q: %v, %d keys", key, err, len(resp.Kvs))
 	}
 	return clientv3.LeaseID(resp.Kvs[0].Lease)

@@ -24,12 +24,13 @@ const fairAttempts = 3
 // by default), so a dead waiter holds its place that long even under a
 // Locker's shorter WithFairness lease.
 //
-// The first transaction grants when the key is free (or holds token) and
-// nobody else is queued; otherwise it queues token, or renews its lease
+// The first transaction grants when the key is free and nobody else is
+// queued; otherwise it queues token, or renews its lease
 // (the put keeps its create revision, so its place), and reads the holder
 // and the queue. When token is then found at the head of the queue of a
-// free key, or holding the key, a second transaction grants, comparing that
-// nobody was queued ahead meanwhile. A grant deletes token's queue key in
+// free key, or holding the key (a retry), a second transaction grants,
+// comparing that nobody was queued ahead, or that the key is unchanged,
+// meanwhile. A grant deletes token's queue key in
 // the transaction that puts its holder key, and issues the fence by the
 // revision, as Acquire does.
 //
@@ -63,12 +64,14 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 
 func (s *Store) acquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	dir := s.dir(key)
-	h, q := holderDir(dir), queueDir(dir)
-	hk, qk := h+token, q+token
+	h, q := holderKey(dir), queueDir(dir)
+	qk := q + token
+	hold := func(hl clientv3.LeaseID) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
+	}
 	grant := func(cmps ...clientv3.Cmp) (granted bool, rev int64, err error) {
 		err = s.withLease(ctx, ttl, func(hl clientv3.LeaseID) error {
-			resp, err := s.kv.Txn(ctx).If(cmps...).
-				Then(clientv3.OpPut(hk, millis(ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)).Commit()
+			resp, err := s.kv.Txn(ctx).If(cmps...).Then(hold(hl)...).Commit()
 			if err == nil {
 				granted, rev = resp.Succeeded, resp.Header.Revision
 			}
@@ -87,12 +90,11 @@ func (s *Store) acquireFair(ctx context.Context, key, token string, ttl, lease t
 				if lease > 0 {
 					orElse = append(orElse, clientv3.OpPut(qk, millis(lease), clientv3.WithLease(ql)))
 				}
-				orElse = append(orElse, clientv3.OpGet(h, clientv3.WithPrefix(), clientv3.WithLimit(2)),
+				orElse = append(orElse, clientv3.OpGet(h),
 					clientv3.OpGet(q, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
 				var err error
-				resp, err = s.kv.Txn(ctx).If(append(othersAbsent(h, hk), othersAbsent(q, qk)...)...).
-					Then(clientv3.OpPut(hk, millis(ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)).
-					Else(orElse...).Commit()
+				resp, err = s.kv.Txn(ctx).If(append(othersAbsent(q, qk), absent(h))...).
+					Then(hold(hl)...).Else(orElse...).Commit()
 				return err
 			})
 		})
@@ -106,29 +108,20 @@ func (s *Store) acquireFair(ctx context.Context, key, token string, ttl, lease t
 		if n < 2 {
 			return stores.FairGrant{}, fmt.Errorf("%w: fair acquire of %q answered %d results", ErrUnexpectedReply, key, n)
 		}
-		holders := resp.Responses[n-2].GetResponseRange().GetKvs()
+		holder := resp.Responses[n-2].GetResponseRange().GetKvs()
 		queue := resp.Responses[n-1].GetResponseRange().GetKvs()
 		ahead, queued := place(queue, qk)
 		if !queued {
 			ahead = -1
 		}
-		mine := false
-		for _, kv := range holders {
-			if string(kv.Key) != hk {
-				return stores.FairGrant{Grant: stores.Grant{Wait: parseMillis(kv.Value)}, Ahead: ahead}, nil
-			}
-			mine = true
-		}
+		var ok bool
+		var rev int64
 		switch {
-		case mine:
+		case len(holder) > 0 && holderToken(holder[0].Value) != token:
+			return stores.FairGrant{Grant: stores.Grant{Wait: holderTTL(holder[0].Value)}, Ahead: ahead}, nil
+		case len(holder) > 0:
 			// A retry: granted again whoever is queued.
-			ok, rev, err := grant(othersAbsent(h, hk)...)
-			if err != nil {
-				return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
-			}
-			if ok {
-				return granted(rev), nil
-			}
+			ok, rev, err = grant(clientv3.Compare(clientv3.ModRevision(h), "=", holder[0].ModRevision))
 		case ahead != 0 && len(queue) > 0:
 			// The key is free, and another waiter heads the queue.
 			head := queue[0]
@@ -137,15 +130,15 @@ func (s *Store) acquireFair(ctx context.Context, key, token string, ttl, lease t
 		case queued:
 			// The head of the queue of a free key, with waiters behind.
 			myRev := queue[0].CreateRevision
-			ok, rev, err := grant(append(othersAbsent(h, hk),
+			ok, rev, err = grant(absent(h),
 				clientv3.Compare(clientv3.CreateRevision(qk), "=", myRev),
-				clientv3.Compare(clientv3.CreateRevision(q), ">", myRev-1).WithPrefix())...)
-			if err != nil {
-				return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
-			}
-			if ok {
-				return granted(rev), nil
-			}
+				clientv3.Compare(clientv3.CreateRevision(q), ">", myRev-1).WithPrefix())
+		}
+		if err != nil {
+			return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
+		}
+		if ok {
+			return granted(rev), nil
 		}
 		// The state changed between the reads and the grant: look again.
 	}

@@ -144,10 +144,10 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// keyState is the watch's copy of a key's holders and queue.
+// keyState is the watch's copy of a key's holder and queue.
 type keyState struct {
-	holders map[string]struct{}
-	queue   map[string]int64 // token to create revision
+	held  bool
+	queue map[string]int64 // token to create revision
 }
 
 // head returns the token at the head of the queue, if any.
@@ -162,19 +162,14 @@ func (st *keyState) head() (string, bool) {
 	return head, rev != 0
 }
 
-// apply applies a change of name (h/<token> or q/<token>) to st and
+// apply applies a change of name ("holder" or q/<token>) to st and
 // reports whether the key became free or, free, got a new head.
 func (st *keyState) apply(name string, kv *mvccpb.KeyValue, deleted bool) (freed bool) {
 	switch {
-	case strings.HasPrefix(name, "h/"):
-		tok := name[2:]
-		if !deleted {
-			st.holders[tok] = struct{}{}
-			return false
-		}
-		_, was := st.holders[tok]
-		delete(st.holders, tok)
-		return was && len(st.holders) == 0
+	case name == "holder":
+		was := st.held
+		st.held = !deleted
+		return was && deleted
 	case strings.HasPrefix(name, "q/"):
 		tok := name[2:]
 		if !deleted {
@@ -184,7 +179,7 @@ func (st *keyState) apply(name string, kv *mvccpb.KeyValue, deleted bool) (freed
 		head, _ := st.head()
 		_, was := st.queue[tok]
 		delete(st.queue, tok)
-		return was && head == tok && len(st.holders) == 0
+		return was && head == tok && !st.held
 	}
 	return false
 }
@@ -208,11 +203,11 @@ func (n *notifier) watch(ctx context.Context, w *keyWatch) {
 		if err != nil {
 			continue
 		}
-		st := &keyState{holders: map[string]struct{}{}, queue: map[string]int64{}}
+		st := &keyState{queue: map[string]int64{}}
 		for _, kv := range resp.Kvs {
 			st.apply(string(kv.Key[len(dir):]), kv, false)
 		}
-		if !first && len(st.holders) == 0 {
+		if !first && !st.held {
 			n.signalFree(w, st) // a release may have gone unseen
 		}
 		watchCtx, stopWatch := context.WithCancel(ctx)
