@@ -438,29 +438,42 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	defer cancel()
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, keep, func(lease clientv3.LeaseID) error {
+		// One key is the transaction's condition; several each get a
+		// nested transaction, so that the others are released anyway.
+		var cmps []clientv3.Cmp
 		ops := make([]clientv3.Op, len(keys))
 		for i, k := range keys {
 			h := holderKey(s.dir(k))
-			end := clientv3.OpDelete(h)
+			ops[i] = clientv3.OpDelete(h)
 			if keep > 0 {
-				end = clientv3.OpPut(h, holderValue(token, keep), clientv3.WithLease(lease))
+				ops[i] = clientv3.OpPut(h, holderValue(token, keep), clientv3.WithLease(lease))
 			}
-			ops[i] = clientv3.OpTxn(heldBy(h, token), []clientv3.Op{end}, nil)
+			if len(keys) == 1 {
+				cmps = heldBy(h, token)
+			} else {
+				ops[i] = clientv3.OpTxn(heldBy(h, token), []clientv3.Op{ops[i]}, nil)
+			}
 		}
 		var err error
-		resp, err = s.kv.Txn(ctx).Then(ops...).Commit()
+		resp, err = s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		return err
 	})
 	if err != nil {
 		return s.failed("release", keys, err)
 	}
-	if len(resp.Responses) != len(keys) {
-		return fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
-	}
 	var notHeld []string
-	for i, r := range resp.Responses {
-		if !r.GetResponseTxn().GetSucceeded() {
-			notHeld = append(notHeld, keys[i])
+	switch {
+	case len(keys) == 1:
+		if !resp.Succeeded {
+			notHeld = keys
+		}
+	case len(resp.Responses) != len(keys):
+		return fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
+	default:
+		for i, r := range resp.Responses {
+			if !r.GetResponseTxn().GetSucceeded() {
+				notHeld = append(notHeld, keys[i])
+			}
 		}
 	}
 	if len(notHeld) > 0 {
