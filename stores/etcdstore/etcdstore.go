@@ -58,9 +58,10 @@
 //
 // # Round trips
 //
-// Acquire, Release and Refresh are one request each (a transaction, or a
-// plain delete to release one key), for any number of keys (up to
-// MaxKeys), plus a LeaseGrant when no shared lease fits. Every request is a
+// Acquire, Release and Refresh are one transaction each, for any number of
+// keys (up to MaxKeys), plus a LeaseGrant when no shared lease fits (about
+// once a second per TTL in use), and a second transaction for a retried
+// Acquire that finds its own grant. Every request is a
 // write through etcd's log, a refused acquire too. A fair
 // attempt is one transaction, and a second one when its caller heads the
 // queue behind other waiters.
