@@ -1,0 +1,64 @@
+package etcdstore_test
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/etcdstore"
+	"github.com/reqlock/reqlock/stores/storetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
+
+// newClient returns a client of endpoints, closed when the test ends.
+func newClient(t testing.TB, endpoints []string) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// newStore returns a Store on the shared etcd, closed when the test ends.
+func newStore(t testing.TB, opts ...etcdstore.Option) *etcdstore.Store {
+	t.Helper()
+	s, err := etcdstore.New(newClient(t, testservers.EtcdEndpoints(t)), opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, storetest.Suite{
+		New:    func(t *testing.T) stores.Store { return newStore(t) },
+		Notify: true,
+		Fair:   true,
+		// The shortest TTL the store honours is etcd's shortest lease (2s
+		// with the default election timeout): a shorter lock lives that long.
+		ExpiryTTL: minLeaseTTL(t),
+	})
+}
+
+// minLeaseTTL returns the shortest lease the shared etcd grants: it raises
+// shorter ones to 1.5 x its election timeout, rounded up to seconds.
+func minLeaseTTL(t *testing.T) time.Duration {
+	t.Helper()
+	c := newClient(t, testservers.EtcdEndpoints(t))
+	resp, err := c.Grant(t.Context(), 1)
+	if err != nil {
+		t.Fatalf("Grant: %v", err)
+	}
+	_, _ = c.Revoke(t.Context(), resp.ID)
+	return time.Duration(resp.TTL) * time.Second
+}
