@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/etcdstore"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/mysqlstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
@@ -38,6 +39,7 @@ var storeOpeners = map[string]storeOpener{
 	"mariadb": opener("mysqlstore", mysqlstore.Open),
 	"zk":      opener("zkstore", zkstore.Open),
 	"redlock": opener("redlockstore", redlockstore.Open),
+	"etcd":    opener("etcdstore", etcdstore.Open),
 }
 
 // closingStore is a store that holds resources until Close.

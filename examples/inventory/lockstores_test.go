@@ -34,6 +34,9 @@ var storeURLs = map[string]func(tb testing.TB) string{
 		}
 		return "redlock://" + strings.Join(nodes, ",")
 	},
+	"etcd": func(tb testing.TB) string {
+		return "etcd://" + strings.Join(hostPorts(tb, testservers.EtcdEndpoints(tb)), ",") + "/inventory-test"
+	},
 	"zk": func(tb testing.TB) string { return "zk://" + testservers.ZooKeeperAddr(tb) + "/inventory-test" },
 	"mysql": func(tb testing.TB) string {
 		// The DSN is user:pass@tcp(host:port)/db; the URL form drops tcp().
@@ -86,4 +89,17 @@ func TestLockStoresFromURL(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hostPorts strips the scheme of client URLs (http://host:port).
+func hostPorts(tb testing.TB, endpoints []string) []string {
+	out := make([]string, len(endpoints))
+	for i, e := range endpoints {
+		_, hp, ok := strings.Cut(e, "://")
+		if !ok {
+			hp = e
+		}
+		out[i] = hp
+	}
+	return out
 }
