@@ -1,12 +1,16 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Timing of the listening connection.
@@ -18,6 +22,10 @@ const (
 	// listenPing bounds that ping, and each dial and LISTEN.
 	listenPing = 5 * time.Second
 
+	// watchRenew is how often the keys with subscribers are marked
+	// watched again: a third of watchFor in sql.go.
+	watchRenew = 10 * time.Second
+
 	// Redials back off from redialMin to redialMax.
 	redialMin = 50 * time.Millisecond
 	redialMax = 2 * time.Second
@@ -28,11 +36,16 @@ const (
 type listener struct {
 	config  *pgx.ConnConfig
 	channel string
+	pool    *pgxpool.Pool
+	watch   string // the statement that marks keys watched
 	cancel  context.CancelFunc
-	done    chan struct{} // closed when the goroutine has returned
+	done    sync.WaitGroup // the listening and marking goroutines
+	kick    chan struct{}  // buffered by one: a key awaits its first mark
 
-	mu   sync.Mutex
-	subs map[string]map[*subscription]struct{} // by payload (payloadOf the key)
+	mu      sync.Mutex
+	subs    map[string]map[*subscription]struct{} // by payload (payloadOf the key)
+	keys    map[string]string                     // the key of each payload in subs
+	pending map[string]bool                       // keys not marked watched yet
 }
 
 // subscription is one NotifyRelease.
@@ -44,8 +57,10 @@ type subscription struct {
 // called (stop is idempotent and must be called). The channel receives,
 // without blocking the release, after each plain release of key by any
 // Store on the same table; several releases may arrive as one signal. The
-// first call opens the Store's listening connection in the background, so a
-// release right after the first subscription may pass unnoticed; signals
+// first call opens the Store's listening connection in the background, and
+// the key is marked watched (a release notifies only watched keys; see
+// Release notification in the package documentation) in the background
+// too, so a release right after a subscription may pass unnoticed; signals
 // are also lost while that connection is down. token is not used: every
 // subscriber of the key is signalled. After Close it returns a nil channel.
 func (s *Store) NotifyRelease(key, token string) (released <-chan struct{}, stop func()) {
@@ -55,29 +70,40 @@ func (s *Store) NotifyRelease(key, token string) (released <-chan struct{}, stop
 		return nil, func() {}
 	}
 	if s.notify == nil {
-		s.notify = startListener(s.pool.Config().ConnConfig.Copy(), s.channel)
+		s.notify = startListener(s.pool, s.sql.watch, s.channel)
 	}
-	return s.notify.subscribe(payloadOf(key))
+	return s.notify.subscribe(key)
 }
 
 // startListener starts the goroutine that listens on channel over a
-// connection of its own, made from config.
-func startListener(config *pgx.ConnConfig, channel string) *listener {
+// connection of its own, made with pool's configuration, and the one that
+// marks subscribed keys watched through pool.
+func startListener(pool *pgxpool.Pool, watch, channel string) *listener {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{config: config, channel: channel, cancel: cancel, done: make(chan struct{}),
-		subs: make(map[string]map[*subscription]struct{})}
+	l := &listener{config: pool.Config().ConnConfig.Copy(), channel: channel, pool: pool, watch: watch,
+		cancel: cancel, kick: make(chan struct{}, 1),
+		subs: make(map[string]map[*subscription]struct{}), keys: make(map[string]string), pending: make(map[string]bool)}
+	l.done.Add(2)
 	go l.run(ctx)
+	go l.markWatched(ctx)
 	return l
 }
 
-// subscribe adds a subscriber of payload.
-func (l *listener) subscribe(payload string) (<-chan struct{}, func()) {
+// subscribe adds a subscriber of key.
+func (l *listener) subscribe(key string) (<-chan struct{}, func()) {
+	payload := payloadOf(key)
 	sub := &subscription{ch: make(chan struct{}, 1)}
 	l.mu.Lock()
 	set := l.subs[payload]
 	if set == nil {
 		set = make(map[*subscription]struct{})
 		l.subs[payload] = set
+		l.keys[payload] = key
+		l.pending[key] = true
+		select {
+		case l.kick <- struct{}{}:
+		default: // a kick is waiting already
+		}
 	}
 	set[sub] = struct{}{}
 	l.mu.Unlock()
@@ -89,8 +115,49 @@ func (l *listener) subscribe(payload string) (<-chan struct{}, func()) {
 			delete(l.subs[payload], sub)
 			if len(l.subs[payload]) == 0 {
 				delete(l.subs, payload)
+				delete(l.pending, l.keys[payload])
+				delete(l.keys, payload)
 			}
 		})
+	}
+}
+
+// markWatched marks the keys of new subscriptions watched as they come, and
+// every key with subscribers every watchRenew, until ctx ends.
+func (l *listener) markWatched(ctx context.Context) {
+	defer l.done.Done()
+	ticker := time.NewTicker(watchRenew)
+	defer ticker.Stop()
+	for {
+		var keys [][]byte
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.kick:
+			l.mu.Lock()
+			for k := range l.pending {
+				keys = append(keys, []byte(k))
+			}
+			clear(l.pending)
+			l.mu.Unlock()
+		case <-ticker.C:
+			l.mu.Lock()
+			for _, k := range l.keys {
+				keys = append(keys, []byte(k))
+			}
+			l.mu.Unlock()
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		slices.SortFunc(keys, bytes.Compare) // rows are locked in key order
+		// A key that fails to be marked is marked at the next renewal;
+		// its waiters poll meanwhile.
+		markCtx, cancel := context.WithTimeout(ctx, listenPing)
+		_, _ = retrying(markCtx, func(ctx context.Context) (pgconn.CommandTag, error) {
+			return l.pool.Exec(ctx, l.watch, keys)
+		})
+		cancel()
 	}
 }
 
@@ -109,13 +176,13 @@ func (l *listener) signal(payload string) {
 // close stops the goroutine and closes the connection.
 func (l *listener) close() {
 	l.cancel()
-	<-l.done
+	l.done.Wait()
 }
 
 // run keeps a connection listening on the channel until ctx ends,
 // redialling with backoff when it fails.
 func (l *listener) run(ctx context.Context) {
-	defer close(l.done)
+	defer l.done.Done()
 	pause := redialMin
 	for ctx.Err() == nil {
 		if l.listen(ctx) {

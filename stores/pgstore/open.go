@@ -34,7 +34,10 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if u.Host == "" {
 		return nil, fmt.Errorf("%w: pgstore: URL %q names no host", stores.ErrInvalid, u.Redacted())
 	}
-	q := u.Query()
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("%w: pgstore: URL parameters do not parse: %v", stores.ErrInvalid, err)
+	}
 	var opts []Option
 	if q.Has("table") {
 		opts = append(opts, WithTable(q.Get("table")))

@@ -298,7 +298,7 @@ func (s *Store) acquireOne(ctx context.Context, key []byte, token string, ttl ti
 // transaction and one round trip. The first locks every row in key order
 // (creating the missing ones) unless a key is seen held; the second takes
 // them all when none is held by another token; the third reads the
-// holders, for a refusal.
+// holders, for a refusal, and marks them watched.
 func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl time.Duration) (stores.Grant, error) {
 	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
 		batch := &pgx.Batch{}
@@ -330,7 +330,7 @@ func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl
 			return stores.Grant{}, err
 		}
 		var holder []byte // the first key held by another token
-		if _, err := pgx.ForEachRow(rows, []any{&key, nil, &remaining}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&key, &remaining}, func() error {
 			if holder == nil {
 				holder = bytes.Clone(key)
 			}

@@ -14,6 +14,7 @@ type statements struct {
 	acquireOne  string
 	lockAll     string
 	holders     string
+	watch       string
 	acquireAll  string
 	lockHeld    string
 	release     string
@@ -34,6 +35,10 @@ const (
 	// clockNow is a FROM item that reads the server's clock once, so that
 	// every expression of a statement judges expiry at one instant.
 	clockNow = `(SELECT clock_timestamp() AS ts) AS now`
+
+	// watchFor is how long a key stays watched after a waiter was refused
+	// it or subscribed to it.
+	watchFor = `interval '30 seconds'`
 )
 
 // newStatements writes the statements for table, a name tableName accepts.
@@ -46,13 +51,14 @@ func newStatements(table string) statements {
 	free := `(l.token IS NULL OR l.token = EXCLUDED.token OR
 	          l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')`
 	r := strings.NewReplacer("{t}", t, "{free}", free, "{nowMicros}", nowMicros,
-		"{remaining}", remainingMicros, "{clockNow}", clockNow)
+		"{remaining}", remainingMicros, "{clockNow}", clockNow, "{watch}", watchFor)
 	return statements{
 		create: r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
 			key        bytea PRIMARY KEY,
 			token      bytea,
 			expires_at timestamptz,
-			fence      bigint NOT NULL
+			fence      bigint NOT NULL,
+			watched_until timestamptz -- a waiter listens for its release until then
 		)`),
 
 		// Every conflict rewrites the row (unchanged when it is held), so
@@ -65,40 +71,59 @@ func newStatements(table string) statements {
 			ON CONFLICT (key) DO UPDATE SET
 				token      = CASE WHEN {free} THEN EXCLUDED.token ELSE l.token END,
 				expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE l.expires_at END,
-				fence      = CASE WHEN {free} THEN greatest(l.fence + $4::bigint, EXCLUDED.fence) ELSE l.fence END
+				fence      = CASE WHEN {free} THEN greatest(l.fence + $4::bigint, EXCLUDED.fence) ELSE l.fence END,
+				watched_until = CASE WHEN {free} THEN l.watched_until
+				                ELSE greatest(l.watched_until, clock_timestamp() + {watch}) END
 			RETURNING token = $2::bytea, fence, {remaining}`),
 
 		// Creates the missing rows and locks every row, in key order so
 		// that two calls never wait for each other in a cycle; unless a key
 		// is seen held by another token, so that a refusal takes no lock
-		// and waits for none.
+		// and waits for none. It records how many rows it locked in the
+		// transaction's reqlock.locked setting, for acquireAll.
 		lockAll: r.Replace(`
-			INSERT INTO {t} AS l (key, fence)
-			SELECT k, 0 FROM unnest($1::bytea[]) AS k
-			WHERE NOT EXISTS (
-				SELECT 1 FROM {t} AS h
-				WHERE h.key = ANY($1::bytea[]) AND h.token IS NOT NULL AND h.token <> $2::bytea
-				  AND h.expires_at > clock_timestamp())
-			ORDER BY k
-			ON CONFLICT (key) DO UPDATE SET fence = l.fence`),
+			WITH locked AS (
+				INSERT INTO {t} AS l (key, fence)
+				SELECT k, 0 FROM unnest($1::bytea[]) AS k
+				WHERE NOT EXISTS (
+					SELECT 1 FROM {t} AS h
+					WHERE h.key = ANY($1::bytea[]) AND h.token IS NOT NULL AND h.token <> $2::bytea
+					  AND h.expires_at > clock_timestamp())
+				ORDER BY k
+				ON CONFLICT (key) DO UPDATE SET fence = l.fence
+				RETURNING 1)
+			SELECT set_config('reqlock.locked', count(*)::text, true) FROM locked`),
 
 		// Reads each key's holder and remaining lease, in key order, for a
-		// refusal.
+		// refusal, and marks the held keys watched (see acquireOne).
 		holders: r.Replace(`
-			SELECT key, token, {remaining} FROM {t}
-			WHERE key = ANY($1::bytea[]) AND token IS NOT NULL AND token <> $2::bytea
-			  AND expires_at > clock_timestamp()
-			ORDER BY key`),
+			WITH held AS (
+				UPDATE {t} SET watched_until = greatest(watched_until, clock_timestamp() + {watch})
+				WHERE key = ANY($1::bytea[]) AND token IS NOT NULL AND token <> $2::bytea
+				  AND expires_at > clock_timestamp()
+				RETURNING key, {remaining})
+			SELECT * FROM held ORDER BY key`),
 
-		// Runs after lockAll in its transaction: the rows cannot change
-		// between the check and the update.
+		// Marks keys watched, creating missing rows, in key order.
+		watch: r.Replace(`
+			INSERT INTO {t} AS l (key, fence, watched_until)
+			SELECT k, 0, clock_timestamp() + {watch} FROM unnest($1::bytea[]) AS k ORDER BY k
+			ON CONFLICT (key) DO UPDATE SET watched_until = greatest(l.watched_until, EXCLUDED.watched_until)`),
+
+		// Runs after lockAll in its transaction, and acts only when lockAll
+		// locked every row: the rows then cannot change between the check
+		// and the update. (Without those locks, a row granted by another
+		// transaction after this statement's snapshot would be overwritten:
+		// the NOT EXISTS check is not run again on the row's new version.)
 		acquireAll: r.Replace(`
 			UPDATE {t} AS l SET
 				token      = $2::bytea,
 				expires_at = now.ts + $3::bigint * interval '1 microsecond',
 				fence      = greatest(l.fence + $4::bigint, {nowMicros})
 			FROM {clockNow}
-			WHERE l.key = ANY($1::bytea[]) AND NOT EXISTS (
+			WHERE l.key = ANY($1::bytea[])
+			  AND current_setting('reqlock.locked', true) = cardinality($1::bytea[])::text
+			  AND NOT EXISTS (
 				SELECT 1 FROM {t} AS h
 				WHERE h.key = ANY($1::bytea[]) AND h.token IS NOT NULL AND h.token <> $2::bytea
 				  AND h.expires_at > now.ts)
@@ -107,13 +132,17 @@ func newStatements(table string) statements {
 		// Locks the existing rows of $1 in key order, creating none.
 		lockHeld: r.Replace(`SELECT key FROM {t} WHERE key = ANY($1::bytea[]) ORDER BY key FOR UPDATE`),
 
+		// Notifies the release of watched keys only: a transaction that
+		// notifies holds a lock on the whole database from its NOTIFY to
+		// its commit, so notifying every release would serialize them all.
 		// The notification goes out when the release commits.
 		release: r.Replace(`
 			WITH released AS (
 				UPDATE {t} SET token = NULL, expires_at = NULL
 				WHERE key = ANY($1::bytea[]) AND token = $2::bytea AND expires_at > clock_timestamp()
-				RETURNING key)
-			SELECT key, pg_notify($3::text, encode(sha256(key), 'hex')) FROM released`),
+				RETURNING key, watched_until > clock_timestamp() AS watched)
+			SELECT key, CASE WHEN watched THEN pg_notify($3::text, encode(sha256(key), 'hex'))::text END
+			FROM released`),
 
 		releaseKeep: r.Replace(`
 			UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
