@@ -6,10 +6,11 @@
 // A lock is a row of a table the store owns, one row per key:
 //
 //	CREATE TABLE IF NOT EXISTS reqlock_locks (
-//		key        bytea PRIMARY KEY,
-//		token      bytea,          -- the holder's token; NULL when released
-//		expires_at timestamptz,    -- end of the holder's lease, by the server's clock
-//		fence      bigint NOT NULL -- the key's last fence; survives release and expiry
+//		key           bytea PRIMARY KEY,
+//		token         bytea,          -- the holder's token; NULL when released
+//		expires_at    timestamptz,    -- end of the holder's lease, by the server's clock
+//		fence         bigint NOT NULL, -- the key's last fence; survives release and expiry
+//		watched_until timestamptz     -- a waiter listens for the key's release until then
 //	)
 //
 // A key is held while its token is set and expires_at is after the server's
@@ -40,17 +41,20 @@
 //
 // # Isolation and serialization failures
 //
-// Every connection runs at READ COMMITTED (the store sets
-// default_transaction_isolation on its connections, whatever the server's
-// default), and each call is one statement, or two statements in one
-// implicit transaction that first locks every row in key order. Such
-// statements cannot fail with 40001 (serialization_failure), which only
-// REPEATABLE READ and SERIALIZABLE raise; this is what cirello.io/pglock's
-// SERIALIZABLE transactions hit under load (its issues 26 and 29). Rows are
-// locked in one order (sorted keys), so the store's statements do not
-// deadlock each other either; should a 40001 or 40P01 (deadlock_detected)
-// still come back, the transaction was rolled back, changed nothing, and the
-// call is retried after a short random pause until its context ends.
+// Each call is one statement, or two or three statements in one implicit
+// transaction that locks rows in key order, meant to run at READ COMMITTED:
+// Open sets default_transaction_isolation on its connections, whatever the
+// server's default, and the PostgreSQL default is READ COMMITTED for the
+// pool given to New. Such statements cannot fail with 40001
+// (serialization_failure), which only REPEATABLE READ and SERIALIZABLE
+// raise; this is what cirello.io/pglock's SERIALIZABLE transactions hit
+// under load (its issues 26 and 29). Rows are locked in one order (sorted
+// keys), so the store's statements do not deadlock each other either.
+// Should a 40001 or 40P01 (deadlock_detected) still come back (a pool whose
+// connections run at SERIALIZABLE, a program of its own locking rows of
+// the table), the transaction was rolled back and changed nothing, and the
+// call runs again after a random pause of up to 5ms, until its context
+// ends.
 //
 // # Fencing
 //
@@ -73,22 +77,44 @@
 //
 // # Several keys
 //
-// Acquire with several keys runs two statements in one round trip and one
+// Acquire with several keys runs three statements in one round trip and one
 // implicit transaction: the first creates missing rows and locks every row
-// in key order, the second takes them all only when none is held by another
-// token. Refresh with several keys locks them the same way before it moves
-// their leases, only when every key holds the token.
+// in key order, unless its snapshot shows a key held by another token (so a
+// refusal takes no row lock and waits for none); the second takes them all,
+// only when the first locked every row (it says so in the transaction-local
+// setting reqlock.locked) and none is held by another token; the third
+// reads the holders of a refusal. Refresh with several keys locks the rows
+// in key order (SELECT ... FOR UPDATE) before it moves their leases, only
+// when every key holds the token. Release frees each key that holds the
+// token, in one statement.
 //
 // # Release notification
 //
-// A plain release sends NOTIFY (pg_notify) in the transaction of the release,
-// on the channel named like the table, with the hex SHA-256 of the key as
-// payload; PostgreSQL delivers it once the release commits, in commit order.
+// A plain release of a watched key sends NOTIFY (pg_notify) in the
+// statement of the release, on the channel named like the table, with the
+// hex SHA-256 of the key as payload; PostgreSQL delivers it once the release
+// commits, in commit order. A key is watched for 30 seconds after an
+// acquire was refused it (the refusal marks it, in the same statement) or a
+// Store subscribed to it (NotifyRelease marks it in the background, and
+// again every 10 seconds while subscribed). Releases of keys nobody waits
+// for notify nothing: a transaction that notifies holds a database-wide lock
+// from its NOTIFY to its commit, and notifying every release serialized all
+// of them.
+//
 // The Store listens on one dedicated connection, opened by the first
-// NotifyRelease, and hands each notification to the subscribers of its key.
+// NotifyRelease, and hands each notification to the subscribers of its key;
+// it pings the server when the connection has been idle for 15 seconds.
 // Signals are hints: one sent while the listening connection is down is
-// lost (the connection is redialled), and an expiry sends none, so waiters
-// keep a fallback poll capped by the holder's remaining TTL.
+// lost (the connection is redialled), one sent before a key's mark is
+// committed is not sent, and an expiry sends none, so waiters keep a
+// fallback poll capped by the holder's remaining TTL.
+//
+// # Fair mode
+//
+// Store does not implement stores.FairStore. A FIFO queue per key would
+// need a queue table with a lease per waiter, written by every attempt of
+// every waiter; the Locker's local queue already orders the waiters of one
+// process, and the lease row grants across processes in no set order.
 //
 // # Contexts and unknown outcomes
 //
@@ -96,12 +122,15 @@
 // on a context of its own, bounded by the abandon timeout (5s), so that a
 // grant the server made after the caller left is seen and released,
 // owner-checked, once the statement returns; the caller gets an error
-// wrapping stores.ErrAbandoned and the context's error. A statement that
-// cannot even then be confirmed (the connection broke during its commit)
-// is released all the same: a release of a token that was never granted
-// changes nothing. Release and Refresh end their statement with the
-// context; their outcome is then unknown. A call that failed to connect
-// returns an error wrapping stores.ErrUnreachable: it changed nothing.
+// wrapping stores.ErrAbandoned and the context's error. When that statement
+// fails after reaching the server (the connection broke, so its commit may
+// or may not have happened), the store releases it all the same: a release
+// of a token that was never granted changes nothing. The same uncertainty
+// on a call the caller still waits for is returned as the driver's error,
+// which the Locker treats as an unknown outcome (it releases, owner-checked).
+// Release and Refresh end their statement with the context; their outcome
+// is then unknown. A call that failed to connect returns an error wrapping
+// stores.ErrUnreachable: it changed nothing.
 //
 // # The table
 //

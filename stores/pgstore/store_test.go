@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -434,5 +435,61 @@ func TestFenceFloorIsTheServerClock(t *testing.T) {
 	}
 	if g2.Fences[0]-g.Fences[0] < stores.FenceStride {
 		t.Fatalf("fence %d after the row was deleted, %d before: want a stride above", g2.Fences[0], g.Fences[0])
+	}
+}
+
+// TestCloseLeavesNoGoroutine: Close stops the listening connection's
+// goroutines; a Store closed twice is fine, and NotifyRelease after Close
+// returns a nil channel.
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	dsn := testservers.PostgresDSN(t)
+	base := runtime.NumGoroutine()
+	s, err := pgstore.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "close:" + t.Name()
+	ch, stop := s.NotifyRelease(key, "waiter")
+	if ch == nil {
+		t.Fatal("NotifyRelease: nil channel")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ { // released until the subscription is live
+		token := fmt.Sprint("t", i)
+		if g, err := s.Acquire(t.Context(), []string{key}, token, time.Minute); err != nil || !g.OK {
+			t.Fatalf("Acquire: %+v, %v", g, err)
+		}
+		if err := s.Release(t.Context(), []string{key}, token, 0); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ch:
+		case <-time.After(50 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatal("no release signal")
+			}
+			continue
+		}
+		break
+	}
+	if n := runtime.NumGoroutine(); n <= base {
+		t.Fatalf("%d goroutines while subscribed, %d before: the test cannot see a leak", n, base)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	stop()
+	stop()
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines after Close, %d before", runtime.NumGoroutine(), base)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the goroutine count, which no channel reports
+	}
+	if ch, _ := s.NotifyRelease(key, "waiter"); ch != nil {
+		t.Fatal("NotifyRelease after Close returned a channel")
 	}
 }
