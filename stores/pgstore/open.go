@@ -14,9 +14,10 @@ import (
 //
 //	postgres://user:pass@host:port/db?sslmode=disable&table=reqlock_locks
 //
-// (scheme postgres or postgresql). The store's own parameter, table (see
-// WithTable; default DefaultTable), is taken out of the URL; the rest is
-// pgx's connection string, which accepts libpq's parameters (sslmode,
+// (scheme postgres or postgresql; a Unix socket directory goes in a host
+// parameter: postgres:///db?host=/run/postgresql). The store's own
+// parameter, table (see WithTable; default DefaultTable), is taken out of
+// the URL; the rest is pgx's connection string, which accepts libpq's parameters (sslmode,
 // connect_timeout, ...) and pgxpool's (pool_max_conns, default the larger of
 // 4 and the number of CPUs, ...). Every connection runs at READ COMMITTED
 // whatever the server's default. Open creates the table when missing, and
@@ -31,12 +32,12 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
 		return nil, fmt.Errorf("%w: pgstore: URL scheme %q, want postgres:// or postgresql://", stores.ErrInvalid, u.Scheme)
 	}
-	if u.Host == "" {
-		return nil, fmt.Errorf("%w: pgstore: URL %q names no host", stores.ErrInvalid, u.Redacted())
-	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
 		return nil, fmt.Errorf("%w: pgstore: URL parameters do not parse: %v", stores.ErrInvalid, err)
+	}
+	if u.Host == "" && !q.Has("host") { // a socket directory goes in ?host=
+		return nil, fmt.Errorf("%w: pgstore: URL %q names no host", stores.ErrInvalid, u.Redacted())
 	}
 	var opts []Option
 	if q.Has("table") {

@@ -75,6 +75,15 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 	}
 }
 
+// TestOpenSocketURL: a URL whose host is a socket directory parameter is
+// valid; with no server there, Open fails as unreachable.
+func TestOpenSocketURL(t *testing.T) {
+	_, err := pgstore.Open(t.Context(), "postgres://u:p@/reqlock?host="+t.TempDir()+"&connect_timeout=2")
+	if errors.Is(err, stores.ErrInvalid) || !errors.Is(err, stores.ErrUnreachable) {
+		t.Fatalf("Open with a socket directory and no server: %v; want stores.ErrUnreachable", err)
+	}
+}
+
 // passwordOf returns the password of a postgres:// URL.
 func passwordOf(t *testing.T, dsn string) string {
 	t.Helper()
