@@ -27,7 +27,7 @@ import (
 // library needs to be correct (a pooled *sql.DB may unlock on another
 // session than the one that locked).
 
-// Shapes of the comparison (see bench/README.md of the project).
+// Shapes of the comparison, as every store of the project measures them.
 const (
 	hotWorkers    = 50
 	hotHold       = time.Millisecond
