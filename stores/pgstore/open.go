@@ -1,0 +1,73 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/reqlock/reqlock/stores"
+)
+
+// Open returns a Store over a pool of its own, from a URL of the form
+//
+//	postgres://user:pass@host:port/db?sslmode=disable&table=reqlock_locks
+//
+// (scheme postgres or postgresql; a Unix socket directory goes in a host
+// parameter: postgres:///db?host=/run/postgresql). The store's own
+// parameter, table (see WithTable; default DefaultTable), is taken out of
+// the URL; the rest is pgx's connection string, which accepts libpq's parameters (sslmode,
+// connect_timeout, ...) and pgxpool's (pool_max_conns, default the larger of
+// 4 and the number of CPUs, ...). Every connection runs at READ COMMITTED
+// whatever the server's default. Open creates the table when missing, and
+// Close closes the pool. It returns an error wrapping stores.ErrInvalid that
+// names the problem for a URL it cannot use, and the server's error when the
+// table cannot be created.
+func Open(ctx context.Context, rawURL string) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: pgstore: URL does not parse: %v", stores.ErrInvalid, redact(err))
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, fmt.Errorf("%w: pgstore: URL scheme %q, want postgres:// or postgresql://", stores.ErrInvalid, u.Scheme)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("%w: pgstore: URL parameters do not parse: %v", stores.ErrInvalid, err)
+	}
+	if u.Host == "" && !q.Has("host") { // a socket directory goes in ?host=
+		return nil, fmt.Errorf("%w: pgstore: URL %q names no host", stores.ErrInvalid, u.Redacted())
+	}
+	var opts []Option
+	if q.Has("table") {
+		opts = append(opts, WithTable(q.Get("table")))
+		q.Del("table")
+	}
+	u.RawQuery = q.Encode()
+	config, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, u.Redacted(), err)
+	}
+	config.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	pool, err := pgxpool.NewWithConfig(ctx, config)
+	if err != nil {
+		return nil, fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, u.Redacted(), err)
+	}
+	s, err := New(ctx, pool, opts...)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownsPool = true
+	return s, nil
+}
+
+// redact returns err without the URL it may quote, which may hold a
+// password.
+func redact(err error) error {
+	if uerr, ok := err.(*url.Error); ok {
+		return uerr.Err
+	}
+	return err
+}

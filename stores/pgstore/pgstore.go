@@ -1,0 +1,511 @@
+// Package pgstore is a stores.Store on PostgreSQL (11 or later) through
+// pgx v5 (github.com/jackc/pgx/v5), and a stores.Notifier.
+//
+// # Mechanism: a lease row per key
+//
+// A lock is a row of a table the store owns, one row per key:
+//
+//	CREATE TABLE IF NOT EXISTS reqlock_locks (
+//		key           bytea PRIMARY KEY,
+//		token         bytea,          -- the holder's token; NULL when released
+//		expires_at    timestamptz,    -- end of the holder's lease, by the server's clock
+//		fence         bigint NOT NULL, -- the key's last fence; survives release and expiry
+//		watched_until timestamptz     -- a waiter listens for the key's release until then
+//	)
+//
+// A key is held while its token is set and expires_at is after the server's
+// clock_timestamp(). Acquire is one upsert, INSERT ... ON CONFLICT (key) DO
+// UPDATE, that takes the row only when it is free, expired or already holds
+// the caller's token; Release sets token and expires_at to NULL, and
+// Refresh moves expires_at, both only where the row still holds the
+// caller's unexpired token. Expiry is judged by the server's clock alone,
+// as Redis judges a PX TTL: the clocks of the processes that lock do not
+// matter, and no connection is pinned to a lock, so a lock outlives the
+// connection that took it (a dropped connection does not free it; its TTL
+// does) and a pool of a few connections serves any number of locks.
+//
+// Session advisory locks (pg_try_advisory_lock) were the alternative. They
+// were not chosen: they live on the connection that took them, so every
+// held lock pins a connection (50 concurrent holders, 50 connections) and
+// a TTL, a kept release (keep) and a lease that survives a reconnect cannot
+// be had; they take a bigint, so keys must be hashed and two keys sharing a
+// hash would block each other; and a fence still needs a table.
+//
+// # Why pgx and not database/sql
+//
+// Release notification needs a connection that waits for LISTEN/NOTIFY
+// messages (pgx's WaitForNotification), which database/sql cannot express;
+// pgx also runs several statements in one round trip as one implicit
+// transaction (a batch, used for the all-or-nothing multi-key calls), sends
+// bytea arrays natively, and exposes SQLSTATE codes (*pgconn.PgError).
+//
+// # Isolation and serialization failures
+//
+// Each call is one statement, or two or three statements in one implicit
+// transaction that locks rows in key order, meant to run at READ COMMITTED:
+// Open sets default_transaction_isolation on its connections, whatever the
+// server's default, and the PostgreSQL default is READ COMMITTED for the
+// pool given to New. Such statements cannot fail with 40001
+// (serialization_failure), which only REPEATABLE READ and SERIALIZABLE
+// raise; this is what cirello.io/pglock's SERIALIZABLE transactions hit
+// under load (its issues 26 and 29). Rows are locked in one order (sorted
+// keys), so the store's statements do not deadlock each other either.
+// Should a 40001 or 40P01 (deadlock_detected) still come back (a pool whose
+// connections run at SERIALIZABLE, a program of its own locking rows of
+// the table), the transaction was rolled back and changed nothing, and the
+// call runs again after a random pause of up to 5ms, until its context
+// ends.
+//
+// # Fencing
+//
+// A grant's fence is greatest(last fence + stores.FenceStride, the server's
+// clock in microseconds since 1970) and becomes the row's fence. The row
+// survives release and expiry, and PostgreSQL keeps it across restarts, so
+// fences grow by at least the stride per grant. The clock term makes a new
+// row (first use, or a row deleted by hand, or a new table) start above
+// every fence an earlier row could have issued, as long as fences did not
+// run ahead of the clock (a key granted more than about a thousand times a
+// second) and the server's clock does not step back. With
+// synchronous_commit=off a crash can lose the last commits (grants) of
+// under a second; their fences are then issued again only for a key whose
+// fences ran ahead of the clock.
+//
+// Rows are never deleted: a row per key ever locked stays (about 100 bytes
+// plus the key). Deleting free rows (token IS NULL OR expires_at <
+// clock_timestamp()) is safe for keys whose fences follow the clock (see
+// above).
+//
+// # Several keys
+//
+// Acquire with several keys runs three statements in one round trip and one
+// implicit transaction: the first creates missing rows and locks every row
+// in key order, unless its snapshot shows a key held by another token (so a
+// refusal takes no row lock and waits for none); the second takes them all,
+// only when the first locked every row (it says so in the transaction-local
+// setting reqlock.locked) and none is held by another token; the third
+// reads the holders of a refusal. Refresh with several keys locks the rows
+// in key order (SELECT ... FOR UPDATE) before it moves their leases, only
+// when every key holds the token. Release frees each key that holds the
+// token, in one statement.
+//
+// # Release notification
+//
+// A plain release of a watched key sends NOTIFY (pg_notify) in the
+// statement of the release, on the channel named like the table, with the
+// hex SHA-256 of the key as payload; PostgreSQL delivers it once the release
+// commits, in commit order. A key is watched for 30 seconds after an
+// acquire was refused it (the refusal marks it, in the same statement) or a
+// Store subscribed to it (NotifyRelease marks it in the background, and
+// again every 10 seconds while subscribed). Releases of keys nobody waits
+// for notify nothing: a transaction that notifies holds a database-wide lock
+// from its NOTIFY to its commit, and notifying every release serialized all
+// of them.
+//
+// The Store listens on one dedicated connection, opened by the first
+// NotifyRelease, and hands each notification to the subscribers of its key;
+// it pings the server when the connection has been idle for 15 seconds.
+// Signals are hints: one sent while the listening connection is down is
+// lost (the connection is redialled), one sent before a key's mark is
+// committed is not sent, and an expiry sends none, so waiters keep a
+// fallback poll capped by the holder's remaining TTL.
+//
+// # Fair mode
+//
+// Store does not implement stores.FairStore. A FIFO queue per key would
+// need a queue table with a lease per waiter, written by every attempt of
+// every waiter; the Locker's local queue already orders the waiters of one
+// process, and the lease row grants across processes in no set order.
+//
+// # Contexts and unknown outcomes
+//
+// Every call returns once its context ends. An Acquire runs its statement
+// on a context of its own, bounded by the abandon timeout (5s), so that a
+// grant the server made after the caller left is seen and released,
+// owner-checked, once the statement returns; the caller gets an error
+// wrapping stores.ErrAbandoned and the context's error. When that statement
+// fails after reaching the server (the connection broke, so its commit may
+// or may not have happened), the store releases it all the same: a release
+// of a token that was never granted changes nothing. The same uncertainty
+// on a call the caller still waits for is returned as the driver's error,
+// which the Locker treats as an unknown outcome (it releases, owner-checked).
+// Release and Refresh end their statement with the context; their outcome
+// is then unknown. A call that failed to connect returns an error wrapping
+// stores.ErrUnreachable: it changed nothing.
+//
+// # The table
+//
+// New creates the table with CREATE TABLE IF NOT EXISTS, named by WithTable
+// (default DefaultTable): lower-case letters, digits and underscores,
+// starting with a letter or underscore, at most 63 bytes, optionally
+// qualified by a schema of the same form. The role needs CREATE on the
+// schema the first time, and SELECT, INSERT and UPDATE on the table.
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/stores"
+)
+
+// args checks the arguments of Store's methods; its errors start "pgstore:".
+const args storeargs.Checker = "pgstore"
+
+// DefaultTable is the table a Store uses unless WithTable names another.
+const DefaultTable = "reqlock_locks"
+
+// abandonTimeout bounds an Acquire statement that runs on after its caller
+// left, and the release that undoes it.
+const abandonTimeout = 5 * time.Second
+
+// ErrUnexpectedReply means the server answered in a shape this package does
+// not expect, such as a table of the same name made by another program.
+var ErrUnexpectedReply = errors.New("pgstore: unexpected reply from PostgreSQL")
+
+// tableName is what WithTable accepts: an identifier, optionally qualified
+// by a schema, each of lower-case letters, digits and underscores.
+var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
+
+// Store is a stores.Store on PostgreSQL, and a stores.Notifier. It is safe
+// for concurrent use. Once NotifyRelease has been called it owns a
+// listening connection and a goroutine until Close.
+type Store struct {
+	pool     *pgxpool.Pool
+	ownsPool bool   // Open made the pool; Close closes it
+	table    string // validated, as written in SQL
+	channel  string // NOTIFY channel: the table name
+
+	sql statements
+
+	background sync.WaitGroup // detached acquires and their undo
+
+	mu     sync.Mutex // guards notify and closed
+	notify *listener  // nil until the first NotifyRelease
+	closed bool
+}
+
+var (
+	_ stores.Store    = (*Store)(nil)
+	_ stores.Notifier = (*Store)(nil)
+)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithTable sets the table the Store keeps its locks in, created by New
+// when missing. Default DefaultTable. See The table in the package
+// documentation for the names it accepts.
+func WithTable(name string) Option {
+	return func(s *Store) { s.table = name }
+}
+
+// New returns a Store over pool and creates its table when missing. The
+// caller keeps the pool and closes it after the Store. The pool's
+// connections should run at READ COMMITTED (the default); Open sets that
+// whatever the server's default. New returns an error wrapping
+// stores.ErrInvalid when pool is nil or the table name is invalid, and the
+// server's error when the table cannot be created.
+func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pgstore: pool is nil", stores.ErrInvalid)
+	}
+	s := &Store{pool: pool, table: DefaultTable}
+	for _, opt := range opts {
+		opt(s)
+	}
+	if !tableName.MatchString(s.table) {
+		return nil, fmt.Errorf("%w: pgstore: table name %q is not lower-case letters, digits and "+
+			"underscores (at most 63, not starting with a digit), optionally schema-qualified", stores.ErrInvalid, s.table)
+	}
+	s.channel = channelOf(s.table)
+	s.sql = newStatements(s.table)
+	if err := s.createTable(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// createTable creates the table unless it exists. Two sessions creating
+// the same table at once may collide in the catalogue (SQLSTATE 23505 or
+// 42P07) although both said IF NOT EXISTS; the loser finds it made.
+func (s *Store) createTable(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, s.sql.create)
+	if err != nil && (sqlState(err) == "23505" || sqlState(err) == "42P07") {
+		_, err = s.pool.Exec(ctx, s.sql.create)
+	}
+	if err != nil {
+		return fmt.Errorf("pgstore: creating table %s: %w", s.table, markUnreachable(err))
+	}
+	return nil
+}
+
+// Table returns the name of the Store's table.
+func (s *Store) Table() string { return s.table }
+
+// Close stops the listening connection of NotifyRelease, if any, waits for
+// the releases of abandoned acquires (each bounded by 5s), and closes the
+// pool when Open made it. It returns nil; later calls do nothing.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	l := s.notify
+	s.notify = nil
+	already := s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if already {
+		return nil
+	}
+	if l != nil {
+		l.close()
+	}
+	s.background.Wait()
+	if s.ownsPool {
+		s.pool.Close()
+	}
+	return nil
+}
+
+// Acquire sets every key to token for ttl when none is held by another
+// token, and issues each key its next fence (see Fencing in the package
+// documentation), in one round trip. When a key is held it changes nothing
+// and returns a Grant with OK false, Held the index of the first held key
+// and Wait its remaining lease. A key that already holds token (a retried
+// call whose reply was lost) is granted again with a fresh fence and TTL.
+//
+// It returns an error wrapping stores.ErrInvalid for no keys, an empty,
+// duplicate or unsorted key, or a non-positive ttl; ctx.Err() without acting
+// when ctx has ended; an error wrapping stores.ErrAbandoned and ctx's error
+// when ctx ended while the statement was in flight (the store then releases
+// what it granted); one wrapping stores.ErrUnreachable when no connection
+// could be made; and the server's error otherwise.
+func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	bkeys := byteKeys(keys)
+	call := func(ctx context.Context) (stores.Grant, error) {
+		if len(keys) == 1 {
+			return s.acquireOne(ctx, bkeys[0], token, ttl)
+		}
+		return s.acquireAll(ctx, bkeys, token, ttl)
+	}
+	undo := func(ctx context.Context) { _ = s.Release(ctx, keys, token, 0) }
+	return s.detached(ctx, call, undo)
+}
+
+// acquireOne is Acquire of one key: one upsert.
+func (s *Store) acquireOne(ctx context.Context, key []byte, token string, ttl time.Duration) (stores.Grant, error) {
+	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+		var (
+			granted   bool
+			fence     int64
+			remaining int64
+		)
+		err := s.pool.QueryRow(ctx, s.sql.acquireOne, key, []byte(token), micros(ttl), int64(stores.FenceStride)).
+			Scan(&granted, &fence, &remaining)
+		if err != nil {
+			return stores.Grant{}, err
+		}
+		if granted {
+			return stores.Grant{OK: true, Fences: []int64{fence}}, nil
+		}
+		return stores.Grant{Wait: waitOf(remaining)}, nil
+	})
+}
+
+// acquireAll is Acquire of several keys: three statements in one implicit
+// transaction and one round trip. The first locks every row in key order
+// (creating the missing ones) unless a key is seen held; the second takes
+// them all when none is held by another token; the third reads the
+// holders, for a refusal, and marks them watched.
+func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl time.Duration) (stores.Grant, error) {
+	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+		batch := &pgx.Batch{}
+		batch.Queue(s.sql.lockAll, keys, []byte(token))
+		batch.Queue(s.sql.acquireAll, keys, []byte(token), micros(ttl), int64(stores.FenceStride))
+		batch.Queue(s.sql.holders, keys, []byte(token))
+		res := s.pool.SendBatch(ctx, batch)
+		defer res.Close()
+		if _, err := res.Exec(); err != nil {
+			return stores.Grant{}, err
+		}
+		rows, err := res.Query()
+		if err != nil {
+			return stores.Grant{}, err
+		}
+		fences := make(map[string]int64, len(keys))
+		var (
+			key       []byte
+			fence     int64
+			remaining int64
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&key, &fence}, func() error {
+			fences[string(key)] = fence
+			return nil
+		}); err != nil {
+			return stores.Grant{}, err
+		}
+		if rows, err = res.Query(); err != nil {
+			return stores.Grant{}, err
+		}
+		var holder []byte // the first key held by another token
+		if _, err := pgx.ForEachRow(rows, []any{&key, &remaining}, func() error {
+			if holder == nil {
+				holder = bytes.Clone(key)
+			}
+			return nil
+		}); err != nil {
+			return stores.Grant{}, err
+		}
+		if err := res.Close(); err != nil {
+			return stores.Grant{}, err
+		}
+		switch {
+		case len(fences) == len(keys):
+			g := stores.Grant{OK: true, Fences: make([]int64, len(keys))}
+			for i, k := range keys {
+				f, ok := fences[string(k)]
+				if !ok {
+					return stores.Grant{}, fmt.Errorf("%w: no fence for %q", ErrUnexpectedReply, k)
+				}
+				g.Fences[i] = f
+			}
+			return g, nil
+		case len(fences) != 0:
+			return stores.Grant{}, fmt.Errorf("%w: %d of %d keys granted", ErrUnexpectedReply, len(fences), len(keys))
+		case holder == nil:
+			// The holder's lease ran out between the statements' clocks.
+			return stores.Grant{Held: 0, Wait: time.Microsecond}, nil
+		}
+		return stores.Grant{Held: slices.IndexFunc(keys, func(k []byte) bool { return bytes.Equal(k, holder) }),
+			Wait: waitOf(remaining)}, nil
+	})
+}
+
+// Release ends token's grant on every key that still holds it, in one
+// statement. With keep zero or negative it frees the key and notifies its
+// release (see Release notification in the package documentation); with
+// keep positive it sets the key's lease to end keep from now instead and
+// notifies nothing, since the key stays held.
+//
+// It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
+// keys were absent, expired or held another token, after ending the grant
+// on the others. It returns an error wrapping stores.ErrInvalid for no keys
+// or an empty, duplicate or unsorted key; ctx.Err() without acting when ctx
+// has ended; one wrapping stores.ErrUnreachable when no connection could be
+// made; and the server's error, or ctx's when it ended in flight, otherwise.
+func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	released, err := retrying(ctx, func(ctx context.Context) (int, error) {
+		var rows pgx.Rows
+		var err error
+		if keep > 0 {
+			rows, err = s.pool.Query(ctx, s.sql.releaseKeep, byteKeys(keys), []byte(token), micros(keep))
+		} else {
+			rows, err = s.pool.Query(ctx, s.sql.release, byteKeys(keys), []byte(token), s.channel)
+		}
+		if err != nil {
+			return 0, err
+		}
+		var n int
+		for rows.Next() {
+			n++ // a key released; the other column, if any, is pg_notify's void
+		}
+		rows.Close()
+		return n, rows.Err()
+	})
+	if err != nil {
+		return endedErr(ctx, err)
+	}
+	if released != len(keys) {
+		return fmt.Errorf("%w: pgstore: %d of %d keys %q", stores.ErrNotHeld, len(keys)-released, len(keys), keys)
+	}
+	return nil
+}
+
+// Refresh resets the lease of every key to ttl from now if each still holds
+// token; when one does not, it changes nothing and returns an error wrapping
+// stores.ErrNotHeld. Several keys are locked in key order first, in the same
+// round trip and implicit transaction, so that the check and the update see
+// one state. A lost connection does not lose the lock: Refresh takes a new
+// one from the pool and finds the row; a server that lost the row answers
+// stores.ErrNotHeld.
+//
+// It returns an error wrapping stores.ErrInvalid for no keys, an empty,
+// duplicate or unsorted key, or a non-positive ttl; ctx.Err() without acting
+// when ctx has ended; one wrapping stores.ErrUnreachable when no connection
+// could be made; and the server's error, or ctx's when it ended in flight,
+// otherwise.
+func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	bkeys := byteKeys(keys)
+	refreshed, err := retrying(ctx, func(ctx context.Context) (int64, error) {
+		if len(keys) == 1 {
+			tag, err := s.pool.Exec(ctx, s.sql.refreshOne, bkeys, []byte(token), micros(ttl))
+			return tag.RowsAffected(), err
+		}
+		batch := &pgx.Batch{}
+		batch.Queue(s.sql.lockHeld, bkeys)
+		batch.Queue(s.sql.refreshAll, bkeys, []byte(token), micros(ttl))
+		res := s.pool.SendBatch(ctx, batch)
+		defer res.Close()
+		if _, err := res.Exec(); err != nil {
+			return 0, err
+		}
+		tag, err := res.Exec()
+		if err != nil {
+			return 0, err
+		}
+		return tag.RowsAffected(), res.Close()
+	})
+	if err != nil {
+		return endedErr(ctx, err)
+	}
+	switch refreshed {
+	case int64(len(keys)):
+		return nil
+	case 0:
+		return fmt.Errorf("%w: pgstore: %q (none of the %d keys refreshed)", stores.ErrNotHeld, keys, len(keys))
+	}
+	return fmt.Errorf("%w: refresh of %d keys changed %d", ErrUnexpectedReply, len(keys), refreshed)
+}
+
+// byteKeys returns keys as bytea values: a key may hold any bytes.
+func byteKeys(keys []string) [][]byte {
+	b := make([][]byte, len(keys))
+	for i, k := range keys {
+		b[i] = []byte(k)
+	}
+	return b
+}
+
+// micros rounds d up to whole microseconds, PostgreSQL's clock resolution:
+// the server must not end a lease before the holder's own clock says it has.
+func micros(d time.Duration) int64 {
+	us := d.Microseconds()
+	if d%time.Microsecond != 0 {
+		us++
+	}
+	return us
+}
+
+// waitOf turns a holder's remaining lease in microseconds into a refusal's
+// Wait: at least a microsecond, since the key was seen held and zero would
+// mean unknown.
+func waitOf(remaining int64) time.Duration {
+	return max(time.Duration(remaining)*time.Microsecond, time.Microsecond)
+}
