@@ -11,6 +11,7 @@ require (
 	github.com/reqlock/reqlock v0.0.0-00010101000000-000000000000
 	github.com/reqlock/reqlock/stores/etcdstore v0.0.0-00010101000000-000000000000
 	github.com/reqlock/reqlock/stores/mysqlstore v0.0.0-00010101000000-000000000000
+	github.com/reqlock/reqlock/stores/pgstore v0.0.0-00010101000000-000000000000
 	github.com/reqlock/reqlock/stores/zkstore v0.0.0-00010101000000-000000000000
 )
 
@@ -35,6 +36,10 @@ require (
 	github.com/goccy/go-yaml v1.19.2 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
@@ -60,6 +65,7 @@ require (
 	golang.org/x/arch v0.22.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect
@@ -73,3 +79,5 @@ replace github.com/reqlock/reqlock/stores/mysqlstore => ../../stores/mysqlstore
 replace github.com/reqlock/reqlock/stores/zkstore => ../../stores/zkstore
 
 replace github.com/reqlock/reqlock/stores/etcdstore => ../../stores/etcdstore
+
+replace github.com/reqlock/reqlock/stores/pgstore => ../../stores/pgstore

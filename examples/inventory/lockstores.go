@@ -15,6 +15,7 @@ import (
 	"github.com/reqlock/reqlock/stores/etcdstore"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/mysqlstore"
+	"github.com/reqlock/reqlock/stores/pgstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 	"github.com/reqlock/reqlock/stores/redlockstore"
 	"github.com/reqlock/reqlock/stores/zkstore"
@@ -32,14 +33,16 @@ type storeOpener func(ctx context.Context, u *url.URL, raw string) (openedStore,
 
 // storeOpeners are the -store URL schemes, one per store.
 var storeOpeners = map[string]storeOpener{
-	"memory":  openMemory,
-	"redis":   openRedisLocks,
-	"rediss":  openRedisLocks,
-	"mysql":   opener("mysqlstore", mysqlstore.Open),
-	"mariadb": opener("mysqlstore", mysqlstore.Open),
-	"zk":      opener("zkstore", zkstore.Open),
-	"redlock": opener("redlockstore", redlockstore.Open),
-	"etcd":    opener("etcdstore", etcdstore.Open),
+	"memory":     openMemory,
+	"redis":      openRedisLocks,
+	"rediss":     openRedisLocks,
+	"mysql":      opener("mysqlstore", mysqlstore.Open),
+	"mariadb":    opener("mysqlstore", mysqlstore.Open),
+	"zk":         opener("zkstore", zkstore.Open),
+	"redlock":    opener("redlockstore", redlockstore.Open),
+	"etcd":       opener("etcdstore", etcdstore.Open),
+	"postgres":   opener("pgstore", pgstore.Open),
+	"postgresql": opener("pgstore", pgstore.Open),
 }
 
 // closingStore is a store that holds resources until Close.

@@ -37,6 +37,9 @@ var storeURLs = map[string]func(tb testing.TB) string{
 	"etcd": func(tb testing.TB) string {
 		return "etcd://" + strings.Join(hostPorts(tb, testservers.EtcdEndpoints(tb)), ",") + "/inventory-test"
 	},
+	"postgres": func(tb testing.TB) string {
+		return testservers.PostgresDSN(tb) + "&table=inventory_locks"
+	},
 	"zk": func(tb testing.TB) string { return "zk://" + testservers.ZooKeeperAddr(tb) + "/inventory-test" },
 	"mysql": func(tb testing.TB) string {
 		// The DSN is user:pass@tcp(host:port)/db; the URL form drops tcp().
@@ -54,7 +57,7 @@ var storeURLs = map[string]func(tb testing.TB) string{
 // fence that grows from one deduction to the next.
 func TestLockStoresFromURL(t *testing.T) {
 	for scheme := range storeOpeners {
-		if _, ok := storeURLs[scheme]; !ok && scheme != "rediss" && scheme != "mariadb" {
+		if _, ok := storeURLs[scheme]; !ok && scheme != "rediss" && scheme != "mariadb" && scheme != "postgresql" {
 			t.Errorf("-store scheme %s has no test server in storeURLs", scheme)
 		}
 	}
