@@ -1,0 +1,67 @@
+package filestore
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+)
+
+// The record at the start of every key file: the key's last fence, and the
+// expiry and process of its latest grant. Only a process holding the file's
+// flock writes it. The fence is what a grant reads back (under the flock);
+// the expiry and pid are hints for the processes a grant refuses, which
+// read the record without the flock and rely on the checksum to skip one
+// caught mid-write.
+//
+// Layout, little-endian:
+//
+//	 0  magic "RQLK"
+//	 4  version (1), then 3 bytes reserved (0)
+//	 8  fence, int64: the last fence issued for the key
+//	16  expiry, int64: Unix nanoseconds (wall clock) at which the latest
+//	    grant ends, unless refreshed
+//	24  pid, uint32: the process that made the latest grant
+//	28  CRC-32C of bytes 0-27
+//
+// A file shorter than the record, or with a bad magic or checksum, reads as
+// fence 0: a new file, or one torn by a crash of the host.
+const (
+	recordMagic   = "RQLK"
+	recordVersion = 1
+	recordSize    = 32
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// record is a key file's record, decoded.
+type record struct {
+	fence  int64
+	expiry int64 // Unix nanoseconds
+	pid    uint32
+}
+
+// decodeRecord decodes buf, the first bytes of a key file; ok is false for
+// a record that is missing or torn.
+func decodeRecord(buf []byte) (r record, ok bool) {
+	if len(buf) < recordSize || string(buf[:4]) != recordMagic || buf[4] != recordVersion {
+		return record{}, false
+	}
+	if crc32.Checksum(buf[:28], castagnoli) != binary.LittleEndian.Uint32(buf[28:32]) {
+		return record{}, false
+	}
+	return record{
+		fence:  int64(binary.LittleEndian.Uint64(buf[8:16])),
+		expiry: int64(binary.LittleEndian.Uint64(buf[16:24])),
+		pid:    binary.LittleEndian.Uint32(buf[24:28]),
+	}, true
+}
+
+// encode writes r into buf, of recordSize bytes.
+func (r record) encode(buf []byte) {
+	copy(buf[:4], recordMagic)
+	buf[4] = recordVersion
+	buf[5], buf[6], buf[7] = 0, 0, 0
+	binary.LittleEndian.PutUint64(buf[8:16], uint64(r.fence))
+	binary.LittleEndian.PutUint64(buf[16:24], uint64(r.expiry))
+	binary.LittleEndian.PutUint32(buf[24:28], r.pid)
+	binary.LittleEndian.PutUint32(buf[28:32], crc32.Checksum(buf[:28], castagnoli))
+}
