@@ -8,16 +8,21 @@
 //
 // # How a lock is held
 //
-// Acquire opens the file of each key (in key order; see the file names
-// below) and takes its flock without waiting; when one is held, it closes
-// what it took and refuses, all or nothing. A grant keeps its files open for
-// the whole hold: Release (keep zero) closes them, which frees the keys for
-// every process at once, and so does the end of the process, by any signal
-// (SIGKILL included), since the kernel closes its files. Locks are per open
-// file description, so two Stores of one process exclude each other as two
-// processes do; within one Store, a key it holds refuses other tokens
-// without a system call, and its own token (a retried Acquire) is granted
-// again with a fresh fence.
+// Acquire takes the flock of each key's file (in key order; see the file
+// names below) without waiting; when one is held, it drops what it took and
+// refuses, all or nothing. A grant keeps its flocks, on files the Store
+// keeps open, for the whole hold: Release (keep zero) drops them, which
+// frees the keys for every process at once, and so does the end of the
+// process, by any signal (SIGKILL included), since the kernel closes its
+// files. Locks are per open file description, so two Stores of one process
+// exclude each other as two processes do; within one Store, a key it holds
+// refuses other tokens without a system call, and its own token (a retried
+// Acquire) is granted again with a fresh fence.
+//
+// A Store keeps the files of keys it no longer holds open, up to 1024 of
+// them (the least recently used are closed beyond that), with their record
+// mapped into memory, so an uncontended grant and its release cost two
+// system calls: flock(LOCK_EX|LOCK_NB) and flock(LOCK_UN).
 //
 // The TTL is enforced by the holding process: a timer ends a grant that was
 // neither released nor refreshed in time, closing its files. A flock cannot
@@ -30,8 +35,8 @@
 //
 // # Fences
 //
-// Each key file starts with a 32-byte record (see record.go) that holds the
-// key's last fence. Acquire reads it and writes the next one back while it
+// Each key file is a 32-byte record (see record.go) that holds the key's
+// last fence. Acquire reads it and writes the next one back while it
 // holds the flock, so fences grow by at least stores.FenceStride from grant
 // to grant of a key, whatever process makes them, across release, expiry
 // and the restart of any process (the page cache outlives processes). Files
@@ -42,6 +47,11 @@
 // enough before the crash that its fences ran ahead of the clock by more
 // than they lost. A key's file is never removed (its fence lives there): the
 // directory holds one small file per key ever locked.
+//
+// Leave the files alone while processes use the directory: a key file
+// removed or replaced while a process has it open splits the key in two
+// (that process locks the old file, others a new one), and a key file
+// truncated while mapped crashes the processes that map it (SIGBUS).
 //
 // The record also holds the grant's expiry (wall clock) and process, as a
 // hint: a refusal by another process's grant reads its remaining TTL there
@@ -75,7 +85,7 @@
 // # Context
 //
 // Every call does its work in a few non-blocking system calls on local
-// files (open, flock with LOCK_NB, pread, pwrite, close) and checks its
-// context before it starts. It does not watch the context during them: a
+// files (flock with LOCK_NB or LOCK_UN; for a key whose file is not open,
+// open, fstat, ftruncate and mmap) and checks its context before it starts. It does not watch the context during them: a
 // file system that hangs a system call holds the call up with it.
 package filestore

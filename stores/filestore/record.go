@@ -5,12 +5,12 @@ import (
 	"hash/crc32"
 )
 
-// The record at the start of every key file: the key's last fence, and the
-// expiry and process of its latest grant. Only a process holding the file's
-// flock writes it. The fence is what a grant reads back (under the flock);
-// the expiry and pid are hints for the processes a grant refuses, which
-// read the record without the flock and rely on the checksum to skip one
-// caught mid-write.
+// The record that makes up every key file: the key's last fence, and the
+// expiry and process of its latest grant. Stores map it into memory (see
+// mapKeyFile). Only a process holding the file's flock writes it. The fence
+// is what a grant reads back (under the flock); the expiry and pid are hints
+// for the processes a grant refuses, which read the record without the
+// flock and rely on the checksum to skip one caught mid-write.
 //
 // Layout, little-endian:
 //
@@ -22,8 +22,8 @@ import (
 //	24  pid, uint32: the process that made the latest grant
 //	28  CRC-32C of bytes 0-27
 //
-// A file shorter than the record, or with a bad magic or checksum, reads as
-// fence 0: a new file, or one torn by a crash of the host.
+// A record of zeros (a new file), or one with a bad magic or checksum (torn
+// by a crash of the host), reads as fence 0.
 const (
 	recordMagic   = "RQLK"
 	recordVersion = 1
@@ -39,8 +39,25 @@ type record struct {
 	pid    uint32
 }
 
-// decodeRecord decodes buf, the first bytes of a key file; ok is false for
-// a record that is missing or torn.
+// readRecord reads the record in mem, a key file's mapping; ok is false for
+// a record that is new or torn. It copies the record first, so that a
+// record another process is writing cannot pass the checksum and change
+// after.
+func readRecord(mem []byte) (r record, ok bool) {
+	var buf [recordSize]byte
+	copy(buf[:], mem)
+	return decodeRecord(buf[:])
+}
+
+// writeRecord writes r into mem, a key file's mapping.
+func writeRecord(mem []byte, r record) {
+	var buf [recordSize]byte
+	r.encode(buf[:])
+	copy(mem, buf[:])
+}
+
+// decodeRecord decodes buf, a key file's record; ok is false for a record
+// that is new or torn.
 func decodeRecord(buf []byte) (r record, ok bool) {
 	if len(buf) < recordSize || string(buf[:4]) != recordMagic || buf[4] != recordVersion {
 		return record{}, false

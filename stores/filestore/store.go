@@ -3,6 +3,7 @@
 package filestore
 
 import (
+	"container/list"
 	"context"
 	"fmt"
 	"math"
@@ -27,6 +28,10 @@ const (
 	filePerm = 0o600
 )
 
+// maxIdleFiles bounds the key files a Store keeps open and mapped while it
+// holds no grant on them, so that a key locked again costs no open(2).
+const maxIdleFiles = 1024
+
 var (
 	_ stores.Store    = (*Store)(nil)
 	_ stores.Notifier = (*Store)(nil)
@@ -41,7 +46,8 @@ type Store struct {
 	closed atomic.Bool
 
 	mu      sync.Mutex
-	entries map[string]*entry // keys in use by a call or held; guarded by mu
+	entries map[string]*entry // keys in use, held or with an open file; guarded by mu
+	idle    list.List         // of the entries with an open file only, most recently used first; guarded by mu
 
 	subs subscribers // release notification; see notify.go
 }
@@ -52,20 +58,25 @@ type Store struct {
 // hold them for their whole work, so a call's keys change as one in the
 // eyes of this Store's other calls (and, for the flocks, of every other
 // open file). An entry stays in Store.entries while a call pins it
-// (refs > 0) or it holds a grant (h != nil).
+// (refs > 0), it holds a grant (h != nil) or its file is open (fd >= 0);
+// in the last case alone it is in Store.idle, whose eviction closes the
+// file. Only a pinned entry's mu is taken, so an entry in Store.idle is
+// used by nobody.
 type entry struct {
 	key  string
 	path string
-	refs int // guarded by Store.mu
+	refs int           // guarded by Store.mu
+	idle *list.Element // in Store.idle; guarded by Store.mu
 
-	mu sync.Mutex
-	h  *hold // the grant of this Store on the key; nil when it holds none
+	mu  sync.Mutex
+	fd  int    // the key file, open and mapped, or -1
+	mem []byte // the file's record, mapped
+	h   *hold  // the grant of this Store on the key (a flock on fd); nil when it holds none
 }
 
-// hold is a grant of a key to a token: the open file whose flock keeps the
-// key, and the grant's expiry, enforced by a timer.
+// hold is a grant of a key to a token, kept by the flock on its entry's
+// file, and the grant's expiry, enforced by a timer.
 type hold struct {
-	fd     int
 	token  string
 	fence  int64
 	expiry time.Time // with the monotonic clock
@@ -120,20 +131,20 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.mu.Lock()
-	held := make([]*entry, 0, len(s.entries))
+	all := make([]*entry, 0, len(s.entries))
 	for _, e := range s.entries {
-		e.refs++
-		held = append(held, e)
+		s.pinLocked(e)
+		all = append(all, e)
 	}
 	s.mu.Unlock()
-	for _, e := range held {
+	for _, e := range all {
 		e.mu.Lock()
 		if e.h != nil {
 			s.drop(e)
 		}
 		e.mu.Unlock()
 	}
-	s.unpin(held)
+	s.unpin(all) // closes every file, now that the Store is closed
 	s.subs.close()
 	return nil
 }
@@ -149,34 +160,55 @@ func (s *Store) pin(keys []string) ([]*entry, error) {
 	for i, key := range keys {
 		e := s.entries[key]
 		if e == nil {
-			e = &entry{key: key, path: filepath.Join(s.dir, fileName(key))}
+			e = &entry{key: key, path: filepath.Join(s.dir, fileName(key)), fd: -1}
 			s.entries[key] = e
 		}
-		e.refs++
+		s.pinLocked(e)
 		es[i] = e
 	}
 	return es, nil
 }
 
-// unpin ends the pins of es, forgetting the entries nobody uses.
+// pinLocked pins e. The caller holds s.mu.
+func (s *Store) pinLocked(e *entry) {
+	e.refs++
+	if e.idle != nil {
+		s.idle.Remove(e.idle)
+		e.idle = nil
+	}
+}
+
+// unpin ends the pins of es. An entry nobody uses any more is forgotten,
+// or, with its file open, goes to the front of Store.idle, whose least
+// recently used entries beyond maxIdleFiles (all of them once the Store is
+// closed) are closed and forgotten.
 func (s *Store) unpin(es []*entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range es {
 		e.refs--
-		if e.refs == 0 && s.entries[e.key] == e && !e.holds() {
-			delete(s.entries, e.key)
+		if e.refs > 0 || s.entries[e.key] != e {
+			continue
 		}
+		// Nobody else has e pinned, so nobody holds e.mu but a timer
+		// about to find its hold gone (expire pins e first).
+		e.mu.Lock()
+		switch {
+		case e.h != nil:
+		case e.fd < 0:
+			delete(s.entries, e.key)
+		default:
+			e.idle = s.idle.PushFront(e)
+		}
+		e.mu.Unlock()
 	}
-}
-
-// holds reports whether e holds a grant. It reads e.h without e.mu, under
-// Store.mu: a grant is only set by a call that pins e, so with refs zero
-// it cannot change but to nil.
-func (e *entry) holds() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.h != nil
+	for s.idle.Len() > 0 && (s.idle.Len() > maxIdleFiles || s.closed.Load()) {
+		e := s.idle.Remove(s.idle.Back()).(*entry)
+		e.idle = nil
+		delete(s.entries, e.key)
+		unmapKeyFile(e.fd, e.mem)
+		e.fd, e.mem = -1, nil
+	}
 }
 
 // lock takes the entries' mutexes, in key order, the order of es.
@@ -205,14 +237,14 @@ func (s *Store) live(e *entry, now time.Time) *hold {
 	return h
 }
 
-// drop ends e's grant: it stops the timer and closes the file, which frees
-// the flock for every other process, and signals the key's release. The
+// drop ends e's grant: it stops the timer and drops the flock, which frees
+// the key for every other process, and signals the key's release. The
 // caller holds e.mu.
 func (s *Store) drop(e *entry) {
 	h := e.h
 	e.h = nil
 	h.timer.Stop()
-	closeFile(h.fd)
+	s.unlockOrClose(e)
 	s.subs.signal(e.key)
 }
 
@@ -230,7 +262,7 @@ func (s *Store) arm(e *entry, h *hold, expiry time.Time, ttl time.Duration) {
 // its expiry has passed, and sets the timer again when it was refreshed.
 func (s *Store) expire(e *entry, h *hold) {
 	s.mu.Lock()
-	e.refs++
+	s.pinLocked(e)
 	s.mu.Unlock()
 	defer s.unpin([]*entry{e})
 	e.mu.Lock()
@@ -266,22 +298,22 @@ func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 
 // Acquire takes every key for token when none is held by another token,
 // and issues each its fence: it takes the keys in order, each by an
-// exclusive flock of its file without waiting, and undoes what it took
-// when one is held. A key held by a grant of this Store refuses another
+// exclusive flock of its file without waiting (opening and mapping the file
+// unless it is open already), and undoes what it took when one is held. A key held by a grant of this Store refuses another
 // token without a system call; a key this Store holds for token (a retried
 // Acquire) is granted again with a fresh fence and TTL. A refusal names the
 // first held key and, in Wait, its holder's remaining TTL: exact for a
 // grant of this Store, read from the key file for one of another process
 // or Store (zero when the file does not tell).
 //
-// The fence is read from the key file and written back, grown, while the
-// flock is held (see nextFence). The grant ends at the first of: Release;
+// The fence is read from the key file's mapped record and written back,
+// grown, while the flock is held (see nextFence). The grant ends at the first of: Release;
 // its TTL, by a timer of this Store; Close; the end of the process.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
 // wrapping stores.ErrInvalid for invalid keys or ttl; ErrClosed after
 // Close; and the file system's error when a key file cannot be opened,
-// locked, read or written, having taken nothing.
+// mapped or locked, having taken nothing.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -297,19 +329,17 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		return stores.Grant{}, ErrClosed
 	}
 
-	// Take every key: a file opened and flocked by this call, or -1 for a
-	// key this Store already holds for token.
+	// Take every key: flock its file, or find it held for token already.
 	now := time.Now()
-	fds := make([]int, len(es))
+	took := make([]bool, len(es))
 	undo := func(n int) {
-		for _, fd := range fds[:n] {
-			if fd >= 0 {
-				closeFile(fd)
+		for i, e := range es[:n] {
+			if took[i] {
+				s.unlockOrClose(e)
 			}
 		}
 	}
 	for i, e := range es {
-		fds[i] = -1
 		if h := s.live(e, now); h != nil {
 			if h.token == token {
 				continue
@@ -317,47 +347,34 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			undo(i)
 			return stores.Grant{Held: i, Wait: h.expiry.Sub(now)}, nil
 		}
-		fd, err := openKeyFile(e.path, filePerm)
-		if err != nil {
-			undo(i)
-			return stores.Grant{}, fmt.Errorf("filestore: open the file of %q: %w", e.key, err)
-		}
-		fds[i] = fd
-		held, err := tryLock(fd)
-		if err != nil || held {
-			var wait time.Duration
-			if held {
-				wait = waitHint(fd)
-			}
-			undo(i + 1)
+		if e.fd < 0 {
+			fd, mem, err := mapKeyFile(e.path, filePerm)
 			if err != nil {
-				return stores.Grant{}, fmt.Errorf("filestore: flock the file of %q: %w", e.key, err)
+				undo(i)
+				return stores.Grant{}, fmt.Errorf("filestore: open the file of %q: %w", e.key, err)
 			}
-			return stores.Grant{Held: i, Wait: wait}, nil
+			e.fd, e.mem = fd, mem
 		}
+		switch held, err := tryLock(e.fd); {
+		case err != nil:
+			undo(i)
+			return stores.Grant{}, fmt.Errorf("filestore: flock the file of %q: %w", e.key, err)
+		case held:
+			undo(i)
+			return stores.Grant{Held: i, Wait: waitHint(e.mem)}, nil
+		}
+		took[i] = true
 	}
 
 	// Issue the fences, under the flocks.
 	expiry := expiryAfter(now, ttl)
 	fences := make([]int64, len(es))
 	for i, e := range es {
-		fd := fds[i]
-		if fd < 0 {
-			fd = e.h.fd
-		}
-		last, _, err := readRecord(fd)
-		if err == nil {
-			fences[i] = nextFence(last.fence)
-			err = writeRecord(fd, s.hint(fences[i], expiry))
-		}
-		if err != nil {
-			undo(len(es))
-			return stores.Grant{}, fmt.Errorf("filestore: fence of %q: %w", e.key, err)
-		}
-	}
-	for i, e := range es {
-		if fds[i] >= 0 {
-			e.h = &hold{fd: fds[i], token: token}
+		last, _ := readRecord(e.mem)
+		fences[i] = nextFence(last.fence)
+		writeRecord(e.mem, s.hint(fences[i], expiry))
+		if took[i] {
+			e.h = &hold{token: token}
 		}
 		e.h.fence = fences[i]
 		s.arm(e, e.h, expiry, ttl)
@@ -365,21 +382,32 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	return stores.Grant{OK: true, Fences: fences}, nil
 }
 
-// waitHint returns the remaining TTL of the grant recorded in the key file
-// fd, which another open file holds; zero when the record does not tell (it
-// is being written, or its expiry passed while its holder, stopped or
-// about to let go, still holds the flock).
-func waitHint(fd int) time.Duration {
-	r, ok, err := readRecord(fd)
-	if err != nil || !ok {
+// unlockOrClose drops the flock on e's file, closing the file when that
+// fails. The caller holds e.mu.
+func (s *Store) unlockOrClose(e *entry) {
+	if err := unlockFile(e.fd); err != nil {
+		// Not expected of a local file system; closing the file surely
+		// drops the flock.
+		unmapKeyFile(e.fd, e.mem)
+		e.fd, e.mem = -1, nil
+	}
+}
+
+// waitHint returns the remaining TTL of the grant recorded in the key
+// file's record mem, which another open file holds; zero when the record
+// does not tell (it is being written, or its expiry passed while its
+// holder, stopped or about to let go, still holds the flock).
+func waitHint(mem []byte) time.Duration {
+	r, ok := readRecord(mem)
+	if !ok {
 		return 0
 	}
 	return max(time.Until(time.Unix(0, r.expiry)), 0)
 }
 
 // Release ends token's grant on every key that holds it. With keep zero or
-// negative it closes the key's file, which frees the key for every process
-// at once, and signals the key's subscribers; with keep positive it sets
+// negative it drops the key file's flock, which frees the key for every
+// process at once, and signals the key's subscribers; with keep positive it sets
 // the grant to end keep from now instead (shorter or longer than its TTL
 // left), signalling nothing. It returns an error wrapping stores.ErrNotHeld,
 // naming the keys, when some keys held no live grant of token in this Store
@@ -412,7 +440,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		case keep > 0:
 			expiry := expiryAfter(now, keep)
 			s.arm(e, h, expiry, keep)
-			_ = writeRecord(h.fd, s.hint(h.fence, expiry)) // a hint only
+			writeRecord(e.mem, s.hint(h.fence, expiry)) // a hint for other processes
 		default:
 			s.drop(e)
 		}
@@ -454,7 +482,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	expiry := expiryAfter(now, ttl)
 	for _, e := range es {
 		s.arm(e, e.h, expiry, ttl)
-		_ = writeRecord(e.h.fd, s.hint(e.h.fence, expiry)) // a hint only
+		writeRecord(e.mem, s.hint(e.h.fence, expiry)) // a hint for other processes
 	}
 	return nil
 }

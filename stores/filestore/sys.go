@@ -21,6 +21,36 @@ func openKeyFile(path string, perm uint32) (int, error) {
 	}
 }
 
+// mapKeyFile opens a key file and maps its record into memory, shared with
+// every process that maps or reads it: reading and writing the record then
+// costs no system call. A new file is extended to the record's size first,
+// which is safe without the flock: extending a file to the size it already
+// has changes nothing.
+func mapKeyFile(path string, perm uint32) (fd int, mem []byte, err error) {
+	fd, err = openKeyFile(path, perm)
+	if err != nil {
+		return -1, nil, err
+	}
+	var st syscall.Stat_t
+	if err = syscall.Fstat(fd, &st); err == nil && st.Size < recordSize {
+		err = syscall.Ftruncate(fd, recordSize)
+	}
+	if err == nil {
+		mem, err = syscall.Mmap(fd, 0, recordSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	}
+	if err != nil {
+		closeFile(fd)
+		return -1, nil, err
+	}
+	return fd, mem, nil
+}
+
+// unmapKeyFile undoes mapKeyFile, which drops the file's flock.
+func unmapKeyFile(fd int, mem []byte) {
+	_ = syscall.Munmap(mem)
+	closeFile(fd)
+}
+
 // tryLock takes fd's exclusive flock without waiting. held reports that
 // another open file description (another process, another Store, another
 // open of this process) holds it.
@@ -38,44 +68,13 @@ func tryLock(fd int) (held bool, err error) {
 	}
 }
 
-// readRecord reads the record of the key file fd.
-func readRecord(fd int) (record, bool, error) {
-	var buf [recordSize]byte
-	n := 0
-	for n < len(buf) {
-		m, err := syscall.Pread(fd, buf[n:], int64(n))
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err != nil:
-			return record{}, false, err
-		case m == 0:
-			return record{}, false, nil // a new file
-		}
-		n += m
-	}
-	r, ok := decodeRecord(buf[:])
-	return r, ok, nil
-}
-
-// writeRecord writes r at the start of the key file fd.
-func writeRecord(fd int, r record) error {
-	var buf [recordSize]byte
-	r.encode(buf[:])
-	b, off := buf[:], int64(0)
-	for len(b) > 0 {
-		n, err := syscall.Pwrite(fd, b, off)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err != nil:
+// unlockFile drops fd's flock.
+func unlockFile(fd int) error {
+	for {
+		if err := syscall.Flock(fd, syscall.LOCK_UN); err != syscall.EINTR {
 			return err
-		case n == 0:
-			return syscall.EIO
 		}
-		b, off = b[n:], off+int64(n)
 	}
-	return nil
 }
 
 // closeFile closes fd, which drops its flock.
