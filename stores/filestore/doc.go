@@ -21,8 +21,9 @@
 //
 // A Store keeps the files of keys it no longer holds open, up to 1024 of
 // them (the least recently used are closed beyond that), with their record
-// mapped into memory, so an uncontended grant and its release cost two
-// system calls: flock(LOCK_EX|LOCK_NB) and flock(LOCK_UN).
+// mapped into memory for reading, so an uncontended grant and its release
+// cost three system calls: flock(LOCK_EX|LOCK_NB), pwrite of the fence, and
+// flock(LOCK_UN).
 //
 // The TTL is enforced by the holding process: a timer ends a grant that was
 // neither released nor refreshed in time, closing its files. A flock cannot
@@ -85,7 +86,7 @@
 // # Context
 //
 // Every call does its work in a few non-blocking system calls on local
-// files (flock with LOCK_NB or LOCK_UN; for a key whose file is not open,
-// open, fstat, ftruncate and mmap) and checks its context before it starts. It does not watch the context during them: a
+// files (flock with LOCK_NB or LOCK_UN, pwrite; for a key whose file is not
+// open, open, fstat, ftruncate and mmap) and checks its context before it starts. It does not watch the context during them: a
 // file system that hangs a system call holds the call up with it.
 package filestore

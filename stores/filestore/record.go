@@ -6,8 +6,11 @@ import (
 )
 
 // The record that makes up every key file: the key's last fence, and the
-// expiry and process of its latest grant. Stores map it into memory (see
-// mapKeyFile). Only a process holding the file's flock writes it. The fence
+// expiry and process of its latest grant. Stores read it through a shared
+// mapping (see mapKeyFile) and write it with pwrite(2), which reports a
+// full disk as an error (a write through the mapping would raise SIGBUS
+// instead, on file systems that allocate on write). Only a process holding
+// the file's flock writes it. The fence
 // is what a grant reads back (under the flock); the expiry and pid are hints
 // for the processes a grant refuses, which read the record without the
 // flock and rely on the checksum to skip one caught mid-write.
@@ -47,13 +50,6 @@ func readRecord(mem []byte) (r record, ok bool) {
 	var buf [recordSize]byte
 	copy(buf[:], mem)
 	return decodeRecord(buf[:])
-}
-
-// writeRecord writes r into mem, a key file's mapping.
-func writeRecord(mem []byte, r record) {
-	var buf [recordSize]byte
-	r.encode(buf[:])
-	copy(mem, buf[:])
 }
 
 // decodeRecord decodes buf, a key file's record; ok is false for a record

@@ -306,14 +306,14 @@ func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 // grant of this Store, read from the key file for one of another process
 // or Store (zero when the file does not tell).
 //
-// The fence is read from the key file's mapped record and written back,
-// grown, while the flock is held (see nextFence). The grant ends at the first of: Release;
+// The fence is read from the key file's mapped record and written back
+// (pwrite), grown, while the flock is held (see nextFence). The grant ends at the first of: Release;
 // its TTL, by a timer of this Store; Close; the end of the process.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
 // wrapping stores.ErrInvalid for invalid keys or ttl; ErrClosed after
 // Close; and the file system's error when a key file cannot be opened,
-// mapped or locked, having taken nothing.
+// mapped, locked or written, having taken nothing.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -372,7 +372,12 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	for i, e := range es {
 		last, _ := readRecord(e.mem)
 		fences[i] = nextFence(last.fence)
-		writeRecord(e.mem, s.hint(fences[i], expiry))
+		if err := writeRecord(e.fd, s.hint(fences[i], expiry)); err != nil {
+			undo(len(es))
+			return stores.Grant{}, fmt.Errorf("filestore: write the fence of %q: %w", e.key, err)
+		}
+	}
+	for i, e := range es {
 		if took[i] {
 			e.h = &hold{token: token}
 		}
@@ -440,7 +445,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		case keep > 0:
 			expiry := expiryAfter(now, keep)
 			s.arm(e, h, expiry, keep)
-			writeRecord(e.mem, s.hint(h.fence, expiry)) // a hint for other processes
+			_ = writeRecord(e.fd, s.hint(h.fence, expiry)) // a hint for other processes
 		default:
 			s.drop(e)
 		}
@@ -482,7 +487,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	expiry := expiryAfter(now, ttl)
 	for _, e := range es {
 		s.arm(e, e.h, expiry, ttl)
-		writeRecord(e.mem, s.hint(e.h.fence, expiry)) // a hint for other processes
+		_ = writeRecord(e.fd, s.hint(e.h.fence, expiry)) // a hint for other processes
 	}
 	return nil
 }

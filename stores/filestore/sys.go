@@ -22,7 +22,7 @@ func openKeyFile(path string, perm uint32) (int, error) {
 }
 
 // mapKeyFile opens a key file and maps its record into memory, shared with
-// every process that maps or reads it: reading and writing the record then
+// every process that maps, reads or writes it: reading the record then
 // costs no system call. A new file is extended to the record's size first,
 // which is safe without the flock: extending a file to the size it already
 // has changes nothing.
@@ -75,6 +75,26 @@ func unlockFile(fd int) error {
 			return err
 		}
 	}
+}
+
+// writeRecord writes r into the key file fd.
+func writeRecord(fd int, r record) error {
+	var buf [recordSize]byte
+	r.encode(buf[:])
+	b, off := buf[:], int64(0)
+	for len(b) > 0 {
+		n, err := syscall.Pwrite(fd, b, off)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return syscall.EIO
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
 }
 
 // closeFile closes fd, which drops its flock.
