@@ -38,9 +38,12 @@ func TestOpenFilesBounded(t *testing.T) {
 	if n := openFiles(t) - before; n > maxIdleFiles || n < maxIdleFiles-10 {
 		t.Fatalf("%d more files open after %d keys, want about %d", n, maxIdleFiles+200, maxIdleFiles)
 	}
-	s.mu.Lock()
-	entries := len(s.entries)
-	s.mu.Unlock()
+	entries := 0
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+		entries += len(s.shards[i].entries)
+		s.shards[i].mu.Unlock()
+	}
 	if entries != maxIdleFiles {
 		t.Fatalf("%d entries kept, want %d", entries, maxIdleFiles)
 	}

@@ -32,6 +32,11 @@ const (
 // holds no grant on them, so that a key locked again costs no open(2).
 const maxIdleFiles = 1024
 
+// shardCount is the number of shards of a Store's entries, each under a
+// mutex of its own, so that calls on different keys seldom wait for each
+// other.
+const shardCount = 32
+
 var (
 	_ stores.Store    = (*Store)(nil)
 	_ stores.Notifier = (*Store)(nil)
@@ -45,11 +50,26 @@ type Store struct {
 	pid    uint32
 	closed atomic.Bool
 
+	shards    [shardCount]shard
+	idleFiles atomic.Int64 // entries in the shards' idle lists
+
+	subs subscribers // release notification; see notify.go
+}
+
+// shard holds the entries of the keys that hash to it.
+type shard struct {
 	mu      sync.Mutex
 	entries map[string]*entry // keys in use, held or with an open file; guarded by mu
 	idle    list.List         // of the entries with an open file only, most recently used first; guarded by mu
+}
 
-	subs subscribers // release notification; see notify.go
+// shardOf returns the shard of key (FNV-1a).
+func (s *Store) shardOf(key string) *shard {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	return &s.shards[h%shardCount]
 }
 
 // entry is the state of one key in this Store.
@@ -57,16 +77,17 @@ type Store struct {
 // Invariants: calls take the mu of their keys' entries in key order, and
 // hold them for their whole work, so a call's keys change as one in the
 // eyes of this Store's other calls (and, for the flocks, of every other
-// open file). An entry stays in Store.entries while a call pins it
+// open file). An entry stays in its shard's entries while a call pins it
 // (refs > 0), it holds a grant (h != nil) or its file is open (fd >= 0);
-// in the last case alone it is in Store.idle, whose eviction closes the
-// file. Only a pinned entry's mu is taken, so an entry in Store.idle is
+// in the last case alone it is in the shard's idle list, whose eviction
+// closes the file. Only a pinned entry's mu is taken, so an idle entry is
 // used by nobody.
 type entry struct {
-	key  string
-	path string
-	refs int           // guarded by Store.mu
-	idle *list.Element // in Store.idle; guarded by Store.mu
+	key   string
+	path  string
+	shard *shard
+	refs  int           // guarded by shard.mu
+	idle  *list.Element // in shard.idle; guarded by shard.mu
 
 	mu  sync.Mutex
 	fd  int    // the key file, open and mapped, or -1
@@ -112,11 +133,11 @@ func New(dir string) (*Store, error) {
 	if err := probeFlock(dir, filePerm); err != nil {
 		return nil, fmt.Errorf("%w: %w", stores.ErrInvalid, err)
 	}
-	return &Store{
-		dir:     dir,
-		pid:     uint32(os.Getpid()),
-		entries: make(map[string]*entry),
-	}, nil
+	s := &Store{dir: dir, pid: uint32(os.Getpid())}
+	for i := range s.shards {
+		s.shards[i].entries = make(map[string]*entry)
+	}
+	return s, nil
 }
 
 // Dir returns the Store's directory.
@@ -130,13 +151,16 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	s.mu.Lock()
-	all := make([]*entry, 0, len(s.entries))
-	for _, e := range s.entries {
-		s.pinLocked(e)
-		all = append(all, e)
+	var all []*entry
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.entries {
+			s.pinLocked(e)
+			all = append(all, e)
+		}
+		sh.mu.Unlock()
 	}
-	s.mu.Unlock()
 	for _, e := range all {
 		e.mu.Lock()
 		if e.h != nil {
@@ -149,65 +173,71 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// pin returns the entries of keys, pinned in Store.entries.
+// pin returns the entries of keys, pinned in their shards.
 func (s *Store) pin(keys []string) ([]*entry, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed.Load() {
-		return nil, ErrClosed
-	}
-	es := make([]*entry, len(keys))
-	for i, key := range keys {
-		e := s.entries[key]
+	es := make([]*entry, 0, len(keys))
+	for _, key := range keys {
+		sh := s.shardOf(key)
+		sh.mu.Lock()
+		if s.closed.Load() {
+			sh.mu.Unlock()
+			s.unpin(es)
+			return nil, ErrClosed
+		}
+		e := sh.entries[key]
 		if e == nil {
-			e = &entry{key: key, path: filepath.Join(s.dir, fileName(key)), fd: -1}
-			s.entries[key] = e
+			e = &entry{key: key, path: filepath.Join(s.dir, fileName(key)), shard: sh, fd: -1}
+			sh.entries[key] = e
 		}
 		s.pinLocked(e)
-		es[i] = e
+		sh.mu.Unlock()
+		es = append(es, e)
 	}
 	return es, nil
 }
 
-// pinLocked pins e. The caller holds s.mu.
+// pinLocked pins e. The caller holds e.shard.mu.
 func (s *Store) pinLocked(e *entry) {
 	e.refs++
 	if e.idle != nil {
-		s.idle.Remove(e.idle)
+		e.shard.idle.Remove(e.idle)
 		e.idle = nil
+		s.idleFiles.Add(-1)
 	}
 }
 
 // unpin ends the pins of es. An entry nobody uses any more is forgotten,
-// or, with its file open, goes to the front of Store.idle, whose least
-// recently used entries beyond maxIdleFiles (all of them once the Store is
-// closed) are closed and forgotten.
+// or, with its file open, goes to the front of its shard's idle list. While
+// the Store keeps more than maxIdleFiles idle files (or any, once it is
+// closed), the least recently used of the shard are closed and forgotten.
 func (s *Store) unpin(es []*entry) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for _, e := range es {
+		sh := e.shard
+		sh.mu.Lock()
 		e.refs--
-		if e.refs > 0 || s.entries[e.key] != e {
-			continue
+		if e.refs == 0 && sh.entries[e.key] == e {
+			// Nobody else has e pinned, so nobody holds e.mu but a
+			// timer about to find its hold gone (expire pins e first).
+			e.mu.Lock()
+			switch {
+			case e.h != nil:
+			case e.fd < 0:
+				delete(sh.entries, e.key)
+			default:
+				e.idle = sh.idle.PushFront(e)
+				s.idleFiles.Add(1)
+			}
+			e.mu.Unlock()
 		}
-		// Nobody else has e pinned, so nobody holds e.mu but a timer
-		// about to find its hold gone (expire pins e first).
-		e.mu.Lock()
-		switch {
-		case e.h != nil:
-		case e.fd < 0:
-			delete(s.entries, e.key)
-		default:
-			e.idle = s.idle.PushFront(e)
+		for sh.idle.Len() > 0 && (s.idleFiles.Load() > maxIdleFiles || s.closed.Load()) {
+			old := sh.idle.Remove(sh.idle.Back()).(*entry)
+			old.idle = nil
+			s.idleFiles.Add(-1)
+			delete(sh.entries, old.key)
+			unmapKeyFile(old.fd, old.mem)
+			old.fd, old.mem = -1, nil
 		}
-		e.mu.Unlock()
-	}
-	for s.idle.Len() > 0 && (s.idle.Len() > maxIdleFiles || s.closed.Load()) {
-		e := s.idle.Remove(s.idle.Back()).(*entry)
-		e.idle = nil
-		delete(s.entries, e.key)
-		unmapKeyFile(e.fd, e.mem)
-		e.fd, e.mem = -1, nil
+		sh.mu.Unlock()
 	}
 }
 
@@ -261,9 +291,9 @@ func (s *Store) arm(e *entry, h *hold, expiry time.Time, ttl time.Duration) {
 // expire is h's timer: it ends the grant on e when h is still e's grant and
 // its expiry has passed, and sets the timer again when it was refreshed.
 func (s *Store) expire(e *entry, h *hold) {
-	s.mu.Lock()
+	e.shard.mu.Lock()
 	s.pinLocked(e)
-	s.mu.Unlock()
+	e.shard.mu.Unlock()
 	defer s.unpin([]*entry{e})
 	e.mu.Lock()
 	defer e.mu.Unlock()

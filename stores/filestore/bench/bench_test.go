@@ -154,6 +154,8 @@ func BenchmarkHot(b *testing.B) {
 		start := time.Now()
 		for _, lock := range workers {
 			wg.Go(func() {
+				ctx, cancel := context.WithCancel(ctx) // a context per worker, as per request
+				defer cancel()
 				var mine []time.Duration
 				for next.Add(1) <= int64(b.N) {
 					t := time.Now()
@@ -200,6 +202,8 @@ func BenchmarkSpread(b *testing.B) {
 		start := time.Now()
 		for w, lock := range workers {
 			wg.Go(func() {
+				ctx, cancel := context.WithCancel(ctx) // a context per worker, as per request
+				defer cancel()
 				var mine []time.Duration
 				for i := 0; next.Add(1) <= int64(b.N); i++ {
 					key := keys[(w+i*spreadWorkers)%spreadKeys] // worker w's own keys
