@@ -328,17 +328,19 @@ func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 
 // Acquire takes every key for token when none is held by another token,
 // and issues each its fence: it takes the keys in order, each by an
-// exclusive flock of its file without waiting (opening and mapping the file
-// unless it is open already), and undoes what it took when one is held. A key held by a grant of this Store refuses another
-// token without a system call; a key this Store holds for token (a retried
-// Acquire) is granted again with a fresh fence and TTL. A refusal names the
-// first held key and, in Wait, its holder's remaining TTL: exact for a
-// grant of this Store, read from the key file for one of another process
-// or Store (zero when the file does not tell).
+// exclusive flock of its file without waiting (opening and mapping the
+// file unless it is open already), and undoes what it took when one is
+// held. A key held by a grant of this Store refuses another token without
+// a system call; a key this Store holds for token (a retried Acquire) is
+// granted again with a fresh fence and TTL. A refusal names the first held
+// key and, in Wait, its holder's remaining TTL: exact for a grant of this
+// Store, read from the key file for one of another process or Store (zero
+// when the file does not tell).
 //
 // The fence is read from the key file's mapped record and written back
-// (pwrite), grown, while the flock is held (see nextFence). The grant ends at the first of: Release;
-// its TTL, by a timer of this Store; Close; the end of the process.
+// (pwrite), grown, while the flock is held (see nextFence). The grant ends
+// at the first of: Release; its TTL, by a timer of this Store; Close; the
+// end of the process.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
 // wrapping stores.ErrInvalid for invalid keys or ttl; ErrClosed after
@@ -442,12 +444,12 @@ func waitHint(mem []byte) time.Duration {
 
 // Release ends token's grant on every key that holds it. With keep zero or
 // negative it drops the key file's flock, which frees the key for every
-// process at once, and signals the key's subscribers; with keep positive it sets
-// the grant to end keep from now instead (shorter or longer than its TTL
-// left), signalling nothing. It returns an error wrapping stores.ErrNotHeld,
-// naming the keys, when some keys held no live grant of token in this Store
-// (released, expired, or never granted here), after ending the grant on the
-// others.
+// process at once, and signals the key's subscribers; with keep positive
+// it sets the grant to end keep from now instead (shorter or longer than
+// its TTL left), signalling nothing. It returns an error wrapping
+// stores.ErrNotHeld, naming the keys, when some keys held no live grant of
+// token in this Store (released, expired, or never granted here), after
+// ending the grant on the others.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
 // wrapping stores.ErrInvalid for invalid keys; and ErrClosed after Close.
