@@ -87,6 +87,7 @@
 //
 // Every call does its work in a few non-blocking system calls on local
 // files (flock with LOCK_NB or LOCK_UN, pwrite; for a key whose file is not
-// open, open, fstat, ftruncate and mmap) and checks its context before it starts. It does not watch the context during them: a
-// file system that hangs a system call holds the call up with it.
+// open, open, fstat, ftruncate and mmap) and checks its context before it
+// starts. It does not watch the context during them: a file system that
+// hangs a system call holds the call up with it.
 package filestore
