@@ -35,7 +35,7 @@ const maxIdleFiles = 1024
 // shardCount is the number of shards of a Store's entries, each under a
 // mutex of its own, so that calls on different keys seldom wait for each
 // other.
-const shardCount = 32
+const shardCount = 256
 
 var (
 	_ stores.Store    = (*Store)(nil)
