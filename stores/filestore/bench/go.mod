@@ -1,0 +1,15 @@
+module github.com/reqlock/reqlock/stores/filestore/bench
+
+go 1.26.0
+
+replace github.com/reqlock/reqlock => ../../..
+
+require (
+	github.com/gofrs/flock v0.13.2
+	github.com/reqlock/reqlock v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)

@@ -1,0 +1,93 @@
+// Package filestore is a stores.Store for the processes of one host: a lock
+// is an exclusive flock(2) on a file per key in a directory they share, as
+// the PHP services of reqlock's source documents use flock(LOCK_EX|LOCK_NB).
+// Use it for several worker processes on one machine without a lock server;
+// processes of other hosts do not see its locks.
+//
+//	store, err := filestore.New("/run/myapp/locks") // or Open(ctx, "file:///run/myapp/locks")
+//
+// # How a lock is held
+//
+// Acquire takes the flock of each key's file (in key order; see the file
+// names below) without waiting; when one is held, it drops what it took and
+// refuses, all or nothing. A grant keeps its flocks, on files the Store
+// keeps open, for the whole hold: Release (keep zero) drops them, which
+// frees the keys for every process at once, and so does the end of the
+// process, by any signal (SIGKILL included), since the kernel closes its
+// files. Locks are per open file description, so two Stores of one process
+// exclude each other as two processes do; within one Store, a key it holds
+// refuses other tokens without a system call, and its own token (a retried
+// Acquire) is granted again with a fresh fence.
+//
+// A Store keeps the files of keys it no longer holds open, up to 1024 of
+// them (the least recently used are closed beyond that), with their record
+// mapped into memory for reading, so an uncontended grant and its release
+// cost three system calls: flock(LOCK_EX|LOCK_NB), pwrite of the fence, and
+// flock(LOCK_UN).
+//
+// The TTL is enforced by the holding process: a timer ends a grant that was
+// neither released nor refreshed in time, closing its files. A flock cannot
+// be taken from another process, so a hold ends only in the process that
+// made it: by Release, its TTL (its timer), Close, or the end of the
+// process. A process that is stopped (SIGSTOP, a debugger) keeps its keys
+// past their TTL until it runs again or dies. Refresh and Release act only
+// on grants of the same Store, which are the only ones a Locker's token can
+// name.
+//
+// # Fences
+//
+// Each key file is a 32-byte record (see record.go) that holds the key's
+// last fence. Acquire reads it and writes the next one back while it
+// holds the flock, so fences grow by at least stores.FenceStride from grant
+// to grant of a key, whatever process makes them, across release, expiry
+// and the restart of any process (the page cache outlives processes). Files
+// are not fsynced. A crash of the host may lose the last fences written, so
+// every fence is also at least the wall clock in microseconds: after a
+// reboot fences still grow, unless the clock stepped back or the key was
+// granted more than about 976 times a second (10⁶/FenceStride) for long
+// enough before the crash that its fences ran ahead of the clock by more
+// than they lost. A key's file is never removed (its fence lives there): the
+// directory holds one small file per key ever locked.
+//
+// Leave the files alone while processes use the directory: a key file
+// removed or replaced while a process has it open splits the key in two
+// (that process locks the old file, others a new one), and a key file
+// truncated while mapped crashes the processes that map it (SIGBUS).
+//
+// The record also holds the grant's expiry (wall clock) and process, as a
+// hint: a refusal by another process's grant reads its remaining TTL there
+// for Grant.Wait, or zero when the record does not tell.
+//
+// # File names
+//
+// A key is escaped into a file name of the bytes a-z, 0-9, '-', '.' and '_'
+// (see names.go), injectively and without path separators, so no key
+// reaches outside the directory and distinct keys never share a file; a key
+// whose escaped form exceeds 200 bytes is named by its SHA-256.
+//
+// # Where it refuses to run
+//
+// New (and Open) refuse a relative directory, and a directory where flock
+// cannot lock across this host's processes: on Linux, network and cluster
+// file systems (NFS, SMB/CIFS, 9P, AFS, Ceph, Lustre, GFS2, OCFS2) and FUSE,
+// by statfs(2); and, on every platform, a directory where a probe (a second
+// open file description of a locked file must be refused the lock) shows
+// that flock does not exclude. The package builds on Linux, macOS and the
+// BSDs.
+//
+// # Release notification
+//
+// Store implements stores.Notifier for its own releases and expiries, which
+// it signals in order as they happen: a Locker's waiters in the same process
+// wake at once. Releases made by other processes (or other Stores) are not
+// signalled; their waiters find the key free at their next attempt, by the
+// Locker's backoff, capped by the holder's TTL.
+//
+// # Context
+//
+// Every call does its work in a few non-blocking system calls on local
+// files (flock with LOCK_NB or LOCK_UN, pwrite; for a key whose file is not
+// open, open, fstat, ftruncate and mmap) and checks its context before it
+// starts. It does not watch the context during them: a file system that
+// hangs a system call holds the call up with it.
+package filestore
