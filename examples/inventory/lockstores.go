@@ -13,6 +13,7 @@ import (
 
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/etcdstore"
+	"github.com/reqlock/reqlock/stores/filestore"
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/mysqlstore"
 	"github.com/reqlock/reqlock/stores/pgstore"
@@ -43,6 +44,7 @@ var storeOpeners = map[string]storeOpener{
 	"etcd":       opener("etcdstore", etcdstore.Open),
 	"postgres":   opener("pgstore", pgstore.Open),
 	"postgresql": opener("pgstore", pgstore.Open),
+	"file":       opener("filestore", filestore.Open),
 }
 
 // closingStore is a store that holds resources until Close.

@@ -17,6 +17,7 @@ import (
 // storeURLs gives, per -store scheme, a URL of a real server of that store
 // for the test (from internal/testservers), or of none for memory://.
 var storeURLs = map[string]func(tb testing.TB) string{
+	"file":   func(tb testing.TB) string { return "file://" + tb.TempDir() },
 	"memory": func(tb testing.TB) string { return "memory://" },
 	"redis":  func(tb testing.TB) string { return "redis://" + testredis.Addr(tb) },
 	"redlock": func(tb testing.TB) string {

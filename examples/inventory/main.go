@@ -33,9 +33,21 @@
 //
 //	-addr HOST:PORT   listen address (default 127.0.0.1:8080; port 0 picks a free one)
 //	-framework NAME   gin, echo or nethttp (default gin)
-//	-redis URL        keep the locks (redisstore) and the stock in this Redis,
-//	                  such as redis://127.0.0.1:6379/0 (default $REDIS_URL;
-//	                  without either, both live in memory: memstore)
+//	-redis URL        keep the stock in this Redis, such as
+//	                  redis://127.0.0.1:6379/0 (default $REDIS_URL; without
+//	                  either, it lives in memory), and the locks too
+//	                  (redisstore) unless -store says otherwise
+//	-store URL        keep the locks in this store (default $REQLOCK_STORE;
+//	                  without either, where -redis says, else in memory):
+//	                    memory://                                  memstore, this process only
+//	                    redis://host:6379/0                        redisstore (rediss:// for TLS)
+//	                    redlock://h1:6379,h2:6379,h3:6379          redlockstore, a Redlock over independent nodes
+//	                    etcd://h1:2379,h2:2379/prefix              etcdstore
+//	                    zk://h1:2181,h2:2181/root?session=10s      zkstore
+//	                    mysql://user:pass@host:3306/db             mysqlstore (MySQL or MariaDB)
+//	                    postgres://user:pass@host:5432/db?sslmode=disable   pgstore
+//	                    file:///var/lib/inventory/locks            filestore, processes of one host
+//	                  (each store's package documents its URL's parameters)
 //	-stock N          initial stock of a SKU never set (default 100)
 //	-work DURATION    simulated work between reading and writing the stock (default 0)
 //	-wait DURATION    how long a request waits for a held lock (default 2s; 0 tries once)
