@@ -471,7 +471,9 @@ func TestCheckoutWithExpiredLeaseChangesNothing(t *testing.T) {
 			t.Run(fw+"/"+store, func(t *testing.T) {
 				t.Parallel()
 				cfg := testConfig(fw)
-				cfg.ttl = 50 * time.Millisecond
+				// A lease long enough for A to reach its read on a loaded
+				// machine; A then works until it ends.
+				cfg.ttl = 300 * time.Millisecond
 				cfg.wait = 30 * time.Second
 				sku := onStore(t, &cfg, store)
 				X, Y := sku("X"), sku("Y")
@@ -486,7 +488,7 @@ func TestCheckoutWithExpiredLeaseChangesNothing(t *testing.T) {
 					}
 				}
 				first := doAsync(http.MethodPost, srv.URL+"/carts/checkout", cartBody(cartItem{X, 1}, cartItem{Y, 1}))
-				<-aRead
+				awaitHook(t, aRead, first)
 				second := doAsync(http.MethodPost, srv.URL+"/skus/"+Y+"/deduct", `{"qty":1}`)
 				ra, rb := <-first, <-second
 				if ra.err != nil || rb.err != nil {

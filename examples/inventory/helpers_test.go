@@ -101,6 +101,18 @@ func doAsync(method, url, body string) <-chan sent {
 	return out
 }
 
+// awaitHook waits until a request's test hook has run (hooked closes), and
+// fails the test if the request answers first, instead of waiting forever
+// for a hook it will never run.
+func awaitHook(t *testing.T, hooked <-chan struct{}, request <-chan sent) {
+	t.Helper()
+	select {
+	case <-hooked:
+	case r := <-request:
+		t.Fatalf("the request answered before its test hook ran: %v, %v", r.a, r.err)
+	}
+}
+
 // doCtx is do with a context, which bounds the request.
 func doCtx(ctx context.Context, method, url, body string) (answer, error) {
 	var r io.Reader

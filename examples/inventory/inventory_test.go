@@ -175,7 +175,9 @@ func TestExpiredLeaseEndsTheRequest(t *testing.T) {
 			t.Run(fw+"/"+store, func(t *testing.T) {
 				t.Parallel()
 				cfg := testConfig(fw)
-				cfg.ttl = 50 * time.Millisecond
+				// A lease long enough for A to reach its read on a loaded
+				// machine; A then works until it ends.
+				cfg.ttl = 300 * time.Millisecond
 				cfg.wait = 30 * time.Second
 				sku := "X"
 				if store == "redis" {
@@ -193,7 +195,7 @@ func TestExpiredLeaseEndsTheRequest(t *testing.T) {
 					}
 				}
 				first := doAsync(deductRoutes[0].req(srv.URL, sku))
-				<-aRead
+				awaitHook(t, aRead, first)
 				second := doAsync(deductRoutes[1].req(srv.URL, sku))
 				ra, rb := <-first, <-second
 				if ra.err != nil || rb.err != nil {
@@ -256,7 +258,7 @@ func TestLostLockIsFenced(t *testing.T) {
 					method, url, body = http.MethodPost, srv1.URL+"/carts/checkout", cartBody(cartItem{X, 1}, cartItem{Y, 1})
 				}
 				first := doAsync(method, url, body)
-				<-aRead
+				awaitHook(t, aRead, first)
 				rb := mustDo(t, http.MethodPost, srv2.URL+"/skus/"+Y+"/deduct", `{"qty":1}`)
 				close(bDone)
 				ra := <-first
