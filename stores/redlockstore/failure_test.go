@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
@@ -155,13 +157,33 @@ type obtainRecord struct {
 // documents' "lock success back to 100% within 500 ms").
 const recoveryBound = 500 * time.Millisecond
 
+// fastFailClients returns a client per address, closed when the test ends,
+// that dials once and never retries a command: a call to a killed node fails
+// at once instead of after go-redis's 5 dials 100ms apart, which Release
+// (waiting for every node's answer) would wait for on each lock.
+func fastFailClients(t testing.TB, addrs []string) []redis.Scripter {
+	t.Helper()
+	out := make([]redis.Scripter, len(addrs))
+	for i, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a, ContextTimeoutEnabled: true, PoolSize: 64,
+			MaxRetries: -1, DialerRetries: 1})
+		t.Cleanup(func() { _ = c.Close() })
+		out[i] = c
+	}
+	return out
+}
+
 // TestKillTwoUnderLoad: 2 of 5 nodes killed while workers take turns on one
 // key: no two holders ever, no lost update of a non-atomic counter, every
 // Obtain that starts more than recoveryBound after the kill succeeds or ends
 // by contention, never by a store failure, until the nodes return; then the
-// Store uses them again.
+// Store uses them again. Its clients fail fast on a killed node
+// (fastFailClients), as a Redlock deployment configures go-redis.
 func TestKillTwoUnderLoad(t *testing.T) {
-	servers, s := privateNodes(t, redlockstore.WithNodeTimeout(500*time.Millisecond))
+	servers := testservers.RedisNodes(t, 5)
+	nodes := fastFailClients(t, testservers.Addrs(servers))
+	admit(t, nodes)
+	s := newStore(t, nodes, redlockstore.WithNodeTimeout(500*time.Millisecond))
 	locker, err := reqlock.New(s)
 	if err != nil {
 		t.Fatal(err)
@@ -301,7 +323,12 @@ func TestKillTwoUnderLoad(t *testing.T) {
 		t.Errorf("%d of %d Obtains started more than %v after the kill failed with a store error; the last started %v after it",
 			late, checked, recoveryBound, lastFailureStart)
 	}
-	if checked < 10 {
+	for _, i := range []int{0, 3} { // the kill was real: the Store met it
+		if st := s.NodeStats()[i]; st.Failures == 0 {
+			t.Errorf("killed node %d counts no failed call: %+v", i, st)
+		}
+	}
+	if checked < 50 {
 		t.Errorf("only %d Obtains started between %v after the kill and the restart: too few to tell", checked, recoveryBound)
 	}
 	// Release waits for every node's answer, so while nodes are down it

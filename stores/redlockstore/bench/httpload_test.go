@@ -51,6 +51,7 @@ var (
 	roundsFlag = flag.Int("rounds", 1, "TestHTTPLoad: rounds of all phases, alternating which library goes first")
 	skusFlag   = flag.Int("skus", 16, "TestHTTPLoad: SKUs each phase's clients deduct from, at random")
 	dialsFlag  = flag.Int("dials", 1, "TestHTTPLoad: go-redis DialerRetries of every client (0: go-redis's default, 5 dials 100ms apart)")
+	handoff    = flag.Bool("handoff", true, "TestHTTPLoad: reqlock passes a grant to the next waiter of the process without a store round trip (false: every grant from the store, as between processes)")
 	retryFlag  = flag.Int("retries", -1, "TestHTTPLoad: go-redis MaxRetries of every client (-1: none, as Redlock retries across nodes; 0: go-redis's default, 3)")
 )
 
@@ -323,7 +324,11 @@ func TestHTTPLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	locker, err := reqlock.New(store)
+	var lockerOpts []reqlock.Option
+	if !*handoff {
+		lockerOpts = append(lockerOpts, reqlock.WithHandoff(0, 0))
+	}
+	locker, err := reqlock.New(store, lockerOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +383,8 @@ func TestHTTPLoad(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("phase %v, %d SKUs, %d cores (GOMAXPROCS %d)", *phaseFlag, *skusFlag, runtime.NumCPU(), runtime.GOMAXPROCS(0))
+	t.Logf("phase %v, %d SKUs, reqlock handoff %v, go-redis DialerRetries %d MaxRetries %d, %d cores (GOMAXPROCS %d)",
+		*phaseFlag, *skusFlag, *handoff, *dialsFlag, *retryFlag, runtime.NumCPU(), runtime.GOMAXPROCS(0))
 	t.Logf("%-8s %-27s %8s %9s %9s %-26s %9s %9s %17s %8s", "library", "phase", "QPS(200)", "p50", "p99",
 		"answers by status", "no 503", "all 200", "QPS before/after", "oversell")
 	for _, st := range rows {
