@@ -1,22 +1,5 @@
 package bench_test
 
-// TestHTTPLoad is the source documents' load table redone over HTTP: a "deduct
-// the stock of a SKU" endpoint locked by reqlock's middleware over
-// redlockstore, and the same endpoint locked by redsync by hand, on the same
-// 5 private Redis nodes. Its phases last 500ms each by default (the CI-sized
-// run, under 3s with both libraries); the full run is
-//
-//	cd stores/redlockstore/bench && go test -run '^TestHTTPLoad$' -count=1 -v -args -phase=5s -rounds=2
-//
-// which prints the table (rounds alternate which library goes first). Every
-// go-redis client dials a node once and does not retry a command (-dials=1
-// -retries=-1): Redlock tolerates a failed node by asking the others, while
-// go-redis's defaults (-dials=0 -retries=0: 5 dials 100ms apart, 3 retries)
-// make each call to a killed node last hundreds of milliseconds, which both
-// libraries wait for (reqlock's Release waits for every node's answer,
-// redsync's lock and unlock too), and throughput after the kill drops to a
-// few percent of what it was, without any error.
-
 import (
 	"context"
 	"errors"
@@ -47,12 +30,12 @@ import (
 )
 
 var (
-	phaseFlag  = flag.Duration("phase", 500*time.Millisecond, "TestHTTPLoad: length of each phase")
-	roundsFlag = flag.Int("rounds", 1, "TestHTTPLoad: rounds of all phases, alternating which library goes first")
-	skusFlag   = flag.Int("skus", 16, "TestHTTPLoad: SKUs each phase's clients deduct from, at random")
-	dialsFlag  = flag.Int("dials", 1, "TestHTTPLoad: go-redis DialerRetries of every client (0: go-redis's default, 5 dials 100ms apart)")
-	handoff    = flag.Bool("handoff", true, "TestHTTPLoad: reqlock passes a grant to the next waiter of the process without a store round trip (false: every grant from the store, as between processes)")
-	retryFlag  = flag.Int("retries", -1, "TestHTTPLoad: go-redis MaxRetries of every client (-1: none, as Redlock retries across nodes; 0: go-redis's default, 3)")
+	phaseFlag   = flag.Duration("phase", 500*time.Millisecond, "TestHTTPLoad: length of each phase")
+	roundsFlag  = flag.Int("rounds", 1, "TestHTTPLoad: rounds of all phases, alternating which library goes first")
+	skusFlag    = flag.Int("skus", 16, "TestHTTPLoad: SKUs each phase's clients deduct from, at random")
+	dialsFlag   = flag.Int("dials", 1, "TestHTTPLoad: go-redis DialerRetries of every client (0: go-redis's default, 5 dials 100ms apart)")
+	handoffFlag = flag.Bool("handoff", true, "TestHTTPLoad: reqlock passes a grant to the next waiter of the process without a store round trip (false: every grant from the store, as between processes)")
+	retryFlag   = flag.Int("retries", -1, "TestHTTPLoad: go-redis MaxRetries of every client (-1: none, as Redlock retries across nodes; 0: go-redis's default, 3)")
 )
 
 const (
@@ -194,19 +177,18 @@ type result struct {
 
 // phaseStats is one row of the table.
 type phaseStats struct {
-	lib, phase    string
-	clients       int
-	requests      int
-	qps           float64 // 200 answers per second
-	p50, p99      time.Duration
-	byStatus      map[int]int
-	killed        bool
-	recovery      time.Duration // from the kill to the start of the last request answered 503
-	recoveryAll   time.Duration // from the kill to the start of the last request not answered 200
-	okBefore      float64       // 200 answers per second before the kill
-	okAfter       float64       // and from recovery to the end
-	oversell      int64
-	staleRefusals int64
+	lib, phase  string
+	clients     int
+	requests    int
+	qps         float64 // 200 answers per second
+	p50, p99    time.Duration
+	byStatus    map[int]int
+	killed      bool
+	recovery    time.Duration // from the kill to the start of the last request answered 503
+	recoveryAll time.Duration // from the kill to the start of the last request not answered 200
+	okBefore    float64       // 200 answers per second before the kill
+	okAfter     float64       // and from recovery to the end
+	oversell    int64
 }
 
 // drive runs clients that POST to base+"/skus/<prefix><n>/deduct" until
@@ -246,8 +228,7 @@ func drive(t *testing.T, client *http.Client, base, prefix string, clients, skus
 	return slices.Concat(per...), start, killedAt
 }
 
-// summarize turns a phase's results into a row.
-// QPS counts the 200 answers that came before the phase's end, over its
+// summarize turns a phase's results into a row. QPS counts the 200 answers that came before the phase's end, over its
 // length d; the requests still in flight then count in the other columns.
 func summarize(rs []result, start, killedAt time.Time, d time.Duration) phaseStats {
 	st := phaseStats{requests: len(rs), byStatus: map[int]int{}}
@@ -294,12 +275,29 @@ func summarize(rs []result, start, killedAt time.Time, d time.Duration) phaseSta
 	return st
 }
 
-// TestHTTPLoad runs, for reqlock over redlockstore and for redsync in turn on
-// the same 5 nodes, 50 clients for a phase, then 100 clients for a phase
-// during which 2 of the nodes are killed (and restarted after it). It reports
-// per library and phase QPS, p50/p99 latency, answers by status, the time
-// from the kill until no request that started later was answered 503, and
-// oversell, and fails on any oversell or a phase without a sale.
+// TestHTTPLoad is the source documents' load table redone over HTTP: a
+// "deduct the stock of a SKU" endpoint locked by reqlock's middleware over
+// redlockstore (writes fenced), and the same endpoint locked by redsync by
+// hand (lock, deduct, unlock; no fence), on the same 5 private Redis nodes.
+// For each library in turn it runs 50 clients for a phase, then 100 clients
+// for a phase during which 2 of the nodes are killed (and restarted after
+// it). It reports per library and phase QPS, p50/p99 latency, answers by
+// status, the time from the kill until no request that started later was
+// answered 503 (or anything but 200), and oversell, and fails on any
+// oversell or a phase without a sale.
+//
+// Phases last 500ms by default: the CI-sized run. The full run is
+//
+//	cd stores/redlockstore/bench && go test -run '^TestHTTPLoad$' -count=1 -v . -args -phase=5s -rounds=2
+//
+// (rounds alternate which library goes first). Every go-redis client dials
+// a node once and does not retry a command (-dials=1 -retries=-1): Redlock
+// tolerates a failed node by asking the others, while go-redis's defaults
+// (-dials=0 -retries=0: 5 dials 100ms apart, 3 retries) make each call to a
+// killed node last hundreds of milliseconds, which both libraries wait for
+// (reqlock's Release waits for every node's answer, redsync's lock and
+// unlock too), so that throughput after the kill falls to a few percent of
+// what it was, without any error.
 func TestHTTPLoad(t *testing.T) {
 	servers := testservers.RedisNodes(t, 5)
 	newClients := func() []*redis.Client {
@@ -325,7 +323,7 @@ func TestHTTPLoad(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	var lockerOpts []reqlock.Option
-	if !*handoff {
+	if !*handoffFlag {
 		lockerOpts = append(lockerOpts, reqlock.WithHandoff(0, 0))
 	}
 	locker, err := reqlock.New(store, lockerOpts...)
@@ -384,7 +382,7 @@ func TestHTTPLoad(t *testing.T) {
 		}
 	}
 	t.Logf("phase %v, %d SKUs, reqlock handoff %v, go-redis DialerRetries %d MaxRetries %d, %d cores (GOMAXPROCS %d)",
-		*phaseFlag, *skusFlag, *handoff, *dialsFlag, *retryFlag, runtime.NumCPU(), runtime.GOMAXPROCS(0))
+		*phaseFlag, *skusFlag, *handoffFlag, *dialsFlag, *retryFlag, runtime.NumCPU(), runtime.GOMAXPROCS(0))
 	t.Logf("%-8s %-27s %8s %9s %9s %-26s %9s %9s %17s %8s", "library", "phase", "QPS(200)", "p50", "p99",
 		"answers by status", "no 503", "all 200", "QPS before/after", "oversell")
 	for _, st := range rows {
