@@ -80,13 +80,23 @@
 // Acquire with several keys runs three statements in one round trip and one
 // implicit transaction: the first creates missing rows and locks every row
 // in key order, unless its snapshot shows a key held by another token (so a
-// refusal takes no row lock and waits for none); the second takes them all,
-// only when the first locked every row (it says so in the transaction-local
-// setting reqlock.locked) and none is held by another token; the third
-// reads the holders of a refusal. Refresh with several keys locks the rows
-// in key order (SELECT ... FOR UPDATE) before it moves their leases, only
-// when every key holds the token. Release frees each key that holds the
-// token, in one statement.
+// refusal does not wait for a grant in progress before it knows the key is
+// held); the second takes them all, only when the first locked every row
+// (it says so in the transaction-local setting reqlock.locked) and none is
+// held by another token; the third reads the holders of a refusal and
+// marks them watched, locking the rows in key order too. Refresh with
+// several keys locks the rows in key order (SELECT ... FOR UPDATE) before
+// it moves their leases, only when every key holds the token. Release
+// frees each key that holds the token, in one statement, after locking the
+// rows in key order when there are several.
+//
+// Every statement that locks several rows locks them in key order: an
+// UPDATE of several rows would lock them in the order of its scan, and two
+// transactions locking two rows in opposite orders wait for each other
+// until PostgreSQL's deadlock check, deadlock_timeout (1s by default)
+// later, rolls one back. Under contention the rolled-back call, run again,
+// formed the next such cycle, so that an Acquire of a few keys could wait
+// several seconds.
 //
 // # Release notification
 //
@@ -393,10 +403,12 @@ func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl
 }
 
 // Release ends token's grant on every key that still holds it, in one
-// statement. With keep zero or negative it frees the key and notifies its
-// release (see Release notification in the package documentation); with
-// keep positive it sets the key's lease to end keep from now instead and
-// notifies nothing, since the key stays held.
+// statement; with several keys, after one that locks their rows in key
+// order, in the same round trip and implicit transaction. With keep zero or
+// negative it frees the key and notifies its release (see Release
+// notification in the package documentation); with keep positive it sets
+// the key's lease to end keep from now instead and notifies nothing, since
+// the key stays held.
 //
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
 // keys were absent, expired or held another token, after ending the grant
@@ -408,14 +420,26 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
+	bkeys := byteKeys(keys)
 	released, err := retrying(ctx, func(ctx context.Context) (int, error) {
-		var rows pgx.Rows
-		var err error
-		if keep > 0 {
-			rows, err = s.pool.Query(ctx, s.sql.releaseKeep, byteKeys(keys), []byte(token), micros(keep))
-		} else {
-			rows, err = s.pool.Query(ctx, s.sql.release, byteKeys(keys), []byte(token), s.channel)
+		batch := &pgx.Batch{}
+		if len(keys) > 1 {
+			// An UPDATE locks rows in the order of its scan, not the keys'.
+			batch.Queue(s.sql.lockHeld, bkeys)
 		}
+		if keep > 0 {
+			batch.Queue(s.sql.releaseKeep, bkeys, []byte(token), micros(keep))
+		} else {
+			batch.Queue(s.sql.release, bkeys, []byte(token), s.channel)
+		}
+		res := s.pool.SendBatch(ctx, batch)
+		defer res.Close()
+		if len(keys) > 1 {
+			if _, err := res.Exec(); err != nil {
+				return 0, err
+			}
+		}
+		rows, err := res.Query()
 		if err != nil {
 			return 0, err
 		}
@@ -424,7 +448,10 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 			n++ // a key released; the other column, if any, is pg_notify's void
 		}
 		rows.Close()
-		return n, rows.Err()
+		if err := rows.Err(); err != nil {
+			return 0, err
+		}
+		return n, res.Close()
 	})
 	if err != nil {
 		return endedErr(ctx, err)

@@ -95,14 +95,25 @@ func newStatements(table string) statements {
 			SELECT set_config('reqlock.locked', count(*)::text, true) FROM locked`),
 
 		// Reads each key's holder and remaining lease, in key order, for a
-		// refusal, and marks the held keys watched (see acquireOne).
+		// refusal, and marks the held keys watched (see acquireOne). It
+		// locks every row, creating the missing ones, in key order, as
+		// lockAll does: on a refusal lockAll locked nothing, and an UPDATE
+		// of the held rows would lock them in the order of its scan (the
+		// heap's, not the keys'), so that a refusal and a grant could each
+		// wait for a row the other had locked; PostgreSQL breaks such a
+		// cycle only after deadlock_timeout (1s by default), and under
+		// contention the retried grant formed the next one, second after
+		// second. ON CONFLICT DO UPDATE ... WHERE locks the rows it does not
+		// change as well; RETURNING gives the inserted rows (no token) and
+		// the held ones.
 		holders: r.Replace(`
-			WITH held AS (
-				UPDATE {t} SET watched_until = greatest(watched_until, clock_timestamp() + {watch})
-				WHERE key = ANY($1::bytea[]) AND token IS NOT NULL AND token <> $2::bytea
-				  AND expires_at > clock_timestamp()
-				RETURNING key, {remaining})
-			SELECT * FROM held ORDER BY key`),
+			WITH marked AS (
+				INSERT INTO {t} AS l (key, fence)
+				SELECT k, 0 FROM unnest($1::bytea[]) AS k ORDER BY k
+				ON CONFLICT (key) DO UPDATE SET watched_until = greatest(l.watched_until, clock_timestamp() + {watch})
+				WHERE l.token IS NOT NULL AND l.token <> $2::bytea AND l.expires_at > clock_timestamp()
+				RETURNING key, token, {remaining} AS remaining)
+			SELECT key, remaining FROM marked WHERE token IS NOT NULL ORDER BY key`),
 
 		// Marks keys watched, creating missing rows, in key order.
 		watch: r.Replace(`

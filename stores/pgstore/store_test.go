@@ -442,6 +442,9 @@ func TestFenceFloorIsTheServerClock(t *testing.T) {
 	if err != nil || !g2.OK {
 		t.Fatalf("Acquire after the row was deleted: %+v, %v", g2, err)
 	}
+	if err := s.Release(t.Context(), keys, "t2", 0); err != nil { // for the next -count
+		t.Fatal(err)
+	}
 	if g2.Fences[0]-g.Fences[0] < stores.FenceStride {
 		t.Fatalf("fence %d after the row was deleted, %d before: want a stride above", g2.Fences[0], g.Fences[0])
 	}
@@ -500,5 +503,73 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	}
 	if ch, _ := s.NotifyRelease(key, "waiter"); ch != nil {
 		t.Fatal("NotifyRelease after Close returned a channel")
+	}
+}
+
+// TestLocksRowsInKeyOrder: a refusal of several keys (which marks the held
+// ones watched) and a release of several keys lock their rows in key order,
+// whatever the order of the rows in the table. Each call is left waiting
+// for the first key's row, locked by a transaction that then locks the
+// second key's row: that lock is free at once. Were the call to lock the
+// rows in the order of its scan (the heap's: the second key's row was
+// written first), it would hold the second row while it waits for the
+// first, and the two would wait for each other until PostgreSQL's deadlock
+// check (deadlock_timeout later) rolls one back; under contention, second
+// after second.
+func TestLocksRowsInKeyOrder(t *testing.T) {
+	const table = "reqlock_test_order"
+	s := open(t, table)
+	db := pool(t, testservers.PostgresDSN(t))
+	cases := []struct {
+		name string
+		call func(ctx context.Context, keys []string) error
+	}{
+		{"refusal", func(ctx context.Context, keys []string) error {
+			g, err := s.Acquire(ctx, keys, "waiter", time.Minute)
+			if err == nil && (g.OK || g.Held != 0) {
+				err = fmt.Errorf("grant %+v, want refused on the first key", g)
+			}
+			return err
+		}},
+		{"release", func(ctx context.Context, keys []string) error {
+			return s.Release(ctx, keys, "holder", 0)
+		}},
+		{"release keep", func(ctx context.Context, keys []string) error {
+			return s.Release(ctx, keys, "holder", time.Minute)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// Fresh rows, the second key's written first.
+			prefix := fmt.Sprintf("order:%s:%d:", t.Name(), time.Now().UnixNano())
+			keys := []string{prefix + "a", prefix + "b"}
+			for _, k := range []string{keys[1], keys[0]} {
+				if g, err := s.Acquire(t.Context(), []string{k}, "holder", time.Minute); err != nil || !g.OK {
+					t.Fatalf("setup Acquire(%q): %+v, %v", k, g, err)
+				}
+			}
+			t.Cleanup(func() { _ = s.Release(context.Background(), keys, "holder", 0) })
+			tx, err := db.Begin(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			lock := `SELECT 1 FROM ` + table + ` WHERE key = $1 FOR UPDATE NOWAIT`
+			if _, err := tx.Exec(t.Context(), lock, []byte(keys[0])); err != nil {
+				t.Fatal(err)
+			}
+			result := make(chan error, 1)
+			go func() { result <- c.call(t.Context(), keys) }()
+			waitBlocked(t, db, table)
+			if _, err := tx.Exec(t.Context(), lock, []byte(keys[1])); err != nil {
+				t.Fatalf("the call holds the second key's row while it waits for the first: %v", err)
+			}
+			if err := tx.Rollback(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-result; err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+		})
 	}
 }
