@@ -38,7 +38,10 @@
 // subscribe asynchronously (the suite releases until a first signal shows
 // the subscription is live), and must deliver its signals in release order
 // (the suite waits for a signal on a fresh key to know that every earlier
-// signal has been delivered). The suite checks that no signal arrives where
+// signal has been delivered). Before each release it expects a signal from,
+// the suite has a waiter refused the key, since a store may skip the signal
+// of a release no caller was refused (see stores.Notifier). The suite
+// checks that no signal arrives where
 // none is due (another key, a stopped subscription, a release that keeps its
 // keys), so a store whose signals are spurious fails those subtests. While
 // fair waiters queue for a key, the suite expects a signal only for the
