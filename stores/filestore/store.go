@@ -173,6 +173,27 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// enter pins the entries of keys and locks them, in key order, for one
+// call; leave undoes that. It fails with ErrClosed after Close.
+func (s *Store) enter(keys []string) ([]*entry, error) {
+	es, err := s.pin(keys)
+	if err != nil {
+		return nil, err
+	}
+	lock(es)
+	if s.closed.Load() {
+		s.leave(es)
+		return nil, ErrClosed
+	}
+	return es, nil
+}
+
+// leave unlocks and unpins the entries of enter.
+func (s *Store) leave(es []*entry) {
+	unlock(es)
+	s.unpin(es)
+}
+
 // pin returns the entries of keys, pinned in their shards.
 func (s *Store) pin(keys []string) ([]*entry, error) {
 	es := make([]*entry, 0, len(keys))
@@ -350,16 +371,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	es, err := s.pin(keys)
+	es, err := s.enter(keys)
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	defer s.unpin(es)
-	lock(es)
-	defer unlock(es)
-	if s.closed.Load() {
-		return stores.Grant{}, ErrClosed
-	}
+	defer s.leave(es)
 
 	// Take every key: flock its file, or find it held for token already.
 	now := time.Now()
@@ -457,16 +473,11 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
-	es, err := s.pin(keys)
+	es, err := s.enter(keys)
 	if err != nil {
 		return err
 	}
-	defer s.unpin(es)
-	lock(es)
-	defer unlock(es)
-	if s.closed.Load() {
-		return ErrClosed
-	}
+	defer s.leave(es)
 	now := time.Now()
 	var notHeld []string
 	for _, e := range es {
@@ -500,16 +511,11 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
-	es, err := s.pin(keys)
+	es, err := s.enter(keys)
 	if err != nil {
 		return err
 	}
-	defer s.unpin(es)
-	lock(es)
-	defer unlock(es)
-	if s.closed.Load() {
-		return ErrClosed
-	}
+	defer s.leave(es)
 	now := time.Now()
 	for _, e := range es {
 		if h := s.live(e, now); h == nil || h.token != token {

@@ -514,15 +514,7 @@ func (s *Store) awaitUndos(ctx context.Context, token string) error {
 		}
 	}
 	s.mu.Unlock()
-	if idle == nil {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return waitClosed(ctx, idle)
 }
 
 // awaitLanded waits until every late reply of token's acquires is in, or
@@ -534,11 +526,17 @@ func (s *Store) awaitLanded(ctx context.Context, token string) error {
 		landed = st.landed
 	}
 	s.mu.Unlock()
-	if landed == nil {
+	return waitClosed(ctx, landed)
+}
+
+// waitClosed waits until ch is closed, at once when ch is nil, or until ctx
+// ends, with ctx's error.
+func waitClosed(ctx context.Context, ch <-chan struct{}) error {
+	if ch == nil {
 		return nil
 	}
 	select {
-	case <-landed:
+	case <-ch:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
