@@ -75,8 +75,7 @@ func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 
 // call runs the script and returns its reply as integers.
 func (c *scriptCall) call(ctx context.Context) ([]int64, error) {
-	cmd := c.script.Run(ctx, c.store.client, c.keys, c.args...)
-	c.store.noteFailure(cmd.Err())
+	cmd := c.store.run(ctx, c.script, c.keys, c.args...)
 	if c.scalar {
 		n, err := cmd.Int64()
 		if err != nil {

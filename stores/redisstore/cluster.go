@@ -165,6 +165,14 @@ func mapCrossSlot(err error, keys []string, withFences bool) error {
 		ErrCrossSlot, keys[0], last, err, crossSlotFix)
 }
 
+// run runs script on the Store's client; every script call goes through it,
+// so that a failed one reaches noteFailure.
+func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cmd := script.Run(ctx, s.client, keys, args...)
+	s.noteFailure(cmd.Err())
+	return cmd
+}
+
 // noteFailure has a Cluster client reload its slot map after a call failed
 // without a reply from Redis (a refused connection, a timeout). go-redis
 // reloads it on a MOVED reply, which a dead master never sends, and

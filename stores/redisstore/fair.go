@@ -85,9 +85,7 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := fairLeaveScript.Run(ctx, s.client, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
-	s.noteFailure(err)
-	return err
+	return s.run(ctx, fairLeaveScript, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
 }
 
 // waitingKey names the key that marks key waited for, in the slot of key

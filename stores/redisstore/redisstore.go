@@ -379,9 +379,8 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
-		n, err := releaseScript.Run(ctx, s.client, []string{keys[0], waitingKey(keys[0])}, token).Int64()
+		n, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0])}, token).Int64()
 		if err != nil {
-			s.noteFailure(err)
 			return mapCrossSlot(err, keys, false)
 		}
 		if n == 0 {
@@ -396,9 +395,8 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if keep > 0 {
 		keepMS = milliseconds(keep)
 	}
-	reply, err := releaseAllScript.Run(ctx, s.client, withSiblingKeys(keys, waitingKey), token, keepMS).Int64Slice()
+	reply, err := s.run(ctx, releaseAllScript, withSiblingKeys(keys, waitingKey), token, keepMS).Int64Slice()
 	if err != nil {
-		s.noteFailure(err)
 		return mapCrossSlot(err, keys, false)
 	}
 	if len(reply) != len(keys) {
