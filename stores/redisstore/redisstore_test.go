@@ -34,8 +34,11 @@ func newStore(t *testing.T, client redis.Scripter, opts ...Option) *Store {
 
 // TestConformance runs the conformance suite on a single Redis, declaring
 // release notification and fair mode.
-func TestConformance(t *testing.T) {
-	client := testredis.Client(t)
+func TestConformance(t *testing.T) { runConformance(t, testredis.Client(t)) }
+
+// runConformance runs the conformance suite on stores of client, with every
+// capability a redisstore.Store declares.
+func runConformance(t *testing.T, client redis.Scripter) {
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return newStore(t, client) },
 		Notify: true,

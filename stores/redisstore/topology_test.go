@@ -16,8 +16,6 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testservers"
-	"github.com/reqlock/reqlock/stores"
-	"github.com/reqlock/reqlock/stores/storetest"
 )
 
 // The Sentinel and Cluster tests run on private server sets (testservers.
@@ -62,14 +60,7 @@ func newFailoverClient(tb testing.TB, set *testservers.Sentinel) *redis.Client {
 func TestTopologyCluster(t *testing.T) {
 	t.Parallel()
 	nodes := testservers.RedisCluster(t)
-	t.Run("Conformance", func(t *testing.T) {
-		client := newClusterClient(t, nodes)
-		storetest.Run(t, storetest.Suite{
-			New:    func(t *testing.T) stores.Store { return newStore(t, client) },
-			Notify: true,
-			Fair:   true,
-		})
-	})
+	t.Run("Conformance", func(t *testing.T) { runConformance(t, newClusterClient(t, nodes)) })
 	t.Run("FailoverUnderLoad", func(t *testing.T) {
 		key := "topology:{" + rand.Text() + "}:sku"
 		master, replica := slotServers(t, newClusterClient(t, nodes), nodes, lockerKeyPrefix+key)
@@ -88,14 +79,7 @@ func TestTopologyCluster(t *testing.T) {
 func TestTopologySentinel(t *testing.T) {
 	t.Parallel()
 	set := testservers.SentinelSet(t)
-	t.Run("Conformance", func(t *testing.T) {
-		client := newFailoverClient(t, set)
-		storetest.Run(t, storetest.Suite{
-			New:    func(t *testing.T) stores.Store { return newStore(t, client) },
-			Notify: true,
-			Fair:   true,
-		})
-	})
+	t.Run("Conformance", func(t *testing.T) { runConformance(t, newFailoverClient(t, set)) })
 	t.Run("FailoverUnderLoad", func(t *testing.T) {
 		if got, err := set.MasterAddr(); err != nil || got != set.Redis[0].Addr() {
 			t.Fatalf("MasterAddr = %q, %v; want Redis[0] %s", got, err, set.Redis[0].Addr())
