@@ -51,6 +51,12 @@ var storeURLs = map[string]func(tb testing.TB) string{
 	},
 }
 
+// storePackages names the store package each scheme of storeURLs opens.
+var storePackages = map[string]string{
+	"memory": "memstore", "redis": "redisstore", "redlock": "redlockstore", "etcd": "etcdstore",
+	"zk": "zkstore", "mysql": "mysqlstore", "postgres": "pgstore", "file": "filestore",
+}
+
 // TestLockStoresFromURL: the service runs on every store it takes from a
 // -store URL, and its locks keep concurrent deductions of one SKU from
 // losing updates (the stock is in memory, so the lock alone protects it;
@@ -70,8 +76,8 @@ func TestLockStoresFromURL(t *testing.T) {
 			cfg.work = 2 * time.Millisecond
 			cfg.wait = 20 * time.Second
 			a, srv := startApp(t, cfg)
-			if !strings.HasPrefix(a.lockDesc, strings.TrimSuffix(scheme, "s")) && !strings.Contains(a.lockDesc, scheme) {
-				t.Errorf("lock store %q, want the %s store", a.lockDesc, scheme)
+			if want := storePackages[scheme]; !strings.HasPrefix(a.lockDesc, want+" (") {
+				t.Errorf("lock store %q, want %s", a.lockDesc, want)
 			}
 			sku := redisSKU(t, "S")
 			first := deductRoutes[0].send(t, srv.URL, sku)
