@@ -375,6 +375,15 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	g.ended = true
 	keep := max(time.Until(g.keepUntil), 0)
 	g.mu.Unlock()
+	if keep > 0 {
+		// Held at least as long as the store can keep a key, and no longer
+		// than it can: the hold was asked within the route's TTL.
+		b := g.locker.bounds
+		keep = max(keep, b.MinTTL)
+		if b.MaxTTL > 0 {
+			keep = min(keep, b.MaxTTL)
+		}
+	}
 	start := time.Now()
 	// Owner-checked, also when a key was found lost: the others may still
 	// hold the token.

@@ -163,10 +163,16 @@ func (l *Lock) ValidUntil() time.Time {
 //
 // Errors: ErrNotHeld when the lock expired, was taken over or was released
 // (then the lock is lost: its contexts end with ErrLockLost); ErrStore when
-// the store failed; ErrInvalid for a negative ttl.
+// the store failed; ErrInvalid for a negative ttl or one out of the
+// store's bounds (see Locker.CheckTTL).
 func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl < 0 {
 		return fmt.Errorf("%w: ttl %v is negative", ErrInvalid, ttl)
+	}
+	if ttl > 0 {
+		if err := l.locker.CheckTTL(ttl); err != nil {
+			return err
+		}
 	}
 	if l.Released() {
 		return fmt.Errorf("%w: %q was released", ErrNotHeld, l.keys[0])

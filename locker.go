@@ -34,6 +34,7 @@ const (
 type Locker struct {
 	store          stores.Store
 	notifier       stores.Notifier // nil when the store cannot signal releases
+	bounds         stores.Bounds   // the keys and TTLs the store honours
 	fair           *fairMode       // nil unless WithFairness
 	prefix         string
 	backoffInitial time.Duration
@@ -157,6 +158,12 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 		}
 	}
 	l.notifier, _ = store.(stores.Notifier)
+	if b, ok := store.(stores.Bounded); ok {
+		l.bounds = b.Bounds()
+	}
+	if err := l.checkKeyLen(len(l.prefix) + 1); err != nil {
+		return nil, fmt.Errorf("%w (WithKeyPrefix %q)", err, l.prefix)
+	}
 	l.plain = plainAttempts{store}
 	if l.fair != nil {
 		fs, ok := store.(stores.FairStore)
@@ -165,6 +172,9 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 				ErrInvalid, store)
 		}
 		l.fair.store = fs
+		if err := l.CheckTTL(l.fair.lease); err != nil {
+			return nil, fmt.Errorf("WithFairness: the lease: %w", err)
+		}
 		l.handoffCount = 0 // see WithFairness
 	}
 	return l, nil
@@ -178,6 +188,63 @@ func MustNew(store stores.Store, opts ...Option) *Locker {
 		panic(err)
 	}
 	return l
+}
+
+// Bounds returns the keys and TTLs the Locker's store honours (see
+// stores.Bounded); the zero Bounds when the store states none.
+func (l *Locker) Bounds() stores.Bounds { return l.bounds }
+
+// CheckTTL returns an error wrapping ErrInvalid, naming the store, its range
+// and what sets it, when the store cannot honour ttl (see stores.Bounded).
+// Obtain and Refresh refuse such a TTL; the middleware checks each route's
+// TTL with it at start-up.
+func (l *Locker) CheckTTL(ttl time.Duration) error {
+	if err := l.bounds.CheckTTL("ttl", ttl); err != nil {
+		return fmt.Errorf("%w (store %T)", err, l.store)
+	}
+	return nil
+}
+
+// CheckKeyLen returns an error wrapping ErrInvalid, naming the store and its
+// limit, when a key of n bytes (without the Locker's prefix) is longer than
+// the store accepts. Obtain refuses such a key; the middleware checks each
+// route's longest key with it at start-up.
+func (l *Locker) CheckKeyLen(n int) error {
+	return l.checkKeyLen(len(l.prefix) + n)
+}
+
+// checkKeyLen checks a stored key's length, prefix included.
+func (l *Locker) checkKeyLen(n int) error {
+	if limit := l.bounds.MaxKeyBytes; limit > 0 && n > limit {
+		return fmt.Errorf("%w: a key of %d bytes with its prefix is longer than the limit of %d bytes of store %T%s",
+			ErrInvalid, n, limit, l.store, reasonSuffix(l.bounds))
+	}
+	return nil
+}
+
+// checkArgs refuses keys and a TTL that the store cannot honour, before any
+// store call. It allocates nothing when they are in bounds.
+func (l *Locker) checkArgs(keys []string, ttl time.Duration) error {
+	if limit := l.bounds.MaxKeyBytes; limit > 0 {
+		for _, k := range keys {
+			if len(l.prefix)+len(k) > limit {
+				return fmt.Errorf("%w: key %s of %d bytes with its prefix is longer than the limit of %d bytes of store %T%s",
+					ErrInvalid, stores.KeyForMessage(k), len(l.prefix)+len(k), limit, l.store, reasonSuffix(l.bounds))
+			}
+		}
+	}
+	if ttl < l.bounds.MinTTL || (l.bounds.MaxTTL > 0 && ttl > l.bounds.MaxTTL) {
+		return l.CheckTTL(ttl)
+	}
+	return nil
+}
+
+// reasonSuffix is ", set by " and b.Reason, or nothing.
+func reasonSuffix(b stores.Bounds) string {
+	if b.Reason == "" {
+		return ""
+	}
+	return ", set by " + b.Reason
 }
 
 // Logger returns the logger the Locker reports to.
@@ -221,7 +288,8 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 //     wait ended);
 //   - ErrStore: the store failed; store failures are not retried;
 //   - ErrInvalid: no keys, an empty key, a non-positive TTL, a negative
-//     wait, or keys the store refuses to lock together;
+//     wait, a key or TTL out of the store's bounds (see CheckTTL and
+//     CheckKeyLen), or keys the store refuses to lock together;
 //   - ErrLockLost (with ErrNotHeld): ctx carries this request's own lock on
 //     a key, and that lock was lost.
 //
@@ -257,6 +325,9 @@ func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, w
 		return nil, fmt.Errorf("%w: ttl %v is not positive", ErrInvalid, ttl)
 	case wait < 0:
 		return nil, fmt.Errorf("%w: wait %v is negative", ErrInvalid, wait)
+	}
+	if err := l.checkArgs(keys, ttl); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {

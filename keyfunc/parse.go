@@ -124,6 +124,17 @@ func (t *Template) String() string {
 	return t.raw
 }
 
+// MaxLen returns the length in bytes of the longest key the template can
+// render: its literals, and each placeholder's value at its longest (the
+// longest escaped value MaxValueLen allows, or a hash). A store with a key
+// length limit can refuse a template at start-up by it.
+func (t *Template) MaxLen() int {
+	if t == nil {
+		return 0
+	}
+	return t.literalLen + t.holes*max(t.maxValueLen, hashedLen)
+}
+
 // NeedsBody reports whether the template reads the request body, that is
 // whether it has json or form placeholders.
 func (t *Template) NeedsBody() bool { return t != nil && t.needsBody }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -117,4 +118,38 @@ func FuzzRenderMatchesKey(f *testing.F) {
 			t.Fatalf("value %q: Render %q, Key %q", v, fromValue, fromRequest)
 		}
 	})
+}
+
+// TestMaxLenBoundsEveryKey: no value makes a key longer than MaxLen, and
+// the longest value that is not hashed reaches it.
+func TestMaxLenBoundsEveryKey(t *testing.T) {
+	cases := []struct {
+		template string
+		maxValue int
+	}{
+		{"sku", 64},
+		{"sku:<id>", 64},
+		{"acct:<json:from>/<json:to>", 64},
+		{"u:<header:X-User>", 16},  // a hash (33 bytes) is longer than the limit
+		{"u:<header:X-User>", 200}, // the limit is longer than a hash
+	}
+	for _, c := range cases {
+		tmpl := MustParse(c.template, WithMaxValueLen(c.maxValue))
+		holes := strings.Count(c.template, "<")
+		longest := 0
+		for _, v := range []string{"a", strings.Repeat("x", c.maxValue), strings.Repeat("/", c.maxValue), strings.Repeat("y", 10_000)} {
+			values := slices.Repeat([]string{v}, holes)
+			key, err := tmpl.Render(values...)
+			if err != nil {
+				t.Fatalf("%q.Render: %v", c.template, err)
+			}
+			if len(key) > tmpl.MaxLen() {
+				t.Errorf("%q with a %d-byte value renders %d bytes, above MaxLen %d", c.template, len(v), len(key), tmpl.MaxLen())
+			}
+			longest = max(longest, len(key))
+		}
+		if longest != tmpl.MaxLen() {
+			t.Errorf("%q: the longest key rendered is %d bytes, MaxLen says %d", c.template, longest, tmpl.MaxLen())
+		}
+	}
 }

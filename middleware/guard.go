@@ -37,8 +37,9 @@ type Guard struct {
 
 // New builds a Guard for the key template key, starting from DefaultConfig
 // and applying opts. It returns an error wrapping ErrInvalidConfig that names
-// the problem when locker is nil, the template does not parse, or an option
-// is invalid.
+// the problem when locker is nil, the template does not parse, an option
+// is invalid, or the locker's store cannot honour the route's TTL or its
+// longest key (see reqlock.Locker.CheckTTL and CheckKeyLen).
 func New(locker *reqlock.Locker, key string, opts ...Option) (*Guard, error) {
 	cfg := Config{Key: key}
 	for _, opt := range opts {
@@ -57,6 +58,9 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := locker.CheckTTL(cfg.TTL); err != nil {
+		return nil, fmt.Errorf("%w: route %q: TTL: %w", ErrInvalidConfig, cfg.Name, err)
+	}
 	g := &Guard{locker: locker, cfg: cfg, wait: max(cfg.Wait, 0), logger: cfg.Logger, metrics: locker.Metrics()}
 	for _, raw := range cfg.templates() {
 		tmpl, err := keyfunc.Parse(raw,
@@ -65,6 +69,10 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 			keyfunc.WithMaxKeys(cfg.MaxKeys))
 		if err != nil {
 			return nil, fmt.Errorf("%w: route %q: %w", ErrInvalidConfig, cfg.Name, err)
+		}
+		if err := locker.CheckKeyLen(tmpl.MaxLen()); err != nil {
+			return nil, fmt.Errorf("%w: route %q: key template %q renders keys of up to %d bytes (lower MaxValueLen to hash long values sooner): %w",
+				ErrInvalidConfig, cfg.Name, raw, tmpl.MaxLen(), err)
 		}
 		g.templates = append(g.templates, tmpl)
 		g.multi = g.multi || tmpl.Multi()

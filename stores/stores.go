@@ -42,16 +42,24 @@
 // A store that refuses its arguments returns an error wrapping ErrInvalid
 // before it acts.
 //
+// Bounds. A store whose backend cannot hold every key or TTL states the
+// range it honours by implementing Bounded. Arguments out of that range are
+// refused with ErrInvalid before the store acts: by the Locker before any
+// store call, and by the store itself for callers that skip the Locker.
+// They are never a store failure, and never an outage of other keys.
+//
 // # Optional capabilities
 //
 // The Locker resolves them once, in reqlock.New. A Notifier signals releases
 // so waiters wake without polling; a FairStore keeps a FIFO queue of waiters
-// per key for fair mode (reqlock.WithFairness).
+// per key for fair mode (reqlock.WithFairness); a Bounded store states the
+// keys and TTLs it honours.
 package stores
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -172,4 +180,86 @@ type FairGrant struct {
 	// Ahead is, on a refusal, how many waiters are queued ahead of the
 	// token: zero when it heads the queue, -1 when it is not queued.
 	Ahead int
+}
+
+// Bounds are the keys and durations a store honours. The zero value is no
+// bound at all.
+type Bounds struct {
+	// MaxKeyBytes is the length in bytes of the longest key the store
+	// accepts, the Locker's key prefix included; zero means no limit. A
+	// call whose keys together exceed what the backend takes in one
+	// request is refused with ErrInvalid too.
+	MaxKeyBytes int
+
+	// MinTTL and MaxTTL bound every duration the store is asked to keep
+	// something for: the ttl of Acquire, Refresh and AcquireFair, a
+	// positive keep of Release and a fair lease. Zero MaxTTL means no
+	// upper bound. Within the range, the store keeps a key for at least
+	// the duration asked (a store may keep it longer, such as up to a
+	// lease granularity, and says so in its documentation); a grant's
+	// validity never outlives what the backend keeps.
+	MinTTL, MaxTTL time.Duration
+
+	// Reason says what sets the bounds, for the messages that refuse an
+	// argument or a route, such as "the ZooKeeper session timeout
+	// (session=10s)".
+	Reason string
+}
+
+// CheckTTL returns an error wrapping ErrInvalid, naming the range and
+// b.Reason, when d is out of b's TTL range.
+func (b Bounds) CheckTTL(what string, d time.Duration) error {
+	if d >= max(b.MinTTL, 1) && (b.MaxTTL == 0 || d <= b.MaxTTL) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s %v is out of the store's range %s", ErrInvalid, what, d, b.ttlRange())
+}
+
+// CheckKey returns an error wrapping ErrInvalid when key is longer than
+// b.MaxKeyBytes. The message gives the key's length and a short prefix of
+// it, never the whole key.
+func (b Bounds) CheckKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	case b.MaxKeyBytes > 0 && len(key) > b.MaxKeyBytes:
+		return fmt.Errorf("%w: key %s of %d bytes is longer than the store's limit of %d bytes%s",
+			ErrInvalid, KeyForMessage(key), len(key), b.MaxKeyBytes, b.because())
+	}
+	return nil
+}
+
+// KeyForMessage returns key quoted for an error message or a log line:
+// whole when short, otherwise its first 64 bytes followed by "...".
+func KeyForMessage(key string) string {
+	const maxShown = 64
+	if len(key) <= maxShown {
+		return fmt.Sprintf("%q", key)
+	}
+	return fmt.Sprintf("%q...", key[:maxShown])
+}
+
+// ttlRange describes b's TTL range, with its reason.
+func (b Bounds) ttlRange() string {
+	hi := "no upper bound"
+	if b.MaxTTL > 0 {
+		hi = b.MaxTTL.String()
+	}
+	return fmt.Sprintf("[%v, %s]%s", max(b.MinTTL, 1), hi, b.because())
+}
+
+func (b Bounds) because() string {
+	if b.Reason == "" {
+		return ""
+	}
+	return ", set by " + b.Reason
+}
+
+// Bounded is implemented by stores that honour a bounded range of keys or
+// TTLs. The Locker resolves it once, in reqlock.New; a Store that does not
+// implement it promises every non-empty key and every positive duration.
+type Bounded interface {
+	// Bounds returns the range the store honours. It is fixed for the
+	// store's lifetime.
+	Bounds() Bounds
 }
