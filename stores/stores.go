@@ -53,7 +53,9 @@
 // The Locker resolves them once, in reqlock.New. A Notifier signals releases
 // so waiters wake without polling; a FairStore keeps a FIFO queue of waiters
 // per key for fair mode (reqlock.WithFairness); a Bounded store states the
-// keys and TTLs it honours.
+// keys and TTLs it honours; a WaitReporter tells a releasing holder that
+// another token was refused meanwhile, so that a hot key goes to other
+// processes in turn without each having to poll for it often.
 package stores
 
 import (
@@ -150,6 +152,22 @@ type Notifier interface {
 	// tries again within Wait, so nobody waits for such a release, and an
 	// uncontended lock pays for no signal.
 	NotifyRelease(key, token string) (released <-chan struct{}, stop func())
+}
+
+// WaitReporter is implemented by stores that remember, per grant, whether
+// another token was refused one of its keys. The Locker of a process that
+// passes a hot key among its own requests gives it back to the store, and
+// holds back long enough for other processes' waiters to take it, when the
+// store reports that one was refused (see reqlock.WithHandoff); a store
+// without a report leaves the Locker to learn of other processes from its
+// own refusals alone.
+type WaitReporter interface {
+	// ReleaseWaited is Release, and also reports whether an Acquire (or
+	// AcquireFair) of another token was refused one of keys while token's
+	// grant stood. It may report a refusal that it cannot tell apart from
+	// one, but not miss one that it recorded; it reports false on an
+	// error, whatever the outcome.
+	ReleaseWaited(ctx context.Context, keys []string, token string, keep time.Duration) (waited bool, err error)
 }
 
 // FairStore is implemented by stores that keep a FIFO queue of waiters per
