@@ -17,6 +17,9 @@
 //     holder stuck past its lease), the head waiter, or a try-once caller,
 //     takes the turn: a lock nobody releases blocks local waiters no longer
 //     than it blocks other processes.
+//   - contended, unused and courtesyAt live as long as the queue: what the
+//     key's contenders learnt of other owners that want it, and when the
+//     queue last held back for them (see Contention).
 package localqueue
 
 import (
@@ -48,6 +51,9 @@ type queue struct {
 	head, tail *waiter
 	gen        uint64
 	holder     Holder
+	contended  bool      // another owner was seen wanting the key
+	unused     int       // Courtesy turns in a row that nobody else used
+	courtesyAt time.Time // when the queue last held back for other owners, or was made
 }
 
 type waiter struct {
@@ -70,6 +76,9 @@ type Turn struct {
 	// previous holder's grant went back to the store while this process
 	// still had waiters, and other processes get a head start.
 	Yield time.Duration
+	// Courtesy reports that Yield is long enough for other owners that
+	// poll to find the key free (see PassCourtesy).
+	Courtesy bool
 	// AfterHeld reports that the turn comes after a holder, or after a
 	// contender that saw the key held: the key has been seen held.
 	AfterHeld bool
@@ -91,7 +100,7 @@ func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Dur
 	qs.mu.Lock()
 	q := qs.queues[key]
 	if q == nil {
-		q = &queue{key: key, gen: 1}
+		q = &queue{key: key, gen: 1, courtesyAt: time.Now()}
 		qs.queues[key] = q
 		qs.mu.Unlock()
 		return Turn{qs: qs, q: q, gen: q.gen}, nil
@@ -170,6 +179,17 @@ func (t Turn) Hold(h Holder) {
 // to contend after yield, or drops the queue when nobody waits. The next
 // turn is AfterHeld when afterHeld says so or this turn held the key.
 func (t Turn) Pass(yield time.Duration, afterHeld bool) {
+	t.pass(yield, afterHeld, false)
+}
+
+// PassCourtesy is Pass for a holder that lets go of the key while other
+// owners are known, or may be, waiting for it: the next turn is a Courtesy,
+// and the queue records that it held back now (see Contention).
+func (t Turn) PassCourtesy(yield time.Duration) {
+	t.pass(yield, true, true)
+}
+
+func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool) {
 	if t.q == nil {
 		return
 	}
@@ -182,11 +202,57 @@ func (t Turn) Pass(yield time.Duration, afterHeld bool) {
 	afterHeld = afterHeld || q.holder != nil
 	q.gen++
 	q.holder = nil
+	if courtesy {
+		q.courtesyAt = time.Now()
+	}
 	if w := q.pop(); w != nil {
-		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, AfterHeld: afterHeld}
+		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, Courtesy: courtesy, AfterHeld: afterHeld}
 		return
 	}
 	delete(t.qs.queues, q.key)
+}
+
+// Contention reports what the key's queue knows of other owners: whether
+// one wants the key (see Refused and Unused), and when the queue last held
+// back for them (PassCourtesy) or, if never, was made.
+func (t Turn) Contention() (contended bool, courtesyAt time.Time) {
+	if t.q == nil {
+		return false, time.Time{}
+	}
+	t.qs.mu.Lock()
+	defer t.qs.mu.Unlock()
+	return t.q.contended, t.q.courtesyAt
+}
+
+// maxUnused is how many Courtesy turns in a row nobody else may use before
+// the queue no longer counts the key as wanted by another owner: one may
+// go unused because that owner's waiter was late (a loaded machine).
+const maxUnused = 2
+
+// Refused records that the store refused the key to this queue's
+// contender: another owner (another process, another Locker) wants it. A
+// turn that was passed on still records it: the queue is the key's.
+func (t Turn) Refused() {
+	if t.q == nil {
+		return
+	}
+	t.qs.mu.Lock()
+	t.q.contended, t.q.unused = true, 0
+	t.qs.mu.Unlock()
+}
+
+// Unused records that a Courtesy turn was granted at its first attempt:
+// nobody took the key while this process held back. After maxUnused in a
+// row, the key no longer counts as wanted by another owner.
+func (t Turn) Unused() {
+	if t.q == nil {
+		return
+	}
+	t.qs.mu.Lock()
+	if t.q.unused++; t.q.unused >= maxUnused {
+		t.q.contended, t.q.unused = false, 0
+	}
+	t.qs.mu.Unlock()
 }
 
 // HandOff passes the held key to the next waiter, when the turn is still
