@@ -387,23 +387,86 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	start := time.Now()
 	// Owner-checked, also when a key was found lost: the others may still
 	// hold the token.
-	err := g.locker.release(ctx, g.keys, g.token, keep)
-	var yield time.Duration
-	if waiting && keep == 0 {
-		// The bounds cut the chain while this process still has waiters:
-		// other processes' waiters, woken by the release, need about a round
-		// trip to reach the store. Without this head start the next local
-		// waiter, already awake, would win nearly every time.
-		yield = max(2*time.Since(start), minYield)
+	waited, err := g.locker.releaseWaited(ctx, g.keys, g.token, keep)
+	if !waiting || keep > 0 {
+		for _, t := range g.turns {
+			t.Pass(0, true)
+		}
+		return err
 	}
+	// The bounds cut the chain while this process still has waiters: other
+	// processes' waiters need a head start, or the next local waiter,
+	// already awake, would win nearly every time.
+	yield, courtesy := g.locker.yieldAfter(g.turns, waited, time.Since(start))
 	for _, t := range g.turns {
-		t.Pass(yield, true)
+		if courtesy {
+			t.PassCourtesy(yield)
+		} else {
+			t.Pass(yield, true)
+		}
 	}
 	return err
 }
 
-// minYield is the shortest head start a cut chain gives other processes.
-const minYield = 100 * time.Microsecond
+// Yields: how long a process whose grant of a hot key went back to the
+// store holds back before its next local waiter contends for it.
+const (
+	// minYield is the shortest head start a cut chain gives other
+	// processes.
+	minYield = 100 * time.Microsecond
+
+	// hotPollMax caps the sleep of a waiter that no release signal wakes,
+	// while the key it waits for changes hands (see Locker.contend).
+	hotPollMax = 10 * time.Millisecond
+
+	// hotFor is for how many hotPolls a waiter keeps polling that often
+	// after it last saw the key change hands.
+	hotFor = 20
+
+	// probeEvery is how often a process that passes a hot key among its
+	// own requests, on a store that neither signals releases nor reports
+	// waiters, holds back for other processes it cannot know of.
+	probeEvery = time.Second
+)
+
+// hotPoll is the longest sleep of a waiter that no release signal wakes,
+// while the key changes hands: hotPollMax, or the backoff's cap when that
+// is shorter.
+func (l *Locker) hotPoll() time.Duration { return min(l.backoffMax, hotPollMax) }
+
+// yieldAfter returns how long the next local waiter holds back after a
+// grant of turns' keys went back to the store while it waited, and whether
+// that is a courtesy: long enough for another process's waiter to find the
+// key free by polling. rtt is how long the release took; waited reports
+// that the store refused another token the keys while the grant stood.
+//
+// Other processes' waiters that a release signal wakes need about a round
+// trip to reach the store: two of them are their head start. Those that
+// poll (a store without release signals, or a signal lost) sleep at most
+// hotPoll while the key changes hands, and then need a round trip: the
+// courtesy is twice that, given when another owner is known to want the key
+// (the store reported a waiter, or refused this process the key since it
+// last held back in vain), and, on a store that can neither signal nor
+// report, once every probeEvery, to let a waiter it cannot know of in.
+// Holding back costs this process nothing when another takes the key
+// meanwhile: it would have waited for it anyway. In fair mode the store's
+// queue orders the processes, and the yield stays short.
+func (l *Locker) yieldAfter(turns []localqueue.Turn, waited bool, rtt time.Duration) (time.Duration, bool) {
+	short := max(2*rtt, minYield)
+	if l.fair != nil {
+		return short, false
+	}
+	contended, probe := waited, l.waits == nil && l.notifier == nil
+	for _, t := range turns {
+		c, courtesyAt := t.Contention()
+		contended = contended || c
+		probe = probe && time.Since(courtesyAt) >= probeEvery
+	}
+	if contended || probe {
+		return 2*l.hotPoll() + short, true
+	}
+	return short, false
+}
 
 var _ localqueue.Holder = (*grant)(nil)
 

@@ -1,0 +1,161 @@
+package reqlock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/reqlock/reqlock/internal/localqueue"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/memstore"
+)
+
+// plainStore hides every optional interface of the store it wraps: a store
+// that neither signals releases nor reports waiters, as MySQL's.
+type plainStore struct{ stores.Store }
+
+// reportingStore is a plain store that reports waiters: never any.
+type reportingStore struct{ stores.Store }
+
+func (s reportingStore) ReleaseWaited(ctx context.Context, keys []string, token string, keep time.Duration) (bool, error) {
+	return false, s.Release(ctx, keys, token, keep)
+}
+
+// turnOf returns a fresh local turn of key in l.
+func turnOf(t *testing.T, l *Locker, key string) localqueue.Turn {
+	t.Helper()
+	turn, err := l.queues.Join(context.Background(), key, false, time.Second, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return turn
+}
+
+// TestYieldAfter: a process that gives a hot key back to the store holds
+// back long (a courtesy) when another owner is known to want it, and only
+// a couple of round trips otherwise; on a store that can neither signal
+// nor report, it holds back long once every probeEvery all the same; and
+// in fair mode never.
+func TestYieldAfter(t *testing.T) {
+	const rtt = time.Millisecond
+	short := 2 * rtt
+	long := func(l *Locker) time.Duration { return 2*l.hotPoll() + short }
+	check := func(t *testing.T, what string, got time.Duration, courtesy bool, want time.Duration, wantCourtesy bool) {
+		t.Helper()
+		if got != want || courtesy != wantCourtesy {
+			t.Fatalf("%s: yield %v (courtesy %v), want %v (courtesy %v)", what, got, courtesy, want, wantCourtesy)
+		}
+	}
+
+	t.Run("reported", func(t *testing.T) {
+		l := MustNew(reportingStore{memstore.New()})
+		turns := []localqueue.Turn{turnOf(t, l, "k")}
+		y, c := l.yieldAfter(turns, false, rtt)
+		check(t, "nobody refused", y, c, short, false)
+		y, c = l.yieldAfter(turns, true, rtt)
+		check(t, "a waiter refused", y, c, long(l), true)
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		l := MustNew(memstore.New(), WithBackoff(time.Millisecond, 4*time.Millisecond))
+		turn := turnOf(t, l, "k")
+		turns := []localqueue.Turn{turn}
+		turn.Refused()
+		y, c := l.yieldAfter(turns, false, rtt)
+		check(t, "after a refusal", y, c, long(l), true)
+		if long(l) != 2*4*time.Millisecond+short {
+			t.Fatalf("the courtesy %v does not follow a backoff cap below hotPollMax", long(l))
+		}
+		turn.Unused()
+		y, c = l.yieldAfter(turns, false, rtt)
+		check(t, "after one unused courtesy", y, c, long(l), true)
+		turn.Unused()
+		y, c = l.yieldAfter(turns, false, rtt)
+		check(t, "after two unused courtesies", y, c, short, false)
+		turn.Refused()
+		turn.Unused()
+		turn.Refused()
+		turn.Unused()
+		y, c = l.yieldAfter(turns, false, rtt)
+		check(t, "after refusals between unused courtesies", y, c, long(l), true)
+	})
+
+	t.Run("probe", func(t *testing.T) {
+		l := MustNew(plainStore{memstore.New()})
+		turn := turnOf(t, l, "k")
+		turns := []localqueue.Turn{turn}
+		// A store that signals releases, whose queue ages alongside.
+		m := MustNew(memstore.New())
+		mt := []localqueue.Turn{turnOf(t, m, "k")}
+		y, c := l.yieldAfter(turns, false, rtt)
+		check(t, "a fresh queue", y, c, short, false)
+		start := time.Now()
+		pollUntil(t, func() bool {
+			_, c := l.yieldAfter(turns, false, rtt)
+			return c
+		})
+		if d := time.Since(start); d < probeEvery-10*time.Millisecond {
+			t.Fatalf("probed %v after the queue was made, want after %v", d, probeEvery)
+		}
+		// The turn passes on as a courtesy: the next probe is probeEvery
+		// later.
+		turn.PassCourtesy(long(l))
+		next := turnOf(t, l, "k")
+		y, c = l.yieldAfter([]localqueue.Turn{next}, false, rtt)
+		check(t, "right after a courtesy", y, c, short, false)
+
+		// A store that signals releases is not probed.
+		y, c = m.yieldAfter(mt, false, rtt)
+		check(t, "a store with release signals", y, c, short, false)
+	})
+
+	t.Run("fair", func(t *testing.T) {
+		l := MustNew(memstore.New(), WithFairness(time.Second))
+		turn := turnOf(t, l, "k")
+		turn.Refused()
+		y, c := l.yieldAfter([]localqueue.Turn{turn}, true, rtt)
+		check(t, "fair mode", y, c, short, false)
+	})
+
+	t.Run("floor", func(t *testing.T) {
+		l := MustNew(memstore.New())
+		y, c := l.yieldAfter([]localqueue.Turn{turnOf(t, l, "k")}, false, time.Microsecond)
+		check(t, "a fast release", y, c, minYield, false)
+	})
+}
+
+// TestChangedHands: a waiter tells a key that changes hands between its
+// attempts (its holder's remaining TTL did not shrink with the time between
+// them) from one held by the same grant.
+func TestChangedHands(t *testing.T) {
+	at := time.Now()
+	for _, c := range []struct {
+		what           string
+		lastWait, wait time.Duration
+		lastAt         time.Time
+		want           bool
+	}{
+		{"first refusal", 0, 9 * time.Second, time.Time{}, false},
+		{"unknown remaining TTL", 0, 0, time.Time{}, true},
+		{"the same grant", 10 * time.Second, 10*time.Second - 20*time.Millisecond, at.Add(-20 * time.Millisecond), false},
+		{"a new grant", 9 * time.Second, 10*time.Second - time.Millisecond, at.Add(-20 * time.Millisecond), true},
+		{"the same grant, with jitter", 10 * time.Second, 10*time.Second - 12*time.Millisecond, at.Add(-20 * time.Millisecond), false},
+	} {
+		if got := changedHands(c.lastWait, c.lastAt, c.wait, at); got != c.want {
+			t.Errorf("%s: changedHands %v, want %v", c.what, got, c.want)
+		}
+	}
+}
+
+// pollUntil polls cond every millisecond until it holds, failing the test
+// after 5s.
+func pollUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
