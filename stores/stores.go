@@ -157,10 +157,11 @@ type Notifier interface {
 // WaitReporter is implemented by stores that remember, per grant, whether
 // another token was refused one of its keys. The Locker of a process that
 // passes a hot key among its own requests gives it back to the store, and
-// holds back long enough for other processes' waiters to take it, when the
-// store reports that one was refused (see reqlock.WithHandoff); a store
-// without a report leaves the Locker to learn of other processes from its
-// own refusals alone.
+// holds back long enough for other processes' waiters to take it even by
+// polling, when the store reports that one was refused (see
+// reqlock.WithHandoff). Without a report, the Locker relies on release
+// signals (Notifier) to bring those waiters in during a short head start,
+// or, on a store without either, on its own refusals.
 type WaitReporter interface {
 	// ReleaseWaited is Release, and also reports whether an Acquire (or
 	// AcquireFair) of another token was refused one of keys while token's
