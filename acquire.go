@@ -65,10 +65,10 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // A waiter that no release signal will wake (the store has no Notifier, or
 // gave no channel), or whose store reports waiters to holders, which then
 // hold back for it whether or not a signal reaches it, polls the key at
-// least every hotPoll while the key changes hands between its attempts
-// (and for hotFor polls after it was last seen to), so that it finds the
-// key free while a holder of another process holds back for it (see
-// Locker.yieldAfter).
+// least every hotPoll while the key changes hands between its attempts, or
+// its local queue knows that another owner wants it (and for hotFor polls
+// after), so that it finds the key free while a holder of another process
+// holds back for it (see Locker.yieldAfter).
 func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, sawHeld bool) (refused bool, err error) {
 	if err := ctx.Err(); err != nil {
 		// The wait went by in the local queue: calling the store on the
@@ -92,6 +92,12 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 			stop()
 		}
 	}()
+	for _, t := range turns {
+		if contended, _ := t.Contention(); contended {
+			// Processes take turns on the key: it changes hands.
+			hotUntil = time.Now().Add(hotFor * l.hotPoll())
+		}
+	}
 	for {
 		start := time.Now()
 		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)

@@ -21,6 +21,27 @@ func (s reportingStore) ReleaseWaited(ctx context.Context, keys []string, token 
 	return false, s.Release(ctx, keys, token, keep)
 }
 
+// passCourtesy passes turn on as a courtesy of yield to a new waiter of its
+// key, and returns the waiter's turn.
+func passCourtesy(t *testing.T, l *Locker, turn localqueue.Turn, yield time.Duration) localqueue.Turn {
+	t.Helper()
+	got := make(chan localqueue.Turn, 1)
+	go func() {
+		next, err := l.queues.Join(context.Background(), "k", true, time.Second, true)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- next
+	}()
+	pollUntil(t, func() bool { return l.queues.Waiters("k") == 1 })
+	turn.PassCourtesy(yield)
+	next := <-got
+	if !next.Courtesy || next.Yield != yield {
+		t.Fatalf("a courtesy of %v passed as %+v", yield, next)
+	}
+	return next
+}
+
 // turnOf returns a fresh local turn of key in l.
 func turnOf(t *testing.T, l *Locker, key string) localqueue.Turn {
 	t.Helper()
@@ -32,10 +53,11 @@ func turnOf(t *testing.T, l *Locker, key string) localqueue.Turn {
 }
 
 // TestYieldAfter: a process that gives a hot key back to the store holds
-// back long (a courtesy) when another owner is known to want it, and only
-// a couple of round trips otherwise; on a store that can neither signal
-// nor report, it holds back long once every probeEvery all the same; and
-// in fair mode never.
+// back a couple of round trips, or long enough for a waiter that polls (a
+// courtesy): on a store that reports waiters, when it reports one; on a
+// store that neither reports nor signals, while its own refusals show
+// another owner, and once every probeEvery all the same; on a store that
+// signals, and in fair mode, never.
 func TestYieldAfter(t *testing.T) {
 	const rtt = time.Millisecond
 	short := 2 * rtt
@@ -48,24 +70,38 @@ func TestYieldAfter(t *testing.T) {
 	}
 
 	t.Run("reported", func(t *testing.T) {
-		l := MustNew(reportingStore{memstore.New()})
-		turns := []localqueue.Turn{turnOf(t, l, "k")}
+		l := MustNew(reportingStore{memstore.New()}, WithBackoff(time.Millisecond, 4*time.Millisecond))
+		if long(l) != 2*4*time.Millisecond+short {
+			t.Fatalf("the courtesy %v does not follow a backoff cap below hotPollMax", long(l))
+		}
+		turn := turnOf(t, l, "k")
+		turns := []localqueue.Turn{turn}
 		y, c := l.yieldAfter(turns, false, rtt)
 		check(t, "nobody refused", y, c, short, false)
 		y, c = l.yieldAfter(turns, true, rtt)
 		check(t, "a waiter refused", y, c, long(l), true)
+		turn.Refused() // the store's report decides, not this process's past
+		y, c = l.yieldAfter(turns, false, rtt)
+		check(t, "nobody refused this grant", y, c, short, false)
+	})
+
+	t.Run("signalled", func(t *testing.T) {
+		l := MustNew(memstore.New())
+		turn := turnOf(t, l, "k")
+		turn.Refused()
+		y, c := l.yieldAfter([]localqueue.Turn{turn}, false, rtt)
+		check(t, "a store that signals releases", y, c, short, false)
 	})
 
 	t.Run("refused", func(t *testing.T) {
-		l := MustNew(memstore.New(), WithBackoff(time.Millisecond, 4*time.Millisecond))
+		l := MustNew(plainStore{memstore.New()})
 		turn := turnOf(t, l, "k")
 		turns := []localqueue.Turn{turn}
-		turn.Refused()
 		y, c := l.yieldAfter(turns, false, rtt)
+		check(t, "a fresh queue", y, c, short, false)
+		turn.Refused()
+		y, c = l.yieldAfter(turns, false, rtt)
 		check(t, "after a refusal", y, c, long(l), true)
-		if long(l) != 2*4*time.Millisecond+short {
-			t.Fatalf("the courtesy %v does not follow a backoff cap below hotPollMax", long(l))
-		}
 		turn.Unused()
 		y, c = l.yieldAfter(turns, false, rtt)
 		check(t, "after one unused courtesy", y, c, long(l), true)
@@ -84,9 +120,6 @@ func TestYieldAfter(t *testing.T) {
 		l := MustNew(plainStore{memstore.New()})
 		turn := turnOf(t, l, "k")
 		turns := []localqueue.Turn{turn}
-		// A store that signals releases, whose queue ages alongside.
-		m := MustNew(memstore.New())
-		mt := []localqueue.Turn{turnOf(t, m, "k")}
 		y, c := l.yieldAfter(turns, false, rtt)
 		check(t, "a fresh queue", y, c, short, false)
 		start := time.Now()
@@ -99,14 +132,9 @@ func TestYieldAfter(t *testing.T) {
 		}
 		// The turn passes on as a courtesy: the next probe is probeEvery
 		// later.
-		turn.PassCourtesy(long(l))
-		next := turnOf(t, l, "k")
+		next := passCourtesy(t, l, turn, long(l))
 		y, c = l.yieldAfter([]localqueue.Turn{next}, false, rtt)
 		check(t, "right after a courtesy", y, c, short, false)
-
-		// A store that signals releases is not probed.
-		y, c = m.yieldAfter(mt, false, rtt)
-		check(t, "a store with release signals", y, c, short, false)
 	})
 
 	t.Run("fair", func(t *testing.T) {

@@ -436,34 +436,49 @@ func (l *Locker) hotPoll() time.Duration { return min(l.backoffMax, hotPollMax) 
 
 // yieldAfter returns how long the next local waiter holds back after a
 // grant of turns' keys went back to the store while it waited, and whether
-// that is a courtesy: long enough for another process's waiter to find the
-// key free by polling. rtt is how long the release took; waited reports
-// that the store refused another token the keys while the grant stood.
+// that is a courtesy to other owners. rtt is how long the release took;
+// waited reports that the store refused another token the keys while the
+// grant stood.
 //
-// Other processes' waiters that a release signal wakes need about a round
-// trip to reach the store: two of them are their head start. Those that
-// poll (a store without release signals, or a signal lost) sleep at most
-// hotPoll while the key changes hands, and then need a round trip: the
-// courtesy is twice that, given when another owner is known to want the key
-// (the store reported a waiter, or refused this process the key since it
-// last held back in vain), and, on a store that can neither signal nor
-// report, once every probeEvery, to let a waiter it cannot know of in.
-// Holding back costs this process nothing when another takes the key
-// meanwhile: it would have waited for it anyway. In fair mode the store's
-// queue orders the processes, and the yield stays short.
+// A waiter of another process that a release signal wakes needs about a
+// round trip to reach the store: two of them are its head start. One that
+// polls (a store without release signals, or one whose signals do not
+// reach it) sleeps at most hotPoll while the key changes hands: a courtesy
+// of twice that plus the two round trips lets it find the key free.
+//
+//   - A store that reports waiters (stores.WaitReporter) says whether to
+//     give it: when it refused another token during this grant, whose
+//     waiter may poll. Holding back costs nothing when that waiter takes
+//     the key meanwhile; and a process never holds back for one that is
+//     itself holding back, which would leave the key idle.
+//   - On a store that signals releases, its waiters' signals make the head
+//     start enough.
+//   - On a store that does neither, this process learns of other owners
+//     only from its own refusals: it gives the courtesy while the key is
+//     contended (see localqueue.Turn.Refused), and once every probeEvery
+//     for waiters it cannot know of.
+//
+// In fair mode the store's queue orders the processes, and the yield stays
+// short.
 func (l *Locker) yieldAfter(turns []localqueue.Turn, waited bool, rtt time.Duration) (time.Duration, bool) {
 	short := max(2*rtt, minYield)
-	if l.fair != nil {
+	courtesy := 2*l.hotPoll() + short
+	switch {
+	case l.fair != nil:
+		return short, false
+	case l.waits != nil && waited:
+		return courtesy, true
+	case l.waits != nil, l.notifier != nil:
 		return short, false
 	}
-	contended, probe := waited, l.waits == nil && l.notifier == nil
+	contended, probe := false, true
 	for _, t := range turns {
 		c, courtesyAt := t.Contention()
 		contended = contended || c
 		probe = probe && time.Since(courtesyAt) >= probeEvery
 	}
 	if contended || probe {
-		return 2*l.hotPoll() + short, true
+		return courtesy, true
 	}
 	return short, false
 }

@@ -108,16 +108,16 @@ func WithReleaseTimeout(d time.Duration) Option {
 //
 // When the grant goes back while this process still has waiters, the next
 // of them holds back before it contends: for two round trips of the
-// release, or, when another owner is known to want the key (the store
-// refused it to this process since it last held back in vain, or reports
-// that it refused a waiter during the grant, see stores.WaitReporter), for
-// twice the hot-key poll of WithBackoff (20ms by default) plus those round
-// trips, so that a waiter of another process finds the key free even when
-// no release signal reaches it. On a store that neither signals releases
-// nor reports waiters, it holds back that long once a second too, for
-// waiters it cannot know of. Holding back costs nothing when another
-// process takes the key meanwhile; in fair mode the store's queue orders
-// the processes instead.
+// release, which a waiter of another process that the release signal woke
+// needs to reach the store; or, for waiters that may be polling, for twice
+// the hot-key poll of WithBackoff (20ms by default) plus those round trips,
+// a courtesy, so that they find the key free. A store that reports waiters
+// (stores.WaitReporter) says when: the grant refused one. On a store that
+// neither signals releases nor reports waiters, the process gives the
+// courtesy while its own refusals show another owner on the key, and once a
+// second for owners it cannot know of. Holding back costs nothing while
+// another process takes the key meanwhile; in fair mode the store's queue
+// orders the processes instead.
 func WithHandoff(count int, maxTime time.Duration) Option {
 	return func(l *Locker) error {
 		if count < 0 || count >= stores.FenceStride || maxTime < 0 {
@@ -409,12 +409,8 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 			}
 			return hold{}, err
 		}
-		if !refused {
-			for _, t := range turns {
-				if t.Courtesy {
-					t.Unused() // nobody took the key while this process held back
-				}
-			}
+		for _, t := range turns {
+			l.courtesyTaken(t, refused)
 		}
 		g.beginEpoch(label, ttl)
 		g.holdTurns(turns)
@@ -450,12 +446,19 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		turn.Pass(0, errors.Is(err, ErrHeld))
 		return hold{}, err
 	}
-	if turn.Courtesy && !refused {
-		turn.Unused() // nobody took the key while this process held back
-	}
+	l.courtesyTaken(turn, refused)
 	g.beginEpoch(label, ttl)
 	g.holdTurn(turn)
 	return hold{g: g}, nil
+}
+
+// courtesyTaken records, for a Courtesy turn whose contender was granted
+// at its first attempt, that nobody took the key while this process held
+// back (see Locker.yieldAfter).
+func (l *Locker) courtesyTaken(turn localqueue.Turn, refused bool) {
+	if turn.Courtesy && !refused {
+		turn.Unused()
+	}
 }
 
 // joinAll takes the local turn of every key (as stored, sorted), one after
