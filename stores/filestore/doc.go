@@ -58,6 +58,15 @@
 // hint: a refusal by another process's grant reads its remaining TTL there
 // for Grant.Wait, or zero when the record does not tell.
 //
+// # Limits
+//
+// Keys of any length (a long key's file is named by its SHA-256), and TTLs
+// (and keeps) from 1ns up to 100 years: the record holds the expiry in
+// int64 Unix nanoseconds, which end in 2262. Store.Bounds says so, and the
+// Store refuses a longer TTL with an error wrapping stores.ErrInvalid
+// before it acts. A very long key costs its length in memory while the
+// Store keeps its file open, and nothing on disk.
+//
 // # File names
 //
 // A key is escaped into a file name of the bytes a-z, 0-9, '-', '.' and '_'

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,9 +43,9 @@ var (
 	_ stores.Notifier = (*Store)(nil)
 )
 
-// Store is a stores.Store and stores.Notifier on flock(2)ed files in one
-// directory, shared by the processes of one host; see the package
-// documentation. It is safe for concurrent use.
+// Store is a stores.Store, stores.Notifier and stores.Bounded on flock(2)ed
+// files in one directory, shared by the processes of one host; see the
+// package documentation. It is safe for concurrent use.
 type Store struct {
 	dir    string
 	pid    uint32
@@ -342,7 +343,9 @@ func nextFence(last int64) int64 {
 	return max(last+stores.FenceStride, time.Now().UnixMicro())
 }
 
-// expiryAfter returns now plus ttl, saturating.
+// expiryAfter returns now plus ttl, saturating: ttl is within maxTTL
+// after the argument checks, and this keeps a caller's mistake from
+// overflowing.
 func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 	return now.Add(min(ttl, time.Duration(math.MaxInt64/2)))
 }
@@ -364,11 +367,14 @@ func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 // end of the process.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
-// wrapping stores.ErrInvalid for invalid keys or ttl; ErrClosed after
-// Close; and the file system's error when a key file cannot be opened,
-// mapped, locked or written, having taken nothing.
+// wrapping stores.ErrInvalid for invalid keys, or a ttl out of Bounds;
+// ErrClosed after Close; and the file system's error when a key file
+// cannot be opened, mapped, locked or written, having taken nothing.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := args.CheckBounds(bounds, nil, ttl); err != nil {
 		return stores.Grant{}, err
 	}
 	es, err := s.enter(keys)
@@ -399,14 +405,14 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			fd, mem, err := mapKeyFile(e.path, filePerm)
 			if err != nil {
 				undo(i)
-				return stores.Grant{}, fmt.Errorf("filestore: open the file of %q: %w", e.key, err)
+				return stores.Grant{}, fmt.Errorf("filestore: open the file of %s: %w", stores.KeyForMessage(e.key), err)
 			}
 			e.fd, e.mem = fd, mem
 		}
 		switch held, err := tryLock(e.fd); {
 		case err != nil:
 			undo(i)
-			return stores.Grant{}, fmt.Errorf("filestore: flock the file of %q: %w", e.key, err)
+			return stores.Grant{}, fmt.Errorf("filestore: flock the file of %s: %w", stores.KeyForMessage(e.key), err)
 		case held:
 			undo(i)
 			return stores.Grant{Held: i, Wait: waitHint(e.mem)}, nil
@@ -422,7 +428,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		fences[i] = nextFence(last.fence)
 		if err := writeRecord(e.fd, s.hint(fences[i], expiry)); err != nil {
 			undo(len(es))
-			return stores.Grant{}, fmt.Errorf("filestore: write the fence of %q: %w", e.key, err)
+			return stores.Grant{}, fmt.Errorf("filestore: write the fence of %s: %w", stores.KeyForMessage(e.key), err)
 		}
 	}
 	for i, e := range es {
@@ -468,10 +474,16 @@ func waitHint(mem []byte) time.Duration {
 // ending the grant on the others.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
-// wrapping stores.ErrInvalid for invalid keys; and ErrClosed after Close.
+// wrapping stores.ErrInvalid for invalid keys, or a keep out of Bounds;
+// and ErrClosed after Close.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
+	}
+	if keep > 0 {
+		if err := args.CheckBounds(bounds, nil, keep); err != nil {
+			return err
+		}
 	}
 	es, err := s.enter(keys)
 	if err != nil {
@@ -494,9 +506,24 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		}
 	}
 	if len(notHeld) > 0 {
-		return fmt.Errorf("%w: filestore: %d of %d keys not held by the token: %q", stores.ErrNotHeld, len(notHeld), len(keys), notHeld)
+		return fmt.Errorf("%w: filestore: %d of %d keys not held by the token: %s", stores.ErrNotHeld, len(notHeld), len(keys), keysForMessage(notHeld))
 	}
 	return nil
+}
+
+// keysForMessage lists keys for an error message, each shortened by
+// stores.KeyForMessage.
+func keysForMessage(keys []string) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(stores.KeyForMessage(k))
+	}
+	b.WriteByte(']')
+	return b.String()
 }
 
 // Refresh sets every key's grant to end ttl from now when each holds a
@@ -505,10 +532,13 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // Store that made a grant refreshes it: its timer is what ends it.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
-// wrapping stores.ErrInvalid for invalid keys or ttl; and ErrClosed after
-// Close.
+// wrapping stores.ErrInvalid for invalid keys, or a ttl out of Bounds;
+// and ErrClosed after Close.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := args.CheckBounds(bounds, nil, ttl); err != nil {
 		return err
 	}
 	es, err := s.enter(keys)
@@ -519,7 +549,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	now := time.Now()
 	for _, e := range es {
 		if h := s.live(e, now); h == nil || h.token != token {
-			return fmt.Errorf("%w: filestore: %q is not held by the token (none of the %d keys refreshed)", stores.ErrNotHeld, e.key, len(keys))
+			return fmt.Errorf("%w: filestore: %s is not held by the token (none of the %d keys refreshed)", stores.ErrNotHeld, stores.KeyForMessage(e.key), len(keys))
 		}
 	}
 	expiry := expiryAfter(now, ttl)
