@@ -59,8 +59,9 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // unanswered store, whose outage the whole queue then reports.
 //
 // turns are the keys' local turns, in the order of keys: a refusal records
-// on the held key's turn that another owner wants it (see grant.end). It
-// reports whether the store refused the keys at least once.
+// on the held key's turn that another owner wants it, and a grant after a
+// refusal or a courtesy that the turn of this process on the keys begins
+// (see Locker.yieldAfter).
 //
 // A waiter that no release signal will wake (the store has no Notifier, or
 // gave no channel), or whose store reports waiters to holders, which then
@@ -69,11 +70,11 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // its local queue knows that another owner wants it (and for hotFor polls
 // after), so that it finds the key free while a holder of another process
 // holds back for it (see Locker.yieldAfter).
-func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, sawHeld bool) (refused bool, err error) {
+func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, sawHeld bool) error {
 	if err := ctx.Err(); err != nil {
 		// The wait went by in the local queue: calling the store on the
 		// ended context would only fail at once.
-		return false, waitEnded(sawHeld, err)
+		return waitEnded(sawHeld, err)
 	}
 	keys, token := g.keys, g.token
 	strategy := l.attempter(keys, wait)
@@ -81,6 +82,7 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 		schedule *backoffSchedule
 		released <-chan struct{}
 		stop     func()
+		refused  bool
 		watched  = -1 // the index of the key whose releases wake us
 		marked   = -1 // the index of the key last recorded as contended
 		lastWait time.Duration
@@ -93,7 +95,7 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 		}
 	}()
 	for _, t := range turns {
-		if contended, _ := t.Contention(); contended {
+		if time.Since(t.Contention().RefusedAt) < contendedFor {
 			// Processes take turns on the key: it changes hands.
 			hotUntil = time.Now().Add(hotFor * l.hotPoll())
 		}
@@ -116,26 +118,31 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 		}
 		if cerr != nil {
 			strategy.leave(ctx, keys, token, err != nil)
-			return refused, waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
+			return waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
 		}
 		switch {
 		case errors.Is(err, ErrInvalid):
 			// The store refused the keys before acting (Redis Cluster keys
 			// in different slots, say): a configuration mistake, not an
 			// outage, so never a reason to run unlocked.
-			return refused, err
+			return err
 		case err != nil:
 			strategy.leave(ctx, keys, token, true)
-			return refused, wrapStoreError(err)
+			return wrapStoreError(err)
 		case grant.OK:
 			if len(grant.Fences) != len(keys) {
 				go l.releaseAbandoned(keys, token)
-				return refused, wrapStoreError(errors.New("the store granted a wrong number of fences"))
+				return wrapStoreError(errors.New("the store granted a wrong number of fences"))
 			}
 			g.granted(grant.Fences, ttl, start)
-			return refused, nil
+			for _, t := range turns {
+				if refused || t.Courtesy {
+					t.TurnBegan() // after another owner's turn, or a courtesy
+				}
+			}
+			return nil
 		case wait == 0:
-			return true, ErrHeld
+			return ErrHeld
 		}
 		sawHeld, refused = true, true
 		if grant.Held >= 0 && grant.Held < len(turns) && grant.Held != marked {
@@ -172,7 +179,7 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 		}
 		if !schedule.sleep(ctx, limit, released) {
 			strategy.leave(ctx, keys, token, false)
-			return true, waitEnded(true, ctx.Err())
+			return waitEnded(true, ctx.Err())
 		}
 	}
 }

@@ -54,10 +54,11 @@ func turnOf(t *testing.T, l *Locker, key string) localqueue.Turn {
 
 // TestYieldAfter: a process that gives a hot key back to the store holds
 // back a couple of round trips, or long enough for a waiter that polls (a
-// courtesy): on a store that reports waiters, when it reports one; on a
-// store that neither reports nor signals, while its own refusals show
-// another owner, and once every probeEvery all the same; on a store that
-// signals, and in fair mode, never.
+// courtesy) once its turn on the key has lasted minTurn hotPolls: on a
+// store that reports waiters, when it reports one; on a store that neither
+// reports nor signals, for contendedFor after its own last refusal, and
+// once every probeEvery all the same; on a store that signals, and in
+// fair mode, never.
 func TestYieldAfter(t *testing.T) {
 	const rtt = time.Millisecond
 	short := 2 * rtt
@@ -68,66 +69,81 @@ func TestYieldAfter(t *testing.T) {
 			t.Fatalf("%s: yield %v (courtesy %v), want %v (courtesy %v)", what, got, courtesy, want, wantCourtesy)
 		}
 	}
+	// courtesyAfter polls until yieldAfter gives a courtesy and returns
+	// how long that took.
+	courtesyAfter := func(t *testing.T, l *Locker, turns []localqueue.Turn, waited bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		pollUntil(t, func() bool {
+			_, c := l.yieldAfter(turns, waited, rtt)
+			return c
+		})
+		return time.Since(start)
+	}
+	backoff := WithBackoff(time.Millisecond, 4*time.Millisecond)
 
 	t.Run("reported", func(t *testing.T) {
-		l := MustNew(reportingStore{memstore.New()}, WithBackoff(time.Millisecond, 4*time.Millisecond))
+		l := MustNew(reportingStore{memstore.New()}, backoff)
 		if long(l) != 2*4*time.Millisecond+short {
 			t.Fatalf("the courtesy %v does not follow a backoff cap below hotPollMax", long(l))
 		}
 		turn := turnOf(t, l, "k")
 		turns := []localqueue.Turn{turn}
-		y, c := l.yieldAfter(turns, false, rtt)
-		check(t, "nobody refused", y, c, short, false)
+		y, c := l.yieldAfter(turns, true, rtt)
+		check(t, "a waiter refused, early in the turn", y, c, short, false)
+		if d := courtesyAfter(t, l, turns, true); d < minTurn*4*time.Millisecond-2*time.Millisecond {
+			t.Fatalf("a courtesy %v into the turn, want after %v", d, minTurn*4*time.Millisecond)
+		}
 		y, c = l.yieldAfter(turns, true, rtt)
 		check(t, "a waiter refused", y, c, long(l), true)
+		y, c = l.yieldAfter(turns, false, rtt)
+		check(t, "nobody refused", y, c, short, false)
 		turn.Refused() // the store's report decides, not this process's past
 		y, c = l.yieldAfter(turns, false, rtt)
 		check(t, "nobody refused this grant", y, c, short, false)
+		// A new turn begins (granted after a courtesy): no courtesy before
+		// minTurn again.
+		turn.TurnBegan()
+		y, c = l.yieldAfter(turns, true, rtt)
+		check(t, "a waiter refused, early in a new turn", y, c, short, false)
 	})
 
 	t.Run("signalled", func(t *testing.T) {
-		l := MustNew(memstore.New())
+		l := MustNew(memstore.New(), backoff)
 		turn := turnOf(t, l, "k")
 		turn.Refused()
+		time.Sleep(minTurn * 4 * time.Millisecond) // the turn's length is what is tested
 		y, c := l.yieldAfter([]localqueue.Turn{turn}, false, rtt)
 		check(t, "a store that signals releases", y, c, short, false)
 	})
 
 	t.Run("refused", func(t *testing.T) {
-		l := MustNew(plainStore{memstore.New()})
+		l := MustNew(plainStore{memstore.New()}, backoff)
 		turn := turnOf(t, l, "k")
 		turns := []localqueue.Turn{turn}
+		turn.Refused()
+		refused := time.Now()
+		courtesyAfter(t, l, turns, false)
 		y, c := l.yieldAfter(turns, false, rtt)
-		check(t, "a fresh queue", y, c, short, false)
-		turn.Refused()
-		y, c = l.yieldAfter(turns, false, rtt)
-		check(t, "after a refusal", y, c, long(l), true)
-		turn.Unused()
-		y, c = l.yieldAfter(turns, false, rtt)
-		check(t, "after one unused courtesy", y, c, long(l), true)
-		turn.Unused()
-		y, c = l.yieldAfter(turns, false, rtt)
-		check(t, "after two unused courtesies", y, c, short, false)
-		turn.Refused()
-		turn.Unused()
-		turn.Refused()
-		turn.Unused()
-		y, c = l.yieldAfter(turns, false, rtt)
-		check(t, "after refusals between unused courtesies", y, c, long(l), true)
+		check(t, "after a refusal, at the end of a turn", y, c, long(l), true)
+		// A courtesy does not end the contention: the key stays wanted
+		// until contendedFor after the refusal.
+		turn = passCourtesy(t, l, turn, y)
+		y, c = l.yieldAfter([]localqueue.Turn{turn}, false, rtt)
+		check(t, "after a courtesy", y, c, long(l), true)
+		pollUntil(t, func() bool { return time.Since(refused) > contendedFor })
+		turn = passCourtesy(t, l, turn, y) // no probe due either
+		y, c = l.yieldAfter([]localqueue.Turn{turn}, false, rtt)
+		check(t, "contendedFor after the refusal", y, c, short, false)
 	})
 
 	t.Run("probe", func(t *testing.T) {
-		l := MustNew(plainStore{memstore.New()})
+		l := MustNew(plainStore{memstore.New()}, backoff)
 		turn := turnOf(t, l, "k")
 		turns := []localqueue.Turn{turn}
 		y, c := l.yieldAfter(turns, false, rtt)
 		check(t, "a fresh queue", y, c, short, false)
-		start := time.Now()
-		pollUntil(t, func() bool {
-			_, c := l.yieldAfter(turns, false, rtt)
-			return c
-		})
-		if d := time.Since(start); d < probeEvery-10*time.Millisecond {
+		if d := courtesyAfter(t, l, turns, false); d < probeEvery-10*time.Millisecond {
 			t.Fatalf("probed %v after the queue was made, want after %v", d, probeEvery)
 		}
 		// The turn passes on as a courtesy: the next probe is probeEvery
@@ -138,9 +154,10 @@ func TestYieldAfter(t *testing.T) {
 	})
 
 	t.Run("fair", func(t *testing.T) {
-		l := MustNew(memstore.New(), WithFairness(time.Second))
+		l := MustNew(memstore.New(), WithFairness(time.Second), backoff)
 		turn := turnOf(t, l, "k")
 		turn.Refused()
+		time.Sleep(minTurn * 4 * time.Millisecond) // the turn's length is what is tested
 		y, c := l.yieldAfter([]localqueue.Turn{turn}, true, rtt)
 		check(t, "fair mode", y, c, short, false)
 	})

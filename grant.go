@@ -427,6 +427,15 @@ const (
 	// own requests, on a store that neither signals releases nor reports
 	// waiters, holds back for other processes it cannot know of.
 	probeEvery = time.Second
+
+	// contendedFor is how long after the store last refused a process a
+	// key, the process counts the key as wanted by another, on a store
+	// that neither signals releases nor reports waiters.
+	contendedFor = time.Second
+
+	// minTurn is, in hotPolls, how long a process keeps a key wanted by
+	// other owners, across handoff chains, before it holds back for them.
+	minTurn = 5
 )
 
 // hotPoll is the longest sleep of a waiter that no release signal wakes,
@@ -445,40 +454,47 @@ func (l *Locker) hotPoll() time.Duration { return min(l.backoffMax, hotPollMax) 
 // polls (a store without release signals, or one whose signals do not
 // reach it) sleeps at most hotPoll while the key changes hands: a courtesy
 // of twice that plus the two round trips lets it find the key free.
+// Holding back costs nothing when another owner takes the key meanwhile,
+// but leaves it idle when that owner is done before the courtesy ends; so
+// a process gives one only at the end of a turn of at least minTurn
+// hotPolls on the key (from when it got the key after a refusal or a
+// courtesy), and the idle time is a small part of the turns.
 //
-//   - A store that reports waiters (stores.WaitReporter) says whether to
-//     give it: when it refused another token during this grant, whose
-//     waiter may poll. Holding back costs nothing when that waiter takes
-//     the key meanwhile; and a process never holds back for one that is
-//     itself holding back, which would leave the key idle.
+//   - A store that reports waiters (stores.WaitReporter) says whether one
+//     wants the key: the grant refused one.
 //   - On a store that signals releases, its waiters' signals make the head
 //     start enough.
 //   - On a store that does neither, this process learns of other owners
-//     only from its own refusals: it gives the courtesy while the key is
-//     contended (see localqueue.Turn.Refused), and once every probeEvery
-//     for waiters it cannot know of.
+//     only from its own refusals: it counts the key wanted for
+//     contendedFor after the store last refused it the key (it cannot tell
+//     a courtesy nobody used from one whose taker was done before it
+//     ended), and holds back once every probeEvery for owners it cannot
+//     know of.
 //
 // In fair mode the store's queue orders the processes, and the yield stays
 // short.
 func (l *Locker) yieldAfter(turns []localqueue.Turn, waited bool, rtt time.Duration) (time.Duration, bool) {
 	short := max(2*rtt, minYield)
-	courtesy := 2*l.hotPoll() + short
+	var wanted, probe bool
 	switch {
 	case l.fair != nil:
 		return short, false
-	case l.waits != nil && waited:
-		return courtesy, true
-	case l.waits != nil, l.notifier != nil:
+	case l.waits != nil:
+		wanted = waited
+	case l.notifier != nil:
 		return short, false
+	default:
+		probe = true
 	}
-	contended, probe := false, true
+	turnDone := true
 	for _, t := range turns {
-		c, courtesyAt := t.Contention()
-		contended = contended || c
-		probe = probe && time.Since(courtesyAt) >= probeEvery
+		c := t.Contention()
+		wanted = wanted || (l.waits == nil && time.Since(c.RefusedAt) < contendedFor)
+		probe = probe && time.Since(c.CourtesyAt) >= probeEvery
+		turnDone = turnDone && time.Since(c.TurnAt) >= minTurn*l.hotPoll()
 	}
-	if contended || probe {
-		return courtesy, true
+	if (wanted && turnDone) || probe {
+		return 2*l.hotPoll() + short, true
 	}
 	return short, false
 }

@@ -111,13 +111,16 @@ func WithReleaseTimeout(d time.Duration) Option {
 // release, which a waiter of another process that the release signal woke
 // needs to reach the store; or, for waiters that may be polling, for twice
 // the hot-key poll of WithBackoff (20ms by default) plus those round trips,
-// a courtesy, so that they find the key free. A store that reports waiters
-// (stores.WaitReporter) says when: the grant refused one. On a store that
-// neither signals releases nor reports waiters, the process gives the
-// courtesy while its own refusals show another owner on the key, and once a
-// second for owners it cannot know of. Holding back costs nothing while
-// another process takes the key meanwhile; in fair mode the store's queue
-// orders the processes instead.
+// a courtesy, so that they find the key free. A process gives the courtesy
+// once per turn: when it has had the key for five hot-key polls (50ms by
+// default) since it got it from another owner or held back last, across
+// handoff chains, and another owner wants it. A store that reports waiters
+// (stores.WaitReporter) says when one does: the grant refused one. On a
+// store that neither signals releases nor reports waiters, the process
+// counts the key wanted for a second after the store last refused it, and
+// holds back once a second for owners it cannot know of. Holding back
+// costs nothing while another owner takes the key meanwhile; in fair mode
+// the store's queue orders the processes instead.
 func WithHandoff(count int, maxTime time.Duration) Option {
 	return func(l *Locker) error {
 		if count < 0 || count >= stores.FenceStride || maxTime < 0 {
@@ -402,15 +405,11 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		if err != nil {
 			return hold{}, err
 		}
-		refused, err := l.contend(ctx, g, turns, ttl, wait, sawHeld)
-		if err != nil {
+		if err := l.contend(ctx, g, turns, ttl, wait, sawHeld); err != nil {
 			for _, t := range turns {
 				t.Pass(0, errors.Is(err, ErrHeld))
 			}
 			return hold{}, err
-		}
-		for _, t := range turns {
-			l.courtesyTaken(t, refused)
 		}
 		g.beginEpoch(label, ttl)
 		g.holdTurns(turns)
@@ -439,26 +438,15 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	// that saw the key held, has seen the key held: if its wait ends in its
 	// first store call, that is a timeout, not a store that never answered.
 	g.oneTurn[0] = turn
-	refused, err := l.contend(ctx, g, g.oneTurn[:], ttl, wait, turn.AfterHeld)
-	if err != nil {
+	if err := l.contend(ctx, g, g.oneTurn[:], ttl, wait, turn.AfterHeld); err != nil {
 		// A contender that saw the key held passes that on: the next
 		// waiter, whose wait went by in the queue, has seen it held too.
 		turn.Pass(0, errors.Is(err, ErrHeld))
 		return hold{}, err
 	}
-	l.courtesyTaken(turn, refused)
 	g.beginEpoch(label, ttl)
 	g.holdTurn(turn)
 	return hold{g: g}, nil
-}
-
-// courtesyTaken records, for a Courtesy turn whose contender was granted
-// at its first attempt, that nobody took the key while this process held
-// back (see Locker.yieldAfter).
-func (l *Locker) courtesyTaken(turn localqueue.Turn, refused bool) {
-	if turn.Courtesy && !refused {
-		turn.Unused()
-	}
 }
 
 // joinAll takes the local turn of every key (as stored, sorted), one after

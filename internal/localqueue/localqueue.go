@@ -17,9 +17,8 @@
 //     holder stuck past its lease), the head waiter, or a try-once caller,
 //     takes the turn: a lock nobody releases blocks local waiters no longer
 //     than it blocks other processes.
-//   - contended, unused and courtesyAt live as long as the queue: what the
-//     key's contenders learnt of other owners that want it, and when the
-//     queue last held back for them (see Contention).
+//   - contention lives as long as the queue: what the key's contenders
+//     learnt of other owners (see Contention).
 package localqueue
 
 import (
@@ -51,9 +50,7 @@ type queue struct {
 	head, tail *waiter
 	gen        uint64
 	holder     Holder
-	contended  bool      // another owner was seen wanting the key
-	unused     int       // Courtesy turns in a row that nobody else used
-	courtesyAt time.Time // when the queue last held back for other owners, or was made
+	contention Contention
 }
 
 type waiter struct {
@@ -100,7 +97,8 @@ func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Dur
 	qs.mu.Lock()
 	q := qs.queues[key]
 	if q == nil {
-		q = &queue{key: key, gen: 1, courtesyAt: time.Now()}
+		now := time.Now()
+		q = &queue{key: key, gen: 1, contention: Contention{CourtesyAt: now, TurnAt: now}}
 		qs.queues[key] = q
 		qs.mu.Unlock()
 		return Turn{qs: qs, q: q, gen: q.gen}, nil
@@ -203,7 +201,7 @@ func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool) {
 	q.gen++
 	q.holder = nil
 	if courtesy {
-		q.courtesyAt = time.Now()
+		q.contention.CourtesyAt = time.Now()
 	}
 	if w := q.pop(); w != nil {
 		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, Courtesy: courtesy, AfterHeld: afterHeld}
@@ -212,46 +210,52 @@ func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool) {
 	delete(t.qs.queues, q.key)
 }
 
-// Contention reports what the key's queue knows of other owners: whether
-// one wants the key (see Refused and Unused), and when the queue last held
-// back for them (PassCourtesy) or, if never, was made.
-func (t Turn) Contention() (contended bool, courtesyAt time.Time) {
+// Contention is what a key's queue knows of other owners of the key
+// (other processes, other Lockers).
+type Contention struct {
+	// RefusedAt is when the store last refused the key to the queue's
+	// contender (see Refused); zero if never.
+	RefusedAt time.Time
+	// CourtesyAt is when the queue last held back for other owners
+	// (PassCourtesy), or was made.
+	CourtesyAt time.Time
+	// TurnAt is when the queue's turn on the key began: when a contender
+	// was last granted it after a refusal or a courtesy (see TurnBegan),
+	// or the queue was made.
+	TurnAt time.Time
+}
+
+// Contention returns what the key's queue knows of other owners.
+func (t Turn) Contention() Contention {
 	if t.q == nil {
-		return false, time.Time{}
+		return Contention{}
 	}
 	t.qs.mu.Lock()
 	defer t.qs.mu.Unlock()
-	return t.q.contended, t.q.courtesyAt
+	return t.q.contention
 }
 
-// maxUnused is how many Courtesy turns in a row nobody else may use before
-// the queue no longer counts the key as wanted by another owner: one may
-// go unused because that owner's waiter was late (a loaded machine).
-const maxUnused = 2
-
 // Refused records that the store refused the key to this queue's
-// contender: another owner (another process, another Locker) wants it. A
-// turn that was passed on still records it: the queue is the key's.
+// contender: another owner wants it. A turn that was passed on still
+// records it: the queue is the key's.
 func (t Turn) Refused() {
 	if t.q == nil {
 		return
 	}
 	t.qs.mu.Lock()
-	t.q.contended, t.q.unused = true, 0
+	t.q.contention.RefusedAt = time.Now()
 	t.qs.mu.Unlock()
 }
 
-// Unused records that a Courtesy turn was granted at its first attempt:
-// nobody took the key while this process held back. After maxUnused in a
-// row, the key no longer counts as wanted by another owner.
-func (t Turn) Unused() {
+// TurnBegan records that the store granted the key to this queue's
+// contender after it was refused it or held back for other owners: the
+// process's turn on the key begins.
+func (t Turn) TurnBegan() {
 	if t.q == nil {
 		return
 	}
 	t.qs.mu.Lock()
-	if t.q.unused++; t.q.unused >= maxUnused {
-		t.q.contended, t.q.unused = false, 0
-	}
+	t.q.contention.TurnAt = time.Now()
 	t.qs.mu.Unlock()
 }
 

@@ -35,7 +35,7 @@ func TestCourtesy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, made := first.Contention()
+	made := first.Contention().CourtesyAt
 	got := next(t, qs, "k")
 	before := time.Now()
 	first.PassCourtesy(20 * time.Millisecond)
@@ -43,7 +43,7 @@ func TestCourtesy(t *testing.T) {
 	if !second.Courtesy || second.Yield != 20*time.Millisecond || !second.AfterHeld {
 		t.Fatalf("a courtesy passed as %+v", second)
 	}
-	if _, at := second.Contention(); at.Before(before) || !made.Before(before) {
+	if at := second.Contention().CourtesyAt; at.Before(before) || !made.Before(before) {
 		t.Fatalf("the queue's last courtesy %v, want at the pass (after %v)", at, before)
 	}
 	got = next(t, qs, "k")
@@ -53,42 +53,34 @@ func TestCourtesy(t *testing.T) {
 	}
 }
 
-// TestContention: a refusal marks the key wanted by another owner, for the
-// queue whatever turn records it, until courtesies in a row go unused.
+// TestContention: a refusal and the beginning of a turn are recorded for
+// the queue, whatever turn records them, and stay when the turn passes on.
 func TestContention(t *testing.T) {
 	qs := New()
+	before := time.Now()
 	first, err := qs.Join(context.Background(), "k", true, time.Second, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	contended := func(turn Turn) bool { c, _ := turn.Contention(); return c }
-	if contended(first) {
-		t.Fatal("a fresh queue counts as contended")
+	c := first.Contention()
+	if !c.RefusedAt.IsZero() || c.TurnAt.Before(before) || c.CourtesyAt.Before(before) {
+		t.Fatalf("a fresh queue: %+v, want no refusal, its turn and courtesy from when it was made", c)
 	}
+	before = time.Now()
 	first.Refused()
 	got := next(t, qs, "k")
 	first.Pass(0, true)
 	second := <-got
-	if !contended(second) || !contended(first) {
-		t.Fatal("a refusal was forgotten when the turn passed on")
-	}
-	second.Unused()
-	if !contended(second) {
-		t.Fatal("one unused courtesy cleared the contention")
-	}
-	second.Refused()
-	second.Unused()
-	if !contended(second) {
-		t.Fatal("an unused courtesy after a refusal cleared the contention")
-	}
-	second.Unused()
-	if contended(second) {
-		t.Fatalf("%d unused courtesies in a row left the key contended", maxUnused)
+	second.TurnBegan()
+	for _, turn := range []Turn{first, second} {
+		if c := turn.Contention(); c.RefusedAt.Before(before) || c.TurnAt.Before(before) {
+			t.Fatalf("%+v: want the refusal and the turn recorded after %v", c, before)
+		}
 	}
 	var none Turn
 	none.Refused()
-	none.Unused()
-	if c, at := none.Contention(); c || !at.IsZero() {
+	none.TurnBegan()
+	if c := none.Contention(); c != (Contention{}) {
 		t.Fatal("no turn has contention")
 	}
 }
