@@ -66,9 +66,11 @@ type Store struct {
 	purgeEvery  time.Duration
 	retention   time.Duration
 
-	setupMu sync.Mutex
-	ready   atomic.Bool // the table exists
-	stmts   stmtCache
+	// setupTurn is held by the one call that runs setup; the others wait
+	// for it or for their context to end.
+	setupTurn chan struct{}
+	ready     atomic.Bool // the table exists
+	stmts     stmtCache
 	// contended holds the keys an Acquire of one key found held lately.
 	contended contendedKeys
 	dbx       dbExecer // db, to run statements on
@@ -172,6 +174,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		createTable: true,
 		purgeEvery:  DefaultPurgeInterval,
 		retention:   DefaultRetention,
+		setupTurn:   make(chan struct{}, 1),
 		stopPurge:   make(chan struct{}),
 		purgeDone:   make(chan struct{}),
 	}
@@ -247,12 +250,19 @@ func (s *Store) begin() bool {
 // setup creates the table (unless WithoutCreateTable) and prepares the
 // one-key statements, once: a failure is returned and tried again by the
 // next operation. The statements on several keys are prepared on first use.
+// One call at a time runs it; the others wait for it, or return when their
+// context ends. No call holds a connection while it waits (setup comes
+// first in every operation).
 func (s *Store) setup(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
-	s.setupMu.Lock()
-	defer s.setupMu.Unlock()
+	select {
+	case s.setupTurn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.setupTurn }()
 	if s.ready.Load() {
 		return nil
 	}
@@ -266,7 +276,7 @@ func (s *Store) setup(ctx context.Context) error {
 		}
 	}
 	for _, q := range []string{s.q.acquireOne, withKeys(s.q.release, 1), withKeys(s.q.expire, 1)} {
-		if _, err := s.stmts.get(ctx, s.db, q); err != nil {
+		if _, err := s.prepare(ctx, q); err != nil {
 			return fmt.Errorf("mysqlstore: prepare statements on table %s: %w", s.table, markUnreachable(err))
 		}
 	}

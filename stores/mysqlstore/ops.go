@@ -129,7 +129,7 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (s
 			return g, err
 		}
 	}
-	res, err := s.execOn(ctx, s.dbx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
+	res, err := s.execDB(ctx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -149,10 +149,19 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (s
 // acquireMany takes several keys in one transaction: acquireManySQL locks
 // and sets their rows, selectManySQL reads them, and the transaction
 // commits when every row holds token, else rolls back. It rolls back too
-// when the caller has left meanwhile.
+// when the caller has left meanwhile. Its statements are prepared before
+// the transaction takes its connection (see stmtCache).
 func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []string, token string, ttl int64) (stores.Grant, error) {
 	if g, err := s.findHeld(ctx, keys, token); err != nil || !g.OK {
 		return g, err
+	}
+	insert, err := s.prepare(ctx, withRows(s.q.acquireMany, s.q.acquireRow, len(keys)))
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	read, err := s.prepare(ctx, withKeys(s.q.selectMany, len(keys)))
+	if err != nil {
+		return stores.Grant{}, err
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -169,10 +178,10 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 		values = append(values, k, token, ttl)
 	}
 	values = append(values, token, token, token, token, ttl)
-	if _, err := s.execOn(ctx, tx, withRows(s.q.acquireMany, s.q.acquireRow, len(keys)), values...); err != nil {
+	if _, err := insert.exec(ctx, tx, values...); err != nil {
 		return stores.Grant{}, err
 	}
-	fences, held, wait, err := s.readRows(ctx, tx, keys, token)
+	fences, held, wait, err := readRows(ctx, tx, read, keys, token)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -195,7 +204,7 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 // it found none: under contention most attempts on several keys then take
 // one read and no row lock, and hold up no one.
 func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stores.Grant, error) {
-	rows, err := s.queryOn(ctx, s.dbx, withKeys(s.q.held, len(keys)), append(anys(keys), token)...)
+	rows, err := s.queryDB(ctx, withKeys(s.q.held, len(keys)), append(anys(keys), token)...)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -217,11 +226,12 @@ func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stor
 	return stores.Grant{Held: i, Wait: remaining(left)}, nil
 }
 
-// readRows reads the rows of keys within tx: each one's fence and, when a
-// row holds another token, the index of the first such and its remaining
-// TTL in microseconds (held is -1 when every row holds token).
-func (s *Store) readRows(ctx context.Context, tx *sql.Tx, keys []string, token string) (fences []int64, held int, wait int64, err error) {
-	rows, err := s.queryOn(ctx, tx, withKeys(s.q.selectMany, len(keys)), anys(keys)...)
+// readRows reads the rows of keys within tx with read, selectManySQL: each
+// one's fence and, when a row holds another token, the index of the first
+// such and its remaining TTL in microseconds (held is -1 when every row
+// holds token).
+func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token string) (fences []int64, held int, wait int64, err error) {
+	rows, err := read.rows(ctx, tx, anys(keys)...)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -313,7 +323,7 @@ func (s *Store) release(ctx context.Context, left func() bool, keys []string, to
 
 // exec runs one statement and returns the rows it affected.
 func (s *Store) exec(ctx context.Context, query string, vals []any) (int64, error) {
-	res, err := s.execOn(ctx, s.dbx, query, vals...)
+	res, err := s.execDB(ctx, query, vals...)
 	if err != nil {
 		return 0, err
 	}
@@ -369,13 +379,18 @@ func (s *Store) refresh(ctx context.Context, left func() bool, keys []string, to
 }
 
 // refreshMany runs expireSQL on several keys in a transaction, committed
-// only when every key held the token.
+// only when every key held the token. The statement is prepared before the
+// transaction takes its connection (see stmtCache).
 func (s *Store) refreshMany(ctx context.Context, keys []string, vals []any) error {
+	expire, err := s.prepare(ctx, withKeys(s.q.expire, len(keys)))
+	if err != nil {
+		return err
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	res, err := s.execOn(ctx, tx, withKeys(s.q.expire, len(keys)), vals...)
+	res, err := expire.exec(ctx, tx, vals...)
 	if err != nil {
 		_ = tx.Rollback()
 		return err
