@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"sync"
@@ -30,6 +31,14 @@ const (
 
 	// MaxTokenLen is the longest token, in bytes, the table holds.
 	MaxTokenLen = 255
+
+	// MaxKeysPerCall is the most keys one call takes. A call on several
+	// keys is one statement with a row of placeholders per key: with 1000
+	// keys of MaxKeyLen bytes it stays far below MySQL's limit of 65535
+	// placeholders per prepared statement and, with the arguments
+	// interpolated, below max_allowed_packet's smallest default (4 MB,
+	// MySQL 5.7).
+	MaxKeysPerCall = 1000
 
 	// DefaultPurgeInterval is how often a Store purges rows unless
 	// WithPurge says otherwise.
@@ -90,7 +99,10 @@ type Store struct {
 	retries, undos atomic.Int64
 }
 
-var _ stores.Store = (*Store)(nil)
+var (
+	_ stores.Store   = (*Store)(nil)
+	_ stores.Bounded = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store) error
@@ -284,16 +296,27 @@ func (s *Store) setup(ctx context.Context) error {
 	return nil
 }
 
-// checkSizes returns an error wrapping stores.ErrInvalid when a key or the
-// token is longer than the table holds, or the token is empty (a token
-// names one acquisition).
-func checkSizes(keys []string, token string) error {
-	for _, k := range keys {
-		if len(k) > MaxKeyLen {
-			return fmt.Errorf("%w: mysqlstore: key of %d bytes is longer than %d", stores.ErrInvalid, len(k), MaxKeyLen)
-		}
+// Bounds returns the keys and durations the Store honours: keys of up to
+// MaxKeyLen bytes, the width of the table's key column; every duration from
+// 1ns, rounded up to the microsecond of DATETIME(6), to math.MaxInt64, 292
+// years, which the server's clock plus the duration keeps far within
+// DATETIME's range (to the year 9999) and TIMESTAMPDIFF's microseconds
+// within a BIGINT. It implements stores.Bounded.
+func (s *Store) Bounds() stores.Bounds {
+	return stores.Bounds{MaxKeyBytes: MaxKeyLen, Reason: "mysqlstore's key column (lock_key VARBINARY(512), its primary key)"}
+}
+
+// checkArgs returns an error wrapping stores.ErrInvalid when a key is longer
+// than the table holds (see Bounds), there are more than MaxKeysPerCall
+// keys, a duration is out of Bounds, the token is longer than the table
+// holds or it is empty (a token names one acquisition).
+func (s *Store) checkArgs(keys []string, token string, durations ...time.Duration) error {
+	if err := args.CheckBounds(s.Bounds(), keys, durations...); err != nil {
+		return err
 	}
 	switch {
+	case len(keys) > MaxKeysPerCall:
+		return fmt.Errorf("%w: mysqlstore: %d keys in one call, more than %d", stores.ErrInvalid, len(keys), MaxKeysPerCall)
 	case token == "":
 		return fmt.Errorf("%w: mysqlstore: empty token", stores.ErrInvalid)
 	case len(token) > MaxTokenLen:
@@ -313,8 +336,12 @@ func micros(d time.Duration) int64 {
 }
 
 // remaining turns a remaining TTL in microseconds into a refusal's Wait: at
-// least a microsecond, since zero would mean unknown.
+// least a microsecond, since zero would mean unknown, and at most the
+// longest Duration (a TTL of math.MaxInt64 rounds up past it).
 func remaining(us int64) time.Duration {
+	if us > int64(math.MaxInt64/time.Microsecond) {
+		return math.MaxInt64
+	}
 	return max(time.Duration(us)*time.Microsecond, time.Microsecond)
 }
 

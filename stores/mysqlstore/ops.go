@@ -33,8 +33,9 @@ import (
 // the statement goes on (see Failures in the package documentation), a
 // grant it makes is released, owner-checked, once it returns, and the error
 // wraps stores.ErrAbandoned and ctx's error. It returns an error wrapping
-// stores.ErrInvalid for no keys, an empty, duplicate, unsorted or too long
-// key, an empty or too long token or a non-positive ttl; ErrClosed after
+// stores.ErrInvalid for no keys, more than MaxKeysPerCall, an empty,
+// duplicate, unsorted or too long key (see Bounds), an empty or too long
+// token or a non-positive ttl, before any statement; ErrClosed after
 // Close; ErrUnexpectedReply for a reply it cannot read; and the driver's
 // error otherwise, wrapped with stores.ErrUnreachable when no connection
 // could be made. An error of a COMMIT leaves the outcome unknown, as the
@@ -43,7 +44,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	if err := checkSizes(keys, token); err != nil {
+	if err := s.checkArgs(keys, token, ttl); err != nil {
 		return stores.Grant{}, err
 	}
 	op := func(ctx context.Context, c *call[stores.Grant]) (stores.Grant, error) {
@@ -274,15 +275,19 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 // after ending the grant on the others.
 //
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
-// error wrapping stores.ErrInvalid for no keys or an empty, duplicate,
-// unsorted or too long key, or an empty or too long token; ErrClosed after
-// Close; one wrapping ErrContention after contentionAttempts losses to row
+// error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
+// an empty, duplicate, unsorted or too long key (see Bounds), or an empty
+// or too long token, before any statement; ErrClosed after Close; one wrapping ErrContention after contentionAttempts losses to row
 // lock contention; and the driver's error otherwise.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
-	if err := checkSizes(keys, token); err != nil {
+	var durations []time.Duration
+	if keep > 0 {
+		durations = append(durations, keep)
+	}
+	if err := s.checkArgs(keys, token, durations...); err != nil {
 		return err
 	}
 	_, err := run(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {
@@ -337,9 +342,10 @@ func (s *Store) exec(ctx context.Context, query string, vals []any) (int64, erro
 // found every key holding token.
 //
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
-// error wrapping stores.ErrInvalid for no keys, an empty, duplicate,
-// unsorted or too long key, an empty or too long token or a non-positive
-// ttl; ErrClosed after Close; one wrapping ErrContention after
+// error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
+// an empty, duplicate, unsorted or too long key (see Bounds), an empty or
+// too long token or a non-positive ttl, before any statement; ErrClosed
+// after Close; one wrapping ErrContention after
 // contentionAttempts losses to row lock contention; and the driver's error
 // otherwise, wrapped with stores.ErrUnreachable when no connection could be
 // made. A lost connection is no lost lock: the lease is a row, which any
@@ -348,7 +354,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
-	if err := checkSizes(keys, token); err != nil {
+	if err := s.checkArgs(keys, token, ttl); err != nil {
 		return err
 	}
 	_, err := run(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {
