@@ -11,6 +11,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
@@ -58,7 +59,8 @@ func newStore(t testing.TB, db *sql.DB, opts ...Option) *Store {
 	return s
 }
 
-// TestConformance runs the conformance suite on MariaDB.
+// TestConformance runs the conformance suite on MariaDB, its Faults group
+// through a fault proxy.
 func TestConformance(t *testing.T) {
 	db := openDB(t)
 	var retries atomic.Int64
@@ -72,6 +74,10 @@ func TestConformance(t *testing.T) {
 				}
 			})
 			return s
+		},
+		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
+			p, db := proxiedDB(t)
+			return newStore(t, db), []*faultproxy.Proxy{p}
 		},
 	})
 }
