@@ -345,6 +345,15 @@ func remaining(us int64) time.Duration {
 	return max(time.Duration(us)*time.Microsecond, time.Microsecond)
 }
 
+// keysForMessage names keys in an error message: the first, cut short by
+// stores.KeyForMessage, and how many others.
+func keysForMessage(keys []string) string {
+	if len(keys) == 1 {
+		return stores.KeyForMessage(keys[0])
+	}
+	return fmt.Sprintf("%s and %d more keys", stores.KeyForMessage(keys[0]), len(keys)-1)
+}
+
 // anys returns keys as query arguments.
 func anys(keys []string) []any {
 	a := make([]any, len(keys))

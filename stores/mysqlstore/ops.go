@@ -136,7 +136,7 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (s
 	}
 	id, err := res.LastInsertId()
 	if err != nil {
-		return stores.Grant{}, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, key, err)
+		return stores.Grant{}, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, stores.KeyForMessage(key), err)
 	}
 	switch {
 	case id > 0 && id < refusedFlag:
@@ -144,7 +144,7 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (s
 	case id > refusedFlag:
 		return stores.Grant{Wait: remaining(id - refusedFlag)}, nil
 	}
-	return stores.Grant{}, fmt.Errorf("%w: acquire %q answered LAST_INSERT_ID %d", ErrUnexpectedReply, key, id)
+	return stores.Grant{}, fmt.Errorf("%w: acquire %s answered LAST_INSERT_ID %d", ErrUnexpectedReply, stores.KeyForMessage(key), id)
 }
 
 // acquireMany takes several keys in one transaction: acquireManySQL locks
@@ -194,7 +194,7 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 	}
 	if err := tx.Commit(); err != nil {
 		// Whether the server committed is unknown.
-		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %q (outcome unknown): %w", keys, err)
+		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %s (outcome unknown): %w", keysForMessage(keys), err)
 	}
 	committed = true
 	return stores.Grant{OK: true, Fences: fences}, nil
@@ -218,11 +218,11 @@ func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stor
 		left int64
 	)
 	if err := rows.Scan(&key, &left); err != nil {
-		return stores.Grant{}, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, keys, err)
+		return stores.Grant{}, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 	}
 	i := slices.Index(keys, key)
 	if i < 0 {
-		return stores.Grant{}, fmt.Errorf("%w: acquire %q read row %q", ErrUnexpectedReply, keys, key)
+		return stores.Grant{}, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
 	}
 	return stores.Grant{Held: i, Wait: remaining(left)}, nil
 }
@@ -246,10 +246,10 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 			fence, left int64
 		)
 		if err := rows.Scan(&key, &holder, &fence, &left); err != nil {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, keys, err)
+			return nil, 0, 0, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 		}
 		if i >= len(keys) || key != keys[i] {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %q read row %q", ErrUnexpectedReply, keys, key)
+			return nil, 0, 0, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
 		}
 		if holder != token && held < 0 {
 			held, wait = i, left
@@ -261,7 +261,7 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 		return nil, 0, 0, err
 	}
 	if i != len(keys) {
-		return nil, 0, 0, fmt.Errorf("%w: acquire %q read %d rows", ErrUnexpectedReply, keys, i)
+		return nil, 0, 0, fmt.Errorf("%w: acquire %s read %d rows", ErrUnexpectedReply, keysForMessage(keys), i)
 	}
 	return fences, held, wait, nil
 }
@@ -319,7 +319,7 @@ func (s *Store) release(ctx context.Context, left func() bool, keys []string, to
 	}
 	if n < int64(len(keys)) {
 		if len(keys) == 1 {
-			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+			return fmt.Errorf("%w: %s", stores.ErrNotHeld, stores.KeyForMessage(keys[0]))
 		}
 		return fmt.Errorf("%w: %d of %d keys", stores.ErrNotHeld, int64(len(keys))-n, len(keys))
 	}
@@ -376,7 +376,7 @@ func (s *Store) refresh(ctx context.Context, left func() bool, keys []string, to
 				return err
 			}
 			if n != 1 {
-				return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+				return fmt.Errorf("%w: %s", stores.ErrNotHeld, stores.KeyForMessage(keys[0]))
 			}
 			return nil
 		}
