@@ -75,6 +75,22 @@
 // clock_timestamp()) is safe for keys whose fences follow the clock (see
 // above).
 //
+// # Limits
+//
+// The Store states them as stores.Bounds (Bounds), and refuses arguments
+// beyond them with stores.ErrInvalid before any statement, as the Locker
+// does before it calls the Store. A key is at most what one entry of the
+// primary key's btree holds: 2692 bytes with PostgreSQL's 8 kB pages (New
+// reads block_size and computes it); a longer key that compresses below the
+// entry limit would fit, but a random one does not, and the server would
+// refuse it (SQLSTATE 54000, which the Store reports as stores.ErrInvalid
+// too). Indexing a digest of the key would lift the limit, at the price of
+// a primary key that existing tables do not have. Every TTL from 1ns to
+// math.MaxInt64 is honoured, rounded up to the server clock's microsecond:
+// 292 years stay far within timestamptz (to the year 294276) and an
+// interval's 64-bit microseconds. Tokens and the number of keys of a call
+// are not limited.
+//
 // # Several keys
 //
 // Acquire with several keys runs three statements in one round trip and one
@@ -125,6 +141,25 @@
 // need a queue table with a lease per waiter, written by every attempt of
 // every waiter; the Locker's local queue already orders the waiters of one
 // process, and the lease row grants across processes in no set order.
+//
+// # Failures
+//
+// What the Store survives, each checked by its tests against a real server
+// (the conformance suite's Faults group, through a fault proxy, and the
+// package's own) except the restart, which follows from rows on disk: a lost
+// connection (the lease is a row, any connection refreshes or releases it);
+// a server restart (rows are on disk); a reply lost or late, or a server
+// paused past the caller's wait (an abandoned Acquire is undone once its
+// statement returns: the key is free soon after the fault ends, within the
+// suite's 3 seconds, not at the end of its TTL); a holder cut off from the
+// server (its key expires after its TTL, not before); a stale holder's
+// Refresh or Release after its key passed to another token (ErrNotHeld); a
+// Refresh racing the Release of its grant (it never takes the key back); and
+// the server's clock stepping back (a released key's token is NULL, free
+// whatever the clock says; keys held then are held longer by the step). A
+// step forward of the server's clock past a holder's remaining TTL lets
+// another take the key while the holder's validity runs: keep the server's
+// clock slewed, not stepped, as for any lease judged by a server's clock.
 //
 // # Contexts and unknown outcomes
 //
