@@ -75,9 +75,10 @@ func (c Checker) CheckKeys(keys []string) error {
 	for i := 1; i < len(keys); i++ {
 		switch strings.Compare(keys[i-1], keys[i]) {
 		case 0:
-			return fmt.Errorf("%w: %s: key %q appears twice", stores.ErrInvalid, c, keys[i])
+			return fmt.Errorf("%w: %s: key %s appears twice", stores.ErrInvalid, c, stores.KeyForMessage(keys[i]))
 		case 1:
-			return fmt.Errorf("%w: %s: keys are not sorted: %q before %q", stores.ErrInvalid, c, keys[i-1], keys[i])
+			return fmt.Errorf("%w: %s: keys are not sorted: %s before %s", stores.ErrInvalid, c,
+				stores.KeyForMessage(keys[i-1]), stores.KeyForMessage(keys[i]))
 		}
 	}
 	return nil
