@@ -65,7 +65,7 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 	var bare *lockNode // a grant found without a holder node
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		queue, lock, err := s.readQueue(p, token)
+		queue, lock, err := s.readQueue(p)
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 		}
@@ -193,9 +193,8 @@ func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time)
 }
 
 // readQueue reads the queue of the key at p, in sequence order, and its
-// lock node, in parallel; a lock node that token may take over is read
-// again after its parent (see ref).
-func (s *Store) readQueue(p paths, token string) ([]queueNode, lockNode, error) {
+// lock node, in parallel.
+func (s *Store) readQueue(p paths) ([]queueNode, lockNode, error) {
 	var (
 		children []string
 		lock     lockNode

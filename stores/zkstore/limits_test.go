@@ -318,3 +318,42 @@ func TestUndoOutlastsLostConnection(t *testing.T) {
 		t.Fatal("the undo's first request was not cut off")
 	}
 }
+
+// TestLapsedWaitersAheadOfLongKey: on a key of MaxKeyBytes, the lapsed
+// waiters ahead of a fair waiter are too long to drop in the transaction
+// that grants it the key, which would exceed ZooKeeper's request limit: it
+// drops them in transactions of their own, and is then granted the key.
+func TestLapsedWaitersAheadOfLongKey(t *testing.T) {
+	s := newStore(t)
+	holder := sameRootStore(t, s)
+	lapsing := sameRootStore(t, s)
+	ctx := t.Context()
+	key := strings.Repeat("\xff", s.Bounds().MaxKeyBytes)
+	const ttl, lease = 3 * time.Second, time.Second
+	if g, err := holder.Acquire(ctx, []string{key}, "holder", ttl); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	for _, w := range []string{"w1", "w2"} {
+		if g, err := lapsing.AcquireFair(ctx, key, w, ttl, lease); err != nil || g.OK {
+			t.Fatalf("AcquireFair of %s: %+v, %v; want queued", w, g, err)
+		}
+	}
+	if g, err := s.AcquireFair(ctx, key, "me", ttl, ttl); err != nil || g.OK || g.Ahead != 2 {
+		t.Fatalf("AcquireFair behind two waiters: %+v, %v; want queued, 2 ahead", g, err)
+	}
+	// No attempt until the holder's TTL has passed (the scenario itself):
+	// then the key is free, and each lapsed waiter is dropped once it heads
+	// the queue (a waiter is aged from when it is first read), the last of
+	// them by the attempt that is granted the key.
+	<-time.After(ttl)
+	pollUntil(t, 10*time.Second, "the waiter is granted the key past the lapsed ones", func() bool {
+		g, err := s.AcquireFair(ctx, key, "me", ttl, ttl)
+		if err != nil {
+			t.Fatalf("AcquireFair past the holder's TTL: %v", err)
+		}
+		return g.OK
+	})
+	if q := queueNodes(t, s.Root()+"/"+strings.Repeat("%FF", len(key))); len(q) != 0 {
+		t.Fatalf("%d queue nodes left", len(q))
+	}
+}
