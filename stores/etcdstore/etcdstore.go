@@ -417,13 +417,14 @@ func othersAbsent(parent, mine string) []clientv3.Cmp {
 // milliseconds, at least 1.
 func millis(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
-// parseMillis reads a value of millis; zero when it is not one.
+// parseMillis reads a value of millis; zero when it is not one, and the
+// longest duration when it is longer.
 func parseMillis(v []byte) time.Duration {
 	n, err := strconv.ParseInt(string(v), 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil {
 		return 0
 	}
-	return time.Duration(n) * time.Millisecond
+	return storeargs.Millis(n)
 }
 
 // fence is the fence of a grant made at revision rev.
@@ -506,10 +507,8 @@ func (s *Store) checkKeys(keys []string, token string, occ int) error {
 	if len(keys) > MaxKeys {
 		return fmt.Errorf("%w: etcdstore: %d keys in one call, at most %d", stores.ErrInvalid, len(keys), MaxKeys)
 	}
-	for _, k := range keys {
-		if err := s.bounds.CheckKey(k); err != nil {
-			return fmt.Errorf("etcdstore: %w", err)
-		}
+	if err := args.CheckBounds(s.bounds, keys); err != nil {
+		return err
 	}
 	n := requestReserve + abandonedOccurrences*(len(s.abandonedKey(token, 0))+16+opOverhead)
 	for _, k := range keys {
@@ -531,10 +530,10 @@ func keyBytes(keys []string) int {
 	return n
 }
 
-// checkTTL refuses a duration out of the Store's Bounds.
+// checkTTL refuses a duration out of the Store's Bounds, naming it what.
 func (s *Store) checkTTL(what string, d time.Duration) error {
 	if err := s.bounds.CheckTTL(what, d); err != nil {
-		return fmt.Errorf("etcdstore: %w", err)
+		return fmt.Errorf("%w: etcdstore: %s", stores.ErrInvalid, strings.TrimPrefix(err.Error(), stores.ErrInvalid.Error()+": "))
 	}
 	return nil
 }
