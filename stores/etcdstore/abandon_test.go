@@ -12,7 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/reqlock/reqlock/internal/testservers"
-	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/etcdstore"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
@@ -68,9 +67,10 @@ func expectHoldersGone(t *testing.T, c *clientv3.Client, prefix string, limit ti
 }
 
 // TestAbandonedAcquireNeverOutlivesItsUndo (issue 18, defect 12): acquires
-// abandoned while etcd is paused past the request timeout reach etcd when
-// it resumes together with the Store's undo of each, in whatever order
-// etcd applies them. No grant may survive its undo: every key is free
+// abandoned while etcd is paused (its proxy stalled both ways) past the
+// request timeout reach etcd when it resumes, together with the Store's
+// undo of each or after the undo's first try timed out, and etcd applies
+// them in whatever order. No grant may survive its undo: every key is free
 // soon after, not at the end of its minute-long TTL.
 func TestAbandonedAcquireNeverOutlivesItsUndo(t *testing.T) {
 	t.Parallel()
@@ -79,12 +79,15 @@ func TestAbandonedAcquireNeverOutlivesItsUndo(t *testing.T) {
 		pause time.Duration
 		n     int
 	}{
-		// The undo reaches etcd with the acquire, and etcd applies the
-		// late acquire after it in about 1 acquire in 40: 100 of them
-		// catch it 92 times in 100 (0.975^100 = 8% of misses).
+		// The acquire times out and its undo reaches etcd with it: etcd
+		// applied the late acquire after the undo in about 1 acquire in
+		// 400 (measured without the abandon marks: 1 run in 4 of 100
+		// acquires), so this catches that order in about 1 run in 4;
+		// TestLateAcquireAfterItsUndo forces it.
 		{timeout + timeout/2, 100},
-		// The first try of the undo times out too: 1 acquire in 5 lands
-		// after it, and 30 of them catch it but 1 time in 800.
+		// The undo's first try times out too: before the fix 5 to 16 of
+		// the 30 keys stayed held (1 acquire in 5 or more), so 30 catch it
+		// but about 1 time in 800 (0.8^30).
 		{3 * timeout, 30},
 	} {
 		pause, n := tc.pause, tc.n
@@ -108,7 +111,9 @@ func TestAbandonedAcquireNeverOutlivesItsUndo(t *testing.T) {
 					defer cancel()
 					k := []string{fmt.Sprintf("k%02d", i)}
 					g, err := s.Acquire(ctx, k, fmt.Sprintf("t%02d", i), time.Minute)
-					if !errors.Is(err, stores.ErrAbandoned) || g.OK {
+					// On a loaded machine the context may end before the
+					// call is sent: context.DeadlineExceeded alone.
+					if !errors.Is(err, context.DeadlineExceeded) || g.OK {
 						t.Errorf("Acquire of %s on a paused etcd: %+v, %v; want stores.ErrAbandoned", k[0], g, err)
 					}
 				})
@@ -116,7 +121,7 @@ func TestAbandonedAcquireNeverOutlivesItsUndo(t *testing.T) {
 			wg.Wait()
 			<-time.After(pause - 100*time.Millisecond) // the pause itself
 			p.Heal()
-			expectHoldersGone(t, newClient(t, testservers.EtcdEndpoints(t)), prefix, 3*time.Second,
+			expectHoldersGone(t, newClient(t, testservers.EtcdEndpoints(t)), prefix, 5*time.Second,
 				fmt.Sprintf("%d acquires abandoned during a pause of %v (request timeout %v)", n, pause, timeout))
 		})
 	}

@@ -70,8 +70,8 @@ func stalledStore(t *testing.T, opts ...etcdstore.Option) *etcdstore.Store {
 
 // refusedAtOnce fails the test unless call, on a Store whose etcd is
 // stalled, returns an error wrapping stores.ErrInvalid at once, without
-// waiting for etcd, and a message of less than 1000 bytes.
-func refusedAtOnce(t *testing.T, what string, call func(ctx context.Context) error) {
+// waiting for etcd, with a message of less than 1000 bytes that says want.
+func refusedAtOnce(t *testing.T, what, want string, call func(ctx context.Context) error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
@@ -80,13 +80,20 @@ func refusedAtOnce(t *testing.T, what string, call func(ctx context.Context) err
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("%s: returned after %v with etcd stalled: it made a request", what, took)
 	}
-	if !errors.Is(err, stores.ErrInvalid) {
-		t.Fatalf("%s: %v; want stores.ErrInvalid", what, err)
+	if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%s: %.300v; want stores.ErrInvalid saying %q", what, err, want)
 	}
 	if n := len(err.Error()); n > 1000 {
 		t.Fatalf("%s: an error message of %d bytes: %.200s...", what, n, err)
 	}
 }
+
+// What refusals say, by cause.
+const (
+	outOfRange = "out of the store's range"
+	tooLong    = "longer than the store's limit"
+	tooLarge   = "above etcd's limit"
+)
 
 // TestExtremeTTLs (issue 18, defect 14): a TTL, keep or fair lease above
 // MaxTTL (etcd's longest lease), math.MaxInt64 among them, is refused with
@@ -101,21 +108,21 @@ func TestExtremeTTLs(t *testing.T) {
 	}
 	k := uniqueKey(t)
 	for _, d := range []time.Duration{etcdstore.MaxTTL + 1, math.MaxInt64} {
-		refusedAtOnce(t, "Acquire with TTL "+d.String(), func(ctx context.Context) error {
+		refusedAtOnce(t, "Acquire with TTL "+d.String(), outOfRange, func(ctx context.Context) error {
 			_, err := s.Acquire(ctx, []string{k}, "t1", d)
 			return err
 		})
-		refusedAtOnce(t, "Refresh to TTL "+d.String(), func(ctx context.Context) error {
+		refusedAtOnce(t, "Refresh to TTL "+d.String(), outOfRange, func(ctx context.Context) error {
 			return s.Refresh(ctx, []string{k}, "t1", d)
 		})
-		refusedAtOnce(t, "Release keeping for "+d.String(), func(ctx context.Context) error {
+		refusedAtOnce(t, "Release keeping for "+d.String(), outOfRange, func(ctx context.Context) error {
 			return s.Release(ctx, []string{k}, "t1", d)
 		})
-		refusedAtOnce(t, "AcquireFair with TTL "+d.String(), func(ctx context.Context) error {
+		refusedAtOnce(t, "AcquireFair with TTL "+d.String(), outOfRange, func(ctx context.Context) error {
 			_, err := s.AcquireFair(ctx, k, "t1", d, time.Second)
 			return err
 		})
-		refusedAtOnce(t, "AcquireFair with lease "+d.String(), func(ctx context.Context) error {
+		refusedAtOnce(t, "AcquireFair with lease "+d.String(), outOfRange, func(ctx context.Context) error {
 			_, err := s.AcquireFair(ctx, k, "t1", time.Second, d)
 			return err
 		})
@@ -165,21 +172,21 @@ func TestLongKeys(t *testing.T) {
 	for _, n := range []int{maxKey + 1, 600 << 10} {
 		long := base + strings.Repeat("x", n-len(base))
 		what := "a key of " + byteCount(n)
-		refusedAtOnce(t, what+": Acquire", func(ctx context.Context) error {
+		refusedAtOnce(t, what+": Acquire", tooLong, func(ctx context.Context) error {
 			_, err := s.Acquire(ctx, []string{long}, "t1", time.Minute)
 			return err
 		})
-		refusedAtOnce(t, what+": Refresh", func(ctx context.Context) error {
+		refusedAtOnce(t, what+": Refresh", tooLong, func(ctx context.Context) error {
 			return s.Refresh(ctx, []string{long}, "t1", time.Minute)
 		})
-		refusedAtOnce(t, what+": Release", func(ctx context.Context) error {
+		refusedAtOnce(t, what+": Release", tooLong, func(ctx context.Context) error {
 			return s.Release(ctx, []string{long}, "t1", 0)
 		})
-		refusedAtOnce(t, what+": AcquireFair", func(ctx context.Context) error {
+		refusedAtOnce(t, what+": AcquireFair", tooLong, func(ctx context.Context) error {
 			_, err := s.AcquireFair(ctx, long, "t1", time.Minute, time.Second)
 			return err
 		})
-		refusedAtOnce(t, what+": LeaveFair", func(ctx context.Context) error {
+		refusedAtOnce(t, what+": LeaveFair", tooLong, func(ctx context.Context) error {
 			return s.LeaveFair(ctx, long, "t1")
 		})
 		if ch, stop := s.NotifyRelease(long, "t1"); ch != nil {
@@ -192,11 +199,11 @@ func TestLongKeys(t *testing.T) {
 	for i := range many {
 		many[i] = base + string(rune('A'+i/26)) + string(rune('a'+i%26)) + strings.Repeat("/", maxKey-len(base)-2)
 	}
-	refusedAtOnce(t, "64 keys of MaxKeyBytes: Acquire", func(ctx context.Context) error {
+	refusedAtOnce(t, "64 keys of MaxKeyBytes: Acquire", tooLarge, func(ctx context.Context) error {
 		_, err := s.Acquire(ctx, many, "t1", time.Minute)
 		return err
 	})
-	refusedAtOnce(t, "a key with a 1 MiB token: Acquire", func(ctx context.Context) error {
+	refusedAtOnce(t, "a key with a 1 MiB token: Acquire", tooLarge, func(ctx context.Context) error {
 		_, err := s.Acquire(ctx, []string{base}, strings.Repeat("t", 1<<20), time.Minute)
 		return err
 	})
