@@ -6,6 +6,7 @@ package storeargs
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -75,10 +76,49 @@ func (c Checker) CheckKeys(keys []string) error {
 	for i := 1; i < len(keys); i++ {
 		switch strings.Compare(keys[i-1], keys[i]) {
 		case 0:
-			return fmt.Errorf("%w: %s: key %q appears twice", stores.ErrInvalid, c, keys[i])
+			return fmt.Errorf("%w: %s: key %s appears twice", stores.ErrInvalid, c, stores.KeyForMessage(keys[i]))
 		case 1:
-			return fmt.Errorf("%w: %s: keys are not sorted: %q before %q", stores.ErrInvalid, c, keys[i-1], keys[i])
+			return fmt.Errorf("%w: %s: keys are not sorted: %s before %s", stores.ErrInvalid, c,
+				stores.KeyForMessage(keys[i-1]), stores.KeyForMessage(keys[i]))
 		}
 	}
 	return nil
+}
+
+// CheckBounds returns an error unless every key and every duration is
+// within b: the check a stores.Bounded store makes before it acts, for
+// callers that skip the Locker's.
+func (c Checker) CheckBounds(b stores.Bounds, keys []string, durations ...time.Duration) error {
+	for _, k := range keys {
+		if err := b.CheckKey(k); err != nil {
+			return c.rewrap(err)
+		}
+	}
+	for _, d := range durations {
+		if err := b.CheckTTL("duration", d); err != nil {
+			return c.rewrap(err)
+		}
+	}
+	return nil
+}
+
+// rewrap puts the store's name after ErrInvalid in err's message, as in the
+// Checker's other errors.
+func (c Checker) rewrap(err error) error {
+	detail := strings.TrimPrefix(err.Error(), stores.ErrInvalid.Error()+": ")
+	return fmt.Errorf("%w: %s: %s", stores.ErrInvalid, c, detail)
+}
+
+// Millis returns a duration of ms milliseconds, as a server answers a
+// remaining TTL: zero for a negative ms, and the longest Duration for one
+// too long to fit, instead of an overflow.
+func Millis(ms int64) time.Duration {
+	const most = int64(math.MaxInt64 / time.Millisecond)
+	switch {
+	case ms <= 0:
+		return 0
+	case ms > most:
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }

@@ -3,6 +3,8 @@ package storeargs
 import (
 	"context"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,5 +56,44 @@ func TestChecks(t *testing.T) {
 	}
 	if err := c.CheckAcquireFair(ended, "", 0, 0); err != context.Canceled {
 		t.Errorf("CheckAcquireFair(ended): %v, want context.Canceled", err)
+	}
+}
+
+func TestMillis(t *testing.T) {
+	for _, c := range []struct {
+		ms   int64
+		want time.Duration
+	}{
+		{-5, 0},
+		{0, 0},
+		{1500, 1500 * time.Millisecond},
+		{math.MaxInt64 / int64(time.Millisecond), time.Duration(math.MaxInt64/int64(time.Millisecond)) * time.Millisecond},
+		{math.MaxInt64/int64(time.Millisecond) + 1, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		if got := Millis(c.ms); got != c.want {
+			t.Errorf("Millis(%d) = %v, want %v", c.ms, got, c.want)
+		}
+	}
+}
+
+func TestCheckBounds(t *testing.T) {
+	const c Checker = "teststore"
+	b := stores.Bounds{MaxKeyBytes: 8, MinTTL: time.Millisecond, MaxTTL: time.Hour, Reason: "the test"}
+	if err := c.CheckBounds(b, []string{"12345678"}, time.Millisecond, time.Hour); err != nil {
+		t.Errorf("in bounds: %v", err)
+	}
+	for _, args := range []struct {
+		keys []string
+		d    time.Duration
+	}{
+		{[]string{"123456789"}, time.Second},
+		{[]string{"k"}, time.Nanosecond},
+		{[]string{"k"}, math.MaxInt64},
+	} {
+		err := c.CheckBounds(b, args.keys, args.d)
+		if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), "invalid argument: teststore: ") || !strings.Contains(err.Error(), "the test") {
+			t.Errorf("CheckBounds(%q, %v) = %v, want ErrInvalid from teststore naming the reason", args.keys, args.d, err)
+		}
 	}
 }

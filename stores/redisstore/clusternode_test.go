@@ -17,7 +17,7 @@ import (
 
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
-	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // clusterNode starts a redis-server in cluster mode that owns all 16384
@@ -130,10 +130,11 @@ func TestOnOneNodeCluster(t *testing.T) {
 	addr := clusterNode(t)
 	client := clusterClient(t, addr)
 	t.Run("Conformance", func(t *testing.T) {
-		storetest.Run(t, storetest.Suite{
-			New:    func(t *testing.T) stores.Store { return newStore(t, client) },
-			Notify: true,
-			Fair:   true,
+		runConformance(t, client, func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy) {
+			dial, proxies := proxiedDialer(t, []string{addr})
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, Dialer: dial, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			return c, proxies
 		})
 	})
 

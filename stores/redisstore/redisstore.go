@@ -506,7 +506,7 @@ func holderTTL(pttl int64) time.Duration {
 	if pttl == 0 {
 		return time.Millisecond
 	}
-	return time.Duration(max(pttl, 0)) * time.Millisecond
+	return storeargs.Millis(pttl)
 }
 
 // milliseconds rounds d up to whole milliseconds: Redis must not expire a

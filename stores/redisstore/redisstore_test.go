@@ -17,6 +17,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testredis.Main(m)) }
@@ -33,16 +34,29 @@ func newStore(t *testing.T, client redis.Scripter, opts ...Option) *Store {
 }
 
 // TestConformance runs the conformance suite on a single Redis, declaring
-// release notification and fair mode.
-func TestConformance(t *testing.T) { runConformance(t, testredis.Client(t)) }
+// release notification and fair mode, with its fault scenarios through a
+// proxy in front of the Redis.
+func TestConformance(t *testing.T) {
+	runConformance(t, testredis.Client(t), func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy) {
+		p := faultproxy.New(t, testredis.Addr(t))
+		c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c, []*faultproxy.Proxy{p}
+	})
+}
 
 // runConformance runs the conformance suite on stores of client, with every
-// capability a redisstore.Store declares.
-func runConformance(t *testing.T, client redis.Scripter) {
+// capability a redisstore.Store declares; proxied returns a client of the
+// same servers through fault proxies, one per server.
+func runConformance(t *testing.T, client redis.Scripter, proxied func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy)) {
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return newStore(t, client) },
 		Notify: true,
 		Fair:   true,
+		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
+			c, proxies := proxied(t)
+			return newStore(t, c), proxies
+		},
 	})
 }
 

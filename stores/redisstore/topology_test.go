@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // The Sentinel and Cluster tests run on private server sets (testservers.
@@ -53,6 +55,26 @@ func newFailoverClient(tb testing.TB, set *testservers.Sentinel) *redis.Client {
 	return c
 }
 
+// proxiedDialer returns a go-redis Dialer that reaches each of addrs
+// through a fault proxy of its own, and any other address directly, and
+// the proxies.
+func proxiedDialer(t *testing.T, addrs []string) (func(ctx context.Context, network, addr string) (net.Conn, error), []*faultproxy.Proxy) {
+	t.Helper()
+	via := make(map[string]string, len(addrs))
+	proxies := make([]*faultproxy.Proxy, len(addrs))
+	for i, a := range addrs {
+		proxies[i] = faultproxy.New(t, a)
+		via[a] = proxies[i].Addr()
+	}
+	var d net.Dialer
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if p, ok := via[addr]; ok {
+			addr = p
+		}
+		return d.DialContext(ctx, network, addr)
+	}, proxies
+}
+
 // TestTopologyCluster runs the conformance suite through a
 // *redis.ClusterClient on a Redis Cluster of 3 masters and 3 replicas, then
 // kills the master of a locked key's slot under load (see
@@ -60,7 +82,14 @@ func newFailoverClient(tb testing.TB, set *testservers.Sentinel) *redis.Client {
 func TestTopologyCluster(t *testing.T) {
 	t.Parallel()
 	nodes := testservers.RedisCluster(t)
-	t.Run("Conformance", func(t *testing.T) { runConformance(t, newClusterClient(t, nodes)) })
+	t.Run("Conformance", func(t *testing.T) {
+		runConformance(t, newClusterClient(t, nodes), func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy) {
+			dial, proxies := proxiedDialer(t, testservers.Addrs(nodes))
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testservers.Addrs(nodes), Dialer: dial, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			return c, proxies
+		})
+	})
 	t.Run("FailoverUnderLoad", func(t *testing.T) {
 		key := "topology:{" + rand.Text() + "}:sku"
 		master, replica := slotServers(t, newClusterClient(t, nodes), nodes, lockerKeyPrefix+key)
@@ -79,7 +108,18 @@ func TestTopologyCluster(t *testing.T) {
 func TestTopologySentinel(t *testing.T) {
 	t.Parallel()
 	set := testservers.SentinelSet(t)
-	t.Run("Conformance", func(t *testing.T) { runConformance(t, newFailoverClient(t, set)) })
+	t.Run("Conformance", func(t *testing.T) {
+		runConformance(t, newFailoverClient(t, set), func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy) {
+			// The data nodes go through proxies; the Sentinels, which
+			// hold no lock, are reached directly.
+			dial, proxies := proxiedDialer(t, testservers.Addrs(set.Redis))
+			c := redis.NewFailoverClient(&redis.FailoverOptions{
+				MasterName: set.Master, SentinelAddrs: set.Addrs(), Dialer: dial, ContextTimeoutEnabled: true,
+			})
+			t.Cleanup(func() { _ = c.Close() })
+			return c, proxies
+		})
+	})
 	t.Run("FailoverUnderLoad", func(t *testing.T) {
 		if got, err := set.MasterAddr(); err != nil || got != set.Redis[0].Addr() {
 			t.Fatalf("MasterAddr = %q, %v; want Redis[0] %s", got, err, set.Redis[0].Addr())

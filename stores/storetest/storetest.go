@@ -9,7 +9,9 @@
 //
 // The subtests come in groups, named by their first element: Core (one key),
 // Multi (several keys in one call), Keep (releases that keep the keys held),
-// Notify (stores.Notifier) and Fair (stores.FairStore). A group of an
+// Notify (stores.Notifier), Fair (stores.FairStore), Limits (keys and TTLs
+// at the edges of the store's stores.Bounds) and Faults (the promises that
+// must hold while the network or the server fails). A group of an
 // optional interface runs when the Suite declares it; its subtests are
 // skipped otherwise. Run fails at once when a declared interface is not
 // implemented, and when an implemented one is not declared: a store states
@@ -31,6 +33,34 @@
 // expire during a subtest, 1s for one that outlives a few calls, 500ms for a
 // kept release, 300ms for a fair waiter's short lease) grow with a longer
 // ExpiryTTL, so that none is below it.
+//
+// # Faults
+//
+// A store with a network between it and its server gives the suite
+// Suite.Proxied: a store whose connections go through faultproxy proxies.
+// The Faults group then pauses, slows, blackholes and cuts its servers,
+// and checks, with stores that reach the servers directly:
+//
+//   - an abandoned acquire (its reply lost, its reply late, the server
+//     paused past the call's wait) returns soon after its context ends and
+//     leaves no grant once the fault heals: the key is free within 3s and
+//     stays free, although the acquire asked for a TTL of 10s or more;
+//   - a holder cut off from its server keeps the key for its TTL at least,
+//     counted from before its Acquire, so that nobody else is granted it
+//     while the holder may believe it holds it, and the key then comes free
+//     without the holder;
+//   - a stale holder (paused past its TTL, or past the store's MaxTTL, such
+//     as a session that expired meanwhile) can neither Refresh nor Release
+//     the next holder's grant: both answer ErrNotHeld, never nil;
+//   - a Refresh racing the grant's Release, or abandoned just before it,
+//     never sets the key again once the Release has returned.
+//
+// A store with no network (InProcess) runs the race subtests alone. The
+// Limits group runs on every store: long random keys (1 KB and 600 KB, alone
+// and with a short key) and TTLs, keeps and fair leases of 1ns and
+// math.MaxInt64 are honoured within the store's stores.Bounds and refused
+// with ErrInvalid beyond them, with nothing changed and the store still
+// serving other keys. The suite's own TTLs stay within the store's MaxTTL.
 //
 // # Notification
 //
@@ -59,6 +89,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // Suite describes the store under test.
@@ -81,6 +112,19 @@ type Suite struct {
 	// contract allows when the store does not know how long the holder
 	// keeps the key. A non-zero Wait must still be within bounds.
 	WaitUnknown bool
+
+	// Proxied returns a store on the backend of New's stores whose every
+	// connection to its servers goes through the proxies it returns, one
+	// per server, each made with faultproxy.New in front of its server.
+	// The Faults group injects faults on them and checks the store's
+	// promises with stores from New, which reach the servers directly.
+	// Required unless InProcess.
+	Proxied func(t *testing.T) (stores.Store, []*faultproxy.Proxy)
+
+	// InProcess declares that no network lies between the store and what
+	// holds its locks (memory, a local file system): the Faults group runs
+	// its subtests that need no proxy, and Proxied must be nil.
+	InProcess bool
 }
 
 // defaultExpiryTTL is the ExpiryTTL of a Suite that leaves it zero.
@@ -123,6 +167,7 @@ type capability uint8
 const (
 	needNotify capability = 1 << iota // stores.Notifier
 	needFair                          // stores.FairStore
+	needProxy                         // Suite.Proxied: a network to fail
 )
 
 // String names the interfaces of c.
@@ -133,6 +178,9 @@ func (c capability) String() string {
 	}
 	if c&needFair != 0 {
 		names = append(names, "Fair (stores.FairStore)")
+	}
+	if c&needProxy != 0 {
+		names = append(names, "Proxied (a network between the store and its server; the store is InProcess)")
 	}
 	return strings.Join(names, " and ")
 }
@@ -160,6 +208,9 @@ type env struct {
 	shortLease time.Duration // shortLease or longer
 
 	waitUnknown bool // Suite.WaitUnknown
+
+	bounds     stores.Bounds                                          // the store's, when it is stores.Bounded
+	newProxied func(t *testing.T) (stores.Store, []*faultproxy.Proxy) // Suite.Proxied
 }
 
 // waitIn reports whether a refusal's Wait is in (lo, hi], or zero on a store
@@ -178,13 +229,15 @@ func Run(t *testing.T, s Suite) {
 	if s.New == nil {
 		t.Fatal("storetest: Suite.New is nil")
 	}
+	declared, bounds := checkCapabilities(t, s)
 	switch {
 	case s.ExpiryTTL < 0:
 		t.Fatalf("storetest: Suite.ExpiryTTL %v is negative", s.ExpiryTTL)
 	case s.ExpiryTTL == 0:
-		s.ExpiryTTL = defaultExpiryTTL
+		s.ExpiryTTL = max(defaultExpiryTTL, bounds.MinTTL)
+	case s.ExpiryTTL < bounds.MinTTL:
+		t.Fatalf("storetest: Suite.ExpiryTTL %v is below the store's MinTTL %v", s.ExpiryTTL, bounds.MinTTL)
 	}
-	declared := checkCapabilities(t, s)
 
 	tag := randomHex(6) // the hash tag of every key of this run
 	groups := []struct {
@@ -196,6 +249,8 @@ func Run(t *testing.T, s Suite) {
 		{"Keep", keepTests},
 		{"Notify", notifyTests},
 		{"Fair", fairTests},
+		{"Limits", limitTests},
+		{"Faults", faultTests},
 	}
 	for _, g := range groups {
 		for _, c := range g.tests {
@@ -210,12 +265,30 @@ func Run(t *testing.T, s Suite) {
 }
 
 // checkCapabilities fails t unless the store from s.New implements exactly
-// the optional interfaces s declares, and returns them.
-func checkCapabilities(t *testing.T, s Suite) capability {
+// the optional interfaces s declares, and either is InProcess or has
+// Proxied, and states sensible Bounds. It returns the capabilities and the
+// Bounds.
+func checkCapabilities(t *testing.T, s Suite) (capability, stores.Bounds) {
 	t.Helper()
 	store := s.New(t)
 	if store == nil {
 		t.Fatal("storetest: Suite.New returned nil")
+	}
+	var bounds stores.Bounds
+	if b, ok := store.(stores.Bounded); ok {
+		bounds = b.Bounds()
+	}
+	switch {
+	case bounds.MinTTL < 0 || bounds.MaxTTL < 0 || bounds.MaxKeyBytes < 0:
+		t.Fatalf("storetest: %T states negative Bounds %+v", store, bounds)
+	case bounds.MaxTTL > 0 && bounds.MaxTTL < bounds.MinTTL:
+		t.Fatalf("storetest: %T states a MaxTTL %v below its MinTTL %v", store, bounds.MaxTTL, bounds.MinTTL)
+	case bounds.MaxTTL > 0 && bounds.MaxTTL < 2*shortTTL:
+		t.Fatalf("storetest: %T states a MaxTTL %v; the suite needs at least %v (configure the store's test servers for it)", store, bounds.MaxTTL, 2*shortTTL)
+	case s.InProcess && s.Proxied != nil:
+		t.Fatal("storetest: Suite.InProcess and Suite.Proxied are both set: a store with a network to fail is not InProcess")
+	case !s.InProcess && s.Proxied == nil:
+		t.Fatal("storetest: Suite.Proxied is nil: give the suite a store whose connections go through faultproxy proxies, or declare InProcess for a store with no network")
 	}
 	_, isNotifier := store.(stores.Notifier)
 	_, isFair := store.(stores.FairStore)
@@ -237,7 +310,10 @@ func checkCapabilities(t *testing.T, s Suite) capability {
 	if s.Fair {
 		c |= needFair
 	}
-	return c
+	if s.Proxied != nil {
+		c |= needProxy
+	}
+	return c, bounds
 }
 
 // newEnv makes the env of one subtest: a store of its own from s.New, and a
@@ -252,10 +328,19 @@ func newEnv(t *testing.T, s Suite, tag string) *env {
 		keep:        max(keepTTL, 2*s.ExpiryTTL),
 		shortLease:  max(shortLease, 2*s.ExpiryTTL),
 		waitUnknown: s.WaitUnknown,
+		newProxied:  s.Proxied,
 	}
-	e.long = max(longTTL, 10*e.short)
 	if e.s == nil {
 		t.Fatal("storetest: Suite.New returned nil")
+	}
+	if b, ok := e.s.(stores.Bounded); ok {
+		e.bounds = b.Bounds()
+	}
+	e.long = max(longTTL, 10*e.short)
+	if m := e.bounds.MaxTTL; m > 0 && e.long > m {
+		// A store that keeps keys for a bounded time (a session) gets its
+		// longest; checkCapabilities made sure it is at least 2 x short.
+		e.long = m
 	}
 	var ok bool
 	if s.Notify {
