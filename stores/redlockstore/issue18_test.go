@@ -406,3 +406,36 @@ func TestQuarantineNotShortByUptimeRounding(t *testing.T) {
 		t.Fatalf("node 0 took part in a grant %v after its restart, before the max TTL %v", up, maxTTL)
 	}
 }
+
+// TestBounds: the Store states its range and refuses arguments out of it
+// itself, with ErrInvalid, before it acts.
+func TestBounds(t *testing.T) {
+	nodes := clients(t, testservers.RedisNodeAddrs(t))
+	admit(t, nodes)
+	s := newStore(t, nodes, redlockstore.WithMaxTTL(30*time.Second))
+	b := s.Bounds()
+	if b.MaxKeyBytes != redlockstore.MaxKeyBytes || b.MinTTL != redlockstore.MinTTL || b.MaxTTL != 30*time.Second || b.Reason == "" {
+		t.Fatalf("Bounds() = %+v", b)
+	}
+	ctx := context.Background()
+	key := uniqueKey("bounds")
+	long := strings.Repeat("k", redlockstore.MaxKeyBytes+1)
+	for name, err := range map[string]error{
+		"Acquire ttl below MinTTL":  func() error { _, err := s.Acquire(ctx, []string{key}, "t", time.Millisecond); return err }(),
+		"Acquire ttl above MaxTTL":  func() error { _, err := s.Acquire(ctx, []string{key}, "t", time.Minute); return err }(),
+		"Acquire key too long":      func() error { _, err := s.Acquire(ctx, []string{long}, "t", time.Second); return err }(),
+		"Refresh ttl below MinTTL":  s.Refresh(ctx, []string{key}, "t", time.Millisecond),
+		"Release keep below MinTTL": s.Release(ctx, []string{key}, "t", time.Millisecond),
+		"Release keep above MaxTTL": s.Release(ctx, []string{key}, "t", time.Hour),
+		"Release key too long":      s.Release(ctx, []string{long}, "t", 0),
+	} {
+		if !errors.Is(err, stores.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		} else if len(err.Error()) > 1000 {
+			t.Errorf("%s: a %d-byte error message quotes the key", name, len(err.Error()))
+		}
+	}
+	if h := holders(t, nodes, key); strings.Join(h, "") != "" {
+		t.Fatalf("a refused call wrote: holders %q", h)
+	}
+}
