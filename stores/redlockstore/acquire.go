@@ -64,7 +64,8 @@ const (
 // nodes that granted are released first.
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
-// duplicate or unsorted key, or a ttl not positive or above the max TTL;
+// duplicate, unsorted or too long key, or a ttl out of Bounds, and (also
+// wrapping ErrDuplicateNode) when two nodes turned out to be one server;
 // ctx.Err() without acting when ctx has ended; an error wrapping ErrNoQuorum
 // (and stores.ErrUnreachable when no node may have changed) that names every
 // failed node when failures make a quorum impossible or the quorum came too

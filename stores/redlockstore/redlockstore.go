@@ -15,7 +15,10 @@
 // TTL - elapsed - drift on the nodes' clocks.
 //
 // A first attempt asks every node at once: one round trip for a free key.
-// Each key has a gate node (a hash of the key), the same for every client.
+// Each key has a gate node, the same for every client: the node that ranks
+// first for the key by rendezvous hashing of the key with each node's
+// address (host canonicalised), so the order in which a process lists the
+// nodes plays no part; processes must name each node by the same address.
 // Contenders that race split the nodes so that none may reach a quorum; the
 // one that won the gate then asks the nodes that refused it again, after
 // 1ms, 2ms, 4ms... (6 times at most), while the others, which lost the
@@ -24,7 +27,10 @@
 // that another Acquire of this process is acquiring, asks the gate alone
 // first, and the other nodes only when the gate granted: a contender that
 // loses costs one call, not one per node. A gate whose last call failed is
-// not asked alone.
+// not asked alone, and a gate that alone refuses a waiter with the same
+// holder as the waiter's last refusal is not trusted: the holder may have
+// released everywhere but there (a lost release), so the other nodes are
+// asked too, and a quorum of them grants at once.
 //
 // Acquire decides as soon as the replies settle it (a quorum of grants, or
 // so many refusals or failures that no quorum is possible), then gives the
@@ -40,9 +46,29 @@
 //
 // Release and Refresh go to every node at once and wait for every answer,
 // each bounded by the node timeout. Refresh needs a quorum that still holds
-// the token, within the TTL; a node that lost the keys (restarted empty)
-// takes them again where they are free, when some node still held the
-// lock. Release ends the lock on every node it reaches.
+// the token, within the TTL; only on top of such a quorum do nodes that
+// lost the keys (restarted empty) take them again where they are free, so
+// a minority that still holds the token never revives a lock that expired
+// on the others. Release ends the lock on every node it reaches.
+//
+// # Late calls
+//
+// A node call whose reply did not come (a timeout, a lost reply) may still
+// reach its node later. Every write carries an attempt number (one per
+// Acquire or Refresh call of the Store), and the release that undoes a call
+// whose outcome is unknown leaves on that node a tombstone, KEY:dead:TOKEN,
+// holding the attempt it closed; the acquire and refresh scripts write
+// nothing for a closed attempt. So an abandoned or failed acquire's late
+// grants never outlive its undo, whichever reaches the node first. A
+// Release ends its token in the Store (a Refresh running meanwhile starts
+// no more calls) and closes every attempt of the token on the nodes where a
+// Refresh call is in flight or was lost (with keep positive, on every node,
+// for the keep), so no renewal or re-take lands after it, also when the
+// Refresh's context ended. A tombstone lives for the max TTL plus the drift
+// allowance and the cleanup timeout: a call that reaches its node later
+// than that after its undo is not stopped. An uncontended lock writes no
+// tombstone; a refused or failed attempt writes them only on the nodes
+// whose outcome it does not know.
 //
 // # Errors
 //
@@ -102,9 +128,12 @@
 // (data lost, or a new node) sets it to the moment the node will have been
 // up for the max TTL (WithMaxTTL, default 1 minute), reading the node's
 // uptime from INFO, and the node refuses to take part in grants and renewals
-// until then: a quarantined node is a failed node, named in errors. TTLs
-// above the max TTL are refused, so every lock the node held has expired by
-// then. Every client of the nodes must use the same max TTL.
+// until then: a quarantined node is a failed node, named in errors. Redis
+// counts uptime_in_seconds between two clocks truncated to whole seconds,
+// up to 1s more than the real uptime, so the node is credited 1s less: it
+// never rejoins early, and may stay out up to 1s longer than the max TTL.
+// TTLs above the max TTL are refused, so every lock the node held has
+// expired by then. Every client of the nodes must use the same max TTL.
 //
 // What the operator must do: nothing for a node that comes back empty (with
 // no data files). A node restarted from an RDB snapshot or an AOF without
@@ -118,11 +147,36 @@
 //
 // # Release notification
 //
-// Release publishes on the first node (the notify node) in the same script
-// that deletes the key; NotifyRelease subscribes there through a
-// redisstore.Store (one pub/sub connection for all keys). One node keeps
-// signals in release order, as stores.Notifier's users expect. While that
-// node is down, waiters fall back to polling.
+// Every node publishes the release of a key in the same script that
+// deletes it; NotifyRelease subscribes on the key's notify node, the node
+// that ranks second for the key (the first is its gate, which a waiter's
+// retry asks first), through a redisstore.Store per node (one pub/sub
+// connection per node for all its keys). One node keeps a key's signals in
+// release order, as stores.Notifier's users expect, and every process
+// listens to the same node for a key, whatever its order of the nodes.
+// While that node is down, waiters fall back to polling.
+//
+// # Duplicate nodes
+//
+// One server given twice would count as two votes. New refuses two nodes
+// with the same address (the host in lower case, localhost, 127.0.0.1 and
+// ::1 as one host, the database number ignored), and the first Acquire of a
+// Store asks every node for its run_id (one round trip, once) and refuses,
+// with ErrInvalid and ErrDuplicateNode, nodes that are one server under two
+// addresses (a host name and its IP address, a proxy); a node that did not
+// answer then is asked again in the background once it answers calls.
+//
+// # Limits and costs
+//
+// Keys up to MaxKeyBytes (1 MiB; 16 MiB for the keys of one call
+// together); TTLs and keeps from MinTTL (10ms: a grant needs a round trip
+// to a quorum within a third of the TTL) to the max TTL; see Bounds.
+// Arguments out of range are refused with stores.ErrInvalid before any
+// node call. An uncontended lock costs one round trip to every node at
+// once for Acquire and one for Release (and one for each Refresh); the
+// scripts read a tombstone key per lock key, and every node publishes its
+// releases (a PUBLISH with no subscriber is cheap). The first Acquire of a
+// Store costs one more round trip (run_ids).
 //
 // # Fair mode
 //
