@@ -354,7 +354,8 @@ func WithClientTimeoutsOnly() Option { return func(s *Store) { s.clientTimeouts 
 // odd number is best (5 tolerates 2 failed nodes). Their order does not
 // matter: each key's gate and notify node are ranked by the nodes'
 // addresses (see Algorithm), so processes must name every node by the same
-// address, in any order. New sends nothing. It returns an error wrapping
+// address, in any order (a node whose client is not a *redis.Client has no
+// address New can read, and is ranked by its position). New sends nothing. It returns an error wrapping
 // stores.ErrInvalid when there are fewer than 3 nodes, a node is nil or
 // ignores context deadlines (see WithClientTimeoutsOnly), two nodes have
 // the same address (also wrapping ErrDuplicateNode; localhost, 127.0.0.1
