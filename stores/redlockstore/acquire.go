@@ -79,7 +79,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkArgs(keys, "ttl", ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	if err := s.identify(ctx, s.callTimeout(ttl)); err != nil {
+	if err := s.identify(ctx, s.nodeTimeout); err != nil {
 		return stores.Grant{}, err
 	}
 	// Every write carries its attempt, which the undo of the attempt

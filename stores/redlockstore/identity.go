@@ -21,7 +21,8 @@ var runIDScript = redis.NewScript(`return string.match(redis.call('INFO', 'serve
 // Acquire of a Store waits for every node's answer, each bounded by
 // timeout; a node that did not answer is asked again in the background at
 // later Acquires until it does. A Store whose nodes are all known pays
-// nothing.
+// nothing. timeout is the node timeout, not a third of the TTL: the first
+// call to a node may have to dial and greet it too.
 func (s *Store) identify(ctx context.Context, timeout time.Duration) error {
 	if err := s.duplicate.Load(); err != nil {
 		return *err
@@ -43,7 +44,7 @@ func (s *Store) identify(ctx context.Context, timeout time.Duration) error {
 
 // probe asks the nodes not yet identified (and not being asked) for their
 // run_id, and records the answers; with wait, it returns once every node
-// answered or timeout passed, otherwise at once.
+// answered or timeout passed, or ctx ended, otherwise at once.
 func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 	var indexes []int
 	for i, n := range s.nodes {
@@ -64,7 +65,8 @@ func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 			n := s.nodes[i]
 			defer n.probing.Store(false)
 			cctx, cancel := context.WithTimeout(base, timeout)
-			id, err := runIDScript.Run(cctx, n.client, nil).Text()
+			// EVAL: one round trip, where EVALSHA may need a second.
+			id, err := runIDScript.Eval(cctx, n.client, nil).Text()
 			cancel()
 			n.failing.Store(err != nil)
 			if err != nil || id == "" {
@@ -77,7 +79,11 @@ func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 		return
 	}
 	for range indexes {
-		<-done
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return // the caller's Acquire returns ctx's error
+		}
 	}
 }
 
