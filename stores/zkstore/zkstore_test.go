@@ -43,7 +43,7 @@ func newStore(t testing.TB, opts ...zkstore.Option) *zkstore.Store {
 // fault scenarios wait for a cut-off or paused Store's session to expire.
 // Long enough for a session to survive a loaded machine, short enough to
 // keep those scenarios to seconds.
-const conformanceSession = 4 * time.Second
+const conformanceSession = 6 * time.Second
 
 func TestConformance(t *testing.T) {
 	root := testRoot() // one root for New's and Proxied's Stores: the same backend
