@@ -376,8 +376,8 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	keep := max(time.Until(g.keepUntil), 0)
 	g.mu.Unlock()
 	if keep > 0 {
-		// Held at least as long as the store can keep a key, and no longer
-		// than it can: the hold was asked within the route's TTL.
+		// Within what the store can keep a key for (see HoldAtLeast); a
+		// route's HoldAtLeast was checked against it at start-up.
 		b := g.locker.bounds
 		keep = max(keep, b.MinTTL)
 		if b.MaxTTL > 0 {

@@ -237,7 +237,9 @@ func (l *Lock) Released() bool {
 // TTL to what remains of d instead of deleting them, and no local waiter
 // gets them sooner. It guards against a double submit: a second request for
 // the same key within d finds it held. Of several calls the longest wins; d
-// of zero or less changes nothing. Call it before Release.
+// of zero or less changes nothing. Call it before Release. The keys are kept
+// at most the store's MaxTTL after the release (see Locker.Bounds), and at
+// least its MinTTL.
 func (l *Lock) HoldAtLeast(d time.Duration) {
 	for _, h := range l.holds {
 		h.g.holdAtLeast(h.epoch, d)

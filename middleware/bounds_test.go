@@ -34,6 +34,8 @@ func TestRouteOutOfStoreBoundsFailsAtStartUp(t *testing.T) {
 	}{
 		{"ttl", []middleware.Option{middleware.WithTTL(30 * time.Second), middleware.WithName("deduct")},
 			"sku:<id>", []string{`route "deduct"`, "30s", "[1ms, 10s]", "the session timeout", "cappedStore"}},
+		{"hold at least", []middleware.Option{middleware.WithHoldAtLeast(time.Hour), middleware.WithName("submit")},
+			"order:<id>", []string{`route "submit"`, "HoldAtLeast", "1h0m0s", "[1ms, 10s]"}},
 		{"key", []middleware.Option{middleware.WithName("long"), middleware.WithMaxValueLen(200)},
 			"sku:<id>", []string{`route "long"`, "212 bytes", "limit of 100 bytes", "MaxValueLen", "cappedStore"}},
 	}

@@ -61,6 +61,11 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 	if err := locker.CheckTTL(cfg.TTL); err != nil {
 		return nil, fmt.Errorf("%w: route %q: TTL: %w", ErrInvalidConfig, cfg.Name, err)
 	}
+	if cfg.HoldAtLeast > 0 {
+		if err := locker.CheckTTL(cfg.HoldAtLeast); err != nil {
+			return nil, fmt.Errorf("%w: route %q: HoldAtLeast: %w", ErrInvalidConfig, cfg.Name, err)
+		}
+	}
 	g := &Guard{locker: locker, cfg: cfg, wait: max(cfg.Wait, 0), logger: cfg.Logger, metrics: locker.Metrics()}
 	for _, raw := range cfg.templates() {
 		tmpl, err := keyfunc.Parse(raw,

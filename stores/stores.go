@@ -63,6 +63,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // FenceStride is the least step between the fences of two successive grants
@@ -255,7 +256,11 @@ func KeyForMessage(key string) string {
 	if len(key) <= maxShown {
 		return fmt.Sprintf("%q", key)
 	}
-	return fmt.Sprintf("%q...", key[:maxShown])
+	cut := maxShown
+	for cut > maxShown-utf8.UTFMax && !utf8.RuneStart(key[cut]) {
+		cut-- // not in the middle of a character
+	}
+	return fmt.Sprintf("%q...", key[:cut])
 }
 
 // ttlRange describes b's TTL range, with its reason.

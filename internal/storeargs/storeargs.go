@@ -85,9 +85,10 @@ func (c Checker) CheckKeys(keys []string) error {
 	return nil
 }
 
-// CheckBounds returns an error unless every key and every duration is
-// within b: the check a stores.Bounded store makes before it acts, for
-// callers that skip the Locker's.
+// CheckBounds returns an error unless every key and every positive
+// duration is within b: the check a stores.Bounded store makes before it
+// acts, for callers that skip the Locker's. A zero duration is skipped: a
+// Release without keep, a try-once AcquireFair without lease.
 func (c Checker) CheckBounds(b stores.Bounds, keys []string, durations ...time.Duration) error {
 	for _, k := range keys {
 		if err := b.CheckKey(k); err != nil {
@@ -95,6 +96,9 @@ func (c Checker) CheckBounds(b stores.Bounds, keys []string, durations ...time.D
 		}
 	}
 	for _, d := range durations {
+		if d == 0 {
+			continue
+		}
 		if err := b.CheckTTL("duration", d); err != nil {
 			return c.rewrap(err)
 		}

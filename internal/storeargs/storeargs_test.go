@@ -35,6 +35,10 @@ func TestChecks(t *testing.T) {
 		{"AcquireUnsorted", c.CheckAcquire(ctx, []string{"b", "a"}, time.Second), `somestore: keys are not sorted: "b" before "a"`},
 		{"Release", c.CheckRelease(ctx, []string{"a", "b"}), ""},
 		{"ReleaseNoKeys", c.CheckRelease(ctx, []string{}), "somestore: no keys"},
+		{"LongKeysUnsorted", c.CheckAcquire(ctx, []string{strings.Repeat("b", 600_000), "a"}, time.Second),
+			`somestore: keys are not sorted: "` + strings.Repeat("b", 64) + `"... before "a"`},
+		{"LongKeyTwice", c.CheckAcquire(ctx, []string{strings.Repeat("b", 600_000), strings.Repeat("b", 600_000)}, time.Second),
+			`somestore: key "` + strings.Repeat("b", 64) + `"... appears twice`},
 	}
 	for _, tc := range cases {
 		switch {

@@ -31,19 +31,42 @@
 // Every holder and waiter key is attached to an etcd lease that expires by
 // itself; nothing is kept alive. A grant of ttl uses a lease of ttl plus an
 // eighth, rounded up to whole seconds, which the Store shares between the
-// grants that still find at least ttl left in it, so that a lease costs one
-// LeaseGrant per second or so and not one per lock. Refresh moves the keys
-// to a lease of the new TTL. A key therefore outlives its TTL by at most an
-// eighth of it plus a second plus etcd's expiry sweep (500ms), whether its
-// holder lives or died, and never lives shorter. etcd raises a lease below
-// its minimum (1.5 x the election timeout, rounded up: 2s by default) to that
-// minimum, which is thus the shortest TTL the store honours: a lock of 50ms
-// is held 2s if its holder dies without releasing it. Fair-waiter leases
-// round the same way.
+// calls that start early enough for the lease to outlive their start plus
+// ttl (a lease's clock starts when its grant is sent, at the earliest), so
+// that a lease costs one LeaseGrant per second or so and not one per lock;
+// a lease requested for a call always serves it, however slow the round
+// trip. Refresh moves the keys to a lease of the new TTL, and a Release
+// with keep to one of keep. So a key is held at least its TTL from the
+// start of the call that set it, as the Locker counts its validity, and
+// outlives it by at most an eighth of it plus a second plus etcd's expiry
+// sweep (500ms), whether its holder lives or died; a leader change renews
+// every lease, so that a key may then outlive its TTL by up to once more
+// its lease. etcd raises a lease below its minimum (1.5 x the election
+// timeout, rounded up: 2s by default) to that minimum: a lock of 50ms is
+// honoured, and held up to 2.5s if its holder dies without releasing it.
+// Fair-waiter leases round the same way.
 //
 // Close revokes every lease the Store granted that may still be alive: its
 // keys go at once rather than at their TTL (etcd issue 17470 is a lease kept
 // alive after its client exits; here none is kept alive at all).
+//
+// # Limits
+//
+// Bounds states them (see stores.Bounded), and every call refuses
+// arguments beyond them with stores.ErrInvalid before any request:
+//
+//   - TTLs, keeps and fair leases up to MaxTTL, etcd's longest lease
+//     (about 285 years); none is too short (see above).
+//   - Keys up to MaxKeyBytes, which follows from etcd's request size limit
+//     (--max-request-bytes, 1.5 MiB by default; WithMaxRequestBytes for
+//     another): a fair attempt names its key's directory 11 times in one
+//     transaction, and '%' and '/' take three bytes escaped, so a key may
+//     take a 33rd of a request: 45 KiB by default. Keys that together (or
+//     with a token longer than 1 KiB) would make a request above the limit,
+//     and more than MaxKeys keys, are refused too; and a request etcd or
+//     its client refuses for its size is stores.ErrInvalid as well.
+//   - Tokens: not empty, no NUL byte; a token whose acquire was abandoned
+//     serves no other.
 //
 // # Fences
 //
@@ -61,27 +84,46 @@
 // Acquire, Release and Refresh are one transaction each, for any number of
 // keys (up to MaxKeys), plus a LeaseGrant when no shared lease fits (about
 // once a second per TTL in use), and a second transaction for a retried
-// Acquire that finds its own grant. Every request is a
-// write through etcd's log, a refused acquire too. A fair
-// attempt is one transaction, and a second one when its caller heads the
-// queue behind other waiters.
+// Acquire that finds its own grant. Every request is a write through
+// etcd's log, a refused acquire too. A fair attempt is one transaction, and
+// a second one when its caller heads the queue behind other waiters. An
+// acquire's check that its token was not abandoned (below) is one more
+// comparison in its transaction, not a round trip; an abandoned acquire
+// costs one more transaction, its undo.
 //
-// # Calls and contexts
+// # Calls, contexts and faults
 //
-// Every call returns as soon as its context ends. An acquire (plain or fair)
-// runs on a context that the caller's cancellation does not end, bounded by
-// the request timeout; when the caller left first, the Store releases what
-// it may have granted, owner-checked, once the transaction answered, and the
-// caller gets an error wrapping stores.ErrAbandoned and the context's error.
+// Every call returns as soon as its context ends. An acquire (plain or
+// fair) runs on a context that the caller's cancellation does not end,
+// bounded by the request timeout, and the caller who left gets an error
+// wrapping stores.ErrAbandoned and the context's error. Once the acquire
+// has an answer or has timed out, the Store undoes it in one transaction:
+// it deletes what the acquire may have set (owner-checked) and puts an
+// abandon mark of the token on each lease the acquire's last transaction
+// used. Every acquire transaction compares that its token has no mark, so
+// that transaction, if etcd applies it only after the undo (a request held
+// in a paused member's socket, say), changes nothing: while its lease lives
+// the mark does, and once the lease is gone a put on it fails. An undo
+// without an answer is tried again until it gets one or until the lease
+// can have expired; Close ends it and revokes every lease instead.
+//
 // A call that failed because no member could be dialled never reached etcd
 // and wraps stores.ErrUnreachable; any other failure leaves its outcome
-// unknown.
+// unknown. The client spreads requests over the members and moves on when
+// one fails: a killed or paused member, the leader included, costs the
+// calls in flight on it and an election, and no lock is lost or granted
+// twice. A holder cut off from etcd keeps its keys until their lease ends,
+// at least its TTL from its call's start, and its Refresh and Release then
+// answer stores.ErrNotHeld, never acting on another's grant: every write
+// compares the holder's token in its own transaction, so a Refresh racing
+// a Release never sets a key again after it.
 package etcdstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,6 +149,11 @@ const (
 	// DefaultRequestTimeout bounds every etcd request of the Store unless
 	// WithRequestTimeout says otherwise.
 	DefaultRequestTimeout = 5 * time.Second
+
+	// DefaultMaxRequestBytes is etcd's default --max-request-bytes (1.5
+	// MiB), the largest request the Store makes unless
+	// WithMaxRequestBytes says otherwise.
+	DefaultMaxRequestBytes = 1536 << 10
 )
 
 // acquireAttempts bounds the transactions of one Acquire: the first, and
@@ -137,8 +184,12 @@ type Store struct {
 	kv          clientv3.KV
 	prefix      string
 	timeout     time.Duration
+	maxRequest  int // etcd's --max-request-bytes
+	bounds      stores.Bounds
 	leases      *leasePool
 	notify      *notifier
+	bg          context.Context // of the undos of abandoned acquires; Close ends it
+	stopBG      context.CancelFunc
 	closeOnce   sync.Once
 	closeErr    error
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
@@ -175,6 +226,20 @@ func WithRequestTimeout(d time.Duration) Option {
 	}
 }
 
+// WithMaxRequestBytes declares the cluster's --max-request-bytes, when it
+// is not etcd's default (DefaultMaxRequestBytes): the Store's Bounds, the
+// longest key it takes, follow from it. Above 2 MiB, the client's
+// MaxCallSendMsgSize must be raised too. It must be at least 64 KiB.
+func WithMaxRequestBytes(n int) Option {
+	return func(s *Store) error {
+		if n < 64<<10 {
+			return fmt.Errorf("%w: etcdstore: WithMaxRequestBytes: %d is below 64 KiB", stores.ErrInvalid, n)
+		}
+		s.maxRequest = n
+		return nil
+	}
+}
+
 // New returns a Store on client. The caller keeps owning client, and closes
 // it after the Store. It returns an error wrapping stores.ErrInvalid for a
 // nil client or an invalid option.
@@ -184,16 +249,26 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	}
 	conn := client.ActiveConnection()
 	s := &Store{
-		client:  client,
-		kv:      clientv3.NewKVFromKVClient(failFastKV{pb.NewKVClient(conn)}, client),
-		prefix:  DefaultPrefix,
-		timeout: DefaultRequestTimeout,
+		client:     client,
+		kv:         clientv3.NewKVFromKVClient(failFastKV{pb.NewKVClient(conn)}, client),
+		prefix:     DefaultPrefix,
+		timeout:    DefaultRequestTimeout,
+		maxRequest: DefaultMaxRequestBytes,
 	}
 	for _, opt := range opts {
 		if err := opt(s); err != nil {
 			return nil, err
 		}
 	}
+	s.bounds = stores.Bounds{
+		MaxKeyBytes: maxKeyBytes(len(s.prefix), s.maxRequest),
+		MaxTTL:      MaxTTL,
+		Reason:      fmt.Sprintf("etcd's longest lease (9e9s) and its request size limit (--max-request-bytes=%d)", s.maxRequest),
+	}
+	if s.bounds.MaxKeyBytes < 1 {
+		return nil, fmt.Errorf("%w: etcdstore: a prefix of %d bytes leaves no room for a key in a request of %d bytes", stores.ErrInvalid, len(s.prefix), s.maxRequest)
+	}
+	s.bg, s.stopBG = context.WithCancel(context.Background())
 	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout)
 	s.notify = newNotifier(s)
 	return s, nil
@@ -207,8 +282,10 @@ func (s *Store) isClosed() bool {
 }
 
 // Close stops the Store's watches, waits for the acquires it finishes for
-// callers that left (bounded by the request timeout), revokes the leases it granted that may
-// still be alive (so its locks and queue places go at once), and closes the
+// callers that left (bounded by the request timeout), stops the undos of
+// those still trying, revokes the leases it granted that may still be alive
+// (so its locks and queue places go at once, and no transaction still in
+// flight can set a key on them), and closes the
 // client when Open made it. Calls after Close return ErrClosed, and
 // NotifyRelease a nil channel. It returns the first error; calling it again
 // returns the same.
@@ -218,6 +295,7 @@ func (s *Store) Close() error {
 		s.closed = true
 		s.lifeMu.Unlock()
 		s.notify.close()
+		s.stopBG() // undos still trying: the revocation below does their work
 		s.cleanupWait.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 		defer cancel()
@@ -251,13 +329,46 @@ func (c failFastLease) LeaseRevoke(ctx context.Context, in *pb.LeaseRevokeReques
 	return c.LeaseClient.LeaseRevoke(ctx, in, append(opts, grpc.WaitForReady(false))...)
 }
 
-// dir returns the directory of key: the prefix, the key with '%' and '/'
-// escaped (so that no key's directory contains another's), and "/".
-func (s *Store) dir(key string) string {
-	if strings.ContainsAny(key, "%/") {
-		key = strings.NewReplacer("%", "%25", "/", "%2F").Replace(key)
+// escape percent-escapes '%' and '/' in name, so that it is one path
+// element that no other name's escape starts with followed by "/".
+func escape(name string) string {
+	if strings.ContainsAny(name, "%/") {
+		return strings.NewReplacer("%", "%25", "/", "%2F").Replace(name)
 	}
-	return s.prefix + key + "/"
+	return name
+}
+
+// dir returns the directory of key: the prefix, the key escaped (so that
+// no key's directory contains another's), and "/".
+func (s *Store) dir(key string) string { return s.prefix + escape(key) + "/" }
+
+// abandonedDir is the directory of token's abandon marks: the prefix, "/"
+// (which no key's directory has there, a key being neither empty nor
+// holding an unescaped '/'), "abandoned/", the token escaped, and "/".
+func (s *Store) abandonedDir(token string) string {
+	return s.prefix + "/abandoned/" + escape(token) + "/"
+}
+
+// abandonedKey is the mark of token's abandoned acquire on lease: see
+// Store.undo.
+func (s *Store) abandonedKey(token string, lease clientv3.LeaseID) string {
+	return s.abandonedDir(token) + strconv.FormatUint(uint64(lease), 16)
+}
+
+// notAbandoned compares true while token has no abandon mark.
+func (s *Store) notAbandoned(token string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(s.abandonedDir(token)), "=", 0).WithPrefix()
+}
+
+// countAbandoned reads how many abandon marks token has.
+func (s *Store) countAbandoned(token string) clientv3.Op {
+	return clientv3.OpGet(s.abandonedDir(token), clientv3.WithPrefix(), clientv3.WithCountOnly())
+}
+
+// errTokenAbandoned is the refusal of a token whose acquire was abandoned.
+func errTokenAbandoned(token string) error {
+	return fmt.Errorf("%w: etcdstore: token %s served an acquire that returned stores.ErrAbandoned; a token serves one acquisition",
+		stores.ErrInvalid, stores.KeyForMessage(token))
 }
 
 // holderKey is key's holder key, and queueDir the parent of its waiters.
@@ -306,13 +417,14 @@ func othersAbsent(parent, mine string) []clientv3.Cmp {
 // milliseconds, at least 1.
 func millis(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
-// parseMillis reads a value of millis; zero when it is not one.
+// parseMillis reads a value of millis; zero when it is not one, and the
+// longest duration when it is longer.
 func parseMillis(v []byte) time.Duration {
 	n, err := strconv.ParseInt(string(v), 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil {
 		return 0
 	}
-	return time.Duration(n) * time.Millisecond
+	return storeargs.Millis(n)
 }
 
 // fence is the fence of a grant made at revision rev.
@@ -327,44 +439,158 @@ func checkToken(token string) error {
 	return nil
 }
 
-// checkKeys refuses more keys than MaxKeys.
-func checkCount(keys []string) error {
+// Sizes of the estimate, from above, of a request's size (see
+// Store.checkSize): etcd refuses a request larger than --max-request-bytes.
+const (
+	// requestReserve is what a request holds besides its keys: etcd's
+	// raft header, the transaction's framing.
+	requestReserve = 16 << 10
+	// opOverhead is what each occurrence of a key in a request adds to
+	// the key and the token: protobuf tags and lengths, nested
+	// transactions, a value's TTL.
+	opOverhead = 64
+	// tokenAllowance is the longest token that every call on a key of
+	// MaxKeyBytes takes; a longer one may make a call too large.
+	tokenAllowance = 1 << 10
+	// keyOccurrences is how many times a request of a plain call names
+	// each of its keys, with the token: Acquire's condition, put and read;
+	// Refresh's two conditions and put; Release's two conditions and
+	// delete or put.
+	keyOccurrences = 3
+	// fairOccurrences is how many times AcquireFair's first transaction
+	// names its key's directory, with the token: five conditions, a put
+	// and a delete when granted, two reads and a put (the range read
+	// counts twice) when not.
+	fairOccurrences = 11
+	// abandonedOccurrences is how many times a request names the
+	// token's abandon marks: a condition and a read (each a range, so
+	// twice), or an undo's marks.
+	abandonedOccurrences = 4
+)
+
+// maxKeyBytes is the longest key whose every call fits a request of
+// maxRequest bytes with a store prefix of prefixLen bytes, the key's
+// every byte escaped to three and a token of tokenAllowance bytes,
+// rounded down to KiB: fairOccurrences times the key, plus the abandon
+// marks, plus requestReserve. About 45 KiB with the defaults.
+func maxKeyBytes(prefixLen, maxRequest int) int {
+	marks := abandonedOccurrences * (prefixLen + len("/abandoned/") + 3*tokenAllowance + 1 + 16 + opOverhead)
+	perOccurrence := (maxRequest - requestReserve - marks) / fairOccurrences
+	n := (perOccurrence - prefixLen - len("/holder") - tokenAllowance - opOverhead) / 3
+	if n >= 1<<10 {
+		n &^= 1<<10 - 1
+	}
+	return n
+}
+
+// Bounds returns the keys and TTLs the Store honours (see stores.Bounded):
+//
+//   - MaxKeyBytes follows from etcd's request size limit
+//     (--max-request-bytes, DefaultMaxRequestBytes unless
+//     WithMaxRequestBytes says otherwise): AcquireFair's transaction names
+//     its key's directory 11 times, and a key's every '%' and '/' takes
+//     three bytes escaped, so a key may take up to about a 33rd of a
+//     request: 45 KiB with the defaults. A call whose keys together, or
+//     with a token longer than 1 KiB, make a request too large for etcd
+//     is refused with stores.ErrInvalid too.
+//   - MaxTTL is etcd's longest lease, MaxTTL (about 285 years).
+//   - MinTTL is none: every positive TTL is honoured. etcd raises a lease
+//     below its minimum (2s with the default election timeout) to that
+//     minimum, so a key of a shorter TTL is held at least that TTL, and in
+//     practice up to 2.5s when its holder dies without releasing it.
+func (s *Store) Bounds() stores.Bounds { return s.bounds }
+
+// checkKeys refuses more keys than MaxKeys, a key longer than the Store's
+// MaxKeyBytes, and keys that with token make a request larger than etcd
+// takes, each key named occ times in it.
+func (s *Store) checkKeys(keys []string, token string, occ int) error {
 	if len(keys) > MaxKeys {
 		return fmt.Errorf("%w: etcdstore: %d keys in one call, at most %d", stores.ErrInvalid, len(keys), MaxKeys)
+	}
+	if err := args.CheckBounds(s.bounds, keys); err != nil {
+		return err
+	}
+	n := requestReserve + abandonedOccurrences*(len(s.abandonedKey(token, 0))+16+opOverhead)
+	for _, k := range keys {
+		n += occ * (len(holderKey(s.dir(k))) + len(token) + opOverhead)
+	}
+	if n > s.maxRequest {
+		return fmt.Errorf("%w: etcdstore: %d keys of %d bytes with a token of %d bytes make a request of up to %d bytes, above etcd's limit of %d (--max-request-bytes)",
+			stores.ErrInvalid, len(keys), keyBytes(keys), len(token), n, s.maxRequest)
 	}
 	return nil
 }
 
+// keyBytes is the length of keys together.
+func keyBytes(keys []string) int {
+	n := 0
+	for _, k := range keys {
+		n += len(k)
+	}
+	return n
+}
+
+// checkTTL refuses a duration out of the Store's Bounds, naming it what.
+func (s *Store) checkTTL(what string, d time.Duration) error {
+	if err := s.bounds.CheckTTL(what, d); err != nil {
+		return fmt.Errorf("%w: etcdstore: %s", stores.ErrInvalid, strings.TrimPrefix(err.Error(), stores.ErrInvalid.Error()+": "))
+	}
+	return nil
+}
+
+// keysForMessage names keys in an error message: the first few, each
+// shortened by stores.KeyForMessage, and how many more there are.
+func keysForMessage(keys []string) string {
+	const shown = 3
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, k := range keys[:min(len(keys), shown)] {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(stores.KeyForMessage(k))
+	}
+	if len(keys) > shown {
+		fmt.Fprintf(&b, " and %d more", len(keys)-shown)
+	}
+	b.WriteByte(']')
+	return b.String()
+}
+
 // Acquire sets every key to token for at least ttl when none is held by
 // another token, in one transaction (see stores.Store): it compares, per
-// key, that its holder key does not exist, and then puts token's holder
-// key on a shared lease of ttl. A retry finds keys holding its own token
-// and puts them again, with a fresh fence and lease, in a second
-// transaction that compares they are unchanged. A refusal names the first key
-// held by another token and, as Wait, the TTL that holder was given (an
-// upper bound of what it has left). It returns an error wrapping
-// stores.ErrInvalid for invalid arguments or more than MaxKeys keys, and
-// ctx.Err() without acting when ctx has ended.
+// key, that its holder key does not exist (and that token was not
+// abandoned, see Store.undo), and then puts token's holder key on a shared
+// lease that lasts ttl from the call's start. A retry finds keys holding
+// its own token and puts them again, with a fresh fence and lease, in a
+// second transaction that compares they are unchanged. A refusal names the
+// first key held by another token and, as Wait, the TTL that holder was
+// given (an upper bound of what it has left). It returns an error wrapping
+// stores.ErrInvalid for invalid arguments, arguments out of the Store's
+// Bounds, more than MaxKeys keys, or a token whose acquire was abandoned;
+// and ctx.Err() without acting when ctx has ended.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	start := time.Now()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	if err := errors.Join(checkToken(token), checkCount(keys)); err != nil {
+	if err := errors.Join(checkToken(token), s.checkTTL("ttl", ttl), s.checkKeys(keys, token, keyOccurrences)); err != nil {
 		return stores.Grant{}, err
 	}
 	var g stores.Grant
+	var fl flight
 	err := s.detached(ctx, func(ctx context.Context) error {
 		var err error
-		g, err = s.acquire(ctx, keys, token, ttl)
+		g, err = s.acquire(ctx, start, keys, token, ttl, &fl)
 		return err
-	}, func(ctx context.Context) { _ = s.Release(ctx, keys, token, 0) })
+	}, func(ctx context.Context) { s.undo(ctx, keys, token, false, &fl) })
 	if err != nil {
 		return stores.Grant{}, err
 	}
 	return g, nil
 }
 
-func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+func (s *Store) acquire(ctx context.Context, start time.Time, keys []string, token string, ttl time.Duration, fl *flight) (stores.Grant, error) {
 	holders := make([]string, len(keys))
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
@@ -377,16 +603,10 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	for range acquireAttempts {
 		var resp *clientv3.TxnResponse
-		err := s.withLease(ctx, ttl, func(lease clientv3.LeaseID) error {
-			puts := make([]clientv3.Op, len(keys))
-			gets := make([]clientv3.Op, len(keys))
-			val := holderValue(token, ttl)
-			for i, h := range holders {
-				puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
-				gets[i] = clientv3.OpGet(h)
-			}
+		err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
+			fl.sending(lease)
 			var err error
-			resp, err = s.kv.Txn(ctx).If(conds...).Then(puts...).Else(gets...).Commit()
+			resp, err = s.acquireTxn(ctx, holders, conds, token, ttl, lease).Commit()
 			return err
 		})
 		if err != nil {
@@ -399,10 +619,13 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 			}
 			return stores.Grant{OK: true, Fences: fences}, nil
 		}
-		if len(resp.Responses) != len(keys) {
+		if len(resp.Responses) != len(keys)+1 {
 			return stores.Grant{}, fmt.Errorf("%w: acquire answered %d ranges for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
 		}
-		for i, r := range resp.Responses {
+		if resp.Responses[len(keys)].GetResponseRange().GetCount() > 0 {
+			return stores.Grant{}, errTokenAbandoned(token)
+		}
+		for i, r := range resp.Responses[:len(keys)] {
 			kvs := r.GetResponseRange().GetKvs()
 			if len(kvs) == 0 {
 				conds[i] = absent(holders[i])
@@ -414,23 +637,45 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 			conds[i] = clientv3.Compare(clientv3.ModRevision(holders[i]), "=", kvs[0].ModRevision)
 		}
 	}
-	return stores.Grant{}, fmt.Errorf("etcdstore: acquire %q: the keys changed under %d attempts", keys, acquireAttempts)
+	return stores.Grant{}, fmt.Errorf("etcdstore: acquire %s: the keys changed under %d attempts", keysForMessage(keys), acquireAttempts)
+}
+
+// acquireTxn is one transaction of acquire: if conds hold for holders and
+// token has no abandon mark, it puts token's holder keys on lease, else it
+// reads them and counts the marks.
+func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []clientv3.Cmp, token string, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
+	puts := make([]clientv3.Op, len(holders))
+	gets := make([]clientv3.Op, len(holders)+1)
+	val := holderValue(token, ttl)
+	for i, h := range holders {
+		puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
+		gets[i] = clientv3.OpGet(h)
+	}
+	gets[len(holders)] = s.countAbandoned(token)
+	return s.kv.Txn(ctx).If(append(slices.Clip(conds), s.notAbandoned(token))...).Then(puts...).Else(gets...)
 }
 
 // Release ends token's grant on every key that still holds it, in one
 // transaction: it deletes the holder keys that hold token, which signals
 // waiters (see NotifyRelease); with keep positive it moves them to a lease
-// of keep instead, so they stay held until it passes and nothing is signalled. It
-// returns an error wrapping stores.ErrNotHeld when some key did not hold
-// token, after ending the grant on the others, one wrapping
-// stores.ErrInvalid for invalid arguments, and ctx.Err() without acting
-// when ctx has ended.
+// that lasts keep from the call's start instead, so they stay held until
+// it passes and nothing is signalled. It returns an error wrapping
+// stores.ErrNotHeld when some key did not hold token, after ending the
+// grant on the others, one wrapping stores.ErrInvalid for invalid
+// arguments or arguments out of the Store's Bounds, and ctx.Err() without
+// acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	start := time.Now()
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
-	if err := errors.Join(checkToken(token), checkCount(keys)); err != nil {
+	if err := errors.Join(checkToken(token), s.checkKeys(keys, token, keyOccurrences)); err != nil {
 		return err
+	}
+	if keep > 0 {
+		if err := s.checkTTL("keep", keep); err != nil {
+			return err
+		}
 	}
 	if s.isClosed() {
 		return ErrClosed
@@ -438,7 +683,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var resp *clientv3.TxnResponse
-	err := s.withLease(ctx, keep, func(lease clientv3.LeaseID) error {
+	err := s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
 		// One key is the transaction's condition; several each get a
 		// nested transaction, so that the others are released anyway.
 		var cmps []clientv3.Cmp
@@ -478,21 +723,23 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		}
 	}
 	if len(notHeld) > 0 {
-		return fmt.Errorf("%w: etcdstore: release: %q not held by the token", stores.ErrNotHeld, notHeld)
+		return fmt.Errorf("%w: etcdstore: release: %s not held by the token", stores.ErrNotHeld, keysForMessage(notHeld))
 	}
 	return nil
 }
 
-// Refresh moves every key to a lease of ttl, and sets the TTL its refusals
-// report, in one transaction, when each still holds token; otherwise it
-// changes nothing and returns an error wrapping stores.ErrNotHeld. It
-// returns an error wrapping stores.ErrInvalid for invalid arguments, and
-// ctx.Err() without acting when ctx has ended.
+// Refresh moves every key to a lease that lasts ttl from the call's start,
+// and sets the TTL its refusals report, in one transaction, when each still
+// holds token; otherwise it changes nothing and returns an error wrapping
+// stores.ErrNotHeld. It returns an error wrapping stores.ErrInvalid for
+// invalid arguments or arguments out of the Store's Bounds, and ctx.Err()
+// without acting when ctx has ended.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	start := time.Now()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
-	if err := errors.Join(checkToken(token), checkCount(keys)); err != nil {
+	if err := errors.Join(checkToken(token), s.checkTTL("ttl", ttl), s.checkKeys(keys, token, keyOccurrences)); err != nil {
 		return err
 	}
 	if s.isClosed() {
@@ -501,7 +748,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var resp *clientv3.TxnResponse
-	err := s.withLease(ctx, ttl, func(lease clientv3.LeaseID) error {
+	err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
 		cmps := make([]clientv3.Cmp, 0, 2*len(keys))
 		puts := make([]clientv3.Op, len(keys))
 		for i, k := range keys {
@@ -517,7 +764,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		return s.failed("refresh", keys, err)
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("%w: etcdstore: refresh: %q not all held by the token", stores.ErrNotHeld, keys)
+		return fmt.Errorf("%w: etcdstore: refresh: %s not all held by the token", stores.ErrNotHeld, keysForMessage(keys))
 	}
 	return nil
 }

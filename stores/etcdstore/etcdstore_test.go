@@ -12,6 +12,7 @@ import (
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/etcdstore"
 	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
@@ -38,15 +39,23 @@ func newStore(t testing.TB, opts ...etcdstore.Option) *etcdstore.Store {
 	return s
 }
 
+// TestConformance runs the conformance suite on the shared etcd, its Faults
+// group through a faultproxy in front of it.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return newStore(t) },
 		Notify: true,
 		Fair:   true,
-		// The shortest TTL the store honours is etcd's shortest lease (2s
-		// with the default election timeout): a shorter lock lives that long.
+		// A key lives at least etcd's shortest lease (2s with the default
+		// election timeout), so the expiry subtests wait that long.
 		ExpiryTTL: minLeaseTTL(t),
+		// The suite's pauses (800ms) end within the request timeout; for
+		// pauses past it see TestAbandonedAcquireNeverOutlivesItsUndo.
+		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
+			s, p := proxiedStore(t)
+			return s, []*faultproxy.Proxy{p}
+		},
 	})
 }
 

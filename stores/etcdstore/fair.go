@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -41,37 +42,38 @@ const fairAttempts = 3
 // subscribers in this Store, in case it has not heard. Errors are as
 // Acquire's.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+	start := time.Now()
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
 	}
-	if err := checkToken(token); err != nil {
+	errs := []error{checkToken(token), s.checkTTL("ttl", ttl), s.checkKeys([]string{key}, token, fairOccurrences)}
+	if lease > 0 {
+		errs = append(errs, s.checkTTL("lease", lease))
+	}
+	if err := errors.Join(errs...); err != nil {
 		return stores.FairGrant{}, err
 	}
 	var g stores.FairGrant
+	var fl flight
 	err := s.detached(ctx, func(ctx context.Context) error {
 		var err error
-		g, err = s.acquireFair(ctx, key, token, ttl, lease)
+		g, err = s.acquireFair(ctx, start, key, token, ttl, lease, &fl)
 		return err
-	}, func(ctx context.Context) {
-		_ = s.Release(ctx, []string{key}, token, 0)
-		_ = s.LeaveFair(ctx, key, token)
-	})
+	}, func(ctx context.Context) { s.undo(ctx, []string{key}, token, true, &fl) })
 	if err != nil {
 		return stores.FairGrant{}, err
 	}
 	return g, nil
 }
 
-func (s *Store) acquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token string, ttl, lease time.Duration, fl *flight) (stores.FairGrant, error) {
 	dir := s.dir(key)
 	h, q := holderKey(dir), queueDir(dir)
 	qk := q + token
-	hold := func(hl clientv3.LeaseID) []clientv3.Op {
-		return []clientv3.Op{clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
-	}
 	grant := func(cmps ...clientv3.Cmp) (granted bool, rev int64, err error) {
-		err = s.withLease(ctx, ttl, func(hl clientv3.LeaseID) error {
-			resp, err := s.kv.Txn(ctx).If(cmps...).Then(hold(hl)...).Commit()
+		err = s.withLease(ctx, start, ttl, func(hl clientv3.LeaseID) error {
+			fl.sending(hl)
+			resp, err := s.kv.Txn(ctx).If(append(cmps, s.notAbandoned(token))...).Then(holdOps(h, qk, token, ttl, hl)...).Commit()
 			if err == nil {
 				granted, rev = resp.Succeeded, resp.Header.Revision
 			}
@@ -84,32 +86,33 @@ func (s *Store) acquireFair(ctx context.Context, key, token string, ttl, lease t
 	}
 	for range fairAttempts {
 		var resp *clientv3.TxnResponse
-		err := s.withLease(ctx, ttl, func(hl clientv3.LeaseID) error {
-			return s.withLease(ctx, lease, func(ql clientv3.LeaseID) error {
-				var orElse []clientv3.Op
-				if lease > 0 {
-					orElse = append(orElse, clientv3.OpPut(qk, millis(lease), clientv3.WithLease(ql)))
-				}
-				orElse = append(orElse, clientv3.OpGet(h),
-					clientv3.OpGet(q, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+		err := s.withLease(ctx, start, ttl, func(hl clientv3.LeaseID) error {
+			return s.withLease(ctx, start, lease, func(ql clientv3.LeaseID) error {
+				fl.sending(hl, ql)
 				var err error
-				resp, err = s.kv.Txn(ctx).If(append(othersAbsent(q, qk), absent(h))...).
-					Then(hold(hl)...).Else(orElse...).Commit()
+				resp, err = s.fairTxn(ctx, key, token, ttl, lease, hl, ql).Commit()
 				return err
 			})
 		})
 		if err != nil {
 			return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
 		}
-		if resp.Succeeded {
+		if !resp.Succeeded {
+			return stores.FairGrant{}, errTokenAbandoned(token)
+		}
+		if len(resp.Responses) != 1 || resp.Responses[0].GetResponseTxn() == nil {
+			return stores.FairGrant{}, fmt.Errorf("%w: fair acquire of %s answered %d results", ErrUnexpectedReply, stores.KeyForMessage(key), len(resp.Responses))
+		}
+		inner := resp.Responses[0].GetResponseTxn()
+		if inner.Succeeded {
 			return granted(resp.Header.Revision), nil
 		}
-		n := len(resp.Responses)
+		n := len(inner.Responses)
 		if n < 2 {
-			return stores.FairGrant{}, fmt.Errorf("%w: fair acquire of %q answered %d results", ErrUnexpectedReply, key, n)
+			return stores.FairGrant{}, fmt.Errorf("%w: fair acquire of %s answered %d results", ErrUnexpectedReply, stores.KeyForMessage(key), n)
 		}
-		holder := resp.Responses[n-2].GetResponseRange().GetKvs()
-		queue := resp.Responses[n-1].GetResponseRange().GetKvs()
+		holder := inner.Responses[n-2].GetResponseRange().GetKvs()
+		queue := inner.Responses[n-1].GetResponseRange().GetKvs()
 		ahead, queued := place(queue, qk)
 		if !queued {
 			ahead = -1
@@ -145,6 +148,32 @@ func (s *Store) acquireFair(ctx context.Context, key, token string, ttl, lease t
 	return stores.FairGrant{Ahead: -1}, nil
 }
 
+// fairTxn is the first transaction of acquireFair: unless token has an
+// abandon mark, it grants key on lease hl when the key is free and nobody
+// else is queued, or else queues token (when lease is positive) or renews
+// its place on lease ql, and reads the holder and the queue. The attempt
+// is nested under the mark's check, so that a late copy of it neither
+// grants nor queues.
+func (s *Store) fairTxn(ctx context.Context, key, token string, ttl, lease time.Duration, hl, ql clientv3.LeaseID) clientv3.Txn {
+	dir := s.dir(key)
+	h, q := holderKey(dir), queueDir(dir)
+	qk := q + token
+	var orElse []clientv3.Op
+	if lease > 0 {
+		orElse = append(orElse, clientv3.OpPut(qk, millis(lease), clientv3.WithLease(ql)))
+	}
+	orElse = append(orElse, clientv3.OpGet(h),
+		clientv3.OpGet(q, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+	attempt := clientv3.OpTxn(append(othersAbsent(q, qk), absent(h)), holdOps(h, qk, token, ttl, hl), orElse)
+	return s.kv.Txn(ctx).If(s.notAbandoned(token)).Then(attempt).Else(s.countAbandoned(token))
+}
+
+// holdOps grants key, of holder key h and queue key qk, to token on lease
+// hl: it puts the holder key and takes token out of the queue.
+func holdOps(h, qk, token string, ttl time.Duration, hl clientv3.LeaseID) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
+}
+
 // place returns how many waiters of queue, in create revision order, are
 // ahead of the queue key qk, and whether qk is queued at all.
 func place(queue []*mvccpb.KeyValue, qk string) (ahead int, queued bool) {
@@ -168,7 +197,7 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if key == "" {
 		return fmt.Errorf("%w: etcdstore: empty key", stores.ErrInvalid)
 	}
-	if err := checkToken(token); err != nil {
+	if err := errors.Join(checkToken(token), s.checkKeys([]string{key}, token, keyOccurrences)); err != nil {
 		return err
 	}
 	if s.isClosed() {

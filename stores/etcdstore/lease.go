@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -12,10 +13,14 @@ import (
 
 // leasePool shares etcd leases between the keys the Store attaches to them.
 // A lease granted for d lasts d plus an eighth, rounded up to seconds (etcd
-// may raise it to its minimum), and serves every key that needs d or less
-// while at least that much of it is left, counted from when the grant was
-// sent (etcd starts the lease later, never earlier). So a key never expires
-// before its TTL, and outlives it by the rounding at most.
+// may raise it to its minimum), and serves every call that needs d or less,
+// started early enough that the lease outlives the call's start plus d:
+// the lease's clock starts when its grant was sent at the earliest (etcd
+// starts it later, never earlier), and a call's validity counts from the
+// call's start. So a key never expires before its TTL, counted as the
+// Locker counts it, and outlives it by the rounding at most; and a lease
+// requested for a call, after it started, always serves it, however long
+// the grant took.
 type leasePool struct {
 	lease   clientv3.Lease
 	timeout time.Duration // of a grant
@@ -37,16 +42,37 @@ func newLeasePool(lease clientv3.Lease, timeout time.Duration) *leasePool {
 	return &leasePool{lease: lease, timeout: timeout, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
 }
 
-// leaseSeconds is the TTL, in seconds, of the lease that serves keys of d.
+// maxLeaseSeconds is the longest lease etcd grants (its MaxLeaseTTL, 9e9
+// seconds, about 285 years); it refuses longer ones with "too large lease
+// TTL". As a time.Duration it is 9e18ns, within int64.
+const maxLeaseSeconds = 9_000_000_000
+
+// MaxTTL is the longest TTL, keep or fair lease the Store honours: etcd's
+// longest lease, about 285 years.
+const MaxTTL = maxLeaseSeconds * time.Second
+
+// leaseSeconds is the TTL, in seconds, of the lease that serves keys of d,
+// for d in (0, MaxTTL]: d plus an eighth, rounded up, and at most
+// maxLeaseSeconds (so the longest TTLs get less of a margin to share).
+// It adds whole and fractional seconds apart, since d plus an eighth
+// overflows a time.Duration above about 260 years.
 func leaseSeconds(d time.Duration) int64 {
-	d += d / 8
-	return int64((d + time.Second - 1) / time.Second)
+	eighth := d / 8
+	whole := int64(d/time.Second) + int64(eighth/time.Second)
+	frac := d%time.Second + eighth%time.Second // below 2s
+	return min(whole+int64((frac+time.Second-1)/time.Second), maxLeaseSeconds)
 }
 
-// get returns a lease that has at least d left.
-func (p *leasePool) get(ctx context.Context, d time.Duration) (clientv3.LeaseID, error) {
+// leaseGets bounds the leases one get waits for: a lease whose grant was
+// sent after the call started always serves it, so the second one does,
+// unless it failed.
+const leaseGets = 3
+
+// get returns a lease that lasts until at least start plus d, start being
+// the time the calling Store method began.
+func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (clientv3.LeaseID, error) {
 	secs := leaseSeconds(d)
-	for {
+	for range leaseGets {
 		p.mu.Lock()
 		l := p.buckets[secs]
 		if l == nil {
@@ -63,7 +89,7 @@ func (p *leasePool) get(ctx context.Context, d time.Duration) (clientv3.LeaseID,
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
-		if l.err == nil && !time.Now().Add(d).After(l.expires) {
+		if l.err == nil && !start.Add(d).After(l.expires) {
 			return l.id, nil
 		}
 		p.drop(secs, l)
@@ -71,6 +97,7 @@ func (p *leasePool) get(ctx context.Context, d time.Duration) (clientv3.LeaseID,
 			return 0, l.err
 		}
 	}
+	return 0, fmt.Errorf("%w: no lease of %ds lasted from the call's start for %v in %d grants", ErrUnexpectedReply, secs, d, leaseGets)
 }
 
 // grant asks etcd for the lease l of secs seconds.
@@ -147,15 +174,31 @@ func (p *leasePool) revokeAll(ctx context.Context) error {
 	return first
 }
 
-// withLease calls f with a lease that has at least d left (0 when d is not
-// positive) and, when etcd no longer knows that lease (it expired while the
-// request travelled, or was revoked), once more with a new one.
-func (s *Store) withLease(ctx context.Context, d time.Duration, f func(clientv3.LeaseID) error) error {
+// latestExpiry returns the latest time any of ids may still be alive, by
+// what the pool knows of their grants; the zero time when it knows none of
+// them alive (a lease etcd extends at a leader change may live longer).
+func (p *leasePool) latestExpiry(ids []clientv3.LeaseID) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var latest time.Time
+	for _, id := range ids {
+		if until, ok := p.granted[id]; ok && until.After(latest) {
+			latest = until
+		}
+	}
+	return latest
+}
+
+// withLease calls f with a lease that lasts until at least start plus d (0
+// when d is not positive) and, when etcd no longer knows that lease (it
+// expired while the request travelled, or was revoked), once more with a
+// new one.
+func (s *Store) withLease(ctx context.Context, start time.Time, d time.Duration, f func(clientv3.LeaseID) error) error {
 	if d <= 0 {
 		return f(clientv3.NoLease)
 	}
 	for attempt := 0; ; attempt++ {
-		id, err := s.leases.get(ctx, d)
+		id, err := s.leases.get(ctx, start, d)
 		if err != nil {
 			return err
 		}
@@ -166,4 +209,19 @@ func (s *Store) withLease(ctx context.Context, d time.Duration, f func(clientv3.
 		}
 		return err
 	}
+}
+
+// alive returns those of ids that etcd still knows.
+func (p *leasePool) alive(ctx context.Context, ids []clientv3.LeaseID) ([]clientv3.LeaseID, error) {
+	var alive []clientv3.LeaseID
+	for _, id := range ids {
+		resp, err := p.lease.TimeToLive(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if resp.TTL >= 0 { // -1: not found
+			alive = append(alive, id)
+		}
+	}
+	return alive, nil
 }

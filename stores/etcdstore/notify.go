@@ -33,7 +33,12 @@ const (
 // lost its leader; the watch requires a leader so that a partitioned member
 // cannot hold it silently); the watch then reads the key again and signals
 // when it is free. Waiters poll as well, as stores.Notifier says.
+//
+// A key out of the Store's Bounds gets a nil channel: it cannot be locked.
 func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
+	if s.bounds.CheckKey(key) != nil {
+		return nil, func() {}
+	}
 	return s.notify.subscribe(key, token)
 }
 

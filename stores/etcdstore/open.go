@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,17 +23,19 @@ const DefaultDialTimeout = 5 * time.Second
 // Open connects to etcd and returns a Store that owns the client (Close
 // closes it). rawURL has the form
 //
-//	etcd://[user:password@]host:port[,host:port...][/prefix][?timeout=5s&dial-timeout=5s]
+//	etcd://[user:password@]host:port[,host:port...][/prefix][?timeout=5s&dial-timeout=5s&max-request-bytes=1572864]
 //
 // with the client endpoints of the cluster's members (plain HTTP; the
 // client spreads requests over them and moves on when one fails), the key
 // prefix (default DefaultPrefix; a '/' is added when it does not end in
-// one), the request timeout (WithRequestTimeout) and how long Open waits
-// for a first connection. There is no ttl parameter: every lock's TTL is
+// one), the request timeout (WithRequestTimeout), how long Open waits
+// for a first connection, and the cluster's --max-request-bytes
+// (WithMaxRequestBytes). There is no ttl parameter: every lock's TTL is
 // the one the Locker asks for, and no session lease outlives it. Open
 // returns an error wrapping stores.ErrInvalid that names the problem for a
 // malformed URL, another scheme, no endpoint, an endpoint without a port,
-// an unknown parameter or a duration that is not positive, and the
+// an unknown parameter, a duration that is not positive or a size below
+// 64 KiB, and the
 // client's error when no member answers within the dial timeout or ctx.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	cfg, opts, err := parseURL(rawURL)
@@ -140,10 +143,16 @@ func parseURL(rawURL string) (clientv3.Config, []Option, error) {
 				return invalid("%v", err)
 			}
 			cfg.DialTimeout = d
+		case "max-request-bytes":
+			n, err := strconv.Atoi(values[0])
+			if err != nil || n < 64<<10 {
+				return invalid("parameter %s=%q is not a number of bytes of at least 65536", name, values[0])
+			}
+			opts = append(opts, WithMaxRequestBytes(n))
 		case "ttl":
 			return invalid("parameter ttl: each lock has the TTL the Locker asks for, and the store keeps no session lease; remove it")
 		default:
-			return invalid("unknown parameter %q (known: timeout, dial-timeout)", name)
+			return invalid("unknown parameter %q (known: timeout, dial-timeout, max-request-bytes)", name)
 		}
 	}
 	return cfg, opts, nil

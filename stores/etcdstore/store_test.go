@@ -31,7 +31,7 @@ func uniqueKey(t *testing.T) string {
 func TestOpen(t *testing.T) {
 	t.Parallel()
 	hosts := hostPorts(t)
-	a, err := etcdstore.Open(t.Context(), "etcd://"+hosts+"/tenant-a?timeout=3s&dial-timeout=2s")
+	a, err := etcdstore.Open(t.Context(), "etcd://"+hosts+"/tenant-a?timeout=3s&dial-timeout=2s&max-request-bytes=3145728")
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -47,6 +47,9 @@ func TestOpen(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a2.Close() })
 
+	if got, want := a.Bounds().MaxKeyBytes, b.Bounds().MaxKeyBytes; got <= want {
+		t.Fatalf("MaxKeyBytes %d with max-request-bytes=3145728, %d without; want more", got, want)
+	}
 	k := []string{uniqueKey(t)}
 	if g, err := a.Acquire(t.Context(), k, "t1", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire on tenant-a: %+v, %v", g, err)
@@ -80,6 +83,7 @@ func TestOpenInvalid(t *testing.T) {
 		{"etcd://127.0.0.1:2379/p?timeout=0s", `timeout="0s" is not a positive duration`},
 		{"etcd://127.0.0.1:2379/p?dial-timeout=soon", `dial-timeout="soon" is not a positive duration`},
 		{"etcd://127.0.0.1:2379/p?timeout=1s&timeout=2s", "timeout given 2 times"},
+		{"etcd://127.0.0.1:2379/p?max-request-bytes=1000", `max-request-bytes="1000" is not a number of bytes`},
 	} {
 		s, err := etcdstore.Open(t.Context(), tc.url)
 		if s != nil {
@@ -101,8 +105,10 @@ func TestNewInvalid(t *testing.T) {
 		opt  etcdstore.Option
 		want string
 	}{
-		"empty prefix": {etcdstore.WithPrefix(""), "empty prefix"},
-		"zero timeout": {etcdstore.WithRequestTimeout(0), "WithRequestTimeout: 0s is not positive"},
+		"empty prefix":  {etcdstore.WithPrefix(""), "empty prefix"},
+		"zero timeout":  {etcdstore.WithRequestTimeout(0), "WithRequestTimeout: 0s is not positive"},
+		"small request": {etcdstore.WithMaxRequestBytes(1000), "WithMaxRequestBytes: 1000 is below 64 KiB"},
+		"long prefix":   {etcdstore.WithPrefix(strings.Repeat("p", 200<<10)), "leaves no room for a key"},
 	} {
 		if _, err := etcdstore.New(c, tc.opt); !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: New: %v; want stores.ErrInvalid naming %q", name, err, tc.want)

@@ -3,6 +3,7 @@ package mysqlstore
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -97,4 +98,39 @@ func TestCustomTableWithoutCreate(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE `"+table+"`") })
 	mustAcquire(t, s, keys, "t1", time.Minute)
+}
+
+// TestBounds: the Store states its key column's width as its longest key
+// and no TTL bound; it refuses more than MaxKeysPerCall keys in one call
+// with ErrInvalid before it acts; and a TTL of math.MaxInt64 (292 years) is
+// kept and read back as such, not as an overflow.
+func TestBounds(t *testing.T) {
+	s := newStore(t, openDB(t))
+	if b := s.Bounds(); b.MaxKeyBytes != MaxKeyLen || b.MinTTL != 0 || b.MaxTTL != 0 || b.Reason == "" {
+		t.Fatalf("Bounds() = %+v, want MaxKeyBytes %d, no TTL bound, and a reason", b, MaxKeyLen)
+	}
+	many := testKeys(MaxKeysPerCall + 1)
+	if g, err := s.Acquire(t.Context(), many, "t1", time.Minute); !errors.Is(err, stores.ErrInvalid) || g.OK {
+		t.Errorf("Acquire of %d keys: %+v, %v; want stores.ErrInvalid", len(many), g, err)
+	}
+	if err := s.Release(t.Context(), many, "t1", 0); !errors.Is(err, stores.ErrInvalid) {
+		t.Errorf("Release of %d keys: %v; want stores.ErrInvalid", len(many), err)
+	}
+	if err := s.Refresh(t.Context(), many, "t1", time.Minute); !errors.Is(err, stores.ErrInvalid) {
+		t.Errorf("Refresh of %d keys: %v; want stores.ErrInvalid", len(many), err)
+	}
+	for _, n := range []int{1, 3} {
+		keys := testKeys(n)
+		mustAcquire(t, s, keys, "t1", math.MaxInt64)
+		g, err := s.Acquire(t.Context(), keys, "t2", time.Minute)
+		if err != nil || g.OK || g.Wait < math.MaxInt64-time.Hour {
+			t.Fatalf("%d keys: Acquire of keys held for math.MaxInt64: %+v, %v; want refused with a Wait of about 292 years", n, g, err)
+		}
+		if err := s.Release(t.Context(), keys, "t1", math.MaxInt64); err != nil {
+			t.Fatalf("%d keys: Release keeping the keys for math.MaxInt64: %v", n, err)
+		}
+		if g, err := s.Acquire(t.Context(), keys, "t2", time.Minute); err != nil || g.OK || g.Wait < math.MaxInt64-time.Hour {
+			t.Fatalf("%d keys: Acquire of keys kept for math.MaxInt64: %+v, %v; want refused with a Wait of about 292 years", n, g, err)
+		}
+	}
 }

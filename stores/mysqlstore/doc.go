@@ -30,18 +30,34 @@
 //	fence      BIGINT                      the last fence issued for the key
 //
 // A key is held by the row's token while expires_at is later than the
-// server's clock. Release sets expires_at to now; the row, its token and its
-// fence stay, so a grant to a token of the same length (a Locker's tokens
-// all have one) updates the row in place. The Store creates the table with
-// CREATE TABLE IF NOT EXISTS on first use (Open does it at once), which
-// needs the CREATE privilege; for a managed schema, apply schema.sql (or the
-// statement Schema returns, with the table's name in it) beforehand and
-// pass WithoutCreateTable. Keys are limited to MaxKeyLen bytes and tokens to
-// MaxTokenLen; longer ones are refused with stores.ErrInvalid.
+// server's clock. Release sets expires_at to 1970-01-01, a fixed instant
+// and not the clock's now, so that a released key stays free should the
+// server's clock step back; the row, its token and its fence stay, so a
+// grant to a token of the same length (a Locker's tokens all have one)
+// updates the row in place. The Store creates the table with CREATE TABLE
+// IF NOT EXISTS on first use (Open does it at once), which needs the CREATE
+// privilege; for a managed schema, apply schema.sql (or the statement
+// Schema returns, with the table's name in it) beforehand and pass
+// WithoutCreateTable.
 //
 // Rows of keys no longer used are deleted by a purge (WithPurge, default
-// every hour): a row free for the retention (default 24h) whose fence the
-// server clock has passed by the retention.
+// every hour): a row released, or expired for the retention (default 24h),
+// whose fence the server clock has passed by the retention (the key was
+// last granted longer ago than that).
+//
+// # Limits
+//
+// The Store states them as stores.Bounds (Bounds), and refuses arguments
+// beyond them with stores.ErrInvalid before any statement, as the Locker
+// does before it calls the Store: keys of up to MaxKeyLen (512) bytes, the
+// width of the key column, VARBINARY(512) (within InnoDB's 767-byte index
+// limit of every row format); tokens of up to MaxTokenLen (255) bytes; up to
+// MaxKeysPerCall (1000) keys in one call, so that a statement stays far
+// below the 65535 placeholders of a prepared statement and MySQL 5.7's
+// default max_allowed_packet (4 MB); and every TTL from 1ns to
+// math.MaxInt64, each rounded up to the microsecond of DATETIME(6): 292
+// years from the server's clock stay far within DATETIME (to the year 9999),
+// and their microseconds within a BIGINT.
 //
 // # The server's clock
 //
@@ -50,7 +66,22 @@
 // one lock. MySQL evaluates it once per statement, at its start, so an
 // expiry the server sets is never later than the client's own start plus
 // the TTL, and neither the session's time zone nor daylight saving time
-// moves it.
+// moves it. Should the server's clock step, the keys held then are held
+// longer by a step back and shorter by a step forward (a step forward past
+// a holder's remaining TTL lets another take the key while the holder's
+// validity runs: keep the server's clock slewed, not stepped, as for any
+// lease judged by a server's clock); released keys stay free either way.
+//
+// # sql_mode
+//
+// The statements mean the same under every sql_mode a session may set,
+// EMPTY_STRING_IS_NULL, ANSI_QUOTES, NO_BACKSLASH_ESCAPES,
+// PAD_CHAR_TO_FULL_LENGTH and MariaDB's SIMULTANEOUS_ASSIGNMENT, ORACLE and
+// ANSI included (the tests run them under each): identifiers are quoted
+// with backticks, no argument or literal is an empty string, no column is a
+// CHAR, and the driver escapes arguments for the session. Open's
+// connections run at sql_mode STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION
+// unless the URL sets one.
 //
 // # Fences
 //
@@ -81,6 +112,12 @@
 // unless told otherwise: give it SetMaxIdleConns near its concurrency, as
 // Open does (64).
 //
+// Every call needs one connection at a time, and holds no lock of the
+// Store while it waits for one: a transaction's statements are prepared
+// before it takes its connection. So a pool capped by SetMaxOpenConns(n),
+// even at one connection, serves any number of concurrent calls, n at a
+// time; the others wait for a connection, within their context.
+//
 // # Contention
 //
 // Waiters on a held key poll it (see below), and a statement that writes a
@@ -101,6 +138,20 @@
 // committed row says.
 //
 // # Failures
+//
+// What the Store survives, each checked by its tests against a real server
+// (the conformance suite's Faults group, through a fault proxy, and the
+// package's own) except the restart, which follows from rows on disk: a lost
+// connection (the lease is a row, any connection refreshes or releases it);
+// a server restart (rows are on disk, fences grow from them); a reply lost
+// or late, or a server paused past the caller's wait (an abandoned Acquire
+// is undone once the server answers: the key is free soon after the fault
+// ends, within the suite's 3 seconds, not at the end of its TTL); a COMMIT
+// whose reply is lost (the outcome is reported unknown); a holder cut off
+// from the server (its key expires after its TTL, not before); a stale
+// holder's Refresh or Release after its key passed to another token
+// (ErrNotHeld); a Refresh racing the Release of its grant (it never takes
+// the key back); and contention for row locks (see Contention).
 //
 // Every call returns once its context ends, even while the server has not
 // answered. The statements do not run on the caller's context: the driver

@@ -1,15 +1,21 @@
 package mysqlstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"errors"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // promptly bounds how long a call may take to return once its context
@@ -25,6 +31,34 @@ func testKeys(n int) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// proxiedDB returns a fault proxy in front of the test MariaDB and a
+// *sql.DB that reaches the server through it, closed when the test ends.
+func proxiedDB(t testing.TB) (*faultproxy.Proxy, *sql.DB) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testservers.MySQLDSN(t))
+	if err != nil {
+		t.Fatalf("ParseDSN: %v", err)
+	}
+	p := faultproxy.New(t, cfg.Addr)
+	return p, openDB(t, func(cfg *mysql.Config) { cfg.Addr = p.Addr() })
+}
+
+// isCommit reports whether chunk is a COM_QUERY packet of COMMIT, as
+// database/sql's Tx.Commit sends it through go-sql-driver/mysql.
+func isCommit(chunk []byte) bool {
+	return len(chunk) >= 5 && chunk[4] == 0x03 && bytes.EqualFold(bytes.TrimSpace(chunk[5:]), []byte("COMMIT"))
+}
+
+// errIsNot fails the test when err wraps any of targets.
+func errIsNot(t *testing.T, err error, what string, targets ...error) {
+	t.Helper()
+	for _, target := range targets {
+		if errors.Is(err, target) {
+			t.Fatalf("%s: %v, which wraps %v", what, err, target)
+		}
+	}
 }
 
 // mustAcquire acquires keys for token and fails the test unless granted.
@@ -46,8 +80,8 @@ func mustAcquire(t *testing.T, s stores.Store, keys []string, token string, ttl 
 func TestAbandonedAcquireIsUndone(t *testing.T) {
 	direct := newStore(t, openDB(t))
 	for _, n := range []int{1, 3} {
-		p := newProxy(t)
-		s := newStore(t, p.db(t))
+		p, db := proxiedDB(t)
+		s := newStore(t, db)
 		keys := testKeys(n)
 		// A grant and release first: the table exists, the statements are
 		// prepared, and each key has a fence to compare with.
@@ -56,7 +90,7 @@ func TestAbandonedAcquireIsUndone(t *testing.T) {
 			t.Fatalf("Release: %v", err)
 		}
 
-		p.pause()
+		p.Stall(faultproxy.Both)
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		start := time.Now()
 		g, err := s.Acquire(ctx, keys, "abandoned", time.Minute)
@@ -68,7 +102,7 @@ func TestAbandonedAcquireIsUndone(t *testing.T) {
 		if took > 200*time.Millisecond+promptly {
 			t.Fatalf("%d keys: Acquire returned %v after it began, want about 200ms", n, took)
 		}
-		p.resume()
+		p.Heal()
 		// Close waits for the call left in flight and its undo.
 		if err := s.Close(); err != nil {
 			t.Fatalf("Close: %v", err)
@@ -100,8 +134,8 @@ func TestAbandonedAcquireIsUndone(t *testing.T) {
 // (there is nothing for the store to undo), and act once the server
 // answers: the lease is refreshed or released as asked.
 func TestCallsReturnWhenContextEnds(t *testing.T) {
-	p := newProxy(t)
-	s := newStore(t, p.db(t))
+	p, db := proxiedDB(t)
+	s := newStore(t, db)
 	keys := testKeys(2)
 	mustAcquire(t, s, keys, "t1", time.Minute)
 	calls := []struct {
@@ -112,7 +146,7 @@ func TestCallsReturnWhenContextEnds(t *testing.T) {
 		{"Release", func(ctx context.Context) error { return s.Release(ctx, keys, "t1", 0) }},
 	}
 	for _, c := range calls {
-		p.pause()
+		p.Stall(faultproxy.Both)
 		ctx, cancel := context.WithCancel(t.Context())
 		errc := make(chan error, 1)
 		go func() { errc <- c.call(ctx) }()
@@ -125,7 +159,7 @@ func TestCallsReturnWhenContextEnds(t *testing.T) {
 		case <-time.After(promptly):
 			t.Fatalf("%s on a stalled server: not returned %v after its context ended", c.name, promptly)
 		}
-		p.resume()
+		p.Heal()
 	}
 	direct := newStore(t, openDB(t))
 	// The Release left in flight ran once the server answered.
@@ -149,12 +183,12 @@ func TestCallsReturnWhenContextEnds(t *testing.T) {
 // holder whose connections are all cut (the server sees its clients leave)
 // still holds the key, and refreshes it over a new connection.
 func TestLostConnectionKeepsTheLease(t *testing.T) {
-	p := newProxy(t)
-	s := newStore(t, p.db(t))
+	p, db := proxiedDB(t)
+	s := newStore(t, db)
 	direct := newStore(t, openDB(t))
 	keys := testKeys(1)
 	mustAcquire(t, s, keys, "t1", time.Minute)
-	p.cut()
+	p.Cut()
 	// A statement sent on a connection whose cut the driver has not seen
 	// yet fails (its outcome unknown to the client, as the contract
 	// allows), and database/sql drops that connection: a watchdog's next
@@ -181,8 +215,8 @@ func TestLostConnectionKeepsTheLease(t *testing.T) {
 // Refresh fails with ErrUnreachable, and a Locker's watchdog cancels the
 // holder's context with ErrLockLost when the lock's validity runs out.
 func TestUnreachableServerLosesTheLock(t *testing.T) {
-	p := newProxy(t)
-	s := newStore(t, p.db(t))
+	p, db := proxiedDB(t)
+	s := newStore(t, db)
 	locker, err := reqlock.New(s)
 	if err != nil {
 		t.Fatalf("reqlock.New: %v", err)
@@ -193,7 +227,8 @@ func TestUnreachableServerLosesTheLock(t *testing.T) {
 		t.Fatalf("Obtain: %v", err)
 	}
 	held := lock.KeepAlive(t.Context())
-	p.close() // the port now refuses connections
+	p.Refuse() // the port now refuses connections
+	p.Cut()
 	select {
 	case <-held.Done():
 		if cause := context.Cause(held); !errors.Is(cause, reqlock.ErrLockLost) {
@@ -216,20 +251,21 @@ func TestUnreachableServerLosesTheLock(t *testing.T) {
 func TestUnknownCommit(t *testing.T) {
 	direct := newStore(t, openDB(t))
 	for _, c := range []struct {
-		action    commitAction
+		name      string
+		forward   bool // the COMMIT reaches the server before the cut
 		committed bool
 	}{
-		{commitDropAndCut, false},
-		{commitForwardAndCut, true},
+		{"COMMIT cut before the server", false, false},
+		{"COMMIT's reply cut", true, true},
 	} {
-		p := newProxy(t)
-		s := newStore(t, p.db(t))
+		p, db := proxiedDB(t)
+		s := newStore(t, db)
 		keys := testKeys(3)
 		mustAcquire(t, s, keys, "warm-up", time.Minute)
 		if err := s.Release(t.Context(), keys, "warm-up", 0); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		p.setOnCommit(c.action)
+		p.CutWhen(faultproxy.ToServer, isCommit, c.forward)
 		g, err := s.Acquire(t.Context(), keys, "t1", time.Minute)
 		if err == nil || g.OK {
 			t.Fatalf("Acquire with its COMMIT cut: %+v, %v; want an error", g, err)
@@ -245,7 +281,7 @@ func TestUnknownCommit(t *testing.T) {
 			}
 			if g.OK {
 				if c.committed {
-					t.Fatalf("action %d: the keys are free, want held by the committed grant", c.action)
+					t.Fatalf("%s: the keys are free, want held by the committed grant", c.name)
 				}
 				if err := direct.Release(t.Context(), keys, "probe", 0); err != nil {
 					t.Fatalf("Release: %v", err)
@@ -254,14 +290,13 @@ func TestUnknownCommit(t *testing.T) {
 			}
 			if c.committed {
 				// Held: by the grant whose COMMIT went through.
-				p.setOnCommit(commitPass)
 				if err := s.Release(t.Context(), keys, "t1", 0); err != nil {
 					t.Fatalf("Release by the committed grant's token: %v", err)
 				}
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("action %d: keys still held %v after the connection was cut", c.action, 5*time.Second)
+				t.Fatalf("%s: keys still held %v after the connection was cut", c.name, 5*time.Second)
 			}
 			time.Sleep(10 * time.Millisecond) // polls for the server's rollback
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"sync"
@@ -30,6 +31,14 @@ const (
 
 	// MaxTokenLen is the longest token, in bytes, the table holds.
 	MaxTokenLen = 255
+
+	// MaxKeysPerCall is the most keys one call takes. A call on several
+	// keys is one statement with a row of placeholders per key: with 1000
+	// keys of MaxKeyLen bytes it stays far below MySQL's limit of 65535
+	// placeholders per prepared statement and, with the arguments
+	// interpolated, below max_allowed_packet's smallest default (4 MB,
+	// MySQL 5.7).
+	MaxKeysPerCall = 1000
 
 	// DefaultPurgeInterval is how often a Store purges rows unless
 	// WithPurge says otherwise.
@@ -66,9 +75,11 @@ type Store struct {
 	purgeEvery  time.Duration
 	retention   time.Duration
 
-	setupMu sync.Mutex
-	ready   atomic.Bool // the table exists
-	stmts   stmtCache
+	// setupTurn is held by the one call that runs setup; the others wait
+	// for it or for their context to end.
+	setupTurn chan struct{}
+	ready     atomic.Bool // the table exists
+	stmts     stmtCache
 	// contended holds the keys an Acquire of one key found held lately.
 	contended contendedKeys
 	dbx       dbExecer // db, to run statements on
@@ -88,7 +99,10 @@ type Store struct {
 	retries, undos atomic.Int64
 }
 
-var _ stores.Store = (*Store)(nil)
+var (
+	_ stores.Store   = (*Store)(nil)
+	_ stores.Bounded = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store) error
@@ -172,6 +186,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		createTable: true,
 		purgeEvery:  DefaultPurgeInterval,
 		retention:   DefaultRetention,
+		setupTurn:   make(chan struct{}, 1),
 		stopPurge:   make(chan struct{}),
 		purgeDone:   make(chan struct{}),
 	}
@@ -247,12 +262,19 @@ func (s *Store) begin() bool {
 // setup creates the table (unless WithoutCreateTable) and prepares the
 // one-key statements, once: a failure is returned and tried again by the
 // next operation. The statements on several keys are prepared on first use.
+// One call at a time runs it; the others wait for it, or return when their
+// context ends. No call holds a connection while it waits (setup comes
+// first in every operation).
 func (s *Store) setup(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
-	s.setupMu.Lock()
-	defer s.setupMu.Unlock()
+	select {
+	case s.setupTurn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.setupTurn }()
 	if s.ready.Load() {
 		return nil
 	}
@@ -266,7 +288,7 @@ func (s *Store) setup(ctx context.Context) error {
 		}
 	}
 	for _, q := range []string{s.q.acquireOne, withKeys(s.q.release, 1), withKeys(s.q.expire, 1)} {
-		if _, err := s.stmts.get(ctx, s.db, q); err != nil {
+		if _, err := s.prepare(ctx, q); err != nil {
 			return fmt.Errorf("mysqlstore: prepare statements on table %s: %w", s.table, markUnreachable(err))
 		}
 	}
@@ -274,16 +296,27 @@ func (s *Store) setup(ctx context.Context) error {
 	return nil
 }
 
-// checkSizes returns an error wrapping stores.ErrInvalid when a key or the
-// token is longer than the table holds, or the token is empty (a token
-// names one acquisition).
-func checkSizes(keys []string, token string) error {
-	for _, k := range keys {
-		if len(k) > MaxKeyLen {
-			return fmt.Errorf("%w: mysqlstore: key of %d bytes is longer than %d", stores.ErrInvalid, len(k), MaxKeyLen)
-		}
+// Bounds returns the keys and durations the Store honours: keys of up to
+// MaxKeyLen bytes, the width of the table's key column; every duration from
+// 1ns, rounded up to the microsecond of DATETIME(6), to math.MaxInt64, 292
+// years, which the server's clock plus the duration keeps far within
+// DATETIME's range (to the year 9999) and TIMESTAMPDIFF's microseconds
+// within a BIGINT. It implements stores.Bounded.
+func (s *Store) Bounds() stores.Bounds {
+	return stores.Bounds{MaxKeyBytes: MaxKeyLen, Reason: "mysqlstore's key column (lock_key VARBINARY(512), its primary key)"}
+}
+
+// checkArgs returns an error wrapping stores.ErrInvalid when a key is longer
+// than the table holds (see Bounds), there are more than MaxKeysPerCall
+// keys, a duration is out of Bounds, the token is longer than the table
+// holds or it is empty (a token names one acquisition).
+func (s *Store) checkArgs(keys []string, token string, durations ...time.Duration) error {
+	if err := args.CheckBounds(s.Bounds(), keys, durations...); err != nil {
+		return err
 	}
 	switch {
+	case len(keys) > MaxKeysPerCall:
+		return fmt.Errorf("%w: mysqlstore: %d keys in one call, more than %d", stores.ErrInvalid, len(keys), MaxKeysPerCall)
 	case token == "":
 		return fmt.Errorf("%w: mysqlstore: empty token", stores.ErrInvalid)
 	case len(token) > MaxTokenLen:
@@ -303,9 +336,22 @@ func micros(d time.Duration) int64 {
 }
 
 // remaining turns a remaining TTL in microseconds into a refusal's Wait: at
-// least a microsecond, since zero would mean unknown.
+// least a microsecond, since zero would mean unknown, and at most the
+// longest Duration (a TTL of math.MaxInt64 rounds up past it).
 func remaining(us int64) time.Duration {
+	if us > int64(math.MaxInt64/time.Microsecond) {
+		return math.MaxInt64
+	}
 	return max(time.Duration(us)*time.Microsecond, time.Microsecond)
+}
+
+// keysForMessage names keys in an error message: the first, cut short by
+// stores.KeyForMessage, and how many others.
+func keysForMessage(keys []string) string {
+	if len(keys) == 1 {
+		return stores.KeyForMessage(keys[0])
+	}
+	return fmt.Sprintf("%s and %d more keys", stores.KeyForMessage(keys[0]), len(keys)-1)
 }
 
 // anys returns keys as query arguments.

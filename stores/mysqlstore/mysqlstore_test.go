@@ -11,16 +11,21 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
 
-// openDB returns a *sql.DB on the test MariaDB, closed when the test ends.
-func openDB(t testing.TB) *sql.DB {
+// openDB returns a *sql.DB on the test MariaDB, closed when the test ends;
+// each of configure changes the driver's configuration first.
+func openDB(t testing.TB, configure ...func(*mysql.Config)) *sql.DB {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(testservers.MySQLDSN(t))
 	if err != nil {
 		t.Fatalf("ParseDSN: %v", err)
+	}
+	for _, f := range configure {
+		f(cfg)
 	}
 	c, err := mysql.NewConnector(cfg)
 	if err != nil {
@@ -30,6 +35,17 @@ func openDB(t testing.TB) *sql.DB {
 	db.SetMaxIdleConns(maxIdleConns) // as Open does
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// withParam returns a configuration change that sets the session variable
+// name to value on every connection (the driver runs SET name=value).
+func withParam(name, value string) func(*mysql.Config) {
+	return func(cfg *mysql.Config) {
+		if cfg.Params == nil {
+			cfg.Params = map[string]string{}
+		}
+		cfg.Params[name] = value
+	}
 }
 
 // newStore returns a Store on db, closed when the test ends (before db).
@@ -43,7 +59,8 @@ func newStore(t testing.TB, db *sql.DB, opts ...Option) *Store {
 	return s
 }
 
-// TestConformance runs the conformance suite on MariaDB.
+// TestConformance runs the conformance suite on MariaDB, its Faults group
+// through a fault proxy.
 func TestConformance(t *testing.T) {
 	db := openDB(t)
 	var retries atomic.Int64
@@ -57,6 +74,10 @@ func TestConformance(t *testing.T) {
 				}
 			})
 			return s
+		},
+		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
+			p, db := proxiedDB(t)
+			return newStore(t, db), []*faultproxy.Proxy{p}
 		},
 	})
 }

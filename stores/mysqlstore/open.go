@@ -20,6 +20,13 @@ const defaultPort = "3306"
 // maxIdleConns is how many idle connections the *sql.DB of Open keeps.
 const maxIdleConns = 64
 
+// sqlMode is the session sql_mode of Open's connections, unless the URL sets
+// one: strict, so that a value a column cannot hold is an error rather than
+// a silent truncation, and no engine substituted for InnoDB (a table without
+// transactions). The statements mean the same under any sql_mode; setting
+// it keeps a server's global one from surprising the table's creation.
+const sqlMode = "'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
+
 // Open returns a Store on the MySQL or MariaDB server that rawURL names,
 // with a *sql.DB of its own (go-sql-driver/mysql) that Close closes:
 //
@@ -31,8 +38,10 @@ const maxIdleConns = 64
 // WithoutCreateTable. Any other parameter goes to the driver as in its DSN
 // (such as tls=true, timeout=5s, readTimeout=10s); interpolateParams=true
 // is set unless the URL says otherwise, so that a statement on several keys
-// takes one round trip instead of a prepare and an execute. Open converts
-// the URL to the driver's DSN: user:password@tcp(host:port)/database?params.
+// takes one round trip instead of a prepare and an execute, and so is the
+// session's sql_mode, to STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION (as
+// sql_mode='...'). Open converts the URL to the driver's DSN:
+// user:password@tcp(host:port)/database?params.
 //
 // Open connects, creates the table (unless create=false) and prepares the
 // statements, bounded by ctx. It returns an error wrapping
@@ -105,7 +114,7 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 		return nil, nil, fmt.Errorf("URL query: %w", err)
 	}
 	var opts []Option
-	driverParams := url.Values{"interpolateParams": {"true"}}
+	driverParams := url.Values{"interpolateParams": {"true"}, "sql_mode": {sqlMode}}
 	for name, vals := range query {
 		if len(vals) != 1 {
 			return nil, nil, fmt.Errorf("URL parameter %s is given %d times", name, len(vals))

@@ -113,6 +113,21 @@ func TestOpen(t *testing.T) {
 		t.Fatalf("Acquire after Close: %v, want ErrClosed", err)
 	}
 
+	// Open's connections run at a sql_mode of its own, unless the URL sets
+	// one.
+	for query, want := range map[string]string{"": "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION", "sql_mode=ANSI": "ANSI_QUOTES"} {
+		s, err := Open(t.Context(), testURL(t, query))
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		var mode string
+		if err := s.db.QueryRowContext(t.Context(), "SELECT @@SESSION.sql_mode").Scan(&mode); err != nil || !strings.Contains(mode, want) {
+			t.Errorf("Open with %q: session sql_mode %q, %v; want %s", query, mode, err, want)
+		}
+		mustAcquire(t, s, testKeys(1), "t1", time.Minute)
+		_ = s.Close()
+	}
+
 	u, _ := url.Parse(testURL(t, ""))
 	u.User = url.UserPassword(u.User.Username(), "wrong")
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)

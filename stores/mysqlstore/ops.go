@@ -33,8 +33,9 @@ import (
 // the statement goes on (see Failures in the package documentation), a
 // grant it makes is released, owner-checked, once it returns, and the error
 // wraps stores.ErrAbandoned and ctx's error. It returns an error wrapping
-// stores.ErrInvalid for no keys, an empty, duplicate, unsorted or too long
-// key, an empty or too long token or a non-positive ttl; ErrClosed after
+// stores.ErrInvalid for no keys, more than MaxKeysPerCall, an empty,
+// duplicate, unsorted or too long key (see Bounds), an empty or too long
+// token or a non-positive ttl, before any statement; ErrClosed after
 // Close; ErrUnexpectedReply for a reply it cannot read; and the driver's
 // error otherwise, wrapped with stores.ErrUnreachable when no connection
 // could be made. An error of a COMMIT leaves the outcome unknown, as the
@@ -43,7 +44,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	if err := checkSizes(keys, token); err != nil {
+	if err := s.checkArgs(keys, token, ttl); err != nil {
 		return stores.Grant{}, err
 	}
 	op := func(ctx context.Context, c *call[stores.Grant]) (stores.Grant, error) {
@@ -129,13 +130,13 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (s
 			return g, err
 		}
 	}
-	res, err := s.execOn(ctx, s.dbx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
+	res, err := s.execDB(ctx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
 	if err != nil {
 		return stores.Grant{}, err
 	}
 	id, err := res.LastInsertId()
 	if err != nil {
-		return stores.Grant{}, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, key, err)
+		return stores.Grant{}, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, stores.KeyForMessage(key), err)
 	}
 	switch {
 	case id > 0 && id < refusedFlag:
@@ -143,16 +144,25 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (s
 	case id > refusedFlag:
 		return stores.Grant{Wait: remaining(id - refusedFlag)}, nil
 	}
-	return stores.Grant{}, fmt.Errorf("%w: acquire %q answered LAST_INSERT_ID %d", ErrUnexpectedReply, key, id)
+	return stores.Grant{}, fmt.Errorf("%w: acquire %s answered LAST_INSERT_ID %d", ErrUnexpectedReply, stores.KeyForMessage(key), id)
 }
 
 // acquireMany takes several keys in one transaction: acquireManySQL locks
 // and sets their rows, selectManySQL reads them, and the transaction
 // commits when every row holds token, else rolls back. It rolls back too
-// when the caller has left meanwhile.
+// when the caller has left meanwhile. Its statements are prepared before
+// the transaction takes its connection (see stmtCache).
 func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []string, token string, ttl int64) (stores.Grant, error) {
 	if g, err := s.findHeld(ctx, keys, token); err != nil || !g.OK {
 		return g, err
+	}
+	insert, err := s.prepare(ctx, withRows(s.q.acquireMany, s.q.acquireRow, len(keys)))
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	read, err := s.prepare(ctx, withKeys(s.q.selectMany, len(keys)))
+	if err != nil {
+		return stores.Grant{}, err
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -169,10 +179,10 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 		values = append(values, k, token, ttl)
 	}
 	values = append(values, token, token, token, token, ttl)
-	if _, err := s.execOn(ctx, tx, withRows(s.q.acquireMany, s.q.acquireRow, len(keys)), values...); err != nil {
+	if _, err := insert.exec(ctx, tx, values...); err != nil {
 		return stores.Grant{}, err
 	}
-	fences, held, wait, err := s.readRows(ctx, tx, keys, token)
+	fences, held, wait, err := readRows(ctx, tx, read, keys, token)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -184,7 +194,7 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 	}
 	if err := tx.Commit(); err != nil {
 		// Whether the server committed is unknown.
-		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %q (outcome unknown): %w", keys, err)
+		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %s (outcome unknown): %w", keysForMessage(keys), err)
 	}
 	committed = true
 	return stores.Grant{OK: true, Fences: fences}, nil
@@ -195,7 +205,7 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 // it found none: under contention most attempts on several keys then take
 // one read and no row lock, and hold up no one.
 func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stores.Grant, error) {
-	rows, err := s.queryOn(ctx, s.dbx, withKeys(s.q.held, len(keys)), append(anys(keys), token)...)
+	rows, err := s.queryDB(ctx, withKeys(s.q.held, len(keys)), append(anys(keys), token)...)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -208,20 +218,21 @@ func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stor
 		left int64
 	)
 	if err := rows.Scan(&key, &left); err != nil {
-		return stores.Grant{}, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, keys, err)
+		return stores.Grant{}, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 	}
 	i := slices.Index(keys, key)
 	if i < 0 {
-		return stores.Grant{}, fmt.Errorf("%w: acquire %q read row %q", ErrUnexpectedReply, keys, key)
+		return stores.Grant{}, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
 	}
 	return stores.Grant{Held: i, Wait: remaining(left)}, nil
 }
 
-// readRows reads the rows of keys within tx: each one's fence and, when a
-// row holds another token, the index of the first such and its remaining
-// TTL in microseconds (held is -1 when every row holds token).
-func (s *Store) readRows(ctx context.Context, tx *sql.Tx, keys []string, token string) (fences []int64, held int, wait int64, err error) {
-	rows, err := s.queryOn(ctx, tx, withKeys(s.q.selectMany, len(keys)), anys(keys)...)
+// readRows reads the rows of keys within tx with read, selectManySQL: each
+// one's fence and, when a row holds another token, the index of the first
+// such and its remaining TTL in microseconds (held is -1 when every row
+// holds token).
+func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token string) (fences []int64, held int, wait int64, err error) {
+	rows, err := read.rows(ctx, tx, anys(keys)...)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -235,10 +246,10 @@ func (s *Store) readRows(ctx context.Context, tx *sql.Tx, keys []string, token s
 			fence, left int64
 		)
 		if err := rows.Scan(&key, &holder, &fence, &left); err != nil {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %q: %w", ErrUnexpectedReply, keys, err)
+			return nil, 0, 0, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 		}
 		if i >= len(keys) || key != keys[i] {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %q read row %q", ErrUnexpectedReply, keys, key)
+			return nil, 0, 0, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
 		}
 		if holder != token && held < 0 {
 			held, wait = i, left
@@ -250,7 +261,7 @@ func (s *Store) readRows(ctx context.Context, tx *sql.Tx, keys []string, token s
 		return nil, 0, 0, err
 	}
 	if i != len(keys) {
-		return nil, 0, 0, fmt.Errorf("%w: acquire %q read %d rows", ErrUnexpectedReply, keys, i)
+		return nil, 0, 0, fmt.Errorf("%w: acquire %s read %d rows", ErrUnexpectedReply, keysForMessage(keys), i)
 	}
 	return fences, held, wait, nil
 }
@@ -264,15 +275,19 @@ func (s *Store) readRows(ctx context.Context, tx *sql.Tx, keys []string, token s
 // after ending the grant on the others.
 //
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
-// error wrapping stores.ErrInvalid for no keys or an empty, duplicate,
-// unsorted or too long key, or an empty or too long token; ErrClosed after
-// Close; one wrapping ErrContention after contentionAttempts losses to row
+// error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
+// an empty, duplicate, unsorted or too long key (see Bounds), or an empty
+// or too long token, before any statement; ErrClosed after Close; one wrapping ErrContention after contentionAttempts losses to row
 // lock contention; and the driver's error otherwise.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
-	if err := checkSizes(keys, token); err != nil {
+	var durations []time.Duration
+	if keep > 0 {
+		durations = append(durations, keep)
+	}
+	if err := s.checkArgs(keys, token, durations...); err != nil {
 		return err
 	}
 	_, err := run(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {
@@ -304,7 +319,7 @@ func (s *Store) release(ctx context.Context, left func() bool, keys []string, to
 	}
 	if n < int64(len(keys)) {
 		if len(keys) == 1 {
-			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+			return fmt.Errorf("%w: %s", stores.ErrNotHeld, stores.KeyForMessage(keys[0]))
 		}
 		return fmt.Errorf("%w: %d of %d keys", stores.ErrNotHeld, int64(len(keys))-n, len(keys))
 	}
@@ -313,7 +328,7 @@ func (s *Store) release(ctx context.Context, left func() bool, keys []string, to
 
 // exec runs one statement and returns the rows it affected.
 func (s *Store) exec(ctx context.Context, query string, vals []any) (int64, error) {
-	res, err := s.execOn(ctx, s.dbx, query, vals...)
+	res, err := s.execDB(ctx, query, vals...)
 	if err != nil {
 		return 0, err
 	}
@@ -327,9 +342,10 @@ func (s *Store) exec(ctx context.Context, query string, vals []any) (int64, erro
 // found every key holding token.
 //
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
-// error wrapping stores.ErrInvalid for no keys, an empty, duplicate,
-// unsorted or too long key, an empty or too long token or a non-positive
-// ttl; ErrClosed after Close; one wrapping ErrContention after
+// error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
+// an empty, duplicate, unsorted or too long key (see Bounds), an empty or
+// too long token or a non-positive ttl, before any statement; ErrClosed
+// after Close; one wrapping ErrContention after
 // contentionAttempts losses to row lock contention; and the driver's error
 // otherwise, wrapped with stores.ErrUnreachable when no connection could be
 // made. A lost connection is no lost lock: the lease is a row, which any
@@ -338,7 +354,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
-	if err := checkSizes(keys, token); err != nil {
+	if err := s.checkArgs(keys, token, ttl); err != nil {
 		return err
 	}
 	_, err := run(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {
@@ -360,7 +376,7 @@ func (s *Store) refresh(ctx context.Context, left func() bool, keys []string, to
 				return err
 			}
 			if n != 1 {
-				return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
+				return fmt.Errorf("%w: %s", stores.ErrNotHeld, stores.KeyForMessage(keys[0]))
 			}
 			return nil
 		}
@@ -369,13 +385,18 @@ func (s *Store) refresh(ctx context.Context, left func() bool, keys []string, to
 }
 
 // refreshMany runs expireSQL on several keys in a transaction, committed
-// only when every key held the token.
+// only when every key held the token. The statement is prepared before the
+// transaction takes its connection (see stmtCache).
 func (s *Store) refreshMany(ctx context.Context, keys []string, vals []any) error {
+	expire, err := s.prepare(ctx, withKeys(s.q.expire, len(keys)))
+	if err != nil {
+		return err
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	res, err := s.execOn(ctx, tx, withKeys(s.q.expire, len(keys)), vals...)
+	res, err := expire.exec(ctx, tx, vals...)
 	if err != nil {
 		_ = tx.Rollback()
 		return err

@@ -11,10 +11,11 @@ import (
 // purgeTimeout bounds one purge run of the purge goroutine.
 const purgeTimeout = time.Minute
 
-// Purge deletes the rows that have been free for retention and whose fence
-// the server clock has passed by retention, in batches of purgeBatch keys,
-// and returns how many it deleted. A row that is held, or was released or
-// expired less than retention ago, stays. The next grant of a purged key
+// Purge deletes the rows that were released or have been expired for
+// retention, and whose fence the server clock has passed by retention (the
+// key was last granted more than retention ago), in batches of purgeBatch
+// keys, and returns how many it deleted. A row that is held, expired less
+// than retention ago or granted less than retention ago, stays. The next grant of a purged key
 // starts its fence from the server clock in microseconds, which is then
 // above every fence the row held, unless the clock has stepped back by more
 // than retention since; so retention must be at least MinRetention.
@@ -41,8 +42,10 @@ func (s *Store) purge(ctx context.Context, retention time.Duration) (int64, erro
 		return 0, err
 	}
 	ret := micros(retention)
-	var deleted int64
-	after := ""
+	var (
+		deleted int64
+		after   []any // none: from the first key
+	)
 	for {
 		keys, err := s.purgeCandidates(ctx, after, ret)
 		if err != nil || len(keys) == 0 {
@@ -65,14 +68,19 @@ func (s *Store) purge(ctx context.Context, retention time.Duration) (int64, erro
 		if len(keys) < purgeBatch {
 			return deleted, nil
 		}
-		after = keys[len(keys)-1]
+		after = []any{keys[len(keys)-1]}
 	}
 }
 
-// purgeCandidates returns the next keys after after that purgeSQL may
-// delete, in key order, at most purgeBatch.
-func (s *Store) purgeCandidates(ctx context.Context, after string, ret int64) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, s.q.purgeCandidates, after, ret, ret, purgeBatch)
+// purgeCandidates returns the next keys that purgeSQL may delete, in key
+// order, at most purgeBatch: after after's one key, or from the first when
+// after is empty.
+func (s *Store) purgeCandidates(ctx context.Context, after []any, ret int64) ([]string, error) {
+	query := s.q.purgeFirst
+	if len(after) > 0 {
+		query = s.q.purgeAfter
+	}
+	rows, err := s.db.QueryContext(ctx, query, append(after, ret, ret, purgeBatch)...)
 	if err != nil {
 		return nil, err
 	}

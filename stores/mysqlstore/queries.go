@@ -15,8 +15,18 @@ import (
 // evaluate once per statement (at its start) and which neither the
 // session's time_zone nor daylight saving time moves. In the templates
 // {table} stands for the quoted table name, {stride} for
-// stores.FenceStride, {now} for the server's clock and {micros} for that
-// clock in microseconds since 1970.
+// stores.FenceStride, {now} for the server's clock, {micros} for that
+// clock in microseconds since 1970 and {released} for the expiry of a
+// released key.
+//
+// The statements mean the same under every sql_mode a session may set
+// (TestSQLModes runs them under each): identifiers are quoted with
+// backticks, which ANSI_QUOTES keeps, strings with single quotes; no
+// argument and no literal is an empty string, which EMPTY_STRING_IS_NULL
+// reads as NULL; no column is a CHAR, which PAD_CHAR_TO_FULL_LENGTH pads;
+// the driver escapes arguments for the session's NO_BACKSLASH_ESCAPES; and
+// the assignments of an UPDATE give the same row whether they see each
+// other (MySQL) or the row as it was (SIMULTANEOUS_ASSIGNMENT).
 
 // schemaSQL is the table's definition; see Schema.
 //
@@ -26,6 +36,11 @@ var schemaSQL string
 const (
 	nowSQL    = "UTC_TIMESTAMP(6)"
 	microsSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+
+	// releasedSQL is the expiry of a released key: a fixed instant long
+	// past, not the clock, so that a key released stays free should the
+	// server's clock step back.
+	releasedSQL = "'1970-01-01 00:00:00'"
 
 	// refusedFlag marks a refusal in the LAST_INSERT_ID of acquireOneSQL:
 	// the holder's remaining TTL in microseconds is added to it. Fences stay
@@ -85,12 +100,16 @@ ORDER BY lock_key LIMIT 1`
 FROM {table} WHERE lock_key IN ({keys}) ORDER BY lock_key FOR UPDATE`
 
 	// releaseSQL ends the token's grant on the keys that still hold it: the
-	// row expires now, keeping its fence and token (so that InnoDB updates
-	// it in place, every column keeping its size; an expired row is free
-	// whatever its token). The row always changes (expires_at was later
-	// than now), so the affected rows count the keys released whatever the
-	// driver's found-rows mode. Arguments: the keys, token.
-	releaseSQL = `UPDATE {table} SET expires_at = {now}
+	// row's expiry becomes {released}, keeping its fence and token (so that
+	// InnoDB updates it in place, every column keeping its size; an expired
+	// row is free whatever its token). Not the clock's now: after the clock
+	// stepped back, such a key would read as held again, and the released
+	// holder's Refresh, or one that started before the Release and waited
+	// for its row lock, would take it back. The row always changes
+	// (expires_at was later than now), so the affected rows count the keys
+	// released whatever the driver's found-rows mode. Arguments: the keys,
+	// token.
+	releaseSQL = `UPDATE {table} SET expires_at = {released}
 WHERE lock_key IN ({keys}) AND token = ? AND expires_at > {now}`
 
 	// expireSQL sets the TTL of the keys that still hold the token: Refresh,
@@ -103,20 +122,23 @@ SET expires_at = IF(expires_at = {now} + INTERVAL ? MICROSECOND,
   expires_at + INTERVAL 1 MICROSECOND, {now} + INTERVAL ? MICROSECOND)
 WHERE lock_key IN ({keys}) AND token = ? AND expires_at > {now}`
 
-	// purgeCandidatesSQL finds, without locking, the next keys after a
-	// given one that purgeSQL may delete. Arguments: after, retention µs,
-	// retention µs, limit.
+	// purgeCandidatesSQL finds, without locking, the next keys that
+	// purgeSQL may delete, in key order: the first ones with {after} empty,
+	// else those after a given key, with {after} "lock_key > ? AND" (not a
+	// comparison with an empty string, which EMPTY_STRING_IS_NULL reads as
+	// NULL, so that the purge deleted nothing). Arguments: after when
+	// {after} is set, retention µs, retention µs, limit.
 	purgeCandidatesSQL = `SELECT lock_key FROM {table}
-WHERE lock_key > ? AND expires_at <= {now} - INTERVAL ? MICROSECOND
+WHERE {after} expires_at <= {now} - INTERVAL ? MICROSECOND
   AND fence + {stride} <= {micros} - ?
 ORDER BY lock_key LIMIT ?`
 
-	// purgeSQL deletes rows that have been free for the retention and
-	// whose fence the server clock has passed by the retention, checking
-	// both again under the row locks: the next grant of such a key starts
-	// from the clock, above every fence the row held, unless the clock
-	// steps back by more than the retention. Arguments: the keys,
-	// retention µs, retention µs.
+	// purgeSQL deletes rows that were released or have been expired for
+	// the retention, and whose fence the server clock has passed by the
+	// retention, checking both again under the row locks: the next grant of
+	// such a key starts from the clock, above every fence the row held,
+	// unless the clock steps back by more than the retention. Arguments:
+	// the keys, retention µs, retention µs.
 	purgeSQL = `DELETE FROM {table}
 WHERE lock_key IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND
   AND fence + {stride} <= {micros} - ?`
@@ -127,7 +149,7 @@ type queries struct {
 	acquireOne, acquireMany, acquireRow string
 	held, selectMany                    string
 	release, expire                     string
-	purgeCandidates, purge              string
+	purgeFirst, purgeAfter, purge       string
 }
 
 // newQueries returns the SQL for quoted, a validated and quoted table name.
@@ -138,17 +160,19 @@ func newQueries(quoted string) queries {
 		"{now}", nowSQL,
 		"{micros}", microsSQL,
 		"{refused}", strconv.FormatInt(refusedFlag, 10),
+		"{released}", releasedSQL,
 	)
 	return queries{
-		acquireOne:      r.Replace(acquireOneSQL),
-		acquireMany:     r.Replace(acquireManySQL),
-		acquireRow:      r.Replace(acquireManyRowSQL),
-		held:            r.Replace(heldSQL),
-		selectMany:      r.Replace(selectManySQL),
-		release:         r.Replace(releaseSQL),
-		expire:          r.Replace(expireSQL),
-		purgeCandidates: r.Replace(purgeCandidatesSQL),
-		purge:           r.Replace(purgeSQL),
+		acquireOne:  r.Replace(acquireOneSQL),
+		acquireMany: r.Replace(acquireManySQL),
+		acquireRow:  r.Replace(acquireManyRowSQL),
+		held:        r.Replace(heldSQL),
+		selectMany:  r.Replace(selectManySQL),
+		release:     r.Replace(releaseSQL),
+		expire:      r.Replace(expireSQL),
+		purgeFirst:  strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "", 1),
+		purgeAfter:  strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "lock_key > ? AND", 1),
+		purge:       r.Replace(purgeSQL),
 	}
 }
 

@@ -2,36 +2,155 @@ package mysqlstore
 
 import (
 	"database/sql"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores"
 )
+
+// sqlModes are session sql_modes a user may set on the connections of a
+// *sql.DB given to New: each flag that changes how a statement reads
+// (EMPTY_STRING_IS_NULL reads an empty string as NULL, ANSI_QUOTES reads
+// "..." as a name, NO_BACKSLASH_ESCAPES changes string escapes, ...),
+// MariaDB's combinations of them, none at all (no strict mode), and all at
+// once.
+var sqlModes = []struct{ name, mode string }{
+	{"none", ""},
+	{"EMPTY_STRING_IS_NULL", "EMPTY_STRING_IS_NULL"},
+	{"ANSI_QUOTES", "ANSI_QUOTES"},
+	{"NO_BACKSLASH_ESCAPES", "NO_BACKSLASH_ESCAPES"},
+	{"PAD_CHAR_TO_FULL_LENGTH", "PAD_CHAR_TO_FULL_LENGTH"},
+	{"SIMULTANEOUS_ASSIGNMENT", "SIMULTANEOUS_ASSIGNMENT"},
+	{"operators", "HIGH_NOT_PRECEDENCE,PIPES_AS_CONCAT,IGNORE_SPACE,NO_UNSIGNED_SUBTRACTION,TIME_ROUND_FRACTIONAL,REAL_AS_FLOAT"},
+	{"ANSI", "ANSI"},
+	{"TRADITIONAL", "TRADITIONAL"},
+	{"ORACLE", "ORACLE"},
+	{"all", "EMPTY_STRING_IS_NULL,ANSI_QUOTES,NO_BACKSLASH_ESCAPES,PAD_CHAR_TO_FULL_LENGTH,SIMULTANEOUS_ASSIGNMENT," +
+		"HIGH_NOT_PRECEDENCE,PIPES_AS_CONCAT,IGNORE_SPACE,NO_UNSIGNED_SUBTRACTION,TIME_ROUND_FRACTIONAL,REAL_AS_FLOAT," +
+		"STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,ONLY_FULL_GROUP_BY"},
+}
+
+// modeDB returns a *sql.DB whose connections run at the session sql_mode
+// mode, with the driver interpolating arguments into the statements (as
+// Open has it) or sending them to statements prepared on the server.
+func modeDB(t *testing.T, mode string, interpolate bool) *sql.DB {
+	t.Helper()
+	db := openDB(t, withParam("sql_mode", "'"+mode+"'"), func(cfg *mysql.Config) { cfg.InterpolateParams = interpolate })
+	var got string
+	if err := db.QueryRowContext(t.Context(), "SELECT @@SESSION.sql_mode").Scan(&got); err != nil {
+		t.Fatalf("sql_mode %q: %v", mode, err)
+	}
+	if first, _, _ := strings.Cut(mode, ","); !strings.Contains(got, first) {
+		t.Fatalf("session sql_mode %q, want %q", got, mode)
+	}
+	return db
+}
+
+// TestSQLModes (issue 18, defect 17): every statement of the store is right
+// under any session sql_mode, with arguments interpolated or prepared, for
+// keys holding quotes, backslashes, NUL and bytes that are not UTF-8: grants,
+// refusals, refreshes, kept and plain releases, and the purge, which under
+// EMPTY_STRING_IS_NULL used to compare lock_key with an empty string, read
+// as NULL, and delete nothing, ever.
+func TestSQLModes(t *testing.T) {
+	for _, m := range sqlModes {
+		for _, interpolate := range []bool{true, false} {
+			name := m.name + "/prepared"
+			if interpolate {
+				name = m.name + "/interpolated"
+			}
+			t.Run(name, func(t *testing.T) { checkSQLMode(t, modeDB(t, m.mode, interpolate)) })
+		}
+	}
+}
+
+// checkSQLMode runs the store's statements on db.
+func checkSQLMode(t *testing.T, db *sql.DB) {
+	s := newStore(t, db, WithTable("reqlock_sqlmode"), WithPurge(0, MinRetention))
+	keys := testKeys(3)
+	for i := range keys {
+		keys[i] += "'\"\\%_\x00\xff\xfe`"
+	}
+	one, two := keys[:1], keys[1:]
+
+	first := mustAcquire(t, s, one, "t1", time.Minute)
+	if g, err := s.Acquire(t.Context(), one, "t2", time.Minute); err != nil || g.OK || g.Wait < 50*time.Second || g.Wait > time.Minute {
+		t.Fatalf("Acquire of a held key: %+v, %v; want refused with about a minute left", g, err)
+	}
+	mustAcquire(t, s, two, "t1", time.Minute)
+	if g, err := s.Acquire(t.Context(), keys, "t2", time.Minute); err != nil || g.OK || g.Held != 0 {
+		t.Fatalf("Acquire of held keys: %+v, %v; want refused on the first", g, err)
+	}
+	if err := s.Refresh(t.Context(), one, "t1", 2*time.Minute); err != nil {
+		t.Fatalf("Refresh of one key: %v", err)
+	}
+	if err := s.Refresh(t.Context(), two, "t1", 2*time.Minute); err != nil {
+		t.Fatalf("Refresh of two keys: %v", err)
+	}
+	if err := s.Refresh(t.Context(), one, "t2", time.Minute); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("Refresh by another token: %v, want ErrNotHeld", err)
+	}
+	if g, err := s.Acquire(t.Context(), one, "t2", time.Minute); err != nil || g.OK || g.Wait < time.Minute {
+		t.Fatalf("Acquire after a Refresh to 2 minutes: %+v, %v; want refused with over a minute left", g, err)
+	}
+	if err := s.Release(t.Context(), two, "t1", time.Hour); err != nil {
+		t.Fatalf("Release keeping the keys: %v", err)
+	}
+	if g, err := s.Acquire(t.Context(), two, "t2", time.Minute); err != nil || g.OK || g.Wait < 59*time.Minute {
+		t.Fatalf("Acquire of keys kept for an hour: %+v, %v; want refused with about an hour left", g, err)
+	}
+	if err := s.Release(t.Context(), one, "t1", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	next := mustAcquire(t, s, one, "t2", time.Minute)
+	if next.Fences[0]-first.Fences[0] < stores.FenceStride {
+		t.Fatalf("fence %d after %d, want a stride above", next.Fences[0], first.Fences[0])
+	}
+	if err := s.Release(t.Context(), one, "t2", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+
+	// The released row goes once its fence is behind the clock by the
+	// retention; waiting for that is the behaviour under test.
+	const retention = 200 * time.Millisecond
+	rowExists := func() bool {
+		t.Helper()
+		var n int
+		if err := db.QueryRowContext(t.Context(), "SELECT COUNT(*) FROM reqlock_sqlmode WHERE lock_key = ?", []byte(one[0])).Scan(&n); err != nil {
+			t.Fatalf("count rows: %v", err)
+		}
+		return n == 1
+	}
+	if !rowExists() {
+		t.Fatal("the released key has no row")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for rowExists() {
+		if time.Now().After(deadline) {
+			t.Fatal("the released row was never purged")
+		}
+		<-tick.C
+		if _, err := s.purge(t.Context(), retention); err != nil {
+			t.Fatalf("purge: %v", err)
+		}
+	}
+	if g, err := s.Acquire(t.Context(), two, "t3", time.Minute); err != nil || g.OK {
+		t.Fatalf("Acquire of the kept keys after a purge: %+v, %v; want refused", g, err)
+	}
+}
 
 // TestSimultaneousAssignment: with MariaDB's sql_mode
 // SIMULTANEOUS_ASSIGNMENT, where every assignment of an UPDATE sees the row
 // as it was, a key taken over after its holder's expiry still gets the new
 // holder's expiry, so a third token is refused.
 func TestSimultaneousAssignment(t *testing.T) {
-	cfg, err := mysql.ParseDSN(testservers.MySQLDSN(t))
-	if err != nil {
-		t.Fatalf("ParseDSN: %v", err)
-	}
-	cfg.Params = map[string]string{"sql_mode": "'STRICT_TRANS_TABLES,SIMULTANEOUS_ASSIGNMENT'"}
-	c, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatalf("NewConnector: %v", err)
-	}
-	db := sql.OpenDB(c)
-	t.Cleanup(func() { _ = db.Close() })
-	var mode string
-	if err := db.QueryRowContext(t.Context(), "SELECT @@SESSION.sql_mode").Scan(&mode); err != nil || !strings.Contains(mode, "SIMULTANEOUS_ASSIGNMENT") {
-		t.Fatalf("sql_mode %q, %v; want SIMULTANEOUS_ASSIGNMENT", mode, err)
-	}
-	s := newStore(t, db)
+	s := newStore(t, modeDB(t, "STRICT_TRANS_TABLES,SIMULTANEOUS_ASSIGNMENT", true))
 	for _, n := range []int{1, 3} {
 		keys := testKeys(n)
 		mustAcquire(t, s, keys, "t1", 20*time.Millisecond)

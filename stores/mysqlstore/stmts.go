@@ -13,28 +13,50 @@ const maxCachedStmts = 64
 // stmtCache keeps the Store's prepared statements by their SQL, so that a
 // statement takes one round trip (an execute) instead of two (a prepare and
 // an execute) with a driver that does not interpolate arguments itself.
-// database/sql prepares a *sql.Stmt again on each connection it runs on.
+// database/sql prepares a *sql.Stmt again on each connection it runs on,
+// within the connection the statement runs on.
+//
+// Preparing takes a connection from the pool. So the cache never holds its
+// mutex while it prepares (a call waiting for a connection would hold up
+// every other call, including those that hold the connections it waits for),
+// and the Store prepares the statements of a transaction before it begins
+// the transaction, never while it holds the transaction's connection: every
+// call needs one connection at a time, and a pool capped at one serves
+// them all.
 type stmtCache struct {
-	mu     sync.Mutex
-	stmts  map[string]*sql.Stmt
-	closed bool
+	mu        sync.Mutex
+	stmts     map[string]*sql.Stmt
+	preparing map[string]bool // being prepared by a call, outside mu
+	closed    bool
 }
 
 // get returns the prepared statement of query, preparing it on first use;
-// nil (and no error) when the cache is full or closed: the caller then runs
-// query unprepared.
+// nil (and no error) when the cache is full or closed, or another call is
+// preparing query at the moment: the caller then runs query unprepared.
 func (c *stmtCache) get(ctx context.Context, db *sql.DB, query string) (*sql.Stmt, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if st, ok := c.stmts[query]; ok {
+	st, ok := c.stmts[query]
+	prepare := !ok && !c.closed && !c.preparing[query] && len(c.stmts)+len(c.preparing) < maxCachedStmts
+	if prepare {
+		if c.preparing == nil {
+			c.preparing = make(map[string]bool)
+		}
+		c.preparing[query] = true
+	}
+	c.mu.Unlock()
+	if !prepare {
 		return st, nil
 	}
-	if c.closed || len(c.stmts) >= maxCachedStmts {
-		return nil, nil
-	}
 	st, err := db.PrepareContext(ctx, query)
-	if err != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.preparing, query)
+	switch {
+	case err != nil:
 		return nil, err
+	case c.closed:
+		_ = st.Close()
+		return nil, nil
 	}
 	if c.stmts == nil {
 		c.stmts = make(map[string]*sql.Stmt)
@@ -66,26 +88,53 @@ type dbExecer struct{ *sql.DB }
 // StmtContext returns st itself: it belongs to the *sql.DB.
 func (dbExecer) StmtContext(_ context.Context, st *sql.Stmt) *sql.Stmt { return st }
 
-// exec runs query with args on e, prepared when the cache has room.
-func (s *Store) execOn(ctx context.Context, e execer, query string, args ...any) (sql.Result, error) {
-	st, err := s.stmts.get(ctx, s.db, query)
-	if err != nil {
-		return nil, err
-	}
-	if st == nil {
-		return e.ExecContext(ctx, query, args...)
-	}
-	return e.StmtContext(ctx, st).ExecContext(ctx, args...)
+// stmt is one statement of the Store: its SQL and, when the cache had room
+// for it, its prepared form.
+type stmt struct {
+	query    string
+	prepared *sql.Stmt // nil: run query unprepared
 }
 
-// queryOn runs query with args on e, prepared when the cache has room.
-func (s *Store) queryOn(ctx context.Context, e execer, query string, args ...any) (*sql.Rows, error) {
+// prepare returns the statement of query, prepared when the cache has room.
+// It takes a connection from the pool to prepare: call it before taking one
+// for a transaction, never while holding one.
+func (s *Store) prepare(ctx context.Context, query string) (stmt, error) {
 	st, err := s.stmts.get(ctx, s.db, query)
+	return stmt{query: query, prepared: st}, err
+}
+
+// exec runs st with args on e.
+func (st stmt) exec(ctx context.Context, e execer, args ...any) (sql.Result, error) {
+	if st.prepared == nil {
+		return e.ExecContext(ctx, st.query, args...)
+	}
+	return e.StmtContext(ctx, st.prepared).ExecContext(ctx, args...)
+}
+
+// rows runs st with args on e and returns its rows.
+func (st stmt) rows(ctx context.Context, e execer, args ...any) (*sql.Rows, error) {
+	if st.prepared == nil {
+		return e.QueryContext(ctx, st.query, args...)
+	}
+	return e.StmtContext(ctx, st.prepared).QueryContext(ctx, args...)
+}
+
+// execDB prepares query (see prepare) and runs it with args on the Store's
+// *sql.DB, on one connection of the pool.
+func (s *Store) execDB(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, err := s.prepare(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	if st == nil {
-		return e.QueryContext(ctx, query, args...)
+	return st.exec(ctx, s.dbx, args...)
+}
+
+// queryDB prepares query (see prepare) and runs it with args on the Store's
+// *sql.DB, returning its rows.
+func (s *Store) queryDB(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := s.prepare(ctx, query)
+	if err != nil {
+		return nil, err
 	}
-	return e.StmtContext(ctx, st).QueryContext(ctx, args...)
+	return st.rows(ctx, s.dbx, args...)
 }

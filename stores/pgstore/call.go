@@ -20,6 +20,10 @@ const (
 	deadlockDetected     = "40P01"
 )
 
+// programLimitExceeded is the SQLSTATE of a statement beyond a limit of the
+// server, such as an index entry too large: it changed nothing.
+const programLimitExceeded = "54000"
+
 // retryPause bounds the random pause before running a rolled-back
 // transaction again.
 const retryPause = 5 * time.Millisecond
@@ -76,7 +80,7 @@ func (s *Store) detached(ctx context.Context, call func(context.Context) (stores
 	undo func(context.Context)) (stores.Grant, error) {
 	if ctx.Done() == nil { // never ends
 		g, err := call(ctx)
-		return g, markUnreachable(err)
+		return g, classify(err)
 	}
 	type result struct {
 		g   stores.Grant
@@ -90,13 +94,15 @@ func (s *Store) detached(ctx context.Context, call func(context.Context) (stores
 		own, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 		g, err := call(own)
 		cancel()
-		err = markUnreachable(err)
+		err = classify(err)
 		if state.CompareAndSwap(callRunning, callReturned) {
 			done <- result{g, err}
 			return
 		}
 		// The caller left: undo in its stead what may have been granted.
-		if g.OK || (err != nil && !errors.Is(err, stores.ErrUnreachable)) {
+		// Nothing changed when the server was unreachable or refused the
+		// arguments.
+		if g.OK || (err != nil && !errors.Is(err, stores.ErrUnreachable) && !errors.Is(err, stores.ErrInvalid)) {
 			undoCtx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
 			defer cancel()
 			undo(undoCtx)
@@ -115,21 +121,28 @@ func (s *Store) detached(ctx context.Context, call func(context.Context) (stores
 }
 
 // endedErr returns err, wrapping ctx's error when ctx ended (pgx ends a
-// statement with its context, and the outcome is then unknown) and
-// stores.ErrUnreachable when no connection could be made.
+// statement with its context, and the outcome is then unknown), and with
+// stores.ErrUnreachable or stores.ErrInvalid as classify does.
 func endedErr(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		return fmt.Errorf("%w: %w", cerr, err)
 	}
-	return markUnreachable(err)
+	return classify(err)
 }
 
-// markUnreachable wraps err with stores.ErrUnreachable when the call never
+// classify wraps err with stores.ErrUnreachable when the call never
 // reached the server: no connection could be made. Such a call changed
-// nothing.
-func markUnreachable(err error) error {
-	if err == nil || errors.Is(err, stores.ErrUnreachable) {
+// nothing. It wraps err with stores.ErrInvalid when the server refused the
+// arguments as beyond one of its limits (SQLSTATE 54000,
+// program_limit_exceeded, such as a key too long for the primary key's
+// btree on a server whose pages are smaller than Bounds assumed): the
+// statement, and its implicit transaction, changed nothing either.
+func classify(err error) error {
+	if err == nil || errors.Is(err, stores.ErrUnreachable) || errors.Is(err, stores.ErrInvalid) {
 		return err
+	}
+	if sqlState(err) == programLimitExceeded {
+		return fmt.Errorf("%w: pgstore: %w", stores.ErrInvalid, err)
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {

@@ -75,6 +75,22 @@
 // clock_timestamp()) is safe for keys whose fences follow the clock (see
 // above).
 //
+// # Limits
+//
+// The Store states them as stores.Bounds (Bounds), and refuses arguments
+// beyond them with stores.ErrInvalid before any statement, as the Locker
+// does before it calls the Store. A key is at most what one entry of the
+// primary key's btree holds: 2692 bytes with PostgreSQL's 8 kB pages (New
+// reads block_size and computes it); a longer key that compresses below the
+// entry limit would fit, but a random one does not, and the server would
+// refuse it (SQLSTATE 54000, which the Store reports as stores.ErrInvalid
+// too). Indexing a digest of the key would lift the limit, at the price of
+// a primary key that existing tables do not have. Every TTL from 1ns to
+// math.MaxInt64 is honoured, rounded up to the server clock's microsecond:
+// 292 years stay far within timestamptz (to the year 294276) and an
+// interval's 64-bit microseconds. Tokens and the number of keys of a call
+// are not limited.
+//
 // # Several keys
 //
 // Acquire with several keys runs three statements in one round trip and one
@@ -126,6 +142,25 @@
 // every waiter; the Locker's local queue already orders the waiters of one
 // process, and the lease row grants across processes in no set order.
 //
+// # Failures
+//
+// What the Store survives, each checked by its tests against a real server
+// (the conformance suite's Faults group, through a fault proxy, and the
+// package's own) except the restart, which follows from rows on disk: a lost
+// connection (the lease is a row, any connection refreshes or releases it);
+// a server restart (rows are on disk); a reply lost or late, or a server
+// paused past the caller's wait (an abandoned Acquire is undone once its
+// statement returns: the key is free soon after the fault ends, within the
+// suite's 3 seconds, not at the end of its TTL); a holder cut off from the
+// server (its key expires after its TTL, not before); a stale holder's
+// Refresh or Release after its key passed to another token (ErrNotHeld); a
+// Refresh racing the Release of its grant (it never takes the key back); and
+// the server's clock stepping back (a released key's token is NULL, free
+// whatever the clock says; keys held then are held longer by the step). A
+// step forward of the server's clock past a holder's remaining TTL lets
+// another take the key while the holder's validity runs: keep the server's
+// clock slewed, not stepped, as for any lease judged by a server's clock.
+//
 // # Contexts and unknown outcomes
 //
 // Every call returns once its context ends. An Acquire runs its statement
@@ -156,6 +191,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"sync"
@@ -197,6 +233,8 @@ type Store struct {
 
 	sql statements
 
+	bounds stores.Bounds // from the server's page size; see Bounds
+
 	background sync.WaitGroup // detached acquires and their undo
 
 	mu     sync.Mutex // guards notify and closed
@@ -207,6 +245,7 @@ type Store struct {
 var (
 	_ stores.Store    = (*Store)(nil)
 	_ stores.Notifier = (*Store)(nil)
+	_ stores.Bounded  = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -222,7 +261,8 @@ func WithTable(name string) Option {
 // New returns a Store over pool and creates its table when missing. The
 // caller keeps the pool and closes it after the Store. The pool's
 // connections should run at READ COMMITTED (the default); Open sets that
-// whatever the server's default. New returns an error wrapping
+// whatever the server's default. New reads the server's page size, which
+// sets the longest key (see Bounds). New returns an error wrapping
 // stores.ErrInvalid when pool is nil or the table name is invalid, and the
 // server's error when the table cannot be created.
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
@@ -242,7 +282,48 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if err := s.createTable(ctx); err != nil {
 		return nil, err
 	}
+	var blockSize int
+	if err := pool.QueryRow(ctx, `SELECT current_setting('block_size')::int`).Scan(&blockSize); err != nil {
+		return nil, fmt.Errorf("pgstore: reading the server's block_size: %w", classify(err))
+	}
+	s.bounds = stores.Bounds{
+		MaxKeyBytes: maxKeyBytes(blockSize),
+		Reason:      fmt.Sprintf("PostgreSQL's btree entry limit for pgstore's primary key on the key (a third of a %d-byte page)", blockSize),
+	}
 	return s, nil
+}
+
+// Bounds returns the keys and durations the Store honours: keys up to the
+// longest a btree entry of the table's primary key holds (2692 bytes with
+// PostgreSQL's 8 kB pages; longer keys that compress below it would fit,
+// but a random one does not), and every duration from 1ns, rounded up to
+// the server clock's microsecond, to math.MaxInt64: 292 years, far within
+// timestamptz (to the year 294276) and an interval's 64-bit microseconds.
+// It implements stores.Bounded.
+func (s *Store) Bounds() stores.Bounds { return s.bounds }
+
+// maxKeyBytes returns the length of the longest key that the table's
+// primary key indexes on a server whose pages are blockSize bytes, whatever
+// its bytes (an incompressible key). A btree entry (version 4, PostgreSQL
+// 12 and later; version 3 allows 8 bytes more) holds at most a third of
+// what a page leaves after its headers, less a heap pointer, each rounded
+// to the 8-byte alignment; the entry of a key is an 8-byte tuple header, a
+// 4-byte bytea header and the key, rounded up to the alignment. With 8 kB
+// pages: 2704 bytes an entry, 2692 a key.
+func maxKeyBytes(blockSize int) int {
+	const (
+		align            = 8
+		pageHeader       = 24 // SizeOfPageHeaderData
+		itemID           = 4  // ItemIdData: a page holds at least 3 entries
+		btreeSpecial     = 16 // BTPageOpaqueData
+		heapPointer      = 6  // ItemPointerData
+		indexTupleHeader = 8  // IndexTupleData
+		varlenaHeader    = 4  // a bytea over 126 bytes
+	)
+	up := func(n int) int { return (n + align - 1) &^ (align - 1) }
+	down := func(n int) int { return n &^ (align - 1) }
+	entry := down((blockSize-up(pageHeader+3*itemID)-up(btreeSpecial))/3) - up(heapPointer)
+	return entry - indexTupleHeader - varlenaHeader
 }
 
 // createTable creates the table unless it exists. Two sessions creating
@@ -254,7 +335,7 @@ func (s *Store) createTable(ctx context.Context) error {
 		_, err = s.pool.Exec(ctx, s.sql.create)
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: creating table %s: %w", s.table, markUnreachable(err))
+		return fmt.Errorf("pgstore: creating table %s: %w", s.table, classify(err))
 	}
 	return nil
 }
@@ -293,13 +374,18 @@ func (s *Store) Close() error {
 // call whose reply was lost) is granted again with a fresh fence and TTL.
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
-// duplicate or unsorted key, or a non-positive ttl; ctx.Err() without acting
-// when ctx has ended; an error wrapping stores.ErrAbandoned and ctx's error
+// duplicate, unsorted or too long key (see Bounds), or a non-positive ttl,
+// before any statement, or when the server refuses a key as beyond its
+// limits (SQLSTATE 54000); ctx.Err() without acting when ctx has ended; an
+// error wrapping stores.ErrAbandoned and ctx's error
 // when ctx ended while the statement was in flight (the store then releases
 // what it granted); one wrapping stores.ErrUnreachable when no connection
 // could be made; and the server's error otherwise.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := args.CheckBounds(s.bounds, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
 	bkeys := byteKeys(keys)
@@ -368,10 +454,13 @@ func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl
 		if rows, err = res.Query(); err != nil {
 			return stores.Grant{}, err
 		}
-		var holder []byte // the first key held by another token
+		var (
+			holder     []byte // the first key held by another token
+			holderLeft int64  // its remaining lease in microseconds
+		)
 		if _, err := pgx.ForEachRow(rows, []any{&key, &remaining}, func() error {
 			if holder == nil {
-				holder = bytes.Clone(key)
+				holder, holderLeft = bytes.Clone(key), remaining
 			}
 			return nil
 		}); err != nil {
@@ -386,7 +475,7 @@ func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl
 			for i, k := range keys {
 				f, ok := fences[string(k)]
 				if !ok {
-					return stores.Grant{}, fmt.Errorf("%w: no fence for %q", ErrUnexpectedReply, k)
+					return stores.Grant{}, fmt.Errorf("%w: no fence for %s", ErrUnexpectedReply, stores.KeyForMessage(string(k)))
 				}
 				g.Fences[i] = f
 			}
@@ -398,7 +487,7 @@ func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl
 			return stores.Grant{Held: 0, Wait: time.Microsecond}, nil
 		}
 		return stores.Grant{Held: slices.IndexFunc(keys, func(k []byte) bool { return bytes.Equal(k, holder) }),
-			Wait: waitOf(remaining)}, nil
+			Wait: waitOf(holderLeft)}, nil
 	})
 }
 
@@ -413,11 +502,18 @@ func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
 // keys were absent, expired or held another token, after ending the grant
 // on the others. It returns an error wrapping stores.ErrInvalid for no keys
-// or an empty, duplicate or unsorted key; ctx.Err() without acting when ctx
-// has ended; one wrapping stores.ErrUnreachable when no connection could be
+// or an empty, duplicate, unsorted or too long key (see Bounds), before any
+// statement; ctx.Err() without acting when ctx has ended; one wrapping stores.ErrUnreachable when no connection could be
 // made; and the server's error, or ctx's when it ended in flight, otherwise.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	var durations []time.Duration
+	if keep > 0 {
+		durations = append(durations, keep)
+	}
+	if err := args.CheckBounds(s.bounds, keys, durations...); err != nil {
 		return err
 	}
 	bkeys := byteKeys(keys)
@@ -457,7 +553,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return endedErr(ctx, err)
 	}
 	if released != len(keys) {
-		return fmt.Errorf("%w: pgstore: %d of %d keys %q", stores.ErrNotHeld, len(keys)-released, len(keys), keys)
+		return fmt.Errorf("%w: pgstore: %d of %d keys, from %s", stores.ErrNotHeld, len(keys)-released, len(keys), stores.KeyForMessage(keys[0]))
 	}
 	return nil
 }
@@ -471,12 +567,15 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // stores.ErrNotHeld.
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
-// duplicate or unsorted key, or a non-positive ttl; ctx.Err() without acting
-// when ctx has ended; one wrapping stores.ErrUnreachable when no connection
-// could be made; and the server's error, or ctx's when it ended in flight,
-// otherwise.
+// duplicate, unsorted or too long key (see Bounds), or a non-positive ttl,
+// before any statement; ctx.Err() without acting when ctx has ended; one
+// wrapping stores.ErrUnreachable when no connection could be made; and the
+// server's error, or ctx's when it ended in flight, otherwise.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := args.CheckBounds(s.bounds, keys, ttl); err != nil {
 		return err
 	}
 	bkeys := byteKeys(keys)
@@ -506,7 +605,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	case int64(len(keys)):
 		return nil
 	case 0:
-		return fmt.Errorf("%w: pgstore: %q (none of the %d keys refreshed)", stores.ErrNotHeld, keys, len(keys))
+		return fmt.Errorf("%w: pgstore: %d keys, from %s (none refreshed)", stores.ErrNotHeld, len(keys), stores.KeyForMessage(keys[0]))
 	}
 	return fmt.Errorf("%w: refresh of %d keys changed %d", ErrUnexpectedReply, len(keys), refreshed)
 }
@@ -532,7 +631,11 @@ func micros(d time.Duration) int64 {
 
 // waitOf turns a holder's remaining lease in microseconds into a refusal's
 // Wait: at least a microsecond, since the key was seen held and zero would
-// mean unknown.
+// mean unknown, and at most the longest Duration (a lease of math.MaxInt64
+// rounds up past it).
 func waitOf(remaining int64) time.Duration {
+	if remaining > int64(math.MaxInt64/time.Microsecond) {
+		return math.MaxInt64
+	}
 	return max(time.Duration(remaining)*time.Microsecond, time.Microsecond)
 }

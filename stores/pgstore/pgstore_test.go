@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"net/url"
 	"os"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/pgstore"
 	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
@@ -28,9 +30,35 @@ func open(t testing.TB, table string) *pgstore.Store {
 	return s
 }
 
+// openProxied returns a fault proxy in front of the test server and a Store
+// on the default table whose connections go through it, closed when the
+// test ends.
+func openProxied(t testing.TB) (*faultproxy.Proxy, *pgstore.Store) {
+	t.Helper()
+	dsn := testservers.PostgresDSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("the test DSN: %v", err)
+	}
+	p := faultproxy.New(t, u.Host)
+	u.Host = p.Addr()
+	s, err := pgstore.Open(t.Context(), u.String())
+	if err != nil {
+		t.Fatalf("Open through the proxy: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return p, s
+}
+
+// TestConformance runs the conformance suite, its Faults group through a
+// fault proxy.
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return open(t, "") },
 		Notify: true,
+		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
+			p, s := openProxied(t)
+			return s, []*faultproxy.Proxy{p}
+		},
 	})
 }

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -140,10 +137,13 @@ func TestTables(t *testing.T) {
 }
 
 // TestKeysAreBytes: a key may hold any bytes, NUL and invalid UTF-8
-// included, and be longer than a NOTIFY payload.
+// included, and be as long as the store's Bounds say, which is longer than
+// a NOTIFY payload's hex digest.
 func TestKeysAreBytes(t *testing.T) {
 	s := open(t, "")
-	for _, key := range []string{"nul:\x00:" + t.Name(), "bad-utf8:\xff\xfe:" + t.Name(), strings.Repeat("long:", 3000) + t.Name()} {
+	long := "long:" + t.Name() + ":"
+	long += randomKey(s.Bounds().MaxKeyBytes - len(long))
+	for _, key := range []string{"nul:\x00:" + t.Name(), "bad-utf8:\xff\xfe:" + t.Name(), long} {
 		ch, stop := s.NotifyRelease(key, "waiter")
 		defer stop()
 		keys := []string{key}
@@ -304,82 +304,21 @@ func TestCancelledReleaseAndRefreshReturnAtOnce(t *testing.T) {
 	}
 }
 
-// proxy forwards TCP connections to addr until cut, which closes every
-// connection it carries and stops accepting: a server that went away.
-type proxy struct {
-	ln    net.Listener
-	addr  string
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newProxy(t *testing.T, addr string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, addr: addr}
-	go p.serve()
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *proxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		u, err := net.Dial("tcp", p.addr)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, u)
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
-		go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
-	}
-}
-
-func (p *proxy) cut() {
-	_ = p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-}
-
 // TestLostServer: while the server cannot be reached, Refresh fails (so the
 // Locker cancels the holder's context), Acquire says ErrUnreachable; a lost
 // connection alone does not lose the lock, which lives in its row: Refresh
 // on a new connection succeeds. A row the server lost answers ErrNotHeld.
 func TestLostServer(t *testing.T) {
 	dsn := testservers.PostgresDSN(t)
-	hostPort := strings.SplitN(strings.SplitN(dsn, "@", 2)[1], "/", 2)[0]
-	p := newProxy(t, hostPort)
+	p, proxied := openProxied(t)
 	s := open(t, "")
-	proxied, err := pgstore.Open(t.Context(), strings.Replace(dsn, hostPort, p.ln.Addr().String(), 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxied.Close()
 	keys := []string{"lost:" + t.Name()}
 	if g, err := proxied.Acquire(t.Context(), keys, "t1", time.Minute); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
 
 	// Every connection of the proxied store dies: the lock stays.
-	p.mu.Lock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-	p.mu.Unlock()
+	p.Cut()
 	if g, err := s.Acquire(t.Context(), keys, "other", time.Minute); err != nil || g.OK {
 		t.Fatalf("other token after the holder's connections died: %+v, %v; want refused", g, err)
 	}
@@ -394,13 +333,14 @@ func TestLostServer(t *testing.T) {
 	}
 
 	// The server is gone: Refresh fails, Acquire never reaches it.
-	p.cut()
+	p.Refuse()
+	p.Cut()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
 	if err := proxied.Refresh(ctx, keys, "t1", time.Minute); err == nil {
 		t.Fatal("Refresh with the server gone succeeded")
 	}
-	_, err = proxied.Acquire(ctx, []string{"lost:other:" + t.Name()}, "t2", time.Minute)
+	_, err := proxied.Acquire(ctx, []string{"lost:other:" + t.Name()}, "t2", time.Minute)
 	if !errors.Is(err, stores.ErrUnreachable) {
 		t.Fatalf("Acquire with the server gone: %v, want stores.ErrUnreachable", err)
 	}

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -63,7 +64,7 @@ func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 		}
 		<-c.done // it returned as ctx ended
 	}
-	if c.err != nil && ctxEnded(ctx) && c.undo != nil && markUnreachable(c.err) == c.err {
+	if c.err != nil && ctxEnded(ctx) && c.undo != nil && !errors.Is(c.err, stores.ErrUnreachable) {
 		// It failed as its context ended (go-redis times a call out by the
 		// deadline a moment before the context reports it): its outcome
 		// is as unknown as an abandoned call's, and undone alike.
@@ -93,7 +94,7 @@ func (c *scriptCall) inBackground(ctx context.Context) {
 		return
 	}
 	// The caller left: undo in its stead, when the script may have granted.
-	if c.undo == nil || markUnreachable(c.err) != c.err {
+	if c.undo == nil || errors.Is(c.err, stores.ErrUnreachable) {
 		return // it never reached Redis: nothing to undo
 	}
 	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) || c.isFair() {

@@ -52,7 +52,8 @@ func (l *replyLog) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (l *replyLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if c, ok := cmd.(*redis.Cmd); ok && cmd.Name() == "evalsha" && len(cmd.Args()) > 1 && cmd.Args()[1] == l.hash {
+		// The Store's commands are *redis.Cmd, or wrap one (see attempts).
+		if c, ok := cmd.(interface{ Int64Slice() ([]int64, error) }); ok && cmd.Name() == "evalsha" && len(cmd.Args()) > 1 && cmd.Args()[1] == l.hash {
 			r := scriptReply{err: err}
 			if err == nil {
 				r.reply, r.err = c.Int64Slice()

@@ -166,9 +166,14 @@ func mapCrossSlot(err error, keys []string, withFences bool) error {
 }
 
 // run runs script on the Store's client; every script call goes through it,
-// so that a failed one reaches noteFailure.
+// so that a failed one reaches noteFailure, and one that never reached
+// Redis, on any attempt, fails with an error wrapping stores.ErrUnreachable
+// (see attempts).
 func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	cmd := script.Run(ctx, s.client, keys, args...)
+	cmd, reached := s.attempts(ctx, script, keys, args)
+	if err := cmd.Err(); err != nil && !reached {
+		cmd.SetErr(unreachable(err))
+	}
 	s.noteFailure(cmd.Err())
 	return cmd
 }

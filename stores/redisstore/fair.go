@@ -62,7 +62,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		undo: undoFair, undoKeys: []string{key}, undoToken: token}
 	reply, err := call.run(ctx)
 	if err != nil {
-		return stores.FairGrant{}, markUnreachable(err)
+		return stores.FairGrant{}, err
 	}
 	switch {
 	case len(reply) == 2 && reply[0] == 1:

@@ -217,6 +217,9 @@ type Store struct {
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
 
+	single redis.Scripter // client, sending each command once; nil when it cannot (see attempts)
+	retry  retryPolicy    // the client's retries, which the Store makes through single
+
 	sub    subscriber // nil when the client cannot notify releases
 	mu     sync.Mutex // guards notify
 	notify notifier
@@ -257,6 +260,9 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	}
 	s := &Store{client: client, routing: routingOf(client), fenceRetention: DefaultFenceRetention}
 	s.cluster, _ = client.(*redis.ClusterClient)
+	if p, ok := client.(processor); ok {
+		s.single, s.retry = oneAttempt{p}, retryPolicyOf(client)
+	}
 	if sub, ok := client.(subscriber); ok {
 		// A Ring routes a channel to one shard, so one pub/sub cannot hear
 		// the releases of keys on the other shards.
@@ -344,7 +350,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		undo: undoRelease, undoKeys: keys, undoToken: token}
 	reply, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, markUnreachable(mapCrossSlot(err, keys, true))
+		return stores.Grant{}, mapCrossSlot(err, keys, true)
 	}
 	switch {
 	case len(reply) == len(keys)+1 && reply[0] == 1:
@@ -437,7 +443,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 			args: []any{token, milliseconds(ttl)}, scalar: true}
 		reply, err := call.run(ctx)
 		if err != nil {
-			return 0, markUnreachable(err)
+			return 0, err
 		}
 		return reply[0], nil
 	}

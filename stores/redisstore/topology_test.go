@@ -56,22 +56,31 @@ func newFailoverClient(tb testing.TB, set *testservers.Sentinel) *redis.Client {
 }
 
 // proxiedDialer returns a go-redis Dialer that reaches each of addrs
-// through a fault proxy of its own, and any other address directly, and
-// the proxies.
-func proxiedDialer(t *testing.T, addrs []string) (func(ctx context.Context, network, addr string) (net.Conn, error), []*faultproxy.Proxy) {
+// through a fault proxy of its own and each of direct without one, and
+// refuses any other address, so that no connection bypasses the faults;
+// and the proxies.
+func proxiedDialer(t *testing.T, addrs []string, direct ...string) (func(ctx context.Context, network, addr string) (net.Conn, error), []*faultproxy.Proxy) {
 	t.Helper()
-	via := make(map[string]string, len(addrs))
+	via := make(map[string]string, len(addrs)+len(direct))
 	proxies := make([]*faultproxy.Proxy, len(addrs))
 	for i, a := range addrs {
 		proxies[i] = faultproxy.New(t, a)
 		via[a] = proxies[i].Addr()
+		if _, port, err := net.SplitHostPort(a); err == nil {
+			// A Cluster node that announces no address is named ":port".
+			via[":"+port] = proxies[i].Addr()
+		}
+	}
+	for _, a := range direct {
+		via[a] = a
 	}
 	var d net.Dialer
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if p, ok := via[addr]; ok {
-			addr = p
+		to, ok := via[addr]
+		if !ok {
+			return nil, fmt.Errorf("proxiedDialer: %s is neither a proxied server nor a direct one", addr)
 		}
-		return d.DialContext(ctx, network, addr)
+		return d.DialContext(ctx, network, to)
 	}, proxies
 }
 
@@ -112,7 +121,7 @@ func TestTopologySentinel(t *testing.T) {
 		runConformance(t, newFailoverClient(t, set), func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy) {
 			// The data nodes go through proxies; the Sentinels, which
 			// hold no lock, are reached directly.
-			dial, proxies := proxiedDialer(t, testservers.Addrs(set.Redis))
+			dial, proxies := proxiedDialer(t, testservers.Addrs(set.Redis), set.Addrs()...)
 			c := redis.NewFailoverClient(&redis.FailoverOptions{
 				MasterName: set.Master, SentinelAddrs: set.Addrs(), Dialer: dial, ContextTimeoutEnabled: true,
 			})

@@ -14,14 +14,16 @@ import (
 )
 
 // tokenState tracks what an acquisition token still has in flight: node
-// calls that had not answered when Acquire returned, and releases that undo
-// grants. A late grant stays part of the lock while the token's last
-// Acquire granted and its lock is not released; it is released at once
-// when that Acquire did not grant or the lock was released, and kept for the
-// verdict while another Acquire with the token runs. A new Acquire with the
-// token (the Locker retries with one token until it is granted) first waits
-// for the undos in flight, so that none deletes what the new one grants.
-// Fields are guarded by Store.mu.
+// calls that had not answered when Acquire returned, releases that undo
+// grants, and Refresh calls. A late grant stays part of the lock while the
+// token's last Acquire granted and its lock is not released; it is released
+// at once when that Acquire did not grant or the lock was released, and
+// kept for the verdict while another Acquire with the token runs. A call
+// whose outcome is unknown (it failed or timed out after it may have reached
+// its node) is released at once, closing its attempt on the node (see
+// closeAttempt). A new Acquire with the token (the Locker retries with one
+// token until it is granted) first waits for the undos in flight, so that
+// none deletes what the new one grants. Fields are guarded by Store.mu.
 type tokenState struct {
 	pending  int           // late replies not yet in
 	landed   chan struct{} // closed when pending drops to zero
@@ -29,7 +31,20 @@ type tokenState struct {
 	idle     chan struct{} // closed when undos drops to zero
 	state    int           // tokenRunning, tokenHeld or tokenFree
 	deferred []int         // nodes of late grants that came while running
+
+	refreshing int              // Refresh calls of the token running
+	writing    map[int]int      // Refresh node calls in flight, per node
+	uncertain  map[int]struct{} // nodes where a Refresh call's outcome is unknown
+	since      time.Time        // when the first of uncertain came
+	ended      bool             // a Release began: no Refresh call starts
 }
+
+// closeAll is the attempt a release closes: every attempt of the token.
+const closeAll = 1<<53 - 1
+
+// errClosed is the failure of a call that arrived at its node after an undo
+// or a release had closed its attempt there: it wrote nothing.
+var errClosed = errors.New("redlockstore: the call arrived after its undo or release, and wrote nothing")
 
 // States of a token.
 const (
@@ -49,7 +64,8 @@ const (
 // nodes that granted are released first.
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
-// duplicate or unsorted key, or a ttl not positive or above the max TTL;
+// duplicate, unsorted or too long key, or a ttl out of Bounds, and (also
+// wrapping ErrDuplicateNode) when two nodes turned out to be one server;
 // ctx.Err() without acting when ctx has ended; an error wrapping ErrNoQuorum
 // (and stores.ErrUnreachable when no node may have changed) that names every
 // failed node when failures make a quorum impossible or the quorum came too
@@ -60,11 +76,18 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	if err := s.checkTTL("ttl", ttl); err != nil {
+	if err := s.checkArgs(keys, "ttl", ttl); err != nil {
 		return stores.Grant{}, err
 	}
+	if err := s.identify(ctx, s.nodeTimeout); err != nil {
+		return stores.Grant{}, err
+	}
+	// Every write carries its attempt, which the undo of the attempt
+	// closes on the node: a call that arrives after its undo writes
+	// nothing.
+	attempt := s.attempts.Add(1)
 	if err := s.awaitUndos(ctx, token); err != nil {
-		s.settle(keys, token, nil, 0, nil, true)
+		s.settle(keys, token, attempt, nil, 0, nil, nil, true)
 		return stores.Grant{}, err
 	}
 	start := time.Now()
@@ -76,7 +99,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	scriptKeys = append(scriptKeys, MarkerKey)
 	argv := []any{token, milliseconds(ttl + s.drift(ttl)), s.fenceRetention.Milliseconds(),
-		stores.FenceStride, s.maxTTL.Milliseconds(), time.Now().Add(firstFenceMargin).UnixMicro()}
+		stores.FenceStride, s.maxTTL.Milliseconds(), time.Now().Add(firstFenceMargin).UnixMicro(), attempt}
 	timeout := s.callTimeout(ttl)
 	call := func(ctx context.Context, i int) ([]int64, error) {
 		return acquireScript.Run(ctx, s.nodes[i].client, scriptKeys, argv...).Int64Slice()
@@ -90,10 +113,13 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			failed = append(failed, r)
 		case len(r.vals) == n+1 && r.vals[0] == 1:
 			granted = append(granted, r)
-		case len(r.vals) == 3 && r.vals[0] == 0 && r.vals[1] >= 0 && r.vals[1] < int64(n):
+		case len(r.vals) == 4 && r.vals[0] == 0 && r.vals[1] >= 0 && r.vals[1] < int64(n):
 			refused = append(refused, r)
+		case len(r.vals) == 1 && r.vals[0] == -2:
+			r.err = errClosed
+			failed = append(failed, r)
 		default:
-			r.err = fmt.Errorf("%w: acquire %q answered %v", ErrUnexpectedReply, keys, r.vals)
+			r.err = fmt.Errorf("%w: acquire %s answered %v", ErrUnexpectedReply, keysForMessage(keys), r.vals)
 			failed = append(failed, r)
 		}
 	}
@@ -106,10 +132,13 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	// after a refusal, or while another Acquire of the key runs in this
 	// process, asks the gate first and the others only once the gate
 	// granted: contenders that lose there cost one call, not one per node.
-	// A gate whose last call failed is not asked first.
+	// A gate whose last call failed is not asked first. A gate that
+	// refuses with the holder that refused the token last time is not
+	// trusted alone: the holder may have released the lock everywhere but
+	// there (a lost release), so the other nodes are asked too.
 	gate := s.gate(keys[0])
 	others := make([]int, 0, total)
-	contended := s.enter(keys[0], token)
+	contended, lastHolder := s.enter(keys[0], token)
 	defer s.leave(keys[0])
 	if contended && !s.nodes[gate].failing.Load() {
 		gateReply := s.fanOut(ctx, timeout, []int{gate}, call)
@@ -118,16 +147,17 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			classify(r)
 		case <-ctx.Done():
 			// Undo the grant the gate may make, once it answers.
-			s.settle(keys, token, gateReply, 1, nil, true)
+			s.settle(keys, token, attempt, gateReply, 1, nil, nil, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
-		if len(refused) == 1 {
-			s.settle(keys, token, nil, 0, nil, true)
-			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2])), nil
+		if len(refused) == 1 && refused[0].vals[3] != lastHolder {
+			s.settle(keys, token, attempt, nil, 0, nil, nil, true)
+			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2]), refused[0].vals[3]), nil
 		}
 	}
+	asked := len(granted)+len(refused)+len(failed) > 0
 	for i := range total {
-		if len(granted)+len(failed) == 0 || i != gate {
+		if !asked || i != gate {
 			others = append(others, i)
 		}
 	}
@@ -140,7 +170,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			pending--
 			classify(r)
 		case <-ctx.Done():
-			s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+			s.settle(keys, token, attempt, replies, pending, granted, failed, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 	}
@@ -154,7 +184,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 				pending--
 				classify(r)
 			case <-ctx.Done():
-				s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+				s.settle(keys, token, attempt, replies, pending, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 		}
@@ -168,7 +198,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			case <-timer.C:
 			case <-ctx.Done():
 				timer.Stop()
-				s.settle(keys, token, nil, 0, undoNodes(granted, failed), true)
+				s.settle(keys, token, attempt, nil, 0, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			backoff *= 2
@@ -184,7 +214,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 					pending--
 					classify(r)
 				case <-ctx.Done():
-					s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+					s.settle(keys, token, attempt, replies, pending, granted, failed, true)
 					return stores.Grant{}, abandoned(ctx, true)
 				}
 			}
@@ -215,18 +245,18 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if len(granted) >= q {
 		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout)
 		if err != nil {
-			s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+			s.settle(keys, token, attempt, replies, pending, granted, failed, true)
 			if ctxEnded(ctx) {
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			return stores.Grant{}, err
 		}
-		s.settle(keys, token, replies, pending, undoNodes(nil, failed), false)
+		s.settle(keys, token, attempt, replies, pending, nil, failed, false)
 		s.forgetRefusal(token)
 		return stores.Grant{OK: true, Fences: fences}, nil
 	}
 
-	s.settle(keys, token, replies, pending, undoNodes(granted, failed), true)
+	s.settle(keys, token, attempt, replies, pending, granted, failed, true)
 	if len(failed) <= total-q && len(refused) > 0 {
 		// The refusal stands until enough refusing nodes let go that the
 		// rest no longer block a quorum.
@@ -235,7 +265,13 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			waits[i] = s.refusalWait(r.vals[2])
 		}
 		slices.Sort(waits)
-		return s.refusal(token, refused[0].vals[1], waits[max(0, len(refused)-(total-q)-1)]), nil
+		holder := refused[0]
+		for _, r := range refused {
+			if r.node == gate {
+				holder = r
+			}
+		}
+		return s.refusal(token, holder.vals[1], waits[max(0, len(refused)-(total-q)-1)], holder.vals[3]), nil
 	}
 	if ctxEnded(ctx) {
 		return stores.Grant{}, abandoned(ctx, true)
@@ -244,7 +280,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	for _, r := range failed {
 		unreachable = unreachable && r.unreachable()
 	}
-	return stores.Grant{}, s.noQuorum(fmt.Sprintf("acquire %q", keys), len(granted)+len(refused), failed, unreachable)
+	return stores.Grant{}, s.noQuorum("acquire "+keysForMessage(keys), len(granted)+len(refused), failed, unreachable)
 }
 
 // firstFenceMargin is how far ahead of the client's clock the first fence of
@@ -260,14 +296,22 @@ const gateRetries = 6
 // maxRefusedTokens bounds the tokens remembered as refused.
 const maxRefusedTokens = 4096
 
+// refusedBy is a token's last refusal: when, and a digest of the holder's
+// token (of the gate's refusal when the gate refused).
+type refusedBy struct {
+	at     time.Time
+	holder int64
+}
+
 // refusal returns the Grant of a refusal, and remembers that token was
-// refused: its next attempt, a waiter's retry, asks the gate first.
-func (s *Store) refusal(token string, held int64, wait time.Duration) stores.Grant {
+// refused, and by which holder: its next attempt, a waiter's retry, asks
+// the gate first.
+func (s *Store) refusal(token string, held int64, wait time.Duration, holder int64) stores.Grant {
 	s.mu.Lock()
 	if len(s.refused) >= maxRefusedTokens {
 		// Waiters that gave up never come back: drop the old entries.
-		for t, at := range s.refused {
-			if time.Since(at) > time.Minute {
+		for t, r := range s.refused {
+			if time.Since(r.at) > time.Minute {
 				delete(s.refused, t)
 			}
 		}
@@ -275,20 +319,24 @@ func (s *Store) refusal(token string, held int64, wait time.Duration) stores.Gra
 			clear(s.refused)
 		}
 	}
-	s.refused[token] = time.Now()
+	s.refused[token] = refusedBy{at: time.Now(), holder: holder}
 	s.mu.Unlock()
 	return stores.Grant{Held: int(held), Wait: wait}
 }
 
 // enter counts an Acquire of key in flight and reports whether the key is
 // contended: token's last attempt was refused, or another Acquire of key
-// runs in this process. leave undoes it.
-func (s *Store) enter(key, token string) bool {
+// runs in this process; and the digest of the holder that refused token
+// last (-1 when none did). leave undoes it.
+func (s *Store) enter(key, token string) (contended bool, holder int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inflight[key]++
-	_, refused := s.refused[token]
-	return refused || s.inflight[key] > 1
+	r, refused := s.refused[token]
+	if !refused {
+		r.holder = -1
+	}
+	return refused || s.inflight[key] > 1, r.holder
 }
 
 // leave ends what enter counted.
@@ -307,11 +355,44 @@ func (s *Store) forgetRefusal(token string) {
 	s.mu.Unlock()
 }
 
-// gate returns the node a key's acquisitions try first.
+// gate returns the node a key's acquisitions try first: the first of the
+// key's ranking (see rank), the same in every process that names the nodes
+// alike, in any order.
 func (s *Store) gate(key string) int {
-	h := fnv.New32a()
+	first, _ := s.rank(key)
+	return first
+}
+
+// rank returns the two nodes that rank highest for key by rendezvous
+// hashing of the key with each node's identity (its canonical address, see
+// canonicalAddr): the order in which the nodes were listed plays no part.
+func (s *Store) rank(key string) (first, second int) {
+	h := fnv.New64a()
 	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(len(s.nodes)))
+	k := h.Sum64()
+	var best, next uint64
+	first, second = -1, -1
+	for i, n := range s.nodes {
+		w := mix64(k ^ n.idHash)
+		switch {
+		case first < 0 || w > best:
+			second, next = first, best
+			first, best = i, w
+		case second < 0 || w > next:
+			second, next = i, w
+		}
+	}
+	return first, second
+}
+
+// mix64 is splitmix64's finalizer: every input bit flips about half of the
+// output bits.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // grantFences returns the fences of a grant by the nodes of granted: per
@@ -401,38 +482,46 @@ func (s *Store) refusalWait(pttl int64) time.Duration {
 	return max(d, time.Millisecond)
 }
 
-// undoNodes returns the nodes to release: those that granted, and those
-// whose call failed with an unknown outcome.
-func undoNodes(granted, failed []reply) []int {
-	var out []int
+// undoNodes returns the nodes to release: plain, those that granted, and
+// closing, those whose call failed with an unknown outcome, whose attempt
+// the release closes (a late arrival of the call then writes nothing).
+func undoNodes(granted, failed []reply) (plain, closing []int) {
 	for _, r := range granted {
-		out = append(out, r.node)
+		plain = append(plain, r.node)
 	}
 	for _, r := range failed {
 		if mayHaveGranted(r) {
-			out = append(out, r.node)
+			closing = append(closing, r.node)
 		}
 	}
-	return out
+	return plain, closing
 }
 
-// mayHaveGranted reports whether a failed acquire call may have set keys:
-// not when it never reached the node, was refused by quarantine, or failed
-// in its script (which checks before it writes).
+// mayHaveGranted reports whether a failed call may have written: not when
+// it never reached the node, was refused by quarantine or by its closed
+// attempt, or failed in its script (which checks before it writes).
 func mayHaveGranted(r reply) bool {
 	var rerr redis.Error
-	return r.err != nil && !r.unreachable() && !errors.Is(r.err, ErrQuarantined) && !errors.As(r.err, &rerr)
+	return r.err != nil && !r.unreachable() && !errors.Is(r.err, ErrQuarantined) &&
+		!errors.Is(r.err, errClosed) && !errors.As(r.err, &rerr)
 }
 
-// settle records the outcome of an acquire with token: released when it
-// did not grant (or was abandoned). It releases the nodes of now at once,
-// and hands the pending replies to a background goroutine that releases each
-// node that granted, or whose outcome is unknown, when the token's state
-// says so as the reply arrives. Each release is bounded by cleanupTimeout.
-func (s *Store) settle(keys []string, token string, replies <-chan reply, pending int, now []int, released bool) {
+// settle records the outcome of attempt, an acquire with token: released
+// when it did not grant (or was abandoned). It releases at once the nodes
+// of granted (all when released) and those of failed whose outcome is
+// unknown, closing the attempt on the latter, and hands the pending
+// replies to a background goroutine that releases each node that granted,
+// when the token's state says so as the reply arrives, and each whose
+// outcome is unknown, closing the attempt there. Each release is bounded by
+// cleanupTimeout.
+func (s *Store) settle(keys []string, token string, attempt int64, replies <-chan reply, pending int, granted, failed []reply, released bool) {
+	plain, closing := undoNodes(granted, failed)
+	if !released {
+		plain = nil
+	}
 	s.mu.Lock()
 	st := s.tokens[token]
-	if st == nil && (pending > 0 || len(now) > 0) {
+	if st == nil && (pending > 0 || len(plain)+len(closing) > 0) {
 		// Nothing of the token was in flight before.
 		st = &tokenState{}
 		s.tokens[token] = st
@@ -444,19 +533,19 @@ func (s *Store) settle(keys []string, token string, replies <-chan reply, pendin
 	st.state = tokenHeld
 	if released {
 		st.state = tokenFree
-		now = append(now, st.deferred...)
+		plain = append(plain, st.deferred...)
 	}
 	st.deferred = nil
 	if st.pending == 0 && pending > 0 {
 		st.landed = make(chan struct{})
 	}
 	st.pending += pending
-	if len(now) > 0 {
+	if len(plain)+len(closing) > 0 {
 		s.startUndoLocked(st)
 	}
 	s.mu.Unlock()
-	if len(now) > 0 {
-		s.wg.Go(func() { s.undo(keys, token, st, now) })
+	if len(plain)+len(closing) > 0 {
+		s.wg.Go(func() { s.undo(keys, token, st, attempt, plain, closing) })
 	}
 	if pending == 0 {
 		return
@@ -464,23 +553,31 @@ func (s *Store) settle(keys []string, token string, replies <-chan reply, pendin
 	s.wg.Go(func() {
 		for range pending {
 			r := <-replies
-			maybe := r.err == nil && len(r.vals) > 0 && r.vals[0] == 1 || mayHaveGranted(r)
+			granted := r.err == nil && len(r.vals) > 0 && r.vals[0] == 1
+			unknown := mayHaveGranted(r)
 			s.mu.Lock()
 			st.pending--
 			if st.pending == 0 {
 				close(st.landed)
 			}
-			undo := maybe && st.state == tokenFree
-			if maybe && st.state == tokenRunning {
+			var plain, closing []int
+			switch {
+			case unknown:
+				closing = []int{r.node}
+			case granted && st.state == tokenFree:
+				plain = []int{r.node}
+			case granted && st.state == tokenRunning:
 				st.deferred = append(st.deferred, r.node)
 			}
+			undo := len(plain)+len(closing) > 0
 			if undo {
 				s.startUndoLocked(st)
 			}
 			s.dropIdleLocked(token, st)
 			s.mu.Unlock()
 			if undo {
-				s.undo(keys, token, st, []int{r.node})
+				// Apart, so that the next replies land meanwhile.
+				s.wg.Go(func() { s.undo(keys, token, st, attempt, plain, closing) })
 			}
 		}
 	})
@@ -497,13 +594,15 @@ func (s *Store) startUndoLocked(st *tokenState) {
 // dropIdleLocked forgets st once nothing of it is in flight. The caller
 // holds s.mu.
 func (s *Store) dropIdleLocked(token string, st *tokenState) {
-	if st.pending == 0 && st.undos == 0 && s.tokens[token] == st {
+	if st.pending == 0 && st.undos == 0 && st.refreshing == 0 && len(st.writing) == 0 &&
+		len(st.uncertain) == 0 && s.tokens[token] == st {
 		delete(s.tokens, token)
 	}
 }
 
 // awaitUndos marks token running, so that late grants of its earlier
-// attempts wait for the new attempt's verdict, and waits for the undos in flight, or for ctx to end.
+// attempts wait for the new attempt's verdict, and waits for the undos in
+// flight, or for ctx to end.
 func (s *Store) awaitUndos(ctx context.Context, token string) error {
 	s.mu.Lock()
 	var idle chan struct{}
@@ -543,22 +642,17 @@ func waitClosed(ctx context.Context, ch <-chan struct{}) error {
 	}
 }
 
-// markReleased tells the late replies of token's acquire that the lock is
-// released.
-func (s *Store) markReleased(token string) {
-	s.mu.Lock()
-	if st := s.tokens[token]; st != nil {
-		st.state = tokenFree
-	}
-	s.mu.Unlock()
-}
-
-// undo releases keys, owner-checked, on the nodes of indexes, and counts
-// the undo of st done.
-func (s *Store) undo(keys []string, token string, st *tokenState, indexes []int) {
+// undo releases keys, owner-checked, on the nodes of plain and of closing,
+// closing attempt on the latter, and counts the undo of st done.
+func (s *Store) undo(keys []string, token string, st *tokenState, attempt int64, plain, closing []int) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	replies := s.releaseOn(ctx, keys, token, 0, indexes, cleanupTimeout)
+	tombs := make(map[int]tombstone, len(closing))
+	for _, i := range closing {
+		tombs[i] = tombstone{attempt: attempt, ttl: s.tombstoneTTL()}
+	}
+	indexes := append(append(make([]int, 0, len(plain)+len(closing)), plain...), closing...)
+	replies := s.releaseOn(ctx, keys, token, 0, indexes, cleanupTimeout, tombs)
 	for range indexes {
 		<-replies
 	}

@@ -2,10 +2,12 @@
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] fence
 -- stride, ARGV[5] quarantine ms after a data loss, ARGV[6] the first fence
 -- the client proposes for a new fence key (its clock in microseconds plus a
--- margin).
+-- margin), ARGV[7] the attempt (see closed in lib.lua).
 -- Returns {1, fence of KEYS[1], ..., fence of KEYS[n]} when granted;
--- {0, index (0-based) of the first key held by another token, its pttl}; or
--- {-1, ms left} while the node is quarantined. A refusal writes nothing.
+-- {0, index (0-based) of the first key held by another token, its pttl, a
+-- digest of the holder's token}; {-1, ms left} while the node is
+-- quarantined; {-2} when an undo or a release of the token closed the
+-- attempt (a late call). Only a grant writes.
 -- A fence is the last one + stride while the fence key lives, so nodes that
 -- saw the same grants issue the same fence. A new fence key starts from the
 -- client's proposal, so that nodes agree on it too, within [node clock,
@@ -17,9 +19,17 @@ if wait > 0 then
   return {-1, wait}
 end
 for i = 1, n do
+  if closed(KEYS[i], ARGV[1], ARGV[7]) then
+    return {-2}
+  end
+end
+for i = 1, n do
   local pttl = redis.call('PTTL', KEYS[i])
-  if pttl ~= -2 and redis.pcall('GET', KEYS[i]) ~= ARGV[1] then
-    return {0, i - 1, pttl}
+  if pttl ~= -2 then
+    local v = redis.pcall('GET', KEYS[i])
+    if v ~= ARGV[1] then
+      return {0, i - 1, pttl, digest(v)}
+    end
   end
 end
 local last = {}

@@ -9,12 +9,15 @@ end
 -- quarantine returns how many more ms the node must stay out of quorums
 -- after losing its data. A node without the marker key has lost its data
 -- (or is new): it stays out until it has been up for delay ms, and the
--- marker records when that is, for every client of the node.
+-- marker records when that is, for every client of the node. Redis counts
+-- uptime_in_seconds as the difference of two clocks truncated to whole
+-- seconds, up to 1s more than the node has been up: the node is credited
+-- with 1s less, so it never rejoins early (it may stay out up to 1s long).
 local function quarantine(marker, nowms, delay)
   local till = redis.call('GET', marker)
   if not till then
     local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) or 0
-    till = nowms + math.max(0, delay - up * 1000)
+    till = nowms + math.max(0, delay - math.max(0, up - 1) * 1000)
     redis.call('SET', marker, string.format('%.0f', till))
   end
   till = tonumber(till)
@@ -29,4 +32,20 @@ end
 -- alone exceeds every fence it held.
 local function fence_keep(fence, nowus, retention)
   return tonumber(retention) + math.ceil(math.max(0, fence - nowus) / 1000)
+end
+
+-- closed reports whether an undo or a release closed the writes of attempt
+-- of token on key: they leave a tombstone, KEY:dead:TOKEN, holding the last
+-- attempt they closed (a release closes every attempt).
+local function closed(key, token, attempt)
+  local d = redis.pcall('GET', key .. ':dead:' .. token)
+  return type(d) == 'string' and (tonumber(d) or 0) >= tonumber(attempt)
+end
+
+-- digest is a number that stands for a holder's token in a refusal.
+local function digest(v)
+  if type(v) ~= 'string' then
+    return 0
+  end
+  return tonumber(string.sub(redis.sha1hex(v), 1, 12), 16)
 end

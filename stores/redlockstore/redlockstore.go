@@ -15,7 +15,10 @@
 // TTL - elapsed - drift on the nodes' clocks.
 //
 // A first attempt asks every node at once: one round trip for a free key.
-// Each key has a gate node (a hash of the key), the same for every client.
+// Each key has a gate node, the same for every client: the node that ranks
+// first for the key by rendezvous hashing of the key with each node's
+// address (host canonicalised), so the order in which a process lists the
+// nodes plays no part; processes must name each node by the same address.
 // Contenders that race split the nodes so that none may reach a quorum; the
 // one that won the gate then asks the nodes that refused it again, after
 // 1ms, 2ms, 4ms... (6 times at most), while the others, which lost the
@@ -24,7 +27,10 @@
 // that another Acquire of this process is acquiring, asks the gate alone
 // first, and the other nodes only when the gate granted: a contender that
 // loses costs one call, not one per node. A gate whose last call failed is
-// not asked alone.
+// not asked alone, and a gate that alone refuses a waiter with the same
+// holder as the waiter's last refusal is not trusted: the holder may have
+// released everywhere but there (a lost release), so the other nodes are
+// asked too, and a quorum of them grants at once.
 //
 // Acquire decides as soon as the replies settle it (a quorum of grants, or
 // so many refusals or failures that no quorum is possible), then gives the
@@ -40,9 +46,29 @@
 //
 // Release and Refresh go to every node at once and wait for every answer,
 // each bounded by the node timeout. Refresh needs a quorum that still holds
-// the token, within the TTL; a node that lost the keys (restarted empty)
-// takes them again where they are free, when some node still held the
-// lock. Release ends the lock on every node it reaches.
+// the token, within the TTL; only on top of such a quorum do nodes that
+// lost the keys (restarted empty) take them again where they are free, so
+// a minority that still holds the token never revives a lock that expired
+// on the others. Release ends the lock on every node it reaches.
+//
+// # Late calls
+//
+// A node call whose reply did not come (a timeout, a lost reply) may still
+// reach its node later. Every write carries an attempt number (one per
+// Acquire or Refresh call of the Store), and the release that undoes a call
+// whose outcome is unknown leaves on that node a tombstone, KEY:dead:TOKEN,
+// holding the attempt it closed; the acquire and refresh scripts write
+// nothing for a closed attempt. So an abandoned or failed acquire's late
+// grants never outlive its undo, whichever reaches the node first. A
+// Release ends its token in the Store (a Refresh running meanwhile starts
+// no more calls) and closes every attempt of the token on the nodes where a
+// Refresh call is in flight or was lost (with keep positive, on every node,
+// for the keep), so no renewal or re-take lands after it, also when the
+// Refresh's context ended. A tombstone lives for the max TTL plus the drift
+// allowance and the cleanup timeout: a call that reaches its node later
+// than that after its undo is not stopped. An uncontended lock writes no
+// tombstone; a refused or failed attempt writes them only on the nodes
+// whose outcome it does not know.
 //
 // # Errors
 //
@@ -102,9 +128,12 @@
 // (data lost, or a new node) sets it to the moment the node will have been
 // up for the max TTL (WithMaxTTL, default 1 minute), reading the node's
 // uptime from INFO, and the node refuses to take part in grants and renewals
-// until then: a quarantined node is a failed node, named in errors. TTLs
-// above the max TTL are refused, so every lock the node held has expired by
-// then. Every client of the nodes must use the same max TTL.
+// until then: a quarantined node is a failed node, named in errors. Redis
+// counts uptime_in_seconds between two clocks truncated to whole seconds,
+// up to 1s more than the real uptime, so the node is credited 1s less: it
+// never rejoins early, and may stay out up to 1s longer than the max TTL.
+// TTLs above the max TTL are refused, so every lock the node held has
+// expired by then. Every client of the nodes must use the same max TTL.
 //
 // What the operator must do: nothing for a node that comes back empty (with
 // no data files). A node restarted from an RDB snapshot or an AOF without
@@ -118,11 +147,36 @@
 //
 // # Release notification
 //
-// Release publishes on the first node (the notify node) in the same script
-// that deletes the key; NotifyRelease subscribes there through a
-// redisstore.Store (one pub/sub connection for all keys). One node keeps
-// signals in release order, as stores.Notifier's users expect. While that
-// node is down, waiters fall back to polling.
+// Every node publishes the release of a key in the same script that
+// deletes it; NotifyRelease subscribes on the key's notify node, the node
+// that ranks second for the key (the first is its gate, which a waiter's
+// retry asks first), through a redisstore.Store per node (one pub/sub
+// connection per node for all its keys). One node keeps a key's signals in
+// release order, as stores.Notifier's users expect, and every process
+// listens to the same node for a key, whatever its order of the nodes.
+// While that node is down, waiters fall back to polling.
+//
+// # Duplicate nodes
+//
+// One server given twice would count as two votes. New refuses two nodes
+// with the same address (the host in lower case, localhost, 127.0.0.1 and
+// ::1 as one host, the database number ignored), and the first Acquire of a
+// Store asks every node for its run_id (one round trip, once) and refuses,
+// with ErrInvalid and ErrDuplicateNode, nodes that are one server under two
+// addresses (a host name and its IP address, a proxy); a node that did not
+// answer then is asked again in the background once it answers calls.
+//
+// # Limits and costs
+//
+// Keys up to MaxKeyBytes (1 MiB; 16 MiB for the keys of one call
+// together); TTLs and keeps from MinTTL (10ms: a grant needs a round trip
+// to a quorum within a third of the TTL) to the max TTL; see Bounds.
+// Arguments out of range are refused with stores.ErrInvalid before any
+// node call. An uncontended lock costs one round trip to every node at
+// once for Acquire and one for Release (and one for each Refresh); the
+// scripts read a tombstone key per lock key, and every node publishes its
+// releases (a PUBLISH with no subscriber is cheap). The first Acquire of a
+// Store costs one more round trip (run_ids).
 //
 // # Fair mode
 //
@@ -135,7 +189,10 @@ package redlockstore
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"net"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -183,6 +240,11 @@ var (
 	// ErrUnexpectedReply means a script answered in a shape this package
 	// does not expect.
 	ErrUnexpectedReply = errors.New("redlockstore: unexpected reply from Redis")
+
+	// ErrDuplicateNode means two of the nodes given are one Redis server,
+	// which would count as two votes. Errors that wrap it also wrap
+	// stores.ErrInvalid.
+	ErrDuplicateNode = errors.New("redlockstore: two nodes are the same Redis server")
 )
 
 // NodeError is the failure of one node in a call.
@@ -225,22 +287,32 @@ type Store struct {
 	onFailure      func(node string, err error)
 	clientTimeouts bool
 
-	notify *redisstore.Store // over the first node
-	owned  []*redis.Client   // clients Open made, closed by Close
+	notify []*redisstore.Store // per node: release signals of the keys it ranks second for
+	owned  []*redis.Client     // clients Open made, closed by Close
+
+	attempts atomic.Int64 // the last attempt number given to a write (see closeAttempt)
+
+	identified atomic.Int32 // nodes whose server identity (run_id) is known
+	firstProbe sync.Once    // the first identify, which every Acquire waits for
+	duplicate  atomic.Pointer[error]
 
 	wg       sync.WaitGroup // background calls
 	mu       sync.Mutex     // guards tokens, refused and inflight
 	tokens   map[string]*tokenState
 	inflight map[string]int       // Acquires in flight per first key
-	refused  map[string]time.Time // tokens whose last Acquire was refused, and when
+	refused  map[string]refusedBy // tokens whose last Acquire was refused
 }
 
 // node is one Redis master.
 type node struct {
 	name                         string
+	id                           string // canonical address, or the name
+	idHash                       uint64 // hash of id, for ranking
 	client                       redis.Scripter
 	calls, failures, quarantines atomic.Uint64
 	failing                      atomic.Bool // its last call failed
+	runID                        atomic.Pointer[string]
+	probing                      atomic.Bool
 }
 
 // Option configures a Store.
@@ -251,8 +323,9 @@ type Option func(*Store)
 func WithNodeTimeout(d time.Duration) Option { return func(s *Store) { s.nodeTimeout = d } }
 
 // WithMaxTTL sets the longest TTL (and keep) the Store accepts, which is
-// also how long a node that lost its data stays out of quorums. Every
-// client of the nodes must use the same. Default DefaultMaxTTL.
+// also how long a node that lost its data stays out of quorums, and how
+// long a tombstone closes a late call. Every client of the nodes must use
+// the same. Default DefaultMaxTTL; at most MaxMaxTTL.
 func WithMaxTTL(d time.Duration) Option { return func(s *Store) { s.maxTTL = d } }
 
 // WithDrift sets the clock drift allowance of a lock of TTL ttl to
@@ -278,11 +351,16 @@ func WithClientTimeoutsOnly() Option { return func(s *Store) { s.clientTimeouts 
 
 // New returns a Store over nodes, independent Redis masters (such as one
 // *redis.Client each, with ContextTimeoutEnabled set): at least 3, and an
-// odd number is best (5 tolerates 2 failed nodes). The first node carries
-// release notifications. New sends nothing. It returns an error wrapping
+// odd number is best (5 tolerates 2 failed nodes). Their order does not
+// matter: each key's gate and notify node are ranked by the nodes'
+// addresses (see Algorithm), so processes must name every node by the same
+// address, in any order (a node whose client is not a *redis.Client has no
+// address New can read, and is ranked by its position). New sends nothing. It returns an error wrapping
 // stores.ErrInvalid when there are fewer than 3 nodes, a node is nil or
-// ignores context deadlines (see WithClientTimeoutsOnly), or an option is
-// invalid.
+// ignores context deadlines (see WithClientTimeoutsOnly), two nodes have
+// the same address (also wrapping ErrDuplicateNode; localhost, 127.0.0.1
+// and ::1 are one host), or an option is invalid. The first Acquire also
+// refuses nodes that turn out to be one server (see Duplicate nodes).
 func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 	s := &Store{
 		nodeTimeout:    DefaultNodeTimeout,
@@ -291,7 +369,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		driftFixed:     DefaultDriftFixed,
 		fenceRetention: DefaultFenceRetention,
 		tokens:         make(map[string]*tokenState),
-		refused:        make(map[string]time.Time),
+		refused:        make(map[string]refusedBy),
 		inflight:       make(map[string]int),
 	}
 	for _, opt := range opts {
@@ -302,8 +380,8 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redlockstore: %d nodes; Redlock needs at least 3", stores.ErrInvalid, len(nodes))
 	case s.nodeTimeout <= 0:
 		return nil, fmt.Errorf("%w: redlockstore: node timeout %v is not positive", stores.ErrInvalid, s.nodeTimeout)
-	case s.maxTTL <= 0:
-		return nil, fmt.Errorf("%w: redlockstore: max TTL %v is not positive", stores.ErrInvalid, s.maxTTL)
+	case s.maxTTL < MinTTL || s.maxTTL > MaxMaxTTL:
+		return nil, fmt.Errorf("%w: redlockstore: max TTL %v is out of [%v, %v]", stores.ErrInvalid, s.maxTTL, MinTTL, MaxMaxTTL)
 	case s.driftFactor < 0 || s.driftFactor >= 0.5 || s.driftFixed < 0:
 		return nil, fmt.Errorf("%w: redlockstore: drift %v*ttl + %v: want a factor in [0, 0.5) and a fixed part not negative",
 			stores.ErrInvalid, s.driftFactor, s.driftFixed)
@@ -319,19 +397,107 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 				"stalled node would hold calls past the node timeout; set ContextTimeoutEnabled: true in its options "+
 				"(or pass redlockstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid, i)
 		}
-		s.nodes = append(s.nodes, &node{name: nodeName(c, i), client: c})
+		n := &node{name: nodeName(c, i), client: c}
+		n.id = canonicalAddr(c, i)
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(n.id))
+		n.idHash = h.Sum64()
+		for j, o := range s.nodes {
+			if o.id == n.id {
+				return nil, fmt.Errorf("%w: %w: nodes %d and %d are both %s", stores.ErrInvalid, ErrDuplicateNode, j, i, n.id)
+			}
+		}
+		s.nodes = append(s.nodes, n)
 	}
 	s.quorum = len(nodes)/2 + 1
 	var ropts []redisstore.Option
 	if s.clientTimeouts {
 		ropts = append(ropts, redisstore.WithClientTimeoutsOnly())
 	}
-	notify, err := redisstore.New(nodes[0], ropts...)
-	if err != nil {
-		return nil, fmt.Errorf("redlockstore: node 0: %w", err)
+	for i, c := range nodes {
+		notify, err := redisstore.New(c, ropts...)
+		if err != nil {
+			return nil, fmt.Errorf("redlockstore: node %d: %w", i, err)
+		}
+		s.notify = append(s.notify, notify)
 	}
-	s.notify = notify
 	return s, nil
+}
+
+// Limits of TTLs.
+const (
+	// MinTTL is the shortest TTL (and keep) a Store accepts: a grant takes
+	// a round trip to a quorum, each node call is bounded by a third of
+	// the TTL, and the validity left is the TTL less that (Redlock's ttl >
+	// 2×RTT + drift); below a few milliseconds nothing is ever granted.
+	MinTTL = 10 * time.Millisecond
+
+	// MaxMaxTTL is the longest max TTL WithMaxTTL accepts: a node
+	// restarted empty stays out of quorums that long.
+	MaxMaxTTL = 365 * 24 * time.Hour
+
+	// MaxKeyBytes is the longest key a Store accepts: every call sends
+	// each key twice (the key and its fence key) to every node, and Redis
+	// keeps a key and a channel of that name.
+	MaxKeyBytes = 1 << 20
+
+	// maxCallKeyBytes bounds the keys of one call together, far below
+	// Redis's query buffer limit (1 GB by default).
+	maxCallKeyBytes = 16 << 20
+)
+
+var _ stores.Bounded = (*Store)(nil)
+
+// Bounds returns the keys and TTLs the Store honours: keys up to
+// MaxKeyBytes, TTLs from MinTTL to the max TTL (WithMaxTTL).
+func (s *Store) Bounds() stores.Bounds {
+	return stores.Bounds{
+		MaxKeyBytes: MaxKeyBytes,
+		MinTTL:      MinTTL,
+		MaxTTL:      s.maxTTL,
+		Reason: fmt.Sprintf("Redlock (a TTL must exceed the round trips of a grant plus the clock drift allowance; "+
+			"the max TTL %v is how long a node restarted empty stays out of quorums, max_ttl)", s.maxTTL),
+	}
+}
+
+// checkKeys refuses keys longer than MaxKeyBytes, or too long together.
+func (s *Store) checkKeys(keys []string) error {
+	b, total := s.Bounds(), 0
+	for _, k := range keys {
+		if err := b.CheckKey(k); err != nil {
+			return fmt.Errorf("redlockstore: %w", err)
+		}
+		total += len(k)
+	}
+	if total > maxCallKeyBytes {
+		return fmt.Errorf("%w: redlockstore: %d keys of %d bytes together, above the limit of %d bytes per call",
+			stores.ErrInvalid, len(keys), total, maxCallKeyBytes)
+	}
+	return nil
+}
+
+// checkArgs refuses keys out of Bounds (see checkKeys) and a duration d
+// (what: "ttl" or "keep") out of Bounds.
+func (s *Store) checkArgs(keys []string, what string, d time.Duration) error {
+	if err := s.Bounds().CheckTTL(what, d); err != nil {
+		return fmt.Errorf("redlockstore: %w", err)
+	}
+	return s.checkKeys(keys)
+}
+
+// keysForMessage quotes keys for an error message, each shortened as
+// stores.KeyForMessage does, and at most 4 of them.
+func keysForMessage(keys []string) string {
+	const maxShown = 4
+	parts := make([]string, 0, min(len(keys), maxShown)+1)
+	for i, k := range keys {
+		if i == maxShown {
+			parts = append(parts, fmt.Sprintf("and %d more", len(keys)-maxShown))
+			break
+		}
+		parts = append(parts, stores.KeyForMessage(k))
+	}
+	return "[" + strings.Join(parts, " ") + "]"
 }
 
 // Quorum returns how many nodes a grant needs: N/2+1.
@@ -348,20 +514,26 @@ func (s *Store) NodeStats() []NodeStat {
 }
 
 // NotifyRelease registers interest in releases of key until stop is called,
-// as stores.Notifier describes, through the notify node (the first node).
-// It returns a nil channel after Close and when that client cannot
-// subscribe.
+// as stores.Notifier describes, through the key's notify node: every node
+// publishes the releases it makes, and the waiter listens on the node that
+// ranks second for the key (the first is its gate), one pub/sub connection
+// per node for all keys. It returns a nil channel after Close and when that
+// client cannot subscribe.
 func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
-	return s.notify.NotifyRelease(key, token)
+	_, second := s.rank(key)
+	return s.notify[second].NotifyRelease(key, token)
 }
 
-// Close stops the pub/sub connection of release notifications and waits for
-// the Store's background calls (late replies, clean-ups), each bounded by
-// its timeout. It does not close the clients, which the caller owns and
+// Close stops the pub/sub connections of release notifications and waits
+// for the Store's background calls (late replies, clean-ups), each bounded
+// by its timeout. It does not close the clients, which the caller owns and
 // closes after the Store; a Store from Open closes the clients it made. It
-// returns the error of closing the pub/sub (and those clients).
+// returns the error of closing the pub/subs (and those clients).
 func (s *Store) Close() error {
-	err := s.notify.Close()
+	var err error
+	for _, n := range s.notify {
+		err = errors.Join(err, n.Close())
+	}
 	s.wg.Wait()
 	for _, c := range s.owned {
 		err = errors.Join(err, c.Close())
@@ -380,20 +552,39 @@ func (s *Store) callTimeout(ttl time.Duration) time.Duration {
 	return min(s.nodeTimeout, max(ttl/3, time.Millisecond))
 }
 
-// checkTTL refuses a TTL above the max TTL.
-func (s *Store) checkTTL(what string, ttl time.Duration) error {
-	if ttl > s.maxTTL {
-		return fmt.Errorf("%w: redlockstore: %s %v is above the max TTL %v (WithMaxTTL)", stores.ErrInvalid, what, ttl, s.maxTTL)
-	}
-	return nil
-}
-
 // nodeName names a node by its address when its client tells it.
 func nodeName(c redis.Scripter, i int) string {
 	if rc, ok := c.(*redis.Client); ok {
 		return rc.Options().Addr
 	}
 	return fmt.Sprintf("node %d", i)
+}
+
+// canonicalAddr returns the identity of node i for ranking and duplicate
+// checks: its address with the host in lower case, an IP address in its
+// canonical form, and localhost, 127.0.0.1 and ::1 as one loopback host
+// (the database number plays no part: two databases of one server are one
+// server); "node i" when the client does not tell its address.
+func canonicalAddr(c redis.Scripter, i int) string {
+	rc, ok := c.(*redis.Client)
+	if !ok {
+		return fmt.Sprintf("node %d", i)
+	}
+	addr := rc.Options().Addr
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr // a Unix socket's path
+	}
+	host = strings.ToLower(host)
+	if ip := net.ParseIP(host); ip != nil {
+		host = ip.String()
+		if ip.Equal(net.IPv4(127, 0, 0, 1)) || ip.Equal(net.IPv6loopback) {
+			host = "loopback"
+		}
+	} else if host == "localhost" {
+		host = "loopback"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // contextTimeoutEnabled reports whether client honours context deadlines,

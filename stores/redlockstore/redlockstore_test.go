@@ -12,6 +12,7 @@ import (
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/redlockstore"
 	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
@@ -62,6 +63,17 @@ func TestConformance(t *testing.T) {
 			// A long node timeout: the suite races 50 goroutines under
 			// -race on a shared machine.
 			return newStore(t, nodes, redlockstore.WithNodeTimeout(5*time.Second))
+		},
+		// One proxy per node, each in front of its node.
+		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
+			addrs := testservers.RedisNodeAddrs(t)
+			proxies := make([]*faultproxy.Proxy, len(addrs))
+			paddrs := make([]string, len(addrs))
+			for i, a := range addrs {
+				proxies[i] = faultproxy.New(t, a)
+				paddrs[i] = proxies[i].Addr()
+			}
+			return newStore(t, clients(t, paddrs), redlockstore.WithNodeTimeout(time.Second)), proxies
 		},
 		Notify:    true,
 		ExpiryTTL: 300 * time.Millisecond,

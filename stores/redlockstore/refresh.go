@@ -9,39 +9,53 @@ import (
 )
 
 // Refresh resets the TTL of token's lock on every node that still holds
-// every key, and succeeds once a quorum did so within ttl. A node that lost
-// the keys (restarted empty, or missed the grant) takes them again where
-// they are free, when some node still held the lock, before Refresh
-// returns (a re-take left in the background could land after the lock's
-// Release). Refresh waits for every node's answer, each bounded by the node
-// timeout, so that a refusal right after it sees the new TTL everywhere.
+// every key, and succeeds once a quorum did so within ttl: the lock's
+// validity moves forward only on what a quorum confirmed still held it.
+// Only then do nodes that lost the keys (restarted empty, or that missed
+// the grant) take them again where they are free, before Refresh returns;
+// a minority that still holds the token never revives a lock that expired
+// on the others, whoever held it in between. Refresh waits for every
+// node's answer, each bounded by the node timeout, so that a refusal right
+// after it sees the new TTL everywhere.
 //
-// It returns an error wrapping stores.ErrNotHeld when more nodes than a
-// quorum allows answered that a key holds another token, or that the keys
-// are gone on every node (nothing is re-taken then, so nothing changed);
-// one wrapping ErrNoQuorum, naming the failed nodes, when too few nodes
-// answered or they did not within ttl; one wrapping stores.ErrInvalid for
-// no keys, an empty, duplicate or unsorted key, or a ttl not positive or
-// above the max TTL; and ctx.Err() when ctx ends first. A refresh that
-// fails may have renewed the lock on some nodes.
+// A Release of the token that starts while a Refresh runs ends it: the
+// Refresh starts no more calls, and the Release closes the token on every
+// node where a call of the Refresh is in flight or was lost (see Release),
+// so that none lands after the Release, also when ctx ended the Refresh
+// first.
+//
+// It returns an error wrapping stores.ErrNotHeld when too few nodes hold
+// the token for a quorum: more nodes than a quorum allows answered that a
+// key holds another token, is absent, or was released (nothing is re-taken
+// then); one wrapping ErrNoQuorum, naming the failed nodes, when too few
+// nodes answered or they did not within ttl; one wrapping stores.ErrInvalid
+// for no keys, an empty, duplicate, unsorted or too long key, or a ttl out
+// of Bounds; and ctx.Err() when ctx ends first. A refresh that fails may
+// have renewed the lock on some nodes.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
-	if err := s.checkTTL("ttl", ttl); err != nil {
+	if err := s.checkArgs(keys, "ttl", ttl); err != nil {
 		return err
 	}
+	st := s.beginRefresh(token)
+	defer s.endRefresh(token, st)
 	start := time.Now()
 	timeout := s.callTimeout(ttl)
 	scriptKeys := append(append(make([]string, 0, len(keys)+1), keys...), MarkerKey)
 	ttlMS := milliseconds(ttl + s.drift(ttl))
-	run := func(ctx context.Context, indexes []int, retake int) <-chan reply {
-		return s.fanOut(ctx, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
-			return refreshScript.Run(ctx, s.nodes[i].client, scriptKeys, token, ttlMS, retake, s.maxTTL.Milliseconds()).Int64Slice()
+	attempt := s.attempts.Add(1)
+	run := func(indexes []int, retake int) (<-chan reply, bool) {
+		return s.writes(ctx, token, st, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
+			return refreshScript.Run(ctx, s.nodes[i].client, scriptKeys, token, ttlMS, retake, s.maxTTL.Milliseconds(), attempt).Int64Slice()
 		})
 	}
 
-	replies := run(ctx, s.all(), 0)
+	replies, ok := run(s.all(), 0)
+	if !ok {
+		return fmt.Errorf("%w: refresh %s: the lock is being released", stores.ErrNotHeld, keysForMessage(keys))
+	}
 	var refreshed, absent, other, failed []reply
 	for range s.nodes {
 		select {
@@ -51,12 +65,12 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 				failed = append(failed, r)
 			case len(r.vals) == 1 && r.vals[0] == 0:
 				refreshed = append(refreshed, r)
-			case len(r.vals) == 1 && r.vals[0] == 2:
+			case len(r.vals) == 1 && (r.vals[0] == 2 || r.vals[0] == 3):
 				absent = append(absent, r)
 			case len(r.vals) == 2 && r.vals[0] == 1 && r.vals[1] >= 1 && r.vals[1] <= int64(len(keys)):
 				other = append(other, r)
 			default:
-				r.err = fmt.Errorf("%w: refresh %q answered %v", ErrUnexpectedReply, keys, r.vals)
+				r.err = fmt.Errorf("%w: refresh %s answered %v", ErrUnexpectedReply, keysForMessage(keys), r.vals)
 				failed = append(failed, r)
 			}
 		case <-ctx.Done():
@@ -64,19 +78,17 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	if len(refreshed) > 0 && len(absent) > 0 {
+	if len(refreshed) >= s.quorum && len(absent) > 0 {
+		// The lock stands on a quorum: nodes that lost it take it again.
 		indexes := make([]int, len(absent))
 		for i, r := range absent {
 			indexes[i] = r.node
 		}
-		{
-			retaken := run(ctx, indexes, 1)
+		if retaken, ok := run(indexes, 1); ok {
 			for range indexes {
 				select {
 				case r := <-retaken:
-					if r.err == nil && len(r.vals) == 1 && r.vals[0] == 0 {
-						refreshed = append(refreshed, r)
-					} else if r.err != nil {
+					if r.err != nil {
 						failed = append(failed, r)
 					}
 				case <-ctx.Done():
@@ -86,16 +98,103 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
+	notHeld := len(other) + len(absent)
 	switch {
 	case len(refreshed) >= s.quorum:
 		if elapsed := time.Since(start); elapsed >= ttl {
-			return fmt.Errorf("%w: refresh %q: a quorum renewed after %v, not within the TTL %v", ErrNoQuorum, keys, elapsed, ttl)
+			return fmt.Errorf("%w: refresh %s: a quorum renewed after %v, not within the TTL %v",
+				ErrNoQuorum, keysForMessage(keys), elapsed, ttl)
 		}
 		return nil
 	case len(other) > len(s.nodes)-s.quorum:
-		return fmt.Errorf("%w: %q is held by another token on %d of %d nodes", stores.ErrNotHeld, keys[other[0].vals[1]-1], len(other), len(s.nodes))
-	case len(refreshed) == 0 && len(other)+len(absent) > len(s.nodes)-s.quorum:
-		return fmt.Errorf("%w: %q: not held on %d of %d nodes", stores.ErrNotHeld, keys, len(other)+len(absent), len(s.nodes))
+		return fmt.Errorf("%w: %s is held by another token on %d of %d nodes",
+			stores.ErrNotHeld, stores.KeyForMessage(keys[other[0].vals[1]-1]), len(other), len(s.nodes))
+	case notHeld > len(s.nodes)-s.quorum:
+		return fmt.Errorf("%w: %s: held by the token on %d of %d nodes, not held on %d, quorum %d",
+			stores.ErrNotHeld, keysForMessage(keys), len(refreshed), len(s.nodes), notHeld, s.quorum)
 	}
-	return s.noQuorum(fmt.Sprintf("refresh %q", keys), len(refreshed)+len(other)+len(absent), failed, false)
+	return s.noQuorum("refresh "+keysForMessage(keys), len(refreshed)+notHeld, failed, false)
+}
+
+// beginRefresh counts a Refresh of token running, so that a Release that
+// starts meanwhile finds its state. endRefresh undoes it.
+func (s *Store) beginRefresh(token string) *tokenState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.tokens[token]
+	if st == nil {
+		if len(s.tokens) >= maxTokenStates {
+			s.sweepLocked()
+		}
+		st = &tokenState{}
+		s.tokens[token] = st
+	}
+	st.refreshing++
+	return st
+}
+
+// maxTokenStates is how many token states a Store keeps before it sweeps
+// those left by locks never released.
+const maxTokenStates = 4096
+
+// sweepLocked forgets the uncertain nodes of tokens whose lock was never
+// released, once a tombstone would have expired. The caller holds s.mu.
+func (s *Store) sweepLocked() {
+	for token, st := range s.tokens {
+		if len(st.uncertain) > 0 && time.Since(st.since) > s.tombstoneTTL() {
+			st.uncertain = nil
+			s.dropIdleLocked(token, st)
+		}
+	}
+}
+
+// endRefresh ends what beginRefresh counted.
+func (s *Store) endRefresh(token string, st *tokenState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.refreshing--
+	s.dropIdleLocked(token, st)
+}
+
+// writes runs call on the nodes of indexes as fanOut does, unless a Release
+// of token began (it reports false then and calls nothing), and counts
+// each call in flight on its node until it answers; a call whose outcome
+// is unknown leaves its node uncertain. A Release closes the token on the
+// nodes of both (see Release), so that none of these calls lands after it.
+func (s *Store) writes(ctx context.Context, token string, st *tokenState, timeout time.Duration, indexes []int,
+	call func(ctx context.Context, i int) ([]int64, error)) (<-chan reply, bool) {
+	s.mu.Lock()
+	if st.ended {
+		s.mu.Unlock()
+		return nil, false
+	}
+	if st.writing == nil {
+		st.writing = make(map[int]int)
+	}
+	for _, i := range indexes {
+		st.writing[i]++
+	}
+	st.refreshing++ // keeps st until every reply is in
+	s.mu.Unlock()
+	replies := s.fanOut(ctx, timeout, indexes, call)
+	out := make(chan reply, len(indexes))
+	s.wg.Go(func() {
+		for range indexes {
+			r := <-replies
+			s.mu.Lock()
+			if st.writing[r.node]--; st.writing[r.node] == 0 {
+				delete(st.writing, r.node)
+			}
+			if mayHaveGranted(r) {
+				if len(st.uncertain) == 0 {
+					st.uncertain, st.since = make(map[int]struct{}), time.Now()
+				}
+				st.uncertain[r.node] = struct{}{}
+			}
+			s.mu.Unlock()
+			out <- r
+		}
+		s.endRefresh(token, st)
+	})
+	return out, true
 }

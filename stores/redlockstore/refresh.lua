@@ -1,10 +1,12 @@
 -- KEYS[1..n] lock keys, KEYS[n+1] the node marker.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] 1 to re-take keys that are absent,
--- ARGV[4] quarantine ms after a data loss.
+-- ARGV[4] quarantine ms after a data loss, ARGV[5] the attempt (see closed
+-- in lib.lua).
 -- Returns {0} when every key holds the token with its TTL reset (absent keys
 -- re-taken when ARGV[3] is 1); {1, index (1-based)} when a key holds another
--- token; {2} when some key is absent and ARGV[3] is 0; {-1, ms left} while
--- the node is quarantined. Only {0} changes anything.
+-- token; {2} when some key is absent and ARGV[3] is 0; {3} when a release
+-- (or an undo) of the token closed its writes; {-1, ms left} while the node
+-- is quarantined. Only {0} changes anything.
 local n = #KEYS - 1
 local wait = quarantine(KEYS[#KEYS], math.floor(now_us() / 1000), tonumber(ARGV[4]))
 if wait > 0 then
@@ -12,6 +14,9 @@ if wait > 0 then
 end
 local absent = false
 for i = 1, n do
+  if closed(KEYS[i], ARGV[1], ARGV[5]) then
+    return {3}
+  end
   local v = redis.pcall('GET', KEYS[i])
   if v == false then
     absent = true

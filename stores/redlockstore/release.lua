@@ -1,9 +1,25 @@
 -- KEYS[1..n] lock keys; ARGV[1] token, ARGV[2] keep ms (0: delete), ARGV[3]
--- 1 to publish each deleted key's release on the channel named like it.
+-- 1 to publish each deleted key's release on the channel named like it,
+-- ARGV[4] the attempt to close (0: none), ARGV[5] the tombstone's TTL ms.
 -- Returns, per key, 1 when it held the token (and was released), else 0.
 -- A key of another type than a string does not hold the token.
+-- Closing an attempt leaves a tombstone, KEY:dead:TOKEN, holding the last
+-- attempt closed, which the acquire and refresh scripts of that attempt and
+-- earlier ones obey: a call that arrives after its undo or release writes
+-- nothing.
 local reply = {}
+local close = tonumber(ARGV[4])
 for i = 1, #KEYS do
+  if close > 0 then
+    local dead = KEYS[i] .. ':dead:' .. ARGV[1]
+    local last = redis.pcall('GET', dead)
+    local c = close
+    if type(last) == 'string' and (tonumber(last) or 0) > c then
+      c = tonumber(last)
+    end
+    local px = math.max(tonumber(ARGV[5]), redis.call('PTTL', dead))
+    redis.call('SET', dead, string.format('%.0f', c), 'PX', px)
+  end
   reply[i] = 0
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     reply[i] = 1

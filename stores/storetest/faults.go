@@ -1,9 +1,11 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -21,7 +23,9 @@ var faultTests = []subtest{
 	{name: "AbandonedAcquire/ReplyLost", needs: needProxy, run: testAbandonedReplyLost},
 	{name: "AbandonedAcquire/ReplyLate", needs: needProxy, run: testAbandonedReplyLate},
 	{name: "AbandonedAcquire/ServerPaused", needs: needProxy, run: testAbandonedServerPaused},
+	{name: "AbandonedAcquire/CutThenRefused", needs: needProxy, run: testAbandonedCutThenRefused},
 	{name: "CutOffHolderExpiresFirst", needs: needProxy, run: testCutOffHolderExpiresFirst},
+	{name: "CutOffHolderExpiresFirst/MaxTTL", needs: needProxy, run: testCutOffHolderExpiresFirstMaxTTL},
 	{name: "StaleHolder/PausedPastTTL", needs: needProxy, run: testStalePausedPastTTL},
 	{name: "StaleHolder/PausedPastMaxTTL", needs: needProxy, run: testStalePausedPastMaxTTL},
 	{name: "RefreshRacingRelease", run: testRefreshRacingRelease},
@@ -53,6 +57,15 @@ const (
 	// pausedTries is how often the paused-server scenario runs: a late
 	// write that lands after its undo may do so in only some of the tries.
 	pausedTries = 3
+
+	// minFaultTTL is the least TTL the abandoned acquires need, so that a
+	// grant left to its TTL is told apart from one cleaned up: past
+	// healLimit and freeFor, with a margin.
+	minFaultTTL = healLimit + freeFor + time.Second
+
+	// longestPause bounds the pauses the suite makes: a store whose
+	// MaxTTL is longer skips the subtests that pause past it.
+	longestPause = 30 * time.Second
 )
 
 // backend is the proxies in front of every server of a proxied store.
@@ -82,8 +95,39 @@ func (b backend) heal() {
 	}
 }
 
-// proxied returns a store from Suite.Proxied and its backend; the faults
-// heal when the test ends.
+func (b backend) refuse() {
+	for _, p := range b {
+		p.Refuse()
+	}
+}
+
+func (b backend) cutWhen(dir faultproxy.Direction, match func([]byte) bool, forward bool) {
+	for _, p := range b {
+		p.CutWhen(dir, match, forward)
+	}
+}
+
+// count starts counting, on every proxy, the chunks to the servers that
+// carry needle, and returns a function that reports the sum.
+func (b backend) count(needle string) func() int {
+	counts := make([]func() int, len(b))
+	for i, p := range b {
+		counts[i] = p.Count(faultproxy.ToServer, []byte(needle))
+	}
+	return func() int {
+		n := 0
+		for _, c := range counts {
+			n += c()
+		}
+		return n
+	}
+}
+
+// proxied returns a store from Suite.Proxied and its backend, the store
+// warmed up by a lock of a key of its own in the subtest keys' hash slot,
+// so that its connection to their server is open and a fault catches the
+// calls that follow, not a connection's set-up; the faults heal when the
+// test ends.
 func (e *env) proxied(t *testing.T) (stores.Store, backend) {
 	t.Helper()
 	s, proxies := e.newProxied(t)
@@ -92,35 +136,105 @@ func (e *env) proxied(t *testing.T) (stores.Store, backend) {
 	}
 	b := backend(proxies)
 	t.Cleanup(b.heal)
+	e.warm(t, s, 1, e.short)
 	return s, b
+}
+
+// warm locks and releases n keys of its own in the subtest keys' hash slot
+// for ttl through s, so that whatever a call of that shape needs before it
+// sends its keys (a connection, a prepared statement, a lease) is ready,
+// and a fault armed next catches the request that carries the keys.
+func (e *env) warm(t *testing.T, s stores.Store, n int, ttl time.Duration) {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "storetest:{" + e.tag + "}:warm:" + randomHex(8)
+	}
+	slices.Sort(keys)
+	if g, err := s.Acquire(t.Context(), keys, "warm", ttl); err != nil || !g.OK {
+		t.Fatalf("warming up the proxied store: Acquire: %+v, %v", g, err)
+	}
+	if err := s.Release(t.Context(), keys, "warm", 0); err != nil {
+		t.Fatalf("warming up the proxied store: Release: %v", err)
+	}
+}
+
+// abandoned is an Acquire that a fault left without an answer: the caller's
+// side of the clean-up, which the Locker does.
+type abandoned struct {
+	s     stores.Store
+	keys  []string
+	token string
+	err   error
+	owed  bool // the caller owes a release: the store did not take it on
 }
 
 // abandon runs an Acquire of keys by token on s under a fault that keeps it
 // unanswered, and checks that it returns soon after its context ends,
-// without a grant.
-func (e *env) abandon(t *testing.T, s stores.Store, keys []string, token string) {
+// without a grant, and without claiming that it never reached the server,
+// which it may have. Then, as the Locker does after a failure whose outcome
+// is unknown (neither ErrAbandoned, which the store cleans up after, nor
+// ErrUnreachable, which changed nothing), it releases the keys, owner-checked,
+// which the fault may defeat: see settle.
+func (e *env) abandon(t *testing.T, s stores.Store, keys []string, token string, wait time.Duration) *abandoned {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), abandonWait)
+	a := &abandoned{s: s, keys: keys, token: token}
+	a.err = e.acquireUnanswered(t, s, keys, token, wait)
+	expectNotUnreachable(t, a.err, "Acquire under a fault, which may have reached the server")
+	if !errors.Is(a.err, stores.ErrAbandoned) {
+		a.owed = !a.releaseOnce(t)
+	}
+	t.Logf("the abandoned Acquire failed with %v; a release is still owed: %v", a.err, a.owed)
+	return a
+}
+
+// releaseOnce releases the abandoned acquire's keys once, bounded by
+// healLimit, and reports whether the release landed (nil or ErrNotHeld).
+func (a *abandoned) releaseOnce(t *testing.T) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), healLimit)
 	defer cancel()
-	start := time.Now()
-	g, err := s.Acquire(ctx, keys, token, e.long)
-	if took := time.Since(start); took > abandonWait+returnSlack {
-		t.Errorf("Acquire under the fault returned after %v, %v past its context's end", took, took-abandonWait)
-	}
-	if err == nil {
-		t.Fatalf("Acquire under the fault: %+v with no error, want a failure", g)
-	}
-	if g.OK {
-		t.Fatalf("Acquire under the fault failed (%v) but reports a grant", err)
+	err := a.s.Release(ctx, a.keys, a.token, 0)
+	return err == nil || errors.Is(err, stores.ErrNotHeld)
+}
+
+// settle retries, once the fault has healed, a release the fault defeated:
+// a release a caller owes is retried until it lands, for healLimit at most
+// (a client may take a moment to reconnect).
+func (a *abandoned) settle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(healLimit)
+	for a.owed && !a.releaseOnce(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the release owed after an Acquire that failed with %v did not land within %v of the heal", a.err, healLimit)
+		}
+		<-time.After(50 * time.Millisecond) // between retries of a store that reconnects
 	}
 }
 
+func (e *env) acquireUnanswered(t *testing.T, s stores.Store, keys []string, token string, wait time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	start := time.Now()
+	g, err := s.Acquire(ctx, keys, token, e.long)
+	if took := time.Since(start); took > wait+returnSlack {
+		t.Errorf("Acquire under the fault returned after %v, %v past its context's end", took, took-wait)
+	}
+	switch {
+	case err == nil:
+		t.Fatalf("Acquire under the fault: %+v with no error, want a failure", g)
+	case g.OK:
+		t.Fatalf("Acquire under the fault failed (%v) but reports a grant", err)
+	}
+	return err
+}
+
 // expectFreeForGood fails the test unless every key, probed by a store that
-// reaches the server directly, becomes free within limit and then stays
-// free for freeFor: nothing the store left in flight holds it.
+// reaches the server directly, is free within limit and then stays free for
+// freeFor: nothing the store left in flight holds it, now or later.
 func (e *env) expectFreeForGood(t *testing.T, keys []string, limit time.Duration, what string) {
 	t.Helper()
-	deadline := time.Now().Add(limit + freeFor)
+	start := time.Now()
 	var freeSince time.Time
 	ticker := time.NewTicker(20 * time.Millisecond)
 	defer ticker.Stop()
@@ -134,17 +248,35 @@ func (e *env) expectFreeForGood(t *testing.T, keys []string, limit time.Duration
 		}
 		now := time.Now()
 		switch {
-		case held != "":
-			freeSince = time.Time{}
-			if now.After(deadline) {
-				t.Fatalf("%s: %s still held %v later: a grant nobody owns blocks the key", what, held, limit+freeFor)
-			}
-		case freeSince.IsZero():
+		case held != "" && !freeSince.IsZero():
+			t.Fatalf("%s: %s held again %v after it was seen free: a write left in flight landed", what, held, now.Sub(freeSince))
+		case held != "" && now.Sub(start) > limit:
+			t.Fatalf("%s: %s still held %v later: a grant nobody owns blocks the key", what, held, limit)
+		case held == "" && freeSince.IsZero():
 			freeSince = now
-		case now.Sub(freeSince) >= freeFor:
+		case held == "" && now.Sub(freeSince) >= freeFor:
 			return
 		}
 		<-ticker.C
+	}
+}
+
+// reachedServer fails the test unless a call carrying the subtest's keys
+// reached a server through the proxies: the fault caught a real call.
+func reachedServer(t *testing.T, reached func() int, what string) {
+	t.Helper()
+	if reached() == 0 {
+		t.Fatalf("%s: no request carrying the keys reached the server: the fault caught no call", what)
+	}
+}
+
+// expectNotUnreachable fails the test when err wraps ErrUnreachable, which
+// claims that nothing reached the server, for a call that may have reached
+// it.
+func expectNotUnreachable(t *testing.T, err error, what string) {
+	t.Helper()
+	if errors.Is(err, stores.ErrUnreachable) {
+		t.Fatalf("%s: %v: ErrUnreachable says the call never reached the server, but it may have", what, err)
 	}
 }
 
@@ -153,10 +285,14 @@ func (e *env) expectFreeForGood(t *testing.T, keys []string, limit time.Duration
 func testAbandonedReplyLost(t *testing.T, e *env) {
 	for _, keys := range e.keySets("k") {
 		p, b := e.proxied(t)
+		e.warm(t, p, len(keys), e.long)
+		reached := b.count(e.needle())
 		b.blackhole(faultproxy.ToClient)
-		e.abandon(t, p, keys, "t1")
+		a := e.abandon(t, p, keys, "t1", abandonWait)
 		<-time.After(faultHold) // the fault outlasts the call: the injected fault itself
+		reachedServer(t, reached, "a lost reply")
 		b.heal()
+		a.settle(t)
 		e.expectFreeForGood(t, keys, healLimit, "after a lost reply")
 	}
 }
@@ -166,10 +302,14 @@ func testAbandonedReplyLost(t *testing.T, e *env) {
 func testAbandonedReplyLate(t *testing.T, e *env) {
 	for _, keys := range e.keySets("k") {
 		p, b := e.proxied(t)
+		e.warm(t, p, len(keys), e.long)
+		reached := b.count(e.needle())
 		b.stall(faultproxy.ToClient)
-		e.abandon(t, p, keys, "t1")
+		a := e.abandon(t, p, keys, "t1", abandonWait)
 		<-time.After(faultHold) // the injected lateness itself
+		reachedServer(t, reached, "a late reply")
 		b.heal()
+		a.settle(t)
 		e.expectFreeForGood(t, keys, healLimit, "after a late reply")
 	}
 }
@@ -181,23 +321,69 @@ func testAbandonedServerPaused(t *testing.T, e *env) {
 	for i := range pausedTries {
 		for _, keys := range e.keySets("k" + strconv.Itoa(i) + "-") {
 			p, b := e.proxied(t)
+			e.warm(t, p, len(keys), e.long)
+			reached := b.count(e.needle())
 			b.stall(faultproxy.Both)
-			e.abandon(t, p, keys, "t1")
+			a := e.abandon(t, p, keys, "t1", abandonWait)
 			<-time.After(faultHold) // the pause itself
 			b.heal()
+			a.settle(t)
 			e.expectFreeForGood(t, keys, healLimit, fmt.Sprintf("try %d: after a paused server resumed", i))
+			reachedServer(t, reached, "a paused server")
 		}
 	}
 }
+
+// testAbandonedCutThenRefused: an acquire whose connection is cut once the
+// request has reached the server, while the server refuses new connections
+// (a client retry cannot get through), leaves no grant once the server can
+// be reached again; above all, the store does not claim with ErrUnreachable
+// that nothing changed.
+func testAbandonedCutThenRefused(t *testing.T, e *env) {
+	for _, keys := range e.keySets("k") {
+		p, b := e.proxied(t)
+		e.warm(t, p, len(keys), e.long)
+		needle := e.needle()
+		reached := b.count(needle)
+		b.refuse()
+		b.cutWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, []byte(needle)) }, true)
+		// Long enough for a client to retry and find the server refusing.
+		a := e.abandon(t, p, keys, "t1", 2*time.Second)
+		reachedServer(t, reached, "a connection cut after the request")
+		b.heal()
+		a.settle(t)
+		e.expectFreeForGood(t, keys, healLimit, "after a cut and refused connections")
+	}
+}
+
+// needle returns what every request for the subtest's keys carries and no
+// other request does: the random part of its key prefix.
+func (e *env) needle() string { return e.random }
 
 // testCutOffHolderExpiresFirst: a holder cut off from the server keeps the
 // key for its TTL at least, counted from before its Acquire, and no longer
 // than the store's bound: nobody else is granted the key while the holder
 // may still believe it holds it, and the key comes free without the holder.
-func testCutOffHolderExpiresFirst(t *testing.T, e *env) {
+func testCutOffHolderExpiresFirst(t *testing.T, e *env) { e.cutOffHolder(t, e.short) }
+
+// testCutOffHolderExpiresFirstMaxTTL is testCutOffHolderExpiresFirst with
+// the store's MaxTTL, which a store bounds by what its server keeps for a
+// client it no longer hears (a session): a store that states a MaxTTL its
+// server does not keep grants the key to another while the cut-off holder
+// still believes it holds it.
+func testCutOffHolderExpiresFirstMaxTTL(t *testing.T, e *env) {
+	switch {
+	case e.bounds.MaxTTL == 0:
+		t.Skip("the store states no MaxTTL: CutOffHolderExpiresFirst covers it")
+	case e.bounds.MaxTTL > longestPause:
+		t.Skipf("MaxTTL %v: a cut-off past it would take too long for a test; CutOffHolderExpiresFirst covers it", e.bounds.MaxTTL)
+	}
+	e.cutOffHolder(t, e.bounds.MaxTTL)
+}
+
+func (e *env) cutOffHolder(t *testing.T, ttl time.Duration) {
 	k := e.keys("k")
 	p, b := e.proxied(t)
-	ttl := e.short
 	start := time.Now()
 	g, err := p.Acquire(t.Context(), k, "t1", ttl)
 	if err != nil || !g.OK {
@@ -225,11 +411,10 @@ func testStalePausedPastTTL(t *testing.T, e *env) {
 // longest TTL, which a store bounds by what its server keeps for a client
 // it no longer hears (a session): the pause outlasts that too.
 func testStalePausedPastMaxTTL(t *testing.T, e *env) {
-	const longest = 30 * time.Second
 	switch {
 	case e.bounds.MaxTTL == 0:
 		t.Skip("the store states no MaxTTL: StaleHolder/PausedPastTTL covers it")
-	case e.bounds.MaxTTL > longest:
+	case e.bounds.MaxTTL > longestPause:
 		t.Skipf("MaxTTL %v: a pause past it would take too long for a test; StaleHolder/PausedPastTTL covers it", e.bounds.MaxTTL)
 	}
 	e.stalePaused(t, e.bounds.MaxTTL)

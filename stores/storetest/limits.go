@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // limitTests are the Limits subtests: keys and TTLs at the edges. A store
@@ -25,11 +26,29 @@ var limitTests = []subtest{
 	{name: "ExtremeTTLs/Fair", needs: needFair, run: testExtremeFair},
 }
 
-// longKeySizes are the lengths of the random keys LongKeys tries.
-var longKeySizes = []int{1 << 10, 600 << 10}
+// longKeySizes returns the lengths of the random keys LongKeys tries: 1 KB,
+// 600 KB, and the store's MaxKeyBytes and one byte more.
+func (e *env) longKeySizes() []int {
+	sizes := []int{1 << 10, 600 << 10}
+	if m := e.bounds.MaxKeyBytes; m > len(e.prefix) && m < 1<<20 {
+		sizes = append(sizes, m, m+1)
+	}
+	return sizes
+}
 
-// extremeTTLs are the durations ExtremeTTLs tries.
-var extremeTTLs = []time.Duration{time.Nanosecond, math.MaxInt64}
+// extremeTTLs returns the durations ExtremeTTLs tries: 1ns and
+// math.MaxInt64, and the edges of the store's TTL range, each with the
+// duration 1ns beyond it.
+func (e *env) extremeTTLs() []time.Duration {
+	ttls := []time.Duration{time.Nanosecond, math.MaxInt64}
+	if m := e.bounds.MinTTL; m > time.Nanosecond {
+		ttls = append(ttls, m, m-1)
+	}
+	if m := e.bounds.MaxTTL; m > 0 && m < math.MaxInt64 {
+		ttls = append(ttls, m, m+1)
+	}
+	return ttls
+}
 
 // keyOfLen returns a key of the subtest n bytes long, random after the
 // subtest's prefix.
@@ -74,11 +93,13 @@ func (e *env) expectServing(t *testing.T, s stores.Store, what string) {
 }
 
 // testLongKeys: a long random key, alone or with a short one, is honoured
-// within the store's MaxKeyBytes and refused with ErrInvalid beyond it.
+// within the store's MaxKeyBytes and refused with ErrInvalid beyond it, and
+// so are three keys of MaxKeyBytes in one call (whose request may be too
+// large for the server).
 func testLongKeys(t *testing.T, e *env) {
-	for _, n := range longKeySizes {
+	for _, n := range e.longKeySizes() {
 		long := e.keyOfLen(n)
-		short := e.key("short")
+		short := e.key("short" + strconv.Itoa(n))
 		for _, keys := range [][]string{{long}, slices.Sorted(slices.Values([]string{long, short}))} {
 			what := "a key of " + byteCount(n)
 			if len(keys) > 1 {
@@ -101,6 +122,10 @@ func testLongKeys(t *testing.T, e *env) {
 			if g.OK {
 				t.Fatalf("%s: refused with ErrInvalid but granted", what)
 			}
+			e.expectRefusedBeforeActing(t, what+": Acquire", func(s stores.Store, ctx context.Context) error {
+				_, err := s.Acquire(ctx, keys, "t1", e.long)
+				return err
+			})
 			expectInvalid(t, e.s.Refresh(t.Context(), keys, "t1", e.long), what+": Refresh")
 			expectInvalid(t, e.s.Release(t.Context(), keys, "t1", 0), what+": Release")
 			if e.f != nil && len(keys) == 1 {
@@ -111,6 +136,44 @@ func testLongKeys(t *testing.T, e *env) {
 			e.expectServing(t, e.s, what)
 		}
 	}
+	if m := e.bounds.MaxKeyBytes; m > len(e.prefix)+2 && m < 1<<20 {
+		keys := make([]string, 3)
+		for i := range keys {
+			keys[i] = e.keyOfLen(m)
+		}
+		slices.Sort(keys)
+		g, err := e.s.Acquire(t.Context(), keys, "t1", e.long)
+		switch {
+		case errors.Is(err, stores.ErrInvalid):
+			e.expectFree(t, keys, "three keys of MaxKeyBytes, refused together")
+		case err != nil || !g.OK:
+			t.Fatalf("three keys of MaxKeyBytes in one call: %+v, %v, want granted or ErrInvalid", g, err)
+		default:
+			e.mustRelease(t, keys, "t1")
+		}
+		e.expectServing(t, e.s, "three keys of MaxKeyBytes in one call")
+	}
+}
+
+// expectRefusedBeforeActing checks, on a store with a network, that call
+// answers ErrInvalid at once while every server is paused: it refused its
+// arguments before sending anything.
+func (e *env) expectRefusedBeforeActing(t *testing.T, what string, call func(s stores.Store, ctx context.Context) error) {
+	t.Helper()
+	if e.newProxied == nil {
+		return
+	}
+	p, b := e.proxied(t)
+	b.stall(faultproxy.Both)
+	defer b.heal()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*returnSlack)
+	defer cancel()
+	start := time.Now()
+	err := call(p, ctx)
+	expectInvalid(t, err, what+" with every server paused")
+	if took := time.Since(start); took > returnSlack {
+		t.Fatalf("%s: ErrInvalid came after %v with every server paused: the store asked the server first", what, took)
+	}
 }
 
 // byteCount writes n as "1 KB" or "600 KB".
@@ -120,12 +183,17 @@ func byteCount(n int) string { return strconv.Itoa(n>>10) + " KB" }
 // within the store's range, in a way other callers can read, and is refused
 // with ErrInvalid, changing nothing, beyond it.
 func testExtremeAcquire(t *testing.T, e *env) {
-	for _, ttl := range extremeTTLs {
+	for _, ttl := range e.extremeTTLs() {
 		k := e.keys("k" + ttl.String())
+		start := time.Now()
 		g, err := e.s.Acquire(t.Context(), k, "t1", ttl)
 		if !e.ttlFits(ttl) {
 			expectInvalid(t, err, "Acquire with TTL "+ttl.String())
 			e.expectFree(t, k, "after a refused Acquire with TTL "+ttl.String())
+			e.expectRefusedBeforeActing(t, "Acquire with TTL "+ttl.String(), func(s stores.Store, ctx context.Context) error {
+				_, err := s.Acquire(ctx, k, "t1", ttl)
+				return err
+			})
 			continue
 		}
 		if err != nil || !g.OK {
@@ -137,7 +205,7 @@ func testExtremeAcquire(t *testing.T, e *env) {
 		if ttl == math.MaxInt64 && (!held || wait < 0) {
 			t.Fatalf("Acquire with TTL %v: the key reads as held %v with Wait %v, want held", ttl, held, wait)
 		}
-		if err := e.s.Release(t.Context(), k, "t1", 0); err != nil && !(ttl < time.Millisecond && errors.Is(err, stores.ErrNotHeld)) {
+		if err := e.s.Release(t.Context(), k, "t1", 0); err != nil && !ranOut(err, start, ttl) {
 			t.Fatalf("Release of a grant with TTL %v: %v", ttl, err)
 		}
 		e.expectFree(t, k, "after the release of a grant with TTL "+ttl.String())
@@ -148,9 +216,10 @@ func testExtremeAcquire(t *testing.T, e *env) {
 // within the store's range, and is refused with ErrInvalid beyond it,
 // leaving the holder's TTL as it was.
 func testExtremeRefresh(t *testing.T, e *env) {
-	for _, ttl := range extremeTTLs {
+	for _, ttl := range e.extremeTTLs() {
 		k := e.keys("k" + ttl.String())
 		e.mustAcquire(t, k, "t1", e.short)
+		start := time.Now()
 		err := e.s.Refresh(t.Context(), k, "t1", ttl)
 		if !e.ttlFits(ttl) {
 			expectInvalid(t, err, "Refresh to TTL "+ttl.String())
@@ -164,7 +233,7 @@ func testExtremeRefresh(t *testing.T, e *env) {
 		if ttl == math.MaxInt64 {
 			e.expectHeld(t, k, math.MaxInt64, "after a Refresh to TTL "+ttl.String())
 		}
-		if err := e.s.Release(t.Context(), k, "t1", 0); err != nil && !(ttl < time.Millisecond && errors.Is(err, stores.ErrNotHeld)) {
+		if err := e.s.Release(t.Context(), k, "t1", 0); err != nil && !ranOut(err, start, ttl) {
 			t.Fatalf("Release after a Refresh to TTL %v: %v", ttl, err)
 		}
 	}
@@ -174,7 +243,7 @@ func testExtremeRefresh(t *testing.T, e *env) {
 // succeeds within the store's range, and is refused with ErrInvalid beyond
 // it, leaving the key held as it was.
 func testExtremeKeep(t *testing.T, e *env) {
-	for _, keep := range extremeTTLs {
+	for _, keep := range e.extremeTTLs() {
 		k := e.keys("k" + keep.String())
 		e.mustAcquire(t, k, "t1", e.short)
 		err := e.s.Release(t.Context(), k, "t1", keep)
@@ -200,7 +269,7 @@ func testExtremeKeep(t *testing.T, e *env) {
 // math.MaxInt64 grants within the store's range and is refused with
 // ErrInvalid beyond it, leaving no queue entry behind.
 func testExtremeFair(t *testing.T, e *env) {
-	for _, d := range extremeTTLs {
+	for _, d := range e.extremeTTLs() {
 		for _, asLease := range []bool{false, true} {
 			what := "AcquireFair with TTL " + d.String()
 			ttl, lease := d, e.shortLease
@@ -209,6 +278,7 @@ func testExtremeFair(t *testing.T, e *env) {
 				ttl, lease = e.short, d
 			}
 			k := e.key("k" + what)
+			start := time.Now()
 			g, err := e.f.AcquireFair(t.Context(), k, "t1", ttl, lease)
 			if !e.ttlFits(d) {
 				expectInvalid(t, err, what)
@@ -221,9 +291,16 @@ func testExtremeFair(t *testing.T, e *env) {
 			if err != nil || !g.OK {
 				t.Fatalf("%s, within the store's range: %+v, %v", what, g, err)
 			}
-			if err := e.s.Release(t.Context(), []string{k}, "t1", 0); err != nil && !(ttl < time.Millisecond && errors.Is(err, stores.ErrNotHeld)) {
+			if err := e.s.Release(t.Context(), []string{k}, "t1", 0); err != nil && !ranOut(err, start, ttl) {
 				t.Fatalf("%s: Release: %v", what, err)
 			}
 		}
 	}
+}
+
+// ranOut reports whether err is ErrNotHeld from a grant whose ttl, counted
+// from start, may have run out: the release of a short grant may find it
+// gone.
+func ranOut(err error, start time.Time, ttl time.Duration) bool {
+	return errors.Is(err, stores.ErrNotHeld) && time.Since(start) >= ttl
 }

@@ -22,8 +22,12 @@ import (
 // they run at about the same rate. The price is that a contender that first
 // sees a stale version waits one full TTL from then.
 //
-// For its own writes the Store also notes the token and the node's data
-// version, so that Release and Refresh of its own grants skip the read.
+// For its own writes the Store also notes the token and the session that
+// made them, so that Release and Refresh of its own grants skip the read,
+// and so that a grant of a session that has ended (its nodes went with it)
+// is known not held without asking the server. The server still checks the
+// token of every owner-checked write (see holderName): a record is never
+// trusted to name a grant.
 //
 // Entries are dropped when the Store deletes the node, and swept a while
 // after their deadline (a sight of a version whose entry was swept starts a
@@ -40,11 +44,10 @@ type sighting struct {
 	since time.Time
 	life  time.Duration // the TTL or lease in the node's data
 
-	// Set for the Store's own writes only: the token, and the data
-	// versions of the node and of its parent, which identify the grant.
+	// Set for the Store's own writes only: the token, and the session
+	// that made the write.
 	token   string
-	version int32
-	pver    int32
+	session int64
 	own     bool
 }
 
@@ -56,12 +59,13 @@ const (
 	sweepGrace = time.Minute
 )
 
-// wrote records this Store's own write of a node's version, made by a call
-// that started at start.
-func (a *ages) wrote(path string, mzxid int64, version, pver int32, token string, life time.Duration, start time.Time) {
+// wrote records this Store's own write, in session, of a node's version,
+// made by a call that started at start. A write whose session is unknown
+// (zero: it ended as the write returned) is aged, but not owned.
+func (a *ages) wrote(path string, mzxid int64, token string, session int64, life time.Duration, start time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.putLocked(path, sighting{mzxid: mzxid, since: start, life: life, token: token, version: version, pver: pver, own: true})
+	a.putLocked(path, sighting{mzxid: mzxid, since: start, life: life, token: token, session: session, own: session != 0})
 }
 
 // remaining returns how long the version mzxid of the node at path, whose
@@ -78,17 +82,28 @@ func (a *ages) remaining(path string, mzxid int64, life time.Duration, now time.
 	return s.since.Add(s.life).Sub(now)
 }
 
-// owned returns the data versions of the node at path and of its parent as
-// this Store last wrote them for token, and whether that write is known and
-// has not expired.
-func (a *ages) owned(path, token string, now time.Time) (version, pver int32, ok bool) {
+// Ownership of a node, as this Store's records tell it.
+type ownership int
+
+const (
+	ownUnknown ownership = iota // no record of a write of this Store for the token
+	ownLive                     // written for the token in session, not expired
+	ownGone                     // written for the token, but expired or in another session
+)
+
+// owned returns what this Store's last write of the node at path tells of
+// token's grant at now, when the Store's session is session.
+func (a *ages) owned(path, token string, session int64, now time.Time) ownership {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s, ok := a.seen[path]
-	if !ok || !s.own || s.token != token || !now.Before(s.since.Add(s.life)) {
-		return 0, 0, false
+	switch {
+	case !ok || !s.own || s.token != token:
+		return ownUnknown
+	case s.session != session || !now.Before(s.since.Add(s.life)):
+		return ownGone
 	}
-	return s.version, s.pver, true
+	return ownLive
 }
 
 // live reports whether a version of the node at path was seen, or

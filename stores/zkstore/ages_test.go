@@ -25,23 +25,34 @@ func TestAgesFirstSight(t *testing.T) {
 		t.Fatal("live after its life ended")
 	}
 
-	a.wrote("/own", 9, 2, 5, "tok", time.Second, t0)
-	if v, pv, ok := a.owned("/own", "tok", t0.Add(500*time.Millisecond)); !ok || v != 2 || pv != 5 {
-		t.Fatalf("owned: %d, %d, %v; want 2, 5, true", v, pv, ok)
+	a.wrote("/own", 9, "tok", 5, time.Second, t0)
+	if got := a.owned("/own", "tok", 5, t0.Add(500*time.Millisecond)); got != ownLive {
+		t.Fatalf("owned: %v, want ownLive", got)
 	}
-	if _, _, ok := a.owned("/own", "other", t0); ok {
-		t.Fatal("owned by another token")
+	if got := a.owned("/own", "other", 5, t0); got != ownUnknown {
+		t.Fatalf("owned by another token: %v, want ownUnknown", got)
 	}
-	if _, _, ok := a.owned("/own", "tok", t0.Add(time.Second)); ok {
-		t.Fatal("owned after its TTL")
+	if got := a.owned("/own", "tok", 5, t0.Add(time.Second)); got != ownGone {
+		t.Fatalf("owned after its TTL: %v, want ownGone", got)
+	}
+	if got := a.owned("/own", "tok", 6, t0); got != ownGone {
+		t.Fatalf("owned in another session: %v, want ownGone", got)
 	}
 	// A reader of the Store's own write sees the deadline the write set.
 	if got := a.remaining("/own", 9, time.Second, t0.Add(300*time.Millisecond)); got != 700*time.Millisecond {
 		t.Fatalf("own write read back: %v left, want 700ms", got)
 	}
 	a.forget("/own")
-	if _, _, ok := a.owned("/own", "tok", t0); ok {
-		t.Fatal("owned after forget")
+	if got := a.owned("/own", "tok", 5, t0); got != ownUnknown {
+		t.Fatalf("owned after forget: %v, want ownUnknown", got)
+	}
+	// A write whose session ended as it returned is aged, not owned.
+	a.wrote("/lost", 3, "tok", 0, time.Second, t0)
+	if got := a.owned("/lost", "tok", 0, t0); got != ownUnknown {
+		t.Fatalf("owned without a session: %v, want ownUnknown", got)
+	}
+	if !a.live("/lost", t0) {
+		t.Fatal("a write without a session is not aged")
 	}
 }
 

@@ -12,25 +12,34 @@
 // Under the Store's root (default /reqlock), each key has a parent node, a
 // container that the server deletes once it has been empty for a while:
 //
-//	<root>/<key>/lock             the grant: ephemeral, data "<ttl ms>\n<token>"
-//	<root>/<key>/q-<token>-<seq>  a fair waiter: ephemeral sequential, data "<lease ms>"
+//	<root>/<key>/lock               the grant: ephemeral, data "<ttl ms>\n<token>"
+//	<root>/<key>/h-<token hash>     the grant's holder: ephemeral, empty
+//	<root>/<key>/q-<token>-<seq>    a fair waiter: ephemeral sequential, data "<lease ms>"
 //
-// Keys and tokens are escaped into valid node names.
+// Keys and tokens are escaped into valid node names (bytes outside
+// printable ASCII, '/' and '%' as %XX).
 //
 // # Grants
 //
-// Acquire creates the lock node of every key in one multi transaction, so
-// that the keys are granted all or none, atomically for every other client;
-// a free key costs one round trip. A held key makes the transaction fail;
-// the Store then reads the keys (one round trip, all keys in parallel) and
-// either refuses, naming the first held key and its holder's remaining TTL,
-// or takes over the nodes it may take (expired, or holding the caller's own
-// token: a retry) by deleting them at the version it read in the granting
-// transaction. Each grant also increments its parent's data version in its
-// transaction; Release and Refresh check that version and the lock node's
-// before they write, so an owner check names one grant and cannot land on
-// a later grant's node (a node's own version starts again at 0 when the
-// node is created anew).
+// Acquire creates the lock node of every key, and the holder node of the
+// token, in one multi transaction, so that the keys are granted all or
+// none, atomically for every other client; a free key costs one round
+// trip. A held key makes the transaction fail; the Store then reads the
+// keys (one round trip, all keys in parallel) and either refuses, naming
+// the first held key and its holder's remaining TTL, or takes over the
+// nodes it may take (expired, or holding the caller's own token: a retry)
+// by deleting the lock node at the version it read, and its holder node, in
+// the granting transaction.
+//
+// The holder node, named by a hash of the token, exists exactly while the
+// lock node holds that token: every transaction that creates or deletes a
+// lock node creates or deletes its holder node with it, and both go with
+// their session. Release and Refresh check it in their transaction, so the
+// server checks the token of every owner-checked write: a Store whose grant
+// went away without its knowing (its session expired or was closed) can
+// never refresh or release the next holder's grant, even when the key's
+// nodes were created anew with the versions it last saw (ZooKeeper has no
+// compare-data operation, and a node's versions start again at 0).
 //
 // # Fences
 //
@@ -62,21 +71,44 @@
 //     full TTL from then before it takes it over;
 //   - its Store's session: the node is ephemeral, so when the session ends
 //     (Close, or the server heard nothing from the Store for the session
-//     timeout, default 10s) the server deletes it at once and wakes the
-//     waiters. A crashed process's locks are free after the session
-//     timeout even when their TTL is longer.
+//     timeout) the server deletes it at once and wakes the waiters. A
+//     crashed process's locks are free after the session timeout.
+//
+// So that a holder's validity never outlives its node, the Store takes no
+// TTL longer than the session timeout the server granted (see Limits): the
+// server restarts a session's timer on each request it receives, after the
+// Store sent it, so a grant or renewal that started at t stands until at
+// least t plus the session timeout, and a validity counted from t with a
+// TTL up to the session timeout ends first (the Locker's margin for clock
+// drift covers clocks that run at slightly different rates). A holder cut
+// off from ZooKeeper therefore loses its validity before the server frees
+// its key for anyone else.
 //
 // Refresh resets the TTL; the session is kept alive by the client's own
-// pings, independently. A holder whose session has expired finds its lock
-// node gone: its next Refresh returns stores.ErrNotHeld, so the Locker
-// cancels its context with reqlock.ErrLockLost.
+// pings, independently. A Refresh of a grant this Store made and knows has
+// ended (its TTL passed, or the session that made it is gone) returns
+// stores.ErrNotHeld at once, without the server, even while the Store is
+// cut off from it; Release does too when the Store has no session. Any
+// other Refresh of a grant whose session ended finds its nodes gone, and
+// returns stores.ErrNotHeld.
 //
 // A Release with keep sets the lock node's TTL to keep and leaves it in
 // place, so that no waiter is signalled. The node stays ephemeral: a kept
 // key is held until keep has passed or the Store's session ends, whichever
-// comes first. A persistent node would outlive a crashed process for good
-// (nothing on the server expires it), and a TTL node needs a setting that
-// is off by default; a short-lived session ending is the lesser evil.
+// comes first; keep is at most the session timeout, so a live Store keeps
+// it for the whole keep. A persistent node would outlive a crashed process
+// for good (nothing on the server expires it), and a TTL node needs a
+// setting that is off by default.
+//
+// Close ends the session, so ZooKeeper frees every lock of the Store at once:
+// close a Store only once its locks are released, since the Locker's holders
+// of locks still held keep their validity until it runs out.
+//
+// A lost session is not signalled to holders as it happens: with every TTL
+// within the session timeout, a holder's validity has always run out by the
+// time the server expires its session, and the client learns of the
+// expiry only later still, when it reconnects; such a signal would never
+// cancel a holder sooner than its validity does.
 //
 // # Fair queues
 //
@@ -103,12 +135,53 @@
 // new one, every subscription sets its watch anew and signals, since events
 // may have been missed.
 //
+// # Limits
+//
+// Store.Bounds states what the Store takes; arguments out of it are refused
+// with an error wrapping stores.ErrInvalid before anything is sent (and by
+// reqlock's Locker and middleware before any store call, or at start-up):
+//
+//   - TTL, keep and fair lease: from MinTTL (1ms: nodes keep durations in
+//     whole milliseconds, rounded up) to the session timeout the server
+//     granted, which the URL parameter session= (or WithSessionTimeout,
+//     default 10s) asks for and the server keeps within its
+//     minSessionTimeout and maxSessionTimeout (by default 2 and 20 times
+//     its tickTime). Every server of an ensemble must grant the same
+//     timeout: the Store learns it from the first.
+//   - keys: ZooKeeper takes requests of up to jute.maxbuffer bytes (1 MiB
+//     by default; the Store assumes the default or more) and closes the
+//     connection of a larger one, failing every call on it. A key appears in
+//     up to six paths of one transaction, escaped bytes taking three bytes
+//     each, so MaxKeyBytes is about 58,000 bytes under a short root (less
+//     under a longer one). A call on several keys puts them in one
+//     transaction, and is refused when they exceed the limit together; so
+//     are a token and key whose request would.
+//
+// Node data this Store cannot read (another version's format, a TTL out of
+// range) is not an error: such a lock node counts as held, with an unknown
+// Wait, until its owner deletes it or its session ends; such a queue node's
+// lease never lapses. A lock node without a holder node (another version's
+// grant) is taken over, once expired, like any other.
+//
 // # Failures
 //
 // Every call returns as soon as its context ends, even while the server has
 // not answered (go-zookeeper's requests take no context, and wait out a
 // lost connection): an Acquire or AcquireFair left in flight is undone,
 // owner-checked, once it returns, and its error wraps stores.ErrAbandoned
-// and the context's error. A call made while the connection has no session
-// fails at once with stores.ErrUnreachable, sending nothing.
+// and the context's error; the undo tries again while the server cannot be
+// reached, until it knows the grant is gone or the Store is closed. A call
+// made while the connection has no session fails at once with
+// stores.ErrUnreachable, sending nothing.
+//
+// What it survives: a lost or late reply (the call fails with an unknown
+// outcome, or is undone when abandoned); a connection cut, or a server
+// paused or partitioned for less than the session timeout (the session and
+// its locks stay; calls in flight fail and the client reconnects, to
+// another member of an ensemble when there is one); a Store cut off for
+// longer (its holders' validity has run out before the server frees their
+// keys, and its Refresh and Release answer stores.ErrNotHeld); a process
+// crash (its locks are free after the session timeout); the loss of a
+// minority of an ensemble. Fences stay increasing across leader elections
+// and restarts, not across a wiped data directory (see Fences).
 package zkstore

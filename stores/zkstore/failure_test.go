@@ -3,9 +3,7 @@ package zkstore_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,81 +12,32 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 	"github.com/reqlock/reqlock/stores/zkstore"
 )
 
-// network is a Store's way to its server, which a test can cut (every
-// connection closed, new ones refused) or stall (writes wait).
-type network struct {
-	mu      sync.Mutex
-	cut     bool
-	conns   []net.Conn
-	stalled chan struct{} // closed while writes flow
-}
-
-func newNetwork() *network {
-	n := &network{stalled: make(chan struct{})}
-	close(n.stalled)
-	return n
-}
-
-func (n *network) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cut {
-		return nil, errors.New("network cut by the test")
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
+// proxiedStore returns a Store on the shared ZooKeeper whose every
+// connection goes through the returned proxy, with a root of its own,
+// closed when the test ends.
+func proxiedStore(t *testing.T, opts ...zkstore.Option) (*zkstore.Store, *faultproxy.Proxy) {
+	t.Helper()
+	p := faultproxy.New(t, testservers.ZooKeeperAddr(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := zkstore.New(ctx, []string{p.Addr()}, append([]zkstore.Option{zkstore.WithRoot(testRoot())}, opts...)...)
 	if err != nil {
-		return nil, err
+		t.Fatalf("New: %v", err)
 	}
-	n.conns = append(n.conns, c)
-	return &stallConn{Conn: c, n: n}, nil
+	t.Cleanup(func() { _ = s.Close() })
+	return s, p
 }
 
-// Cut closes every connection and refuses new ones until Heal.
-func (n *network) Cut() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.cut = true
-	for _, c := range n.conns {
-		_ = c.Close()
-	}
-	n.conns = nil
-}
-
-// Heal lets connections be made again.
-func (n *network) Heal() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.cut = false
-}
-
-// Stall makes writes wait until Flow.
-func (n *network) Stall() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.stalled = make(chan struct{})
-}
-
-// Flow lets stalled writes go.
-func (n *network) Flow() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	close(n.stalled)
-}
-
-type stallConn struct {
-	net.Conn
-	n *network
-}
-
-func (c *stallConn) Write(b []byte) (int, error) {
-	c.n.mu.Lock()
-	gate := c.n.stalled
-	c.n.mu.Unlock()
-	<-gate
-	return c.Conn.Write(b)
+// cutOff cuts every connection through p and refuses new ones until Heal:
+// the Store behind it hears nothing from the server, and the server
+// nothing from it.
+func cutOff(p *faultproxy.Proxy) {
+	p.Refuse()
+	p.Cut()
 }
 
 // pollUntil calls cond every 10ms until it reports true, and fails the test
@@ -123,45 +72,40 @@ func expectSignal(t *testing.T, ch <-chan struct{}, limit time.Duration, what st
 // waiter; calls on the cut Store return within their context; once the
 // network is back, the holder's Refresh returns ErrNotHeld.
 func TestSessionExpiryLosesLock(t *testing.T) {
-	net := newNetwork()
-	holder := newStore(t, zkstore.WithSessionTimeout(time.Second), zkstore.WithDialer(net.dial))
-	other := newStore(t)
+	holder, p := proxiedStore(t, zkstore.WithSessionTimeout(time.Second))
 	ctx := t.Context()
 	keys := []string{"k"}
-	// The two Stores have roots of their own: share the holder's.
-	_ = other
-	if g, err := holder.Acquire(ctx, keys, "t1", time.Minute); err != nil || !g.OK {
+	ttl := holder.Bounds().MaxTTL
+	if g, err := holder.Acquire(ctx, keys, "t1", ttl); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
 	waiter := sameRootStore(t, holder)
 	released, stop := waiter.NotifyRelease("k", "w")
 	defer stop()
-	if g, _ := waiter.Acquire(ctx, keys, "t2", time.Minute); g.OK {
+	if g, _ := waiter.Acquire(ctx, keys, "t2", 10*time.Second); g.OK {
 		t.Fatal("the other Store was granted a held key")
 	}
 	oldSession := holder.SessionID()
 
-	net.Cut()
+	cutOff(p)
 	callCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	start := time.Now()
-	err := holder.Refresh(callCtx, keys, "t1", time.Minute)
+	err := holder.Refresh(callCtx, keys, "t1", ttl)
 	cancel()
 	if err == nil || errors.Is(err, stores.ErrNotHeld) || time.Since(start) > time.Second {
 		t.Fatalf("Refresh on a cut network: %v after %v, want a store failure within its context", err, time.Since(start))
 	}
 	expectSignal(t, released, 15*time.Second, "to the other Store's waiter once the holder's session expired")
-	if g, err := waiter.Acquire(ctx, keys, "t2", time.Minute); err != nil || !g.OK {
+	if g, err := waiter.Acquire(ctx, keys, "t2", 10*time.Second); err != nil || !g.OK {
 		t.Fatalf("Acquire after the holder's session expired: %+v, %v", g, err)
 	}
 
-	net.Heal()
-	pollUntil(t, 15*time.Second, "the holder's Refresh returns ErrNotHeld", func() bool {
-		err := holder.Refresh(ctx, keys, "t1", time.Minute)
-		t.Log(err)
-		return errors.Is(err, stores.ErrNotHeld)
+	p.Heal()
+	pollUntil(t, 15*time.Second, "the holder gets a new session", func() bool {
+		return holder.SessionID() != oldSession && holder.SessionID() != 0
 	})
-	if holder.SessionID() == oldSession {
-		t.Fatal("the holder kept its expired session")
+	if err := holder.Refresh(ctx, keys, "t1", ttl); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("the holder's Refresh after its session expired: %v, want ErrNotHeld", err)
 	}
 }
 
@@ -178,37 +122,110 @@ func sameRootStore(t *testing.T, s *zkstore.Store) *zkstore.Store {
 	return o
 }
 
-// TestLockerLosesLockOnSessionExpiry: a reqlock.Lock kept alive over the
-// Store loses its context, with ErrLockLost and ErrNotHeld, when the
-// Store's session expires.
-func TestLockerLosesLockOnSessionExpiry(t *testing.T) {
-	net := newNetwork()
-	s := newStore(t, zkstore.WithSessionTimeout(time.Second), zkstore.WithDialer(net.dial))
-	watcher := sameRootStore(t, s)
+// TestCutOffHolderValidityEndsFirst (issue 18, defect 9): a Locker's TTL
+// longer than the Store's session timeout is refused, naming the session
+// timeout and its URL parameter; with the longest TTL the Store takes, a
+// holder cut off from ZooKeeper loses its validity before its session
+// expires and another Locker obtains the key. Before the fix, the Store took
+// a 30s TTL on a 2s session: the other Locker obtained the key while the
+// first lock had 27s of validity left.
+func TestCutOffHolderValidityEndsFirst(t *testing.T) {
+	s, p := proxiedStore(t, zkstore.WithSessionTimeout(2*time.Second))
+	otherStore := sameRootStore(t, s)
 	locker, err := reqlock.New(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lock, err := locker.Obtain(t.Context(), "k", 6*time.Second, 0)
+	other, err := reqlock.New(otherStore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = locker.Obtain(t.Context(), "k", 30*time.Second, 0)
+	if !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "session=2s") {
+		t.Fatalf("Obtain with a TTL of 30s on a 2s session: %v; want ErrInvalid naming session=2s", err)
+	}
+	ttl := s.Bounds().MaxTTL
+	lock, err := locker.Obtain(t.Context(), "k", ttl, 0)
 	if err != nil {
 		t.Fatalf("Obtain: %v", err)
 	}
 	held := lock.KeepAlive(t.Context())
-	released, stop := watcher.NotifyRelease("reqlock:k", "w") // the Locker's default prefix
-	defer stop()
-	net.Cut()
-	expectSignal(t, released, 15*time.Second, "once the holder's session expired")
-	net.Heal()
-	timer := time.NewTimer(10 * time.Second)
-	defer timer.Stop()
-	select {
-	case <-held.Done():
-	case <-timer.C:
-		t.Fatal("the lock's context did not end after its session expired")
+	lostAt := make(chan time.Time, 1)
+	go func() {
+		<-held.Done()
+		lostAt <- time.Now()
+	}()
+
+	cutOff(p)
+	lock2, err := other.Obtain(t.Context(), "k", ttl, 20*time.Second)
+	if err != nil {
+		t.Fatalf("the other Locker's Obtain once the holder was cut off: %v", err)
 	}
-	cause := context.Cause(held)
-	if !errors.Is(cause, reqlock.ErrLockLost) || !errors.Is(cause, stores.ErrNotHeld) {
-		t.Fatalf("cause %v, want ErrLockLost and ErrNotHeld", cause)
+	grantedAt := time.Now()
+	defer lock2.Release(context.Background())
+	select {
+	case at := <-lostAt:
+		if at.After(grantedAt) {
+			t.Fatalf("the cut-off holder lost its lock %v after the other Locker obtained it", at.Sub(grantedAt))
+		}
+	default:
+		t.Fatalf("the other Locker obtained the key while the cut-off holder's lock stood (valid until %v from now)",
+			time.Until(lock.ValidUntil()))
+	}
+	if cause := context.Cause(held); !errors.Is(cause, reqlock.ErrLockLost) {
+		t.Fatalf("the holder's cause: %v, want ErrLockLost", cause)
+	}
+
+	p.Heal()
+	if err := lock2.Refresh(t.Context(), ttl); err != nil {
+		t.Fatalf("the other Locker's Refresh once the holder is back: %v", err)
+	}
+}
+
+// TestCutOffStoreRefreshNotHeld (issue 18, defect 9): once a grant's TTL
+// has passed while its Store is cut off from ZooKeeper, and once its session
+// is gone, the Store's Refresh and Release of it answer ErrNotHeld without
+// the server, instead of ErrUnreachable until the Store is back; and after
+// it is back, they never touch the next holder's grant.
+func TestCutOffStoreRefreshNotHeld(t *testing.T) {
+	holder, p := proxiedStore(t, zkstore.WithSessionTimeout(2*time.Second))
+	next := sameRootStore(t, holder)
+	ttl := holder.Bounds().MaxTTL
+	keys := []string{"k"}
+	start := time.Now()
+	if g, err := holder.Acquire(t.Context(), keys, "t1", ttl); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	cutOff(p)
+	if err := holder.Refresh(t.Context(), keys, "t1", ttl); err == nil || errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("Refresh cut off within the TTL: %v, want a store failure", err)
+	}
+	pollUntil(t, 20*time.Second, "the next holder obtains the key", func() bool {
+		g, err := next.Acquire(t.Context(), keys, "t2", next.Bounds().MaxTTL) // 10s: outlasts the test
+		return err == nil && g.OK
+	})
+	if d := time.Since(start); d < ttl {
+		t.Fatalf("the next holder obtained the key %v after the first, within its TTL of %v", d, ttl)
+	}
+	if err := holder.Refresh(t.Context(), keys, "t1", ttl); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("Refresh cut off, past the TTL: %v, want ErrNotHeld", err)
+	}
+	if err := holder.Release(t.Context(), keys, "t1", 0); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("Release cut off, past the TTL: %v, want ErrNotHeld", err)
+	}
+	old := holder.SessionID()
+	p.Heal()
+	pollUntil(t, 20*time.Second, "the holder gets a new session", func() bool {
+		return holder.SessionID() != old && holder.SessionID() != 0
+	})
+	if err := holder.Refresh(t.Context(), keys, "t1", ttl); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("Refresh after the session expired: %v, want ErrNotHeld", err)
+	}
+	if err := holder.Release(t.Context(), keys, "t1", 0); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("Release after the session expired: %v, want ErrNotHeld", err)
+	}
+	if err := next.Refresh(t.Context(), keys, "t2", next.Bounds().MaxTTL); err != nil {
+		t.Fatalf("the next holder's Refresh: %v", err)
 	}
 }
 
@@ -216,18 +233,17 @@ func TestLockerLosesLockOnSessionExpiry(t *testing.T) {
 // once when its context ends, with ErrAbandoned and the context's error,
 // and the grant the request makes once it goes through is released.
 func TestAbandonedAcquireIsUndone(t *testing.T) {
-	net := newNetwork()
-	s := newStore(t, zkstore.WithDialer(net.dial))
+	s, p := proxiedStore(t)
 	watcher := sameRootStore(t, s)
 	released, stop := watcher.NotifyRelease("k", "w")
 	defer stop()
 	// The watch is set once a release signals: prime it.
 	primeSignal(t, watcher, released, "k")
 
-	net.Stall()
+	p.Stall(faultproxy.ToServer)
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	start := time.Now()
-	_, err := s.Acquire(ctx, []string{"k"}, "t1", time.Minute)
+	_, err := s.Acquire(ctx, []string{"k"}, "t1", 10*time.Second)
 	cancel()
 	if !errors.Is(err, stores.ErrAbandoned) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stalled Acquire: %v, want ErrAbandoned and context.DeadlineExceeded", err)
@@ -235,10 +251,10 @@ func TestAbandonedAcquireIsUndone(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("stalled Acquire returned after %v", d)
 	}
-	net.Flow()
+	p.Heal()
 	expectSignal(t, released, 5*time.Second, "for the undone grant")
 	pollUntil(t, 5*time.Second, "the undo finishes", func() bool { return s.InFlight() == 0 })
-	if g, err := watcher.Acquire(t.Context(), []string{"k"}, "t2", time.Minute); err != nil || !g.OK {
+	if g, err := watcher.Acquire(t.Context(), []string{"k"}, "t2", 10*time.Second); err != nil || !g.OK {
 		t.Fatalf("Acquire after the undo: %+v, %v", g, err)
 	}
 }
@@ -247,7 +263,7 @@ func TestAbandonedAcquireIsUndone(t *testing.T) {
 func primeSignal(t *testing.T, s *zkstore.Store, ch <-chan struct{}, key string) {
 	t.Helper()
 	pollUntil(t, 5*time.Second, "a first signal", func() bool {
-		if g, err := s.Acquire(t.Context(), []string{key}, "prime", time.Minute); err != nil || !g.OK {
+		if g, err := s.Acquire(t.Context(), []string{key}, "prime", 10*time.Second); err != nil || !g.OK {
 			t.Fatalf("prime Acquire: %+v, %v", g, err)
 		}
 		if err := s.Release(t.Context(), []string{key}, "prime", 0); err != nil {
@@ -266,20 +282,19 @@ func primeSignal(t *testing.T, s *zkstore.Store, ch <-chan struct{}, key string)
 // returns at once when its context ends, and the queue node it makes once
 // the request goes through is deleted.
 func TestAbandonedFairWaiterLeavesNoNode(t *testing.T) {
-	net := newNetwork()
-	s := newStore(t, zkstore.WithDialer(net.dial))
+	s, p := proxiedStore(t)
 	holder := sameRootStore(t, s)
-	if g, err := holder.Acquire(t.Context(), []string{"k"}, "holder", time.Minute); err != nil || !g.OK {
+	if g, err := holder.Acquire(t.Context(), []string{"k"}, "holder", 10*time.Second); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
-	net.Stall()
+	p.Stall(faultproxy.ToServer)
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
-	_, err := s.AcquireFair(ctx, "k", "waiter", time.Minute, time.Minute)
+	_, err := s.AcquireFair(ctx, "k", "waiter", 10*time.Second, 10*time.Second)
 	cancel()
 	if !errors.Is(err, stores.ErrAbandoned) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stalled AcquireFair: %v, want ErrAbandoned and context.DeadlineExceeded", err)
 	}
-	net.Flow()
+	p.Heal()
 	pollUntil(t, 5*time.Second, "the undo finishes", func() bool { return s.InFlight() == 0 })
 	if q := queueNodes(t, s.Root()+"/k"); len(q) != 0 {
 		t.Fatalf("queue nodes left behind: %q", q)
@@ -288,7 +303,7 @@ func TestAbandonedFairWaiterLeavesNoNode(t *testing.T) {
 	if err := holder.Release(t.Context(), []string{"k"}, "holder", 0); err != nil {
 		t.Fatal(err)
 	}
-	if g, err := holder.AcquireFair(t.Context(), "k", "try", time.Minute, 0); err != nil || !g.OK {
+	if g, err := holder.AcquireFair(t.Context(), "k", "try", 10*time.Second, 0); err != nil || !g.OK {
 		t.Fatalf("try after the waiter left: %+v, %v", g, err)
 	}
 }

@@ -40,14 +40,14 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
 	}
+	if err := s.checkFair(key, token, ttl, lease); err != nil {
+		return stores.FairGrant{}, err
+	}
 	return call(ctx, s, func() (stores.FairGrant, error) {
 		return s.acquireFair(key, token, ttl, lease)
-	}, func(g stores.FairGrant, err error) {
+	}, func(stores.FairGrant, error) {
 		// The waiter left: neither its grant nor its place stays.
-		if err != nil || g.OK {
-			_ = s.release([]string{key}, token, 0)
-		}
-		_ = s.leaveFair(key, token)
+		s.undo([]string{key}, token, true)
 	})
 }
 
@@ -62,11 +62,15 @@ type queued struct {
 func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	p := s.pathsOf(key)
 	id := waiterID{key, token}
+	var bare *lockNode // a grant found without a holder node
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		queue, lock, err := s.readQueue(p, token)
+		queue, lock, err := s.readQueue(p)
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+		}
+		if bare != nil && lock.exists && lock.token == bare.token && lock.version == bare.version {
+			lock.noHolder = true
 		}
 		mine := slices.IndexFunc(queue, func(q queueNode) bool { return q.token == token })
 		retry := lock.exists && lock.token == token
@@ -78,18 +82,40 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 		}
+		if fit := fitting(drop, maxRequestBytes-requestHeaderBytes-multiHeaderBytes-
+			keyRequestBytes(len(p.parent), len(token), s.aclBytes, true)); fit < len(drop) {
+			// Too many lapsed waiters ahead for one transaction with a
+			// grant: drop as many as fit, alone, and look again.
+			if _, err := s.multi(drop[:max(fit, 1)]...); err != nil {
+				if err = s.retryable(err, nil, attempt); err != nil {
+					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+				}
+			}
+			continue
+		}
 		ops := drop
 		if retry || (lock.free(token) && head == nil) {
 			if mine >= 0 {
 				ops = append(ops, &zk.DeleteRequest{Path: p.parent + "/" + queue[mine].name, Version: -1})
 			}
-			grant, stamps := s.grantOps([]string{p.lock}, []lockNode{lock}, lockData(ttl, token))
+			grant, stamps, holders := s.grantOps([]string{p.lock}, []lockNode{lock}, token, lockData(ttl, token))
 			for i := range stamps {
 				stamps[i] += len(ops)
 			}
+			shifted := make(map[int]int, len(holders))
+			for i, k := range holders {
+				shifted[i+len(ops)] = k
+			}
 			ops = append(ops, grant...)
-			resp, err := s.conn.Multi(ops...)
+			resp, err := s.multi(ops...)
 			if err != nil {
+				if _, ok := missingHolder(ops, resp, shifted); ok && attempt < maxAttempts {
+					// Another version's grant, without a holder node: the
+					// next attempt reads it again and takes it over without
+					// deleting one.
+					bare = &lock
+					continue
+				}
 				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
 					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 				}
@@ -121,7 +147,7 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			}
 		}
 		if len(ops) > 0 {
-			if _, err := s.conn.Multi(ops...); err != nil {
+			if _, err := s.multi(ops...); err != nil {
 				if err = s.retryable(err, nil, attempt); err != nil {
 					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 				}
@@ -136,12 +162,23 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			g.Ahead = count
 		}
 		if !lock.free(token) {
-			g.Wait = lock.left
+			g.Wait = lock.wait()
 		} else if head != nil {
 			g.Wait = head.left
 		}
 		return g, nil
 	}
+}
+
+// fitting returns how many of ops, from the first, fit in room bytes of a
+// transaction.
+func fitting(ops []any, room int) int {
+	for i := range ops {
+		if room -= multiBytes(ops[i:i+1]) - requestHeaderBytes - multiHeaderBytes; room < 0 {
+			return i
+		}
+	}
+	return len(ops)
 }
 
 // join queues the waiter id at the tail of the queue of the key at p, with
@@ -156,16 +193,15 @@ func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time)
 }
 
 // readQueue reads the queue of the key at p, in sequence order, and its
-// lock node, in parallel; a lock node that token may take over is read
-// again after its parent (see ref).
-func (s *Store) readQueue(p paths, token string) ([]queueNode, lockNode, error) {
+// lock node, in parallel.
+func (s *Store) readQueue(p paths) ([]queueNode, lockNode, error) {
 	var (
 		children []string
 		lock     lockNode
 	)
 	err := forEach(2, func(i int) error {
 		if i == 1 {
-			return s.readLock(p.lock, -1, &lock)
+			return s.readLock(p.lock, &lock)
 		}
 		var err error
 		children, _, err = s.conn.Children(p.parent)
@@ -174,12 +210,6 @@ func (s *Store) readQueue(p paths, token string) ([]queueNode, lockNode, error) 
 		}
 		return err
 	})
-	if err == nil && lock.exists && lock.pver < 0 && lock.free(token) {
-		var nodes []lockNode
-		if nodes, err = s.readLocks([]string{p.lock}); err == nil {
-			lock = nodes[0]
-		}
-	}
 	if err != nil {
 		return nil, lockNode{}, err
 	}
@@ -214,11 +244,7 @@ func (s *Store) readAhead(p paths, ahead []queueNode) (head *queued, count int, 
 		case err != nil:
 			return nil, 0, nil, err
 		}
-		lease, err := parseLeaseData(data)
-		if err != nil {
-			return nil, 0, nil, err
-		}
-		left := s.ages.remaining(path, stat.Mzxid, lease, time.Now())
+		left := s.ages.remaining(path, stat.Mzxid, parseLeaseData(data), time.Now())
 		if left <= 0 {
 			drop = append(drop, &zk.DeleteRequest{Path: path, Version: stat.Version})
 			continue
@@ -232,6 +258,9 @@ func (s *Store) readAhead(p paths, ahead []queueNode) (head *queued, count int, 
 // stores.FairStore. The waiter behind it, watching that node, is signalled.
 func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := args.CheckRelease(ctx, []string{key}); err != nil {
+		return err
+	}
+	if err := s.checkFair(key, token, 0, 0); err != nil {
 		return err
 	}
 	_, err := call(ctx, s, func() (struct{}, error) {

@@ -20,33 +20,39 @@ const maxAttempts = 10
 
 // lockNode is what a read of one key's lock node found.
 type lockNode struct {
-	exists  bool
-	token   string
-	version int32         // the node's data version
-	pver    int32         // the parent's data version, read before the node; -1 unread
-	left    time.Duration // of the holder's TTL, per ages; <= 0 once expired
-}
-
-// ref is a grant as an owner-checked write names it: the lock node's data
-// version, and its parent's, which every grant of the key increments in its
-// transaction. A lock node's version starts again at 0 when the node is
-// deleted and created anew, so a version alone could match another grant's
-// node; the parent's version never repeats while a lock node exists under
-// it, so the pair names one grant, and its unchanged state.
-type ref struct {
-	version, pver int32
-}
-
-// checked returns the operations that apply op to the lock node at path
-// only while it is still the grant r.
-func checked(path string, r ref, op func(path string, version int32) any) []any {
-	return []any{&zk.CheckVersionRequest{Path: parentOf(path), Version: r.pver}, op(path, r.version)}
+	exists   bool
+	readable bool   // its data parsed; otherwise it is held, by nobody's token, while it stands
+	token    string // when readable
+	version  int32  // the node's data version
+	left     time.Duration
+	noHolder bool // it has no holder node (another version's grant): a takeover deletes none
 }
 
 // free reports whether a grant to token may take the node: it is absent,
 // expired, or token's own (a retried acquire).
 func (n lockNode) free(token string) bool {
-	return !n.exists || n.token == token || n.left <= 0
+	return !n.exists || (n.readable && (n.token == token || n.left <= 0))
+}
+
+// heldBy reports whether the node holds token's grant, not expired.
+func (n lockNode) heldBy(token string) bool {
+	return n.exists && n.readable && n.token == token && n.left > 0
+}
+
+// wait is a refusal's Wait for the node: its holder's remaining TTL, or
+// zero (unknown) for data this Store cannot read.
+func (n lockNode) wait() time.Duration {
+	if !n.readable {
+		return 0
+	}
+	return n.left
+}
+
+// ownerChecked returns the operations that apply op to the lock node at
+// lock only while it holds token's grant: a check of the grant's holder
+// node first, in the same transaction (see holderName).
+func ownerChecked(lock, token string, op any) []any {
+	return []any{&zk.CheckVersionRequest{Path: holderOf(lock, token), Version: -1}, op}
 }
 
 // Acquire sets every key to token for ttl when none is held by another
@@ -58,7 +64,7 @@ func (n lockNode) free(token string) bool {
 // session: nothing sent), stores.ErrAbandoned (ctx ended in flight; undone),
 // ErrClosed, ErrFenceRange, or a go-zookeeper error (outcome unknown).
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
-	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+	if err := s.checkCall(ctx, keys, token, "ttl", ttl, false); err != nil {
 		return stores.Grant{}, err
 	}
 	return call(ctx, s, func() (stores.Grant, error) {
@@ -67,7 +73,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		if err == nil && !g.OK {
 			return
 		}
-		_ = s.release(keys, token, 0) // owner-checked: a no-op when nothing was granted
+		s.undo(keys, token, false) // owner-checked: a no-op when nothing was granted
 	})
 }
 
@@ -79,32 +85,27 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 	if slices.ContainsFunc(paths, func(p string) bool { return s.ages.live(p, now) }) {
 		// A key seen held: read first, so a refusal costs one round trip.
 		var err error
-		if nodes, err = s.peekLocks(paths); err != nil {
+		if nodes, err = s.readLocks(paths); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
 	}
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		if nodes != nil {
-			for i, n := range nodes {
-				if !n.free(token) {
-					return stores.Grant{Held: i, Wait: n.left}, nil
-				}
-			}
-			if slices.ContainsFunc(nodes, func(n lockNode) bool { return n.exists && n.pver < 0 }) {
-				// A takeover names the grant it replaces: read again, in
-				// order, and decide anew.
-				var err error
-				if nodes, err = s.readLocks(paths); err != nil {
-					return stores.Grant{}, fmt.Errorf("acquire: %w", err)
-				}
-				continue
+		for i, n := range nodes {
+			if !n.free(token) {
+				return stores.Grant{Held: i, Wait: n.wait()}, nil
 			}
 		}
-		ops, stamps := s.grantOps(paths, nodes, data)
-		resp, err := s.conn.Multi(ops...)
+		ops, stamps, holders := s.grantOps(paths, nodes, token, data)
+		resp, err := s.multi(ops...)
 		if err == nil {
 			return s.granted(paths, token, ttl, start, resp, stamps)
+		}
+		if k, ok := missingHolder(ops, resp, holders); ok && attempt < maxAttempts {
+			// Another version's grant, without a holder node: take it over
+			// without deleting one.
+			nodes[k].noHolder = true
+			continue
 		}
 		if attempt >= maxAttempts && errors.Is(err, zk.ErrNodeExists) {
 			// Every attempt lost a race for a key that was free when read:
@@ -114,33 +115,55 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 		if err = s.retryable(err, paths, attempt); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
-		if nodes, err = s.peekLocks(paths); err != nil {
+		if nodes, err = s.readLocks(paths); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
 	}
 }
 
 // grantOps returns the transaction that grants the lock nodes at paths,
-// found as nodes (nil: assumed absent), with data: each is deleted, when
-// present, at the versions read, and created anew as an ephemeral node, and
-// its parent's data version is incremented (see ref) by a SetData, whose
-// reply carries the transaction's zxid, the fence, which a create in a
-// transaction does not report. stamps holds the index of each key's
-// SetData.
-func (s *Store) grantOps(paths []string, nodes []lockNode, data []byte) (ops []any, stamps []int) {
-	ops = make([]any, 0, 3*len(paths))
+// found as nodes (nil: assumed absent), to token with data: each lock node
+// present is deleted at the version read, with its holder's node, and
+// created anew as an ephemeral node with token's holder node; and its
+// parent's data is set, whose reply carries the transaction's zxid, the
+// fence, which a create in a transaction does not report. stamps holds the
+// index of each key's SetData, and holders maps the index of each delete of
+// a holder node to its key.
+func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []byte) (ops []any, stamps []int, holders map[int]int) {
+	ops = make([]any, 0, 5*len(paths))
 	stamps = make([]int, len(paths))
 	for i, p := range paths {
-		pver := int32(-1)
 		if nodes != nil && nodes[i].exists {
-			pver = nodes[i].pver
 			ops = append(ops, &zk.DeleteRequest{Path: p, Version: nodes[i].version})
+			if !nodes[i].noHolder {
+				if holders == nil {
+					holders = make(map[int]int)
+				}
+				holders[len(ops)] = i
+				ops = append(ops, &zk.DeleteRequest{Path: holderOf(p, nodes[i].token), Version: -1})
+			}
 		}
-		ops = append(ops, &zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagEphemeral})
+		ops = append(ops,
+			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagEphemeral},
+			&zk.CreateRequest{Path: holderOf(p, token), Acl: s.acl, Flags: zk.FlagEphemeral})
 		stamps[i] = len(ops)
-		ops = append(ops, &zk.SetDataRequest{Path: parentOf(p), Version: pver})
+		ops = append(ops, &zk.SetDataRequest{Path: parentOf(p), Version: -1})
 	}
-	return ops, stamps
+	return ops, stamps, holders
+}
+
+// missingHolder reports whether the transaction ops failed, per resp, on the
+// delete of a holder node that did not exist, and returns its key's index
+// in holders.
+func missingHolder(ops []any, resp []zk.MultiResponse, holders map[int]int) (int, bool) {
+	for i, r := range resp {
+		if r.Error == nil || i >= len(ops) {
+			continue
+		}
+		k, ok := holders[i]
+		return k, ok && errors.Is(r.Error, zk.ErrNoNode)
+	}
+	return 0, false
 }
 
 // failedKey returns the index in paths of the node of the first operation
@@ -172,16 +195,17 @@ func failedKey(ops []any, resp []zk.MultiResponse, paths []string) int {
 // one, and times stores.FenceStride by at least the stride.
 func (s *Store) granted(paths []string, token string, ttl time.Duration, start time.Time, resp []zk.MultiResponse, stamps []int) (stores.Grant, error) {
 	var zxid int64
+	session := s.conn.SessionID() // the session that made the grant, or a later one
 	for i, p := range paths {
 		st := resp[stamps[i]].Stat
 		if st == nil {
 			return stores.Grant{}, errors.New("acquire: the transaction's reply has no stat")
 		}
 		zxid = st.Mzxid // the same for every key: one transaction
-		s.ages.wrote(p, zxid, 0, st.Version, token, ttl, start)
+		s.ages.wrote(p, zxid, token, session, ttl, start)
 	}
 	if zxid <= 0 || zxid > math.MaxInt64/stores.FenceStride {
-		_ = s.releasePaths(paths, token, 0)
+		_ = s.releasePaths(paths, token, 0, time.Now())
 		return stores.Grant{}, fmt.Errorf("%w: zxid %#x", ErrFenceRange, zxid)
 	}
 	fences := make([]int64, len(paths))
@@ -218,43 +242,25 @@ func (s *Store) makeParents(paths []string) error {
 	})
 }
 
-// readLocks reads the lock nodes at paths, in parallel: for each, first its
-// parent's version, then the node (see ref).
+// readLocks reads the lock nodes at paths, in parallel.
 func (s *Store) readLocks(paths []string) ([]lockNode, error) {
 	nodes := make([]lockNode, len(paths))
-	err := forEach(len(paths), func(i int) error {
-		ok, pstat, err := s.conn.Exists(parentOf(paths[i]))
-		if err != nil || !ok {
-			return err
-		}
-		return s.readLock(paths[i], pstat.Version, &nodes[i])
-	})
+	err := forEach(len(paths), func(i int) error { return s.readLock(paths[i], &nodes[i]) })
 	return nodes, err
 }
 
-// peekLocks reads the lock nodes at paths, in parallel, without their
-// parents' versions: enough to refuse, or to create a node found absent.
-func (s *Store) peekLocks(paths []string) ([]lockNode, error) {
-	nodes := make([]lockNode, len(paths))
-	err := forEach(len(paths), func(i int) error { return s.readLock(paths[i], -1, &nodes[i]) })
-	return nodes, err
-}
-
-// readLock reads the lock node at path, whose parent's version was pver
-// before, into n.
-func (s *Store) readLock(path string, pver int32, n *lockNode) error {
+// readLock reads the lock node at path into n.
+func (s *Store) readLock(path string, n *lockNode) error {
 	data, stat, err := s.conn.Get(path)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
+		*n = lockNode{}
 		return nil
 	case err != nil:
 		return err
 	}
-	ttl, token, err := parseLockData(data)
-	if err != nil {
-		return err
-	}
-	*n = lockNode{exists: true, token: token, version: stat.Version, pver: pver,
+	ttl, token, ok := parseLockData(data)
+	*n = lockNode{exists: true, readable: ok, token: token, version: stat.Version,
 		left: s.ages.remaining(path, stat.Mzxid, ttl, time.Now())}
 	return nil
 }
@@ -280,42 +286,85 @@ func forEach(n int, fn func(i int) error) error {
 // passed counts as not held. It returns an error wrapping stores.ErrNotHeld
 // when some key did not hold token, after ending the grant on the others.
 // A kept key stays held until keep has passed or the Store's session ends,
-// whichever comes first (see the package documentation).
+// whichever comes first (see the package documentation). Without a session,
+// a Release of keys whose grants this Store knows ended (their TTL passed,
+// or their session is gone) returns stores.ErrNotHeld without the server.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
-	if err := args.CheckRelease(ctx, keys); err != nil {
+	if err := s.checkCall(ctx, keys, token, "keep", keep, false); err != nil {
 		return err
 	}
+	paths := s.lockPaths(keys)
+	if s.conn.State() != zk.StateHasSession && s.allGone(paths, token) {
+		return fmt.Errorf("%w: zkstore: release: the grant's TTL has passed or its session ended", stores.ErrNotHeld)
+	}
 	_, err := call(ctx, s, func() (struct{}, error) {
-		return struct{}{}, s.release(keys, token, keep)
+		return struct{}{}, s.releasePaths(paths, token, keep, time.Now())
 	}, nil)
 	return err
 }
 
-// release is Release.
+// release is Release, without its checks.
 func (s *Store) release(keys []string, token string, keep time.Duration) error {
-	return s.releasePaths(s.lockPaths(keys), token, keep)
+	return s.releasePaths(s.lockPaths(keys), token, keep, time.Now())
 }
 
-// releasePaths is Release on the lock nodes at paths.
-func (s *Store) releasePaths(paths []string, token string, keep time.Duration) error {
-	data := lockData(keep, token)
-	op := func(p string, version int32) any {
-		if keep > 0 {
-			return &zk.SetDataRequest{Path: p, Data: data, Version: version}
+// allGone reports whether this Store's records show that token's grant of
+// every lock node at paths has ended.
+func (s *Store) allGone(paths []string, token string) bool {
+	session, now := s.conn.SessionID(), time.Now()
+	for _, p := range paths {
+		if s.ages.owned(p, token, session, now) != ownGone {
+			return false
 		}
-		return &zk.DeleteRequest{Path: p, Version: version}
 	}
-	del := func(p string, version int32) any { return &zk.DeleteRequest{Path: p, Version: version} }
-	start := time.Now()
-	// This Store's own grant, unchanged since: no read needed.
-	if refs, ok := s.ownRefs(paths, token, start); ok {
-		var ops []any
-		for i, p := range paths {
-			ops = append(ops, checked(p, refs[i], op)...)
+	return true
+}
+
+// undo releases token's grant of keys, and with fair its queue place, after
+// an abandoned call, trying again while the server cannot be reached: the
+// grant must not stand for its whole TTL because a first try failed. It
+// returns once the grant is released or found gone, or the Store closed.
+func (s *Store) undo(keys []string, token string, fair bool) {
+	pause := rearmDelay
+	for {
+		err := s.release(keys, token, 0)
+		if err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) {
+			if !fair {
+				return
+			}
+			if err = s.leaveFair(keys[0], token); err == nil {
+				return
+			}
 		}
-		resp, err := s.conn.Multi(ops...)
+		select {
+		case <-s.done:
+			return // the session is closed: the server deleted every node of it
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// releasePaths is Release on the lock nodes at paths, by a call that
+// started at start.
+func (s *Store) releasePaths(paths []string, token string, keep time.Duration, start time.Time) error {
+	data := lockData(keep, token)
+	end := func(p string, version int32) []any {
+		if keep > 0 {
+			return ownerChecked(p, token, &zk.SetDataRequest{Path: p, Data: data, Version: version})
+		}
+		return append(ownerChecked(p, token, &zk.DeleteRequest{Path: p, Version: version}),
+			&zk.DeleteRequest{Path: holderOf(p, token), Version: -1})
+	}
+	// This Store's own grant in its current session: no read needed.
+	if s.ownAll(paths, token, start) {
+		var ops []any
+		for _, p := range paths {
+			ops = append(ops, end(p, -1)...)
+		}
+		resp, err := s.multi(ops...)
 		if err == nil {
-			s.released(paths, refs, resp, token, keep, start)
+			s.released(paths, ops, resp, token, keep, start)
 			return nil
 		}
 		if err = s.retryable(err, nil, 1); err != nil {
@@ -331,32 +380,31 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration) e
 		var (
 			ops     []any
 			touched []string
-			refs    []ref
 			notHeld int
 		)
 		for i, n := range nodes {
-			r := ref{n.version, n.pver}
 			switch {
-			case !n.exists || n.token != token:
+			case !n.exists || !n.readable || n.token != token:
 				notHeld++
 			case n.left <= 0: // expired, not yet taken over: cleaned up
 				notHeld++
-				ops = append(ops, checked(paths[i], r, del)...)
-				touched, refs = append(touched, paths[i]), append(refs, r)
+				ops = append(ops, ownerChecked(paths[i], token, &zk.DeleteRequest{Path: paths[i], Version: n.version})...)
+				ops = append(ops, &zk.DeleteRequest{Path: holderOf(paths[i], token), Version: -1})
+				touched = append(touched, paths[i])
 			default:
-				ops = append(ops, checked(paths[i], r, op)...)
-				touched, refs = append(touched, paths[i]), append(refs, r)
+				ops = append(ops, end(paths[i], n.version)...)
+				touched = append(touched, paths[i])
 			}
 		}
 		if len(ops) > 0 {
-			resp, err := s.conn.Multi(ops...)
+			resp, err := s.multi(ops...)
 			if err != nil {
 				if err = s.retryable(err, nil, attempt); err != nil {
 					return fmt.Errorf("release: %w", err)
 				}
 				continue
 			}
-			s.released(touched, refs, resp, token, keep, start)
+			s.released(touched, ops, resp, token, keep, start)
 		}
 		if notHeld > 0 {
 			return fmt.Errorf("%w: zkstore: release: %d of %d keys not held by the token", stores.ErrNotHeld, notHeld, len(paths))
@@ -365,46 +413,60 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration) e
 	}
 }
 
-// released records a release transaction on the grants refs of the nodes
-// at paths, each a check of its parent and a delete or set, whose replies
-// are resp.
-func (s *Store) released(paths []string, refs []ref, resp []zk.MultiResponse, token string, keep time.Duration, start time.Time) {
-	for i, p := range paths {
-		if st := resp[2*i+1].Stat; st != nil && keep > 0 { // kept: a SetData
-			s.ages.wrote(p, st.Mzxid, st.Version, refs[i].pver, token, keep, start)
-		} else {
-			s.ages.forget(p)
+// released records a release transaction ops of the lock nodes at paths,
+// whose replies are resp: a kept node's new version is this Store's write,
+// a deleted node is forgotten.
+func (s *Store) released(paths []string, ops []any, resp []zk.MultiResponse, token string, keep time.Duration, start time.Time) {
+	session := s.conn.SessionID()
+	for i, op := range ops {
+		switch op := op.(type) {
+		case *zk.SetDataRequest:
+			if st := resp[i].Stat; st != nil && keep > 0 {
+				s.ages.wrote(op.Path, st.Mzxid, token, session, keep, start)
+			}
+		case *zk.DeleteRequest:
+			if slices.Contains(paths, op.Path) {
+				s.ages.forget(op.Path)
+			}
 		}
 	}
 }
 
-// ownRefs returns the grants of the lock nodes at paths when this Store
-// granted them all to token, or kept or refreshed them since, and none has
-// expired; the nodes may have changed since, which the refs then tell the
-// server.
-func (s *Store) ownRefs(paths []string, token string, now time.Time) ([]ref, bool) {
-	refs := make([]ref, len(paths))
-	for i, p := range paths {
-		v, pv, ok := s.ages.owned(p, token, now)
-		if !ok {
-			return nil, false
+// ownAll reports whether this Store granted the lock nodes at paths to
+// token, or kept or refreshed them since, in its current session, and none
+// has expired at now. The nodes may have changed since: the holder node
+// checks the token on the server.
+func (s *Store) ownAll(paths []string, token string, now time.Time) bool {
+	session := s.conn.SessionID()
+	for _, p := range paths {
+		if s.ages.owned(p, token, session, now) != ownLive {
+			return false
 		}
-		refs[i] = ref{v, pv}
 	}
-	return refs, true
+	return true
 }
 
 // Refresh sets the TTL of every key to ttl when each still holds token and
 // its TTL has not passed; otherwise it changes nothing and returns an error
 // wrapping stores.ErrNotHeld. A key whose holder's session has ended
-// (expired, or closed) is gone, and so not held: a holder learns of a lost
-// session from its next Refresh.
+// (expired, or closed) is gone, and so not held. A key whose grant this
+// Store made and knows ended (its TTL passed, or its session is gone) is
+// not held either: Refresh answers so without the server, even while it
+// cannot reach one.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
-	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+	if err := s.checkCall(ctx, keys, token, "ttl", ttl, false); err != nil {
 		return err
 	}
+	paths := s.lockPaths(keys)
+	session, now := s.conn.SessionID(), time.Now()
+	for i, p := range paths {
+		if s.ages.owned(p, token, session, now) == ownGone {
+			return fmt.Errorf("%w: zkstore: refresh: key %d of %d: the grant's TTL has passed or its session ended",
+				stores.ErrNotHeld, i+1, len(paths))
+		}
+	}
 	_, err := call(ctx, s, func() (struct{}, error) {
-		return struct{}{}, s.refresh(s.lockPaths(keys), token, ttl)
+		return struct{}{}, s.refresh(paths, token, ttl)
 	}, nil)
 	return err
 }
@@ -412,8 +474,11 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 // refresh is Refresh on the lock nodes at paths.
 func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 	data := lockData(ttl, token)
-	set := func(p string, version int32) any { return &zk.SetDataRequest{Path: p, Data: data, Version: version} }
-	refs, known := s.ownRefs(paths, token, time.Now())
+	known := s.ownAll(paths, token, time.Now())
+	versions := make([]int32, len(paths))
+	for i := range versions {
+		versions[i] = -1 // this Store's own grants: the holder nodes check them
+	}
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		if !known {
@@ -421,23 +486,24 @@ func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 			if err != nil {
 				return fmt.Errorf("refresh: %w", err)
 			}
-			refs = make([]ref, len(paths))
 			for i, n := range nodes {
-				if !n.exists || n.token != token || n.left <= 0 {
+				if !n.heldBy(token) {
 					return fmt.Errorf("%w: zkstore: refresh: key %d of %d not held by the token", stores.ErrNotHeld, i+1, len(paths))
 				}
-				refs[i] = ref{n.version, n.pver}
+				versions[i] = n.version
 			}
 		}
 		var ops []any
 		for i, p := range paths {
-			ops = append(ops, checked(p, refs[i], set)...)
+			ops = append(ops, ownerChecked(p, token, &zk.SetDataRequest{Path: p, Data: data, Version: versions[i]})...)
 		}
-		resp, err := s.conn.Multi(ops...)
+		resp, err := s.multi(ops...)
 		if err == nil {
+			session := s.conn.SessionID()
 			for i, p := range paths {
-				st := resp[2*i+1].Stat
-				s.ages.wrote(p, st.Mzxid, st.Version, refs[i].pver, token, ttl, start)
+				if st := resp[2*i+1].Stat; st != nil {
+					s.ages.wrote(p, st.Mzxid, token, session, ttl, start)
+				}
 			}
 			return nil
 		}

@@ -138,9 +138,10 @@ func (ss *subscriptions) unsetLocked(sub *subscription) {
 // waiter whose turn came wakes. Any other waiter is signalled when the
 // lock node is deleted. Every waiter is signalled when the connection gets
 // its session back or a new one, since events may have been missed. It
-// returns a nil channel for an empty key or a closed Store.
+// returns a nil channel for a closed Store and for a key out of its bounds
+// (empty, or too long for a request).
 func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
-	if key == "" {
+	if s.bounds.CheckKey(key) != nil || s.checkSize([]string{key}, token, true) != nil {
 		return nil, func() {}
 	}
 	sub := &subscription{

@@ -85,20 +85,20 @@ func TestOpen(t *testing.T) {
 	if a.Root() != root {
 		t.Fatalf("Root() = %q, want %q", a.Root(), root)
 	}
-	if g, err := a.Acquire(t.Context(), []string{"k"}, "ta", time.Minute); err != nil || !g.OK {
+	if g, err := a.Acquire(t.Context(), []string{"k"}, "ta", 5*time.Second); err != nil || !g.OK {
 		t.Fatalf("Acquire on a: %+v, %v", g, err)
 	}
-	if g, err := b.Acquire(t.Context(), []string{"k"}, "tb", time.Minute); err != nil || g.OK {
+	if g, err := b.Acquire(t.Context(), []string{"k"}, "tb", 5*time.Second); err != nil || g.OK {
 		t.Fatalf("Acquire on b of a key a holds: %+v, %v; want refused", g, err)
 	}
 	// Close ends a's session: the server frees its lock at once.
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if g, err := b.Acquire(t.Context(), []string{"k"}, "tb", time.Minute); err != nil || !g.OK {
+	if g, err := b.Acquire(t.Context(), []string{"k"}, "tb", 5*time.Second); err != nil || !g.OK {
 		t.Fatalf("Acquire on b after a closed: %+v, %v; want granted", g, err)
 	}
-	if _, err := a.Acquire(t.Context(), []string{"k"}, "ta", time.Minute); !errors.Is(err, zkstore.ErrClosed) {
+	if _, err := a.Acquire(t.Context(), []string{"k"}, "ta", 5*time.Second); !errors.Is(err, zkstore.ErrClosed) {
 		t.Fatalf("Acquire on a closed Store: %v, want ErrClosed", err)
 	}
 }

@@ -2,6 +2,7 @@ package zkstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -23,9 +24,15 @@ import (
 // ZooKeeper; see the package documentation. It is safe for concurrent use.
 // The zero value is not usable; call New or Open.
 type Store struct {
-	conn *zk.Conn
-	root string
-	acl  []zk.ACL
+	conn     *zk.Conn
+	root     string
+	acl      []zk.ACL
+	aclBytes int // its encoded size
+	bounds   stores.Bounds
+
+	// sessionMs is the session timeout, in milliseconds, that the server
+	// granted the last session (see sessionConn).
+	sessionMs atomic.Int64
 
 	ages ages // what this Store knows of the age of lock and queue nodes
 
@@ -56,6 +63,7 @@ var (
 	_ stores.Store     = (*Store)(nil)
 	_ stores.Notifier  = (*Store)(nil)
 	_ stores.FairStore = (*Store)(nil)
+	_ stores.Bounded   = (*Store)(nil)
 )
 
 // Errors of the package, checkable with errors.Is.
@@ -81,6 +89,13 @@ const (
 	// told otherwise. The server may grant another, within its
 	// minSessionTimeout and maxSessionTimeout.
 	DefaultSessionTimeout = 10 * time.Second
+
+	// MinTTL is the shortest TTL, keep and lease a Store takes: lock and
+	// queue nodes keep them in whole milliseconds.
+	MinTTL = time.Millisecond
+
+	// minKeyBytes is the least Bounds.MaxKeyBytes a root may leave.
+	minKeyBytes = 1024
 )
 
 // Option configures New.
@@ -108,7 +123,9 @@ func WithRoot(path string) Option {
 
 // WithSessionTimeout sets the session timeout the Store asks for: how long
 // the server keeps the session, and so the Store's locks and queue places,
-// after it last heard from the Store. Default DefaultSessionTimeout.
+// after it last heard from the Store. Default DefaultSessionTimeout. The
+// timeout the server grants (within its minSessionTimeout and
+// maxSessionTimeout) is the longest TTL the Store takes (see Store.Bounds).
 func WithSessionTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Second {
@@ -179,16 +196,28 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 		}
 	}
 	s := &Store{
-		root:   c.root,
-		acl:    c.acl,
-		joined: make(map[waiterID]place),
-		done:   make(chan struct{}),
+		root:     c.root,
+		acl:      c.acl,
+		aclBytes: aclBytes(c.acl),
+		joined:   make(map[waiterID]place),
+		done:     make(chan struct{}),
+	}
+	maxKey := maxKeyBytes(c.root, c.acl)
+	if maxKey < minKeyBytes {
+		return nil, fmt.Errorf("%w: zkstore: the root and ACL leave keys of %d bytes at most, fewer than %d", stores.ErrInvalid, maxKey, minKeyBytes)
 	}
 	s.subs.init()
 	sessionUp := make(chan struct{}, 1)
+	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		conn, err := c.dialer(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return &sessionConn{Conn: conn, s: s}, nil
+	}
 	conn, _, err := zk.Connect(servers, c.session,
 		zk.WithLogger(log.New(io.Discard, "", 0)),
-		zk.WithDialer(c.dialer),
+		zk.WithDialer(dial),
 		zk.WithEventCallback(func(ev zk.Event) {
 			if ev.Type == zk.EventSession && ev.State == zk.StateHasSession {
 				select {
@@ -212,6 +241,12 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 			return nil, fmt.Errorf("zkstore: no session with %v: %w", servers, ctx.Err())
 		}
 	}
+	granted := time.Duration(s.sessionMs.Load()) * time.Millisecond
+	if granted <= 0 {
+		go conn.Close()
+		return nil, fmt.Errorf("zkstore: the server's answer to the connect request gave no session timeout")
+	}
+	s.bounds = sessionBounds(maxKey, c.session, granted)
 	if _, err := call(ctx, s, func() (struct{}, error) { return struct{}{}, s.makeRoot() }, nil); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("zkstore: create root %q: %w", s.root, err)
@@ -278,6 +313,110 @@ func parseURL(rawURL string) ([]string, []Option, error) {
 		}
 	}
 	return servers, opts, nil
+}
+
+// sessionBounds returns the Bounds of a Store that takes keys of up to
+// maxKey bytes and asked for a session timeout of asked, of which the server
+// granted granted.
+//
+// MaxTTL is the session timeout granted: a grant's validity must end before
+// the server can delete its node, which it does once it has heard nothing
+// from the Store's session for that long. The server restarts a session's
+// timer on each request it receives, after the Store sent it, so a grant or
+// renewal that started at t stands, on the server, until t plus the timeout
+// at the earliest; a holder's validity counts from t as well (the Locker's
+// margin for clock drift covers clocks that run at slightly different
+// rates). A TTL up to the session timeout therefore ends first.
+func sessionBounds(maxKey int, asked, granted time.Duration) stores.Bounds {
+	reason := fmt.Sprintf("the ZooKeeper session timeout (URL parameter session=%v, or WithSessionTimeout)", asked)
+	if granted != asked {
+		reason = fmt.Sprintf("the ZooKeeper session timeout of %v the server granted (the store asked for %v: URL parameter session=, "+
+			"or WithSessionTimeout; the server keeps it within its minSessionTimeout and maxSessionTimeout)", granted, asked)
+	}
+	return stores.Bounds{
+		MaxKeyBytes: maxKey,
+		MinTTL:      MinTTL,
+		MaxTTL:      granted,
+		Reason:      reason + ", ZooKeeper's 1 MiB request limit (jute.maxbuffer) and TTLs kept in whole milliseconds",
+	}
+}
+
+// Bounds returns the keys and TTLs the Store takes; see stores.Bounded and
+// the package documentation. MaxTTL is the session timeout the server
+// granted; MaxKeyBytes is what fits ZooKeeper's request limit with the
+// Store's root.
+func (s *Store) Bounds() stores.Bounds { return s.bounds }
+
+// checkCall checks the arguments of Acquire and Refresh (what "ttl"), or of
+// Release (what "keep", for which d may be zero or less), as storeargs does,
+// and against the Store's bounds; see stores.Bounded.
+func (s *Store) checkCall(ctx context.Context, keys []string, token, what string, d time.Duration, fair bool) error {
+	var err error
+	if what == "keep" {
+		err = args.CheckRelease(ctx, keys)
+	} else {
+		err = args.CheckAcquire(ctx, keys, d)
+	}
+	if err != nil {
+		return err
+	}
+	if d > 0 {
+		if err := s.bounds.CheckTTL(what, d); err != nil {
+			return fmt.Errorf("zkstore: %w", err)
+		}
+	}
+	for _, k := range keys {
+		if err := s.bounds.CheckKey(k); err != nil {
+			return fmt.Errorf("zkstore: %w", err)
+		}
+	}
+	return s.checkSize(keys, token, fair)
+}
+
+// checkFair checks key, ttl and lease of AcquireFair (zero ttl and lease
+// for LeaveFair) against the Store's bounds.
+func (s *Store) checkFair(key, token string, ttl, lease time.Duration) error {
+	for _, d := range []struct {
+		what string
+		d    time.Duration
+	}{{"ttl", ttl}, {"lease", lease}} {
+		if d.d > 0 {
+			if err := s.bounds.CheckTTL(d.what, d.d); err != nil {
+				return fmt.Errorf("zkstore: %w", err)
+			}
+		}
+	}
+	if err := s.bounds.CheckKey(key); err != nil {
+		return fmt.Errorf("zkstore: %w", err)
+	}
+	return s.checkSize([]string{key}, token, true)
+}
+
+// sessionConn is a connection to a server that notes the session timeout
+// the server grants, which go-zookeeper does not export: it is in the first
+// bytes the server sends on a connection, its answer to the connect request
+// (ZooKeeper's ConnectResponse: a 4-byte length, a 4-byte protocol version,
+// then the timeout in milliseconds). An answer that refuses an expired
+// session has a zero timeout, and is ignored. go-zookeeper reads a
+// connection from one goroutine at a time.
+type sessionConn struct {
+	net.Conn
+	s    *Store
+	head [12]byte
+	n    int
+}
+
+func (c *sessionConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.n < len(c.head) {
+		c.n += copy(c.head[c.n:], b[:n])
+		if c.n == len(c.head) {
+			if ms := int32(binary.BigEndian.Uint32(c.head[8:])); ms > 0 {
+				c.s.sessionMs.Store(int64(ms))
+			}
+		}
+	}
+	return n, err
 }
 
 // makeRoot creates the root and its missing ancestors, as persistent nodes.

@@ -11,6 +11,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 	"github.com/reqlock/reqlock/stores/zkstore"
 )
 
@@ -37,9 +38,23 @@ func newStore(t testing.TB, opts ...zkstore.Option) *zkstore.Store {
 	return s
 }
 
+// conformanceSession is the session timeout of the conformance suite's
+// Stores, and so their MaxTTL: the suite's longest TTL, and how long its
+// fault scenarios wait for a cut-off or paused Store's session to expire.
+// Long enough for a session to survive a loaded machine, short enough to
+// keep those scenarios to seconds.
+const conformanceSession = 6 * time.Second
+
 func TestConformance(t *testing.T) {
+	root := testRoot() // one root for New's and Proxied's Stores: the same backend
 	storetest.Run(t, storetest.Suite{
-		New:    func(t *testing.T) stores.Store { return newStore(t) },
+		New: func(t *testing.T) stores.Store {
+			return newStore(t, zkstore.WithRoot(root), zkstore.WithSessionTimeout(conformanceSession))
+		},
+		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
+			s, p := proxiedStore(t, zkstore.WithRoot(root), zkstore.WithSessionTimeout(conformanceSession))
+			return s, []*faultproxy.Proxy{p}
+		},
 		Notify: true,
 		Fair:   true,
 	})

@@ -24,6 +24,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"sync"
@@ -76,16 +77,26 @@ const (
 // Proxy forwards TCP connections from Addr to the server, through the
 // faults armed on it. The zero value is not usable: call New.
 type Proxy struct {
+	tb       testing.TB
 	upstream string
 	addr     string // the proxy's own address, kept across Refuse
 
 	mu       sync.Mutex
-	ln       net.Listener // nil while refusing
-	faults   [2]faults    // by direction: toServer, toClient
+	ln       net.Listener  // nil while refusing
+	faults   [2]faults     // by direction: toServer, toClient
+	healed   chan struct{} // closed by Heal, to end the delays under way
 	links    map[*link]struct{}
+	watches  []*watch
 	accepted int  // connections accepted in all
 	closed   bool // the test ended
 	wg       sync.WaitGroup
+}
+
+// watch counts the chunks forwarded in some directions that contain needle.
+type watch struct {
+	ways   Direction
+	needle []byte
+	n      int // under Proxy.mu
 }
 
 // faults are the faults of one direction.
@@ -137,7 +148,8 @@ func New(tb testing.TB, upstream string) *Proxy {
 	if err != nil {
 		tb.Fatalf("faultproxy: listen: %v", err)
 	}
-	p := &Proxy{upstream: upstream, addr: ln.Addr().String(), ln: ln, links: make(map[*link]struct{})}
+	p := &Proxy{tb: tb, upstream: upstream, addr: ln.Addr().String(), ln: ln,
+		healed: make(chan struct{}), links: make(map[*link]struct{})}
 	p.wg.Add(1)
 	go p.accept(ln)
 	tb.Cleanup(p.close)
@@ -205,7 +217,8 @@ func (p *Proxy) DelayNextRequest(d time.Duration) (answered <-chan struct{}) {
 // CutWhen cuts the connection of the next chunk in dir for which match
 // reports true: after passing it on when forward is set (the server gets
 // the request but the client never sees the reply), before otherwise (the
-// request never reaches the server). match must not block.
+// request never reaches the server). match runs with the proxy's lock held:
+// it must not block nor call the Proxy.
 func (p *Proxy) CutWhen(dir Direction, match func(chunk []byte) bool, forward bool) {
 	p.each(dir, func(f *faults) { f.cutWhen = append(f.cutWhen, cutRule{match: match, forward: forward}) })
 }
@@ -233,9 +246,10 @@ func (p *Proxy) Refuse() {
 	}
 }
 
-// Heal ends every fault: held chunks pass, delays end, armed faults not yet
-// used are disarmed, connections that lost bytes to Blackhole are cut, and a
-// refusing proxy listens again on its address.
+// Heal ends every fault: held chunks pass, delays end (chunks being
+// delayed pass at once), armed faults not yet used are disarmed, connections
+// that lost bytes to Blackhole are cut, and a refusing proxy listens again
+// on its address.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	for i := range p.faults {
@@ -245,6 +259,8 @@ func (p *Proxy) Heal() {
 		}
 		*f = faults{}
 	}
+	close(p.healed)
+	p.healed = make(chan struct{})
 	broken := p.takeLinksLocked(func(l *link) bool { return l.lost })
 	relisten := p.ln == nil && !p.closed
 	p.mu.Unlock()
@@ -253,6 +269,55 @@ func (p *Proxy) Heal() {
 	}
 	if relisten {
 		p.listenAgain()
+	}
+}
+
+// Armed returns how many armed faults (DropNext's chunks, DelayNext,
+// DelayNextRequest, CutWhen) wait for a chunk to apply to: a test arms a
+// fault, makes the call, and can check that the fault caught it.
+func (p *Proxy) Armed() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, f := range p.faults {
+		n += f.dropNext + len(f.cutWhen)
+		if f.delayNext > 0 {
+			n++
+		}
+		if f.delayReq != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Count starts counting the chunks forwarded in dir that contain needle,
+// such as a key that only one call carries, and returns a function that
+// reports the count: a test can check that a call reached the server.
+func (p *Proxy) Count(dir Direction, needle []byte) (count func() int) {
+	w := &watch{ways: dir, needle: bytes.Clone(needle)}
+	p.mu.Lock()
+	p.watches = append(p.watches, w)
+	p.mu.Unlock()
+	return func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return w.n
+	}
+}
+
+// forwarded counts chunk, about to be forwarded in way, for the watches.
+func (p *Proxy) forwarded(way int, chunk []byte) {
+	dir := ToServer
+	if way == toClient {
+		dir = ToClient
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.watches {
+		if w.ways&dir != 0 && bytes.Contains(chunk, w.needle) {
+			w.n++
+		}
 	}
 }
 
@@ -294,7 +359,7 @@ func (p *Proxy) takeLinksLocked(pick func(*link) bool) []*link {
 
 // listenAgain listens on the proxy's address again after Refuse. Another
 // process may have taken the port meanwhile; on loopback, in a test, that is
-// rare enough to retry for a second and then give up.
+// rare enough to retry for a second and then fail the test.
 func (p *Proxy) listenAgain() {
 	deadline := time.Now().Add(time.Second)
 	for {
@@ -313,7 +378,8 @@ func (p *Proxy) listenAgain() {
 			return
 		}
 		if time.Now().After(deadline) {
-			return // connections stay refused; the test sees it
+			p.tb.Errorf("faultproxy: cannot listen on %s again after Refuse: %v", p.addr, err)
+			return
 		}
 		time.Sleep(10 * time.Millisecond) // the port is still in use: wait for the kernel to free it
 	}
@@ -353,6 +419,7 @@ func (p *Proxy) accept(ln net.Listener) {
 // verdict is what the proxy does with one chunk.
 type verdict struct {
 	stalled   chan struct{}
+	healed    chan struct{} // ends the delay
 	delay     time.Duration
 	held      *delayedRequest
 	drop      bool // swallow it and cut the connection
@@ -366,7 +433,7 @@ func (p *Proxy) judge(l *link, way int, chunk []byte) verdict {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f := &p.faults[way]
-	v := verdict{stalled: f.stalled, delay: f.delay + f.delayNext}
+	v := verdict{stalled: f.stalled, healed: p.healed, delay: f.delay + f.delayNext}
 	f.delayNext = 0
 	for i, r := range f.cutWhen {
 		if r.match(chunk) {
@@ -439,6 +506,9 @@ func (p *Proxy) pump(l *link, way int) {
 				case <-l.done:
 					return
 				}
+				if isClosed(l.done) {
+					return // the proxy closed: what it held goes nowhere
+				}
 			}
 			if v.drop || v.cutBefore {
 				return
@@ -446,7 +516,7 @@ func (p *Proxy) pump(l *link, way int) {
 			if p.blackholed(l, way) {
 				continue
 			}
-			if v.delay > 0 && !sleep(v.delay, l.done) {
+			if v.delay > 0 && !sleep(v.delay, v.healed, l.done) {
 				return
 			}
 			if v.held != nil {
@@ -456,6 +526,12 @@ func (p *Proxy) pump(l *link, way int) {
 				l.answered = v.held.answered
 				p.mu.Unlock()
 			}
+			if v.cutAfter && way == toServer {
+				// The client must never see the reply: its side goes
+				// first, and the request still reaches the server.
+				_ = l.client.Close()
+			}
+			p.forwarded(way, chunk)
 			if _, werr := dst.Write(chunk); werr != nil {
 				return
 			}
@@ -477,12 +553,15 @@ func (p *Proxy) forget(l *link) {
 	p.mu.Unlock()
 }
 
-// sleep waits for d, or until done is closed; it reports whether d passed.
-func sleep(d time.Duration, done <-chan struct{}) bool {
+// sleep waits for d, or until healed is closed; it reports false, at once,
+// when done is closed.
+func sleep(d time.Duration, healed, done <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return true
+	case <-healed:
 		return true
 	case <-done:
 		return false
@@ -505,19 +584,23 @@ func (p *Proxy) close() {
 	p.closed = true
 	ln := p.ln
 	p.ln = nil
+	links := p.takeLinksLocked(func(*link) bool { return true })
+	p.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+	}
+	// The links close before the stalls end, so that nothing held reaches
+	// the server after the test.
+	for _, l := range links {
+		l.close()
+	}
+	p.mu.Lock()
 	for i := range p.faults {
 		if f := &p.faults[i]; f.stalled != nil {
 			close(f.stalled)
 			f.stalled = nil
 		}
 	}
-	links := p.takeLinksLocked(func(*link) bool { return true })
 	p.mu.Unlock()
-	if ln != nil {
-		_ = ln.Close()
-	}
-	for _, l := range links {
-		l.close()
-	}
 	p.wg.Wait()
 }

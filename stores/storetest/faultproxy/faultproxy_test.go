@@ -216,12 +216,15 @@ func TestDelay(t *testing.T) {
 func TestDelayNextRequest(t *testing.T) {
 	s := newEchoServer(t)
 	p := faultproxy.New(t, s.ln.Addr().String())
-	a := dial(t, p)
+	a, b := dial(t, p), dial(t, p)
+	a.roundTrip("warm a")
+	b.roundTrip("warm b")
+	<-s.got
+	<-s.got
 	answered := p.DelayNextRequest(300 * time.Millisecond)
 	a.send("first")
-	// b connects after a's request is on its way: the proxy reads a's at
-	// once, while b's connection still needs an accept and a dial.
-	dial(t, p).roundTrip("second")
+	waitDisarmed(t, p) // the proxy holds a's request
+	b.roundTrip("second")
 	s.received(t, "second")
 	s.received(t, "first")
 	select {
@@ -273,5 +276,75 @@ func TestCutAndRefuse(t *testing.T) {
 	p.Heal()
 	if got := dial(t, p).roundTrip("back"); got != "back" {
 		t.Fatalf("after Heal: %q", got)
+	}
+}
+
+// waitDisarmed polls until the proxy's armed faults have all applied.
+func waitDisarmed(t *testing.T, p *faultproxy.Proxy) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Armed() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d armed faults never applied", p.Armed())
+		}
+		time.Sleep(time.Millisecond) // polling the proxy's state, which has no channel to wait on
+	}
+}
+
+// TestHealEndsDelays: a chunk being delayed passes at Heal.
+func TestHealEndsDelays(t *testing.T) {
+	s := newEchoServer(t)
+	p := faultproxy.New(t, s.ln.Addr().String())
+	c := dial(t, p)
+	p.DelayNext(faultproxy.ToClient, time.Minute)
+	c.send("x")
+	waitDisarmed(t, p)
+	s.received(t, "x")
+	start := time.Now()
+	p.Heal()
+	if got, err := c.recv(5 * time.Second); err != nil || got != "x" {
+		t.Fatalf("after Heal: %q, %v", got, err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("a reply delayed a minute came %v after Heal", el)
+	}
+}
+
+// TestNothingHeldReachesTheServerAfterClose: bytes a stall held when the
+// test ended are dropped, never delivered.
+func TestNothingHeldReachesTheServerAfterClose(t *testing.T) {
+	s := newEchoServer(t)
+	t.Run("inner", func(t *testing.T) {
+		p := faultproxy.New(t, s.ln.Addr().String())
+		c := dial(t, p)
+		c.roundTrip("warm")
+		<-s.got
+		p.Stall(faultproxy.ToServer)
+		c.send("held")
+		count := p.Count(faultproxy.ToServer, []byte("held"))
+		t.Cleanup(func() {
+			if n := count(); n != 0 {
+				t.Errorf("the held request was forwarded %d times", n)
+			}
+		})
+	})
+	select {
+	case got := <-s.got:
+		t.Fatalf("the server received %q after the proxy closed", got)
+	case <-time.After(100 * time.Millisecond): // nothing arrives: the absence itself is checked
+	}
+}
+
+// TestCount counts the chunks that carry a needle, per direction.
+func TestCount(t *testing.T) {
+	s := newEchoServer(t)
+	p := faultproxy.New(t, s.ln.Addr().String())
+	toServer := p.Count(faultproxy.ToServer, []byte("needle"))
+	both := p.Count(faultproxy.Both, []byte("needle"))
+	c := dial(t, p)
+	c.roundTrip("hay")
+	c.roundTrip("a needle")
+	if toServer() != 1 || both() != 2 {
+		t.Errorf("counts %d to the server and %d both ways, want 1 and 2", toServer(), both())
 	}
 }
