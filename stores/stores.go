@@ -166,9 +166,9 @@ type Notifier interface {
 type WaitReporter interface {
 	// ReleaseWaited is Release, and also reports whether an Acquire (or
 	// AcquireFair) of another token was refused one of keys while token's
-	// grant stood. It may report a refusal that it cannot tell apart from
-	// one, but not miss one that it recorded; it reports false on an
-	// error, whatever the outcome.
+	// grant stood. The report serves fairness, never safety: it may be
+	// spurious, or miss a refusal whose record was lost; it is false
+	// with an error, whatever the outcome.
 	ReleaseWaited(ctx context.Context, keys []string, token string, keep time.Duration) (waited bool, err error)
 }
 
