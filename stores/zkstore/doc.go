@@ -28,8 +28,24 @@
 // keys (one round trip, all keys in parallel) and either refuses, naming
 // the first held key and its holder's remaining TTL, or takes over the
 // nodes it may take (expired, or holding the caller's own token: a retry)
-// by deleting the lock node at the version it read, and its holder node, in
-// the granting transaction.
+// by deleting the lock node and its holder node in the granting
+// transaction.
+//
+// A takeover must delete the grant it read and no later one, and a lock
+// node's version cannot tell them apart (versions start again at 0 with
+// each node). Every granting transaction also sets the data of the key's
+// parent node, whose version therefore changes with each grant of the key:
+// a takeover sets it at the version that names the grant read (the
+// parent's last write being that grant's creation, or else read before the
+// node), so that it fails, and changes nothing, once another grant of the
+// key has been made since; the Store then reads the key again. Two
+// contenders that take over the same expired grant get one grant between
+// them, and a late takeover never deletes the holder's own retry. (A
+// parent's version would repeat after 2^32 grants of the key without the
+// parent being deleted in between; a takeover that reads it at -1, which
+// ZooKeeper takes for "any version", moves it on first.) A takeover costs
+// the read of the parent's version, one round trip, unless the read of the
+// queue in fair mode brought it.
 //
 // The holder node, named by a hash of the token, exists exactly while the
 // lock node holds that token: every transaction that creates or deletes a
@@ -162,6 +178,14 @@
 // Wait, until its owner deletes it or its session ends; such a queue node's
 // lease never lapses. A lock node without a holder node (another version's
 // grant) is taken over, once expired, like any other.
+//
+// Versions of this package from before holder nodes (which checked owners
+// by node versions alone) must not share a root with this one, such as in
+// a rolling upgrade: one of them that takes over an expired grant of this
+// version deletes its lock node and leaves its holder node behind, and the
+// grant's owner could then refresh or release the old version's grant, two
+// holders at once. Stop every Store of the old version before starting the
+// new one, or give the new one another root.
 //
 // # Failures
 //

@@ -65,12 +65,20 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 	var bare *lockNode // a grant found without a holder node
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		queue, lock, err := s.readQueue(p)
+		queue, lock, parent, err := s.readQueue(p)
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 		}
-		if bare != nil && lock.exists && lock.token == bare.token && lock.version == bare.version {
-			lock.noHolder = true
+		if lock.exists && lock.free(token) {
+			// A grant this attempt may take over: named by its parent's
+			// version (see guard), so that the takeover fails should
+			// another grant be made meanwhile.
+			if err := s.guard(p.lock, &lock, parent); err != nil {
+				return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+			}
+		}
+		if bare != nil && lock.exists && lock.czxid == bare.czxid && lock.version == bare.version {
+			lock.noHolder = true // the same grant, still without a holder node
 		}
 		mine := slices.IndexFunc(queue, func(q queueNode) bool { return q.token == token })
 		retry := lock.exists && lock.token == token
@@ -98,7 +106,10 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			if mine >= 0 {
 				ops = append(ops, &zk.DeleteRequest{Path: p.parent + "/" + queue[mine].name, Version: -1})
 			}
-			grant, stamps, holders := s.grantOps([]string{p.lock}, []lockNode{lock}, token, lockData(ttl, token))
+			grant, stamps, holders, err := s.grantOps([]string{p.lock}, []lockNode{lock}, token, lockData(ttl, token))
+			if err != nil {
+				return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+			}
 			for i := range stamps {
 				stamps[i] += len(ops)
 			}
@@ -111,8 +122,8 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			if err != nil {
 				if _, ok := missingHolder(ops, resp, shifted); ok && attempt < maxAttempts {
 					// Another version's grant, without a holder node: the
-					// next attempt reads it again and takes it over without
-					// deleting one.
+					// next attempt reads it again and, when it is the same
+					// node, takes it over without deleting one.
 					bare = &lock
 					continue
 				}
@@ -193,27 +204,26 @@ func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time)
 }
 
 // readQueue reads the queue of the key at p, in sequence order, and its
-// lock node, in parallel.
-func (s *Store) readQueue(p paths) ([]queueNode, lockNode, error) {
-	var (
-		children []string
-		lock     lockNode
-	)
-	err := forEach(2, func(i int) error {
+// lock node, in parallel. parent is the stat of the key's parent node, nil
+// when it is missing.
+func (s *Store) readQueue(p paths) (queue []queueNode, lock lockNode, parent *zk.Stat, err error) {
+	var children []string
+	err = forEach(2, func(i int) error {
 		if i == 1 {
 			return s.readLock(p.lock, &lock)
 		}
 		var err error
-		children, _, err = s.conn.Children(p.parent)
+		children, parent, err = s.conn.Children(p.parent)
 		if errors.Is(err, zk.ErrNoNode) {
+			parent = nil
 			return nil
 		}
 		return err
 	})
 	if err != nil {
-		return nil, lockNode{}, err
+		return nil, lockNode{}, nil, err
 	}
-	return parseQueue(children), lock, nil
+	return parseQueue(children), lock, parent, nil
 }
 
 // parseQueue returns the queue nodes among children, in sequence order.

@@ -24,8 +24,14 @@ type lockNode struct {
 	readable bool   // its data parsed; otherwise it is held, by nobody's token, while it stands
 	token    string // when readable
 	version  int32  // the node's data version
+	czxid    int64  // the transaction that created it, which names one grant
 	left     time.Duration
 	noHolder bool // it has no holder node (another version's grant): a takeover deletes none
+
+	// guarded is set once pver names the node's grant for a takeover: the
+	// data version of the key's parent node (see guard).
+	guarded bool
+	pver    int32
 }
 
 // free reports whether a grant to token may take the node: it is absent,
@@ -91,19 +97,28 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 	}
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
+		if err := s.guardAll(paths, nodes, token); err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
 		for i, n := range nodes {
 			if !n.free(token) {
 				return stores.Grant{Held: i, Wait: n.wait()}, nil
 			}
 		}
-		ops, stamps, holders := s.grantOps(paths, nodes, token, data)
+		ops, stamps, holders, err := s.grantOps(paths, nodes, token, data)
+		if err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
 		resp, err := s.multi(ops...)
 		if err == nil {
 			return s.granted(paths, token, ttl, start, resp, stamps)
 		}
 		if k, ok := missingHolder(ops, resp, holders); ok && attempt < maxAttempts {
-			// Another version's grant, without a holder node: take it over
-			// without deleting one.
+			// The grant read has no holder node: another version's grant.
+			// It is still the key's grant (its guard, before the delete of
+			// the holder node, passed): take it over without deleting one,
+			// under the same guard, which fails should another grant be
+			// made in between.
 			nodes[k].noHolder = true
 			continue
 		}
@@ -122,18 +137,32 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 }
 
 // grantOps returns the transaction that grants the lock nodes at paths,
-// found as nodes (nil: assumed absent), to token with data: each lock node
-// present is deleted at the version read, with its holder's node, and
-// created anew as an ephemeral node with token's holder node; and its
-// parent's data is set, whose reply carries the transaction's zxid, the
-// fence, which a create in a transaction does not report. stamps holds the
-// index of each key's SetData, and holders maps the index of each delete of
-// a holder node to its key.
-func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []byte) (ops []any, stamps []int, holders map[int]int) {
+// found as nodes (nil: assumed absent), to token with data. For each key,
+// it first sets the parent's data: at the version that names the grant
+// read (see guard) when the lock node is present, so that the transaction
+// fails should another grant of the key have been made since; and in any
+// case so that the next grant's guard changes, and because the reply
+// carries the transaction's zxid, the fence, which a create in a
+// transaction does not report. Then a lock node present is deleted at the
+// version read, with its holder's node, and the lock node is created anew
+// as an ephemeral node, with token's holder node. stamps holds the index of
+// each key's SetData, and holders maps the index of each delete of a holder
+// node to its key. Every node present must be guarded.
+func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []byte) (ops []any, stamps []int, holders map[int]int, err error) {
 	ops = make([]any, 0, 5*len(paths))
 	stamps = make([]int, len(paths))
 	for i, p := range paths {
-		if nodes != nil && nodes[i].exists {
+		present := nodes != nil && nodes[i].exists
+		guard := int32(-1) // absent: the create fails should the node exist
+		if present {
+			if !nodes[i].guarded {
+				return nil, nil, nil, errors.New("internal error: a takeover of a grant not guarded")
+			}
+			guard = nodes[i].pver
+		}
+		stamps[i] = len(ops)
+		ops = append(ops, &zk.SetDataRequest{Path: parentOf(p), Version: guard})
+		if present {
 			ops = append(ops, &zk.DeleteRequest{Path: p, Version: nodes[i].version})
 			if !nodes[i].noHolder {
 				if holders == nil {
@@ -146,10 +175,69 @@ func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []
 		ops = append(ops,
 			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagEphemeral},
 			&zk.CreateRequest{Path: holderOf(p, token), Acl: s.acl, Flags: zk.FlagEphemeral})
-		stamps[i] = len(ops)
-		ops = append(ops, &zk.SetDataRequest{Path: parentOf(p), Version: -1})
 	}
-	return ops, stamps, holders
+	return ops, stamps, holders, nil
+}
+
+// guardAll guards (see guard) every node of nodes, read at paths, that a
+// grant to token would take over, in parallel.
+func (s *Store) guardAll(paths []string, nodes []lockNode, token string) error {
+	return forEach(len(nodes), func(i int) error {
+		if n := &nodes[i]; n.exists && n.free(token) && !n.guarded {
+			return s.guard(paths[i], n, nil)
+		}
+		return nil
+	})
+}
+
+// guard names the grant n, read at the lock node at path, for a
+// transaction that takes it over (grantOps): n.pver is the data version of
+// the key's parent node, which every grant's transaction sets, so that a
+// takeover that sets the parent at that version fails once another grant
+// of the key has been made since n was read, and never deletes that grant.
+// The lock node's own version cannot name a grant: it starts again at 0
+// with each node, and two contenders that take over the same expired grant
+// would each find the other's new node at the version they read.
+//
+// parent is the parent's stat as read alongside n, or nil. Its version
+// names n's grant when the parent's last write is n's creation; otherwise
+// (another grant in between, or a node made by another writer) the parent
+// and then the node are read again, in that order, which may change n. A
+// parent version of -1, which ZooKeeper takes for "any version" (versions
+// wrap there after 2^32-1 writes), is moved on first.
+func (s *Store) guard(path string, n *lockNode, parent *zk.Stat) error {
+	after := false // n was read after parent
+	for {
+		if parent == nil {
+			ok, st, err := s.conn.Exists(parentOf(path))
+			if err != nil {
+				return err
+			}
+			if !ok {
+				*n = lockNode{} // the node went with its parent
+				return nil
+			}
+			parent, after = st, false
+		}
+		switch {
+		case parent.Version == -1:
+			if _, err := s.conn.Set(parentOf(path), nil, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return err
+			}
+			parent = nil
+			continue
+		case after || parent.Mzxid == n.czxid:
+			n.guarded, n.pver = true, parent.Version
+			return nil
+		}
+		if err := s.readLock(path, n); err != nil {
+			return err
+		}
+		if !n.exists {
+			return nil
+		}
+		after = true
+	}
 }
 
 // missingHolder reports whether the transaction ops failed, per resp, on the
@@ -217,7 +305,8 @@ func (s *Store) granted(paths []string, token string, ttl time.Duration, start t
 
 // retryable returns nil when err, the failure of attempt, is a conflict with
 // another writer worth a new read and attempt, after creating the parents
-// of the lock nodes at paths when one was missing; and err otherwise.
+// of the lock nodes at paths when one was missing; and err
+// otherwise.
 func (s *Store) retryable(err error, paths []string, attempt int) error {
 	switch {
 	case attempt >= maxAttempts:
@@ -260,7 +349,7 @@ func (s *Store) readLock(path string, n *lockNode) error {
 		return err
 	}
 	ttl, token, ok := parseLockData(data)
-	*n = lockNode{exists: true, readable: ok, token: token, version: stat.Version,
+	*n = lockNode{exists: true, readable: ok, token: token, version: stat.Version, czxid: stat.Czxid,
 		left: s.ages.remaining(path, stat.Mzxid, ttl, time.Now())}
 	return nil
 }
