@@ -196,7 +196,10 @@
 // and the context's error; the undo tries again while the server cannot be
 // reached, until it knows the grant is gone or the Store is closed. A call
 // made while the connection has no session fails at once with
-// stores.ErrUnreachable, sending nothing.
+// stores.ErrUnreachable, sending nothing. A call that could reach no server
+// later on fails with stores.ErrUnreachable only when none of its writes
+// may have been applied: a fair waiter that joined the queue, then lost the
+// server, fails with an unknown outcome, and the Locker takes it out.
 //
 // What it survives: a lost or late reply (the call fails with an unknown
 // outcome, or is undone when abandoned); a connection cut, or a server

@@ -73,8 +73,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkCall(ctx, keys, token, "ttl", ttl, false); err != nil {
 		return stores.Grant{}, err
 	}
-	return call(ctx, s, func() (stores.Grant, error) {
-		return s.acquire(s.lockPaths(keys), token, ttl)
+	return call(ctx, s, func(e *effects) (stores.Grant, error) {
+		return s.acquire(e, s.lockPaths(keys), token, ttl)
 	}, func(g stores.Grant, err error) {
 		if err == nil && !g.OK {
 			return
@@ -83,8 +83,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	})
 }
 
-// acquire is Acquire on the lock nodes at paths.
-func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores.Grant, error) {
+// acquire is Acquire on the lock nodes at paths, noting its writes in e.
+func (s *Store) acquire(e *effects, paths []string, token string, ttl time.Duration) (stores.Grant, error) {
 	data := lockData(ttl, token)
 	var nodes []lockNode // nil until read: first try to create every node
 	now := time.Now()
@@ -97,7 +97,7 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 	}
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		if err := s.guardAll(paths, nodes, token); err != nil {
+		if err := s.guardAll(e, paths, nodes, token); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
 		for i, n := range nodes {
@@ -109,9 +109,9 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 		if err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
-		resp, err := s.multi(ops...)
+		resp, err := s.multi(e, ops...)
 		if err == nil {
-			return s.granted(paths, token, ttl, start, resp, stamps)
+			return s.granted(e, paths, token, ttl, start, resp, stamps)
 		}
 		if k, ok := missingHolder(ops, resp, holders); ok && attempt < maxAttempts {
 			// The grant read has no holder node: another version's grant.
@@ -127,7 +127,7 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 			// others keep taking it. A refusal, for how long unknown.
 			return stores.Grant{Held: failedKey(ops, resp, paths)}, nil
 		}
-		if err = s.retryable(err, paths, attempt); err != nil {
+		if err = s.retryable(e, err, paths, attempt); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
 		if nodes, err = s.readLocks(paths); err != nil {
@@ -181,10 +181,10 @@ func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []
 
 // guardAll guards (see guard) every node of nodes, read at paths, that a
 // grant to token would take over, in parallel.
-func (s *Store) guardAll(paths []string, nodes []lockNode, token string) error {
+func (s *Store) guardAll(e *effects, paths []string, nodes []lockNode, token string) error {
 	return forEach(len(nodes), func(i int) error {
 		if n := &nodes[i]; n.exists && n.free(token) && !n.guarded {
-			return s.guard(paths[i], n, nil)
+			return s.guard(e, paths[i], n, nil)
 		}
 		return nil
 	})
@@ -205,7 +205,7 @@ func (s *Store) guardAll(paths []string, nodes []lockNode, token string) error {
 // and then the node are read again, in that order, which may change n. A
 // parent version of -1, which ZooKeeper takes for "any version" (versions
 // wrap there after 2^32-1 writes), is moved on first.
-func (s *Store) guard(path string, n *lockNode, parent *zk.Stat) error {
+func (s *Store) guard(e *effects, path string, n *lockNode, parent *zk.Stat) error {
 	after := false // n was read after parent
 	for {
 		if parent == nil {
@@ -221,7 +221,7 @@ func (s *Store) guard(path string, n *lockNode, parent *zk.Stat) error {
 		}
 		switch {
 		case parent.Version == -1:
-			if _, err := s.conn.Set(parentOf(path), nil, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			if _, err := s.conn.Set(parentOf(path), nil, -1); e.note(err) != nil && !errors.Is(err, zk.ErrNoNode) {
 				return err
 			}
 			parent = nil
@@ -281,7 +281,7 @@ func failedKey(ops []any, resp []zk.MultiResponse, paths []string) int {
 // and survive restarts in the transaction log. So the zxid of a grant's
 // transaction, its nodes' czxid, is above the previous grant's by at least
 // one, and times stores.FenceStride by at least the stride.
-func (s *Store) granted(paths []string, token string, ttl time.Duration, start time.Time, resp []zk.MultiResponse, stamps []int) (stores.Grant, error) {
+func (s *Store) granted(e *effects, paths []string, token string, ttl time.Duration, start time.Time, resp []zk.MultiResponse, stamps []int) (stores.Grant, error) {
 	var zxid int64
 	session := s.conn.SessionID() // the session that made the grant, or a later one
 	for i, p := range paths {
@@ -293,7 +293,7 @@ func (s *Store) granted(paths []string, token string, ttl time.Duration, start t
 		s.ages.wrote(p, zxid, token, session, ttl, start)
 	}
 	if zxid <= 0 || zxid > math.MaxInt64/stores.FenceStride {
-		_ = s.releasePaths(paths, token, 0, time.Now())
+		_ = s.releasePaths(e, paths, token, 0, time.Now())
 		return stores.Grant{}, fmt.Errorf("%w: zxid %#x", ErrFenceRange, zxid)
 	}
 	fences := make([]int64, len(paths))
@@ -305,14 +305,14 @@ func (s *Store) granted(paths []string, token string, ttl time.Duration, start t
 
 // retryable returns nil when err, the failure of attempt, is a conflict with
 // another writer worth a new read and attempt, after creating the parents
-// of the lock nodes at paths when one was missing; and err
+// of the lock nodes at paths when one was missing (noted in e); and err
 // otherwise.
-func (s *Store) retryable(err error, paths []string, attempt int) error {
+func (s *Store) retryable(e *effects, err error, paths []string, attempt int) error {
 	switch {
 	case attempt >= maxAttempts:
 		return fmt.Errorf("gave up after %d conflicting attempts: %w", attempt, err)
 	case errors.Is(err, zk.ErrNoNode):
-		return s.makeParents(paths)
+		return s.makeParents(e, paths)
 	case errors.Is(err, zk.ErrNodeExists), errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNotEmpty):
 		return nil
 	}
@@ -321,10 +321,10 @@ func (s *Store) retryable(err error, paths []string, attempt int) error {
 
 // makeParents creates the parents of the nodes at paths, as container nodes
 // (the server deletes them once empty), when missing.
-func (s *Store) makeParents(paths []string) error {
+func (s *Store) makeParents(e *effects, paths []string) error {
 	return forEach(len(paths), func(i int) error {
 		_, err := s.conn.CreateContainer(parentOf(paths[i]), nil, zk.FlagContainer, s.acl)
-		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if e.note(err) != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 		return nil
@@ -386,15 +386,15 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if s.conn.State() != zk.StateHasSession && s.allGone(paths, token) {
 		return fmt.Errorf("%w: zkstore: release: the grant's TTL has passed or its session ended", stores.ErrNotHeld)
 	}
-	_, err := call(ctx, s, func() (struct{}, error) {
-		return struct{}{}, s.releasePaths(paths, token, keep, time.Now())
+	_, err := call(ctx, s, func(e *effects) (struct{}, error) {
+		return struct{}{}, s.releasePaths(e, paths, token, keep, time.Now())
 	}, nil)
 	return err
 }
 
 // release is Release, without its checks.
 func (s *Store) release(keys []string, token string, keep time.Duration) error {
-	return s.releasePaths(s.lockPaths(keys), token, keep, time.Now())
+	return s.releasePaths(nil, s.lockPaths(keys), token, keep, time.Now())
 }
 
 // allGone reports whether this Store's records show that token's grant of
@@ -421,7 +421,7 @@ func (s *Store) undo(keys []string, token string, fair bool) {
 			if !fair {
 				return
 			}
-			if err = s.leaveFair(keys[0], token); err == nil {
+			if err = s.leaveFair(nil, keys[0], token); err == nil {
 				return
 			}
 		}
@@ -435,8 +435,8 @@ func (s *Store) undo(keys []string, token string, fair bool) {
 }
 
 // releasePaths is Release on the lock nodes at paths, by a call that
-// started at start.
-func (s *Store) releasePaths(paths []string, token string, keep time.Duration, start time.Time) error {
+// started at start, noting its writes in e.
+func (s *Store) releasePaths(e *effects, paths []string, token string, keep time.Duration, start time.Time) error {
 	data := lockData(keep, token)
 	end := func(p string, version int32) []any {
 		if keep > 0 {
@@ -451,12 +451,12 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration, s
 		for _, p := range paths {
 			ops = append(ops, end(p, -1)...)
 		}
-		resp, err := s.multi(ops...)
+		resp, err := s.multi(e, ops...)
 		if err == nil {
 			s.released(paths, ops, resp, token, keep, start)
 			return nil
 		}
-		if err = s.retryable(err, nil, 1); err != nil {
+		if err = s.retryable(e, err, nil, 1); err != nil {
 			return fmt.Errorf("release: %w", err)
 		}
 	}
@@ -486,9 +486,9 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration, s
 			}
 		}
 		if len(ops) > 0 {
-			resp, err := s.multi(ops...)
+			resp, err := s.multi(e, ops...)
 			if err != nil {
-				if err = s.retryable(err, nil, attempt); err != nil {
+				if err = s.retryable(e, err, nil, attempt); err != nil {
 					return fmt.Errorf("release: %w", err)
 				}
 				continue
@@ -554,14 +554,14 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 				stores.ErrNotHeld, i+1, len(paths))
 		}
 	}
-	_, err := call(ctx, s, func() (struct{}, error) {
-		return struct{}{}, s.refresh(paths, token, ttl)
+	_, err := call(ctx, s, func(e *effects) (struct{}, error) {
+		return struct{}{}, s.refresh(e, paths, token, ttl)
 	}, nil)
 	return err
 }
 
-// refresh is Refresh on the lock nodes at paths.
-func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
+// refresh is Refresh on the lock nodes at paths, noting its writes in e.
+func (s *Store) refresh(e *effects, paths []string, token string, ttl time.Duration) error {
 	data := lockData(ttl, token)
 	known := s.ownAll(paths, token, time.Now())
 	versions := make([]int32, len(paths))
@@ -586,7 +586,7 @@ func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 		for i, p := range paths {
 			ops = append(ops, ownerChecked(p, token, &zk.SetDataRequest{Path: p, Data: data, Version: versions[i]})...)
 		}
-		resp, err := s.multi(ops...)
+		resp, err := s.multi(e, ops...)
 		if err == nil {
 			session := s.conn.SessionID()
 			for i, p := range paths {
@@ -596,7 +596,7 @@ func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 			}
 			return nil
 		}
-		if err = s.retryable(err, nil, attempt); err != nil {
+		if err = s.retryable(e, err, nil, attempt); err != nil {
 			return fmt.Errorf("refresh: %w", err)
 		}
 		known = false

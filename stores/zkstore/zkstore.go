@@ -247,7 +247,7 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 		return nil, fmt.Errorf("zkstore: the server's answer to the connect request gave no session timeout")
 	}
 	s.bounds = sessionBounds(maxKey, c.session, granted)
-	if _, err := call(ctx, s, func() (struct{}, error) { return struct{}{}, s.makeRoot() }, nil); err != nil {
+	if _, err := call(ctx, s, func(e *effects) (struct{}, error) { return struct{}{}, s.makeRoot(e) }, nil); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("zkstore: create root %q: %w", s.root, err)
 	}
@@ -420,11 +420,11 @@ func (c *sessionConn) Read(b []byte) (int, error) {
 }
 
 // makeRoot creates the root and its missing ancestors, as persistent nodes.
-func (s *Store) makeRoot() error {
+func (s *Store) makeRoot(e *effects) error {
 	path := ""
 	for _, part := range strings.Split(s.root[1:], "/") {
 		path += "/" + part
-		if _, err := s.conn.Create(path, nil, 0, s.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if _, err := s.conn.Create(path, nil, 0, s.acl); e.note(err) != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 	}
