@@ -91,7 +91,8 @@
 //     crashed process's locks are free after the session timeout.
 //
 // So that a holder's validity never outlives its node, the Store takes no
-// TTL longer than the session timeout the server granted (see Limits): the
+// TTL longer than the session timeout the server granted (see Limits and
+// Sessions shorter than MaxTTL): the
 // server restarts a session's timer on each request it receives, after the
 // Store sent it, so a grant or renewal that started at t stands until at
 // least t plus the session timeout, and a validity counted from t with a
@@ -125,6 +126,31 @@
 // time the server expires its session, and the client learns of the
 // expiry only later still, when it reconnects; such a signal would never
 // cancel a holder sooner than its validity does.
+//
+// # Sessions shorter than MaxTTL
+//
+// Bounds are fixed for a Store's lifetime: MaxTTL is the session timeout
+// granted on the Store's first connection. The Store asks for its
+// configured timeout on every connection (go-zookeeper would ask for the
+// one granted last), but a server configured with a lower
+// maxSessionTimeout, or a larger tickTime, than the one that granted
+// MaxTTL grants less. While the last connection got less than MaxTTL, the
+// Store logs it once (see WithLogger) and refuses every Acquire, Refresh
+// and AcquireFair whose TTL is above that timeout with a store failure
+// that changes nothing (wrapping ErrShortSession and
+// stores.ErrUnreachable): the Locker answers 503, as when the store is
+// down, until a server grants the full timeout again. A keep or a lease
+// is taken as usual: a kept key or a queue place is held until its time
+// has passed or the session ends, whichever comes first, and neither lets
+// anybody in while a holder's validity stands.
+//
+// What this cannot cover: a grant made before the shortening (or by a call
+// in flight across it) keeps its validity, up to MaxTTL from its last
+// renewal, while the server would now expire its session the shorter
+// timeout after it last heard from the Store. Should the Store be cut off
+// right after such a reconnection, another Store could be granted the key
+// before that validity ends. Give every member of an ensemble the same
+// tickTime and session timeout bounds.
 //
 // # Fair queues
 //
@@ -162,8 +188,9 @@
 //     granted, which the URL parameter session= (or WithSessionTimeout,
 //     default 10s) asks for and the server keeps within its
 //     minSessionTimeout and maxSessionTimeout (by default 2 and 20 times
-//     its tickTime). Every server of an ensemble must grant the same
-//     timeout: the Store learns it from the first.
+//     its tickTime). The Store learns it on its first connection; a server
+//     that grants less later makes the Store refuse longer TTLs for as long
+//     (see Sessions shorter than MaxTTL).
 //   - keys: ZooKeeper takes requests of up to jute.maxbuffer bytes (1 MiB
 //     by default; the Store assumes the default or more) and closes the
 //     connection of a larger one, failing every call on it. A key appears in
