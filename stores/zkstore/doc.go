@@ -221,8 +221,11 @@
 // lost connection): an Acquire or AcquireFair left in flight is undone,
 // owner-checked, once it returns, and its error wraps stores.ErrAbandoned
 // and the context's error; the undo tries again while the server cannot be
-// reached, until it knows the grant is gone or the Store is closed. A call
-// made while the connection has no session fails at once with
+// reached, until it knows the grant is gone (released, or the session
+// that made it ended, which deleted its nodes) or the Store is closed. An
+// undo that fails otherwise (the server refuses it, such as for an ACL) is
+// logged, and the grant stands until its TTL passes or the session ends.
+// A call made while the connection has no session fails at once with
 // stores.ErrUnreachable, sending nothing. A call that could reach no server
 // later on fails with stores.ErrUnreachable only when none of its writes
 // may have been applied: a fair waiter that joined the queue, then lost the

@@ -3,9 +3,12 @@ package zkstore_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
@@ -47,5 +50,32 @@ func TestFairJoinThenUnreachable(t *testing.T) {
 	})
 	if q := queueNodes(t, holder.Root()+"/k"); len(q) != 0 {
 		t.Fatalf("queue nodes %q after LeaveFair", q)
+	}
+}
+
+// TestUndoStopsOnLastingError (issue 18, from review): the clean-up of an
+// abandoned Acquire that fails with an error trying again would not cure
+// (here the server refuses the delete: the key's node has an ACL without
+// the delete permission) stops and logs, instead of trying until the Store
+// is closed. Before the fix, it tried every second until Close.
+func TestUndoStopsOnLastingError(t *testing.T) {
+	var logs logBuffer
+	s, p := proxiedStore(t, zkstore.WithSessionTimeout(30*time.Second), // pings every 10s: the next reply is the Acquire's
+		zkstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	raw := rawConn(t)
+	acl := []zk.ACL{{Perms: zk.PermAll &^ zk.PermDelete, Scheme: "world", ID: "anyone"}}
+	if _, err := raw.Create(s.Root()+"/nodelete", nil, 0, acl); err != nil {
+		t.Fatal(err)
+	}
+	p.DelayNext(faultproxy.ToClient, time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	_, err := s.Acquire(ctx, []string{"nodelete"}, "t1", 10*time.Second)
+	cancel()
+	if !errors.Is(err, stores.ErrAbandoned) {
+		t.Fatalf("Acquire with a late reply: %v, want ErrAbandoned", err)
+	}
+	pollUntil(t, 10*time.Second, "the clean-up stops", func() bool { return s.InFlight() == 0 })
+	if !logs.contains("clean-up of an abandoned call failed") || !logs.contains("not authenticated") {
+		t.Errorf("the failed clean-up is not logged with its cause: %q", logs.b.String())
 	}
 }
