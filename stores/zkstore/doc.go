@@ -177,6 +177,17 @@
 // new one, every subscription sets its watch anew and signals, since events
 // may have been missed.
 //
+// A queue node is watched only while it exists: a subscription that finds
+// the waiter ahead gone signals and watches the node now ahead at once (a
+// watch on an absent node waits for its creation, which a queue node's name
+// never sees again). The lock node is watched for its creation too, when
+// absent, so that the next grant's release is seen: such a watch stays,
+// on the server and in the client, until the key is next granted or the
+// session ends, also after its subscription stopped (go-zookeeper has no
+// call for ZooKeeper's removeWatches).
+// It costs a few dozen bytes per key on each side, and is sent again on
+// every reconnection.
+//
 // # Limits
 //
 // Store.Bounds states what the Store takes; arguments out of it are refused
