@@ -69,54 +69,154 @@ const (
 	callAbandoned
 )
 
-// detached runs an acquire call and returns its outcome, or, as soon as ctx
-// ends, an error wrapping stores.ErrAbandoned and ctx's error. The call runs
-// on a context of its own, bounded by abandonTimeout rather than by ctx: a
-// statement cut off by its context may still commit on the server after the
-// client gave up on it, and a release sent then could overtake it. So the
-// call goes on once its caller left, and when it returns, undo releases what
-// it granted, or may have granted (it failed after reaching the server).
-func (s *Store) detached(ctx context.Context, call func(context.Context) (stores.Grant, error),
-	undo func(context.Context)) (stores.Grant, error) {
-	if ctx.Done() == nil { // never ends
-		g, err := call(ctx)
-		return g, classify(err)
+// attempt is what an acquire's statement leaves behind, for its undo.
+type attempt struct {
+	sess    session // of the connection that carried the statement
+	unknown bool    // the statement may still apply: no reply came, and the connection is gone
+	maybe   bool    // the statement returned a reply the Store could not read: it may have granted
+}
+
+// result is the outcome of one acquire.
+type result struct {
+	g   stores.Grant
+	a   attempt
+	err error
+	own error // the error of the statement's own context, when it ended
+}
+
+// detached runs an acquire call on a context of its own, bounded by the
+// call limit rather than by ctx, and returns its outcome; or, as soon as
+// ctx ends, an error wrapping stores.ErrAbandoned and ctx's error, and the
+// call goes on. A statement cut off by its context may still apply on the
+// server after the client gave up on it (pgx closes the connection; the
+// server runs what it has received, or receives late), so neither the
+// caller nor a release sent at once can undo it. Instead, when the caller
+// has left, or the call's outcome is unknown, the Store owes the undo (see
+// owe): it ends the session that carried the statement, so that nothing of
+// it can apply any more, then releases the keys, owner-checked.
+//
+// It returns ErrClosed once Close has begun; Close waits for every call.
+func (s *Store) detached(ctx context.Context, keys []string, token string, ttl time.Duration,
+	call func(context.Context, *attempt) (stores.Grant, error)) (stores.Grant, error) {
+	if !s.begin() {
+		return stores.Grant{}, ErrClosed
 	}
-	type result struct {
-		g   stores.Grant
-		err error
+	run := func(ctx context.Context) result {
+		own, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callLimit)
+		defer cancel()
+		var r result
+		r.g, r.err = call(own, &r.a)
+		r.err = classify(r.err)
+		r.own = own.Err()
+		return r
+	}
+	if ctx.Done() == nil { // never ends
+		defer s.background.Done()
+		return s.answer(ctx, run(ctx), keys, token, ttl)
 	}
 	var state atomic.Int32
 	done := make(chan result, 1)
-	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
-		own, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
-		g, err := call(own)
-		cancel()
-		err = classify(err)
+		r := run(ctx)
 		if state.CompareAndSwap(callRunning, callReturned) {
-			done <- result{g, err}
+			done <- r
 			return
 		}
 		// The caller left: undo in its stead what may have been granted.
-		// Nothing changed when the server was unreachable or refused the
-		// arguments.
-		if g.OK || (err != nil && !errors.Is(err, stores.ErrUnreachable) && !errors.Is(err, stores.ErrInvalid)) {
-			undoCtx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
-			defer cancel()
-			undo(undoCtx)
+		if r.g.OK || r.a.maybe || r.a.unknown {
+			s.owe(keys, token, ttl, r.a)
 		}
 	}()
 	select {
 	case r := <-done:
-		return r.g, r.err
+		return s.answer(ctx, r, keys, token, ttl)
 	case <-ctx.Done():
 		if state.CompareAndSwap(callRunning, callAbandoned) {
 			return stores.Grant{}, fmt.Errorf("%w: %w", stores.ErrAbandoned, ctx.Err())
 		}
-		r := <-done // it returned as ctx ended
+		return s.answer(ctx, <-done, keys, token, ttl) // it returned as ctx ended
+	}
+}
+
+// answer returns r to a caller that waited for it. An outcome the statement
+// may still change is the Store's to undo, as for a caller that left, and
+// the error then wraps stores.ErrAbandoned, so that the caller does not
+// release the keys itself (a release sent at once could land before the
+// statement). The Store undoes it while the caller waits, until ctx ends,
+// so that the statement cannot apply after the call returned; what is left
+// then goes on in the background.
+func (s *Store) answer(ctx context.Context, r result, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if !r.a.unknown {
 		return r.g, r.err
+	}
+	cause := fmt.Errorf("pgstore: connection lost with the outcome unknown: %w", r.err)
+	if r.own != nil {
+		cause = fmt.Errorf("pgstore: no answer within the call limit %v: %w", s.callLimit, r.own)
+	}
+	d := s.debtOf(keys, token, ttl, r.a)
+	if s.settleWhileWaiting(ctx, d) {
+		return stores.Grant{}, fmt.Errorf("%w: %w; the store ended the session that carried it and released the keys", stores.ErrAbandoned, cause)
+	}
+	s.undo.add(d)
+	return stores.Grant{}, fmt.Errorf("%w: %w; the store undoes it", stores.ErrAbandoned, cause)
+}
+
+// settleWhileWaiting tries to settle d, again after a pause while it fails,
+// until it is settled or ctx ends (or, for a ctx that never ends, the call
+// limit passes), and reports whether it was settled.
+func (s *Store) settleWhileWaiting(ctx context.Context, d *debt) bool {
+	if ctx.Done() == nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.callLimit)
+		defer cancel()
+	}
+	pause := undoPauseMin
+	for {
+		try, cancel := context.WithTimeout(ctx, s.callLimit)
+		settled := s.settle(try, d)
+		cancel()
+		if settled {
+			return true
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return false
+		case <-timer.C:
+		}
+		pause = min(2*pause, undoPauseMax)
+	}
+}
+
+// owe queues the undo of an acquire of keys by token whose caller left.
+func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
+	s.undo.add(s.debtOf(keys, token, ttl, a))
+}
+
+// debtOf returns the undo of an acquire of keys by token that left a: its
+// session must end first when its statement may still apply.
+func (s *Store) debtOf(keys []string, token string, ttl time.Duration, a attempt) *debt {
+	s.abandoned.Add(1)
+	return &debt{keys: keys, token: token, ttl: ttl, sess: a.sess, end: a.unknown && a.sess.endable, since: time.Now()}
+}
+
+// settled classifies err, the error of an acquire's statement on conn, into
+// a: the statement may still apply when no reply came and the connection is
+// gone, and it may have granted when it returned a reply the Store could
+// not read. A server's error reply rolled the statement (and its implicit
+// transaction) back, and an error pgx raised before it sent anything
+// changed nothing.
+func settled(a *attempt, err error, connClosed bool) {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil, errors.As(err, &pgErr), pgconn.SafeToRetry(err):
+		a.unknown, a.maybe = false, false
+	case connClosed:
+		a.unknown, a.maybe = true, false
+	default:
+		a.unknown, a.maybe = false, true
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -16,8 +17,9 @@ import (
 //
 // (scheme postgres or postgresql; a Unix socket directory goes in a host
 // parameter: postgres:///db?host=/run/postgresql). The store's own
-// parameter, table (see WithTable; default DefaultTable), is taken out of
-// the URL; the rest is pgx's connection string, which accepts libpq's parameters (sslmode,
+// parameters, table (see WithTable; default DefaultTable) and call_limit (a
+// duration such as 2s; see WithCallLimit), are taken out of the URL; the
+// rest is pgx's connection string, which accepts libpq's parameters (sslmode,
 // connect_timeout, ...) and pgxpool's (pool_max_conns, default the larger of
 // 4 and the number of CPUs, ...). Every connection runs at READ COMMITTED
 // whatever the server's default. Open creates the table when missing, and
@@ -43,6 +45,14 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if q.Has("table") {
 		opts = append(opts, WithTable(q.Get("table")))
 		q.Del("table")
+	}
+	if q.Has("call_limit") {
+		d, err := time.ParseDuration(q.Get("call_limit"))
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("%w: pgstore: URL parameter call_limit=%q is not a positive duration", stores.ErrInvalid, q.Get("call_limit"))
+		}
+		opts = append(opts, WithCallLimit(d))
+		q.Del("call_limit")
 	}
 	u.RawQuery = q.Encode()
 	config, err := pgxpool.ParseConfig(u.String())

@@ -148,34 +148,61 @@
 // (the conformance suite's Faults group, through a fault proxy, and the
 // package's own) except the restart, which follows from rows on disk: a lost
 // connection (the lease is a row, any connection refreshes or releases it);
-// a server restart (rows are on disk); a reply lost or late, or a server
-// paused past the caller's wait (an abandoned Acquire is undone once its
-// statement returns: the key is free soon after the fault ends, within the
-// suite's 3 seconds, not at the end of its TTL); a holder cut off from the
-// server (its key expires after its TTL, not before); a stale holder's
-// Refresh or Release after its key passed to another token (ErrNotHeld); a
-// Refresh racing the Release of its grant (it never takes the key back); and
-// the server's clock stepping back (a released key's token is NULL, free
-// whatever the clock says; keys held then are held longer by the step). A
-// step forward of the server's clock past a holder's remaining TTL lets
-// another take the key while the holder's validity runs: keep the server's
-// clock slewed, not stepped, as for any lease judged by a server's clock.
+// a server restart (rows are on disk); a reply lost or late, a server
+// paused past the caller's wait or past the call limit, a connection cut
+// after the request, and a request held up in the network until after the
+// call gave up on it (an abandoned Acquire is undone: the key is free soon
+// after the fault ends, within the suite's 3 seconds, not at the end of its
+// TTL, and the late request grants nothing; see Contexts and unknown
+// outcomes); a holder cut off from the server (its key expires after its
+// TTL, not before); a stale holder's Refresh or Release after its key
+// passed to another token (ErrNotHeld); a Refresh racing the Release of its
+// grant (it never takes the key back); and the server's clock stepping back
+// (a released key's token is NULL, free whatever the clock says; keys held
+// then are held longer by the step). A step forward of the server's clock
+// past a holder's remaining TTL lets another take the key while the
+// holder's validity runs: keep the server's clock slewed, not stepped, as
+// for any lease judged by a server's clock.
 //
 // # Contexts and unknown outcomes
 //
 // Every call returns once its context ends. An Acquire runs its statement
-// on a context of its own, bounded by the abandon timeout (5s), so that a
-// grant the server made after the caller left is seen and released,
-// owner-checked, once the statement returns; the caller gets an error
-// wrapping stores.ErrAbandoned and the context's error. When that statement
-// fails after reaching the server (the connection broke, so its commit may
-// or may not have happened), the store releases it all the same: a release
-// of a token that was never granted changes nothing. The same uncertainty
-// on a call the caller still waits for is returned as the driver's error,
-// which the Locker treats as an unknown outcome (it releases, owner-checked).
+// on a context of its own, bounded by the call limit (WithCallLimit,
+// default 5s) rather than by the caller's, so that a grant the server made
+// after the caller left is seen, and released, owner-checked, once the
+// statement returns; the caller gets an error wrapping stores.ErrAbandoned
+// and the context's error.
+//
+// A statement that got no answer within the call limit, or whose
+// connection broke, may still apply: pgx closes the connection without a
+// cancel request, and the server runs what it has received, or receives
+// late (a request held up in the network). A release sent then could land
+// before it. So the Store first ends the session that carried the statement
+// (pg_terminate_backend, on another connection, named by the backend's pid
+// and start time), waits until the server shows it gone, so that nothing of
+// the statement can apply any more, and only then releases the keys,
+// owner-checked. It tries both again, after a pause of up to a second,
+// while they fail (a server still unreachable), until they land, a grant
+// the statement could have made has expired (its TTL after the session
+// ended), or the Store is closed; at most two such undos run at a time. A
+// caller still waiting gets an error wrapping stores.ErrAbandoned (with
+// context.DeadlineExceeded past the call limit) once the undo has landed or
+// its context has ended, so that it does not release the keys itself.
+//
+// Ending a session needs the privilege to signal the server processes of
+// the Store's role, which every role has for its own, non-superuser
+// sessions. Behind a pooler that runs a connection's statements on server
+// connections of its own (PgBouncer in transaction mode), the session of a
+// statement cannot be named (the pid the server reports is not the
+// connection's), nor, without the privilege, ended: the Store then releases
+// the keys, tried again until it lands, and a request that reaches the
+// server after that release can still hold its key for its TTL.
+//
 // Release and Refresh end their statement with the context; their outcome
 // is then unknown. A call that failed to connect returns an error wrapping
-// stores.ErrUnreachable: it changed nothing.
+// stores.ErrUnreachable: it changed nothing. Calls after Close return
+// ErrClosed; Close waits for the acquires in flight and gives each undo
+// still owed one more try, both within the call limit.
 //
 // # The table
 //
@@ -195,6 +222,7 @@ import (
 	"regexp"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -210,13 +238,19 @@ const args storeargs.Checker = "pgstore"
 // DefaultTable is the table a Store uses unless WithTable names another.
 const DefaultTable = "reqlock_locks"
 
-// abandonTimeout bounds an Acquire statement that runs on after its caller
-// left, and the release that undoes it.
-const abandonTimeout = 5 * time.Second
+// DefaultCallLimit is the call limit of a Store unless WithCallLimit sets
+// another.
+const DefaultCallLimit = 5 * time.Second
 
-// ErrUnexpectedReply means the server answered in a shape this package does
-// not expect, such as a table of the same name made by another program.
-var ErrUnexpectedReply = errors.New("pgstore: unexpected reply from PostgreSQL")
+var (
+	// ErrUnexpectedReply means the server answered in a shape this package
+	// does not expect, such as a table of the same name made by another
+	// program.
+	ErrUnexpectedReply = errors.New("pgstore: unexpected reply from PostgreSQL")
+
+	// ErrClosed means the Store was closed.
+	ErrClosed = errors.New("pgstore: store closed")
+)
 
 // tableName is what WithTable accepts: an identifier, optionally qualified
 // by a schema, each of lower-case letters, digits and underscores.
@@ -224,7 +258,8 @@ var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0
 
 // Store is a stores.Store on PostgreSQL, and a stores.Notifier. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a
-// listening connection and a goroutine until Close.
+// listening connection and a goroutine until Close; while it owes the undo
+// of abandoned acquires, up to two goroutines more.
 type Store struct {
 	pool     *pgxpool.Pool
 	ownsPool bool   // Open made the pool; Close closes it
@@ -235,9 +270,13 @@ type Store struct {
 
 	bounds stores.Bounds // from the server's page size; see Bounds
 
-	background sync.WaitGroup // detached acquires and their undo
+	callLimit time.Duration // see WithCallLimit
 
-	mu     sync.Mutex // guards notify and closed
+	background sync.WaitGroup // acquires in flight, detached from their callers
+	undo       *undoer        // the undo of acquires whose callers left
+	abandoned  atomic.Int64   // undos owed so far, for tests
+
+	mu     sync.Mutex // guards notify and closed, and background.Add
 	notify *listener  // nil until the first NotifyRelease
 	closed bool
 }
@@ -258,6 +297,17 @@ func WithTable(name string) Option {
 	return func(s *Store) { s.table = name }
 }
 
+// WithCallLimit sets the call limit: the longest an Acquire's statement
+// runs, whatever its caller's context, and each try of the undo of an
+// acquire whose caller left (see Contexts and unknown outcomes in the
+// package documentation). An Acquire with no answer within it returns an
+// error wrapping stores.ErrAbandoned, and the Store undoes it. Close takes
+// up to twice the limit. Default DefaultCallLimit; New refuses a limit that
+// is not positive.
+func WithCallLimit(d time.Duration) Option {
+	return func(s *Store) { s.callLimit = d }
+}
+
 // New returns a Store over pool and creates its table when missing. The
 // caller keeps the pool and closes it after the Store. The pool's
 // connections should run at READ COMMITTED (the default); Open sets that
@@ -269,7 +319,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pgstore: pool is nil", stores.ErrInvalid)
 	}
-	s := &Store{pool: pool, table: DefaultTable}
+	s := &Store{pool: pool, table: DefaultTable, callLimit: DefaultCallLimit}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -277,6 +327,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 		return nil, fmt.Errorf("%w: pgstore: table name %q is not lower-case letters, digits and "+
 			"underscores (at most 63, not starting with a digit), optionally schema-qualified", stores.ErrInvalid, s.table)
 	}
+	if s.callLimit <= 0 {
+		return nil, fmt.Errorf("%w: pgstore: call limit %v is not positive", stores.ErrInvalid, s.callLimit)
+	}
+	s.undo = newUndoer(s.settle, s.callLimit)
 	s.channel = channelOf(s.table)
 	s.sql = newStatements(s.table)
 	if err := s.createTable(ctx); err != nil {
@@ -344,8 +398,11 @@ func (s *Store) createTable(ctx context.Context) error {
 func (s *Store) Table() string { return s.table }
 
 // Close stops the listening connection of NotifyRelease, if any, waits for
-// the releases of abandoned acquires (each bounded by 5s), and closes the
-// pool when Open made it. It returns nil; later calls do nothing.
+// the acquires in flight (each bounded by the call limit), gives the undo
+// of every acquire whose caller left one more try, within the call limit,
+// and closes the pool when Open made it; an undo that fails then is given
+// up, and its grant, if any, held until its TTL ends. Calls after Close
+// return ErrClosed. Close returns nil; later calls do nothing.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	l := s.notify
@@ -360,10 +417,31 @@ func (s *Store) Close() error {
 		l.close()
 	}
 	s.background.Wait()
+	s.undo.close(s.callLimit)
 	if s.ownsPool {
 		s.pool.Close()
 	}
 	return nil
+}
+
+// begin counts an acquire in, unless the Store is closed: under the lock
+// that Close takes to close it, so that Close's wait never meets a call
+// counted in after it began.
+func (s *Store) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.background.Add(1)
+	return true
+}
+
+// isClosed reports whether Close has begun.
+func (s *Store) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // Acquire sets every key to token for ttl when none is held by another
@@ -376,11 +454,14 @@ func (s *Store) Close() error {
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
 // duplicate, unsorted or too long key (see Bounds), or a non-positive ttl,
 // before any statement, or when the server refuses a key as beyond its
-// limits (SQLSTATE 54000); ctx.Err() without acting when ctx has ended; an
-// error wrapping stores.ErrAbandoned and ctx's error
-// when ctx ended while the statement was in flight (the store then releases
-// what it granted); one wrapping stores.ErrUnreachable when no connection
-// could be made; and the server's error otherwise.
+// limits (SQLSTATE 54000); ctx.Err() without acting when ctx has ended;
+// ErrClosed after Close; an error wrapping stores.ErrAbandoned and ctx's
+// error when ctx ended while the statement was in flight, and one wrapping
+// stores.ErrAbandoned when the statement's outcome is unknown (no answer
+// within the call limit, or a connection lost): the Store then undoes what
+// the statement granted or may yet grant (see Contexts and unknown outcomes
+// in the package documentation); one wrapping stores.ErrUnreachable when no
+// connection could be made; and the server's error otherwise.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -389,25 +470,35 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		return stores.Grant{}, err
 	}
 	bkeys := byteKeys(keys)
-	call := func(ctx context.Context) (stores.Grant, error) {
-		if len(keys) == 1 {
-			return s.acquireOne(ctx, bkeys[0], token, ttl)
+	return s.detached(ctx, keys, token, ttl, func(ctx context.Context, a *attempt) (stores.Grant, error) {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return stores.Grant{}, err // nothing sent
 		}
-		return s.acquireAll(ctx, bkeys, token, ttl)
-	}
-	undo := func(ctx context.Context) { _ = s.Release(ctx, keys, token, 0) }
-	return s.detached(ctx, call, undo)
+		defer conn.Release()
+		if a.sess, err = sessionOf(ctx, conn); err != nil {
+			return stores.Grant{}, err // the acquire not sent
+		}
+		var g stores.Grant
+		if len(keys) == 1 {
+			g, err = s.acquireOne(ctx, conn, bkeys[0], token, ttl)
+		} else {
+			g, err = s.acquireAll(ctx, conn, bkeys, token, ttl)
+		}
+		settled(a, err, conn.Conn().IsClosed())
+		return g, err
+	})
 }
 
-// acquireOne is Acquire of one key: one upsert.
-func (s *Store) acquireOne(ctx context.Context, key []byte, token string, ttl time.Duration) (stores.Grant, error) {
+// acquireOne is Acquire of one key on conn: one upsert.
+func (s *Store) acquireOne(ctx context.Context, conn *pgxpool.Conn, key []byte, token string, ttl time.Duration) (stores.Grant, error) {
 	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
 		var (
 			granted   bool
 			fence     int64
 			remaining int64
 		)
-		err := s.pool.QueryRow(ctx, s.sql.acquireOne, key, []byte(token), micros(ttl), int64(stores.FenceStride)).
+		err := conn.QueryRow(ctx, s.sql.acquireOne, key, []byte(token), micros(ttl), int64(stores.FenceStride)).
 			Scan(&granted, &fence, &remaining)
 		if err != nil {
 			return stores.Grant{}, err
@@ -419,18 +510,18 @@ func (s *Store) acquireOne(ctx context.Context, key []byte, token string, ttl ti
 	})
 }
 
-// acquireAll is Acquire of several keys: three statements in one implicit
-// transaction and one round trip. The first locks every row in key order
-// (creating the missing ones) unless a key is seen held; the second takes
-// them all when none is held by another token; the third reads the
+// acquireAll is Acquire of several keys on conn: three statements in one
+// implicit transaction and one round trip. The first locks every row in key
+// order (creating the missing ones) unless a key is seen held; the second
+// takes them all when none is held by another token; the third reads the
 // holders, for a refusal, and marks them watched.
-func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl time.Duration) (stores.Grant, error) {
+func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byte, token string, ttl time.Duration) (stores.Grant, error) {
 	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
 		batch := &pgx.Batch{}
 		batch.Queue(s.sql.lockAll, keys, []byte(token))
 		batch.Queue(s.sql.acquireAll, keys, []byte(token), micros(ttl), int64(stores.FenceStride))
 		batch.Queue(s.sql.holders, keys, []byte(token))
-		res := s.pool.SendBatch(ctx, batch)
+		res := conn.SendBatch(ctx, batch)
 		defer res.Close()
 		if _, err := res.Exec(); err != nil {
 			return stores.Grant{}, err
@@ -503,7 +594,8 @@ func (s *Store) acquireAll(ctx context.Context, keys [][]byte, token string, ttl
 // keys were absent, expired or held another token, after ending the grant
 // on the others. It returns an error wrapping stores.ErrInvalid for no keys
 // or an empty, duplicate, unsorted or too long key (see Bounds), before any
-// statement; ctx.Err() without acting when ctx has ended; one wrapping stores.ErrUnreachable when no connection could be
+// statement; ctx.Err() without acting when ctx has ended; ErrClosed after
+// Close; one wrapping stores.ErrUnreachable when no connection could be
 // made; and the server's error, or ctx's when it ended in flight, otherwise.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
@@ -516,6 +608,15 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := args.CheckBounds(s.bounds, keys, durations...); err != nil {
 		return err
 	}
+	if s.isClosed() {
+		return ErrClosed
+	}
+	return s.release(ctx, keys, token, keep)
+}
+
+// release is Release without the checks, for the undo of an acquire, which
+// Close gives a last try.
+func (s *Store) release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	bkeys := byteKeys(keys)
 	released, err := retrying(ctx, func(ctx context.Context) (int, error) {
 		batch := &pgx.Batch{}
@@ -568,15 +669,19 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
 // duplicate, unsorted or too long key (see Bounds), or a non-positive ttl,
-// before any statement; ctx.Err() without acting when ctx has ended; one
-// wrapping stores.ErrUnreachable when no connection could be made; and the
-// server's error, or ctx's when it ended in flight, otherwise.
+// before any statement; ctx.Err() without acting when ctx has ended;
+// ErrClosed after Close; one wrapping stores.ErrUnreachable when no
+// connection could be made; and the server's error, or ctx's when it ended
+// in flight, otherwise.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
 	if err := args.CheckBounds(s.bounds, keys, ttl); err != nil {
 		return err
+	}
+	if s.isClosed() {
+		return ErrClosed
 	}
 	bkeys := byteKeys(keys)
 	refreshed, err := retrying(ctx, func(ctx context.Context) (int64, error) {

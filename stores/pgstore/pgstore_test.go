@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
@@ -35,6 +36,18 @@ func open(t testing.TB, table string) *pgstore.Store {
 // test ends.
 func openProxied(t testing.TB) (*faultproxy.Proxy, *pgstore.Store) {
 	t.Helper()
+	return openProxiedLimited(t, 0)
+}
+
+// proxiedCallLimit is the call limit of the conformance suite's proxied
+// stores: short, so that the suite's late request (held back past it) takes
+// seconds, not the default's.
+const proxiedCallLimit = time.Second
+
+// openProxiedLimited is openProxied with a call limit (see
+// pgstore.WithCallLimit), or the default when limit is zero.
+func openProxiedLimited(t testing.TB, limit time.Duration) (*faultproxy.Proxy, *pgstore.Store) {
+	t.Helper()
 	dsn := testservers.PostgresDSN(t)
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -42,6 +55,11 @@ func openProxied(t testing.TB) (*faultproxy.Proxy, *pgstore.Store) {
 	}
 	p := faultproxy.New(t, u.Host)
 	u.Host = p.Addr()
+	if limit > 0 {
+		q := u.Query()
+		q.Set("call_limit", limit.String())
+		u.RawQuery = q.Encode()
+	}
 	s, err := pgstore.Open(t.Context(), u.String())
 	if err != nil {
 		t.Fatalf("Open through the proxy: %v", err)
@@ -51,14 +69,15 @@ func openProxied(t testing.TB) (*faultproxy.Proxy, *pgstore.Store) {
 }
 
 // TestConformance runs the conformance suite, its Faults group through a
-// fault proxy.
+// fault proxy, with a store whose call limit is proxiedCallLimit.
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return open(t, "") },
 		Notify: true,
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
-			p, s := openProxied(t)
+			p, s := openProxiedLimited(t, proxiedCallLimit)
 			return s, []*faultproxy.Proxy{p}
 		},
+		CallLimit: proxiedCallLimit,
 	})
 }
