@@ -12,6 +12,9 @@ const maxContendedKeys = 10000
 // counts as contended.
 const contendedFor = time.Second
 
+// maxContendedWait caps the remaining TTL a key counts as contended for.
+const maxContendedWait = 24 * time.Hour
+
 // contendedKeys remembers the keys of this Store that an Acquire of one key
 // recently found held. The next attempt on such a key first reads its row
 // without locking it, and refuses on that read while the key is held: so
@@ -33,7 +36,9 @@ func (c *contendedKeys) mark(key string, wait time.Duration) {
 	if _, ok := c.m[key]; !ok && len(c.m) >= maxContendedKeys {
 		return
 	}
-	c.m[key] = time.Now().Add(wait + contendedFor)
+	// A holder's remaining TTL may be up to math.MaxInt64: it must not
+	// overflow into a past that forgets the key at once.
+	c.m[key] = time.Now().Add(min(wait, maxContendedWait) + contendedFor)
 }
 
 // contended reports whether key was found held lately, and forgets it once
