@@ -3,7 +3,11 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // maxCachedStmts bounds the prepared statements a Store keeps: the
@@ -26,17 +30,30 @@ const maxCachedStmts = 64
 type stmtCache struct {
 	mu        sync.Mutex
 	stmts     map[string]*sql.Stmt
-	preparing map[string]bool // being prepared by a call, outside mu
+	preparing map[string]bool      // being prepared by a call, outside mu
+	failed    map[string]time.Time // when its prepare last failed
 	closed    bool
 }
 
+// prepareAgainAfter is how long a statement whose prepare failed runs
+// unprepared before the cache tries to prepare it again: a failed prepare
+// costs a round trip.
+const prepareAgainAfter = time.Minute
+
 // get returns the prepared statement of query, preparing it on first use;
-// nil (and no error) when the cache is full or closed, or another call is
-// preparing query at the moment: the caller then runs query unprepared.
+// nil (and no error) when the cache is full or closed, another call is
+// preparing query at the moment, or the prepare failed: the caller then
+// runs query unprepared. A prepare may fail where an unprepared statement
+// runs: past the server's max_prepared_stmt_count, through a proxy that
+// does not support prepared statements, or as a driver that interpolates
+// arguments sends it. A query whose prepare failed runs unprepared for
+// prepareAgainAfter.
 func (c *stmtCache) get(ctx context.Context, db *sql.DB, query string) (*sql.Stmt, error) {
 	c.mu.Lock()
 	st, ok := c.stmts[query]
-	prepare := !ok && !c.closed && !c.preparing[query] && len(c.stmts)+len(c.preparing) < maxCachedStmts
+	failed, hasFailed := c.failed[query]
+	prepare := !ok && !c.closed && !c.preparing[query] && len(c.stmts)+len(c.preparing) < maxCachedStmts &&
+		(!hasFailed || time.Since(failed) > prepareAgainAfter)
 	if prepare {
 		if c.preparing == nil {
 			c.preparing = make(map[string]bool)
@@ -48,12 +65,20 @@ func (c *stmtCache) get(ctx context.Context, db *sql.DB, query string) (*sql.Stm
 		return st, nil
 	}
 	st, err := db.PrepareContext(ctx, query)
+	var serverErr *mysql.MySQLError
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.preparing, query)
 	switch {
+	case errors.As(err, &serverErr):
+		// The server refused it (max_prepared_stmt_count, a proxy).
+		if c.failed == nil {
+			c.failed = make(map[string]time.Time)
+		}
+		c.failed[query] = time.Now()
+		return nil, nil // run unprepared; a failure that is not the prepare's comes back from the run
 	case err != nil:
-		return nil, err
+		return nil, nil
 	case c.closed:
 		_ = st.Close()
 		return nil, nil
