@@ -38,7 +38,13 @@
 // IF NOT EXISTS on first use (Open does it at once), which needs the CREATE
 // privilege; for a managed schema, apply schema.sql (or the statement
 // Schema returns, with the table's name in it) beforehand and pass
-// WithoutCreateTable.
+// WithoutCreateTable. Either way, the first use checks the table's columns
+// and refuses, with ErrMisconfigured naming the column, one that cannot
+// hold what the Store writes: lock_key and token must be VARBINARY of at
+// least 512 and 255 bytes (a VARCHAR would compare keys by a collation),
+// lock_key the primary key, expires_at a DATETIME(6) (a DATETIME without
+// fractions rounds expiries to the second, and a TIMESTAMP cannot hold the
+// release's 1970-01-01 00:00:00), fence a BIGINT.
 //
 // Rows of keys no longer used are deleted by a purge (WithPurge, default
 // every hour): a row released, or expired for the retention (default 24h),
@@ -71,6 +77,21 @@
 // a holder's remaining TTL lets another take the key while the holder's
 // validity runs: keep the server's clock slewed, not stepped, as for any
 // lease judged by a server's clock); released keys stay free either way.
+//
+// # What the server's sessions need
+//
+// autocommit on, the server's default: each one-statement grant, release
+// and refresh must commit by itself. With autocommit=0 (in my.cnf,
+// init_connect or a DSN) a grant would stay uncommitted, others would wait
+// for its row lock, and the grant would vanish with its connection while
+// its holder's validity ran. The Store reads autocommit on its first use
+// and on each connection it takes for an Acquire, and refuses to work with
+// ErrMisconfigured when it is off; Open sets autocommit=1 on its
+// connections, and refuses a URL that turns it off.
+//
+// The privilege to end their own sessions (KILL of the same user's
+// threads, which every user has) and to read their own rows of
+// information_schema.PROCESSLIST: see Failures.
 //
 // # sql_mode
 //
@@ -108,7 +129,11 @@
 // (else ROLLBACK): all or nothing. Refresh of several keys is an UPDATE in
 // a transaction, committed only when it found every key. Statements are
 // prepared once per connection (database/sql re-prepares them as needed),
-// so each takes one round trip. A *sql.DB keeps only 2 idle connections
+// so each takes one round trip; a statement whose prepare the server
+// refuses (max_prepared_stmt_count, a proxy) runs unprepared, which with a
+// driver that interpolates arguments, as Open's does, is one round trip
+// too. The first Acquire on a connection also reads the connection's id
+// (see Failures). A *sql.DB keeps only 2 idle connections
 // unless told otherwise: give it SetMaxIdleConns near its concurrency, as
 // Open does (64).
 //

@@ -25,7 +25,18 @@ var (
 	// which the server rolled back). It wraps the server's last error. Its
 	// outcome is known: nothing changed.
 	ErrContention = errors.New("mysqlstore: lost to row lock contention")
+
+	// ErrMisconfigured means the server's sessions or the table are not
+	// what the Store needs: sessions that do not commit each statement by
+	// themselves (autocommit off), or a table whose columns cannot hold
+	// what the Store writes. The error says what to change.
+	ErrMisconfigured = errors.New("mysqlstore: server or table not as the store needs")
 )
+
+// errAutocommitOff is ErrMisconfigured for a session with autocommit off.
+var errAutocommitOff = fmt.Errorf("%w: the session runs with autocommit=0, so that a grant of one statement "+
+	"would never commit and vanish with its connection: turn autocommit on (the server's default; the DSN "+
+	"parameter autocommit=1, as Open sets it, or my.cnf and init_connect without autocommit=0)", ErrMisconfigured)
 
 // Server error numbers the store tells apart. Both mean the statement (on a
 // deadlock, the whole transaction) was rolled back and changed nothing.

@@ -278,6 +278,13 @@ func (s *Store) setup(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
+	var autocommit int
+	if err := s.db.QueryRowContext(ctx, "SELECT @@SESSION.autocommit").Scan(&autocommit); err != nil {
+		return fmt.Errorf("mysqlstore: reading autocommit: %w", markUnreachable(err))
+	}
+	if autocommit != 1 {
+		return errAutocommitOff
+	}
 	if s.createTable {
 		ddl, err := Schema(s.table)
 		if err != nil {
@@ -286,6 +293,9 @@ func (s *Store) setup(ctx context.Context) error {
 		if _, err := s.db.ExecContext(ctx, ddl); err != nil {
 			return fmt.Errorf("mysqlstore: create table %s: %w", s.table, markUnreachable(err))
 		}
+	}
+	if err := s.checkSchema(ctx); err != nil {
+		return err
 	}
 	for _, q := range []string{s.q.acquireOne, withKeys(s.q.release, 1), withKeys(s.q.expire, 1)} {
 		if _, err := s.prepare(ctx, q); err != nil {

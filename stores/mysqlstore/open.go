@@ -40,8 +40,10 @@ const sqlMode = "'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 // is set unless the URL says otherwise, so that a statement on several keys
 // takes one round trip instead of a prepare and an execute, and so is the
 // session's sql_mode, to STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION (as
-// sql_mode='...'). Open converts the URL to the driver's DSN:
-// user:password@tcp(host:port)/database?params.
+// sql_mode='...'); autocommit=1 is always set (a URL that turns it off is
+// refused), whatever the server's default and init_connect say, since a
+// grant of one statement must commit by itself. Open converts the URL to
+// the driver's DSN: user:password@tcp(host:port)/database?params.
 //
 // Open connects, creates the table (unless create=false) and prepares the
 // statements, bounded by ctx. It returns an error wrapping
@@ -114,7 +116,7 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 		return nil, nil, fmt.Errorf("URL query: %w", err)
 	}
 	var opts []Option
-	driverParams := url.Values{"interpolateParams": {"true"}, "sql_mode": {sqlMode}}
+	driverParams := url.Values{"interpolateParams": {"true"}, "sql_mode": {sqlMode}, "autocommit": {"1"}}
 	for name, vals := range query {
 		if len(vals) != 1 {
 			return nil, nil, fmt.Errorf("URL parameter %s is given %d times", name, len(vals))
@@ -132,6 +134,13 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 				opts = append(opts, WithoutCreateTable())
 			default:
 				return nil, nil, fmt.Errorf("URL parameter create=%q: want true or false", v)
+			}
+		case "autocommit":
+			switch strings.ToLower(v) {
+			case "1", "true", "on":
+				driverParams.Set(name, "1")
+			default:
+				return nil, nil, fmt.Errorf("URL parameter autocommit=%q: the store needs autocommit on", v)
 			}
 		default:
 			driverParams.Set(name, v)
