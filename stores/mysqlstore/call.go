@@ -10,16 +10,15 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// detachedLimit bounds a call whose caller's context can end: the call runs
-// on a context without the caller's cancellation, so that it reaches its
-// outcome and can be undone, bounded by this. It exceeds InnoDB's default
-// innodb_lock_wait_timeout (50s), the longest a statement of this store
-// waits for a row lock on a server with default settings.
-const detachedLimit = time.Minute
+// DefaultCallLimit is the call limit of a Store unless WithCallLimit sets
+// another: it exceeds InnoDB's default innodb_lock_wait_timeout (50s), the
+// longest a statement of this store waits for a row lock on a server with
+// default settings.
+const DefaultCallLimit = time.Minute
 
-// cleanupTimeout bounds the release of a grant whose caller left before its
-// acquire returned.
-const cleanupTimeout = 5 * time.Second
+// undoTryLimit bounds each try of an undo (see settle), within the call
+// limit.
+const undoTryLimit = 5 * time.Second
 
 // errLeft ends an operation that saw its caller leave before it committed:
 // it rolled back, so there is nothing to undo.
@@ -50,13 +49,13 @@ func (c *call[T]) left() bool { return c.state.Load() == callAbandoned }
 //
 // op does not run on ctx: with go-sql-driver/mysql a cancelled statement
 // closes its connection, and the server may still apply the statement after
-// that, too late for anyone to undo it. op runs instead on a context without
-// ctx's cancellation, bounded by detachedLimit, so it reaches its outcome;
-// when the caller has left by then, abandoned (if not nil) gets that
-// outcome, to undo it: never before, so an undo cannot reach the server
-// ahead of what it undoes. op is given the call, so it can see that the
-// caller left (call.left) and roll back instead of committing. A ctx that
-// can never end runs op inline on ctx.
+// that, too late for a release sent at once to undo it. op runs instead on
+// a context without ctx's cancellation, bounded by the call limit, so it
+// reaches its outcome; when the caller has left by then, abandoned (if not
+// nil) gets that outcome, to undo it (see Store.owe for an outcome still
+// unknown). op is given the call, so it can see that the caller left
+// (call.left) and roll back instead of committing. A ctx that can never end
+// runs op inline, bounded by the call limit.
 //
 // run returns ErrClosed once Close has begun; Close waits for every op.
 func run[T any](s *Store, ctx context.Context, op func(context.Context, *call[T]) (T, error),
@@ -67,12 +66,14 @@ func run[T any](s *Store, ctx context.Context, op func(context.Context, *call[T]
 	}
 	if ctx.Done() == nil {
 		defer s.calls.Done()
-		return op(ctx, &call[T]{})
+		bg, cancel := context.WithTimeout(ctx, s.callLimit)
+		defer cancel()
+		return op(bg, &call[T]{})
 	}
 	c := &call[T]{done: make(chan struct{})}
 	go func() {
 		defer s.calls.Done()
-		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), detachedLimit)
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callLimit)
 		defer cancel()
 		c.v, c.err = op(bg, c)
 		if c.state.CompareAndSwap(callRunning, callReturned) {

@@ -158,9 +158,11 @@
 // can deadlock. The server then rolls back one of them (error 1213), or a
 // statement waits innodb_lock_wait_timeout in vain (1205): nothing changed,
 // so the Store tries again after a random sleep of a few milliseconds, up to
-// 10 attempts, while the caller waits. Only then does the call fail, with
-// ErrContention. A deadlock never yields a wrong grant: a grant is what a
-// committed row says.
+// 10 attempts, while the caller waits (a Release, which is owed, also when
+// its caller has left). Only then does the call give up: an Acquire
+// refuses, with a Wait of 10ms (the keys are busy, if not held), and a
+// Release or Refresh fails with ErrContention. A deadlock never yields a
+// wrong grant: a grant is what a committed row says.
 //
 // # Failures
 //
@@ -169,33 +171,58 @@
 // package's own) except the restart, which follows from rows on disk: a lost
 // connection (the lease is a row, any connection refreshes or releases it);
 // a server restart (rows are on disk, fences grow from them); a reply lost
-// or late, or a server paused past the caller's wait (an abandoned Acquire
-// is undone once the server answers: the key is free soon after the fault
-// ends, within the suite's 3 seconds, not at the end of its TTL); a COMMIT
-// whose reply is lost (the outcome is reported unknown); a holder cut off
-// from the server (its key expires after its TTL, not before); a stale
-// holder's Refresh or Release after its key passed to another token
-// (ErrNotHeld); a Refresh racing the Release of its grant (it never takes
-// the key back); and contention for row locks (see Contention).
+// or late, a server paused past the caller's wait or past the call limit, a
+// connection cut after the request, and a request held up in the network
+// until after the call gave up on it (an abandoned Acquire is undone: the
+// key is free soon after the fault ends, within the suite's 3 seconds, not
+// at the end of its TTL, and the late request grants nothing); a COMMIT
+// whose reply is lost (undone the same way); a holder cut off from the
+// server (its key expires after its TTL, not before); a stale holder's
+// Refresh or Release after its key passed to another token (ErrNotHeld); a
+// Refresh racing the Release of its grant (it never takes the key back);
+// and contention for row locks (see Contention).
 //
 // Every call returns once its context ends, even while the server has not
 // answered. The statements do not run on the caller's context: the driver
 // would close the connection on cancellation, and the server may still
-// apply the statement after that, too late for anyone to undo it. They run
-// on a context without the caller's cancellation, bounded by a minute, so
-// that they reach an outcome; an Acquire whose caller left is then undone:
-// a grant is released, owner-checked, and a transaction that sees its
-// caller gone rolls back instead of committing. The caller gets an error
-// wrapping stores.ErrAbandoned and the context's error.
+// apply the statement after that, too late for a release sent at once to
+// undo it. They run on a context without the caller's cancellation, bounded
+// by the call limit (WithCallLimit, default a minute), so that they reach
+// an outcome; an Acquire whose caller left is then undone: a grant is
+// released, owner-checked, and a transaction that sees its caller gone
+// rolls back instead of committing. The caller gets an error wrapping
+// stores.ErrAbandoned and the context's error.
 //
-// A COMMIT whose reply is lost (the connection breaks) leaves the outcome
-// unknown: Acquire returns the driver's error, which the Locker treats as a
-// possible grant and releases, owner-checked. Connections that break change
-// nothing else: the lease is a row, so Refresh and Release work from any
-// other connection. When the server cannot be reached at all, calls fail
-// with an error wrapping stores.ErrUnreachable, Refresh too, so a Locker's
-// watchdog ends the holder's context (reqlock.ErrLockLost) once the lock's
-// validity runs out.
+// A statement with no answer within the call limit (a server paused, a
+// readTimeout of the DSN, a lock wait longer than the limit), or whose
+// connection broke, may still apply: go-sql-driver/mysql closes the
+// connection without KILL QUERY, and the server runs what it has received,
+// or receives late. So the Store first ends the session that carried it
+// (KILL CONNECTION, on another connection, of the connection id and client
+// address it read when it first used that connection), waits until the
+// server shows it gone, so that nothing of the statement can apply any
+// more, and only then releases the keys, owner-checked. It tries both
+// again, after a pause of up to a second, while they fail, until they land,
+// a grant the statement could have made has expired (its TTL after the
+// session ended), or the Store is closed; at most two such undos run at a
+// time. A caller still waiting gets an error wrapping stores.ErrAbandoned
+// (with context.DeadlineExceeded past the call limit) once the undo has
+// landed or its context has ended, so that it does not release the keys
+// itself. Of an acquire of several keys only the COMMIT can be in that
+// state: a transaction whose COMMIT was never sent rolls back when its
+// connection ends, whenever its statements reach the server. For this the
+// Store takes a connection of the pool for each attempt of an Acquire and
+// runs its statement there (prepared once per connection, for a driver that
+// does not interpolate arguments), and reads the connection's id once per
+// connection. Through a proxy that shares server connections among its
+// clients (ProxySQL's multiplexing), the session of a statement cannot be
+// named, and the Store must not be used.
+//
+// Connections that break change nothing else: the lease is a row, so
+// Refresh and Release work from any other connection. When the server
+// cannot be reached at all, calls fail with an error wrapping
+// stores.ErrUnreachable, Refresh too, so a Locker's watchdog ends the
+// holder's context (reqlock.ErrLockLost) once the lock's validity runs out.
 //
 // The locks live on the server the *sql.DB reaches: lock on the primary.
 // After a failover to an asynchronous replica the last grants may be gone,

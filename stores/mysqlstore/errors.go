@@ -20,10 +20,11 @@ var (
 	// ErrClosed means the Store was closed.
 	ErrClosed = errors.New("mysqlstore: store closed")
 
-	// ErrContention means a call lost every one of its attempts to
-	// contention for row locks (deadlocks or lock wait timeouts, each of
-	// which the server rolled back). It wraps the server's last error. Its
-	// outcome is known: nothing changed.
+	// ErrContention means a Release or Refresh lost every one of its
+	// attempts to contention for row locks (deadlocks or lock wait
+	// timeouts, each of which the server rolled back). It wraps the
+	// server's last error. Its outcome is known: nothing changed. (An
+	// Acquire refuses instead.)
 	ErrContention = errors.New("mysqlstore: lost to row lock contention")
 
 	// ErrMisconfigured means the server's sessions or the table are not

@@ -84,6 +84,11 @@ type Store struct {
 	contended contendedKeys
 	dbx       dbExecer // db, to run statements on
 
+	callLimit time.Duration // see WithCallLimit
+	attempts  int           // contentionAttempts, or fewer in tests
+	sessions  sessionCache  // of the connections the Store pinned
+	undo      *undoer       // the undo of acquires whose callers left
+
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
 	mu     sync.RWMutex
@@ -128,6 +133,24 @@ func WithTable(name string) Option {
 func WithoutCreateTable() Option {
 	return func(s *Store) error {
 		s.createTable = false
+		return nil
+	}
+}
+
+// WithCallLimit sets the call limit: the longest a statement of the Store
+// runs whatever its caller's context (see Failures in the package
+// documentation). An Acquire with no answer within it returns an error
+// wrapping stores.ErrAbandoned, and the Store undoes it: it ends the
+// session that carried the statement, so keep the limit above the
+// server's innodb_lock_wait_timeout, lest a statement that waits for a row
+// lock cost a session. Close takes up to the limit and 5s more. Default
+// DefaultCallLimit; it must be positive.
+func WithCallLimit(d time.Duration) Option {
+	return func(s *Store) error {
+		if d <= 0 {
+			return fmt.Errorf("WithCallLimit: %v is not positive", d)
+		}
+		s.callLimit = d
 		return nil
 	}
 }
@@ -189,6 +212,8 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		setupTurn:   make(chan struct{}, 1),
 		stopPurge:   make(chan struct{}),
 		purgeDone:   make(chan struct{}),
+		callLimit:   DefaultCallLimit,
+		attempts:    contentionAttempts,
 	}
 	for _, opt := range opts {
 		if opt == nil {
@@ -199,6 +224,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		}
 	}
 	s.q = newQueries(quoteTable(s.table))
+	s.undo = newUndoer(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
 		go s.purgeLoop()
 	} else {
@@ -225,11 +251,13 @@ func Schema(table string) (string, error) {
 func (s *Store) Table() string { return s.table }
 
 // Close stops the purge goroutine, waits for the operations in flight
-// (including those whose callers left, which end within detachedLimit, a
-// minute, even on a stalled server), closes the prepared statements and,
-// for a Store from Open, the *sql.DB. Operations after Close return
-// ErrClosed. Close may be called more than once; it returns the error of
-// closing the *sql.DB.
+// (including those whose callers left, which end within the call limit,
+// even on a stalled server), gives the undo of every acquire whose caller
+// left one more try (within 5s and the call limit; an undo that fails then
+// is given up, and its grant, if any, held until its TTL ends), closes the
+// prepared statements and, for a Store from Open, the *sql.DB. Operations
+// after Close return ErrClosed. Close may be called more than once; it
+// returns the error of closing the *sql.DB.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -241,6 +269,7 @@ func (s *Store) Close() error {
 	close(s.stopPurge)
 	<-s.purgeDone
 	s.calls.Wait()
+	s.undo.close(s.undoLimit())
 	s.stmts.close()
 	if s.ownsDB {
 		return s.db.Close()

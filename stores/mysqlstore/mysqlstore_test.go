@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -60,7 +61,7 @@ func newStore(t testing.TB, db *sql.DB, opts ...Option) *Store {
 }
 
 // TestConformance runs the conformance suite on MariaDB, its Faults group
-// through a fault proxy.
+// through a fault proxy, with a store whose call limit is proxiedCallLimit.
 func TestConformance(t *testing.T) {
 	db := openDB(t)
 	var retries atomic.Int64
@@ -77,7 +78,13 @@ func TestConformance(t *testing.T) {
 		},
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
 			p, db := proxiedDB(t)
-			return newStore(t, db), []*faultproxy.Proxy{p}
+			return newStore(t, db, WithCallLimit(proxiedCallLimit)), []*faultproxy.Proxy{p}
 		},
+		CallLimit: proxiedCallLimit,
 	})
 }
+
+// proxiedCallLimit is the call limit of the conformance suite's proxied
+// stores: short, so that the suite's late request (held back past it) takes
+// seconds, not the default's minute.
+const proxiedCallLimit = time.Second

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -34,8 +35,9 @@ const sqlMode = "'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 //
 // The scheme is mysql or mariadb; the port defaults to 3306; user, password
 // and database are required. The parameter table picks the table (see
-// WithTable; default DefaultTable), and create=false stands for
-// WithoutCreateTable. Any other parameter goes to the driver as in its DSN
+// WithTable; default DefaultTable), create=false stands for
+// WithoutCreateTable, and call_limit (a duration such as 10s) for
+// WithCallLimit. Any other parameter goes to the driver as in its DSN
 // (such as tls=true, timeout=5s, readTimeout=10s); interpolateParams=true
 // is set unless the URL says otherwise, so that a statement on several keys
 // takes one round trip instead of a prepare and an execute, and so is the
@@ -135,6 +137,12 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 			default:
 				return nil, nil, fmt.Errorf("URL parameter create=%q: want true or false", v)
 			}
+		case "call_limit":
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return nil, nil, fmt.Errorf("URL parameter call_limit=%q: want a positive duration, such as 10s", v)
+			}
+			opts = append(opts, WithCallLimit(d))
 		case "autocommit":
 			switch strings.ToLower(v) {
 			case "1", "true", "on":

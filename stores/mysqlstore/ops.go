@@ -3,11 +3,14 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/reqlock/reqlock/stores"
 )
@@ -26,20 +29,24 @@ import (
 // Contention is not a failure: a statement the server chose as a
 // deadlock's victim, or that timed out waiting for a row lock, changed
 // nothing and is tried again after a short random sleep, up to
-// contentionAttempts times while the caller waits; then Acquire returns an
-// error wrapping ErrContention.
+// contentionAttempts times while the caller waits; then Acquire refuses,
+// with Held 0 and a Wait of a few milliseconds: the keys are busy, if not
+// held.
 //
 // It returns as soon as ctx ends, even while the server has not answered:
 // the statement goes on (see Failures in the package documentation), a
 // grant it makes is released, owner-checked, once it returns, and the error
-// wraps stores.ErrAbandoned and ctx's error. It returns an error wrapping
-// stores.ErrInvalid for no keys, more than MaxKeysPerCall, an empty,
-// duplicate, unsorted or too long key (see Bounds), an empty or too long
-// token or a non-positive ttl, before any statement; ErrClosed after
-// Close; ErrUnexpectedReply for a reply it cannot read; and the driver's
-// error otherwise, wrapped with stores.ErrUnreachable when no connection
-// could be made. An error of a COMMIT leaves the outcome unknown, as the
-// contract allows: the Locker then releases the keys.
+// wraps stores.ErrAbandoned and ctx's error. A statement whose outcome is
+// unknown (no answer within the call limit, or a lost connection, a COMMIT
+// among them) is undone by the Store, which first ends the session that
+// carried it, so that it cannot apply later; the error then wraps
+// stores.ErrAbandoned. It returns an error wrapping stores.ErrInvalid for
+// no keys, more than MaxKeysPerCall, an empty, duplicate, unsorted or too
+// long key (see Bounds), an empty or too long token or a non-positive ttl,
+// before any statement; ErrClosed after Close; ErrMisconfigured for a
+// server or table the Store cannot use; ErrUnexpectedReply for a reply it
+// cannot read; and the driver's error otherwise, wrapped with
+// stores.ErrUnreachable when no connection could be made.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -47,30 +54,110 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkArgs(keys, token, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	op := func(ctx context.Context, c *call[stores.Grant]) (stores.Grant, error) {
-		g, err := s.acquire(ctx, c, keys, token, micros(ttl))
-		return g, markUnreachable(err)
+	op := func(ctx context.Context, c *call[acquired]) (acquired, error) {
+		var r acquired
+		g, err := s.acquire(ctx, c, keys, token, micros(ttl), &r.a)
+		r.g, r.limit = g, ctx.Err() != nil
+		return r, markUnreachable(err)
 	}
-	return run(s, ctx, op, func(g stores.Grant, err error) {
-		// Nothing changed when the server was unreachable or every attempt
-		// lost to contention; otherwise the outcome may be a grant.
-		if g.OK || (err != nil && !errors.Is(err, stores.ErrUnreachable) && !errors.Is(err, ErrContention)) {
-			s.cleanup(keys, token)
+	r, err := run(s, ctx, op, func(r acquired, err error) {
+		// The caller left: undo in its stead what may have been granted.
+		if r.g.OK || r.a.unknown || r.a.maybe {
+			s.owe(keys, token, ttl, r.a)
 		}
 	})
+	if !r.a.unknown {
+		return r.g, err
+	}
+	// No answer, or a lost connection: the statement may still apply. The
+	// Store undoes it while the caller waits, so that it cannot apply after
+	// the call returned; what is left goes on in the background.
+	cause := fmt.Errorf("mysqlstore: connection lost with the outcome unknown: %w", err)
+	if r.limit {
+		cause = fmt.Errorf("mysqlstore: no answer within the call limit %v: %w", s.callLimit, context.DeadlineExceeded)
+	}
+	d := s.debtOf(keys, token, ttl, r.a)
+	if s.settleWhileWaiting(ctx, d) {
+		return stores.Grant{}, fmt.Errorf("%w: %w; the store ended the session that carried it and released the keys", stores.ErrAbandoned, cause)
+	}
+	s.undo.add(d)
+	return stores.Grant{}, fmt.Errorf("%w: %w; the store undoes it", stores.ErrAbandoned, cause)
 }
 
-// cleanup releases, owner-checked, what an acquire whose caller left may
-// have granted.
-func (s *Store) cleanup(keys []string, token string) {
+// acquired is the outcome of Acquire's operation.
+type acquired struct {
+	g     stores.Grant
+	a     attempt
+	limit bool // the call limit ended the operation
+}
+
+// attempt is what an acquire's statement leaves behind, for its undo.
+type attempt struct {
+	sess    session // of the connection that carried the statement
+	unknown bool    // the statement may still apply: no answer came, and the connection is gone
+	maybe   bool    // the statement returned a reply the Store could not read: it may have granted
+}
+
+// sent records in a that a statement on sess is on its way, or, once err
+// is its outcome, whether that outcome is known: a server's error reply
+// (the statement, or its transaction, changed nothing) and a connection
+// that went bad before anything was written (driver.ErrBadConn) are.
+func (a *attempt) sent(sess session, err error) {
+	var me *mysql.MySQLError
+	a.sess = sess
+	a.unknown = err != nil && !errors.As(err, &me) && !errors.Is(err, driver.ErrBadConn)
+}
+
+// owe queues the undo of an acquire of keys by token whose caller left.
+func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
+	s.undo.add(s.debtOf(keys, token, ttl, a))
+}
+
+// debtOf returns the undo of an acquire of keys by token that left a: its
+// session must end first when its statement may still apply.
+func (s *Store) debtOf(keys []string, token string, ttl time.Duration, a attempt) *debt {
 	s.undos.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	_ = s.release(ctx, nil, keys, token, 0)
+	return &debt{keys: keys, token: token, ttl: ttl, sess: a.sess, end: a.unknown, since: time.Now()}
 }
 
-// acquire is Acquire's operation.
-func (s *Store) acquire(ctx context.Context, c *call[stores.Grant], keys []string, token string, ttl int64) (stores.Grant, error) {
+// settleWhileWaiting tries to settle d, again after a pause while it fails,
+// until it is settled or ctx ends (or, for a ctx that never ends, the undo
+// try limit passes), and reports whether it was settled.
+func (s *Store) settleWhileWaiting(ctx context.Context, d *debt) bool {
+	if ctx.Done() == nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.undoLimit())
+		defer cancel()
+	}
+	pause := undoPauseMin
+	for {
+		try, cancel := context.WithTimeout(ctx, s.undoLimit())
+		settled := s.settle(try, d)
+		cancel()
+		if settled {
+			return true
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		pause = min(2*pause, undoPauseMax)
+	}
+}
+
+// undoLimit bounds each try of an undo.
+func (s *Store) undoLimit() time.Duration { return min(s.callLimit, undoTryLimit) }
+
+// contentionWait is the Wait of a refusal after every attempt lost to row
+// lock contention: the winners hold their rows for a round trip or two.
+const contentionWait = contentionAttempts * time.Millisecond
+
+// acquire is Acquire's operation. It records in a what its last statement
+// leaves to undo.
+func (s *Store) acquire(ctx context.Context, c *call[acquired], keys []string, token string, ttl int64, a *attempt) (stores.Grant, error) {
 	if err := s.setup(ctx); err != nil {
 		return stores.Grant{}, err
 	}
@@ -78,7 +165,7 @@ func (s *Store) acquire(ctx context.Context, c *call[stores.Grant], keys []strin
 	err := s.retry(ctx, c.left, func() error {
 		var err error
 		if len(keys) == 1 {
-			g, err = s.acquireOne(ctx, keys[0], token, ttl)
+			g, err = s.acquireOne(ctx, keys[0], token, ttl, a)
 			switch {
 			case err != nil:
 			case g.OK:
@@ -87,24 +174,29 @@ func (s *Store) acquire(ctx context.Context, c *call[stores.Grant], keys []strin
 				s.contended.mark(keys[0], g.Wait)
 			}
 		} else {
-			g, err = s.acquireMany(ctx, c, keys, token, ttl)
+			g, err = s.acquireMany(ctx, c, keys, token, ttl, a)
 		}
 		return err
 	})
+	if errors.Is(err, ErrContention) {
+		// Nothing changed: the keys are busy, and the caller may try again
+		// soon.
+		return stores.Grant{Held: 0, Wait: contentionWait}, nil
+	}
 	return g, err
 }
 
 // retry runs attempt, and again after a random sleep of a few milliseconds
 // while it loses to row lock contention, up to contentionAttempts times in
-// all and only while the caller waits (left reports false) and ctx lasts.
-// A loss to contention changed nothing, so trying again is safe.
+// all and only while the caller waits (left, unless nil, reports false) and
+// ctx lasts. A loss to contention changed nothing, so trying again is safe.
 func (s *Store) retry(ctx context.Context, left func() bool, attempt func() error) error {
 	for n := 1; ; n++ {
 		err := attempt()
 		if !contended(err) {
 			return err
 		}
-		if n >= contentionAttempts || (left != nil && left()) || ctx.Err() != nil {
+		if n >= s.attempts || (left != nil && left()) || ctx.Err() != nil {
 			return fmt.Errorf("%w after %d attempts: %w", ErrContention, n, err)
 		}
 		s.retries.Add(1)
@@ -121,21 +213,42 @@ func (s *Store) retry(ctx context.Context, left func() bool, attempt func() erro
 	}
 }
 
-// acquireOne runs acquireOneSQL and reads its outcome from LAST_INSERT_ID;
-// on a contended key it first looks for a holder without locking (see
-// contendedKeys).
-func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (stores.Grant, error) {
+// maxBadConnTries is how many connections a statement is tried on while
+// each turns out bad before anything was written to it (as database/sql
+// does).
+const maxBadConnTries = 3
+
+// acquireOne runs acquireOneSQL on a pinned connection, whose session it
+// records in a, and reads its outcome from LAST_INSERT_ID; on a contended
+// key it first looks for a holder without locking (see contendedKeys).
+func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64, a *attempt) (stores.Grant, error) {
 	if s.contended.contended(key) {
 		if g, err := s.findHeld(ctx, []string{key}, token); err != nil || !g.OK {
 			return g, err
 		}
 	}
-	res, err := s.execDB(ctx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
+	var (
+		res driver.Result
+		err error
+	)
+	for range maxBadConnTries {
+		var p pinned
+		if p, err = s.pin(ctx); err != nil {
+			return stores.Grant{}, err // nothing sent
+		}
+		res, err = p.execOne(ctx, s.q.acquireOne, key, token, ttl, token, token, token, token, ttl)
+		_ = p.conn.Close()
+		a.sent(p.session, err)
+		if !errors.Is(err, driver.ErrBadConn) {
+			break
+		}
+	}
 	if err != nil {
 		return stores.Grant{}, err
 	}
 	id, err := res.LastInsertId()
 	if err != nil {
+		a.maybe = true
 		return stores.Grant{}, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, stores.KeyForMessage(key), err)
 	}
 	switch {
@@ -144,15 +257,19 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64) (s
 	case id > refusedFlag:
 		return stores.Grant{Wait: remaining(id - refusedFlag)}, nil
 	}
+	a.maybe = true
 	return stores.Grant{}, fmt.Errorf("%w: acquire %s answered LAST_INSERT_ID %d", ErrUnexpectedReply, stores.KeyForMessage(key), id)
 }
 
-// acquireMany takes several keys in one transaction: acquireManySQL locks
-// and sets their rows, selectManySQL reads them, and the transaction
-// commits when every row holds token, else rolls back. It rolls back too
-// when the caller has left meanwhile. Its statements are prepared before
-// the transaction takes its connection (see stmtCache).
-func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []string, token string, ttl int64) (stores.Grant, error) {
+// acquireMany takes several keys in one transaction on a pinned connection:
+// acquireManySQL locks and sets their rows, selectManySQL reads them, and
+// the transaction commits when every row holds token, else rolls back. It
+// rolls back too when the caller has left meanwhile. Its statements are
+// prepared before the transaction takes its connection (see stmtCache).
+// Only its COMMIT can leave an outcome unknown: a transaction whose COMMIT
+// was never sent rolls back on the server, whenever its statements arrive,
+// when the connection ends.
+func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []string, token string, ttl int64, a *attempt) (stores.Grant, error) {
 	if g, err := s.findHeld(ctx, keys, token); err != nil || !g.OK {
 		return g, err
 	}
@@ -164,7 +281,12 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	p, err := s.pin(ctx)
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	defer p.conn.Close()
+	tx, err := p.conn.BeginTx(ctx, nil)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -194,6 +316,7 @@ func (s *Store) acquireMany(ctx context.Context, c *call[stores.Grant], keys []s
 	}
 	if err := tx.Commit(); err != nil {
 		// Whether the server committed is unknown.
+		a.sess, a.unknown = p.session, true
 		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %s (outcome unknown): %w", keysForMessage(keys), err)
 	}
 	committed = true
@@ -290,8 +413,10 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := s.checkArgs(keys, token, durations...); err != nil {
 		return err
 	}
-	_, err := run(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {
-		return struct{}{}, markUnreachable(s.release(ctx, c.left, keys, token, keep))
+	// A release is owed whether or not its caller waits: it tries again
+	// after a loss to contention when its caller has left too.
+	_, err := run(s, ctx, func(ctx context.Context, _ *call[struct{}]) (struct{}, error) {
+		return struct{}{}, markUnreachable(s.release(ctx, nil, keys, token, keep))
 	}, nil)
 	return err
 }
