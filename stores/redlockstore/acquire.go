@@ -14,44 +14,38 @@ import (
 )
 
 // tokenState tracks what an acquisition token still has in flight: node
-// calls that had not answered when Acquire returned, releases that undo
-// grants, and Refresh calls. A late grant stays part of the lock while the
-// token's last Acquire granted and its lock is not released; it is released
-// at once when that Acquire did not grant or the lock was released, and
-// kept for the verdict while another Acquire with the token runs. A call
-// whose outcome is unknown (it failed or timed out after it may have reached
-// its node) is released at once, closing its attempt on the node (see
-// closeAttempt). A new Acquire with the token (the Locker retries with one
-// token until it is granted) first waits for the undos in flight, so that
-// none deletes what the new one grants. Fields are guarded by Store.mu.
+// calls that had not answered when Acquire returned, Refresh calls and
+// Releases. A late grant stays part of the lock when the attempt that made
+// it granted the lock and the lock is not released; otherwise it is
+// released at once, owner-checked by attempt (see undo). A call whose
+// outcome is unknown (it failed or timed out after it may have reached its
+// node) is released at once, closing its attempt on the node (see Late
+// calls in the package documentation). Each grant records its attempt on
+// the node (TOKEN#ATTEMPT), and an undo releases only what its attempt or
+// an earlier one wrote, so a new Acquire with the token (the Locker retries
+// with one token until it is granted) waits for no undo: none deletes what
+// a later attempt granted. Fields are guarded by Store.mu.
 type tokenState struct {
 	pending  int           // late replies not yet in
 	landed   chan struct{} // closed when pending drops to zero
-	undos    int           // undo calls in flight
-	idle     chan struct{} // closed when undos drops to zero
-	state    int           // tokenRunning, tokenHeld or tokenFree
-	deferred []int         // nodes of late grants that came while running
+	granted  int64         // the attempt that granted the lock (0: none)
+	released bool          // a Release (keep zero) of the lock began
 
 	refreshing int              // Refresh calls of the token running
 	writing    map[int]int      // Refresh node calls in flight, per node
 	uncertain  map[int]struct{} // nodes where a Refresh call's outcome is unknown
 	since      time.Time        // when the first of uncertain came
 	ended      bool             // a Release began: no Refresh call starts
+	releasing  int              // Releases of the token running
 }
 
 // closeAll is the attempt a release closes: every attempt of the token.
 const closeAll = 1<<53 - 1
 
 // errClosed is the failure of a call that arrived at its node after an undo
-// or a release had closed its attempt there: it wrote nothing.
-var errClosed = errors.New("redlockstore: the call arrived after its undo or release, and wrote nothing")
-
-// States of a token.
-const (
-	tokenRunning = iota // an Acquire with the token runs
-	tokenHeld           // its last Acquire granted, and no Release came since
-	tokenFree           // its last Acquire did not grant, or it was released
-)
+// or a release had closed its attempt there, or after a later attempt of
+// its token wrote there: it wrote nothing.
+var errClosed = errors.New("redlockstore: the call arrived after its undo or release, or after a later attempt, and wrote nothing")
 
 // Acquire sets every key to token on every node it reaches, and grants the
 // lock when a quorum of nodes did so within the TTL (see Algorithm in the
@@ -84,12 +78,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	// Every write carries its attempt, which the undo of the attempt
 	// closes on the node: a call that arrives after its undo writes
-	// nothing.
+	// nothing, and the undo releases only what this attempt (or an earlier
+	// one) wrote.
 	attempt := s.attempts.Add(1)
-	if err := s.awaitUndos(ctx, token); err != nil {
-		s.settle(keys, token, attempt, nil, 0, nil, nil, true)
-		return stores.Grant{}, err
-	}
 	start := time.Now()
 	n := len(keys)
 	scriptKeys := make([]string, 0, 2*n+1)
@@ -511,45 +502,36 @@ func mayHaveGranted(r reply) bool {
 // of granted (all when released) and those of failed whose outcome is
 // unknown, closing the attempt on the latter, and hands the pending
 // replies to a background goroutine that releases each node that granted,
-// when the token's state says so as the reply arrives, and each whose
-// outcome is unknown, closing the attempt there. Each release is bounded by
-// cleanupTimeout.
+// unless the attempt granted the lock and it is not released as the reply
+// arrives, and each whose outcome is unknown, closing the attempt there.
+// Each release is bounded by cleanupTimeout.
 func (s *Store) settle(keys []string, token string, attempt int64, replies <-chan reply, pending int, granted, failed []reply, released bool) {
 	plain, closing := undoNodes(granted, failed)
 	if !released {
 		plain = nil
 	}
+	if len(plain)+len(closing) > 0 {
+		s.wg.Go(func() { s.undo(keys, token, attempt, plain, closing) })
+	}
 	s.mu.Lock()
 	st := s.tokens[token]
-	if st == nil && (pending > 0 || len(plain)+len(closing) > 0) {
+	if st == nil && pending > 0 {
 		// Nothing of the token was in flight before.
 		st = &tokenState{}
 		s.tokens[token] = st
 	}
-	if st == nil {
+	if st != nil && !released {
+		st.granted, st.released = attempt, false
+	}
+	if pending == 0 {
 		s.mu.Unlock()
 		return
 	}
-	st.state = tokenHeld
-	if released {
-		st.state = tokenFree
-		plain = append(plain, st.deferred...)
-	}
-	st.deferred = nil
-	if st.pending == 0 && pending > 0 {
+	if st.pending == 0 {
 		st.landed = make(chan struct{})
 	}
 	st.pending += pending
-	if len(plain)+len(closing) > 0 {
-		s.startUndoLocked(st)
-	}
 	s.mu.Unlock()
-	if len(plain)+len(closing) > 0 {
-		s.wg.Go(func() { s.undo(keys, token, st, attempt, plain, closing) })
-	}
-	if pending == 0 {
-		return
-	}
 	s.wg.Go(func() {
 		for range pending {
 			r := <-replies
@@ -560,60 +542,26 @@ func (s *Store) settle(keys []string, token string, attempt int64, replies <-cha
 			if st.pending == 0 {
 				close(st.landed)
 			}
-			var plain, closing []int
-			switch {
-			case unknown:
-				closing = []int{r.node}
-			case granted && st.state == tokenFree:
-				plain = []int{r.node}
-			case granted && st.state == tokenRunning:
-				st.deferred = append(st.deferred, r.node)
-			}
-			undo := len(plain)+len(closing) > 0
-			if undo {
-				s.startUndoLocked(st)
-			}
+			keep := st.granted == attempt && !st.released
 			s.dropIdleLocked(token, st)
 			s.mu.Unlock()
-			if undo {
-				// Apart, so that the next replies land meanwhile.
-				s.wg.Go(func() { s.undo(keys, token, st, attempt, plain, closing) })
+			switch {
+			case unknown:
+				s.wg.Go(func() { s.undo(keys, token, attempt, nil, []int{r.node}) })
+			case granted && !keep:
+				s.wg.Go(func() { s.undo(keys, token, attempt, []int{r.node}, nil) })
 			}
 		}
 	})
 }
 
-// startUndoLocked counts an undo of st in flight. The caller holds s.mu.
-func (s *Store) startUndoLocked(st *tokenState) {
-	if st.undos == 0 {
-		st.idle = make(chan struct{})
-	}
-	st.undos++
-}
-
 // dropIdleLocked forgets st once nothing of it is in flight. The caller
 // holds s.mu.
 func (s *Store) dropIdleLocked(token string, st *tokenState) {
-	if st.pending == 0 && st.undos == 0 && st.refreshing == 0 && len(st.writing) == 0 &&
+	if st.pending == 0 && st.refreshing == 0 && st.releasing == 0 && len(st.writing) == 0 &&
 		len(st.uncertain) == 0 && s.tokens[token] == st {
 		delete(s.tokens, token)
 	}
-}
-
-// awaitUndos marks token running, so that late grants of its earlier
-// attempts wait for the new attempt's verdict, and waits for the undos in
-// flight, or for ctx to end.
-func (s *Store) awaitUndos(ctx context.Context, token string) error {
-	s.mu.Lock()
-	var idle chan struct{}
-	if st := s.tokens[token]; st != nil {
-		st.state = tokenRunning
-		if st.undos > 0 {
-			idle = st.idle
-		}
-	}
-	s.mu.Unlock()
-	return waitClosed(ctx, idle)
 }
 
 // awaitLanded waits until every late reply of token's acquires is in, or
@@ -643,8 +591,9 @@ func waitClosed(ctx context.Context, ch <-chan struct{}) error {
 }
 
 // undo releases keys, owner-checked, on the nodes of plain and of closing,
-// closing attempt on the latter, and counts the undo of st done.
-func (s *Store) undo(keys []string, token string, st *tokenState, attempt int64, plain, closing []int) {
+// what attempt (or an earlier attempt of token) wrote there, closing
+// attempt on the latter.
+func (s *Store) undo(keys []string, token string, attempt int64, plain, closing []int) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	tombs := make(map[int]tombstone, len(closing))
@@ -652,15 +601,8 @@ func (s *Store) undo(keys []string, token string, st *tokenState, attempt int64,
 		tombs[i] = tombstone{attempt: attempt, ttl: s.tombstoneTTL()}
 	}
 	indexes := append(append(make([]int, 0, len(plain)+len(closing)), plain...), closing...)
-	replies := s.releaseOn(ctx, keys, token, 0, indexes, cleanupTimeout, tombs)
+	replies := s.releaseOn(ctx, keys, token, 0, attempt, indexes, cleanupTimeout, tombs)
 	for range indexes {
 		<-replies
 	}
-	s.mu.Lock()
-	st.undos--
-	if st.undos == 0 {
-		close(st.idle)
-	}
-	s.dropIdleLocked(token, st)
-	s.mu.Unlock()
 }

@@ -41,8 +41,9 @@
 // released it is released as soon as it lands. When the lock is not
 // granted, every node that granted, or whose outcome is unknown, is
 // released, owner-checked, at once (a node still in flight once it answers,
-// so the release never overtakes the grant). A new Acquire with the same
-// token waits for those releases first.
+// so the release never overtakes the grant). Such an undo releases only
+// what its own attempt wrote (see Late calls), so a new Acquire with the
+// same token, a waiter's retry, waits for none of them.
 //
 // Release and Refresh go to every node at once and wait for every answer,
 // each bounded by the node timeout. Refresh needs a quorum that still holds
@@ -55,13 +56,17 @@
 //
 // A node call whose reply did not come (a timeout, a lost reply) may still
 // reach its node later. Every write carries an attempt number (one per
-// Acquire or Refresh call of the Store), and the release that undoes a call
-// whose outcome is unknown leaves on that node a tombstone, KEY:dead:TOKEN,
-// holding the attempt it closed; the acquire and refresh scripts write
-// nothing for a closed attempt. So an abandoned or failed acquire's late
-// grants never outlive its undo, whichever reaches the node first. A
-// Release ends its token in the Store (a Refresh running meanwhile starts
-// no more calls) and closes every attempt of the token on the nodes where a
+// Acquire or Refresh call of the Store) and sets each key to TOKEN#ATTEMPT,
+// and the release that undoes a call whose outcome is unknown leaves on
+// that node a tombstone, KEY:dead:TOKEN, holding the attempt it closed; the
+// acquire and refresh scripts write nothing for a closed attempt, and an
+// acquire writes nothing over a later attempt of its token. So an abandoned
+// or failed acquire's late grants never outlive its undo, whichever reaches
+// the node first, and an undo, which releases only what its attempt or an
+// earlier one wrote, never releases a later attempt's grant (a Refresh
+// makes the keys it renews its own). A Release ends its token in the Store
+// until it returns (a Refresh running or starting meanwhile starts no more
+// calls) and closes every attempt of the token on the nodes where a
 // Refresh call is in flight or was lost (with keep positive, on every node,
 // for the keep), so no renewal or re-take lands after it, also when the
 // Refresh's context ended. A tombstone lives for the max TTL plus the drift
@@ -290,7 +295,7 @@ type Store struct {
 	notify []*redisstore.Store // per node: release signals of the keys it ranks second for
 	owned  []*redis.Client     // clients Open made, closed by Close
 
-	attempts atomic.Int64 // the last attempt number given to a write (see closeAttempt)
+	attempts atomic.Int64 // the last attempt number given to a write (see Late calls)
 
 	identified atomic.Int32 // nodes whose server identity (run_id) is known
 	firstProbe sync.Once    // the first identify, which every Acquire waits for

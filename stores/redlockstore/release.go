@@ -14,12 +14,13 @@ import (
 // node publishes their release; with keep positive it sets their TTL to
 // keep (plus the drift allowance) and publishes nothing.
 //
-// A Refresh of the token that runs meanwhile starts no more calls, and
-// Release closes the token (see closeAttempt) on every node where a call
-// of a Refresh is in flight or was lost, with keep positive on every node,
-// so that no renewal or re-take of the token lands after it: those nodes
-// keep a tombstone for the max TTL (for keep, on the others). An uncontended
-// lock pays nothing for this.
+// A Refresh of the token that runs or starts meanwhile starts no more
+// calls, and Release closes the token (see Late calls in the package
+// documentation) on every node where a call of a Refresh is in flight or
+// was lost, with keep positive on every node, so that no renewal or
+// re-take of the token lands after it: those nodes keep a tombstone for the
+// max TTL (for keep, on the others). An uncontended lock pays nothing for
+// this.
 //
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when
 // more nodes than a quorum allows answered that a key did not hold token
@@ -40,7 +41,8 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	s.forgetRefusal(token)
-	tombs := s.endToken(token, keep)
+	tombs, st := s.endToken(token, keep)
+	defer s.endRelease(token, st)
 	if err := s.awaitLanded(ctx, token); err != nil {
 		return err
 	}
@@ -49,7 +51,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		// signal waiters while the kept keys stay held.
 		s.markReleased(token)
 	}
-	replies := s.releaseOn(ctx, keys, token, keep, s.all(), s.nodeTimeout, tombs)
+	replies := s.releaseOn(ctx, keys, token, keep, closeAll, s.all(), s.nodeTimeout, tombs)
 	released := make([]int, len(keys))
 	answered := 0
 	var failed []reply
@@ -109,11 +111,12 @@ func (s *Store) tombstoneTTL() time.Duration {
 }
 
 // endToken records that token's lock is being released, so that no Refresh
-// call of it starts any more, and returns the tombstones the release must
-// leave: on the nodes where a Refresh call is in flight or was lost, and
-// with keep positive on every node (for as long as the keys are kept, so
-// that no renewal extends them), closing every attempt of the token.
-func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
+// call of it starts until the Release ends (endRelease), and returns the
+// tombstones the release must leave: on the nodes where a Refresh call is
+// in flight or was lost, and with keep positive on every node (for as long
+// as the keys are kept, so that no renewal extends them), closing every
+// attempt of the token; and the token's state, which endRelease takes.
+func (s *Store) endToken(token string, keep time.Duration) (map[int]tombstone, *tokenState) {
 	tombs := make(map[int]tombstone)
 	if keep > 0 {
 		for i := range s.nodes {
@@ -124,9 +127,13 @@ func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
 	defer s.mu.Unlock()
 	st := s.tokens[token]
 	if st == nil {
-		return tombs
+		// A Refresh that starts while the Release runs finds the token
+		// ended too: its writes could land after the Release's.
+		st = &tokenState{}
+		s.tokens[token] = st
 	}
 	st.ended = true
+	st.releasing++
 	for i := range st.writing {
 		tombs[i] = tombstone{attempt: closeAll, ttl: s.tombstoneTTL()}
 	}
@@ -134,8 +141,16 @@ func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
 		tombs[i] = tombstone{attempt: closeAll, ttl: s.tombstoneTTL()}
 	}
 	st.uncertain = nil
+	return tombs, st
+}
+
+// endRelease ends what endToken counted. A Refresh that starts after the
+// Release finds the keys released on a quorum, or the Release failed.
+func (s *Store) endRelease(token string, st *tokenState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.releasing--
 	s.dropIdleLocked(token, st)
-	return tombs
 }
 
 // markReleased tells the late replies of token's acquire that the lock is
@@ -143,15 +158,17 @@ func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
 func (s *Store) markReleased(token string) {
 	s.mu.Lock()
 	if st := s.tokens[token]; st != nil {
-		st.state = tokenFree
+		st.released = true
 	}
 	s.mu.Unlock()
 }
 
 // releaseOn sends the release script to the nodes of indexes, each call
-// bounded by timeout, leaving the tombstones of tombs (by node). Every node
-// publishes the releases of the keys it deletes.
-func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep time.Duration, indexes []int,
+// bounded by timeout, releasing what the attempts of token up to upTo wrote
+// (a later attempt's grant is not theirs to release) and leaving the
+// tombstones of tombs (by node). Every node publishes the releases of the
+// keys it deletes.
+func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep time.Duration, upTo int64, indexes []int,
 	timeout time.Duration, tombs map[int]tombstone) <-chan reply {
 	var keepMS int64
 	if keep > 0 {
@@ -159,6 +176,6 @@ func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep
 	}
 	return s.fanOut(ctx, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
 		t := tombs[i]
-		return releaseScript.Run(ctx, s.nodes[i].client, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl)).Int64Slice()
+		return releaseScript.Run(ctx, s.nodes[i].client, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl), upTo).Int64Slice()
 	})
 }
