@@ -65,7 +65,7 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // failed node when failures make a quorum impossible or the quorum came too
 // late; and, when ctx ends while calls are in flight, an error wrapping
 // stores.ErrAbandoned and ctx's error, the store releasing what the calls
-// granted once they answer.
+// granted once they answer (see Clean-up in the package documentation).
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -81,6 +81,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	// nothing, and the undo releases only what this attempt (or an earlier
 	// one) wrote.
 	attempt := s.attempts.Add(1)
+	a := attemptOf{keys: keys, token: token, attempt: attempt, ttl: ttl}
 	start := time.Now()
 	n := len(keys)
 	scriptKeys := make([]string, 0, 2*n+1)
@@ -138,11 +139,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			classify(r)
 		case <-ctx.Done():
 			// Undo the grant the gate may make, once it answers.
-			s.settle(keys, token, attempt, gateReply, 1, nil, nil, true)
+			s.settle(a, gateReply, 1, nil, nil, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 		if len(refused) == 1 && refused[0].vals[3] != lastHolder {
-			s.settle(keys, token, attempt, nil, 0, nil, nil, true)
+			s.settle(a, nil, 0, nil, nil, true)
 			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2]), refused[0].vals[3]), nil
 		}
 	}
@@ -161,7 +162,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			pending--
 			classify(r)
 		case <-ctx.Done():
-			s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+			s.settle(a, replies, pending, granted, failed, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 	}
@@ -175,7 +176,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 				pending--
 				classify(r)
 			case <-ctx.Done():
-				s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+				s.settle(a, replies, pending, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 		}
@@ -189,7 +190,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			case <-timer.C:
 			case <-ctx.Done():
 				timer.Stop()
-				s.settle(keys, token, attempt, nil, 0, granted, failed, true)
+				s.settle(a, nil, 0, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			backoff *= 2
@@ -205,7 +206,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 					pending--
 					classify(r)
 				case <-ctx.Done():
-					s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+					s.settle(a, replies, pending, granted, failed, true)
 					return stores.Grant{}, abandoned(ctx, true)
 				}
 			}
@@ -236,18 +237,18 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if len(granted) >= q {
 		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout)
 		if err != nil {
-			s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+			s.settle(a, replies, pending, granted, failed, true)
 			if ctxEnded(ctx) {
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			return stores.Grant{}, err
 		}
-		s.settle(keys, token, attempt, replies, pending, nil, failed, false)
+		s.settle(a, replies, pending, nil, failed, false)
 		s.forgetRefusal(token)
 		return stores.Grant{OK: true, Fences: fences}, nil
 	}
 
-	s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+	s.settle(a, replies, pending, granted, failed, true)
 	if len(failed) <= total-q && len(refused) > 0 {
 		// The refusal stands until enough refusing nodes let go that the
 		// rest no longer block a quorum.
@@ -497,31 +498,36 @@ func mayHaveGranted(r reply) bool {
 		!errors.Is(r.err, errClosed) && !errors.As(r.err, &rerr)
 }
 
-// settle records the outcome of attempt, an acquire with token: released
-// when it did not grant (or was abandoned). It releases at once the nodes
-// of granted (all when released) and those of failed whose outcome is
+// attemptOf is one Acquire call: its keys, token, attempt and TTL.
+type attemptOf struct {
+	keys    []string
+	token   string
+	attempt int64
+	ttl     time.Duration
+}
+
+// settle records the outcome of attempt a: released when it did not grant
+// (or was abandoned). It owes the undo (see oweUndo) of the nodes of
+// granted (all when released) and of those of failed whose outcome is
 // unknown, closing the attempt on the latter, and hands the pending
-// replies to a background goroutine that releases each node that granted,
-// unless the attempt granted the lock and it is not released as the reply
-// arrives, and each whose outcome is unknown, closing the attempt there.
-// Each release is bounded by cleanupTimeout.
-func (s *Store) settle(keys []string, token string, attempt int64, replies <-chan reply, pending int, granted, failed []reply, released bool) {
+// replies to a background goroutine that owes the undo of each node that
+// granted, unless a granted the lock and it is not released as the reply
+// arrives, and of each whose outcome is unknown, closing the attempt there.
+func (s *Store) settle(a attemptOf, replies <-chan reply, pending int, granted, failed []reply, released bool) {
 	plain, closing := undoNodes(granted, failed)
 	if !released {
 		plain = nil
 	}
-	if len(plain)+len(closing) > 0 {
-		s.wg.Go(func() { s.undo(keys, token, attempt, plain, closing) })
-	}
+	s.oweUndo(a, plain, closing)
 	s.mu.Lock()
-	st := s.tokens[token]
+	st := s.tokens[a.token]
 	if st == nil && pending > 0 {
 		// Nothing of the token was in flight before.
 		st = &tokenState{}
-		s.tokens[token] = st
+		s.tokens[a.token] = st
 	}
 	if st != nil && !released {
-		st.granted, st.released = attempt, false
+		st.granted, st.released = a.attempt, false
 	}
 	if pending == 0 {
 		s.mu.Unlock()
@@ -542,14 +548,14 @@ func (s *Store) settle(keys []string, token string, attempt int64, replies <-cha
 			if st.pending == 0 {
 				close(st.landed)
 			}
-			keep := st.granted == attempt && !st.released
-			s.dropIdleLocked(token, st)
+			keep := st.granted == a.attempt && !st.released
+			s.dropIdleLocked(a.token, st)
 			s.mu.Unlock()
 			switch {
 			case unknown:
-				s.wg.Go(func() { s.undo(keys, token, attempt, nil, []int{r.node}) })
+				s.oweUndo(a, nil, []int{r.node})
 			case granted && !keep:
-				s.wg.Go(func() { s.undo(keys, token, attempt, []int{r.node}, nil) })
+				s.oweUndo(a, []int{r.node}, nil)
 			}
 		}
 	})
@@ -587,22 +593,5 @@ func waitClosed(ctx context.Context, ch <-chan struct{}) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	}
-}
-
-// undo releases keys, owner-checked, on the nodes of plain and of closing,
-// what attempt (or an earlier attempt of token) wrote there, closing
-// attempt on the latter.
-func (s *Store) undo(keys []string, token string, attempt int64, plain, closing []int) {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	tombs := make(map[int]tombstone, len(closing))
-	for _, i := range closing {
-		tombs[i] = tombstone{attempt: attempt, ttl: s.tombstoneTTL()}
-	}
-	indexes := append(append(make([]int, 0, len(plain)+len(closing)), plain...), closing...)
-	replies := s.releaseOn(ctx, keys, token, 0, attempt, indexes, cleanupTimeout, tombs)
-	for range indexes {
-		<-replies
 	}
 }

@@ -357,10 +357,10 @@ func TestGateAloneDoesNotRefuseForever(t *testing.T) {
 	if g, err := waiter.Acquire(ctx, []string{key}, "waiter", 10*time.Second); err != nil || g.OK {
 		t.Fatalf("waiter's first Acquire: %+v, %v; want a refusal", g, err)
 	}
+	// The holder's release is lost on the gate, and so are the holder
+	// Store's retries of it while the gate stays cut off from it.
 	proxies[gate].Blackhole(faultproxy.ToServer)
-	err := holder.Release(ctx, []string{key}, "holder", 0)
-	proxies[gate].Heal()
-	if err != nil {
+	if err := holder.Release(ctx, []string{key}, "holder", 0); err != nil {
 		t.Fatalf("holder's Release, lost on the gate: %v", err)
 	}
 	if h := holders(t, direct, key); h[gate] != "holder" {
@@ -372,6 +372,17 @@ func TestGateAloneDoesNotRefuseForever(t *testing.T) {
 	}
 	if err := waiter.Release(ctx, []string{key}, "waiter", 0); err != nil {
 		t.Fatalf("waiter's Release: %v", err)
+	}
+	// Once the gate is reachable again, the release the holder's Store
+	// owes it lands.
+	proxies[gate].Heal()
+	if err := eventually(5*time.Second, func() error {
+		if h := holders(t, direct, key); h[gate] != "" {
+			return fmt.Errorf("the gate (node %d) still holds the key: holders %q", gate, h)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -41,16 +41,18 @@
 // released it is released as soon as it lands. When the lock is not
 // granted, every node that granted, or whose outcome is unknown, is
 // released, owner-checked, at once (a node still in flight once it answers,
-// so the release never overtakes the grant). Such an undo releases only
-// what its own attempt wrote (see Late calls), so a new Acquire with the
-// same token, a waiter's retry, waits for none of them.
+// so the release never overtakes the grant), and again until it lands (see
+// Clean-up). Such an undo releases only what its own attempt wrote (see
+// Late calls), so a new Acquire with the same token, a waiter's retry,
+// waits for none of them.
 //
 // Release and Refresh go to every node at once and wait for every answer,
 // each bounded by the node timeout. Refresh needs a quorum that still holds
 // the token, within the TTL; only on top of such a quorum do nodes that
 // lost the keys (restarted empty) take them again where they are free, so
 // a minority that still holds the token never revives a lock that expired
-// on the others. Release ends the lock on every node it reaches.
+// on the others. Release ends the lock on every node it reaches, and on
+// the others once they answer (see Clean-up).
 //
 // # Late calls
 //
@@ -70,10 +72,30 @@
 // Refresh call is in flight or was lost (with keep positive, on every node,
 // for the keep), so no renewal or re-take lands after it, also when the
 // Refresh's context ended. A tombstone lives for the max TTL plus the drift
-// allowance and the cleanup timeout: a call that reaches its node later
-// than that after its undo is not stopped. An uncontended lock writes no
-// tombstone; a refused or failed attempt writes them only on the nodes
-// whose outcome it does not know.
+// allowance and 2s: a call that reaches its node later than that after its
+// undo is not stopped. An uncontended lock writes no tombstone; a refused
+// or failed attempt writes them only on the nodes whose outcome it does
+// not know.
+//
+// # Clean-up
+//
+// What the Store owes after a call it did not finish is a release per node,
+// owner-checked by attempt and leaving the attempt's tombstone: the undo of
+// an acquire that did not grant the lock, was abandoned, or whose call to a
+// node has an unknown outcome; the release of a late grant nobody uses; a
+// Release's call that failed on a node (whatever Release returned, also
+// after its context ended). The Store sends it at once, and again while it
+// fails, with a backoff per node (10ms doubling to 1s, with jitter), until
+// it lands, until what it releases has surely expired (the TTL plus twice
+// the drift allowance after the debt arose; the tombstone's life for a
+// Release), or until Close. One goroutine at a time sends them (none runs
+// while nothing is owed); a node that fails gets one call at a time, so an
+// outage costs one call per node per backoff however much is owed to it,
+// and the releases owed for one token are one. At most 16384 debts (64 MiB
+// of keys) are held: a new one beyond is given up, and what it would
+// release expires with its TTL. NodeStats tells, per node, the releases
+// owed and those given up. A late call that reaches its node after its
+// undo was given up (a node paused past the TTL) is not stopped.
 //
 // # Errors
 //
@@ -180,8 +202,9 @@
 // node call. An uncontended lock costs one round trip to every node at
 // once for Acquire and one for Release (and one for each Refresh); the
 // scripts read a tombstone key per lock key, and every node publishes its
-// releases (a PUBLISH with no subscriber is cheap). The first Acquire of a
-// Store costs one more round trip (run_ids).
+// releases (a PUBLISH with no subscriber is cheap); it owes nothing, and
+// runs no background goroutine. The first Acquire of a Store costs one
+// more round trip (run_ids).
 //
 // # Fair mode
 //
@@ -228,9 +251,9 @@ const (
 	MinFenceRetention = time.Minute
 )
 
-// cleanupTimeout bounds the release of what a call that did not grant, or
-// was abandoned, may have left on a node.
-const cleanupTimeout = 2 * time.Second
+// tombstoneMargin is how much longer than the max TTL and the drift
+// allowance a tombstone lives (see tombstoneTTL).
+const tombstoneMargin = 2 * time.Second
 
 // Errors of the package.
 var (
@@ -264,12 +287,15 @@ func (e *NodeError) Error() string { return "node " + e.Node + ": " + e.Err.Erro
 // Unwrap returns the node's error.
 func (e *NodeError) Unwrap() error { return e.Err }
 
-// NodeStat counts one node's calls and failures since New.
+// NodeStat counts one node's calls and failures since New, and the
+// clean-up the Store owes it.
 type NodeStat struct {
 	Node        string
 	Calls       uint64 // script calls sent to the node
 	Failures    uint64 // calls that failed: errors, timeouts, quarantine
 	Quarantines uint64 // calls refused while the node was quarantined
+	Owed        int    // releases the Store owes the node and has not landed yet (see Clean-up)
+	GivenUp     uint64 // owed releases given up: expired first, too many owed, or the Store closed
 }
 
 var (
@@ -302,10 +328,19 @@ type Store struct {
 	duplicate  atomic.Pointer[error]
 
 	wg       sync.WaitGroup // background calls
-	mu       sync.Mutex     // guards tokens, refused and inflight
+	mu       sync.Mutex     // guards what follows, and each node's clean
 	tokens   map[string]*tokenState
 	inflight map[string]int       // Acquires in flight per first key
 	refused  map[string]refusedBy // tokens whose last Acquire was refused
+
+	// The owed clean-up (see cleanup.go).
+	debts     map[string][]*debt // by token
+	debtCount int
+	debtBytes int
+	nextSweep time.Time
+	janitorOn bool
+	wake      chan struct{}
+	closed    bool
 }
 
 // node is one Redis master.
@@ -318,6 +353,7 @@ type node struct {
 	failing                      atomic.Bool // its last call failed
 	runID                        atomic.Pointer[string]
 	probing                      atomic.Bool
+	clean                        nodeCleanup // guarded by Store.mu
 }
 
 // Option configures a Store.
@@ -376,6 +412,8 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		tokens:         make(map[string]*tokenState),
 		refused:        make(map[string]refusedBy),
 		inflight:       make(map[string]int),
+		debts:          make(map[string][]*debt),
+		wake:           make(chan struct{}, 1),
 	}
 	for _, opt := range opts {
 		opt(s)
@@ -512,8 +550,11 @@ func (s *Store) Quorum() int { return s.quorum }
 // to New.
 func (s *Store) NodeStats() []NodeStat {
 	out := make([]NodeStat, len(s.nodes))
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for i, n := range s.nodes {
-		out[i] = NodeStat{Node: n.name, Calls: n.calls.Load(), Failures: n.failures.Load(), Quarantines: n.quarantines.Load()}
+		out[i] = NodeStat{Node: n.name, Calls: n.calls.Load(), Failures: n.failures.Load(), Quarantines: n.quarantines.Load(),
+			Owed: n.clean.owed, GivenUp: n.clean.givenUp}
 	}
 	return out
 }
@@ -529,12 +570,17 @@ func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 	return s.notify[second].NotifyRelease(key, token)
 }
 
-// Close stops the pub/sub connections of release notifications and waits
-// for the Store's background calls (late replies, clean-ups), each bounded
-// by its timeout. It does not close the clients, which the caller owns and
-// closes after the Store; a Store from Open closes the clients it made. It
-// returns the error of closing the pub/subs (and those clients).
+// Close stops the pub/sub connections of release notifications, gives up
+// the clean-up the Store still owes (see NodeStat.GivenUp), and waits for
+// the Store's background calls (late replies, clean-ups in flight), each
+// bounded by its timeout. It does not close the clients, which the caller
+// owns and closes after the Store; a Store from Open closes the clients it
+// made. It returns the error of closing the pub/subs (and those clients).
 func (s *Store) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.kickLocked()
+	s.mu.Unlock()
 	var err error
 	for _, n := range s.notify {
 		err = errors.Join(err, n.Close())

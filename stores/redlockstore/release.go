@@ -28,7 +28,9 @@ import (
 // the failed nodes, when too few nodes answered to tell; one wrapping
 // stores.ErrInvalid for no keys, an empty, duplicate, unsorted or too long
 // key, or a positive keep out of Bounds; and ctx.Err() when ctx ends first
-// (the calls go on, bounded by the node timeout).
+// (the calls go on, bounded by the node timeout). The Store owes, and sends
+// again, the release on every node whose call failed, whatever it returned
+// (see Clean-up in the package documentation).
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
@@ -43,13 +45,21 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	s.forgetRefusal(token)
 	tombs, st := s.endToken(token, keep)
 	defer s.endRelease(token, st)
-	if err := s.awaitLanded(ctx, token); err != nil {
-		return err
+	// What the Store owes when a node's call fails: the same release, of
+	// every attempt so far (not of a later reuse of the token).
+	owed := owedRelease{keys: keys, token: token, upTo: s.attempts.Load(), tombs: tombs}
+	if keep > 0 {
+		owed.keepTill = time.Now().Add(keep + s.drift(keep))
 	}
+	landed := s.awaitLanded(ctx, token)
 	if keep <= 0 {
 		// A late grant of a kept lock keeps its TTL: deleting it would
 		// signal waiters while the kept keys stay held.
 		s.markReleased(token)
+	}
+	if landed != nil {
+		s.oweRelease(owed, s.all())
+		return landed
 	}
 	replies := s.releaseOn(ctx, keys, token, keep, closeAll, s.all(), s.nodeTimeout, tombs)
 	released := make([]int, len(keys))
@@ -72,9 +82,21 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 				}
 			}
 		case <-ctx.Done():
+			// The calls go on: the Store owes the releases that fail.
+			left := len(s.nodes) - answered - len(failed)
+			s.wg.Go(func() {
+				var nodes []int
+				for range left {
+					if r := <-replies; r.err != nil || len(r.vals) != len(keys) {
+						nodes = append(nodes, r.node)
+					}
+				}
+				s.oweRelease(owed, append(nodes, replyNodes(failed)...))
+			})
 			return ctx.Err()
 		}
 	}
+	s.oweRelease(owed, replyNodes(failed))
 	var notHeld []string
 	unknown := false
 	for k, key := range keys {
@@ -95,6 +117,39 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	return nil
 }
 
+// owedRelease is a Release, as the Store owes it on the nodes whose call
+// failed (see cleanup.go).
+type owedRelease struct {
+	keys     []string
+	token    string
+	upTo     int64
+	tombs    map[int]tombstone
+	keepTill time.Time
+}
+
+// oweRelease owes r on the nodes of indexes: until what it releases has
+// expired, the lock (at most the max TTL) or the tombstones it leaves.
+func (s *Store) oweRelease(r owedRelease, indexes []int) {
+	if len(indexes) == 0 {
+		return
+	}
+	calls := make(map[int]owedCall, len(indexes))
+	for _, i := range indexes {
+		t := r.tombs[i]
+		calls[i] = owedCall{upTo: r.upTo, close: t.attempt, closeTTL: t.ttl, keepTill: r.keepTill}
+	}
+	s.owe(r.keys, r.token, time.Now().Add(s.tombstoneTTL()), calls)
+}
+
+// replyNodes returns the nodes of replies.
+func replyNodes(replies []reply) []int {
+	out := make([]int, len(replies))
+	for i, r := range replies {
+		out[i] = r.node
+	}
+	return out
+}
+
 // tombstone is what a release leaves on a node to close attempts of its
 // token: the attempt closed (with every earlier one), and for how long.
 type tombstone struct {
@@ -105,9 +160,9 @@ type tombstone struct {
 // tombstoneTTL is how long a tombstone closes an attempt: a call of it that
 // reaches its node later than that after its undo or release is not
 // stopped. The max TTL, as for the quarantine, plus the drift allowance and
-// the cleanup timeout.
+// a margin.
 func (s *Store) tombstoneTTL() time.Duration {
-	return s.maxTTL + s.drift(s.maxTTL) + cleanupTimeout
+	return s.maxTTL + s.drift(s.maxTTL) + tombstoneMargin
 }
 
 // endToken records that token's lock is being released, so that no Refresh
