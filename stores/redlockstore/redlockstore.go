@@ -104,7 +104,9 @@
 // (errors, timeouts, quarantine) make it impossible, Acquire returns an
 // error wrapping ErrNoQuorum that names each failed node and its error: a
 // store failure (503 upstream). It also wraps stores.ErrUnreachable when no
-// node may have changed (every failure was a refused connection). Release
+// node may have changed (every failure was a refused connection, on clients
+// that do not retry a command: with go-redis's retries, an earlier attempt
+// may have reached the node, so every failure counts as reached). Release
 // returns stores.ErrNotHeld when a key was not released on a quorum of the
 // nodes that answered, and ErrNoQuorum when too few answered. NodeStats
 // counts each node's calls and failures, and WithNodeFailureHook reports
@@ -351,6 +353,7 @@ type node struct {
 	client                       redis.Scripter
 	calls, failures, quarantines atomic.Uint64
 	failing                      atomic.Bool // its last call failed
+	retries                      bool        // its client may send a command twice (see neverSent)
 	runID                        atomic.Pointer[string]
 	probing                      atomic.Bool
 	clean                        nodeCleanup // guarded by Store.mu
@@ -440,7 +443,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 				"stalled node would hold calls past the node timeout; set ContextTimeoutEnabled: true in its options "+
 				"(or pass redlockstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid, i)
 		}
-		n := &node{name: nodeName(c, i), client: c}
+		n := &node{name: nodeName(c, i), client: c, retries: retries(c)}
 		n.id = canonicalAddr(c, i)
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(n.id))

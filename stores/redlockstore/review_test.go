@@ -1,0 +1,62 @@
+package redlockstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
+)
+
+// TestRetryingClientNotUnreachable: on clients that retry a command
+// (go-redis's default MaxRetries), an acquire whose request reached every
+// node before its connection was cut, and whose client's retry then found
+// the nodes refusing connections, may have granted: it is not
+// ErrUnreachable, and the Store undoes it once the nodes can be reached.
+func TestRetryingClientNotUnreachable(t *testing.T) {
+	addrs := testservers.RedisNodeAddrs(t)
+	direct := clients(t, addrs)
+	admit(t, direct)
+	proxies := make([]*faultproxy.Proxy, len(addrs))
+	nodes := make([]redis.Scripter, len(addrs))
+	for i, a := range addrs {
+		proxies[i] = faultproxy.New(t, a)
+		// One connection, which the cut closes: a retry must dial.
+		c := redis.NewClient(&redis.Options{Addr: proxies[i].Addr(), ContextTimeoutEnabled: true, PoolSize: 1}) // retries 3 times
+		t.Cleanup(func() { _ = c.Close() })
+		nodes[i] = c
+	}
+	s := newStore(t, nodes)
+	warm(t, s)
+	ctx := context.Background()
+	key := uniqueKey("retrying-client")
+	for _, p := range proxies {
+		p.Refuse()
+		p.CutWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, []byte(key)) }, true)
+	}
+	_, err := s.Acquire(ctx, []string{key}, "t", 10*time.Second)
+	if err == nil || errors.Is(err, stores.ErrUnreachable) {
+		t.Fatalf("Acquire whose requests reached the nodes: %v; want a failure, not ErrUnreachable", err)
+	}
+	if h := holders(t, direct, key); strings.Count(strings.Join(h, ","), "t") != len(h) {
+		t.Fatalf("the requests did not reach every node: holders %q", h)
+	}
+	for _, p := range proxies {
+		p.Heal()
+	}
+	if err := eventually(3*time.Second, func() error {
+		if h := holders(t, direct, key); strings.Join(h, "") != "" {
+			return errors.New("held: " + strings.Join(h, ","))
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("after the heal, the failed Acquire still holds the key: %v", err)
+	}
+}
