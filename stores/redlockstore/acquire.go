@@ -61,7 +61,7 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // duplicate, unsorted or too long key, or a ttl out of Bounds, and (also
 // wrapping ErrDuplicateNode) when two nodes turned out to be one server;
 // ctx.Err() without acting when ctx has ended; an error wrapping ErrNoQuorum
-// (and stores.ErrUnreachable when no node may have changed) that names every
+// (and stores.ErrUnreachable when no node was reached) that names every
 // failed node when failures make a quorum impossible or the quorum came too
 // late; and, when ctx ends while calls are in flight, an error wrapping
 // stores.ErrAbandoned and ctx's error, the store releasing what the calls
@@ -268,7 +268,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if ctxEnded(ctx) {
 		return stores.Grant{}, abandoned(ctx, true)
 	}
-	unreachable := len(granted) == 0 && pending == 0
+	// Unreachable only when no node was reached: not one that refused.
+	unreachable := len(granted) == 0 && len(refused) == 0 && pending == 0
 	for _, r := range failed {
 		unreachable = unreachable && r.unreachable()
 	}

@@ -104,7 +104,7 @@
 // (errors, timeouts, quarantine) make it impossible, Acquire returns an
 // error wrapping ErrNoQuorum that names each failed node and its error: a
 // store failure (503 upstream). It also wraps stores.ErrUnreachable when no
-// node may have changed (every failure was a refused connection, on clients
+// node was reached (every node's call failed to connect, on clients
 // that do not retry a command: with go-redis's retries, an earlier attempt
 // may have reached the node, so every failure counts as reached). Release
 // returns stores.ErrNotHeld when a key was not released on a quorum of the

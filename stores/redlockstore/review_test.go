@@ -12,6 +12,7 @@ import (
 
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redlockstore"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
@@ -58,5 +59,29 @@ func TestRetryingClientNotUnreachable(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatalf("after the heal, the failed Acquire still holds the key: %v", err)
+	}
+}
+
+// TestUnreachableOnlyWhenNoNodeReached: an Acquire that 3 of 5 nodes fail
+// to take (their connections refused) and the other 2 refuse (held by
+// another token) reached nodes: a store failure, but not ErrUnreachable,
+// which says that the call never reached the store.
+func TestUnreachableOnlyWhenNoNodeReached(t *testing.T) {
+	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(time.Second))
+	warm(t, s)
+	ctx := context.Background()
+	key := uniqueKey("reached")
+	for _, n := range direct[3:] {
+		if err := n.(*redis.Client).Set(ctx, key, "other", 10*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range proxies[:3] {
+		p.Refuse()
+		p.Cut()
+	}
+	g, err := s.Acquire(ctx, []string{key}, "t", 10*time.Second)
+	if !errors.Is(err, redlockstore.ErrNoQuorum) || errors.Is(err, stores.ErrUnreachable) {
+		t.Fatalf("Acquire with 3 nodes refusing connections and 2 held: %+v, %v; want ErrNoQuorum, not ErrUnreachable", g, err)
 	}
 }
