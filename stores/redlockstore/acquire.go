@@ -76,6 +76,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.identify(ctx, s.nodeTimeout); err != nil {
 		return stores.Grant{}, err
 	}
+	if ctxEnded(ctx) {
+		// It ended while the first Acquire waited for the nodes'
+		// identities: nothing sent, nothing to undo.
+		return stores.Grant{}, abandoned(ctx, false)
+	}
 	// Every write carries its attempt, which the undo of the attempt
 	// closes on the node: a call that arrives after its undo writes
 	// nothing, and the undo releases only what this attempt (or an earlier

@@ -85,3 +85,27 @@ func TestUnreachableOnlyWhenNoNodeReached(t *testing.T) {
 		t.Fatalf("Acquire with 3 nodes refusing connections and 2 held: %+v, %v; want ErrNoQuorum, not ErrUnreachable", g, err)
 	}
 }
+
+// TestContextEndedDuringProbeSendsNothing: a first Acquire whose context
+// ends while it waits for the nodes' identities (one node cut off) returns
+// the context's error, sends no acquire, and owes nothing.
+func TestContextEndedDuringProbeSendsNothing(t *testing.T) {
+	s, proxies, _ := proxiedNodes(t, redlockstore.WithNodeTimeout(2*time.Second))
+	key := uniqueKey("probe-ctx")
+	counts := make([]func() int, len(proxies))
+	for i, p := range proxies {
+		counts[i] = p.Count(faultproxy.ToServer, []byte(key))
+	}
+	proxies[4].Blackhole(faultproxy.Both)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := s.Acquire(ctx, []string{key}, "t", 10*time.Second)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, stores.ErrAbandoned) {
+		t.Fatalf("Acquire whose context ended during the probe: %v; want context.DeadlineExceeded, not ErrAbandoned", err)
+	}
+	for i, st := range s.NodeStats() {
+		if n := counts[i](); n != 0 || st.Owed != 0 {
+			t.Errorf("node %d: %d requests carrying the key, %d releases owed; want none", i, n, st.Owed)
+		}
+	}
+}
