@@ -31,12 +31,12 @@ type tokenState struct {
 	granted  int64         // the attempt that granted the lock (0: none)
 	released bool          // a Release (keep zero) of the lock began
 
-	refreshing int              // Refresh calls of the token running
-	writing    map[int]int      // Refresh node calls in flight, per node
-	uncertain  map[int]struct{} // nodes where a Refresh call's outcome is unknown
-	since      time.Time        // when the first of uncertain came
-	ended      bool             // a Release began: no Refresh call starts
-	releasing  int              // Releases of the token running
+	refreshing    int              // Refresh calls of the token running
+	writing       map[int]int      // Refresh node calls in flight, per node
+	uncertain     map[int]struct{} // nodes where a Refresh call's outcome is unknown
+	uncertainTill time.Time        // when what those calls may have renewed has expired
+	ended         bool             // a Release began: no Refresh call starts
+	releasing     int              // Releases of the token running
 }
 
 // closeAll is the attempt a release closes: every attempt of the token.

@@ -69,9 +69,9 @@
 // makes the keys it renews its own). A Release ends its token in the Store
 // until it returns (a Refresh running or starting meanwhile starts no more
 // calls) and closes every attempt of the token on the nodes where a
-// Refresh call is in flight or was lost (with keep positive, on every node,
-// for the keep), so no renewal or re-take lands after it, also when the
-// Refresh's context ended. A tombstone lives for the max TTL plus the drift
+// Refresh call is in flight or was lost within the refresh's TTL (with keep
+// positive, on every node, for the keep), so no renewal or re-take lands
+// after it, also when the Refresh's context ended. A tombstone lives for the max TTL plus the drift
 // allowance and 2s: a call that reaches its node later than that after its
 // undo is not stopped. An uncontended lock writes no tombstone; a refused
 // or failed attempt writes them only on the nodes whose outcome it does
@@ -329,11 +329,12 @@ type Store struct {
 	firstProbe sync.Once    // the first identify, which every Acquire waits for
 	duplicate  atomic.Pointer[error]
 
-	wg       sync.WaitGroup // background calls
-	mu       sync.Mutex     // guards what follows, and each node's clean
-	tokens   map[string]*tokenState
-	inflight map[string]int       // Acquires in flight per first key
-	refused  map[string]refusedBy // tokens whose last Acquire was refused
+	wg             sync.WaitGroup // background calls
+	mu             sync.Mutex     // guards what follows, and each node's clean
+	tokens         map[string]*tokenState
+	inflight       map[string]int       // Acquires in flight per first key
+	refused        map[string]refusedBy // tokens whose last Acquire was refused
+	nextTokenSweep time.Time            // see sweepLocked
 
 	// The owed clean-up (see cleanup.go).
 	debts     map[string][]*debt // by token

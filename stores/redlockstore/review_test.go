@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -107,5 +108,47 @@ func TestContextEndedDuringProbeSendsNothing(t *testing.T) {
 		if n := counts[i](); n != 0 || st.Owed != 0 {
 			t.Errorf("node %d: %d requests carrying the key, %d releases owed; want none", i, n, st.Owed)
 		}
+	}
+}
+
+// TestUncertainRefreshForgotten: the Store forgets that a Refresh call's
+// outcome was unknown (which a Release of the lock would need) once the
+// refresh's TTL has passed, also when the lock is never released: the
+// states of such tokens do not pile up.
+func TestUncertainRefreshForgotten(t *testing.T) {
+	const locks, ttl = 10, 300 * time.Millisecond
+	s, proxies, _ := proxiedNodes(t, redlockstore.WithNodeTimeout(100*time.Millisecond))
+	warm(t, s)
+	ctx := context.Background()
+	for i := range locks {
+		key, token := uniqueKey("uncertain"), fmt.Sprintf("t%d", i)
+		if g, err := s.Acquire(ctx, []string{key}, token, ttl); err != nil || !g.OK {
+			t.Fatalf("Acquire: %+v, %v", g, err)
+		}
+		proxies[4].Blackhole(faultproxy.Both)
+		if err := s.Refresh(ctx, []string{key}, token, ttl); err != nil {
+			t.Fatalf("Refresh with node 4 cut off: %v", err)
+		}
+		proxies[4].Heal()
+	}
+	if n := s.TokenStates(); n != locks {
+		t.Fatalf("%d token states after %d Refreshes of unknown outcome on node 4, want %d", n, locks, locks)
+	}
+	// Once the TTL has passed, the next Refresh sweeps them.
+	if err := eventually(5*time.Second, func() error {
+		key := uniqueKey("sweeper")
+		if g, err := s.Acquire(ctx, []string{key}, "sweeper", time.Second); err != nil || !g.OK {
+			return fmt.Errorf("Acquire: %+v, %v", g, err)
+		}
+		defer func() { _ = s.Release(ctx, []string{key}, "sweeper", 0) }()
+		if err := s.Refresh(ctx, []string{key}, "sweeper", time.Second); err != nil {
+			return err
+		}
+		if n := s.TokenStates(); n > 1 {
+			return fmt.Errorf("%d token states", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the states of locks whose TTL has passed are kept: %v", err)
 	}
 }
