@@ -42,6 +42,10 @@ type tokenState struct {
 // closeAll is the attempt a release closes: every attempt of the token.
 const closeAll = 1<<53 - 1
 
+// errUnverified is the failure of a node that granted before the Store knew
+// its run_id: it may be a second address of a node that granted too.
+var errUnverified = errors.New("redlockstore: granted, but its run_id is not known yet: not counted")
+
 // errClosed is the failure of a call that arrived at its node after an undo
 // or a release had closed its attempt there, or after a later attempt of
 // its token wrote there: it wrote nothing.
@@ -103,13 +107,21 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 
 	total, q := len(s.nodes), s.quorum
-	var granted, refused, failed []reply
+	var granted, refused, failed, unverified []reply
+	votes := 0 // grants of nodes whose identity is known: one per server
 	classify := func(r reply) {
 		switch {
 		case r.err != nil:
 			failed = append(failed, r)
 		case len(r.vals) == n+1 && r.vals[0] == 1:
 			granted = append(granted, r)
+			if s.known(r.node) {
+				votes++
+			} else {
+				// Maybe a second address of a node that voted: its
+				// grant counts once its run_id is known.
+				unverified = append(unverified, r)
+			}
 		case len(r.vals) == 4 && r.vals[0] == 0 && r.vals[1] >= 0 && r.vals[1] < int64(n):
 			refused = append(refused, r)
 		case len(r.vals) == 1 && r.vals[0] == -2:
@@ -161,7 +173,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	phase2 := time.Now()
 	replies := s.fanOut(ctx, timeout, others, call)
 	pending := len(others)
-	for pending > 0 && len(granted) < q && len(refused)+len(failed) <= total-q {
+	for pending > 0 && votes < q && len(refused)+len(failed) <= total-q {
 		select {
 		case r := <-replies:
 			pending--
@@ -172,7 +184,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	if len(granted) < q && len(failed) <= total-q && slices.ContainsFunc(granted, func(r reply) bool { return r.node == gate }) {
+	if votes < q && len(failed) <= total-q && slices.ContainsFunc(granted, func(r reply) bool { return r.node == gate }) {
 		// The gate is ours: the nodes that refused are held by contenders
 		// that lost it, and let go at once. Ask them again, briefly.
 		for pending > 0 {
@@ -186,7 +198,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			}
 		}
 		backoff := time.Millisecond
-		for try := 0; try < gateRetries && len(granted) < q && len(refused) > 0 && len(failed) <= total-q; try++ {
+		for try := 0; try < gateRetries && votes < q && len(refused) > 0 && len(failed) <= total-q; try++ {
 			if time.Since(start)+backoff+timeout >= ttl {
 				break
 			}
@@ -218,7 +230,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	if pending > 0 && (len(granted) >= q || len(failed) <= total-q) {
+	if pending > 0 && (votes >= q || len(failed) <= total-q) {
 		// Give the other nodes as long again as the decision took: healthy
 		// ones answer by then. Every grant in hand before Acquire returns
 		// is one that a Release will not race with, and a refusal's Wait
@@ -239,7 +251,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		grace.Stop()
 	}
 
-	if len(granted) >= q {
+	if votes >= q {
 		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout)
 		if err != nil {
 			s.settle(a, replies, pending, granted, failed, true)
@@ -278,7 +290,14 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	for _, r := range failed {
 		unreachable = unreachable && r.unreachable()
 	}
-	return stores.Grant{}, s.noQuorum("acquire "+keysForMessage(keys), len(granted)+len(refused), failed, unreachable)
+	for _, r := range unverified {
+		r.err = errUnverified
+		failed = append(failed, r)
+	}
+	if len(unverified) > 0 {
+		s.probe(ctx, s.nodeTimeout, false)
+	}
+	return stores.Grant{}, s.noQuorum("acquire "+keysForMessage(keys), votes+len(refused), failed, unreachable)
 }
 
 // firstFenceMargin is how far ahead of the client's clock the first fence of
@@ -409,7 +428,7 @@ func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply,
 	for k := range n {
 		count := 0
 		for _, r := range granted {
-			if r.vals[k+1] == fences[k] {
+			if r.vals[k+1] == fences[k] && s.known(r.node) {
 				count++
 			}
 		}
@@ -427,12 +446,17 @@ func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply,
 		// Nodes that missed grants catch up, so that they agree again.
 		raised := s.raise(ctx, keys, fences, lag, timeout)
 		if !agree {
-			stored := len(granted) - len(lag)
+			stored := 0
+			for _, r := range granted {
+				if !slices.Contains(lag, r.node) && s.known(r.node) {
+					stored++
+				}
+			}
 			var failed []reply
 			for range lag {
 				select {
 				case r := <-raised:
-					if r.err == nil {
+					if r.err == nil && s.known(r.node) {
 						stored++
 					} else {
 						failed = append(failed, r)

@@ -189,11 +189,13 @@
 //
 // One server given twice would count as two votes. New refuses two nodes
 // with the same address (the host in lower case, localhost, 127.0.0.1 and
-// ::1 as one host, the database number ignored), and the first Acquire of a
-// Store asks every node for its run_id (one round trip, once) and refuses,
-// with ErrInvalid and ErrDuplicateNode, nodes that are one server under two
-// addresses (a host name and its IP address, a proxy); a node that did not
-// answer then is asked again in the background once it answers calls.
+// ::1 as one host, the database number ignored), and the first Acquire (or
+// Refresh) of a Store asks every node for its run_id (one round trip, once)
+// and refuses, with ErrInvalid and ErrDuplicateNode, nodes that are one
+// server under two addresses (a host name and its IP address, a proxy); a
+// node that did not answer then is asked again in the background once it
+// answers calls, and until its run_id is known its grants and renewals do
+// not count toward a quorum (they are released like a refused lock's).
 //
 // # Limits and costs
 //

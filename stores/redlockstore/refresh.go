@@ -39,6 +39,12 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkArgs(keys, "ttl", ttl); err != nil {
 		return err
 	}
+	if err := s.identify(ctx, s.nodeTimeout); err != nil {
+		return err
+	}
+	if ctxEnded(ctx) {
+		return abandoned(ctx, false)
+	}
 	st := s.beginRefresh(token)
 	defer s.endRefresh(token, st)
 	start := time.Now()
@@ -78,7 +84,14 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	if len(refreshed) >= s.quorum && len(absent) > 0 {
+	// Only nodes whose identity is known count: one vote per server.
+	votes := 0
+	for _, r := range refreshed {
+		if s.known(r.node) {
+			votes++
+		}
+	}
+	if votes >= s.quorum && len(absent) > 0 {
 		// The lock stands on a quorum: nodes that lost it take it again.
 		indexes := make([]int, len(absent))
 		for i, r := range absent {
@@ -100,7 +113,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 
 	notHeld := len(other) + len(absent)
 	switch {
-	case len(refreshed) >= s.quorum:
+	case votes >= s.quorum:
 		if elapsed := time.Since(start); elapsed >= ttl {
 			return fmt.Errorf("%w: refresh %s: a quorum renewed after %v, not within the TTL %v",
 				ErrNoQuorum, keysForMessage(keys), elapsed, ttl)

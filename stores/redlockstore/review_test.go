@@ -152,3 +152,58 @@ func TestUncertainRefreshForgotten(t *testing.T) {
 		t.Fatalf("the states of locks whose TTL has passed are kept: %v", err)
 	}
 }
+
+// TestUnidentifiedNodeDoesNotVote: a second address of one server that
+// could not be reached when the Store asked the nodes for their run_ids
+// (issue 18, defect 5) must not count as a second vote once it answers:
+// with the third node down, that server alone grants nothing, and the
+// duplicate is found.
+func TestUnidentifiedNodeDoesNotVote(t *testing.T) {
+	addrs := testservers.RedisNodeAddrs(t)
+	alias, third := faultproxy.New(t, addrs[0]), faultproxy.New(t, addrs[1])
+	nodes := clients(t, []string{addrs[0], alias.Addr(), third.Addr()})
+	admit(t, nodes)
+	s := newStore(t, nodes, redlockstore.WithNodeTimeout(time.Second))
+	ctx := context.Background()
+	alias.Refuse()
+	alias.Cut()
+	if _, err := grantOnce(ctx, s, uniqueKey("first"), time.Second); err != nil {
+		t.Fatalf("the first lock, with the alias refusing connections: %v", err)
+	}
+	alias.Heal()
+	third.Refuse()
+	third.Cut()
+	g, err := s.Acquire(ctx, []string{uniqueKey("alone")}, "t", time.Second)
+	if err == nil && g.OK {
+		t.Fatal("one server under two addresses granted the lock alone")
+	}
+	if err := eventually(5*time.Second, func() error {
+		_, err := s.Acquire(ctx, []string{uniqueKey("found")}, "t2", time.Second)
+		if !errors.Is(err, redlockstore.ErrDuplicateNode) {
+			return fmt.Errorf("Acquire: %v, want ErrDuplicateNode", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRefreshOnFreshStore: a Store that never acquired (another Store of
+// the process did) renews a lock: its first Refresh learns the nodes'
+// identities, whose grants then count.
+func TestRefreshOnFreshStore(t *testing.T) {
+	nodes := clients(t, testservers.RedisNodeAddrs(t))
+	admit(t, nodes)
+	a, b := newStore(t, nodes), newStore(t, nodes)
+	ctx := context.Background()
+	key := uniqueKey("fresh-refresh")
+	if g, err := a.Acquire(ctx, []string{key}, "t", 10*time.Second); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if err := b.Refresh(ctx, []string{key}, "t", 10*time.Second); err != nil {
+		t.Fatalf("Refresh by a Store that never acquired: %v", err)
+	}
+	if err := b.Release(ctx, []string{key}, "t", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
