@@ -44,7 +44,12 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	s.forgetRefusal(token)
 	tombs, st := s.endToken(token, keep)
-	defer s.endRelease(token, st)
+	inFlight := false // the calls outlive the Release: the token stays ended until they are in
+	defer func() {
+		if !inFlight {
+			s.endRelease(token, st)
+		}
+	}()
 	// What the Store owes when a node's call fails: the same release, of
 	// every attempt so far (not of a later reuse of the token).
 	owed := owedRelease{keys: keys, token: token, upTo: s.attempts.Load(), tombs: tombs}
@@ -84,7 +89,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		case <-ctx.Done():
 			// The calls go on: the Store owes the releases that fail.
 			left := len(s.nodes) - answered - len(failed)
+			inFlight = true
 			s.wg.Go(func() {
+				defer s.endRelease(token, st)
 				var nodes []int
 				for range left {
 					if r := <-replies; r.err != nil || len(r.vals) != len(keys) {

@@ -207,3 +207,54 @@ func TestRefreshOnFreshStore(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 }
+
+// TestRefreshAfterCancelledReleaseWritesNothing: a Release whose context is
+// cancelled while its calls are on their way (held back 500ms) returns, but
+// the token stays ended until the calls are in: a Refresh started then
+// writes nothing, and does not re-take a node behind the Release.
+func TestRefreshAfterCancelledReleaseWritesNothing(t *testing.T) {
+	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(3*time.Second))
+	warm(t, s)
+	ctx := context.Background()
+	key := uniqueKey("cancelled-release")
+	if g, err := s.Acquire(ctx, []string{key}, "t", 10*time.Second); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var answered []<-chan struct{}
+	for _, p := range proxies[:4] {
+		answered = append(answered, p.DelayNextRequest(500*time.Millisecond))
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	released := make(chan error, 1)
+	go func() { released <- s.Release(rctx, []string{key}, "t", 0) }()
+	if err := eventually(5*time.Second, func() error {
+		for i, p := range proxies[:4] {
+			if p.Armed() != 0 {
+				return fmt.Errorf("the Release's call to node %d has not left", i)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-released; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled Release: %v, want context.Canceled", err)
+	}
+	err := s.Refresh(ctx, []string{key}, "t", 10*time.Second)
+	t.Logf("the Refresh after the cancelled Release: %v", err)
+	for _, ch := range answered {
+		<-ch
+	}
+	if err := eventually(2*time.Second, func() error {
+		if h := holders(t, direct, key); strings.Join(h, "") != "" {
+			return fmt.Errorf("holders %q", h)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("after the cancelled Release's calls landed, the key is held: %v", err)
+	}
+}
