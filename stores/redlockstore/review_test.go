@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -256,5 +257,76 @@ func TestRefreshAfterCancelledReleaseWritesNothing(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatalf("after the cancelled Release's calls landed, the key is held: %v", err)
+	}
+}
+
+// TestNoGoroutineLeftAfterClose: after a Store has granted, renewed,
+// refused, abandoned, released and notified, and owes clean-up to a node it
+// cannot reach, Close ends every goroutine it started.
+func TestNoGoroutineLeftAfterClose(t *testing.T) {
+	addrs := testservers.RedisNodeAddrs(t)
+	direct := clients(t, addrs)
+	admit(t, direct)
+	proxies := make([]*faultproxy.Proxy, len(addrs))
+	for i, a := range addrs {
+		proxies[i] = faultproxy.New(t, a)
+	}
+	baseline := runtime.NumGoroutine()
+	nodes := make([]*redis.Client, len(addrs))
+	scripters := make([]redis.Scripter, len(addrs))
+	for i, p := range proxies {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		scripters[i] = nodes[i]
+	}
+	s, err := redlockstore.New(scripters, redlockstore.WithNodeTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := uniqueKey("leak")
+	if g, err := s.Acquire(ctx, []string{key}, "t", 10*time.Second); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if g, err := s.Acquire(ctx, []string{key}, "w", 10*time.Second); err != nil || g.OK {
+		t.Fatalf("a waiter's Acquire: %+v, %v; want a refusal", g, err)
+	}
+	released, stop := s.NotifyRelease(key, "w")
+	if err := s.Refresh(ctx, []string{key}, "t", 10*time.Second); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+	proxies[4].Blackhole(faultproxy.Both)
+	if err := s.Release(ctx, []string{key}, "t", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if released != nil {
+		select {
+		case <-released:
+		case <-time.After(time.Second): // a signal may be lost; no matter here
+		}
+	}
+	stop()
+	actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, _ = s.Acquire(actx, []string{uniqueKey("leak-abandoned")}, "a", 10*time.Second)
+	cancel()
+	if st := s.NodeStats()[4]; st.Owed == 0 {
+		t.Fatal("nothing owed to the cut-off node")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for _, n := range nodes {
+		_ = n.Close()
+	}
+	proxies[4].Heal()
+	if err := eventually(5*time.Second, func() error {
+		// The proxies serve open connections with goroutines of their
+		// own; the clients are closed, so those end too.
+		if n := runtime.NumGoroutine(); n > baseline {
+			return fmt.Errorf("%d goroutines, %d before the Store", n, baseline)
+		}
+		return nil
+	}); err != nil {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%v\n%s", err, buf[:runtime.Stack(buf, true)])
 	}
 }
