@@ -170,6 +170,8 @@
 // either configure appendfsync always, or delete its data files before
 // starting it, or keep it away from clients for the max TTL. FLUSHALL on a
 // node that has been up longer than the max TTL is not detected: don't.
+// Nor is a lock key evicted for memory: set maxmemory-policy noeviction
+// (every volatile-* policy evicts lock keys, which have a TTL).
 // On a brand-new deployment, nodes started less than the max TTL ago are
 // quarantined until then; SET MarkerKey to 0 on each to admit them at once
 // (only on nodes that held no lock within the max TTL).
@@ -207,7 +209,9 @@
 // once for Acquire and one for Release (and one for each Refresh); the
 // scripts read a tombstone key per lock key, and every node publishes its
 // releases (a PUBLISH with no subscriber is cheap); it owes nothing, and
-// runs no background goroutine. The first Acquire of a Store costs one
+// runs no background goroutine. A tombstone (a few dozen bytes plus the
+// key and the token) lives for the max TTL: a long max TTL keeps the
+// tombstones of abandoned acquires and lost renewals that long. The first Acquire of a Store costs one
 // more round trip (run_ids).
 //
 // # Fair mode
