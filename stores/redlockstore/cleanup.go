@@ -11,17 +11,18 @@ import (
 // The owed clean-up (see Clean-up in the package documentation). A debt
 // is what the Store owes for keys of a token: per node, one release that
 // merges every release owed there. Each node has a queue of the debts that
-// owe it a call not in flight; the janitor, one goroutine that runs while a
-// queue is not empty, sends the calls that are due, at most the node's
-// limit at a time, each in a goroutine of its own (pay), which records the
-// outcome and queues the debt again when the call failed or more was owed
-// meanwhile.
+// owe it a call not in flight. A call is sent as soon as it is due and its
+// node's limit allows (dispatchLocked), each in a goroutine of its own
+// (pay), which records the outcome, queues the debt again when the call
+// failed or more was owed meanwhile, and sends what is due next. The
+// janitor, one goroutine that runs only while calls wait for a node's
+// backoff to end, sends them then.
 
 // Bounds of the owed clean-up.
 const (
 	minCleanupBackoff  = 10 * time.Millisecond
 	maxCleanupBackoff  = time.Second
-	cleanupConcurrency = 8        // calls in flight per node that answers
+	cleanupConcurrency = 64       // calls in flight per node that answers
 	maxDebts           = 1 << 14  // debts held at once
 	maxDebtBytes       = 64 << 20 // their keys and tokens together
 	debtOverhead       = 256      // bytes a debt counts besides its keys and token
@@ -143,7 +144,7 @@ func (s *Store) owe(keys []string, token string, until time.Time, calls map[int]
 			s.nodes[i].clean.queue = append(s.nodes[i].clean.queue, d)
 		}
 	}
-	s.kickLocked()
+	s.dispatchAllLocked()
 }
 
 // roomLocked reports whether a new debt of size bytes fits, after giving up
@@ -209,8 +210,53 @@ func (s *Store) forgetDebtLocked(d *debt) {
 	}
 }
 
-// kickLocked starts the janitor, or wakes it. The caller holds s.mu.
-func (s *Store) kickLocked() {
+// dispatchLocked sends node i's owed calls that are due, as many as its
+// limit allows, and reports how long until the next is due when one waits
+// for the node's backoff (ok false when none does: a call in flight that
+// ends dispatches the rest). The caller holds s.mu.
+func (s *Store) dispatchLocked(now time.Time, i int) (wait time.Duration, ok bool) {
+	c := &s.nodes[i].clean
+	for len(c.queue) > 0 && c.inflight < c.limit() && !now.Before(c.next) {
+		d := c.queue[0]
+		c.queue[0] = nil
+		c.queue = c.queue[1:]
+		oc := d.calls[i]
+		if d.gone || oc == nil || !oc.queued {
+			continue
+		}
+		oc.queued = false
+		if now.After(d.until) {
+			s.forgetCallLocked(d, i, true)
+			continue
+		}
+		oc.busy = true
+		c.inflight++
+		call, gen := *oc, c.gen
+		s.wg.Add(1)
+		go s.pay(d, i, call, gen)
+	}
+	if len(c.queue) == 0 || c.inflight >= c.limit() {
+		return 0, false
+	}
+	return c.next.Sub(now), true
+}
+
+// dispatchAllLocked dispatches every node's due calls (see dispatchLocked),
+// and starts the janitor, or wakes it, when a call waits for a backoff.
+// The caller holds s.mu.
+func (s *Store) dispatchAllLocked() {
+	waiting := s.closed // the janitor gives up the debts
+	if !s.closed {
+		now := time.Now()
+		for i := range s.nodes {
+			if _, ok := s.dispatchLocked(now, i); ok {
+				waiting = true
+			}
+		}
+	}
+	if !waiting {
+		return
+	}
 	if !s.janitorOn {
 		s.janitorOn = true
 		s.wg.Add(1)
@@ -223,9 +269,9 @@ func (s *Store) kickLocked() {
 	}
 }
 
-// janitor sends the owed calls that are due, as many per node as its
-// limit allows, and returns once no call waits for a turn (a call in
-// flight that fails starts it again) or the Store closes.
+// janitor dispatches the calls that wait for a node's backoff when it
+// ends, and returns once none waits, or the Store closes (giving up every
+// debt).
 func (s *Store) janitor() {
 	defer s.wg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -246,49 +292,19 @@ func (s *Store) janitor() {
 			return
 		}
 		now := time.Now()
-		wait, waiting := time.Duration(-1), false
-		for i, n := range s.nodes {
-			c := &n.clean
-			for len(c.queue) > 0 && c.inflight < c.limit() && !now.Before(c.next) {
-				d := c.queue[0]
-				c.queue[0] = nil
-				c.queue = c.queue[1:]
-				oc := d.calls[i]
-				if d.gone || oc == nil || !oc.queued {
-					continue
-				}
-				oc.queued = false
-				if now.After(d.until) {
-					s.forgetCallLocked(d, i, true)
-					continue
-				}
-				oc.busy = true
-				c.inflight++
-				call, gen := *oc, c.gen
-				s.wg.Add(1)
-				go s.pay(d, i, call, gen)
-			}
-			if len(c.queue) == 0 {
-				continue
-			}
-			waiting = true
-			if c.inflight < c.limit() {
-				// In backoff: due at c.next. Otherwise a call that
-				// ends wakes the janitor.
-				if d := c.next.Sub(now); wait < 0 || d < wait {
-					wait = d
-				}
+		wait := time.Duration(-1)
+		for i := range s.nodes {
+			if d, ok := s.dispatchLocked(now, i); ok && (wait < 0 || d < wait) {
+				wait = d
 			}
 		}
-		if !waiting {
+		if wait < 0 {
 			s.janitorOn = false
 			s.mu.Unlock()
 			return
 		}
 		s.mu.Unlock()
-		if wait >= 0 {
-			timer.Reset(wait)
-		}
+		timer.Reset(wait)
 		select {
 		case <-s.wake:
 		case <-timer.C:
@@ -339,5 +355,5 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 			n.queue = append(n.queue, d)
 		}
 	}
-	s.kickLocked()
+	s.dispatchAllLocked()
 }

@@ -88,10 +88,11 @@
 // fails, with a backoff per node (10ms doubling to 1s, with jitter), until
 // it lands, until what it releases has surely expired (the TTL plus twice
 // the drift allowance after the debt arose; the tombstone's life for a
-// Release), or until Close. One goroutine at a time sends them (none runs
-// while nothing is owed); a node that fails gets one call at a time, so an
-// outage costs one call per node per backoff however much is owed to it,
-// and the releases owed for one token are one. At most 16384 debts (64 MiB
+// Release), or until Close. A node that answers gets up to 64 owed calls at
+// once; a node in backoff gets one at a time, so an outage costs one call
+// per node per backoff however much is owed to it, and no goroutine per
+// debt (one waits for the backoffs); the releases owed for one token are
+// one. At most 16384 debts (64 MiB
 // of keys) are held: a new one beyond is given up, and what it would
 // release expires with its TTL. NodeStats tells, per node, the releases
 // owed and those given up. A late call that reaches its node after its
@@ -589,7 +590,7 @@ func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 func (s *Store) Close() error {
 	s.mu.Lock()
 	s.closed = true
-	s.kickLocked()
+	s.dispatchAllLocked() // the janitor gives up what is owed
 	s.mu.Unlock()
 	var err error
 	for _, n := range s.notify {
