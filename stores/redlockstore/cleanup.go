@@ -158,7 +158,7 @@ func (s *Store) roomLocked(size int) bool {
 	if now := time.Now(); now.After(s.nextSweep) {
 		s.nextSweep = now.Add(100 * time.Millisecond)
 		for _, ds := range s.debts {
-			for _, d := range ds {
+			for _, d := range slices.Clone(ds) { // forgetDebtLocked edits ds
 				if now.After(d.until) {
 					s.forgetDebtLocked(d)
 				}
