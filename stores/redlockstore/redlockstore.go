@@ -92,11 +92,11 @@
 // once; a node in backoff gets one at a time, so an outage costs one call
 // per node per backoff however much is owed to it, and no goroutine per
 // debt (one waits for the backoffs); the releases owed for one token are
-// one. At most 16384 debts (64 MiB
-// of keys) are held: a new one beyond is given up, and what it would
-// release expires with its TTL. NodeStats tells, per node, the releases
-// owed and those given up. A late call that reaches its node after its
-// undo was given up (a node paused past the TTL) is not stopped.
+// one. At most 16384 debts (64 MiB of keys) are held: a new one beyond is
+// given up, and what it would release expires with its TTL. NodeStats
+// tells, per node, the releases owed and those given up. A late call that
+// reaches its node after its undo was given up (a node paused past the
+// TTL) is not stopped.
 //
 // # Errors
 //
