@@ -117,7 +117,9 @@ func TestContextEndedDuringProbeSendsNothing(t *testing.T) {
 // refresh's TTL has passed, also when the lock is never released: the
 // states of such tokens do not pile up.
 func TestUncertainRefreshForgotten(t *testing.T) {
-	const locks, ttl = 10, 300 * time.Millisecond
+	// A TTL that outlasts the loop on a loaded machine: no state may be
+	// swept before every Refresh is done.
+	const locks, ttl = 5, 3 * time.Second
 	s, proxies, _ := proxiedNodes(t, redlockstore.WithNodeTimeout(100*time.Millisecond))
 	warm(t, s)
 	ctx := context.Background()
@@ -136,7 +138,7 @@ func TestUncertainRefreshForgotten(t *testing.T) {
 		t.Fatalf("%d token states after %d Refreshes of unknown outcome on node 4, want %d", n, locks, locks)
 	}
 	// Once the TTL has passed, the next Refresh sweeps them.
-	if err := eventually(5*time.Second, func() error {
+	if err := eventually(3*ttl, func() error {
 		key := uniqueKey("sweeper")
 		if g, err := s.Acquire(ctx, []string{key}, "sweeper", time.Second); err != nil || !g.OK {
 			return fmt.Errorf("Acquire: %+v, %v", g, err)
