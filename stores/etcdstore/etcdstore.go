@@ -243,6 +243,12 @@ func WithMaxRequestBytes(n int) Option {
 // New returns a Store on client. The caller keeps owning client, and closes
 // it after the Store. It returns an error wrapping stores.ErrInvalid for a
 // nil client or an invalid option.
+//
+// New cannot read the client's settings: with WithMaxRequestBytes above 2
+// MiB, the client's MaxCallSendMsgSize must be raised too (Open does it),
+// or the client refuses the largest requests the Store's Bounds admit
+// (with stores.ErrInvalid); and its MaxCallRecvMsgSize must not be
+// lowered below the largest reply (see the package documentation).
 func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: etcdstore: nil client", stores.ErrInvalid)

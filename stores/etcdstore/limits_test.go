@@ -289,3 +289,27 @@ func TestRequestTooLargeForEtcd(t *testing.T) {
 
 // byteCount writes n in bytes.
 func byteCount(n int) string { return strconv.Itoa(n) + " bytes" }
+
+// TestOpenSendsWhatBoundsAdmits (issue 18, from review): a Store opened
+// with max-request-bytes of 4 MiB sends a fair attempt on a key of its
+// MaxKeyBytes, every byte escaped to three (a request of about 4 MB), to
+// etcd, instead of its client refusing it at the client's default send
+// limit of 2 MiB. The shared etcd takes less (1.5 MiB), so it refuses the
+// request; what matters is that it was sent.
+func TestOpenSendsWhatBoundsAdmits(t *testing.T) {
+	t.Parallel()
+	s, err := etcdstore.Open(t.Context(), "etcd://"+hostPorts(t)+"/"+uniqueKey(t)+"?max-request-bytes=4194304")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	base := uniqueKey(t)
+	long := base + strings.Repeat("/", s.Bounds().MaxKeyBytes-len(base))
+	_, err = s.AcquireFair(t.Context(), long, "t1", time.Minute, time.Minute)
+	if err == nil {
+		t.Fatal("the shared etcd took a request of about 4 MB; the test needs its default --max-request-bytes")
+	}
+	if strings.Contains(err.Error(), "trying to send message larger than max") {
+		t.Fatalf("AcquireFair of a key of MaxKeyBytes: %.300v; the client refused to send it", err)
+	}
+}
