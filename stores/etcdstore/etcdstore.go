@@ -9,9 +9,10 @@
 // with '%' and '/' percent-escaped plus "/". In it:
 //
 //   - holder: the lock is held while this key exists. Its value is the
-//     holder's token, a NUL byte, and the TTL it was given in milliseconds,
-//     which refusals report as Wait. One fixed name per lock key, so that
-//     etcd's index does not grow with every acquisition until the next
+//     holder's token, a NUL byte, the sequence of the call that set it (see
+//     below), a NUL byte, and the TTL it was given in milliseconds, which
+//     refusals report as Wait. One fixed name per lock key, so that etcd's
+//     index does not grow with every acquisition until the next
 //     compaction, and a grant compares one key, not a range.
 //   - q/<token>: a fair waiter, ordered by its create revision (the queue is
 //     etcd's revision order, as in concurrency.Mutex). Its value is the
@@ -45,6 +46,18 @@
 // timeout, rounded up: 2s by default) to that minimum: a lock of 50ms is
 // honoured, and held up to 2.5s if its holder dies without releasing it.
 // Fair-waiter leases round the same way.
+//
+// Each call takes a sequence when it starts: its start in Unix
+// nanoseconds, or one more than the Store's previous one, so that the
+// Store's calls are numbered in the order they started. Refresh, and a
+// Release with keep, act only on holder keys set by a call of the token
+// with a sequence no later than theirs, compared in their transaction: a
+// renewal that reaches etcd late (its reply lost, its request held in the
+// network) cannot move the keys back to its own lease, which lasts from
+// its earlier start, after a later renewal succeeded; the Locker confirms
+// validity from the later one (see Refresh). A token's calls are meant to
+// go through one Store, as the Locker's do: across Stores, their order is
+// that of the clocks that numbered them.
 //
 // Close revokes every lease the Store granted that may still be alive: its
 // keys go at once rather than at their TTL (etcd issue 17470 is a lease kept
@@ -84,7 +97,9 @@
 // Acquire, Release and Refresh are one transaction each, for any number of
 // keys (up to MaxKeys), plus a LeaseGrant when no shared lease fits (about
 // once a second per TTL in use), and a second transaction for a retried
-// Acquire that finds its own grant. Every request is a write through
+// Acquire that finds its own grant, or for a Refresh (or Release with
+// keep) refused, which reads its keys to tell a key not held from one
+// renewed by a later call. Every request is a write through
 // etcd's log, a refused acquire too. A fair attempt is one transaction, and
 // a second one when its caller heads the queue behind other waiters. An
 // acquire's check that its token was not abandoned (below) is one more
@@ -173,6 +188,12 @@ var (
 	// ErrClosed means the Store was closed. It wraps stores.ErrUnreachable:
 	// a call on a closed Store changes nothing.
 	ErrClosed = fmt.Errorf("%w: etcdstore: store closed", stores.ErrUnreachable)
+
+	// ErrOvertaken means that a Refresh, or a Release with keep, found
+	// its keys set by a later call of the same token first, which keeps
+	// them for less than this call asked: it changed nothing. It is a
+	// store failure (the Locker then trusts no more than this call's TTL).
+	ErrOvertaken = errors.New("etcdstore: a later call of the token set the keys first, for a shorter time; this one changed nothing")
 )
 
 // Store is a stores.Store on etcd, and a stores.Notifier and
@@ -195,6 +216,9 @@ type Store struct {
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
 	closed      bool           // guarded by lifeMu
 	cleanupWait sync.WaitGroup // detached acquires and their undo, which Close waits for
+
+	seqMu   sync.Mutex
+	lastSeq uint64 // the sequence of the latest call (see begin)
 }
 
 // Option configures a Store.
@@ -278,6 +302,21 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout)
 	s.notify = newNotifier(s)
 	return s, nil
+}
+
+// begin returns the start of a call, from which its TTL counts, and its
+// sequence: the call's start in Unix nanoseconds, or one more than the
+// latest sequence of the Store's calls when that is larger (the clock
+// stepped back, or two calls began within a nanosecond), so that the
+// Store's calls are numbered in the order they started. A holder key keeps
+// the sequence of the call that set it, and Refresh and a Release with
+// keep act only on keys set by calls that started no later than theirs.
+func (s *Store) begin() (time.Time, uint64) {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	start := time.Now()
+	s.lastSeq = max(s.lastSeq+1, uint64(max(start.UnixNano(), 0)))
+	return start, s.lastSeq
 }
 
 // isClosed reports whether Close was called.
@@ -381,19 +420,33 @@ func errTokenAbandoned(token string) error {
 func holderKey(dir string) string { return dir + "holder" }
 func queueDir(dir string) string  { return dir + "q/" }
 
-// holderValue is the value of a holder key: the token, a NUL byte, and the
-// TTL in milliseconds (which refusals report as Wait).
-func holderValue(token string, ttl time.Duration) string { return token + "\x00" + millis(ttl) }
+// holderValue is the value of a holder key: the token, a NUL byte, the
+// sequence of the call that set it (see Store.begin) in 16 hexadecimal
+// digits, a NUL byte, and the TTL in milliseconds (which refusals report as
+// Wait).
+func holderValue(token string, seq uint64, ttl time.Duration) string {
+	return token + "\x00" + seqString(seq) + "\x00" + millis(ttl)
+}
 
-// holderToken and holderTTL read a holderValue.
+// seqString is seq in 16 hexadecimal digits, which sort as the numbers do.
+func seqString(seq uint64) string { return fmt.Sprintf("%016x", seq) }
+
+// holderToken, holderSeq and holderTTL read a holderValue.
 func holderToken(v []byte) string {
 	tok, _, _ := strings.Cut(string(v), "\x00")
 	return tok
 }
 
+func holderSeq(v []byte) uint64 {
+	_, rest, _ := strings.Cut(string(v), "\x00")
+	seq, _, _ := strings.Cut(rest, "\x00")
+	n, _ := strconv.ParseUint(seq, 16, 64)
+	return n
+}
+
 func holderTTL(v []byte) time.Duration {
-	_, ttl, _ := strings.Cut(string(v), "\x00")
-	return parseMillis([]byte(ttl))
+	i := strings.LastIndexByte(string(v), 0)
+	return parseMillis(v[i+1:])
 }
 
 // heldBy compares true when key exists and holds token: its value starts
@@ -402,6 +455,17 @@ func heldBy(key, token string) []clientv3.Cmp {
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(key), ">", token+"\x00"),
 		clientv3.Compare(clientv3.Value(key), "<", token+"\x01"),
+	}
+}
+
+// heldUpTo compares true when key exists, holds token, and was set by a
+// call of a sequence no later than seq: its value lies between token and a
+// NUL byte, and the same followed by seq and a byte above the NUL that
+// follows it.
+func heldUpTo(key, token string, seq uint64) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(key), ">", token+"\x00"),
+		clientv3.Compare(clientv3.Value(key), "<", token+"\x00"+seqString(seq)+"\x01"),
 	}
 }
 
@@ -566,8 +630,8 @@ func keysForMessage(keys []string) string {
 // Acquire sets every key to token for at least ttl when none is held by
 // another token, in one transaction (see stores.Store): it compares, per
 // key, that its holder key does not exist (and that token was not
-// abandoned, see Store.undo), and then puts token's holder key on a shared
-// lease that lasts ttl from the call's start. A retry finds keys holding
+// abandoned, see the package documentation), and then puts token's holder
+// key on a shared lease that lasts ttl from the call's start. A retry finds keys holding
 // its own token and puts them again, with a fresh fence and lease, in a
 // second transaction that compares they are unchanged. A refusal names the
 // first key held by another token and, as Wait, the TTL that holder was
@@ -575,8 +639,13 @@ func keysForMessage(keys []string) string {
 // stores.ErrInvalid for invalid arguments, arguments out of the Store's
 // Bounds, more than MaxKeys keys, or a token whose acquire was abandoned;
 // and ctx.Err() without acting when ctx has ended.
+//
+// A token whose acquire returned stores.ErrAbandoned serves no other call:
+// once its undo has landed, Acquire refuses it with stores.ErrInvalid, and
+// an acquire of it granted before then is deleted by the undo when it
+// lands. The Locker never reuses a token.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
@@ -587,7 +656,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	var fl flight
 	err := s.detached(ctx, func(ctx context.Context) error {
 		var err error
-		g, err = s.acquire(ctx, start, keys, token, ttl, &fl)
+		g, err = s.acquire(ctx, start, seq, keys, token, ttl, &fl)
 		return err
 	}, func(ctx context.Context) { s.undo(ctx, keys, token, false, &fl) })
 	if err != nil {
@@ -596,7 +665,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	return g, nil
 }
 
-func (s *Store) acquire(ctx context.Context, start time.Time, keys []string, token string, ttl time.Duration, fl *flight) (stores.Grant, error) {
+func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys []string, token string, ttl time.Duration, fl *flight) (stores.Grant, error) {
 	holders := make([]string, len(keys))
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
@@ -612,7 +681,7 @@ func (s *Store) acquire(ctx context.Context, start time.Time, keys []string, tok
 		err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
 			fl.sending(lease)
 			var err error
-			resp, err = s.acquireTxn(ctx, holders, conds, token, ttl, lease).Commit()
+			resp, err = s.acquireTxn(ctx, holders, conds, token, seq, ttl, lease).Commit()
 			return err
 		})
 		if err != nil {
@@ -649,10 +718,10 @@ func (s *Store) acquire(ctx context.Context, start time.Time, keys []string, tok
 // acquireTxn is one transaction of acquire: if conds hold for holders and
 // token has no abandon mark, it puts token's holder keys on lease, else it
 // reads them and counts the marks.
-func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []clientv3.Cmp, token string, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
+func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []clientv3.Cmp, token string, seq uint64, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
 	puts := make([]clientv3.Op, len(holders))
 	gets := make([]clientv3.Op, len(holders)+1)
-	val := holderValue(token, ttl)
+	val := holderValue(token, seq, ttl)
 	for i, h := range holders {
 		puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
 		gets[i] = clientv3.OpGet(h)
@@ -665,13 +734,14 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // transaction: it deletes the holder keys that hold token, which signals
 // waiters (see NotifyRelease); with keep positive it moves them to a lease
 // that lasts keep from the call's start instead, so they stay held until
-// it passes and nothing is signalled. It returns an error wrapping
-// stores.ErrNotHeld when some key did not hold token, after ending the
-// grant on the others, one wrapping stores.ErrInvalid for invalid
-// arguments or arguments out of the Store's Bounds, and ctx.Err() without
-// acting when ctx has ended.
+// it passes and nothing is signalled. A release with keep acts only on
+// keys set by calls of token that started before it (see Refresh). It
+// returns an error wrapping stores.ErrNotHeld when some key did not hold
+// token, after ending the grant on the others, one wrapping
+// stores.ErrInvalid for invalid arguments or arguments out of the Store's
+// Bounds, and ctx.Err() without acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
@@ -688,22 +758,32 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	return s.release(ctx, start, seq, keys, token, keep)
+}
+
+// release is Release as begun at start with sequence seq.
+func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys []string, token string, keep time.Duration) error {
+	holders := make([]string, len(keys))
+	for i, k := range keys {
+		holders[i] = holderKey(s.dir(k))
+	}
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
 		// One key is the transaction's condition; several each get a
 		// nested transaction, so that the others are released anyway.
 		var cmps []clientv3.Cmp
 		ops := make([]clientv3.Op, len(keys))
-		for i, k := range keys {
-			h := holderKey(s.dir(k))
+		for i, h := range holders {
+			held := heldBy(h, token)
 			ops[i] = clientv3.OpDelete(h)
 			if keep > 0 {
-				ops[i] = clientv3.OpPut(h, holderValue(token, keep), clientv3.WithLease(lease))
+				held = heldUpTo(h, token, seq)
+				ops[i] = clientv3.OpPut(h, holderValue(token, seq, keep), clientv3.WithLease(lease))
 			}
 			if len(keys) == 1 {
-				cmps = heldBy(h, token)
+				cmps = held
 			} else {
-				ops[i] = clientv3.OpTxn(heldBy(h, token), []clientv3.Op{ops[i]}, nil)
+				ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
 			}
 		}
 		var err error
@@ -713,35 +793,101 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err != nil {
 		return s.failed("release", keys, err)
 	}
-	var notHeld []string
+	var refused []int
 	switch {
 	case len(keys) == 1:
 		if !resp.Succeeded {
-			notHeld = keys
+			refused = []int{0}
 		}
 	case len(resp.Responses) != len(keys):
 		return fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
 	default:
 		for i, r := range resp.Responses {
 			if !r.GetResponseTxn().GetSucceeded() {
-				notHeld = append(notHeld, keys[i])
+				refused = append(refused, i)
 			}
 		}
 	}
-	if len(notHeld) > 0 {
-		return fmt.Errorf("%w: etcdstore: release: %s not held by the token", stores.ErrNotHeld, keysForMessage(notHeld))
+	if len(refused) == 0 {
+		return nil
 	}
-	return nil
+	notHeld := pick(keys, refused)
+	if keep > 0 {
+		// Some may hold token from a later call: only the others are
+		// not held.
+		idx, covered, err := s.readRefused(ctx, pick(holders, refused), token, seq, keep)
+		if err != nil {
+			return fmt.Errorf("etcdstore: release %s: %d keys refused the keep, and reading them failed: %w", keysForMessage(keys), len(refused), err)
+		}
+		if len(idx) == 0 {
+			if covered {
+				return nil
+			}
+			return fmt.Errorf("%w: etcdstore: release %s with keep %v", ErrOvertaken, keysForMessage(keys), keep)
+		}
+		notHeld = pick(notHeld, idx)
+	}
+	return fmt.Errorf("%w: etcdstore: release: %s not held by the token", stores.ErrNotHeld, keysForMessage(notHeld))
+}
+
+// pick returns the elements of xs at the indexes idx.
+func pick[T any](xs []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for i, j := range idx {
+		out[i] = xs[j]
+	}
+	return out
+}
+
+// readRefused reads the holder keys hs, which a transaction of a call of
+// token and sequence seq refused (it compared heldUpTo), in one more
+// transaction, and returns the indexes of those that do not hold token.
+// covered reports whether each of the others was set by a later call of
+// token, with a TTL of at least d: such a call started after this one
+// (see Store.begin), so the key stays held until at least this call's
+// start plus d.
+func (s *Store) readRefused(ctx context.Context, hs []string, token string, seq uint64, d time.Duration) (notHeld []int, covered bool, err error) {
+	gets := make([]clientv3.Op, len(hs))
+	for i, h := range hs {
+		gets[i] = clientv3.OpGet(h)
+	}
+	resp, err := s.kv.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, false, err
+	}
+	if len(resp.Responses) != len(hs) {
+		return nil, false, fmt.Errorf("%w: %d reads answered %d results", ErrUnexpectedReply, len(hs), len(resp.Responses))
+	}
+	covered = true
+	for i, r := range resp.Responses {
+		kvs := r.GetResponseRange().GetKvs()
+		switch {
+		case len(kvs) == 0 || holderToken(kvs[0].Value) != token:
+			notHeld = append(notHeld, i)
+		case holderSeq(kvs[0].Value) <= seq || holderTTL(kvs[0].Value) < d:
+			covered = false
+		}
+	}
+	return notHeld, covered, nil
 }
 
 // Refresh moves every key to a lease that lasts ttl from the call's start,
 // and sets the TTL its refusals report, in one transaction, when each still
-// holds token; otherwise it changes nothing and returns an error wrapping
-// stores.ErrNotHeld. It returns an error wrapping stores.ErrInvalid for
+// holds token and was set by a call of token that started before this one
+// (each holder key keeps the sequence of the call that set it, see
+// Store.begin); otherwise it changes nothing and returns an error wrapping
+// stores.ErrNotHeld when a key does not hold token. So a Refresh that
+// reaches etcd late, after a later Refresh or Release with keep of the
+// same grant, cannot move the keys back to its own lease, which may end
+// sooner: it returns nil when the later call keeps every key at least as
+// long as it would have, and an error wrapping ErrOvertaken (a store
+// failure: the Locker no longer trusts more than this call's TTL) when
+// not. Telling these apart from ErrNotHeld costs a second transaction, on
+// a refusal only. It returns an error wrapping stores.ErrInvalid for
 // invalid arguments or arguments out of the Store's Bounds, and ctx.Err()
 // without acting when ctx has ended.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
@@ -753,24 +899,48 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	return s.refresh(ctx, start, seq, keys, token, ttl)
+}
+
+// refresh is Refresh as begun at start with sequence seq.
+func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys []string, token string, ttl time.Duration) error {
+	holders := make([]string, len(keys))
+	for i, k := range keys {
+		holders[i] = holderKey(s.dir(k))
+	}
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
-		cmps := make([]clientv3.Cmp, 0, 2*len(keys))
-		puts := make([]clientv3.Op, len(keys))
-		for i, k := range keys {
-			h := holderKey(s.dir(k))
-			cmps = append(cmps, heldBy(h, token)...)
-			puts[i] = clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(lease))
-		}
 		var err error
-		resp, err = s.kv.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		resp, err = s.refreshTxn(ctx, holders, token, seq, ttl, lease).Commit()
 		return err
 	})
 	if err != nil {
 		return s.failed("refresh", keys, err)
 	}
-	if !resp.Succeeded {
+	if resp.Succeeded {
+		return nil
+	}
+	notHeld, covered, err := s.readRefused(ctx, holders, token, seq, ttl)
+	switch {
+	case err != nil:
+		return fmt.Errorf("etcdstore: refresh %s: refused, and reading the keys failed: %w", keysForMessage(keys), err)
+	case len(notHeld) > 0:
 		return fmt.Errorf("%w: etcdstore: refresh: %s not all held by the token", stores.ErrNotHeld, keysForMessage(keys))
+	case !covered:
+		return fmt.Errorf("%w: etcdstore: refresh %s to %v", ErrOvertaken, keysForMessage(keys), ttl)
 	}
 	return nil
+}
+
+// refreshTxn is Refresh's transaction: when every holder key holds token
+// and was set by a call of sequence seq or earlier, it puts them on lease.
+func (s *Store) refreshTxn(ctx context.Context, holders []string, token string, seq uint64, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
+	cmps := make([]clientv3.Cmp, 0, 2*len(holders))
+	puts := make([]clientv3.Op, len(holders))
+	val := holderValue(token, seq, ttl)
+	for i, h := range holders {
+		cmps = append(cmps, heldUpTo(h, token, seq)...)
+		puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
+	}
+	return s.kv.Txn(ctx).If(cmps...).Then(puts...)
 }

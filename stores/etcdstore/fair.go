@@ -42,7 +42,7 @@ const fairAttempts = 3
 // subscribers in this Store, in case it has not heard. Errors are as
 // Acquire's.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
 	}
@@ -57,7 +57,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	var fl flight
 	err := s.detached(ctx, func(ctx context.Context) error {
 		var err error
-		g, err = s.acquireFair(ctx, start, key, token, ttl, lease, &fl)
+		g, err = s.acquireFair(ctx, start, seq, key, token, ttl, lease, &fl)
 		return err
 	}, func(ctx context.Context) { s.undo(ctx, []string{key}, token, true, &fl) })
 	if err != nil {
@@ -66,14 +66,14 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	return g, nil
 }
 
-func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token string, ttl, lease time.Duration, fl *flight) (stores.FairGrant, error) {
+func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, key, token string, ttl, lease time.Duration, fl *flight) (stores.FairGrant, error) {
 	dir := s.dir(key)
 	h, q := holderKey(dir), queueDir(dir)
 	qk := q + token
 	grant := func(cmps ...clientv3.Cmp) (granted bool, rev int64, err error) {
 		err = s.withLease(ctx, start, ttl, func(hl clientv3.LeaseID) error {
 			fl.sending(hl)
-			resp, err := s.kv.Txn(ctx).If(append(cmps, s.notAbandoned(token))...).Then(holdOps(h, qk, token, ttl, hl)...).Commit()
+			resp, err := s.kv.Txn(ctx).If(append(cmps, s.notAbandoned(token))...).Then(holdOps(h, qk, token, seq, ttl, hl)...).Commit()
 			if err == nil {
 				granted, rev = resp.Succeeded, resp.Header.Revision
 			}
@@ -90,7 +90,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token str
 			return s.withLease(ctx, start, lease, func(ql clientv3.LeaseID) error {
 				fl.sending(hl, ql)
 				var err error
-				resp, err = s.fairTxn(ctx, key, token, ttl, lease, hl, ql).Commit()
+				resp, err = s.fairTxn(ctx, key, token, seq, ttl, lease, hl, ql).Commit()
 				return err
 			})
 		})
@@ -154,7 +154,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token str
 // its place on lease ql, and reads the holder and the queue. The attempt
 // is nested under the mark's check, so that a late copy of it neither
 // grants nor queues.
-func (s *Store) fairTxn(ctx context.Context, key, token string, ttl, lease time.Duration, hl, ql clientv3.LeaseID) clientv3.Txn {
+func (s *Store) fairTxn(ctx context.Context, key, token string, seq uint64, ttl, lease time.Duration, hl, ql clientv3.LeaseID) clientv3.Txn {
 	dir := s.dir(key)
 	h, q := holderKey(dir), queueDir(dir)
 	qk := q + token
@@ -164,14 +164,14 @@ func (s *Store) fairTxn(ctx context.Context, key, token string, ttl, lease time.
 	}
 	orElse = append(orElse, clientv3.OpGet(h),
 		clientv3.OpGet(q, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
-	attempt := clientv3.OpTxn(append(othersAbsent(q, qk), absent(h)), holdOps(h, qk, token, ttl, hl), orElse)
+	attempt := clientv3.OpTxn(append(othersAbsent(q, qk), absent(h)), holdOps(h, qk, token, seq, ttl, hl), orElse)
 	return s.kv.Txn(ctx).If(s.notAbandoned(token)).Then(attempt).Else(s.countAbandoned(token))
 }
 
 // holdOps grants key, of holder key h and queue key qk, to token on lease
 // hl: it puts the holder key and takes token out of the queue.
-func holdOps(h, qk, token string, ttl time.Duration, hl clientv3.LeaseID) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
+func holdOps(h, qk, token string, seq uint64, ttl time.Duration, hl clientv3.LeaseID) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, seq, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
 }
 
 // place returns how many waiters of queue, in create revision order, are

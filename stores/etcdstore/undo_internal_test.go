@@ -62,7 +62,7 @@ func TestLateAcquireAfterItsUndo(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := func() (*clientv3.TxnResponse, error) {
-		return s.acquireTxn(ctx, holders, []clientv3.Cmp{absent(holders[0]), absent(holders[1])}, token, ttl, lease).Commit()
+		return s.acquireTxn(ctx, holders, []clientv3.Cmp{absent(holders[0]), absent(holders[1])}, token, 1, ttl, lease).Commit()
 	}
 	s.undo(ctx, keys, token, false, &flight{leases: []clientv3.LeaseID{lease}})
 	resp, err := late()
@@ -142,7 +142,7 @@ func TestLateFairAcquireAfterItsUndo(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		resp, err := s.fairTxn(ctx, key, token, ttl, fairLease, hl, ql).Commit()
+		resp, err := s.fairTxn(ctx, key, token, 1, ttl, fairLease, hl, ql).Commit()
 		switch {
 		case tc.wantErr != nil && !errors.Is(err, tc.wantErr):
 			t.Fatalf("%s: the late fair acquire after its undo: %v; want %v", tc.name, err, tc.wantErr)
