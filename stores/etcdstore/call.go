@@ -161,8 +161,9 @@ func (s *Store) undoTxn(ctx context.Context, keys []string, token string, fair b
 
 // failed wraps the error of a request about keys with the package prefix,
 // and with stores.ErrUnreachable when no member could be dialled, so the
-// request never left, or stores.ErrInvalid when the request was too large
-// for etcd or its client, which refuse it before acting.
+// request never left, or stores.ErrInvalid when etcd or its client refused
+// it before acting: too large, or too many operations for the cluster's
+// --max-txn-ops. Any other error leaves the outcome unknown.
 func (s *Store) failed(what string, keys []string, err error) error {
 	switch {
 	case unreachable(err):
@@ -170,19 +171,37 @@ func (s *Store) failed(what string, keys []string, err error) error {
 	case tooLarge(err):
 		return fmt.Errorf("%w: etcdstore: %s %s: the request is too large (check the cluster's --max-request-bytes, WithMaxRequestBytes): %w",
 			stores.ErrInvalid, what, keysForMessage(keys), err)
+	case errors.Is(err, rpctypes.ErrTooManyOps):
+		return fmt.Errorf("%w: etcdstore: %s %s: too many operations in one transaction for the cluster's --max-txn-ops (%d keys need %d at most): %w",
+			stores.ErrInvalid, what, keysForMessage(keys), len(keys), 2*len(keys)+1, err)
 	}
 	return fmt.Errorf("etcdstore: %s %s: %w", what, keysForMessage(keys), err)
 }
 
+// failedAfterChange wraps the error of a request about keys that a call
+// sent after an earlier request of the call changed something (a fair
+// attempt that queued its token): whatever the request's error, the call's
+// outcome is not "nothing changed", so it wraps neither
+// stores.ErrUnreachable nor stores.ErrInvalid.
+func failedAfterChange(what string, keys []string, err error) error {
+	const msg = "etcdstore: %s %s: an earlier request of the call changed the keys, then: "
+	if errors.Is(err, stores.ErrUnreachable) || errors.Is(err, stores.ErrInvalid) {
+		return fmt.Errorf(msg+"%v", what, keysForMessage(keys), err)
+	}
+	return fmt.Errorf(msg+"%w", what, keysForMessage(keys), err)
+}
+
 // tooLarge reports whether err says that a request was refused for its
-// size: by etcd (--max-request-bytes), or by gRPC on either side (the
-// client's MaxCallSendMsgSize, the server's limit), before it was acted on.
+// size before it was acted on: by etcd (--max-request-bytes), or by the
+// client before sending it (its MaxCallSendMsgSize). gRPC's "received
+// message larger than max" is not: on the client's side it refuses a
+// reply, after etcd acted.
 func tooLarge(err error) bool {
 	if errors.Is(err, rpctypes.ErrRequestTooLarge) {
 		return true
 	}
 	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
+	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "trying to send message larger than max")
 }
 
 // unreachable reports whether err says that gRPC found no connection to

@@ -76,8 +76,14 @@
 //     transaction, and '%' and '/' take three bytes escaped, so a key may
 //     take a 33rd of a request: 45 KiB by default. Keys that together (or
 //     with a token longer than 1 KiB) would make a request above the limit,
-//     and more than MaxKeys keys, are refused too; and a request etcd or
-//     its client refuses for its size is stores.ErrInvalid as well.
+//     and more than MaxKeys keys, are refused too. etcd's refusal of a
+//     request for its size, the client's refusal to send one (its
+//     MaxCallSendMsgSize, which Open raises to match max-request-bytes),
+//     and etcd's refusal of more operations than its --max-txn-ops (a
+//     cluster below the default 128 refuses calls of many keys) are
+//     stores.ErrInvalid as well: nothing was done. A reply larger than
+//     the client takes (its MaxCallRecvMsgSize) comes after etcd acted,
+//     and is an unknown outcome.
 //   - Tokens: not empty, no NUL byte; a token whose acquire was abandoned
 //     serves no other.
 //
@@ -122,16 +128,17 @@
 // without an answer is tried again until it gets one or until the lease
 // can have expired; Close ends it and revokes every lease instead.
 //
-// A call that failed because no member could be dialled never reached etcd
-// and wraps stores.ErrUnreachable; any other failure leaves its outcome
-// unknown. The client spreads requests over the members and moves on when
-// one fails: a killed or paused member, the leader included, costs the
-// calls in flight on it and an election, and no lock is lost or granted
-// twice. A holder cut off from etcd keeps its keys until their lease ends,
-// at least its TTL from its call's start, and its Refresh and Release then
-// answer stores.ErrNotHeld, never acting on another's grant: every write
-// compares the holder's token in its own transaction, so a Refresh racing
-// a Release never sets a key again after it.
+// A call that failed because no member could be dialled before any of its
+// requests changed something never reached etcd and wraps
+// stores.ErrUnreachable; any other failure leaves its outcome unknown. The
+// client spreads requests over the members and moves on when one fails: a
+// killed or paused member, the leader included, costs the calls in flight
+// on it and an election, and no lock is lost or granted twice. A holder
+// cut off from etcd keeps its keys until their lease ends, at least its
+// TTL from its call's start, and its Refresh and Release then answer
+// stores.ErrNotHeld, never acting on another's grant: every write compares
+// the holder's token in its own transaction, so a Refresh racing a Release
+// never sets a key again after it.
 package etcdstore
 
 import (
@@ -637,8 +644,9 @@ func keysForMessage(keys []string) string {
 // first key held by another token and, as Wait, the TTL that holder was
 // given (an upper bound of what it has left). It returns an error wrapping
 // stores.ErrInvalid for invalid arguments, arguments out of the Store's
-// Bounds, more than MaxKeys keys, or a token whose acquire was abandoned;
-// and ctx.Err() without acting when ctx has ended.
+// Bounds, more than MaxKeys keys, too many keys for the cluster's
+// --max-txn-ops, or a token whose acquire was abandoned; and ctx.Err()
+// without acting when ctx has ended.
 //
 // A token whose acquire returned stores.ErrAbandoned serves no other call:
 // once its undo has landed, Acquire refuses it with stores.ErrInvalid, and

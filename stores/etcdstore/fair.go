@@ -70,6 +70,15 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 	dir := s.dir(key)
 	h, q := holderKey(dir), queueDir(dir)
 	qk := q + token
+	// queued is set once a transaction answered has queued token: a later
+	// failure then leaves the call's outcome unknown, whatever its cause.
+	queued := false
+	failed := func(err error) error {
+		if queued {
+			return failedAfterChange("fair acquire", []string{key}, err)
+		}
+		return s.failed("fair acquire", []string{key}, err)
+	}
 	grant := func(cmps ...clientv3.Cmp) (granted bool, rev int64, err error) {
 		err = s.withLease(ctx, start, ttl, func(hl clientv3.LeaseID) error {
 			fl.sending(hl)
@@ -95,9 +104,12 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 			})
 		})
 		if err != nil {
-			return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
+			return stores.FairGrant{}, failed(err)
 		}
 		if !resp.Succeeded {
+			if queued {
+				return stores.FairGrant{}, failedAfterChange("fair acquire", []string{key}, errTokenAbandoned(token))
+			}
 			return stores.FairGrant{}, errTokenAbandoned(token)
 		}
 		if len(resp.Responses) != 1 || resp.Responses[0].GetResponseTxn() == nil {
@@ -107,6 +119,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 		if inner.Succeeded {
 			return granted(resp.Header.Revision), nil
 		}
+		queued = queued || lease > 0
 		n := len(inner.Responses)
 		if n < 2 {
 			return stores.FairGrant{}, fmt.Errorf("%w: fair acquire of %s answered %d results", ErrUnexpectedReply, stores.KeyForMessage(key), n)
@@ -138,7 +151,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 				clientv3.Compare(clientv3.CreateRevision(q), ">", myRev-1).WithPrefix())
 		}
 		if err != nil {
-			return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
+			return stores.FairGrant{}, failed(err)
 		}
 		if ok {
 			return granted(rev), nil
