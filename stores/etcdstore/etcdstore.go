@@ -39,13 +39,14 @@
 // trip. Refresh moves the keys to a lease of the new TTL, and a Release
 // with keep to one of keep. So a key is held at least its TTL from the
 // start of the call that set it, as the Locker counts its validity, and
-// outlives it by at most an eighth of it plus a second plus etcd's expiry
-// sweep (500ms), whether its holder lives or died; a leader change renews
-// every lease, so that a key may then outlive its TTL by up to once more
-// its lease. etcd raises a lease below its minimum (1.5 x the election
-// timeout, rounded up: 2s by default) to that minimum: a lock of 50ms is
-// honoured, and held up to 2.5s if its holder dies without releasing it.
-// Fair-waiter leases round the same way.
+// outlives it by at most an eighth of it plus a second, plus the round
+// trip of its lease's grant and what the call waited before sending it,
+// plus etcd's expiry sweep (500ms), whether its holder lives or died; a
+// leader change renews every lease, so that a key may then outlive its TTL
+// by up to once more its lease. etcd raises a lease below its minimum (1.5
+// x the election timeout, rounded up: 2s by default) to that minimum: a
+// lock of 50ms is honoured, and held up to 2.5s if its holder dies without
+// releasing it. Fair-waiter leases round the same way.
 //
 // Each call takes a sequence when it starts: its start in Unix
 // nanoseconds, or one more than the Store's previous one, so that the
@@ -59,17 +60,22 @@
 // go through one Store, as the Locker's do: across Stores, their order is
 // that of the clocks that numbered them.
 //
-// Close revokes every lease the Store granted that may still be alive: its
-// keys go at once rather than at their TTL (etcd issue 17470 is a lease kept
-// alive after its client exits; here none is kept alive at all).
+// The Store remembers every lease it granted until etcd confirms it gone.
+// A lease that can serve no call any more (its TTL and a second have
+// passed since its grant, by the local clock) is revoked, a few at each
+// new grant, rather than forgotten, since etcd may keep it longer; Close
+// revokes the rest: the Store's keys go at once rather than at their TTL
+// (etcd issue 17470 is a lease kept alive after its client exits; here
+// none is kept alive at all).
 //
 // # Limits
 //
 // Bounds states them (see stores.Bounded), and every call refuses
 // arguments beyond them with stores.ErrInvalid before any request:
 //
-//   - TTLs, keeps and fair leases up to MaxTTL, etcd's longest lease
-//     (about 285 years); none is too short (see above).
+//   - TTLs, keeps and fair leases up to MaxTTL (8e9s, about 253 years),
+//     whose lease, an eighth longer, is etcd's longest; none is too short
+//     (see above).
 //   - Keys up to MaxKeyBytes, which follows from etcd's request size limit
 //     (--max-request-bytes, 1.5 MiB by default; WithMaxRequestBytes for
 //     another): a fair attempt names its key's directory 11 times in one
@@ -84,8 +90,11 @@
 //     stores.ErrInvalid as well: nothing was done. A reply larger than
 //     the client takes (its MaxCallRecvMsgSize) comes after etcd acted,
 //     and is an unknown outcome.
-//   - Tokens: not empty, no NUL byte; a token whose acquire was abandoned
-//     serves no other.
+//   - Tokens: not empty, no NUL byte. A token whose acquire returned
+//     stores.ErrAbandoned serves no other: its abandon marks (below) make
+//     every later acquire of it fail with stores.ErrInvalid, and one
+//     granted before its undo landed is deleted by that undo. The Locker
+//     never reuses a token.
 //
 // # Fences
 //
@@ -98,35 +107,52 @@
 // etcd's own documentation advises, or it could issue revisions again; a
 // cluster that loses every member's data starts again from revision 1.
 //
-// # Round trips
+// # Round trips and costs
 //
 // Acquire, Release and Refresh are one transaction each, for any number of
 // keys (up to MaxKeys), plus a LeaseGrant when no shared lease fits (about
-// once a second per TTL in use), and a second transaction for a retried
-// Acquire that finds its own grant, or for a Refresh (or Release with
-// keep) refused, which reads its keys to tell a key not held from one
-// renewed by a later call. Every request is a write through
-// etcd's log, a refused acquire too. A fair attempt is one transaction, and
-// a second one when its caller heads the queue behind other waiters. An
+// once a second per TTL in use, which also revokes up to four spent
+// leases), and a second transaction for a retried Acquire that finds its
+// own grant, or for a Refresh (or Release with keep) refused, which reads
+// its keys to tell a key not held from one renewed by a later call. Every
+// request is a write through etcd's log, a refused acquire too. A fair
+// attempt is one transaction, and a second one when its caller heads the
+// queue behind other waiters; its reply holds the whole queue of the key,
+// so that it grows with the waiters and the length of the key (100 waiters
+// on a key of 45 KiB, every byte escaped, make a reply of about 14 MB). An
 // acquire's check that its token was not abandoned (below) is one more
-// comparison in its transaction, not a round trip; an abandoned acquire
-// costs one more transaction, its undo.
+// comparison in its transaction, not a round trip; abandoned acquires cost
+// their undos, up to 63 of them in one transaction.
 //
 // # Calls, contexts and faults
 //
 // Every call returns as soon as its context ends. An acquire (plain or
 // fair) runs on a context that the caller's cancellation does not end,
 // bounded by the request timeout, and the caller who left gets an error
-// wrapping stores.ErrAbandoned and the context's error. Once the acquire
-// has an answer or has timed out, the Store undoes it in one transaction:
-// it deletes what the acquire may have set (owner-checked) and puts an
-// abandon mark of the token on each lease the acquire's last transaction
-// used. Every acquire transaction compares that its token has no mark, so
-// that transaction, if etcd applies it only after the undo (a request held
-// in a paused member's socket, say), changes nothing: while its lease lives
-// the mark does, and once the lease is gone a put on it fails. An undo
-// without an answer is tried again until it gets one or until the lease
-// can have expired; Close ends it and revokes every lease instead.
+// wrapping stores.ErrAbandoned and the context's error; so does a caller
+// whose acquire ran out of the request timeout with a transaction
+// unanswered, so that it does not release the keys itself (a release that
+// the late transaction could overtake). Once such an acquire has an answer
+// or has timed out, the Store queues its undo: put an abandon mark of the
+// token on each lease the acquire's transactions used, then delete what
+// the acquire may have set (owner-checked). Every acquire transaction
+// compares that its token has no mark, so a transaction of the acquire
+// that etcd applies only after the marks (a request held in a paused
+// member's socket, say) changes nothing: while its lease lives the mark
+// does, and once the lease is gone a put on it fails.
+//
+// One goroutine per Store works through the undos, only while some are
+// pending: it puts as many marks and deletes in one transaction as etcd
+// takes (128 operations by default, fewer after etcd refuses them, and the
+// request size), and while etcd does not answer it tries again, pausing up
+// to a second between tries. An undo ends only when it has landed, or when
+// etcd reports every lease of its acquire gone (revoked, or expired),
+// after which nothing the acquire sent can hold a key: never on the local
+// clock, since a leader change renews every lease. So during a partition
+// the undos wait in memory (their keys and token each, no goroutine), as
+// many as the acquires abandoned meanwhile; PendingUndos tells how many.
+// Close waits for them, and revokes every lease meanwhile, within its
+// time (see Close), and says how many may still be granted after it.
 //
 // A call that failed because no member could be dialled before any of its
 // requests changed something never reached etcd and wraps
@@ -201,6 +227,12 @@ var (
 	// them for less than this call asked: it changed nothing. It is a
 	// store failure (the Locker then trusts no more than this call's TTL).
 	ErrOvertaken = errors.New("etcdstore: a later call of the token set the keys first, for a shorter time; this one changed nothing")
+
+	// ErrUndoPending is Close's error when etcd answered neither the undo
+	// of some abandoned acquires nor the revocation of their leases in
+	// time: each may still be granted, and hold its keys until its lease
+	// expires.
+	ErrUndoPending = errors.New("etcdstore: abandoned acquires may still be granted")
 )
 
 // Store is a stores.Store on etcd, and a stores.Notifier and
@@ -216,13 +248,14 @@ type Store struct {
 	bounds      stores.Bounds
 	leases      *leasePool
 	notify      *notifier
-	bg          context.Context // of the undos of abandoned acquires; Close ends it
+	undos       *undoQueue
+	bg          context.Context // of the undo queue; Close ends it
 	stopBG      context.CancelFunc
 	closeOnce   sync.Once
 	closeErr    error
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
 	closed      bool           // guarded by lifeMu
-	cleanupWait sync.WaitGroup // detached acquires and their undo, which Close waits for
+	cleanupWait sync.WaitGroup // detached acquires, which Close waits for
 
 	seqMu   sync.Mutex
 	lastSeq uint64 // the sequence of the latest call (see begin)
@@ -300,13 +333,14 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	s.bounds = stores.Bounds{
 		MaxKeyBytes: maxKeyBytes(len(s.prefix), s.maxRequest),
 		MaxTTL:      MaxTTL,
-		Reason:      fmt.Sprintf("etcd's longest lease (9e9s) and its request size limit (--max-request-bytes=%d)", s.maxRequest),
+		Reason:      fmt.Sprintf("etcd's longest lease (9e9s, less the Store's margin of an eighth) and its request size limit (--max-request-bytes=%d)", s.maxRequest),
 	}
 	if s.bounds.MaxKeyBytes < 1 {
 		return nil, fmt.Errorf("%w: etcdstore: a prefix of %d bytes leaves no room for a key in a request of %d bytes", stores.ErrInvalid, len(s.prefix), s.maxRequest)
 	}
 	s.bg, s.stopBG = context.WithCancel(context.Background())
-	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout)
+	s.undos = newUndoQueue(s)
+	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.undos.leasesGone)
 	s.notify = newNotifier(s)
 	return s, nil
 }
@@ -326,6 +360,12 @@ func (s *Store) begin() (time.Time, uint64) {
 	return start, s.lastSeq
 }
 
+// PendingUndos returns how many abandoned acquires (see stores.ErrAbandoned)
+// the Store has yet to undo: while etcd answers neither their undo nor
+// (through Close) the revocation of their leases, each may still be
+// granted, and hold its keys until its lease expires.
+func (s *Store) PendingUndos() int { return s.undos.len() }
+
 // isClosed reports whether Close was called.
 func (s *Store) isClosed() bool {
 	s.lifeMu.RLock()
@@ -334,31 +374,48 @@ func (s *Store) isClosed() bool {
 }
 
 // Close stops the Store's watches, waits for the acquires it finishes for
-// callers that left (bounded by the request timeout), stops the undos of
-// those still trying, revokes the leases it granted that may still be alive
-// (so its locks and queue places go at once, and no transaction still in
-// flight can set a key on them), and closes the
-// client when Open made it. Calls after Close return ErrClosed, and
-// NotifyRelease a nil channel. It returns the first error; calling it again
-// returns the same.
+// callers that left, revokes every lease it granted that etcd may still
+// know (so its locks and queue places go at once, and no transaction still
+// in flight can set a key on them) while its undo queue goes on, and
+// closes the client when Open made it. Calls after Close return ErrClosed,
+// and NotifyRelease a nil channel.
+//
+// Close returns within twice the request timeout: up to one for the
+// acquires in flight, and up to one for the revocations and the undos.
+// When etcd did not answer in time, the undo of some abandoned acquire
+// neither landed nor was made needless by the revocation of its leases:
+// Close then returns an error wrapping ErrUndoPending that says how many
+// such acquires may still be granted (each then holds its keys until its
+// lease expires, at most its TTL plus an eighth and a second from its
+// start, longer across a leader change). It returns the first error;
+// calling it again returns the same.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() {
-		s.lifeMu.Lock()
-		s.closed = true
-		s.lifeMu.Unlock()
-		s.notify.close()
-		s.stopBG() // undos still trying: the revocation below does their work
-		s.cleanupWait.Wait()
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		defer cancel()
-		s.closeErr = s.leases.revokeAll(ctx)
-		if s.ownsClient {
-			if err := s.client.Close(); err != nil && s.closeErr == nil {
-				s.closeErr = err
-			}
-		}
-	})
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
 	return s.closeErr
+}
+
+func (s *Store) close() error {
+	s.lifeMu.Lock()
+	s.closed = true
+	s.lifeMu.Unlock()
+	s.notify.close()
+	s.cleanupWait.Wait() // each within the request timeout; they queue their undos
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	// The undo queue goes on meanwhile, and an undo whose every lease is
+	// revoked is over.
+	_, revokeErr := s.leases.close(ctx)
+	left := s.undos.finish(ctx, s.stopBG)
+	var undoErr error
+	if left > 0 {
+		undoErr = fmt.Errorf("%w: %d abandoned acquires: etcd answered neither their undo nor the revocation of their leases within %v",
+			ErrUndoPending, left, s.timeout)
+	}
+	err := errors.Join(undoErr, revokeErr)
+	if s.ownsClient {
+		err = errors.Join(err, s.client.Close())
+	}
+	return err
 }
 
 // failFastKV makes etcd requests fail at once, rather than wait for a
@@ -402,7 +459,7 @@ func (s *Store) abandonedDir(token string) string {
 }
 
 // abandonedKey is the mark of token's abandoned acquire on lease: see
-// Store.undo.
+// the package documentation.
 func (s *Store) abandonedKey(token string, lease clientv3.LeaseID) string {
 	return s.abandonedDir(token) + strconv.FormatUint(uint64(lease), 16)
 }
@@ -570,7 +627,8 @@ func maxKeyBytes(prefixLen, maxRequest int) int {
 //     request: 45 KiB with the defaults. A call whose keys together, or
 //     with a token longer than 1 KiB, make a request too large for etcd
 //     is refused with stores.ErrInvalid too.
-//   - MaxTTL is etcd's longest lease, MaxTTL (about 285 years).
+//   - MaxTTL is MaxTTL (8e9s, about 253 years): its lease, an eighth
+//     longer so that calls share it, is etcd's longest (9e9s).
 //   - MinTTL is none: every positive TTL is honoured. etcd raises a lease
 //     below its minimum (2s with the default election timeout) to that
 //     minimum, so a key of a shorter TTL is held at least that TTL, and in
@@ -666,7 +724,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		var err error
 		g, err = s.acquire(ctx, start, seq, keys, token, ttl, &fl)
 		return err
-	}, func(ctx context.Context) { s.undo(ctx, keys, token, false, &fl) })
+	}, func() *pendingUndo { return s.newUndo(keys, token, false, &fl) })
 	if err != nil {
 		return stores.Grant{}, err
 	}

@@ -35,6 +35,12 @@ const fairAttempts = 3
 // the transaction that puts its holder key, and issues the fence by the
 // revision, as Acquire does.
 //
+// A grant compares the holder key's absence, or its mod revision as read,
+// so that an attempt that reaches etcd late never moves a key renewed
+// meanwhile back to its own lease; and an attempt left in flight is undone
+// as an abandoned Acquire is, its late copy then refused by its token's
+// abandon marks.
+//
 // A refusal returns the caller's place as Ahead (-1 when not queued) and,
 // as Wait, the TTL the holder was given or, when the key is free and another
 // waiter heads the queue, that waiter's lease. A refusal that finds the key
@@ -59,7 +65,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		var err error
 		g, err = s.acquireFair(ctx, start, seq, key, token, ttl, lease, &fl)
 		return err
-	}, func(ctx context.Context) { s.undo(ctx, []string{key}, token, true, &fl) })
+	}, func() *pendingUndo { return s.newUndo([]string{key}, token, true, &fl) })
 	if err != nil {
 		return stores.FairGrant{}, err
 	}
@@ -95,13 +101,11 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 	}
 	for range fairAttempts {
 		var resp *clientv3.TxnResponse
-		err := s.withLease(ctx, start, ttl, func(hl clientv3.LeaseID) error {
-			return s.withLease(ctx, start, lease, func(ql clientv3.LeaseID) error {
-				fl.sending(hl, ql)
-				var err error
-				resp, err = s.fairTxn(ctx, key, token, seq, ttl, lease, hl, ql).Commit()
-				return err
-			})
+		err := s.withLeases(ctx, start, []time.Duration{ttl, lease}, func(ids []clientv3.LeaseID) error {
+			fl.sending(ids...)
+			var err error
+			resp, err = s.fairTxn(ctx, key, token, seq, ttl, lease, ids[0], ids[1]).Commit()
+			return err
 		})
 		if err != nil {
 			return stores.FairGrant{}, failed(err)

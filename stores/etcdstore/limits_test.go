@@ -99,10 +99,10 @@ const (
 )
 
 // TestExtremeTTLs (issue 18, defect 14): a TTL, keep or fair lease above
-// MaxTTL (etcd's longest lease), math.MaxInt64 among them, is refused with
-// stores.ErrInvalid before any request (it overflowed the lease's margin
-// and flooded etcd with leases until the call timed out); MaxTTL itself is
-// honoured by etcd.
+// MaxTTL (whose lease, an eighth longer, is etcd's longest), math.MaxInt64
+// among them, is refused with stores.ErrInvalid before any request (it
+// overflowed the lease's margin and flooded etcd with leases until the
+// call timed out); MaxTTL itself is honoured by etcd.
 func TestExtremeTTLs(t *testing.T) {
 	t.Parallel()
 	s := stalledStore(t)
