@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/reqlock/reqlock/internal/localqueue"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -56,7 +57,20 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // wait, spent in the queue, ending in or before its first store call is
 // classed by that: a timeout behind a held key, a store failure behind an
 // unanswered store, whose outage the whole queue then reports.
-func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration, sawHeld bool) error {
+//
+// turns are the keys' local turns, in the order of keys: a refusal records
+// on the held key's turn that another owner wants it, and a grant after a
+// refusal or a courtesy that the turn of this process on the keys begins
+// (see Locker.yieldAfter).
+//
+// A waiter that no release signal will wake (the store has no Notifier, or
+// gave no channel), or whose store reports waiters to holders, which then
+// hold back for it whether or not a signal reaches it, polls the key at
+// least every hotPoll while the key changes hands between its attempts, or
+// its local queue knows that another owner wants it (and for hotFor polls
+// after), so that it finds the key free while a holder of another process
+// holds back for it (see Locker.yieldAfter).
+func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, sawHeld bool) error {
 	if err := ctx.Err(); err != nil {
 		// The wait went by in the local queue: calling the store on the
 		// ended context would only fail at once.
@@ -68,13 +82,24 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 		schedule *backoffSchedule
 		released <-chan struct{}
 		stop     func()
+		refused  bool
 		watched  = -1 // the index of the key whose releases wake us
+		marked   = -1 // the index of the key last recorded as contended
+		lastWait time.Duration
+		lastAt   time.Time // when the attempt that answered lastWait began
+		hotUntil time.Time // until when the key counts as changing hands
 	)
 	defer func() {
 		if stop != nil {
 			stop()
 		}
 	}()
+	for _, t := range turns {
+		if time.Since(t.Contention().RefusedAt) < contendedFor {
+			// Processes take turns on the key: it changes hands.
+			hotUntil = time.Now().Add(hotFor * l.hotPoll())
+		}
+	}
 	for {
 		start := time.Now()
 		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)
@@ -110,11 +135,21 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 				return wrapStoreError(errors.New("the store granted a wrong number of fences"))
 			}
 			g.granted(grant.Fences, ttl, start)
+			for _, t := range turns {
+				if refused || t.Courtesy {
+					t.TurnBegan() // after another owner's turn, or a courtesy
+				}
+			}
 			return nil
 		case wait == 0:
 			return ErrHeld
 		}
-		sawHeld = true
+		sawHeld, refused = true, true
+		if grant.Held >= 0 && grant.Held < len(turns) && grant.Held != marked {
+			// Another owner holds the key: this process is not alone on it.
+			turns[grant.Held].Refused()
+			marked = grant.Held
+		}
 		if l.notifier != nil && grant.Held >= 0 && grant.Held < len(keys) && grant.Held != watched {
 			// Wake on a release of the key that is held now: the first
 			// one, or another once that one was released.
@@ -132,11 +167,32 @@ func (l *Locker) contend(ctx context.Context, g *grant, ttl, wait time.Duration,
 		if schedule == nil {
 			schedule = newBackoffSchedule(l.backoffInitial, l.backoffMax)
 		}
-		if !schedule.sleep(ctx, strategy.sleepCap(grant.Wait), released) {
+		limit := strategy.sleepCap(grant.Wait)
+		if released == nil || l.waits != nil {
+			if changedHands(lastWait, lastAt, grant.Wait, start) {
+				hotUntil = start.Add(hotFor * l.hotPoll())
+			}
+			if start.Before(hotUntil) && (limit <= 0 || limit > l.hotPoll()) {
+				limit = l.hotPoll()
+			}
+			lastWait, lastAt = grant.Wait, start
+		}
+		if !schedule.sleep(ctx, limit, released) {
 			strategy.leave(ctx, keys, token, false)
 			return waitEnded(true, ctx.Err())
 		}
 	}
+}
+
+// changedHands reports whether a refusal at at, whose holder keeps the key
+// for wait more, may be by another grant than the refusal at lastAt (zero
+// when none) with lastWait: the holder's remaining TTL did not shrink with
+// the time in between (a new grant, or a renewal), or is unknown.
+func changedHands(lastWait time.Duration, lastAt time.Time, wait time.Duration, at time.Time) bool {
+	if wait <= 0 {
+		return true
+	}
+	return !lastAt.IsZero() && wait > lastWait-at.Sub(lastAt)/2
 }
 
 // deadlinePassed reports whether ctx has a deadline and it has passed.

@@ -387,23 +387,117 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	start := time.Now()
 	// Owner-checked, also when a key was found lost: the others may still
 	// hold the token.
-	err := g.locker.release(ctx, g.keys, g.token, keep)
-	var yield time.Duration
-	if waiting && keep == 0 {
-		// The bounds cut the chain while this process still has waiters:
-		// other processes' waiters, woken by the release, need about a round
-		// trip to reach the store. Without this head start the next local
-		// waiter, already awake, would win nearly every time.
-		yield = max(2*time.Since(start), minYield)
+	waited, err := g.locker.releaseWaited(ctx, g.keys, g.token, keep)
+	if !waiting || keep > 0 {
+		for _, t := range g.turns {
+			t.Pass(0, true)
+		}
+		return err
 	}
+	// The bounds cut the chain while this process still has waiters: other
+	// processes' waiters need a head start, or the next local waiter,
+	// already awake, would win nearly every time.
+	yield, courtesy := g.locker.yieldAfter(g.turns, waited, time.Since(start))
 	for _, t := range g.turns {
-		t.Pass(yield, true)
+		if courtesy {
+			t.PassCourtesy(yield)
+		} else {
+			t.Pass(yield, true)
+		}
 	}
 	return err
 }
 
-// minYield is the shortest head start a cut chain gives other processes.
-const minYield = 100 * time.Microsecond
+// Yields: how long a process whose grant of a hot key went back to the
+// store holds back before its next local waiter contends for it.
+const (
+	// minYield is the shortest head start a cut chain gives other
+	// processes.
+	minYield = 100 * time.Microsecond
+
+	// hotPollMax caps the sleep of a waiter that no release signal wakes,
+	// while the key it waits for changes hands (see Locker.contend).
+	hotPollMax = 10 * time.Millisecond
+
+	// hotFor is for how many hotPolls a waiter keeps polling that often
+	// after it last saw the key change hands.
+	hotFor = 20
+
+	// probeEvery is how often a process that passes a hot key among its
+	// own requests, on a store that neither signals releases nor reports
+	// waiters, holds back for other processes it cannot know of.
+	probeEvery = time.Second
+
+	// contendedFor is how long after the store last refused a process a
+	// key, the process counts the key as wanted by another, on a store
+	// that neither signals releases nor reports waiters.
+	contendedFor = time.Second
+
+	// minTurn is, in hotPolls, how long a process keeps a key wanted by
+	// other owners, across handoff chains, before it holds back for them.
+	minTurn = 5
+)
+
+// hotPoll is the longest sleep of a waiter that no release signal wakes,
+// while the key changes hands: hotPollMax, or the backoff's cap when that
+// is shorter.
+func (l *Locker) hotPoll() time.Duration { return min(l.backoffMax, hotPollMax) }
+
+// yieldAfter returns how long the next local waiter holds back after a
+// grant of turns' keys went back to the store while it waited, and whether
+// that is a courtesy to other owners. rtt is how long the release took;
+// waited reports that the store refused another token the keys while the
+// grant stood.
+//
+// A waiter of another process that a release signal wakes needs about a
+// round trip to reach the store: two of them are its head start. One that
+// polls (a store without release signals, or one whose signals do not
+// reach it) sleeps at most hotPoll while the key changes hands: a courtesy
+// of twice that plus the two round trips lets it find the key free.
+// Holding back costs nothing when another owner takes the key meanwhile,
+// but leaves it idle when that owner is done before the courtesy ends; so
+// a process gives one only at the end of a turn of at least minTurn
+// hotPolls on the key (from when it got the key after a refusal or a
+// courtesy), and the idle time is a small part of the turns.
+//
+//   - A store that reports waiters (stores.WaitReporter) says whether one
+//     wants the key: the grant refused one.
+//   - On a store that signals releases, its waiters' signals make the head
+//     start enough.
+//   - On a store that does neither, this process learns of other owners
+//     only from its own refusals: it counts the key wanted for
+//     contendedFor after the store last refused it the key (it cannot tell
+//     a courtesy nobody used from one whose taker was done before it
+//     ended), and holds back once every probeEvery for owners it cannot
+//     know of.
+//
+// In fair mode the store's queue orders the processes, and the yield stays
+// short.
+func (l *Locker) yieldAfter(turns []localqueue.Turn, waited bool, rtt time.Duration) (time.Duration, bool) {
+	short := max(2*rtt, minYield)
+	var wanted, probe bool
+	switch {
+	case l.fair != nil:
+		return short, false
+	case l.waits != nil:
+		wanted = waited
+	case l.notifier != nil:
+		return short, false
+	default:
+		probe = true
+	}
+	turnDone := true
+	for _, t := range turns {
+		c := t.Contention()
+		wanted = wanted || (l.waits == nil && time.Since(c.RefusedAt) < contendedFor)
+		probe = probe && time.Since(c.CourtesyAt) >= probeEvery
+		turnDone = turnDone && time.Since(c.TurnAt) >= minTurn*l.hotPoll()
+	}
+	if (wanted && turnDone) || probe {
+		return 2*l.hotPoll() + short, true
+	}
+	return short, false
+}
 
 var _ localqueue.Holder = (*grant)(nil)
 

@@ -33,9 +33,10 @@ const (
 // release (stores that implement stores.Notifier).
 type Locker struct {
 	store          stores.Store
-	notifier       stores.Notifier // nil when the store cannot signal releases
-	bounds         stores.Bounds   // the keys and TTLs the store honours
-	fair           *fairMode       // nil unless WithFairness
+	notifier       stores.Notifier     // nil when the store cannot signal releases
+	waits          stores.WaitReporter // nil when the store does not report waiters
+	bounds         stores.Bounds       // the keys and TTLs the store honours
+	fair           *fairMode           // nil unless WithFairness
 	prefix         string
 	backoffInitial time.Duration
 	backoffMax     time.Duration
@@ -68,7 +69,11 @@ func WithKeyPrefix(prefix string) Option {
 // WithBackoff sets how waiters space their attempts: the first sleep is
 // initial, and each next one twice the last, up to max, each randomised by
 // ±50% and cut short when the store signals a release or the holder's lease
-// ends. Default 5ms and 200ms.
+// ends. While the key changes hands between a waiter's attempts (a hot key),
+// a waiter that no release signal wakes, or whose store reports waiters
+// (stores.WaitReporter), sleeps at most the shorter of max and 10ms, so
+// that it finds the key free while another process holds back for it (see
+// WithHandoff). Default 5ms and 200ms.
 func WithBackoff(initial, max time.Duration) Option {
 	return func(l *Locker) error {
 		if initial <= 0 || max < initial {
@@ -100,6 +105,22 @@ func WithReleaseTimeout(d time.Duration) Option {
 // granted it; then it goes back to the store, so that other processes get
 // their turn. Count zero turns handoff off. Default 16 and 50ms; count below
 // stores.FenceStride.
+//
+// When the grant goes back while this process still has waiters, the next
+// of them holds back before it contends: for two round trips of the
+// release, which a waiter of another process that the release signal woke
+// needs to reach the store; or, for waiters that may be polling, for twice
+// the hot-key poll of WithBackoff (20ms by default) plus those round trips,
+// a courtesy, so that they find the key free. A process gives the courtesy
+// once per turn: when it has had the key for five hot-key polls (50ms by
+// default) since it got it from another owner or held back last, across
+// handoff chains, and another owner wants it. A store that reports waiters
+// (stores.WaitReporter) says when one does: the grant refused one. On a
+// store that neither signals releases nor reports waiters, the process
+// counts the key wanted for a second after the store last refused it, and
+// holds back once a second for owners it cannot know of. Holding back
+// costs nothing while another owner takes the key meanwhile; in fair mode
+// the store's queue orders the processes instead.
 func WithHandoff(count int, maxTime time.Duration) Option {
 	return func(l *Locker) error {
 		if count < 0 || count >= stores.FenceStride || maxTime < 0 {
@@ -158,6 +179,7 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 		}
 	}
 	l.notifier, _ = store.(stores.Notifier)
+	l.waits, _ = store.(stores.WaitReporter)
 	if b, ok := store.(stores.Bounded); ok {
 		l.bounds = b.Bounds()
 	}
@@ -383,7 +405,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		if err != nil {
 			return hold{}, err
 		}
-		if err := l.contend(ctx, g, ttl, wait, sawHeld); err != nil {
+		if err := l.contend(ctx, g, turns, ttl, wait, sawHeld); err != nil {
 			for _, t := range turns {
 				t.Pass(0, errors.Is(err, ErrHeld))
 			}
@@ -415,7 +437,8 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	// A request that queued behind a local holder, or behind a contender
 	// that saw the key held, has seen the key held: if its wait ends in its
 	// first store call, that is a timeout, not a store that never answered.
-	if err := l.contend(ctx, g, ttl, wait, turn.AfterHeld); err != nil {
+	g.oneTurn[0] = turn
+	if err := l.contend(ctx, g, g.oneTurn[:], ttl, wait, turn.AfterHeld); err != nil {
 		// A contender that saw the key held passes that on: the next
 		// waiter, whose wait went by in the queue, has seen it held too.
 		turn.Pass(0, errors.Is(err, ErrHeld))
@@ -530,6 +553,19 @@ func (l *Locker) release(ctx context.Context, storeKeys []string, token string, 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
 	defer cancel()
 	return wrapStoreError(l.store.Release(ctx, storeKeys, token, keep))
+}
+
+// releaseWaited is release, reporting also whether the store refused
+// another token the keys while the grant stood; false when the store does
+// not tell (see stores.WaitReporter).
+func (l *Locker) releaseWaited(ctx context.Context, storeKeys []string, token string, keep time.Duration) (bool, error) {
+	if l.waits == nil {
+		return false, l.release(ctx, storeKeys, token, keep)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
+	defer cancel()
+	waited, err := l.waits.ReleaseWaited(ctx, storeKeys, token, keep)
+	return waited, wrapStoreError(err)
 }
 
 // clockDrift is the margin a lock's validity keeps for clock drift between

@@ -53,7 +53,9 @@
 // The Locker resolves them once, in reqlock.New. A Notifier signals releases
 // so waiters wake without polling; a FairStore keeps a FIFO queue of waiters
 // per key for fair mode (reqlock.WithFairness); a Bounded store states the
-// keys and TTLs it honours.
+// keys and TTLs it honours; a WaitReporter tells a releasing holder that
+// another token was refused meanwhile, so that a hot key goes to other
+// processes in turn without each having to poll for it often.
 package stores
 
 import (
@@ -151,6 +153,23 @@ type Notifier interface {
 	// tries again within Wait, so nobody waits for such a release, and an
 	// uncontended lock pays for no signal.
 	NotifyRelease(key, token string) (released <-chan struct{}, stop func())
+}
+
+// WaitReporter is implemented by stores that remember, per grant, whether
+// another token was refused one of its keys. The Locker of a process that
+// passes a hot key among its own requests gives it back to the store, and
+// holds back long enough for other processes' waiters to take it even by
+// polling, when the store reports that one was refused (see
+// reqlock.WithHandoff). Without a report, the Locker relies on release
+// signals (Notifier) to bring those waiters in during a short head start,
+// or, on a store without either, on its own refusals.
+type WaitReporter interface {
+	// ReleaseWaited is Release, and also reports whether an Acquire (or
+	// AcquireFair) of another token was refused one of keys while token's
+	// grant stood. The report serves fairness, never safety: it may be
+	// spurious, or miss a refusal whose record was lost; it is false
+	// with an error, whatever the outcome.
+	ReleaseWaited(ctx context.Context, keys []string, token string, keep time.Duration) (waited bool, err error)
 }
 
 // FairStore is implemented by stores that keep a FIFO queue of waiters per

@@ -17,6 +17,8 @@
 //     holder stuck past its lease), the head waiter, or a try-once caller,
 //     takes the turn: a lock nobody releases blocks local waiters no longer
 //     than it blocks other processes.
+//   - contention lives as long as the queue: what the key's contenders
+//     learnt of other owners (see Contention).
 package localqueue
 
 import (
@@ -48,6 +50,7 @@ type queue struct {
 	head, tail *waiter
 	gen        uint64
 	holder     Holder
+	contention Contention
 }
 
 type waiter struct {
@@ -70,6 +73,9 @@ type Turn struct {
 	// previous holder's grant went back to the store while this process
 	// still had waiters, and other processes get a head start.
 	Yield time.Duration
+	// Courtesy reports that Yield is long enough for other owners that
+	// poll to find the key free (see PassCourtesy).
+	Courtesy bool
 	// AfterHeld reports that the turn comes after a holder, or after a
 	// contender that saw the key held: the key has been seen held.
 	AfterHeld bool
@@ -91,7 +97,8 @@ func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Dur
 	qs.mu.Lock()
 	q := qs.queues[key]
 	if q == nil {
-		q = &queue{key: key, gen: 1}
+		now := time.Now()
+		q = &queue{key: key, gen: 1, contention: Contention{CourtesyAt: now, TurnAt: now}}
 		qs.queues[key] = q
 		qs.mu.Unlock()
 		return Turn{qs: qs, q: q, gen: q.gen}, nil
@@ -170,6 +177,17 @@ func (t Turn) Hold(h Holder) {
 // to contend after yield, or drops the queue when nobody waits. The next
 // turn is AfterHeld when afterHeld says so or this turn held the key.
 func (t Turn) Pass(yield time.Duration, afterHeld bool) {
+	t.pass(yield, afterHeld, false)
+}
+
+// PassCourtesy is Pass for a holder that lets go of the key while other
+// owners are known, or may be, waiting for it: the next turn is a Courtesy,
+// and the queue records that it held back now (see Contention).
+func (t Turn) PassCourtesy(yield time.Duration) {
+	t.pass(yield, true, true)
+}
+
+func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool) {
 	if t.q == nil {
 		return
 	}
@@ -182,11 +200,63 @@ func (t Turn) Pass(yield time.Duration, afterHeld bool) {
 	afterHeld = afterHeld || q.holder != nil
 	q.gen++
 	q.holder = nil
+	if courtesy {
+		q.contention.CourtesyAt = time.Now()
+	}
 	if w := q.pop(); w != nil {
-		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, AfterHeld: afterHeld}
+		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, Courtesy: courtesy, AfterHeld: afterHeld}
 		return
 	}
 	delete(t.qs.queues, q.key)
+}
+
+// Contention is what a key's queue knows of other owners of the key
+// (other processes, other Lockers).
+type Contention struct {
+	// RefusedAt is when the store last refused the key to the queue's
+	// contender (see Refused); zero if never.
+	RefusedAt time.Time
+	// CourtesyAt is when the queue last held back for other owners
+	// (PassCourtesy), or was made.
+	CourtesyAt time.Time
+	// TurnAt is when the queue's turn on the key began: when a contender
+	// was last granted it after a refusal or a courtesy (see TurnBegan),
+	// or the queue was made.
+	TurnAt time.Time
+}
+
+// Contention returns what the key's queue knows of other owners.
+func (t Turn) Contention() Contention {
+	if t.q == nil {
+		return Contention{}
+	}
+	t.qs.mu.Lock()
+	defer t.qs.mu.Unlock()
+	return t.q.contention
+}
+
+// Refused records that the store refused the key to this queue's
+// contender: another owner wants it. A turn that was passed on still
+// records it: the queue is the key's.
+func (t Turn) Refused() {
+	if t.q == nil {
+		return
+	}
+	t.qs.mu.Lock()
+	t.q.contention.RefusedAt = time.Now()
+	t.qs.mu.Unlock()
+}
+
+// TurnBegan records that the store granted the key to this queue's
+// contender after it was refused it or held back for other owners: the
+// process's turn on the key begins.
+func (t Turn) TurnBegan() {
+	if t.q == nil {
+		return
+	}
+	t.qs.mu.Lock()
+	t.q.contention.TurnAt = time.Now()
+	t.qs.mu.Unlock()
 }
 
 // HandOff passes the held key to the next waiter, when the turn is still

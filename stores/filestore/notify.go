@@ -2,23 +2,30 @@
 
 package filestore
 
-import "sync"
+import (
+	"path/filepath"
+	"sync"
+)
 
-// subscribers holds the release subscriptions of a Store's keys. Signals
-// are sent by the Store's own releases and expiries, under the key's entry
-// lock, so they arrive in release order; releases made by other processes
-// or other Stores are not signalled (their waiters poll, as
-// stores.Notifier allows).
+// subscribers holds the release subscriptions of a Store's keys. The
+// Store's own releases and expiries signal them, under the key's entry
+// lock, so they arrive in release order. Where the platform can watch a
+// file (Linux: inotify), the subscriptions of a key also watch its file,
+// and a release by another Store or process of a grant that this Store's
+// waiters marked (see ring) signals them too.
 type subscribers struct {
-	mu     sync.Mutex
-	closed bool
-	byKey  map[string]map[chan struct{}]struct{} // only keys with a subscriber
+	dir     string
+	mu      sync.Mutex
+	closed  bool
+	byKey   map[string]map[chan struct{}]struct{} // only keys with a subscriber
+	watches *watcher                              // other processes' releases; nil until the first watch
 }
 
 // NotifyRelease signals on the returned channel after each release (or
-// expiry) of key by this Store, until stop is called. Releases by other
-// processes and other Stores are not signalled. The channel holds one
-// signal; sends never block. After Close it returns a nil channel.
+// expiry) of key by this Store, and, on Linux, after each release of key by
+// another Store or process whose grant refused a caller of this Store (see
+// ReleaseWaited), until stop is called. The channel holds one signal;
+// sends never block. After Close it returns a nil channel.
 func (s *Store) NotifyRelease(key, _ string) (<-chan struct{}, func()) {
 	return s.subs.add(key)
 }
@@ -38,6 +45,7 @@ func (b *subscribers) add(key string) (<-chan struct{}, func()) {
 	if set == nil {
 		set = make(map[chan struct{}]struct{})
 		b.byKey[key] = set
+		b.watchLocked(key)
 	}
 	set[ch] = struct{}{}
 	return ch, sync.OnceFunc(func() {
@@ -47,9 +55,26 @@ func (b *subscribers) add(key string) (<-chan struct{}, func()) {
 			delete(set, ch)
 			if len(set) == 0 {
 				delete(b.byKey, key)
+				if b.watches != nil {
+					b.watches.unwatch(key)
+				}
 			}
 		}
 	})
+}
+
+// watchLocked watches key's file for other processes' releases, when the
+// platform can. A key whose file cannot be watched (it does not exist yet,
+// or the watches ran out) goes without: its waiters poll. The caller holds
+// b.mu.
+func (b *subscribers) watchLocked(key string) {
+	if b.watches == nil {
+		b.watches = newWatcher(b.signal)
+		if b.watches == nil {
+			return
+		}
+	}
+	b.watches.watch(key, filepath.Join(b.dir, fileName(key)))
 }
 
 // signal wakes every subscriber of key.
@@ -64,10 +89,14 @@ func (b *subscribers) signal(key string) {
 	}
 }
 
-// close ends every subscription.
+// close ends every subscription, and the watches.
 func (b *subscribers) close() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.closed = true
 	b.byKey = nil
+	w := b.watches
+	b.mu.Unlock()
+	if w != nil {
+		w.close()
+	}
 }

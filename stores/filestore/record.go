@@ -27,10 +27,28 @@ import (
 //
 // A record of zeros (a new file), or one with a bad magic or checksum (torn
 // by a crash of the host), reads as fence 0.
+//
+// After the record, at recordSize, comes the waiter mark: the last refusal
+// of the key by a grant of another Store (another process, mostly), which
+// the refused Store writes (pwrite) without the flock, and the holder reads
+// when it lets go (see Store.ReleaseWaited). Refused Stores may write it at
+// once; one of them wins, and a torn mark fails its checksum and reads as
+// none: a holder misses that refusal, and the waiter's next one marks again.
+//
+//	32  store, uint64: the refused Store's random id, never 0
+//	40  at, int64: Unix nanoseconds (wall clock) of the refusal
+//	48  CRC-32C of bytes 32-47
+//	52  reserved (0) up to fileSize
+//
+// Files made by versions without the mark are 32 bytes long; the first
+// Store that maps such a file extends it to fileSize, which changes nothing
+// for a Store that maps the first 32 bytes only.
 const (
 	recordMagic   = "RQLK"
 	recordVersion = 1
 	recordSize    = 32
+	markSize      = 20
+	fileSize      = 64
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -77,4 +95,32 @@ func (r record) encode(buf []byte) {
 	binary.LittleEndian.PutUint64(buf[16:24], uint64(r.expiry))
 	binary.LittleEndian.PutUint32(buf[24:28], r.pid)
 	binary.LittleEndian.PutUint32(buf[28:32], crc32.Checksum(buf[:28], castagnoli))
+}
+
+// mark is a key file's waiter mark, decoded.
+type mark struct {
+	store uint64 // the refused Store's id
+	at    int64  // Unix nanoseconds
+}
+
+// readMark reads the waiter mark in mem, a key file's mapping; ok is false
+// when there is none, or it is torn.
+func readMark(mem []byte) (m mark, ok bool) {
+	if len(mem) < recordSize+markSize {
+		return mark{}, false
+	}
+	var buf [markSize]byte
+	copy(buf[:], mem[recordSize:])
+	if crc32.Checksum(buf[:16], castagnoli) != binary.LittleEndian.Uint32(buf[16:20]) {
+		return mark{}, false
+	}
+	m = mark{store: binary.LittleEndian.Uint64(buf[0:8]), at: int64(binary.LittleEndian.Uint64(buf[8:16]))}
+	return m, m.store != 0
+}
+
+// encode writes m into buf, of markSize bytes.
+func (m mark) encode(buf []byte) {
+	binary.LittleEndian.PutUint64(buf[0:8], m.store)
+	binary.LittleEndian.PutUint64(buf[8:16], uint64(m.at))
+	binary.LittleEndian.PutUint32(buf[16:20], crc32.Checksum(buf[:16], castagnoli))
 }

@@ -5,10 +5,13 @@ package filestore
 import (
 	"container/list"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,16 +41,19 @@ const maxIdleFiles = 1024
 const shardCount = 256
 
 var (
-	_ stores.Store    = (*Store)(nil)
-	_ stores.Notifier = (*Store)(nil)
+	_ stores.Store        = (*Store)(nil)
+	_ stores.Notifier     = (*Store)(nil)
+	_ stores.WaitReporter = (*Store)(nil)
 )
 
-// Store is a stores.Store and stores.Notifier on flock(2)ed files in one
-// directory, shared by the processes of one host; see the package
-// documentation. It is safe for concurrent use.
+// Store is a stores.Store, stores.Notifier, stores.WaitReporter and
+// stores.Bounded on flock(2)ed files in one directory, shared by the
+// processes of one host; see the package documentation. It is safe for
+// concurrent use.
 type Store struct {
 	dir    string
 	pid    uint32
+	id     uint64 // random, never 0: names this Store in waiter marks
 	closed atomic.Bool
 
 	shards    [shardCount]shard
@@ -98,10 +104,12 @@ type entry struct {
 // hold is a grant of a key to a token, kept by the flock on its entry's
 // file, and the grant's expiry, enforced by a timer.
 type hold struct {
-	token  string
-	fence  int64
-	expiry time.Time // with the monotonic clock
-	timer  *time.Timer
+	token   string
+	fence   int64
+	expiry  time.Time // with the monotonic clock
+	timer   *time.Timer
+	granted int64 // Unix nanoseconds (wall clock) of the grant
+	waited  bool  // this Store refused another token the key meanwhile
 }
 
 // New returns a Store on dir, an absolute path, which it creates (mode
@@ -133,11 +141,23 @@ func New(dir string) (*Store, error) {
 	if err := probeFlock(dir, filePerm); err != nil {
 		return nil, fmt.Errorf("%w: %w", stores.ErrInvalid, err)
 	}
-	s := &Store{dir: dir, pid: uint32(os.Getpid())}
+	s := &Store{dir: dir, pid: uint32(os.Getpid()), id: newStoreID()}
+	s.subs.dir = dir
 	for i := range s.shards {
 		s.shards[i].entries = make(map[string]*entry)
 	}
 	return s, nil
+}
+
+// newStoreID returns a random Store id, never 0.
+func newStoreID() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+		if id := binary.LittleEndian.Uint64(b[:]); id != 0 {
+			return id
+		}
+	}
 }
 
 // Dir returns the Store's directory.
@@ -289,14 +309,32 @@ func (s *Store) live(e *entry, now time.Time) *hold {
 }
 
 // drop ends e's grant: it stops the timer and drops the flock, which frees
-// the key for every other process, and signals the key's release. The
-// caller holds e.mu.
+// the key for every other process, and signals the key's release: to this
+// Store's subscribers, and, when another Store marked the key waited for
+// during the grant, to every process's (see ring). The caller holds e.mu.
 func (s *Store) drop(e *entry) {
 	h := e.h
 	e.h = nil
 	h.timer.Stop()
+	foreign := s.markedByOther(e, h)
 	s.unlockOrClose(e)
 	s.subs.signal(e.key)
+	if foreign && e.fd >= 0 {
+		ring(e.fd)
+	}
+}
+
+// markedByOther reports whether another Store marked e's key waited for
+// during h, e's grant (see record.go). The caller holds e.mu.
+func (s *Store) markedByOther(e *entry, h *hold) bool {
+	m, ok := readMark(e.mem)
+	return ok && m.store != s.id && m.at >= h.granted
+}
+
+// waited reports whether another token was refused e's key during h, e's
+// grant: by this Store, or by another (its mark). The caller holds e.mu.
+func (s *Store) waited(e *entry, h *hold) bool {
+	return h.waited || s.markedByOther(e, h)
 }
 
 // arm sets h to expire at expiry, which is ttl from now.
@@ -342,7 +380,9 @@ func nextFence(last int64) int64 {
 	return max(last+stores.FenceStride, time.Now().UnixMicro())
 }
 
-// expiryAfter returns now plus ttl, saturating.
+// expiryAfter returns now plus ttl, saturating: ttl is within maxTTL
+// after the argument checks, and this keeps a caller's mistake from
+// overflowing.
 func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 	return now.Add(min(ttl, time.Duration(math.MaxInt64/2)))
 }
@@ -364,11 +404,14 @@ func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 // end of the process.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
-// wrapping stores.ErrInvalid for invalid keys or ttl; ErrClosed after
-// Close; and the file system's error when a key file cannot be opened,
-// mapped, locked or written, having taken nothing.
+// wrapping stores.ErrInvalid for invalid keys, or a ttl out of Bounds;
+// ErrClosed after Close; and the file system's error when a key file
+// cannot be opened, mapped, locked or written, having taken nothing.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := args.CheckBounds(bounds, nil, ttl); err != nil {
 		return stores.Grant{}, err
 	}
 	es, err := s.enter(keys)
@@ -393,22 +436,26 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 				continue
 			}
 			undo(i)
+			h.waited = true
 			return stores.Grant{Held: i, Wait: h.expiry.Sub(now)}, nil
 		}
 		if e.fd < 0 {
 			fd, mem, err := mapKeyFile(e.path, filePerm)
 			if err != nil {
 				undo(i)
-				return stores.Grant{}, fmt.Errorf("filestore: open the file of %q: %w", e.key, err)
+				return stores.Grant{}, fmt.Errorf("filestore: open the file of %s: %w", stores.KeyForMessage(e.key), err)
 			}
 			e.fd, e.mem = fd, mem
 		}
 		switch held, err := tryLock(e.fd); {
 		case err != nil:
 			undo(i)
-			return stores.Grant{}, fmt.Errorf("filestore: flock the file of %q: %w", e.key, err)
+			return stores.Grant{}, fmt.Errorf("filestore: flock the file of %s: %w", stores.KeyForMessage(e.key), err)
 		case held:
 			undo(i)
+			// Tell the holder that a waiter was refused: a hint, whose
+			// loss costs only fairness.
+			_ = writeMark(e.fd, mark{store: s.id, at: time.Now().UnixNano()})
 			return stores.Grant{Held: i, Wait: waitHint(e.mem)}, nil
 		}
 		took[i] = true
@@ -422,14 +469,15 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		fences[i] = nextFence(last.fence)
 		if err := writeRecord(e.fd, s.hint(fences[i], expiry)); err != nil {
 			undo(len(es))
-			return stores.Grant{}, fmt.Errorf("filestore: write the fence of %q: %w", e.key, err)
+			return stores.Grant{}, fmt.Errorf("filestore: write the fence of %s: %w", stores.KeyForMessage(e.key), err)
 		}
 	}
+	granted := now.UnixNano()
 	for i, e := range es {
 		if took[i] {
 			e.h = &hold{token: token}
 		}
-		e.h.fence = fences[i]
+		e.h.fence, e.h.granted = fences[i], granted
 		s.arm(e, e.h, expiry, ttl)
 	}
 	return stores.Grant{OK: true, Fences: fences}, nil
@@ -468,20 +516,40 @@ func waitHint(mem []byte) time.Duration {
 // ending the grant on the others.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
-// wrapping stores.ErrInvalid for invalid keys; and ErrClosed after Close.
+// wrapping stores.ErrInvalid for invalid keys, or a keep out of Bounds;
+// and ErrClosed after Close.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	_, err := s.ReleaseWaited(ctx, keys, token, keep)
+	return err
+}
+
+// ReleaseWaited is Release, and also reports whether another token was
+// refused one of keys while token's grant stood: by this Store (which
+// notes it in the grant), or by another Store or process (which marks it
+// in the key file, read from memory here: no system call). A Locker that
+// passes a hot key among its own requests then holds back long enough for
+// the waiters of other processes to take it (see stores.WaitReporter).
+func (s *Store) ReleaseWaited(ctx context.Context, keys []string, token string, keep time.Duration) (waited bool, err error) {
 	if err := args.CheckRelease(ctx, keys); err != nil {
-		return err
+		return false, err
+	}
+	if keep > 0 {
+		if err := args.CheckBounds(bounds, nil, keep); err != nil {
+			return false, err
+		}
 	}
 	es, err := s.enter(keys)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer s.leave(es)
 	now := time.Now()
 	var notHeld []string
 	for _, e := range es {
 		h := s.live(e, now)
+		if h != nil && h.token == token && s.waited(e, h) {
+			waited = true
+		}
 		switch {
 		case h == nil || h.token != token:
 			notHeld = append(notHeld, e.key)
@@ -494,9 +562,24 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		}
 	}
 	if len(notHeld) > 0 {
-		return fmt.Errorf("%w: filestore: %d of %d keys not held by the token: %q", stores.ErrNotHeld, len(notHeld), len(keys), notHeld)
+		return false, fmt.Errorf("%w: filestore: %d of %d keys not held by the token: %s", stores.ErrNotHeld, len(notHeld), len(keys), keysForMessage(notHeld))
 	}
-	return nil
+	return waited, nil
+}
+
+// keysForMessage lists keys for an error message, each shortened by
+// stores.KeyForMessage.
+func keysForMessage(keys []string) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(stores.KeyForMessage(k))
+	}
+	b.WriteByte(']')
+	return b.String()
 }
 
 // Refresh sets every key's grant to end ttl from now when each holds a
@@ -505,10 +588,13 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // Store that made a grant refreshes it: its timer is what ends it.
 //
 // It returns ctx.Err() without acting when ctx has ended; an error
-// wrapping stores.ErrInvalid for invalid keys or ttl; and ErrClosed after
-// Close.
+// wrapping stores.ErrInvalid for invalid keys, or a ttl out of Bounds;
+// and ErrClosed after Close.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := args.CheckBounds(bounds, nil, ttl); err != nil {
 		return err
 	}
 	es, err := s.enter(keys)
@@ -519,7 +605,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	now := time.Now()
 	for _, e := range es {
 		if h := s.live(e, now); h == nil || h.token != token {
-			return fmt.Errorf("%w: filestore: %q is not held by the token (none of the %d keys refreshed)", stores.ErrNotHeld, e.key, len(keys))
+			return fmt.Errorf("%w: filestore: %s is not held by the token (none of the %d keys refreshed)", stores.ErrNotHeld, stores.KeyForMessage(e.key), len(keys))
 		}
 	}
 	expiry := expiryAfter(now, ttl)

@@ -5,6 +5,7 @@ package filestore_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,5 +158,45 @@ func TestFencesSurviveRestart(t *testing.T) {
 	g, err := newStore(t, dir).Acquire(ctx, []string{"k"}, "t2", time.Minute)
 	if err != nil || !g.OK || g.Fences[0]-last < stores.FenceStride {
 		t.Fatalf("Acquire in a new Store: %+v, %v; want a fence a stride above %d", g, err, last)
+	}
+}
+
+// TestBounds: the Store takes keys of any length and TTLs up to 100 years,
+// which another process reads back from the key file without overflow; a
+// longer TTL or keep is refused with ErrInvalid, changing nothing.
+func TestBounds(t *testing.T) {
+	dir := t.TempDir()
+	s, other := newStore(t, dir), newStore(t, dir)
+	ctx := t.Context()
+	b := s.Bounds()
+	const century = 100 * 365 * 24 * time.Hour
+	if b.MaxKeyBytes != 0 || b.MinTTL != 0 || b.MaxTTL != century || b.Reason == "" {
+		t.Fatalf("Bounds %+v, want no key limit and TTLs up to 100 years, with a reason", b)
+	}
+	k := []string{"k"}
+	for _, ttl := range []time.Duration{century + 1, math.MaxInt64} {
+		if _, err := s.Acquire(ctx, k, "t1", ttl); !errors.Is(err, stores.ErrInvalid) {
+			t.Fatalf("Acquire with TTL %v: %v, want ErrInvalid", ttl, err)
+		}
+	}
+	g, err := s.Acquire(ctx, k, "t1", century)
+	if err != nil || !g.OK {
+		t.Fatalf("Acquire with the longest TTL: %+v, %v", g, err)
+	}
+	g, err = other.Acquire(ctx, k, "t2", time.Second)
+	if err != nil || g.OK || g.Wait < century-time.Hour || g.Wait > century {
+		t.Fatalf("another Store's Acquire: %+v, %v; want refused with Wait about 100 years", g, err)
+	}
+	if err := s.Refresh(ctx, k, "t1", century+1); !errors.Is(err, stores.ErrInvalid) {
+		t.Fatalf("Refresh beyond the longest TTL: %v, want ErrInvalid", err)
+	}
+	if err := s.Release(ctx, k, "t1", century+1); !errors.Is(err, stores.ErrInvalid) {
+		t.Fatalf("Release keeping the key beyond the longest TTL: %v, want ErrInvalid", err)
+	}
+	if g, err := other.Acquire(ctx, k, "t2", time.Second); err != nil || g.OK {
+		t.Fatalf("after the refused calls: %+v, %v; want the key still held", g, err)
+	}
+	if err := s.Release(ctx, k, "t1", 0); err != nil {
+		t.Fatal(err)
 	}
 }

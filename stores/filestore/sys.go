@@ -21,22 +21,22 @@ func openKeyFile(path string, perm uint32) (int, error) {
 	}
 }
 
-// mapKeyFile opens a key file and maps its record into memory, shared with
-// every process that maps, reads or writes it: reading the record then
-// costs no system call. A new file is extended to the record's size first,
-// which is safe without the flock: extending a file to the size it already
-// has changes nothing.
+// mapKeyFile opens a key file and maps its record and waiter mark into
+// memory, shared with every process that maps, reads or writes it: reading
+// them then costs no system call. A new (or older, shorter) file is
+// extended to fileSize first, which is safe without the flock: extending a
+// file to the size it already has changes nothing.
 func mapKeyFile(path string, perm uint32) (fd int, mem []byte, err error) {
 	fd, err = openKeyFile(path, perm)
 	if err != nil {
 		return -1, nil, err
 	}
 	var st syscall.Stat_t
-	if err = syscall.Fstat(fd, &st); err == nil && st.Size < recordSize {
-		err = syscall.Ftruncate(fd, recordSize)
+	if err = syscall.Fstat(fd, &st); err == nil && st.Size < fileSize {
+		err = syscall.Ftruncate(fd, fileSize)
 	}
 	if err == nil {
-		mem, err = syscall.Mmap(fd, 0, recordSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+		mem, err = syscall.Mmap(fd, 0, fileSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	}
 	if err != nil {
 		closeFile(fd)
@@ -81,7 +81,18 @@ func unlockFile(fd int) error {
 func writeRecord(fd int, r record) error {
 	var buf [recordSize]byte
 	r.encode(buf[:])
-	b, off := buf[:], int64(0)
+	return pwriteAll(fd, buf[:], 0)
+}
+
+// writeMark writes m as the key file fd's waiter mark.
+func writeMark(fd int, m mark) error {
+	var buf [markSize]byte
+	m.encode(buf[:])
+	return pwriteAll(fd, buf[:], recordSize)
+}
+
+// pwriteAll writes b into fd at off.
+func pwriteAll(fd int, b []byte, off int64) error {
 	for len(b) > 0 {
 		n, err := syscall.Pwrite(fd, b, off)
 		switch {

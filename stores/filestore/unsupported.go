@@ -12,8 +12,9 @@ import (
 )
 
 var (
-	_ stores.Store    = (*Store)(nil)
-	_ stores.Notifier = (*Store)(nil)
+	_ stores.Store        = (*Store)(nil)
+	_ stores.Notifier     = (*Store)(nil)
+	_ stores.WaitReporter = (*Store)(nil)
 )
 
 // Store is the file store; on this platform, which lacks flock(2), New
@@ -44,6 +45,11 @@ func (*Store) Acquire(context.Context, []string, string, time.Duration) (stores.
 
 // Release returns ErrClosed: no Store exists on this platform.
 func (*Store) Release(context.Context, []string, string, time.Duration) error { return ErrClosed }
+
+// ReleaseWaited returns ErrClosed: no Store exists on this platform.
+func (*Store) ReleaseWaited(context.Context, []string, string, time.Duration) (bool, error) {
+	return false, ErrClosed
+}
 
 // Refresh returns ErrClosed: no Store exists on this platform.
 func (*Store) Refresh(context.Context, []string, string, time.Duration) error { return ErrClosed }

@@ -1,6 +1,7 @@
 -- Takes several keys at once, all or none.
 -- KEYS[1..n] lock keys, KEYS[n+1..2n] their fence keys, KEYS[2n+1..3n] their
--- waiting keys (KEYS[n+i] and KEYS[2n+i] belong to KEYS[i]); all in one slot.
+-- waiting keys (KEYS[n+i] and KEYS[2n+i] belong to KEYS[i]), KEYS[3n+1] the
+-- token's abandon mark (see refuse_abandoned); all in one slot.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] fence stride
 -- Returns {1, fence of KEYS[1], ..., fence of KEYS[n]} when granted, else
 -- {0, index (0-based) of the first held key, its pttl}, writing nothing but
@@ -8,7 +9,11 @@
 -- and the locks it set are deleted again, so it leaves no lock behind.
 -- A key that already holds the token counts as free: this same call set
 -- it before (the client retried after losing the reply).
-local n = #KEYS / 3
+local n = (#KEYS - 1) / 3
+local abandoned = refuse_abandoned(KEYS[#KEYS])
+if abandoned then
+  return abandoned
+end
 for i = 1, n do
   local pttl = redis.call('PTTL', KEYS[i])
   if pttl ~= -2 and redis.pcall('GET', KEYS[i]) ~= ARGV[1] then

@@ -57,9 +57,9 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		return stores.FairGrant{}, err
 	}
 	call := &scriptCall{store: s, script: fairAcquireScript,
-		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key)},
+		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key), abandonKey(key, token)},
 		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit, stores.FenceStride},
-		undo: undoFair, undoKeys: []string{key}, undoToken: token}
+		undo: undoFair, undoKeys: []string{key}, undoToken: token, ttl: ttl}
 	reply, err := call.run(ctx)
 	if err != nil {
 		return stores.FairGrant{}, err

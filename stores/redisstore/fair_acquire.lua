@@ -1,7 +1,8 @@
 -- One attempt of a fair waiter.
 -- KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue (ZSET: token -> arrival
 -- ticket, server microseconds), KEYS[4] leases (ZSET: token -> lease deadline,
--- server milliseconds), KEYS[5] waiting key; all five in one slot.
+-- server milliseconds), KEYS[5] waiting key, KEYS[6] the token's abandon mark
+-- (see refuse_abandoned); all six in one slot.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] lease ms
 -- (0: try once without joining the queue), ARGV[5] most waiters dropped per call,
 -- ARGV[6] fence stride.
@@ -9,6 +10,10 @@
 -- holder's PTTL, or, when the key is free but another waiter heads the queue,
 -- that waiter's remaining lease (0 when unknown); ahead is the number of
 -- waiters queued before the token (-1 when it is not queued).
+local abandoned = refuse_abandoned(KEYS[6])
+if abandoned then
+  return abandoned
+end
 local token = ARGV[1]
 local lease = tonumber(ARGV[4])
 local limit = tonumber(ARGV[5])

@@ -58,6 +58,17 @@ local function own_retry(k, token, ttl)
   return false
 end
 
+-- refuse_abandoned returns an error reply when the abandon mark am exists:
+-- the call is a late copy of an acquisition that the Store undid once its
+-- caller had left (its request held up in the network past the undo), and
+-- must grant nothing. Else nil.
+local function refuse_abandoned(am)
+  if redis.call('EXISTS', am) == 1 then
+    return redis.error_reply('reqlock: redisstore: a late acquire of a token the Store abandoned')
+  end
+  return nil
+end
+
 -- mark_waiting records, in waiting key wk, that a caller was refused a key
 -- whose holder has pttl ms left, so that the key's release publishes: a
 -- release deletes wk with the lock and publishes only when wk was there. The

@@ -265,3 +265,10 @@ func (s *Store) Close() error {
 	<-exited
 	return err
 }
+
+// closed reports whether Close was called.
+func (s *Store) closed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.notify.closed
+}

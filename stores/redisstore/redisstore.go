@@ -10,9 +10,10 @@
 // (see Release notification). Release deletes the lock key, and Refresh
 // resets its TTL, only while it holds the caller's token.
 //
-// An uncontended lock costs Redis 7 commands: the acquire's EVALSHA, SET NX
-// PX, TIME and SET ... GET of the fence key (a second SET only when the
-// fence runs ahead of the clock), and the release's EVALSHA, GET and DEL.
+// An uncontended lock costs Redis 8 commands: the acquire's EVALSHA, EXISTS
+// of the token's abandon mark (see Timeouts), SET NX PX, TIME and SET ... GET
+// of the fence key (a second SET only when the fence runs ahead of the
+// clock), and the release's EVALSHA, GET and DEL.
 // A refusal adds PTTL and the SET of the waiting key; the release of a lock
 // someone waited for adds its PUBLISH.
 //
@@ -135,6 +136,18 @@
 // leaves does not stop the call. New therefore refuses a *redis.Client,
 // *redis.ClusterClient or *redis.Ring without ContextTimeoutEnabled, unless
 // WithClientTimeoutsOnly accepts it.
+//
+// An acquire whose caller leaves before it returns (its context ends) goes
+// on in the background, and once it returns the Store undoes it: it marks
+// the token abandoned (a key next to the lock, kept for the TTL asked and a
+// minute), then releases the keys, owner-checked, trying again with a
+// backoff until both land or the TTL has passed. Every acquire script
+// refuses a token so marked, so a copy of the acquire that reaches Redis
+// after the undo (held up in the network, or sent again by a retry) grants
+// nothing. The Store makes a client's retries itself (MaxRetries, or
+// MaxRedirects on a Cluster, with the client's backoff), one command per
+// attempt, so that a failure wraps stores.ErrUnreachable only when no attempt
+// reached Redis.
 package redisstore
 
 import (
@@ -181,15 +194,18 @@ var (
 	acquireAllSrc string
 	//go:embed release_all.lua
 	releaseAllSrc string
+	//go:embed mark_abandoned.lua
+	markAbandonedSrc string
 	//go:embed refresh_all.lua
 	refreshAllSrc string
 
-	acquireScript    = redis.NewScript(withLib(acquireSrc))
-	acquireAllScript = redis.NewScript(withLib(acquireAllSrc))
-	releaseScript    = redis.NewScript(releaseSrc)
-	releaseAllScript = redis.NewScript(releaseAllSrc)
-	refreshScript    = redis.NewScript(refreshSrc)
-	refreshAllScript = redis.NewScript(refreshAllSrc)
+	acquireScript       = redis.NewScript(withLib(acquireSrc))
+	acquireAllScript    = redis.NewScript(withLib(acquireAllSrc))
+	releaseScript       = redis.NewScript(releaseSrc)
+	releaseAllScript    = redis.NewScript(releaseAllSrc)
+	refreshScript       = redis.NewScript(refreshSrc)
+	refreshAllScript    = redis.NewScript(refreshAllSrc)
+	markAbandonedScript = redis.NewScript(markAbandonedSrc)
 )
 
 // withLib prepends the helpers of lib.lua to a script's source: Redis has no
@@ -203,6 +219,7 @@ func allScripts() []*redis.Script {
 		acquireScript, releaseScript, refreshScript,
 		fairAcquireScript, fairLeaveScript,
 		acquireAllScript, releaseAllScript, refreshAllScript,
+		markAbandonedScript,
 	}
 }
 
@@ -338,16 +355,16 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0])}
+	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]), abandonKey(keys[0], token)}
 	if len(keys) > 1 {
 		if err := s.checkColocated(keys, true); err != nil {
 			return stores.Grant{}, err
 		}
-		script, scriptKeys = acquireAllScript, withSiblingKeys(keys, fenceKey, waitingKey)
+		script, scriptKeys = acquireAllScript, append(withSiblingKeys(keys, fenceKey, waitingKey), abandonKey(keys[0], token))
 	}
 	call := &scriptCall{store: s, script: script, keys: scriptKeys,
 		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride},
-		undo: undoRelease, undoKeys: keys, undoToken: token}
+		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
 	reply, err := call.run(ctx)
 	if err != nil {
 		return stores.Grant{}, mapCrossSlot(err, keys, true)
@@ -485,6 +502,10 @@ func withSiblingKeys(keys []string, names ...func(string) string) []string {
 	}
 	return all
 }
+
+// abandonKey names the mark that the Store abandoned token's acquisition of
+// key (the first key of a multi-key one), in key's slot (see fenceKey).
+func abandonKey(key, token string) string { return siblingKey(key, ":abandoned:"+token) }
 
 // fenceKey names the fence key of key so that both hash to one Cluster slot.
 func fenceKey(key string) string {

@@ -24,6 +24,7 @@ var faultTests = []subtest{
 	{name: "AbandonedAcquire/ReplyLate", needs: needProxy, run: testAbandonedReplyLate},
 	{name: "AbandonedAcquire/ServerPaused", needs: needProxy, run: testAbandonedServerPaused},
 	{name: "AbandonedAcquire/CutThenRefused", needs: needProxy, run: testAbandonedCutThenRefused},
+	{name: "AbandonedAcquire/LateRequest", needs: needProxy, run: testAbandonedLateRequest},
 	{name: "CutOffHolderExpiresFirst", needs: needProxy, run: testCutOffHolderExpiresFirst},
 	{name: "CutOffHolderExpiresFirst/MaxTTL", needs: needProxy, run: testCutOffHolderExpiresFirstMaxTTL},
 	{name: "StaleHolder/PausedPastTTL", needs: needProxy, run: testStalePausedPastTTL},
@@ -105,6 +106,21 @@ func (b backend) cutWhen(dir faultproxy.Direction, match func([]byte) bool, forw
 	for _, p := range b {
 		p.CutWhen(dir, match, forward)
 	}
+}
+
+func (b backend) delayWhen(dir faultproxy.Direction, match func([]byte) bool, d time.Duration) {
+	for _, p := range b {
+		p.DelayWhen(dir, match, d)
+	}
+}
+
+// armed reports how many armed faults of every proxy wait for a chunk.
+func (b backend) armed() int {
+	n := 0
+	for _, p := range b {
+		n += p.Armed()
+	}
+	return n
 }
 
 // count starts counting, on every proxy, the chunks to the servers that
@@ -353,6 +369,34 @@ func testAbandonedCutThenRefused(t *testing.T, e *env) {
 		b.heal()
 		a.settle(t)
 		e.expectFreeForGood(t, keys, healLimit, "after a cut and refused connections")
+	}
+}
+
+// testAbandonedLateRequest: an acquire whose request is held up in the
+// network (a lost packet until its retransmission) past the call's wait and
+// past the store's own CallLimit reaches the server after the store, or the
+// caller, has undone it on another connection: it must not leave a grant.
+func testAbandonedLateRequest(t *testing.T, e *env) {
+	hold := max(e.callLimit, abandonWait) + faultHold + time.Second
+	for _, keys := range e.keySets("k") {
+		p, b := e.proxied(t)
+		e.warm(t, p, len(keys), e.long)
+		needle := e.needle()
+		reached := b.count(needle)
+		start := time.Now()
+		b.delayWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, []byte(needle)) }, hold)
+		a := e.abandon(t, p, keys, "t1", abandonWait)
+		if b.armed() == len(b) {
+			t.Fatal("the acquire's request never reached a proxy: the fault caught no call")
+		}
+		<-time.After(time.Until(start.Add(hold))) // the lateness itself: the request lands now
+		deadline := time.Now().Add(returnSlack)
+		for reached() == 0 && time.Now().Before(deadline) {
+			<-time.After(10 * time.Millisecond) // until the proxy has passed the held request on
+		}
+		reachedServer(t, reached, "a late request")
+		a.settle(t)
+		e.expectFreeForGood(t, keys, healLimit, "after an acquire's request arrived late")
 	}
 }
 

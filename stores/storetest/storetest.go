@@ -43,7 +43,9 @@
 //
 //   - an abandoned acquire (its reply lost, its reply late, the server
 //     paused past the call's wait, its connection cut after the request
-//     while new connections are refused) returns soon after its context
+//     while new connections are refused, its request held up in the
+//     network past the call and past the store's own Suite.CallLimit, to
+//     arrive after the undo sent on another connection) returns soon after its context
 //     ends, never claims with ErrUnreachable that it did not reach the
 //     server, and leaves no grant once the fault heals: the key is free
 //     within 3s and stays free, although the acquire asked for a TTL of 10s
@@ -132,6 +134,12 @@ type Suite struct {
 	// holds its locks (memory, a local file system): the Faults group runs
 	// its subtests that need no proxy, and Proxied must be nil.
 	InProcess bool
+
+	// CallLimit is the longest the store waits on its own for the answer
+	// to a call whose caller has left (its request timeout, as configured
+	// for Proxied's store); zero when the caller's context alone bounds a
+	// call. The Faults group holds an acquire's request back for longer.
+	CallLimit time.Duration
 }
 
 // defaultExpiryTTL is the ExpiryTTL of a Suite that leaves it zero.
@@ -217,7 +225,8 @@ type env struct {
 	waitUnknown bool // Suite.WaitUnknown
 
 	random     string                                                 // the random part of prefix
-	tag        string                                                 // the run\'s hash tag
+	tag        string                                                 // the run's hash tag
+	callLimit  time.Duration                                          // Suite.CallLimit
 	bounds     stores.Bounds                                          // the store's, when it is stores.Bounded
 	newProxied func(t *testing.T) (stores.Store, []*faultproxy.Proxy) // Suite.Proxied
 }
@@ -339,6 +348,7 @@ func newEnv(t *testing.T, s Suite, tag string) *env {
 		shortLease:  max(shortLease, 2*s.ExpiryTTL),
 		waitUnknown: s.WaitUnknown,
 		newProxied:  s.Proxied,
+		callLimit:   s.CallLimit,
 	}
 	if e.s == nil {
 		t.Fatal("storetest: Suite.New returned nil")

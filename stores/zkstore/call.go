@@ -26,9 +26,11 @@ const (
 // returns, never before, or an owner-checked clean-up could reach the
 // server ahead of the request it undoes; the error then wraps
 // stores.ErrAbandoned. A call made while the connection has no session
-// fails at once with stores.ErrUnreachable: nothing is sent. Close waits
-// for fn and undo.
-func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(T, error)) (T, error) {
+// fails at once with stores.ErrUnreachable: nothing is sent. fn notes its
+// writes in the effects it is given: a failure wraps stores.ErrUnreachable
+// only while none of them may have been applied. Close waits for fn and
+// undo.
+func call[T any](ctx context.Context, s *Store, fn func(e *effects) (T, error), undo func(T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
 		return zero, err
@@ -43,12 +45,15 @@ func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(
 		v   T
 		err error
 	}
-	var state atomic.Int32
+	var (
+		state atomic.Int32
+		e     effects
+	)
 	done := make(chan result, 1)
 	s.inFlight.Add(1)
 	started := s.goTracked(func() {
 		defer s.inFlight.Add(-1)
-		v, err := fn()
+		v, err := fn(&e)
 		if state.CompareAndSwap(callRunning, callReturned) {
 			done <- result{v, err}
 			return
@@ -63,7 +68,7 @@ func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(
 	}
 	select {
 	case r := <-done:
-		return r.v, wrapErr(r.err)
+		return r.v, wrapErr(r.err, &e)
 	case <-ctx.Done():
 		if state.CompareAndSwap(callRunning, callAbandoned) {
 			if undo != nil {
@@ -72,19 +77,59 @@ func call[T any](ctx context.Context, s *Store, fn func() (T, error), undo func(
 			return zero, ctx.Err()
 		}
 		r := <-done // it returned as ctx ended
-		return r.v, wrapErr(r.err)
+		return r.v, wrapErr(r.err, &e)
 	}
 }
 
+// effects records whether the writes of one call may have changed anything
+// on the server. A call whose later request could not be sent (no server
+// reachable) has an unknown outcome, not "nothing changed", once an earlier
+// write of it may have been applied, such as a fair waiter's queue node.
+// A nil *effects records nothing (clean-ups whose errors go nowhere).
+type effects struct{ maybe atomic.Bool }
+
+// note records the outcome of one write request, and returns err.
+func (e *effects) note(err error) error {
+	if e != nil && !notApplied(err) {
+		e.maybe.Store(true)
+	}
+	return err
+}
+
+// applied reports whether a write of the call may have been applied.
+func (e *effects) applied() bool { return e != nil && e.maybe.Load() }
+
+// notApplied reports whether a write request that returned err certainly
+// changed nothing: it was never sent, or the server refused it (a
+// transaction is refused whole). A success, a lost connection or any other
+// error may have been applied.
+func notApplied(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, refused := range []error{zk.ErrNoServer, errTooLarge, zk.ErrNoNode, zk.ErrNodeExists, zk.ErrBadVersion,
+		zk.ErrNotEmpty, zk.ErrNoAuth, zk.ErrInvalidACL, zk.ErrBadArguments, zk.ErrNoChildrenForEphemerals} {
+		if errors.Is(err, refused) {
+			return true
+		}
+	}
+	return false
+}
+
 // wrapErr gives an error of go-zookeeper the package's prefix, keeping it
-// testable with errors.Is; the package's own errors pass as they are.
-func wrapErr(err error) error {
+// testable with errors.Is; the package's own errors pass as they are. A
+// request that could not be sent makes the call's failure wrap
+// stores.ErrUnreachable only when no write of the call, per e, may have
+// been applied.
+func wrapErr(err error, e *effects) error {
 	switch {
 	case err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) ||
 		errors.Is(err, ErrFenceRange) || errors.Is(err, ErrClosed):
 		return err
-	case errors.Is(err, zk.ErrNoServer):
+	case errors.Is(err, zk.ErrNoServer) && !e.applied():
 		return fmt.Errorf("%w: zkstore: %w", stores.ErrUnreachable, err)
+	case errors.Is(err, zk.ErrNoServer):
+		return fmt.Errorf("zkstore: after a write that may have been applied: %w", err)
 	}
 	return fmt.Errorf("zkstore: %w", err)
 }

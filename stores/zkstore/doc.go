@@ -28,8 +28,24 @@
 // keys (one round trip, all keys in parallel) and either refuses, naming
 // the first held key and its holder's remaining TTL, or takes over the
 // nodes it may take (expired, or holding the caller's own token: a retry)
-// by deleting the lock node at the version it read, and its holder node, in
-// the granting transaction.
+// by deleting the lock node and its holder node in the granting
+// transaction.
+//
+// A takeover must delete the grant it read and no later one, and a lock
+// node's version cannot tell them apart (versions start again at 0 with
+// each node). Every granting transaction also sets the data of the key's
+// parent node, whose version therefore changes with each grant of the key:
+// a takeover sets it at the version that names the grant read (the
+// parent's last write being that grant's creation, or else read before the
+// node), so that it fails, and changes nothing, once another grant of the
+// key has been made since; the Store then reads the key again. Two
+// contenders that take over the same expired grant get one grant between
+// them, and a late takeover never deletes the holder's own retry. (A
+// parent's version would repeat after 2^32 grants of the key without the
+// parent being deleted in between; a takeover that reads it at -1, which
+// ZooKeeper takes for "any version", moves it on first.) A takeover costs
+// the read of the parent's version, one round trip, unless the read of the
+// queue in fair mode brought it.
 //
 // The holder node, named by a hash of the token, exists exactly while the
 // lock node holds that token: every transaction that creates or deletes a
@@ -75,7 +91,8 @@
 //     crashed process's locks are free after the session timeout.
 //
 // So that a holder's validity never outlives its node, the Store takes no
-// TTL longer than the session timeout the server granted (see Limits): the
+// TTL longer than the session timeout the server granted (see Limits and
+// Sessions shorter than MaxTTL): the
 // server restarts a session's timer on each request it receives, after the
 // Store sent it, so a grant or renewal that started at t stands until at
 // least t plus the session timeout, and a validity counted from t with a
@@ -110,6 +127,31 @@
 // expiry only later still, when it reconnects; such a signal would never
 // cancel a holder sooner than its validity does.
 //
+// # Sessions shorter than MaxTTL
+//
+// Bounds are fixed for a Store's lifetime: MaxTTL is the session timeout
+// granted on the Store's first connection. The Store asks for its
+// configured timeout on every connection (go-zookeeper would ask for the
+// one granted last), but a server configured with a lower
+// maxSessionTimeout, or a larger tickTime, than the one that granted
+// MaxTTL grants less. While the last connection got less than MaxTTL, the
+// Store logs it once (see WithLogger) and refuses every Acquire, Refresh
+// and AcquireFair whose TTL is above that timeout with a store failure
+// that changes nothing (wrapping ErrShortSession and
+// stores.ErrUnreachable): the Locker answers 503, as when the store is
+// down, until a server grants the full timeout again. A keep or a lease
+// is taken as usual: a kept key or a queue place is held until its time
+// has passed or the session ends, whichever comes first, and neither lets
+// anybody in while a holder's validity stands.
+//
+// What this cannot cover: a grant made before the shortening (or by a call
+// in flight across it) keeps its validity, up to MaxTTL from its last
+// renewal, while the server would now expire its session the shorter
+// timeout after it last heard from the Store. Should the Store be cut off
+// right after such a reconnection, another Store could be granted the key
+// before that validity ends. Give every member of an ensemble the same
+// tickTime and session timeout bounds.
+//
 // # Fair queues
 //
 // AcquireFair queues a waiter by creating its ephemeral sequential node:
@@ -135,6 +177,17 @@
 // new one, every subscription sets its watch anew and signals, since events
 // may have been missed.
 //
+// A queue node is watched only while it exists: a subscription that finds
+// the waiter ahead gone signals and watches the node now ahead at once (a
+// watch on an absent node waits for its creation, which a queue node's name
+// never sees again). The lock node is watched for its creation too, when
+// absent, so that the next grant's release is seen: such a watch stays,
+// on the server and in the client, until the key is next granted or the
+// session ends, also after its subscription stopped (go-zookeeper has no
+// call for ZooKeeper's removeWatches).
+// It costs a few dozen bytes per key on each side, and is sent again on
+// every reconnection.
+//
 // # Limits
 //
 // Store.Bounds states what the Store takes; arguments out of it are refused
@@ -146,8 +199,9 @@
 //     granted, which the URL parameter session= (or WithSessionTimeout,
 //     default 10s) asks for and the server keeps within its
 //     minSessionTimeout and maxSessionTimeout (by default 2 and 20 times
-//     its tickTime). Every server of an ensemble must grant the same
-//     timeout: the Store learns it from the first.
+//     its tickTime). The Store learns it on its first connection; a server
+//     that grants less later makes the Store refuse longer TTLs for as long
+//     (see Sessions shorter than MaxTTL).
 //   - keys: ZooKeeper takes requests of up to jute.maxbuffer bytes (1 MiB
 //     by default; the Store assumes the default or more) and closes the
 //     connection of a larger one, failing every call on it. A key appears in
@@ -163,6 +217,14 @@
 // lease never lapses. A lock node without a holder node (another version's
 // grant) is taken over, once expired, like any other.
 //
+// Versions of this package from before holder nodes (which checked owners
+// by node versions alone) must not share a root with this one, such as in
+// a rolling upgrade: one of them that takes over an expired grant of this
+// version deletes its lock node and leaves its holder node behind, and the
+// grant's owner could then refresh or release the old version's grant, two
+// holders at once. Stop every Store of the old version before starting the
+// new one, or give the new one another root.
+//
 // # Failures
 //
 // Every call returns as soon as its context ends, even while the server has
@@ -170,9 +232,15 @@
 // lost connection): an Acquire or AcquireFair left in flight is undone,
 // owner-checked, once it returns, and its error wraps stores.ErrAbandoned
 // and the context's error; the undo tries again while the server cannot be
-// reached, until it knows the grant is gone or the Store is closed. A call
-// made while the connection has no session fails at once with
-// stores.ErrUnreachable, sending nothing.
+// reached, until it knows the grant is gone (released, or the session
+// that made it ended, which deleted its nodes) or the Store is closed. An
+// undo that fails otherwise (the server refuses it, such as for an ACL) is
+// logged, and the grant stands until its TTL passes or the session ends.
+// A call made while the connection has no session fails at once with
+// stores.ErrUnreachable, sending nothing. A call that could reach no server
+// later on fails with stores.ErrUnreachable only when none of its writes
+// may have been applied: a fair waiter that joined the queue, then lost the
+// server, fails with an unknown outcome, and the Locker takes it out.
 //
 // What it survives: a lost or late reply (the call fails with an unknown
 // outcome, or is undone when abandoned); a connection cut, or a server

@@ -187,13 +187,24 @@ func TestCutOffHolderValidityEndsFirst(t *testing.T) {
 // is gone, the Store's Refresh and Release of it answer ErrNotHeld without
 // the server, instead of ErrUnreachable until the Store is back; and after
 // it is back, they never touch the next holder's grant.
+//
+// The next holder may take the key over once the TTL has passed, before the
+// server has expired the cut-off session (it does so to the tick, up to
+// tickTime late): the test waits for the expiry, seen as the loss of another
+// key the holder keeps, before the holder is back. Without that wait, a
+// holder back in time kept its session, and the test's wait for a new
+// session failed on a loaded machine.
 func TestCutOffStoreRefreshNotHeld(t *testing.T) {
 	holder, p := proxiedStore(t, zkstore.WithSessionTimeout(2*time.Second))
 	next := sameRootStore(t, holder)
+	raw := rawConn(t)
 	ttl := holder.Bounds().MaxTTL
 	keys := []string{"k"}
 	start := time.Now()
 	if g, err := holder.Acquire(t.Context(), keys, "t1", ttl); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if g, err := holder.Acquire(t.Context(), []string{"marker"}, "m", ttl); err != nil || !g.OK {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
 	cutOff(p)
@@ -213,6 +224,10 @@ func TestCutOffStoreRefreshNotHeld(t *testing.T) {
 	if err := holder.Release(t.Context(), keys, "t1", 0); !errors.Is(err, stores.ErrNotHeld) {
 		t.Fatalf("Release cut off, past the TTL: %v, want ErrNotHeld", err)
 	}
+	pollUntil(t, 20*time.Second, "the server expires the holder's session", func() bool {
+		ok, _, err := raw.Exists(holder.Root() + "/marker/lock")
+		return err == nil && !ok
+	})
 	old := holder.SessionID()
 	p.Heal()
 	pollUntil(t, 20*time.Second, "the holder gets a new session", func() bool {

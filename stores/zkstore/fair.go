@@ -43,8 +43,8 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	if err := s.checkFair(key, token, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
 	}
-	return call(ctx, s, func() (stores.FairGrant, error) {
-		return s.acquireFair(key, token, ttl, lease)
+	return call(ctx, s, func(e *effects) (stores.FairGrant, error) {
+		return s.acquireFair(e, key, token, ttl, lease)
 	}, func(stores.FairGrant, error) {
 		// The waiter left: neither its grant nor its place stays.
 		s.undo([]string{key}, token, true)
@@ -58,19 +58,27 @@ type queued struct {
 	left    time.Duration // of its lease, per ages
 }
 
-// acquireFair is AcquireFair.
-func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
+// acquireFair is AcquireFair, noting its writes in e.
+func (s *Store) acquireFair(e *effects, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	p := s.pathsOf(key)
 	id := waiterID{key, token}
 	var bare *lockNode // a grant found without a holder node
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		queue, lock, err := s.readQueue(p)
+		queue, lock, parent, err := s.readQueue(p)
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 		}
-		if bare != nil && lock.exists && lock.token == bare.token && lock.version == bare.version {
-			lock.noHolder = true
+		if lock.exists && lock.free(token) {
+			// A grant this attempt may take over: named by its parent's
+			// version (see guard), so that the takeover fails should
+			// another grant be made meanwhile.
+			if err := s.guard(e, p.lock, &lock, parent); err != nil {
+				return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+			}
+		}
+		if bare != nil && lock.exists && lock.czxid == bare.czxid && lock.version == bare.version {
+			lock.noHolder = true // the same grant, still without a holder node
 		}
 		mine := slices.IndexFunc(queue, func(q queueNode) bool { return q.token == token })
 		retry := lock.exists && lock.token == token
@@ -86,8 +94,8 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			keyRequestBytes(len(p.parent), len(token), s.aclBytes, true)); fit < len(drop) {
 			// Too many lapsed waiters ahead for one transaction with a
 			// grant: drop as many as fit, alone, and look again.
-			if _, err := s.multi(drop[:max(fit, 1)]...); err != nil {
-				if err = s.retryable(err, nil, attempt); err != nil {
+			if _, err := s.multi(e, drop[:max(fit, 1)]...); err != nil {
+				if err = s.retryable(e, err, nil, attempt); err != nil {
 					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 				}
 			}
@@ -98,7 +106,10 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			if mine >= 0 {
 				ops = append(ops, &zk.DeleteRequest{Path: p.parent + "/" + queue[mine].name, Version: -1})
 			}
-			grant, stamps, holders := s.grantOps([]string{p.lock}, []lockNode{lock}, token, lockData(ttl, token))
+			grant, stamps, holders, err := s.grantOps([]string{p.lock}, []lockNode{lock}, token, lockData(ttl, token))
+			if err != nil {
+				return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+			}
 			for i := range stamps {
 				stamps[i] += len(ops)
 			}
@@ -107,16 +118,16 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 				shifted[i+len(ops)] = k
 			}
 			ops = append(ops, grant...)
-			resp, err := s.multi(ops...)
+			resp, err := s.multi(e, ops...)
 			if err != nil {
 				if _, ok := missingHolder(ops, resp, shifted); ok && attempt < maxAttempts {
 					// Another version's grant, without a holder node: the
-					// next attempt reads it again and takes it over without
-					// deleting one.
+					// next attempt reads it again and, when it is the same
+					// node, takes it over without deleting one.
 					bare = &lock
 					continue
 				}
-				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
+				if err = s.retryable(e, err, []string{p.lock}, attempt); err != nil {
 					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 				}
 				continue
@@ -124,15 +135,15 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			if mine >= 0 {
 				s.setPlace(id, nil)
 			}
-			g, err := s.granted([]string{p.lock}, token, ttl, start, resp, stamps)
+			g, err := s.granted(e, []string{p.lock}, token, ttl, start, resp, stamps)
 			return stores.FairGrant{Grant: g}, err
 		}
 		if mine < 0 && lease > 0 {
 			// Not queued, and the key is not to be had: join at the tail.
 			// (A free key with nobody live in the queue was granted above,
 			// as if the caller had joined and headed the queue at once.)
-			if err := s.join(p, id, lease, start); err != nil {
-				if err = s.retryable(err, []string{p.lock}, attempt); err != nil {
+			if err := s.join(e, p, id, lease, start); err != nil {
+				if err = s.retryable(e, err, []string{p.lock}, attempt); err != nil {
 					return stores.FairGrant{}, fmt.Errorf("acquire fair: join: %w", err)
 				}
 			}
@@ -147,8 +158,8 @@ func (s *Store) acquireFair(key, token string, ttl, lease time.Duration) (stores
 			}
 		}
 		if len(ops) > 0 {
-			if _, err := s.multi(ops...); err != nil {
-				if err = s.retryable(err, nil, attempt); err != nil {
+			if _, err := s.multi(e, ops...); err != nil {
+				if err = s.retryable(e, err, nil, attempt); err != nil {
 					return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 				}
 				continue // a lapsed waiter came back, or the caller was dropped
@@ -182,10 +193,10 @@ func fitting(ops []any, room int) int {
 }
 
 // join queues the waiter id at the tail of the queue of the key at p, with
-// lease, in a call that started at start.
-func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time) error {
+// lease, in a call that started at start, noting the write in e.
+func (s *Store) join(e *effects, p paths, id waiterID, lease time.Duration, start time.Time) error {
 	path, err := s.conn.Create(p.queuePrefix(id.token), leaseData(lease), zk.FlagEphemeralSequential, s.acl)
-	if err != nil {
+	if e.note(err) != nil {
 		return err
 	}
 	s.setPlace(id, &place{name: path[len(p.parent)+1:], renewed: start, lease: lease})
@@ -193,27 +204,26 @@ func (s *Store) join(p paths, id waiterID, lease time.Duration, start time.Time)
 }
 
 // readQueue reads the queue of the key at p, in sequence order, and its
-// lock node, in parallel.
-func (s *Store) readQueue(p paths) ([]queueNode, lockNode, error) {
-	var (
-		children []string
-		lock     lockNode
-	)
-	err := forEach(2, func(i int) error {
+// lock node, in parallel. parent is the stat of the key's parent node, nil
+// when it is missing.
+func (s *Store) readQueue(p paths) (queue []queueNode, lock lockNode, parent *zk.Stat, err error) {
+	var children []string
+	err = forEach(2, func(i int) error {
 		if i == 1 {
 			return s.readLock(p.lock, &lock)
 		}
 		var err error
-		children, _, err = s.conn.Children(p.parent)
+		children, parent, err = s.conn.Children(p.parent)
 		if errors.Is(err, zk.ErrNoNode) {
+			parent = nil
 			return nil
 		}
 		return err
 	})
 	if err != nil {
-		return nil, lockNode{}, err
+		return nil, lockNode{}, nil, err
 	}
-	return parseQueue(children), lock, nil
+	return parseQueue(children), lock, parent, nil
 }
 
 // parseQueue returns the queue nodes among children, in sequence order.
@@ -263,14 +273,14 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := s.checkFair(key, token, 0, 0); err != nil {
 		return err
 	}
-	_, err := call(ctx, s, func() (struct{}, error) {
-		return struct{}{}, s.leaveFair(key, token)
+	_, err := call(ctx, s, func(e *effects) (struct{}, error) {
+		return struct{}{}, s.leaveFair(e, key, token)
 	}, nil)
 	return err
 }
 
-// leaveFair is LeaveFair.
-func (s *Store) leaveFair(key, token string) error {
+// leaveFair is LeaveFair, noting its writes in e.
+func (s *Store) leaveFair(e *effects, key, token string) error {
 	p := s.pathsOf(key)
 	id := waiterID{key, token}
 	var names []string
@@ -291,7 +301,7 @@ func (s *Store) leaveFair(key, token string) error {
 		}
 	}
 	for _, name := range names {
-		if err := s.conn.Delete(p.parent+"/"+name, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		if err := e.note(s.conn.Delete(p.parent+"/"+name, -1)); err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return fmt.Errorf("leave fair: %w", err)
 		}
 	}

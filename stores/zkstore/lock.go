@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -24,8 +25,14 @@ type lockNode struct {
 	readable bool   // its data parsed; otherwise it is held, by nobody's token, while it stands
 	token    string // when readable
 	version  int32  // the node's data version
+	czxid    int64  // the transaction that created it, which names one grant
 	left     time.Duration
 	noHolder bool // it has no holder node (another version's grant): a takeover deletes none
+
+	// guarded is set once pver names the node's grant for a takeover: the
+	// data version of the key's parent node (see guard).
+	guarded bool
+	pver    int32
 }
 
 // free reports whether a grant to token may take the node: it is absent,
@@ -67,8 +74,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkCall(ctx, keys, token, "ttl", ttl, false); err != nil {
 		return stores.Grant{}, err
 	}
-	return call(ctx, s, func() (stores.Grant, error) {
-		return s.acquire(s.lockPaths(keys), token, ttl)
+	return call(ctx, s, func(e *effects) (stores.Grant, error) {
+		return s.acquire(e, s.lockPaths(keys), token, ttl)
 	}, func(g stores.Grant, err error) {
 		if err == nil && !g.OK {
 			return
@@ -77,8 +84,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	})
 }
 
-// acquire is Acquire on the lock nodes at paths.
-func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores.Grant, error) {
+// acquire is Acquire on the lock nodes at paths, noting its writes in e.
+func (s *Store) acquire(e *effects, paths []string, token string, ttl time.Duration) (stores.Grant, error) {
 	data := lockData(ttl, token)
 	var nodes []lockNode // nil until read: first try to create every node
 	now := time.Now()
@@ -91,19 +98,28 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 	}
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
+		if err := s.guardAll(e, paths, nodes, token); err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
 		for i, n := range nodes {
 			if !n.free(token) {
 				return stores.Grant{Held: i, Wait: n.wait()}, nil
 			}
 		}
-		ops, stamps, holders := s.grantOps(paths, nodes, token, data)
-		resp, err := s.multi(ops...)
+		ops, stamps, holders, err := s.grantOps(paths, nodes, token, data)
+		if err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
+		resp, err := s.multi(e, ops...)
 		if err == nil {
-			return s.granted(paths, token, ttl, start, resp, stamps)
+			return s.granted(e, paths, token, ttl, start, resp, stamps)
 		}
 		if k, ok := missingHolder(ops, resp, holders); ok && attempt < maxAttempts {
-			// Another version's grant, without a holder node: take it over
-			// without deleting one.
+			// The grant read has no holder node: another version's grant.
+			// It is still the key's grant (its guard, before the delete of
+			// the holder node, passed): take it over without deleting one,
+			// under the same guard, which fails should another grant be
+			// made in between.
 			nodes[k].noHolder = true
 			continue
 		}
@@ -112,7 +128,7 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 			// others keep taking it. A refusal, for how long unknown.
 			return stores.Grant{Held: failedKey(ops, resp, paths)}, nil
 		}
-		if err = s.retryable(err, paths, attempt); err != nil {
+		if err = s.retryable(e, err, paths, attempt); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
 		if nodes, err = s.readLocks(paths); err != nil {
@@ -122,18 +138,32 @@ func (s *Store) acquire(paths []string, token string, ttl time.Duration) (stores
 }
 
 // grantOps returns the transaction that grants the lock nodes at paths,
-// found as nodes (nil: assumed absent), to token with data: each lock node
-// present is deleted at the version read, with its holder's node, and
-// created anew as an ephemeral node with token's holder node; and its
-// parent's data is set, whose reply carries the transaction's zxid, the
-// fence, which a create in a transaction does not report. stamps holds the
-// index of each key's SetData, and holders maps the index of each delete of
-// a holder node to its key.
-func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []byte) (ops []any, stamps []int, holders map[int]int) {
+// found as nodes (nil: assumed absent), to token with data. For each key,
+// it first sets the parent's data: at the version that names the grant
+// read (see guard) when the lock node is present, so that the transaction
+// fails should another grant of the key have been made since; and in any
+// case so that the next grant's guard changes, and because the reply
+// carries the transaction's zxid, the fence, which a create in a
+// transaction does not report. Then a lock node present is deleted at the
+// version read, with its holder's node, and the lock node is created anew
+// as an ephemeral node, with token's holder node. stamps holds the index of
+// each key's SetData, and holders maps the index of each delete of a holder
+// node to its key. Every node present must be guarded.
+func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []byte) (ops []any, stamps []int, holders map[int]int, err error) {
 	ops = make([]any, 0, 5*len(paths))
 	stamps = make([]int, len(paths))
 	for i, p := range paths {
-		if nodes != nil && nodes[i].exists {
+		present := nodes != nil && nodes[i].exists
+		guard := int32(-1) // absent: the create fails should the node exist
+		if present {
+			if !nodes[i].guarded {
+				return nil, nil, nil, errors.New("internal error: a takeover of a grant not guarded")
+			}
+			guard = nodes[i].pver
+		}
+		stamps[i] = len(ops)
+		ops = append(ops, &zk.SetDataRequest{Path: parentOf(p), Version: guard})
+		if present {
 			ops = append(ops, &zk.DeleteRequest{Path: p, Version: nodes[i].version})
 			if !nodes[i].noHolder {
 				if holders == nil {
@@ -146,10 +176,69 @@ func (s *Store) grantOps(paths []string, nodes []lockNode, token string, data []
 		ops = append(ops,
 			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagEphemeral},
 			&zk.CreateRequest{Path: holderOf(p, token), Acl: s.acl, Flags: zk.FlagEphemeral})
-		stamps[i] = len(ops)
-		ops = append(ops, &zk.SetDataRequest{Path: parentOf(p), Version: -1})
 	}
-	return ops, stamps, holders
+	return ops, stamps, holders, nil
+}
+
+// guardAll guards (see guard) every node of nodes, read at paths, that a
+// grant to token would take over, in parallel.
+func (s *Store) guardAll(e *effects, paths []string, nodes []lockNode, token string) error {
+	return forEach(len(nodes), func(i int) error {
+		if n := &nodes[i]; n.exists && n.free(token) && !n.guarded {
+			return s.guard(e, paths[i], n, nil)
+		}
+		return nil
+	})
+}
+
+// guard names the grant n, read at the lock node at path, for a
+// transaction that takes it over (grantOps): n.pver is the data version of
+// the key's parent node, which every grant's transaction sets, so that a
+// takeover that sets the parent at that version fails once another grant
+// of the key has been made since n was read, and never deletes that grant.
+// The lock node's own version cannot name a grant: it starts again at 0
+// with each node, and two contenders that take over the same expired grant
+// would each find the other's new node at the version they read.
+//
+// parent is the parent's stat as read alongside n, or nil. Its version
+// names n's grant when the parent's last write is n's creation; otherwise
+// (another grant in between, or a node made by another writer) the parent
+// and then the node are read again, in that order, which may change n. A
+// parent version of -1, which ZooKeeper takes for "any version" (versions
+// wrap there after 2^32-1 writes), is moved on first.
+func (s *Store) guard(e *effects, path string, n *lockNode, parent *zk.Stat) error {
+	after := false // n was read after parent
+	for {
+		if parent == nil {
+			ok, st, err := s.conn.Exists(parentOf(path))
+			if err != nil {
+				return err
+			}
+			if !ok {
+				*n = lockNode{} // the node went with its parent
+				return nil
+			}
+			parent, after = st, false
+		}
+		switch {
+		case parent.Version == -1:
+			if _, err := s.conn.Set(parentOf(path), nil, -1); e.note(err) != nil && !errors.Is(err, zk.ErrNoNode) {
+				return err
+			}
+			parent = nil
+			continue
+		case after || parent.Mzxid == n.czxid:
+			n.guarded, n.pver = true, parent.Version
+			return nil
+		}
+		if err := s.readLock(path, n); err != nil {
+			return err
+		}
+		if !n.exists {
+			return nil
+		}
+		after = true
+	}
 }
 
 // missingHolder reports whether the transaction ops failed, per resp, on the
@@ -193,7 +282,7 @@ func failedKey(ops []any, resp []zk.MultiResponse, paths []string) int {
 // and survive restarts in the transaction log. So the zxid of a grant's
 // transaction, its nodes' czxid, is above the previous grant's by at least
 // one, and times stores.FenceStride by at least the stride.
-func (s *Store) granted(paths []string, token string, ttl time.Duration, start time.Time, resp []zk.MultiResponse, stamps []int) (stores.Grant, error) {
+func (s *Store) granted(e *effects, paths []string, token string, ttl time.Duration, start time.Time, resp []zk.MultiResponse, stamps []int) (stores.Grant, error) {
 	var zxid int64
 	session := s.conn.SessionID() // the session that made the grant, or a later one
 	for i, p := range paths {
@@ -205,7 +294,7 @@ func (s *Store) granted(paths []string, token string, ttl time.Duration, start t
 		s.ages.wrote(p, zxid, token, session, ttl, start)
 	}
 	if zxid <= 0 || zxid > math.MaxInt64/stores.FenceStride {
-		_ = s.releasePaths(paths, token, 0, time.Now())
+		_ = s.releasePaths(e, paths, token, 0, time.Now())
 		return stores.Grant{}, fmt.Errorf("%w: zxid %#x", ErrFenceRange, zxid)
 	}
 	fences := make([]int64, len(paths))
@@ -217,13 +306,14 @@ func (s *Store) granted(paths []string, token string, ttl time.Duration, start t
 
 // retryable returns nil when err, the failure of attempt, is a conflict with
 // another writer worth a new read and attempt, after creating the parents
-// of the lock nodes at paths when one was missing; and err otherwise.
-func (s *Store) retryable(err error, paths []string, attempt int) error {
+// of the lock nodes at paths when one was missing (noted in e); and err
+// otherwise.
+func (s *Store) retryable(e *effects, err error, paths []string, attempt int) error {
 	switch {
 	case attempt >= maxAttempts:
 		return fmt.Errorf("gave up after %d conflicting attempts: %w", attempt, err)
 	case errors.Is(err, zk.ErrNoNode):
-		return s.makeParents(paths)
+		return s.makeParents(e, paths)
 	case errors.Is(err, zk.ErrNodeExists), errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNotEmpty):
 		return nil
 	}
@@ -232,10 +322,10 @@ func (s *Store) retryable(err error, paths []string, attempt int) error {
 
 // makeParents creates the parents of the nodes at paths, as container nodes
 // (the server deletes them once empty), when missing.
-func (s *Store) makeParents(paths []string) error {
+func (s *Store) makeParents(e *effects, paths []string) error {
 	return forEach(len(paths), func(i int) error {
 		_, err := s.conn.CreateContainer(parentOf(paths[i]), nil, zk.FlagContainer, s.acl)
-		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if e.note(err) != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 		return nil
@@ -260,7 +350,7 @@ func (s *Store) readLock(path string, n *lockNode) error {
 		return err
 	}
 	ttl, token, ok := parseLockData(data)
-	*n = lockNode{exists: true, readable: ok, token: token, version: stat.Version,
+	*n = lockNode{exists: true, readable: ok, token: token, version: stat.Version, czxid: stat.Czxid,
 		left: s.ages.remaining(path, stat.Mzxid, ttl, time.Now())}
 	return nil
 }
@@ -297,15 +387,15 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if s.conn.State() != zk.StateHasSession && s.allGone(paths, token) {
 		return fmt.Errorf("%w: zkstore: release: the grant's TTL has passed or its session ended", stores.ErrNotHeld)
 	}
-	_, err := call(ctx, s, func() (struct{}, error) {
-		return struct{}{}, s.releasePaths(paths, token, keep, time.Now())
+	_, err := call(ctx, s, func(e *effects) (struct{}, error) {
+		return struct{}{}, s.releasePaths(e, paths, token, keep, time.Now())
 	}, nil)
 	return err
 }
 
 // release is Release, without its checks.
 func (s *Store) release(keys []string, token string, keep time.Duration) error {
-	return s.releasePaths(s.lockPaths(keys), token, keep, time.Now())
+	return s.releasePaths(nil, s.lockPaths(keys), token, keep, time.Now())
 }
 
 // allGone reports whether this Store's records show that token's grant of
@@ -323,18 +413,35 @@ func (s *Store) allGone(paths []string, token string) bool {
 // undo releases token's grant of keys, and with fair its queue place, after
 // an abandoned call, trying again while the server cannot be reached: the
 // grant must not stand for its whole TTL because a first try failed. It
-// returns once the grant is released or found gone, or the Store closed.
+// returns once the grant is released or found gone, or the Store closed, or
+// the session of the call ended (the server deleted its ephemeral nodes),
+// or on an error that trying again would not cure (logged: the grant then
+// stands until its TTL passes or the session ends).
 func (s *Store) undo(keys []string, token string, fair bool) {
+	// The call's requests, all returned, went out in this session or an
+	// earlier one: once it has ended, every node they made is gone.
+	session := s.conn.SessionID()
 	pause := rearmDelay
 	for {
+		if session == 0 || s.conn.SessionID() != session {
+			return
+		}
 		err := s.release(keys, token, 0)
-		if err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) {
+		if err == nil || errors.Is(err, stores.ErrNotHeld) {
 			if !fair {
 				return
 			}
-			if err = s.leaveFair(keys[0], token); err == nil {
+			if err = s.leaveFair(nil, keys[0], token); err == nil {
 				return
 			}
+		}
+		if !transient(err) {
+			if s.isClosed() {
+				return // the session is closed: the server deleted every node of it
+			}
+			s.log.Warn("zkstore: the clean-up of an abandoned call failed; what it made stands until its TTL passes or the session ends",
+				slog.String("key", stores.KeyForMessage(keys[0])), slog.Int("keys", len(keys)), slog.Any("error", err))
+			return
 		}
 		select {
 		case <-s.done:
@@ -345,9 +452,22 @@ func (s *Store) undo(keys []string, token string, fair bool) {
 	}
 }
 
+// transient reports whether err, the failure of a request, may not happen
+// again: the connection was lost or no server could be reached, the
+// session moved or ended, or other writers kept changing the nodes.
+func transient(err error) bool {
+	for _, t := range []error{zk.ErrConnectionClosed, zk.ErrNoServer, zk.ErrSessionExpired, zk.ErrSessionMoved,
+		zk.ErrNodeExists, zk.ErrBadVersion, zk.ErrNotEmpty} {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
 // releasePaths is Release on the lock nodes at paths, by a call that
-// started at start.
-func (s *Store) releasePaths(paths []string, token string, keep time.Duration, start time.Time) error {
+// started at start, noting its writes in e.
+func (s *Store) releasePaths(e *effects, paths []string, token string, keep time.Duration, start time.Time) error {
 	data := lockData(keep, token)
 	end := func(p string, version int32) []any {
 		if keep > 0 {
@@ -362,12 +482,12 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration, s
 		for _, p := range paths {
 			ops = append(ops, end(p, -1)...)
 		}
-		resp, err := s.multi(ops...)
+		resp, err := s.multi(e, ops...)
 		if err == nil {
 			s.released(paths, ops, resp, token, keep, start)
 			return nil
 		}
-		if err = s.retryable(err, nil, 1); err != nil {
+		if err = s.retryable(e, err, nil, 1); err != nil {
 			return fmt.Errorf("release: %w", err)
 		}
 	}
@@ -397,9 +517,9 @@ func (s *Store) releasePaths(paths []string, token string, keep time.Duration, s
 			}
 		}
 		if len(ops) > 0 {
-			resp, err := s.multi(ops...)
+			resp, err := s.multi(e, ops...)
 			if err != nil {
-				if err = s.retryable(err, nil, attempt); err != nil {
+				if err = s.retryable(e, err, nil, attempt); err != nil {
 					return fmt.Errorf("release: %w", err)
 				}
 				continue
@@ -465,14 +585,14 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 				stores.ErrNotHeld, i+1, len(paths))
 		}
 	}
-	_, err := call(ctx, s, func() (struct{}, error) {
-		return struct{}{}, s.refresh(paths, token, ttl)
+	_, err := call(ctx, s, func(e *effects) (struct{}, error) {
+		return struct{}{}, s.refresh(e, paths, token, ttl)
 	}, nil)
 	return err
 }
 
-// refresh is Refresh on the lock nodes at paths.
-func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
+// refresh is Refresh on the lock nodes at paths, noting its writes in e.
+func (s *Store) refresh(e *effects, paths []string, token string, ttl time.Duration) error {
 	data := lockData(ttl, token)
 	known := s.ownAll(paths, token, time.Now())
 	versions := make([]int32, len(paths))
@@ -497,7 +617,7 @@ func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 		for i, p := range paths {
 			ops = append(ops, ownerChecked(p, token, &zk.SetDataRequest{Path: p, Data: data, Version: versions[i]})...)
 		}
-		resp, err := s.multi(ops...)
+		resp, err := s.multi(e, ops...)
 		if err == nil {
 			session := s.conn.SessionID()
 			for i, p := range paths {
@@ -507,7 +627,7 @@ func (s *Store) refresh(paths []string, token string, ttl time.Duration) error {
 			}
 			return nil
 		}
-		if err = s.retryable(err, nil, attempt); err != nil {
+		if err = s.retryable(e, err, nil, attempt); err != nil {
 			return fmt.Errorf("refresh: %w", err)
 		}
 		known = false

@@ -185,7 +185,7 @@ func (s *Store) watch(sub *subscription) {
 		)
 		if err == nil {
 			s.subs.setTarget(sub, target)
-			exists, _, events, err = s.conn.ExistsW(target)
+			exists, events, err = s.watchNode(target, target == p.lock)
 		}
 		var wake <-chan time.Time
 		if err != nil {
@@ -204,6 +204,9 @@ func (s *Store) watch(sub *subscription) {
 		}
 		s.subs.flush(sub)
 		expectPresent = false
+		if err == nil && !exists && target != p.lock {
+			continue // the waiter ahead has gone: find the node to watch now
+		}
 		select {
 		case ev := <-events:
 			expectPresent = ev.Type == zk.EventNodeCreated || ev.Type == zk.EventNodeDataChanged
@@ -216,6 +219,26 @@ func (s *Store) watch(sub *subscription) {
 		}
 		retry.Stop()
 	}
+}
+
+// watchNode sets a watch on the node at path and reports whether it
+// exists. The lock node is watched for its creation too, when it is absent:
+// its path serves every grant of the key, so the watch fires at the next
+// grant, and the grant's release is then seen. A queue node's name never
+// comes back once its node is gone: it is watched only while it exists
+// (ZooKeeper keeps a watch on an absent node until the node is created or
+// the session ends, and go-zookeeper keeps it too, and sets it again on
+// every reconnection).
+func (s *Store) watchNode(path string, lock bool) (exists bool, events <-chan zk.Event, err error) {
+	if lock {
+		exists, _, events, err = s.conn.ExistsW(path)
+		return exists, events, err
+	}
+	_, _, events, err = s.conn.GetW(path) // sets no watch on an absent node
+	if errors.Is(err, zk.ErrNoNode) {
+		return false, nil, nil
+	}
+	return err == nil, events, err
 }
 
 // target returns the node whose deletion signals the waiter id of the key

@@ -131,13 +131,15 @@ func keysLen(keys []string) int {
 	return n
 }
 
-// multi sends ops as one transaction, unless it exceeds maxRequestBytes:
-// then it returns an error wrapping stores.ErrInvalid and sends nothing.
-// (Calls check their keys beforehand, so this is a guard against data the
-// checks did not foresee, such as a long token of another version's grant.)
-func (s *Store) multi(ops ...any) ([]zk.MultiResponse, error) {
+// multi sends ops as one transaction, noting it in e, unless it exceeds
+// maxRequestBytes: then it returns an error wrapping stores.ErrInvalid and
+// sends nothing. (Calls check their keys beforehand, so this is a guard
+// against data the checks did not foresee, such as a long token of another
+// version's grant.)
+func (s *Store) multi(e *effects, ops ...any) ([]zk.MultiResponse, error) {
 	if n := multiBytes(ops); n > maxRequestBytes {
 		return nil, fmt.Errorf("%w: %w: a transaction of %d bytes", stores.ErrInvalid, errTooLarge, n)
 	}
-	return s.conn.Multi(ops...)
+	resp, err := s.conn.Multi(ops...)
+	return resp, e.note(err)
 }

@@ -57,8 +57,11 @@ func TestKeyRequestBytes(t *testing.T) {
 	for _, k := range []int{1, 100, max, max + 1} {
 		key := strings.Repeat("\xff", k)
 		p := s.pathsOf(key)
-		old := []lockNode{{exists: true, readable: true, token: "old", version: 3}}
-		grant, _, _ := s.grantOps([]string{p.lock}, old, token, lockData(time.Hour, token))
+		old := []lockNode{{exists: true, readable: true, token: "old", version: 3, guarded: true, pver: 7}}
+		grant, _, _, err := s.grantOps([]string{p.lock}, old, token, lockData(time.Hour, token))
+		if err != nil {
+			t.Fatal(err)
+		}
 		queue := &zk.DeleteRequest{Path: p.queuePrefix(token) + "0000000001", Version: -1}
 		fair := append([]any{queue}, grant...)
 		plainWant := requestHeaderBytes + multiHeaderBytes + keyRequestBytes(len(p.parent), len(token), s.aclBytes, false)

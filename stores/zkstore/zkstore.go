@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
+	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,10 +32,15 @@ type Store struct {
 	acl      []zk.ACL
 	aclBytes int // its encoded size
 	bounds   stores.Bounds
+	log      *slog.Logger
 
-	// sessionMs is the session timeout, in milliseconds, that the server
-	// granted the last session (see sessionConn).
+	// askedMs is the session timeout, in milliseconds, the Store asks for
+	// on every connection; sessionMs is the one the server granted on the
+	// last (see sessionConn), and shortMs the last short one logged.
+	askedMs   int32
 	sessionMs atomic.Int64
+	maxMs     atomic.Int64 // bounds.MaxTTL in milliseconds, once New has set it
+	shortMs   atomic.Int64
 
 	ages ages // what this Store knows of the age of lock and queue nodes
 
@@ -76,6 +84,13 @@ var (
 	// through more than 2^21 leader epochs. The grant is released.
 	ErrFenceRange = errors.New("zkstore: fence out of the int64 range")
 
+	// ErrShortSession marks the failure of a call whose TTL is longer than
+	// the session timeout the server granted when the Store last
+	// connected, below the Store's MaxTTL: a grant's validity would outlive
+	// the session, and so its node, should the Store be cut off. Such
+	// errors wrap stores.ErrUnreachable too: nothing was sent.
+	ErrShortSession = errors.New("zkstore: the server granted a session timeout shorter than the TTL")
+
 	// errNoSession marks a call made while the connection has no session.
 	errNoSession = errors.New("zkstore: no ZooKeeper session")
 )
@@ -105,6 +120,7 @@ type config struct {
 	root    string
 	session time.Duration
 	acl     []zk.ACL
+	log     *slog.Logger
 	dialer  zk.Dialer // tests cut the network with theirs
 }
 
@@ -148,6 +164,20 @@ func WithACL(acl []zk.ACL) Option {
 	}
 }
 
+// WithLogger sets the logger of the conditions a Store cannot report to a
+// caller: a server that granted a session timeout below the Store's MaxTTL
+// on a reconnection, and the clean-up of an abandoned call that failed for
+// good. Default slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("WithLogger: the logger is nil")
+		}
+		c.log = l
+		return nil
+	}
+}
+
 // checkRoot returns an error unless path is a valid root for a Store.
 func checkRoot(path string) error {
 	switch {
@@ -178,7 +208,7 @@ func checkRoot(path string) error {
 // the Store to end its session, which frees every lock and queue place it
 // holds at once.
 func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) {
-	c := config{root: DefaultRoot, session: DefaultSessionTimeout, acl: zk.WorldACL(zk.PermAll), dialer: net.DialTimeout}
+	c := config{root: DefaultRoot, session: DefaultSessionTimeout, acl: zk.WorldACL(zk.PermAll), log: slog.Default(), dialer: net.DialTimeout}
 	if len(servers) == 0 {
 		return nil, fmt.Errorf("%w: zkstore: no servers", stores.ErrInvalid)
 	}
@@ -199,6 +229,8 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 		root:     c.root,
 		acl:      c.acl,
 		aclBytes: aclBytes(c.acl),
+		log:      c.log,
+		askedMs:  int32(min(c.session.Milliseconds(), math.MaxInt32)),
 		joined:   make(map[waiterID]place),
 		done:     make(chan struct{}),
 	}
@@ -247,7 +279,8 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 		return nil, fmt.Errorf("zkstore: the server's answer to the connect request gave no session timeout")
 	}
 	s.bounds = sessionBounds(maxKey, c.session, granted)
-	if _, err := call(ctx, s, func() (struct{}, error) { return struct{}{}, s.makeRoot() }, nil); err != nil {
+	s.maxMs.Store(granted.Milliseconds())
+	if _, err := call(ctx, s, func(e *effects) (struct{}, error) { return struct{}{}, s.makeRoot(e) }, nil); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("zkstore: create root %q: %w", s.root, err)
 	}
@@ -343,8 +376,9 @@ func sessionBounds(maxKey int, asked, granted time.Duration) stores.Bounds {
 
 // Bounds returns the keys and TTLs the Store takes; see stores.Bounded and
 // the package documentation. MaxTTL is the session timeout the server
-// granted; MaxKeyBytes is what fits ZooKeeper's request limit with the
-// Store's root.
+// granted on the Store's first connection (a later connection granted less
+// makes calls with longer TTLs fail, see ErrShortSession); MaxKeyBytes is
+// what fits ZooKeeper's request limit with the Store's root.
 func (s *Store) Bounds() stores.Bounds { return s.bounds }
 
 // checkCall checks the arguments of Acquire and Refresh (what "ttl"), or of
@@ -370,7 +404,33 @@ func (s *Store) checkCall(ctx context.Context, keys []string, token, what string
 			return fmt.Errorf("zkstore: %w", err)
 		}
 	}
-	return s.checkSize(keys, token, fair)
+	if err := s.checkSize(keys, token, fair); err != nil {
+		return err
+	}
+	if what == "ttl" {
+		return s.checkSession(d)
+	}
+	return nil
+}
+
+// checkSession returns an error wrapping ErrShortSession and
+// stores.ErrUnreachable when ttl, the validity of a grant, is longer than
+// the session timeout the server granted when the Store last connected:
+// the Store's MaxTTL is the timeout granted by the first connection, and a
+// server of an ensemble configured with a lower maxSessionTimeout (or a
+// larger tickTime) grants less. Should the Store then be cut off, the
+// server would delete the grant's node before its validity ends. A keep
+// or a lease is no validity: a kept key or a queue place held for less
+// than asked, when its Store is cut off for longer than the session
+// timeout, lets nobody in early who could then clash with a holder.
+func (s *Store) checkSession(ttl time.Duration) error {
+	granted := time.Duration(s.sessionMs.Load()) * time.Millisecond
+	if ttl <= granted {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: ttl %v is longer than the session timeout of %v that the server granted when the store last connected "+
+		"(less than the store's MaxTTL of %v: a server of the ensemble has a lower maxSessionTimeout or a larger tickTime); "+
+		"refused so that no grant outlives its session", stores.ErrUnreachable, ErrShortSession, ttl, granted, s.bounds.MaxTTL)
 }
 
 // checkFair checks key, ttl and lease of AcquireFair (zero ttl and lease
@@ -389,21 +449,49 @@ func (s *Store) checkFair(key, token string, ttl, lease time.Duration) error {
 	if err := s.bounds.CheckKey(key); err != nil {
 		return fmt.Errorf("zkstore: %w", err)
 	}
-	return s.checkSize([]string{key}, token, true)
+	if err := s.checkSize([]string{key}, token, true); err != nil {
+		return err
+	}
+	if ttl > 0 {
+		return s.checkSession(ttl)
+	}
+	return nil
 }
 
-// sessionConn is a connection to a server that notes the session timeout
-// the server grants, which go-zookeeper does not export: it is in the first
-// bytes the server sends on a connection, its answer to the connect request
-// (ZooKeeper's ConnectResponse: a 4-byte length, a 4-byte protocol version,
-// then the timeout in milliseconds). An answer that refuses an expired
-// session has a zero timeout, and is ignored. go-zookeeper reads a
-// connection from one goroutine at a time.
+// sessionConn is a connection to a server that asks for the Store's
+// session timeout and notes the one the server grants, which go-zookeeper
+// does not export.
+//
+// The first bytes written on a connection are the connect request
+// (ZooKeeper's ConnectRequest: a 4-byte length, a 4-byte protocol version,
+// an 8-byte zxid, then the timeout in milliseconds). go-zookeeper asks for
+// the timeout granted last, so that a server that once granted less, such
+// as a member of an ensemble with a lower maxSessionTimeout, would shorten
+// every later session of the Store; sessionConn asks for the configured
+// timeout instead.
+//
+// The first bytes the server sends are its answer (a 4-byte length, a
+// 4-byte protocol version, then the timeout in milliseconds). An answer
+// that refuses an expired session has a zero timeout, and is ignored.
+// go-zookeeper writes a connection from one goroutine at a time, and reads
+// it from one goroutine at a time.
 type sessionConn struct {
 	net.Conn
-	s    *Store
-	head [12]byte
-	n    int
+	s     *Store
+	wrote bool
+	head  [12]byte
+	n     int
+}
+
+func (c *sessionConn) Write(b []byte) (int, error) {
+	if !c.wrote {
+		c.wrote = true
+		if len(b) >= 20 {
+			b = slices.Clone(b)
+			binary.BigEndian.PutUint32(b[16:20], uint32(c.s.askedMs))
+		}
+	}
+	return c.Conn.Write(b)
 }
 
 func (c *sessionConn) Read(b []byte) (int, error) {
@@ -420,11 +508,11 @@ func (c *sessionConn) Read(b []byte) (int, error) {
 }
 
 // makeRoot creates the root and its missing ancestors, as persistent nodes.
-func (s *Store) makeRoot() error {
+func (s *Store) makeRoot(e *effects) error {
 	path := ""
 	for _, part := range strings.Split(s.root[1:], "/") {
 		path += "/" + part
-		if _, err := s.conn.Create(path, nil, 0, s.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if _, err := s.conn.Create(path, nil, 0, s.acl); e.note(err) != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 	}
@@ -492,8 +580,28 @@ func (s *Store) onEvent(ev zk.Event) {
 		if ev.State == zk.StateHasSession || ev.State == zk.StateExpired {
 			s.subs.wakeAll()
 		}
+		if ev.State == zk.StateHasSession {
+			s.noteSession(ev.Server)
+		}
 	case zk.EventNotWatching:
 		s.subs.wakeAll()
+	}
+}
+
+// noteSession logs a session timeout granted below the Store's MaxTTL, and
+// its end, once each: until then, calls with a TTL above it fail (see
+// checkSession).
+func (s *Store) noteSession(server string) {
+	ms, maxMs := s.sessionMs.Load(), s.maxMs.Load()
+	switch {
+	case maxMs == 0: // New has not set the bounds: this is the first session
+	case ms < maxMs && s.shortMs.Swap(ms) != ms:
+		s.log.Warn("zkstore: the server granted a session timeout below the store's MaxTTL; calls with a longer TTL fail until a server grants more",
+			slog.Duration("granted", time.Duration(ms)*time.Millisecond), slog.Duration("max_ttl", time.Duration(maxMs)*time.Millisecond),
+			slog.String("server", server))
+	case ms >= maxMs && s.shortMs.Swap(0) != 0:
+		s.log.Info("zkstore: the server granted a session timeout of the store's MaxTTL again",
+			slog.Duration("granted", time.Duration(ms)*time.Millisecond), slog.String("server", server))
 	}
 }
 

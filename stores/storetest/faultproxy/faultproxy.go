@@ -17,9 +17,9 @@
 //	p.Heal()
 //
 // Standing faults (Delay, Stall, Blackhole, Refuse) last until Heal; armed
-// ones (DropNext, DelayNext, DelayNextRequest, CutWhen) apply to the next
-// chunks that match, from any connection, and Heal disarms those not yet
-// used. A Proxy is safe for concurrent use; it stops, closing every
+// ones (DropNext, DelayNext, DelayNextRequest, DelayWhen, CutWhen) apply to
+// the next chunks that match, from any connection, and Heal disarms those
+// not yet used. A Proxy is safe for concurrent use; it stops, closing every
 // connection, when the test that made it ends.
 package faultproxy
 
@@ -107,8 +107,15 @@ type faults struct {
 
 	dropNext  int             // chunks still to swallow, closing their connection
 	delayNext time.Duration   // added to the next chunk
+	delayWhen []delayRule     // delay the next chunk that matches
 	cutWhen   []cutRule       // cut the connection of the next chunk that matches
 	delayReq  *delayedRequest // toServer only: the next request to hold back
+}
+
+// delayRule delays the first chunk that matches.
+type delayRule struct {
+	match func(chunk []byte) bool
+	d     time.Duration
 }
 
 // cutRule cuts the connection of the first chunk that matches.
@@ -214,6 +221,16 @@ func (p *Proxy) DelayNextRequest(d time.Duration) (answered <-chan struct{}) {
 	return r.answered
 }
 
+// DelayWhen holds the next chunk in dir for which match reports true back
+// for d, and the chunks after it on its connection in the same direction:
+// in ToServer, one request that arrives late, such as the write that follows
+// a client's read, while other connections' requests pass. Heal lets it
+// pass at once. match runs with the proxy's lock held: it must not block
+// nor call the Proxy.
+func (p *Proxy) DelayWhen(dir Direction, match func(chunk []byte) bool, d time.Duration) {
+	p.each(dir, func(f *faults) { f.delayWhen = append(f.delayWhen, delayRule{match: match, d: d}) })
+}
+
 // CutWhen cuts the connection of the next chunk in dir for which match
 // reports true: after passing it on when forward is set (the server gets
 // the request but the client never sees the reply), before otherwise (the
@@ -273,14 +290,14 @@ func (p *Proxy) Heal() {
 }
 
 // Armed returns how many armed faults (DropNext's chunks, DelayNext,
-// DelayNextRequest, CutWhen) wait for a chunk to apply to: a test arms a
-// fault, makes the call, and can check that the fault caught it.
+// DelayNextRequest, DelayWhen, CutWhen) wait for a chunk to apply to: a test
+// arms a fault, makes the call, and can check that the fault caught it.
 func (p *Proxy) Armed() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
 	for _, f := range p.faults {
-		n += f.dropNext + len(f.cutWhen)
+		n += f.dropNext + len(f.delayWhen) + len(f.cutWhen)
 		if f.delayNext > 0 {
 			n++
 		}
@@ -435,6 +452,13 @@ func (p *Proxy) judge(l *link, way int, chunk []byte) verdict {
 	f := &p.faults[way]
 	v := verdict{stalled: f.stalled, healed: p.healed, delay: f.delay + f.delayNext}
 	f.delayNext = 0
+	for i, r := range f.delayWhen {
+		if r.match(chunk) {
+			f.delayWhen = append(f.delayWhen[:i:i], f.delayWhen[i+1:]...)
+			v.delay += r.d
+			break
+		}
+	}
 	for i, r := range f.cutWhen {
 		if r.match(chunk) {
 			f.cutWhen = append(f.cutWhen[:i:i], f.cutWhen[i+1:]...)

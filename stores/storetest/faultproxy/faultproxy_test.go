@@ -234,6 +234,29 @@ func TestDelayNextRequest(t *testing.T) {
 	}
 }
 
+// TestDelayWhen: a matching request is held back, on its connection alone,
+// while an earlier one and another connection's pass; Heal lets it pass.
+func TestDelayWhen(t *testing.T) {
+	s := newEchoServer(t)
+	p := faultproxy.New(t, s.ln.Addr().String())
+	a, b := dial(t, p), dial(t, p)
+	p.DelayWhen(faultproxy.ToServer, func(chunk []byte) bool { return strings.Contains(string(chunk), "write") }, time.Minute)
+	a.roundTrip("read")
+	s.received(t, "read")
+	if p.Armed() != 1 {
+		t.Fatalf("Armed %d after a chunk that does not match, want 1", p.Armed())
+	}
+	a.send("write")
+	waitDisarmed(t, p) // the proxy holds a's write
+	b.roundTrip("other")
+	s.received(t, "other")
+	p.Heal()
+	s.received(t, "write")
+	if got, err := a.recv(5 * time.Second); err != nil || got != "write" {
+		t.Fatalf("the held write's reply after Heal: %q, %v", got, err)
+	}
+}
+
 // TestCutWhen: a matching request is cut before or after it reaches the
 // server.
 func TestCutWhen(t *testing.T) {
