@@ -108,14 +108,19 @@ func TestUndoQueueDuringPartition(t *testing.T) {
 	if n < 100 {
 		t.Fatalf("%d of 1000 acquires abandoned; the test needs more", n)
 	}
-	// The acquires end with their request timeout, and queue their undos.
+	// The acquires end with their request timeout, and queue their undos
+	// (but those that ran out of it before sending anything).
 	deadline := time.Now().Add(20 * time.Second)
-	for s.PendingUndos() < n || runtime.NumGoroutine() > base+20 {
+	for runtime.NumGoroutine() > base+20 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d undos pending and %d goroutines (%d before the partition) 20s after %d acquires were abandoned; want %d and at most %d",
-				s.PendingUndos(), runtime.NumGoroutine(), base, n, n, base+20)
+			t.Fatalf("%d goroutines (%d before the partition) 20s after %d acquires were abandoned; want at most %d",
+				runtime.NumGoroutine(), base, n, base+20)
 		}
-		time.Sleep(50 * time.Millisecond) // polling the queue and the goroutines
+		time.Sleep(50 * time.Millisecond) // polling the goroutines
+	}
+	pending := s.PendingUndos()
+	if pending > n || pending < n/2 {
+		t.Fatalf("%d undos pending after %d acquires were abandoned during the partition", pending, n)
 	}
 	before := kv.unconditional.Load()
 	p.Heal()
@@ -123,9 +128,9 @@ func TestUndoQueueDuringPartition(t *testing.T) {
 	// 63 undos of one key per transaction (a mark and a delete each), and
 	// the tries while the client reconnects.
 	sent := kv.unconditional.Load() - before
-	t.Logf("%d acquires abandoned; after the heal, %d undo transactions", n, sent)
+	t.Logf("%d acquires abandoned, %d undos; after the heal, %d undo transactions", n, pending, sent)
 	if sent > 40 {
-		t.Errorf("%d undo transactions after the heal for %d abandoned acquires; want them batched", sent, n)
+		t.Errorf("%d undo transactions after the heal for %d undos; want them batched", sent, pending)
 	}
 	resp, err := s.client.Get(ctx, s.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
