@@ -113,7 +113,10 @@ type Store interface {
 
 	// Refresh resets the TTL of every key to ttl when each still holds
 	// token; when one does not, it changes nothing and returns an error
-	// wrapping ErrNotHeld.
+	// wrapping ErrNotHeld. The TTL counts from when the backend applies
+	// the call, or later: a Refresh that lands late, after a later Refresh
+	// of the same token succeeded, must not leave the keys a shorter TTL
+	// than that later one gave them (the Locker trusts the later one).
 	Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error
 }
 

@@ -96,13 +96,7 @@ func TestAbandonedAcquireNeverOutlivesItsUndo(t *testing.T) {
 			s, p := proxiedStore(t, etcdstore.WithRequestTimeout(timeout), etcdstore.WithPrefix(prefix))
 			// A first grant makes the Store's lease and connection ready,
 			// so that what the pause holds back is the transactions.
-			warm := []string{"warm"}
-			if g, err := s.Acquire(t.Context(), warm, "warm", time.Minute); err != nil || !g.OK {
-				t.Fatalf("warm-up Acquire: %+v, %v", g, err)
-			}
-			if err := s.Release(t.Context(), warm, "warm", 0); err != nil {
-				t.Fatal(err)
-			}
+			warm(t, s, time.Minute)
 			p.Stall(faultproxy.Both)
 			var wg sync.WaitGroup
 			for i := range n {

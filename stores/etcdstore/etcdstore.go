@@ -9,9 +9,10 @@
 // with '%' and '/' percent-escaped plus "/". In it:
 //
 //   - holder: the lock is held while this key exists. Its value is the
-//     holder's token, a NUL byte, and the TTL it was given in milliseconds,
-//     which refusals report as Wait. One fixed name per lock key, so that
-//     etcd's index does not grow with every acquisition until the next
+//     holder's token, a NUL byte, the sequence of the call that set it (see
+//     below), a NUL byte, and the TTL it was given in milliseconds, which
+//     refusals report as Wait. One fixed name per lock key, so that etcd's
+//     index does not grow with every acquisition until the next
 //     compaction, and a grant compares one key, not a range.
 //   - q/<token>: a fair waiter, ordered by its create revision (the queue is
 //     etcd's revision order, as in concurrency.Mutex). Its value is the
@@ -38,35 +39,62 @@
 // trip. Refresh moves the keys to a lease of the new TTL, and a Release
 // with keep to one of keep. So a key is held at least its TTL from the
 // start of the call that set it, as the Locker counts its validity, and
-// outlives it by at most an eighth of it plus a second plus etcd's expiry
-// sweep (500ms), whether its holder lives or died; a leader change renews
-// every lease, so that a key may then outlive its TTL by up to once more
-// its lease. etcd raises a lease below its minimum (1.5 x the election
-// timeout, rounded up: 2s by default) to that minimum: a lock of 50ms is
-// honoured, and held up to 2.5s if its holder dies without releasing it.
-// Fair-waiter leases round the same way.
+// outlives it by at most an eighth of it plus a second, plus the round
+// trip of its lease's grant and what the call waited before sending it,
+// plus etcd's expiry sweep (500ms), whether its holder lives or died; a
+// leader change renews every lease, so that a key may then outlive its TTL
+// by up to once more its lease. etcd raises a lease below its minimum (1.5
+// x the election timeout, rounded up: 2s by default) to that minimum: a
+// lock of 50ms is honoured, and held up to 2.5s if its holder dies without
+// releasing it. Fair-waiter leases round the same way.
 //
-// Close revokes every lease the Store granted that may still be alive: its
-// keys go at once rather than at their TTL (etcd issue 17470 is a lease kept
-// alive after its client exits; here none is kept alive at all).
+// Each call takes a sequence when it starts: its start in Unix
+// nanoseconds, or one more than the Store's previous one, so that the
+// Store's calls are numbered in the order they started. Refresh, and a
+// Release with keep, act only on holder keys set by a call of the token
+// with a sequence no later than theirs, compared in their transaction: a
+// renewal that reaches etcd late (its reply lost, its request held in the
+// network) cannot move the keys back to its own lease, which lasts from
+// its earlier start, after a later renewal succeeded; the Locker confirms
+// validity from the later one (see Refresh). A token's calls are meant to
+// go through one Store, as the Locker's do: across Stores, their order is
+// that of the clocks that numbered them.
+//
+// The Store remembers every lease it granted until etcd confirms it gone.
+// A lease that can serve no call any more (its TTL and a second have
+// passed since its grant, by the local clock) is revoked, a few at each
+// new grant, rather than forgotten, since etcd may keep it longer; Close
+// revokes the rest: the Store's keys go at once rather than at their TTL
+// (etcd issue 17470 is a lease kept alive after its client exits; here
+// none is kept alive at all).
 //
 // # Limits
 //
 // Bounds states them (see stores.Bounded), and every call refuses
 // arguments beyond them with stores.ErrInvalid before any request:
 //
-//   - TTLs, keeps and fair leases up to MaxTTL, etcd's longest lease
-//     (about 285 years); none is too short (see above).
+//   - TTLs, keeps and fair leases up to MaxTTL (8e9s, about 253 years),
+//     whose lease, an eighth longer, is etcd's longest; none is too short
+//     (see above).
 //   - Keys up to MaxKeyBytes, which follows from etcd's request size limit
 //     (--max-request-bytes, 1.5 MiB by default; WithMaxRequestBytes for
 //     another): a fair attempt names its key's directory 11 times in one
 //     transaction, and '%' and '/' take three bytes escaped, so a key may
 //     take a 33rd of a request: 45 KiB by default. Keys that together (or
 //     with a token longer than 1 KiB) would make a request above the limit,
-//     and more than MaxKeys keys, are refused too; and a request etcd or
-//     its client refuses for its size is stores.ErrInvalid as well.
-//   - Tokens: not empty, no NUL byte; a token whose acquire was abandoned
-//     serves no other.
+//     and more than MaxKeys keys, are refused too. etcd's refusal of a
+//     request for its size, the client's refusal to send one (its
+//     MaxCallSendMsgSize, which Open raises to match max-request-bytes),
+//     and etcd's refusal of more operations than its --max-txn-ops (a
+//     cluster below the default 128 refuses calls of many keys) are
+//     stores.ErrInvalid as well: nothing was done. A reply larger than
+//     the client takes (its MaxCallRecvMsgSize) comes after etcd acted,
+//     and is an unknown outcome.
+//   - Tokens: not empty, no NUL byte. A token whose acquire returned
+//     stores.ErrAbandoned serves no other: its abandon marks (below) make
+//     every later acquire of it fail with stores.ErrInvalid, and one
+//     granted before its undo landed is deleted by that undo. The Locker
+//     never reuses a token.
 //
 // # Fences
 //
@@ -79,44 +107,64 @@
 // etcd's own documentation advises, or it could issue revisions again; a
 // cluster that loses every member's data starts again from revision 1.
 //
-// # Round trips
+// # Round trips and costs
 //
 // Acquire, Release and Refresh are one transaction each, for any number of
 // keys (up to MaxKeys), plus a LeaseGrant when no shared lease fits (about
-// once a second per TTL in use), and a second transaction for a retried
-// Acquire that finds its own grant. Every request is a write through
-// etcd's log, a refused acquire too. A fair attempt is one transaction, and
-// a second one when its caller heads the queue behind other waiters. An
+// once a second per TTL in use, which also revokes up to four spent
+// leases), and a second transaction for a retried Acquire that finds its
+// own grant, or for a Refresh (or Release with keep) refused, which reads
+// its keys to tell a key not held from one renewed by a later call. Every
+// request is a write through etcd's log, a refused acquire too. A fair
+// attempt is one transaction, and a second one when its caller heads the
+// queue behind other waiters; its reply holds the whole queue of the key,
+// so that it grows with the waiters and the length of the key (100 waiters
+// on a key of 45 KiB, every byte escaped, make a reply of about 14 MB). An
 // acquire's check that its token was not abandoned (below) is one more
-// comparison in its transaction, not a round trip; an abandoned acquire
-// costs one more transaction, its undo.
+// comparison in its transaction, not a round trip; abandoned acquires cost
+// their undos, up to 63 of them in one transaction.
 //
 // # Calls, contexts and faults
 //
 // Every call returns as soon as its context ends. An acquire (plain or
 // fair) runs on a context that the caller's cancellation does not end,
 // bounded by the request timeout, and the caller who left gets an error
-// wrapping stores.ErrAbandoned and the context's error. Once the acquire
-// has an answer or has timed out, the Store undoes it in one transaction:
-// it deletes what the acquire may have set (owner-checked) and puts an
-// abandon mark of the token on each lease the acquire's last transaction
-// used. Every acquire transaction compares that its token has no mark, so
-// that transaction, if etcd applies it only after the undo (a request held
-// in a paused member's socket, say), changes nothing: while its lease lives
-// the mark does, and once the lease is gone a put on it fails. An undo
-// without an answer is tried again until it gets one or until the lease
-// can have expired; Close ends it and revokes every lease instead.
+// wrapping stores.ErrAbandoned and the context's error; so does a caller
+// whose acquire ran out of the request timeout with a transaction
+// unanswered, so that it does not release the keys itself (a release that
+// the late transaction could overtake). Once such an acquire has an answer
+// or has timed out, the Store queues its undo: put an abandon mark of the
+// token on each lease the acquire's transactions used, then delete what
+// the acquire may have set (owner-checked). Every acquire transaction
+// compares that its token has no mark, so a transaction of the acquire
+// that etcd applies only after the marks (a request held in a paused
+// member's socket, say) changes nothing: while its lease lives the mark
+// does, and once the lease is gone a put on it fails.
 //
-// A call that failed because no member could be dialled never reached etcd
-// and wraps stores.ErrUnreachable; any other failure leaves its outcome
-// unknown. The client spreads requests over the members and moves on when
-// one fails: a killed or paused member, the leader included, costs the
-// calls in flight on it and an election, and no lock is lost or granted
-// twice. A holder cut off from etcd keeps its keys until their lease ends,
-// at least its TTL from its call's start, and its Refresh and Release then
-// answer stores.ErrNotHeld, never acting on another's grant: every write
-// compares the holder's token in its own transaction, so a Refresh racing
-// a Release never sets a key again after it.
+// One goroutine per Store works through the undos, only while some are
+// pending: it puts as many marks and deletes in one transaction as etcd
+// takes (128 operations by default, fewer after etcd refuses them, and the
+// request size), and while etcd does not answer it tries again, pausing up
+// to a second between tries. An undo ends only when it has landed, or when
+// etcd reports every lease of its acquire gone (revoked, or expired),
+// after which nothing the acquire sent can hold a key: never on the local
+// clock, since a leader change renews every lease. So during a partition
+// the undos wait in memory (their keys and token each, no goroutine), as
+// many as the acquires abandoned meanwhile; PendingUndos tells how many.
+// Close waits for them, and revokes every lease meanwhile, within its
+// time (see Close), and says how many may still be granted after it.
+//
+// A call that failed because no member could be dialled before any of its
+// requests changed something never reached etcd and wraps
+// stores.ErrUnreachable; any other failure leaves its outcome unknown. The
+// client spreads requests over the members and moves on when one fails: a
+// killed or paused member, the leader included, costs the calls in flight
+// on it and an election, and no lock is lost or granted twice. A holder
+// cut off from etcd keeps its keys until their lease ends, at least its
+// TTL from its call's start, and its Refresh and Release then answer
+// stores.ErrNotHeld, never acting on another's grant: every write compares
+// the holder's token in its own transaction, so a Refresh racing a Release
+// never sets a key again after it.
 package etcdstore
 
 import (
@@ -173,6 +221,18 @@ var (
 	// ErrClosed means the Store was closed. It wraps stores.ErrUnreachable:
 	// a call on a closed Store changes nothing.
 	ErrClosed = fmt.Errorf("%w: etcdstore: store closed", stores.ErrUnreachable)
+
+	// ErrOvertaken means that a Refresh, or a Release with keep, found
+	// its keys set by a later call of the same token first, which keeps
+	// them for less than this call asked: it changed nothing. It is a
+	// store failure (the Locker then trusts no more than this call's TTL).
+	ErrOvertaken = errors.New("etcdstore: a later call of the token set the keys first, for a shorter time; this one changed nothing")
+
+	// ErrUndoPending is Close's error when etcd answered neither the undo
+	// of some abandoned acquires nor the revocation of their leases in
+	// time: each may still be granted, and hold its keys until its lease
+	// expires.
+	ErrUndoPending = errors.New("etcdstore: abandoned acquires may still be granted")
 )
 
 // Store is a stores.Store on etcd, and a stores.Notifier and
@@ -188,13 +248,17 @@ type Store struct {
 	bounds      stores.Bounds
 	leases      *leasePool
 	notify      *notifier
-	bg          context.Context // of the undos of abandoned acquires; Close ends it
+	undos       *undoQueue
+	bg          context.Context // of the undo queue; Close ends it
 	stopBG      context.CancelFunc
 	closeOnce   sync.Once
 	closeErr    error
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
 	closed      bool           // guarded by lifeMu
-	cleanupWait sync.WaitGroup // detached acquires and their undo, which Close waits for
+	cleanupWait sync.WaitGroup // detached acquires, which Close waits for
+
+	seqMu   sync.Mutex
+	lastSeq uint64 // the sequence of the latest call (see begin)
 }
 
 // Option configures a Store.
@@ -243,6 +307,12 @@ func WithMaxRequestBytes(n int) Option {
 // New returns a Store on client. The caller keeps owning client, and closes
 // it after the Store. It returns an error wrapping stores.ErrInvalid for a
 // nil client or an invalid option.
+//
+// New cannot read the client's settings: with WithMaxRequestBytes above 2
+// MiB, the client's MaxCallSendMsgSize must be raised too (Open does it),
+// or the client refuses the largest requests the Store's Bounds admit
+// (with stores.ErrInvalid); and its MaxCallRecvMsgSize must not be
+// lowered below the largest reply (see the package documentation).
 func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: etcdstore: nil client", stores.ErrInvalid)
@@ -263,16 +333,38 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	s.bounds = stores.Bounds{
 		MaxKeyBytes: maxKeyBytes(len(s.prefix), s.maxRequest),
 		MaxTTL:      MaxTTL,
-		Reason:      fmt.Sprintf("etcd's longest lease (9e9s) and its request size limit (--max-request-bytes=%d)", s.maxRequest),
+		Reason:      fmt.Sprintf("etcd's longest lease (9e9s, less the Store's margin of an eighth) and its request size limit (--max-request-bytes=%d)", s.maxRequest),
 	}
 	if s.bounds.MaxKeyBytes < 1 {
 		return nil, fmt.Errorf("%w: etcdstore: a prefix of %d bytes leaves no room for a key in a request of %d bytes", stores.ErrInvalid, len(s.prefix), s.maxRequest)
 	}
 	s.bg, s.stopBG = context.WithCancel(context.Background())
-	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout)
+	s.undos = newUndoQueue(s)
+	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.undos.leasesGone)
 	s.notify = newNotifier(s)
 	return s, nil
 }
+
+// begin returns the start of a call, from which its TTL counts, and its
+// sequence: the call's start in Unix nanoseconds, or one more than the
+// latest sequence of the Store's calls when that is larger (the clock
+// stepped back, or two calls began within a nanosecond), so that the
+// Store's calls are numbered in the order they started. A holder key keeps
+// the sequence of the call that set it, and Refresh and a Release with
+// keep act only on keys set by calls that started no later than theirs.
+func (s *Store) begin() (time.Time, uint64) {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	start := time.Now()
+	s.lastSeq = max(s.lastSeq+1, uint64(max(start.UnixNano(), 0)))
+	return start, s.lastSeq
+}
+
+// PendingUndos returns how many abandoned acquires (see stores.ErrAbandoned)
+// the Store has yet to undo: while etcd answers neither their undo nor
+// (through Close) the revocation of their leases, each may still be
+// granted, and hold its keys until its lease expires.
+func (s *Store) PendingUndos() int { return s.undos.len() }
 
 // isClosed reports whether Close was called.
 func (s *Store) isClosed() bool {
@@ -282,31 +374,48 @@ func (s *Store) isClosed() bool {
 }
 
 // Close stops the Store's watches, waits for the acquires it finishes for
-// callers that left (bounded by the request timeout), stops the undos of
-// those still trying, revokes the leases it granted that may still be alive
-// (so its locks and queue places go at once, and no transaction still in
-// flight can set a key on them), and closes the
-// client when Open made it. Calls after Close return ErrClosed, and
-// NotifyRelease a nil channel. It returns the first error; calling it again
-// returns the same.
+// callers that left, revokes every lease it granted that etcd may still
+// know (so its locks and queue places go at once, and no transaction still
+// in flight can set a key on them) while its undo queue goes on, and
+// closes the client when Open made it. Calls after Close return ErrClosed,
+// and NotifyRelease a nil channel.
+//
+// Close returns within twice the request timeout: up to one for the
+// acquires in flight, and up to one for the revocations and the undos.
+// When etcd did not answer in time, the undo of some abandoned acquire
+// neither landed nor was made needless by the revocation of its leases:
+// Close then returns an error wrapping ErrUndoPending that says how many
+// such acquires may still be granted (each then holds its keys until its
+// lease expires, at most its TTL plus an eighth and a second from its
+// start, longer across a leader change). It returns the first error;
+// calling it again returns the same.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() {
-		s.lifeMu.Lock()
-		s.closed = true
-		s.lifeMu.Unlock()
-		s.notify.close()
-		s.stopBG() // undos still trying: the revocation below does their work
-		s.cleanupWait.Wait()
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		defer cancel()
-		s.closeErr = s.leases.revokeAll(ctx)
-		if s.ownsClient {
-			if err := s.client.Close(); err != nil && s.closeErr == nil {
-				s.closeErr = err
-			}
-		}
-	})
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
 	return s.closeErr
+}
+
+func (s *Store) close() error {
+	s.lifeMu.Lock()
+	s.closed = true
+	s.lifeMu.Unlock()
+	s.notify.close()
+	s.cleanupWait.Wait() // each within the request timeout; they queue their undos
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	// The undo queue goes on meanwhile, and an undo whose every lease is
+	// revoked is over.
+	_, revokeErr := s.leases.close(ctx)
+	left := s.undos.finish(ctx, s.stopBG)
+	var undoErr error
+	if left > 0 {
+		undoErr = fmt.Errorf("%w: %d abandoned acquires: etcd answered neither their undo nor the revocation of their leases within %v",
+			ErrUndoPending, left, s.timeout)
+	}
+	err := errors.Join(undoErr, revokeErr)
+	if s.ownsClient {
+		err = errors.Join(err, s.client.Close())
+	}
+	return err
 }
 
 // failFastKV makes etcd requests fail at once, rather than wait for a
@@ -350,7 +459,7 @@ func (s *Store) abandonedDir(token string) string {
 }
 
 // abandonedKey is the mark of token's abandoned acquire on lease: see
-// Store.undo.
+// the package documentation.
 func (s *Store) abandonedKey(token string, lease clientv3.LeaseID) string {
 	return s.abandonedDir(token) + strconv.FormatUint(uint64(lease), 16)
 }
@@ -375,19 +484,33 @@ func errTokenAbandoned(token string) error {
 func holderKey(dir string) string { return dir + "holder" }
 func queueDir(dir string) string  { return dir + "q/" }
 
-// holderValue is the value of a holder key: the token, a NUL byte, and the
-// TTL in milliseconds (which refusals report as Wait).
-func holderValue(token string, ttl time.Duration) string { return token + "\x00" + millis(ttl) }
+// holderValue is the value of a holder key: the token, a NUL byte, the
+// sequence of the call that set it (see Store.begin) in 16 hexadecimal
+// digits, a NUL byte, and the TTL in milliseconds (which refusals report as
+// Wait).
+func holderValue(token string, seq uint64, ttl time.Duration) string {
+	return token + "\x00" + seqString(seq) + "\x00" + millis(ttl)
+}
 
-// holderToken and holderTTL read a holderValue.
+// seqString is seq in 16 hexadecimal digits, which sort as the numbers do.
+func seqString(seq uint64) string { return fmt.Sprintf("%016x", seq) }
+
+// holderToken, holderSeq and holderTTL read a holderValue.
 func holderToken(v []byte) string {
 	tok, _, _ := strings.Cut(string(v), "\x00")
 	return tok
 }
 
+func holderSeq(v []byte) uint64 {
+	_, rest, _ := strings.Cut(string(v), "\x00")
+	seq, _, _ := strings.Cut(rest, "\x00")
+	n, _ := strconv.ParseUint(seq, 16, 64)
+	return n
+}
+
 func holderTTL(v []byte) time.Duration {
-	_, ttl, _ := strings.Cut(string(v), "\x00")
-	return parseMillis([]byte(ttl))
+	i := strings.LastIndexByte(string(v), 0)
+	return parseMillis(v[i+1:])
 }
 
 // heldBy compares true when key exists and holds token: its value starts
@@ -396,6 +519,17 @@ func heldBy(key, token string) []clientv3.Cmp {
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(key), ">", token+"\x00"),
 		clientv3.Compare(clientv3.Value(key), "<", token+"\x01"),
+	}
+}
+
+// heldUpTo compares true when key exists, holds token, and was set by a
+// call of a sequence no later than seq: its value lies between token and a
+// NUL byte, and the same followed by seq and a byte above the NUL that
+// follows it.
+func heldUpTo(key, token string, seq uint64) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(key), ">", token+"\x00"),
+		clientv3.Compare(clientv3.Value(key), "<", token+"\x00"+seqString(seq)+"\x01"),
 	}
 }
 
@@ -493,7 +627,8 @@ func maxKeyBytes(prefixLen, maxRequest int) int {
 //     request: 45 KiB with the defaults. A call whose keys together, or
 //     with a token longer than 1 KiB, make a request too large for etcd
 //     is refused with stores.ErrInvalid too.
-//   - MaxTTL is etcd's longest lease, MaxTTL (about 285 years).
+//   - MaxTTL is MaxTTL (8e9s, about 253 years): its lease, an eighth
+//     longer so that calls share it, is etcd's longest (9e9s).
 //   - MinTTL is none: every positive TTL is honoured. etcd raises a lease
 //     below its minimum (2s with the default election timeout) to that
 //     minimum, so a key of a shorter TTL is held at least that TTL, and in
@@ -560,17 +695,23 @@ func keysForMessage(keys []string) string {
 // Acquire sets every key to token for at least ttl when none is held by
 // another token, in one transaction (see stores.Store): it compares, per
 // key, that its holder key does not exist (and that token was not
-// abandoned, see Store.undo), and then puts token's holder key on a shared
-// lease that lasts ttl from the call's start. A retry finds keys holding
+// abandoned, see the package documentation), and then puts token's holder
+// key on a shared lease that lasts ttl from the call's start. A retry finds keys holding
 // its own token and puts them again, with a fresh fence and lease, in a
 // second transaction that compares they are unchanged. A refusal names the
 // first key held by another token and, as Wait, the TTL that holder was
 // given (an upper bound of what it has left). It returns an error wrapping
 // stores.ErrInvalid for invalid arguments, arguments out of the Store's
-// Bounds, more than MaxKeys keys, or a token whose acquire was abandoned;
-// and ctx.Err() without acting when ctx has ended.
+// Bounds, more than MaxKeys keys, too many keys for the cluster's
+// --max-txn-ops, or a token whose acquire was abandoned; and ctx.Err()
+// without acting when ctx has ended.
+//
+// A token whose acquire returned stores.ErrAbandoned serves no other call:
+// once its undo has landed, Acquire refuses it with stores.ErrInvalid, and
+// an acquire of it granted before then is deleted by the undo when it
+// lands. The Locker never reuses a token.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
@@ -581,16 +722,16 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	var fl flight
 	err := s.detached(ctx, func(ctx context.Context) error {
 		var err error
-		g, err = s.acquire(ctx, start, keys, token, ttl, &fl)
+		g, err = s.acquire(ctx, start, seq, keys, token, ttl, &fl)
 		return err
-	}, func(ctx context.Context) { s.undo(ctx, keys, token, false, &fl) })
+	}, func() *pendingUndo { return s.newUndo(keys, token, false, &fl) })
 	if err != nil {
 		return stores.Grant{}, err
 	}
 	return g, nil
 }
 
-func (s *Store) acquire(ctx context.Context, start time.Time, keys []string, token string, ttl time.Duration, fl *flight) (stores.Grant, error) {
+func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys []string, token string, ttl time.Duration, fl *flight) (stores.Grant, error) {
 	holders := make([]string, len(keys))
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
@@ -606,7 +747,7 @@ func (s *Store) acquire(ctx context.Context, start time.Time, keys []string, tok
 		err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
 			fl.sending(lease)
 			var err error
-			resp, err = s.acquireTxn(ctx, holders, conds, token, ttl, lease).Commit()
+			resp, err = s.acquireTxn(ctx, holders, conds, token, seq, ttl, lease).Commit()
 			return err
 		})
 		if err != nil {
@@ -643,10 +784,10 @@ func (s *Store) acquire(ctx context.Context, start time.Time, keys []string, tok
 // acquireTxn is one transaction of acquire: if conds hold for holders and
 // token has no abandon mark, it puts token's holder keys on lease, else it
 // reads them and counts the marks.
-func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []clientv3.Cmp, token string, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
+func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []clientv3.Cmp, token string, seq uint64, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
 	puts := make([]clientv3.Op, len(holders))
 	gets := make([]clientv3.Op, len(holders)+1)
-	val := holderValue(token, ttl)
+	val := holderValue(token, seq, ttl)
 	for i, h := range holders {
 		puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
 		gets[i] = clientv3.OpGet(h)
@@ -659,13 +800,14 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // transaction: it deletes the holder keys that hold token, which signals
 // waiters (see NotifyRelease); with keep positive it moves them to a lease
 // that lasts keep from the call's start instead, so they stay held until
-// it passes and nothing is signalled. It returns an error wrapping
-// stores.ErrNotHeld when some key did not hold token, after ending the
-// grant on the others, one wrapping stores.ErrInvalid for invalid
-// arguments or arguments out of the Store's Bounds, and ctx.Err() without
-// acting when ctx has ended.
+// it passes and nothing is signalled. A release with keep acts only on
+// keys set by calls of token that started before it (see Refresh). It
+// returns an error wrapping stores.ErrNotHeld when some key did not hold
+// token, after ending the grant on the others, one wrapping
+// stores.ErrInvalid for invalid arguments or arguments out of the Store's
+// Bounds, and ctx.Err() without acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
@@ -682,22 +824,32 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	return s.release(ctx, start, seq, keys, token, keep)
+}
+
+// release is Release as begun at start with sequence seq.
+func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys []string, token string, keep time.Duration) error {
+	holders := make([]string, len(keys))
+	for i, k := range keys {
+		holders[i] = holderKey(s.dir(k))
+	}
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
 		// One key is the transaction's condition; several each get a
 		// nested transaction, so that the others are released anyway.
 		var cmps []clientv3.Cmp
 		ops := make([]clientv3.Op, len(keys))
-		for i, k := range keys {
-			h := holderKey(s.dir(k))
+		for i, h := range holders {
+			held := heldBy(h, token)
 			ops[i] = clientv3.OpDelete(h)
 			if keep > 0 {
-				ops[i] = clientv3.OpPut(h, holderValue(token, keep), clientv3.WithLease(lease))
+				held = heldUpTo(h, token, seq)
+				ops[i] = clientv3.OpPut(h, holderValue(token, seq, keep), clientv3.WithLease(lease))
 			}
 			if len(keys) == 1 {
-				cmps = heldBy(h, token)
+				cmps = held
 			} else {
-				ops[i] = clientv3.OpTxn(heldBy(h, token), []clientv3.Op{ops[i]}, nil)
+				ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
 			}
 		}
 		var err error
@@ -707,35 +859,101 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err != nil {
 		return s.failed("release", keys, err)
 	}
-	var notHeld []string
+	var refused []int
 	switch {
 	case len(keys) == 1:
 		if !resp.Succeeded {
-			notHeld = keys
+			refused = []int{0}
 		}
 	case len(resp.Responses) != len(keys):
 		return fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
 	default:
 		for i, r := range resp.Responses {
 			if !r.GetResponseTxn().GetSucceeded() {
-				notHeld = append(notHeld, keys[i])
+				refused = append(refused, i)
 			}
 		}
 	}
-	if len(notHeld) > 0 {
-		return fmt.Errorf("%w: etcdstore: release: %s not held by the token", stores.ErrNotHeld, keysForMessage(notHeld))
+	if len(refused) == 0 {
+		return nil
 	}
-	return nil
+	notHeld := pick(keys, refused)
+	if keep > 0 {
+		// Some may hold token from a later call: only the others are
+		// not held.
+		idx, covered, err := s.readRefused(ctx, pick(holders, refused), token, seq, keep)
+		if err != nil {
+			return fmt.Errorf("etcdstore: release %s: %d keys refused the keep, and reading them failed: %w", keysForMessage(keys), len(refused), err)
+		}
+		if len(idx) == 0 {
+			if covered {
+				return nil
+			}
+			return fmt.Errorf("%w: etcdstore: release %s with keep %v", ErrOvertaken, keysForMessage(keys), keep)
+		}
+		notHeld = pick(notHeld, idx)
+	}
+	return fmt.Errorf("%w: etcdstore: release: %s not held by the token", stores.ErrNotHeld, keysForMessage(notHeld))
+}
+
+// pick returns the elements of xs at the indexes idx.
+func pick[T any](xs []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for i, j := range idx {
+		out[i] = xs[j]
+	}
+	return out
+}
+
+// readRefused reads the holder keys hs, which a transaction of a call of
+// token and sequence seq refused (it compared heldUpTo), in one more
+// transaction, and returns the indexes of those that do not hold token.
+// covered reports whether each of the others was set by a later call of
+// token, with a TTL of at least d: such a call started after this one
+// (see Store.begin), so the key stays held until at least this call's
+// start plus d.
+func (s *Store) readRefused(ctx context.Context, hs []string, token string, seq uint64, d time.Duration) (notHeld []int, covered bool, err error) {
+	gets := make([]clientv3.Op, len(hs))
+	for i, h := range hs {
+		gets[i] = clientv3.OpGet(h)
+	}
+	resp, err := s.kv.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, false, err
+	}
+	if len(resp.Responses) != len(hs) {
+		return nil, false, fmt.Errorf("%w: %d reads answered %d results", ErrUnexpectedReply, len(hs), len(resp.Responses))
+	}
+	covered = true
+	for i, r := range resp.Responses {
+		kvs := r.GetResponseRange().GetKvs()
+		switch {
+		case len(kvs) == 0 || holderToken(kvs[0].Value) != token:
+			notHeld = append(notHeld, i)
+		case holderSeq(kvs[0].Value) <= seq || holderTTL(kvs[0].Value) < d:
+			covered = false
+		}
+	}
+	return notHeld, covered, nil
 }
 
 // Refresh moves every key to a lease that lasts ttl from the call's start,
 // and sets the TTL its refusals report, in one transaction, when each still
-// holds token; otherwise it changes nothing and returns an error wrapping
-// stores.ErrNotHeld. It returns an error wrapping stores.ErrInvalid for
+// holds token and was set by a call of token that started before this one
+// (each holder key keeps the sequence of the call that set it, see
+// Store.begin); otherwise it changes nothing and returns an error wrapping
+// stores.ErrNotHeld when a key does not hold token. So a Refresh that
+// reaches etcd late, after a later Refresh or Release with keep of the
+// same grant, cannot move the keys back to its own lease, which may end
+// sooner: it returns nil when the later call keeps every key at least as
+// long as it would have, and an error wrapping ErrOvertaken (a store
+// failure: the Locker no longer trusts more than this call's TTL) when
+// not. Telling these apart from ErrNotHeld costs a second transaction, on
+// a refusal only. It returns an error wrapping stores.ErrInvalid for
 // invalid arguments or arguments out of the Store's Bounds, and ctx.Err()
 // without acting when ctx has ended.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
@@ -747,24 +965,48 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	return s.refresh(ctx, start, seq, keys, token, ttl)
+}
+
+// refresh is Refresh as begun at start with sequence seq.
+func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys []string, token string, ttl time.Duration) error {
+	holders := make([]string, len(keys))
+	for i, k := range keys {
+		holders[i] = holderKey(s.dir(k))
+	}
 	var resp *clientv3.TxnResponse
 	err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
-		cmps := make([]clientv3.Cmp, 0, 2*len(keys))
-		puts := make([]clientv3.Op, len(keys))
-		for i, k := range keys {
-			h := holderKey(s.dir(k))
-			cmps = append(cmps, heldBy(h, token)...)
-			puts[i] = clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(lease))
-		}
 		var err error
-		resp, err = s.kv.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		resp, err = s.refreshTxn(ctx, holders, token, seq, ttl, lease).Commit()
 		return err
 	})
 	if err != nil {
 		return s.failed("refresh", keys, err)
 	}
-	if !resp.Succeeded {
+	if resp.Succeeded {
+		return nil
+	}
+	notHeld, covered, err := s.readRefused(ctx, holders, token, seq, ttl)
+	switch {
+	case err != nil:
+		return fmt.Errorf("etcdstore: refresh %s: refused, and reading the keys failed: %w", keysForMessage(keys), err)
+	case len(notHeld) > 0:
 		return fmt.Errorf("%w: etcdstore: refresh: %s not all held by the token", stores.ErrNotHeld, keysForMessage(keys))
+	case !covered:
+		return fmt.Errorf("%w: etcdstore: refresh %s to %v", ErrOvertaken, keysForMessage(keys), ttl)
 	}
 	return nil
+}
+
+// refreshTxn is Refresh's transaction: when every holder key holds token
+// and was set by a call of sequence seq or earlier, it puts them on lease.
+func (s *Store) refreshTxn(ctx context.Context, holders []string, token string, seq uint64, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
+	cmps := make([]clientv3.Cmp, 0, 2*len(holders))
+	puts := make([]clientv3.Op, len(holders))
+	val := holderValue(token, seq, ttl)
+	for i, h := range holders {
+		cmps = append(cmps, heldUpTo(h, token, seq)...)
+		puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
+	}
+	return s.kv.Txn(ctx).If(cmps...).Then(puts...)
 }

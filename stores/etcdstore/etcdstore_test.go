@@ -53,11 +53,16 @@ func TestConformance(t *testing.T) {
 		// The suite's pauses (800ms) end within the request timeout; for
 		// pauses past it see TestAbandonedAcquireNeverOutlivesItsUndo.
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
-			s, p := proxiedStore(t)
+			s, p := proxiedStore(t, etcdstore.WithRequestTimeout(conformanceTimeout))
 			return s, []*faultproxy.Proxy{p}
 		},
+		CallLimit: conformanceTimeout,
 	})
 }
+
+// conformanceTimeout is the request timeout of the conformance suite's
+// proxied Store: the suite holds a request back past it.
+const conformanceTimeout = 2 * time.Second
 
 // minLeaseTTL returns the shortest lease the shared etcd grants: it raises
 // shorter ones to 1.5 x its election timeout, rounded up to seconds.

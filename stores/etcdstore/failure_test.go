@@ -1,6 +1,7 @@
 package etcdstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/etcdstore"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // fencedStock is the protected resource of the failure test: a stock that
@@ -271,4 +273,42 @@ func leaseOf(t *testing.T, c *clientv3.Client, prefix, key, token string) client
 		t.Fatalf("Get of the holder key of %q: %v, %d keys", key, err, len(resp.Kvs))
 	}
 	return clientv3.LeaseID(resp.Kvs[0].Lease)
+}
+
+// TestFairAttemptUnreachableAfterQueueing (issue 18, from review): a fair
+// attempt whose first transaction renewed its token's place (at the head
+// of the queue of a free key, with another waiter behind) and whose second
+// one, the grant, finds no member to dial, changed the queue: it fails as
+// an unknown outcome, not stores.ErrUnreachable ("nothing changed").
+func TestFairAttemptUnreachableAfterQueueing(t *testing.T) {
+	t.Parallel()
+	prefix := "reqlock-test/" + uniqueKey(t) + "/"
+	s, p := proxiedStore(t, etcdstore.WithPrefix(prefix))
+	other := newStore(t, etcdstore.WithPrefix(prefix))
+	ctx := t.Context()
+	k := "k"
+	if g, err := other.Acquire(ctx, []string{k}, "holder", time.Minute); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if g, err := s.AcquireFair(ctx, k, "first", time.Minute, time.Minute); err != nil || g.OK || g.Ahead != 0 {
+		t.Fatalf("AcquireFair of the first waiter: %+v, %v; want queued first", g, err)
+	}
+	if g, err := other.AcquireFair(ctx, k, "second-waiter", time.Minute, time.Minute); err != nil || g.OK || g.Ahead != 1 {
+		t.Fatalf("AcquireFair of the second waiter: %+v, %v; want queued second", g, err)
+	}
+	if err := other.Release(ctx, []string{k}, "holder", 0); err != nil {
+		t.Fatal(err)
+	}
+	// The first transaction's reply reads the queue: once it has passed,
+	// the connection goes, and no new one is accepted.
+	p.Refuse()
+	p.CutWhen(faultproxy.ToClient, func(chunk []byte) bool { return bytes.Contains(chunk, []byte("second-waiter")) }, true)
+	t.Cleanup(p.Heal)
+	g, err := s.AcquireFair(ctx, k, "first", time.Minute, time.Minute)
+	if p.Armed() != 0 {
+		t.Fatalf("AcquireFair of the head: %+v, %v; the cut did not catch its first reply", g, err)
+	}
+	if err == nil || errors.Is(err, stores.ErrUnreachable) || errors.Is(err, stores.ErrInvalid) {
+		t.Fatalf("AcquireFair of the head, cut off after its first transaction: %+v, %v; want an unknown outcome", g, err)
+	}
 }

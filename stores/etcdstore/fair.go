@@ -35,6 +35,12 @@ const fairAttempts = 3
 // the transaction that puts its holder key, and issues the fence by the
 // revision, as Acquire does.
 //
+// A grant compares the holder key's absence, or its mod revision as read,
+// so that an attempt that reaches etcd late never moves a key renewed
+// meanwhile back to its own lease; and an attempt left in flight is undone
+// as an abandoned Acquire is, its late copy then refused by its token's
+// abandon marks.
+//
 // A refusal returns the caller's place as Ahead (-1 when not queued) and,
 // as Wait, the TTL the holder was given or, when the key is free and another
 // waiter heads the queue, that waiter's lease. A refusal that finds the key
@@ -42,7 +48,7 @@ const fairAttempts = 3
 // subscribers in this Store, in case it has not heard. Errors are as
 // Acquire's.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
-	start := time.Now()
+	start, seq := s.begin()
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
 	}
@@ -57,23 +63,32 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	var fl flight
 	err := s.detached(ctx, func(ctx context.Context) error {
 		var err error
-		g, err = s.acquireFair(ctx, start, key, token, ttl, lease, &fl)
+		g, err = s.acquireFair(ctx, start, seq, key, token, ttl, lease, &fl)
 		return err
-	}, func(ctx context.Context) { s.undo(ctx, []string{key}, token, true, &fl) })
+	}, func() *pendingUndo { return s.newUndo([]string{key}, token, true, &fl) })
 	if err != nil {
 		return stores.FairGrant{}, err
 	}
 	return g, nil
 }
 
-func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token string, ttl, lease time.Duration, fl *flight) (stores.FairGrant, error) {
+func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, key, token string, ttl, lease time.Duration, fl *flight) (stores.FairGrant, error) {
 	dir := s.dir(key)
 	h, q := holderKey(dir), queueDir(dir)
 	qk := q + token
+	// queued is set once a transaction answered has queued token: a later
+	// failure then leaves the call's outcome unknown, whatever its cause.
+	queued := false
+	failed := func(err error) error {
+		if queued {
+			return failedAfterChange("fair acquire", []string{key}, err)
+		}
+		return s.failed("fair acquire", []string{key}, err)
+	}
 	grant := func(cmps ...clientv3.Cmp) (granted bool, rev int64, err error) {
 		err = s.withLease(ctx, start, ttl, func(hl clientv3.LeaseID) error {
 			fl.sending(hl)
-			resp, err := s.kv.Txn(ctx).If(append(cmps, s.notAbandoned(token))...).Then(holdOps(h, qk, token, ttl, hl)...).Commit()
+			resp, err := s.kv.Txn(ctx).If(append(cmps, s.notAbandoned(token))...).Then(holdOps(h, qk, token, seq, ttl, hl)...).Commit()
 			if err == nil {
 				granted, rev = resp.Succeeded, resp.Header.Revision
 			}
@@ -86,18 +101,19 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token str
 	}
 	for range fairAttempts {
 		var resp *clientv3.TxnResponse
-		err := s.withLease(ctx, start, ttl, func(hl clientv3.LeaseID) error {
-			return s.withLease(ctx, start, lease, func(ql clientv3.LeaseID) error {
-				fl.sending(hl, ql)
-				var err error
-				resp, err = s.fairTxn(ctx, key, token, ttl, lease, hl, ql).Commit()
-				return err
-			})
+		err := s.withLeases(ctx, start, []time.Duration{ttl, lease}, func(ids []clientv3.LeaseID) error {
+			fl.sending(ids...)
+			var err error
+			resp, err = s.fairTxn(ctx, key, token, seq, ttl, lease, ids[0], ids[1]).Commit()
+			return err
 		})
 		if err != nil {
-			return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
+			return stores.FairGrant{}, failed(err)
 		}
 		if !resp.Succeeded {
+			if queued {
+				return stores.FairGrant{}, failedAfterChange("fair acquire", []string{key}, errTokenAbandoned(token))
+			}
 			return stores.FairGrant{}, errTokenAbandoned(token)
 		}
 		if len(resp.Responses) != 1 || resp.Responses[0].GetResponseTxn() == nil {
@@ -107,6 +123,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token str
 		if inner.Succeeded {
 			return granted(resp.Header.Revision), nil
 		}
+		queued = queued || lease > 0
 		n := len(inner.Responses)
 		if n < 2 {
 			return stores.FairGrant{}, fmt.Errorf("%w: fair acquire of %s answered %d results", ErrUnexpectedReply, stores.KeyForMessage(key), n)
@@ -138,7 +155,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token str
 				clientv3.Compare(clientv3.CreateRevision(q), ">", myRev-1).WithPrefix())
 		}
 		if err != nil {
-			return stores.FairGrant{}, s.failed("fair acquire", []string{key}, err)
+			return stores.FairGrant{}, failed(err)
 		}
 		if ok {
 			return granted(rev), nil
@@ -154,7 +171,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, key, token str
 // its place on lease ql, and reads the holder and the queue. The attempt
 // is nested under the mark's check, so that a late copy of it neither
 // grants nor queues.
-func (s *Store) fairTxn(ctx context.Context, key, token string, ttl, lease time.Duration, hl, ql clientv3.LeaseID) clientv3.Txn {
+func (s *Store) fairTxn(ctx context.Context, key, token string, seq uint64, ttl, lease time.Duration, hl, ql clientv3.LeaseID) clientv3.Txn {
 	dir := s.dir(key)
 	h, q := holderKey(dir), queueDir(dir)
 	qk := q + token
@@ -164,14 +181,14 @@ func (s *Store) fairTxn(ctx context.Context, key, token string, ttl, lease time.
 	}
 	orElse = append(orElse, clientv3.OpGet(h),
 		clientv3.OpGet(q, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
-	attempt := clientv3.OpTxn(append(othersAbsent(q, qk), absent(h)), holdOps(h, qk, token, ttl, hl), orElse)
+	attempt := clientv3.OpTxn(append(othersAbsent(q, qk), absent(h)), holdOps(h, qk, token, seq, ttl, hl), orElse)
 	return s.kv.Txn(ctx).If(s.notAbandoned(token)).Then(attempt).Else(s.countAbandoned(token))
 }
 
 // holdOps grants key, of holder key h and queue key qk, to token on lease
 // hl: it puts the holder key and takes token out of the queue.
-func holdOps(h, qk, token string, ttl time.Duration, hl clientv3.LeaseID) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
+func holdOps(h, qk, token string, seq uint64, ttl time.Duration, hl clientv3.LeaseID) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, seq, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
 }
 
 // place returns how many waiters of queue, in create revision order, are

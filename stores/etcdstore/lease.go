@@ -21,13 +21,23 @@ import (
 // Locker counts it, and outlives it by the rounding at most; and a lease
 // requested for a call, after it started, always serves it, however long
 // the grant took.
+//
+// The pool remembers every lease it granted until etcd confirms it gone: a
+// lease whose every possible call's validity has passed (by the local
+// clock) is revoked, a few at each new grant, rather than forgotten, since
+// etcd may keep it longer (a leader change renews every lease) and a
+// transaction in flight could still put a key on it. Close revokes the
+// rest.
 type leasePool struct {
 	lease   clientv3.Lease
-	timeout time.Duration // of a grant
+	timeout time.Duration // of a grant or a revocation
+	gone    func([]clientv3.LeaseID)
 
 	mu      sync.Mutex
 	buckets map[int64]*pooledLease         // by requested seconds
-	granted map[clientv3.LeaseID]time.Time // every lease granted, to its latest possible expiry, for Close
+	granted map[clientv3.LeaseID]time.Time // every lease etcd may still know, to when it surely serves no call any more
+	closed  bool                           // no grant starts any more
+	grants  sync.WaitGroup                 // grants in flight, and their revocations of spent leases
 }
 
 // pooledLease is one shared lease, or one being granted.
@@ -38,8 +48,10 @@ type pooledLease struct {
 	err     error
 }
 
-func newLeasePool(lease clientv3.Lease, timeout time.Duration) *leasePool {
-	return &leasePool{lease: lease, timeout: timeout, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
+// newLeasePool returns a pool that grants leases through lease, and tells
+// gone of the leases it saw revoked or found gone.
+func newLeasePool(lease clientv3.Lease, timeout time.Duration, gone func([]clientv3.LeaseID)) *leasePool {
+	return &leasePool{lease: lease, timeout: timeout, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
 }
 
 // maxLeaseSeconds is the longest lease etcd grants (its MaxLeaseTTL, 9e9
@@ -47,15 +59,20 @@ func newLeasePool(lease clientv3.Lease, timeout time.Duration) *leasePool {
 // TTL". As a time.Duration it is 9e18ns, within int64.
 const maxLeaseSeconds = 9_000_000_000
 
-// MaxTTL is the longest TTL, keep or fair lease the Store honours: etcd's
-// longest lease, about 285 years.
-const MaxTTL = maxLeaseSeconds * time.Second
+// MaxTTL is the longest TTL, keep or fair lease the Store honours: 8e9
+// seconds (about 253 years), so that its lease, an eighth longer to be
+// shared between calls, is etcd's longest lease.
+const MaxTTL = maxLeaseSeconds / 9 * 8 * time.Second
+
+// spentRevocations bounds the spent leases one grant revokes: more than
+// one, so that they cannot pile up while grants go on.
+const spentRevocations = 4
 
 // leaseSeconds is the TTL, in seconds, of the lease that serves keys of d,
 // for d in (0, MaxTTL]: d plus an eighth, rounded up, and at most
-// maxLeaseSeconds (so the longest TTLs get less of a margin to share).
-// It adds whole and fractional seconds apart, since d plus an eighth
-// overflows a time.Duration above about 260 years.
+// maxLeaseSeconds (which MaxTTL plus an eighth is). It adds whole and
+// fractional seconds apart, since d plus an eighth overflows a
+// time.Duration above about 260 years.
 func leaseSeconds(d time.Duration) int64 {
 	eighth := d / 8
 	whole := int64(d/time.Second) + int64(eighth/time.Second)
@@ -69,15 +86,21 @@ func leaseSeconds(d time.Duration) int64 {
 const leaseGets = 3
 
 // get returns a lease that lasts until at least start plus d, start being
-// the time the calling Store method began.
+// the time the calling Store method began. It returns ErrClosed once the
+// pool is closed.
 func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (clientv3.LeaseID, error) {
 	secs := leaseSeconds(d)
 	for range leaseGets {
 		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return 0, ErrClosed
+		}
 		l := p.buckets[secs]
 		if l == nil {
 			l = &pooledLease{ready: make(chan struct{})}
 			p.buckets[secs] = l
+			p.grants.Add(1)
 			p.mu.Unlock()
 			// On a context of its own: other callers wait for it too.
 			go p.grant(secs, l)
@@ -100,30 +123,74 @@ func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (
 	return 0, fmt.Errorf("%w: no lease of %ds lasted from the call's start for %v in %d grants", ErrUnexpectedReply, secs, d, leaseGets)
 }
 
-// grant asks etcd for the lease l of secs seconds.
+// grant asks etcd for the lease l of secs seconds, and then revokes a few
+// spent leases.
 func (p *leasePool) grant(secs int64, l *pooledLease) {
-	defer close(l.ready)
+	defer p.grants.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
 	sent := time.Now()
 	resp, err := p.lease.Grant(ctx, secs)
 	if err != nil {
 		l.err = err
+		close(l.ready)
 		return
 	}
 	l.id = clientv3.LeaseID(resp.ID)
 	l.expires = sent.Add(time.Duration(resp.TTL) * time.Second)
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	now := time.Now()
+	// No call's validity outlasts the lease's earliest expiry; a second
+	// more covers the time the grant took to answer.
+	p.granted[l.id] = now.Add(time.Duration(resp.TTL)*time.Second + time.Second)
+	var spent []clientv3.LeaseID
 	for id, until := range p.granted {
+		if len(spent) == spentRevocations {
+			break
+		}
 		if !until.After(now) {
-			delete(p.granted, id) // surely expired
+			spent = append(spent, id)
 		}
 	}
-	// etcd may expire it up to its sweep interval late, and the grant may
-	// have taken until now to start.
-	p.granted[l.id] = now.Add(time.Duration(resp.TTL)*time.Second + time.Second)
+	p.mu.Unlock()
+	close(l.ready)
+	if len(spent) > 0 {
+		p.revoke(ctx, spent)
+	}
+}
+
+// revoke revokes ids, forgets those etcd confirmed gone (revoked now, or
+// before), tells p.gone of them, and returns them with the first other
+// error.
+func (p *leasePool) revoke(ctx context.Context, ids []clientv3.LeaseID) ([]clientv3.LeaseID, error) {
+	const parallel = 16
+	errs := make([]error, len(ids))
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if _, err := p.lease.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				errs[i] = err
+			}
+		})
+	}
+	wg.Wait()
+	var gone []clientv3.LeaseID
+	p.mu.Lock()
+	for i, id := range ids {
+		if errs[i] == nil {
+			gone = append(gone, id)
+			delete(p.granted, id)
+			p.dropLocked(id)
+		}
+	}
+	p.mu.Unlock()
+	if len(gone) > 0 && p.gone != nil {
+		p.gone(gone)
+	}
+	return gone, errors.Join(errs...)
 }
 
 // drop forgets l, which is stale or failed, unless another took its place.
@@ -135,10 +202,16 @@ func (p *leasePool) drop(secs int64, l *pooledLease) {
 	p.mu.Unlock()
 }
 
-// dropID forgets the lease id, which etcd no longer knows.
+// dropID stops sharing the lease id, which etcd may no longer know. It
+// stays among the leases granted, which Close revokes, since it may be
+// alive (a transaction on several leases cannot tell which it missed).
 func (p *leasePool) dropID(id clientv3.LeaseID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.dropLocked(id)
+}
+
+func (p *leasePool) dropLocked(id clientv3.LeaseID) {
 	for secs, l := range p.buckets {
 		select {
 		case <-l.ready:
@@ -148,67 +221,71 @@ func (p *leasePool) dropID(id clientv3.LeaseID) {
 		default:
 		}
 	}
-	delete(p.granted, id)
 }
 
-// revokeAll revokes every lease granted that may still be alive, and
-// returns the first error other than a lease already gone.
-func (p *leasePool) revokeAll(ctx context.Context) error {
+// close stops new grants, waits until the grants in flight have ended or
+// ctx has, and then revokes every lease etcd may still know. It returns
+// the leases etcd confirmed gone, and an error when it could not revoke
+// them all.
+func (p *leasePool) close(ctx context.Context) ([]clientv3.LeaseID, error) {
 	p.mu.Lock()
-	now := time.Now()
-	var ids []clientv3.LeaseID
-	for id, until := range p.granted {
-		if until.After(now) {
-			ids = append(ids, id)
-		}
-	}
-	p.granted = map[clientv3.LeaseID]time.Time{}
-	p.buckets = map[int64]*pooledLease{}
+	p.closed = true
 	p.mu.Unlock()
-	var first error
-	for _, id := range ids {
-		if _, err := p.lease.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) && first == nil {
-			first = err
-		}
+	granting := make(chan struct{})
+	go func() {
+		p.grants.Wait()
+		close(granting)
+	}()
+	var errInFlight error
+	select {
+	case <-granting:
+	case <-ctx.Done():
+		errInFlight = fmt.Errorf("etcdstore: close: a lease grant still in flight after %v: its lease may be missed", p.timeout)
 	}
-	return first
-}
-
-// latestExpiry returns the latest time any of ids may still be alive, by
-// what the pool knows of their grants; the zero time when it knows none of
-// them alive (a lease etcd extends at a leader change may live longer).
-func (p *leasePool) latestExpiry(ids []clientv3.LeaseID) time.Time {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	var latest time.Time
-	for _, id := range ids {
-		if until, ok := p.granted[id]; ok && until.After(latest) {
-			latest = until
-		}
+	ids := make([]clientv3.LeaseID, 0, len(p.granted))
+	for id := range p.granted {
+		ids = append(ids, id)
 	}
-	return latest
+	p.mu.Unlock()
+	gone, err := p.revoke(ctx, ids)
+	if err != nil {
+		err = fmt.Errorf("etcdstore: close: %d of %d leases not revoked: %w", len(ids)-len(gone), len(ids), err)
+	}
+	return gone, errors.Join(errInFlight, err)
 }
 
-// withLease calls f with a lease that lasts until at least start plus d (0
-// when d is not positive) and, when etcd no longer knows that lease (it
-// expired while the request travelled, or was revoked), once more with a
-// new one.
-func (s *Store) withLease(ctx context.Context, start time.Time, d time.Duration, f func(clientv3.LeaseID) error) error {
-	if d <= 0 {
-		return f(clientv3.NoLease)
-	}
+// withLeases calls f with a lease for each of ds, that lasts until at
+// least start plus d (NoLease for d not positive) and, when etcd no longer
+// knows one of them (it expired while the request travelled, or was
+// revoked), once more with new ones.
+func (s *Store) withLeases(ctx context.Context, start time.Time, ds []time.Duration, f func([]clientv3.LeaseID) error) error {
+	ids := make([]clientv3.LeaseID, len(ds))
 	for attempt := 0; ; attempt++ {
-		id, err := s.leases.get(ctx, start, d)
-		if err != nil {
-			return err
+		for i, d := range ds {
+			ids[i] = clientv3.NoLease
+			if d > 0 {
+				id, err := s.leases.get(ctx, start, d)
+				if err != nil {
+					return err
+				}
+				ids[i] = id
+			}
 		}
-		err = f(id)
+		err := f(ids)
 		if attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.leases.dropID(id)
+			for _, id := range ids {
+				s.leases.dropID(id)
+			}
 			continue
 		}
 		return err
 	}
+}
+
+// withLease is withLeases for one lease.
+func (s *Store) withLease(ctx context.Context, start time.Time, d time.Duration, f func(clientv3.LeaseID) error) error {
+	return s.withLeases(ctx, start, []time.Duration{d}, func(ids []clientv3.LeaseID) error { return f(ids[0]) })
 }
 
 // alive returns those of ids that etcd still knows.

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/etcdstore"
@@ -96,10 +99,10 @@ const (
 )
 
 // TestExtremeTTLs (issue 18, defect 14): a TTL, keep or fair lease above
-// MaxTTL (etcd's longest lease), math.MaxInt64 among them, is refused with
-// stores.ErrInvalid before any request (it overflowed the lease's margin
-// and flooded etcd with leases until the call timed out); MaxTTL itself is
-// honoured by etcd.
+// MaxTTL (whose lease, an eighth longer, is etcd's longest), math.MaxInt64
+// among them, is refused with stores.ErrInvalid before any request (it
+// overflowed the lease's margin and flooded etcd with leases until the
+// call timed out); MaxTTL itself is honoured by etcd.
 func TestExtremeTTLs(t *testing.T) {
 	t.Parallel()
 	s := stalledStore(t)
@@ -289,3 +292,70 @@ func TestRequestTooLargeForEtcd(t *testing.T) {
 
 // byteCount writes n in bytes.
 func byteCount(n int) string { return strconv.Itoa(n) + " bytes" }
+
+// TestOpenSendsWhatBoundsAdmits (issue 18, from review): a Store opened
+// with max-request-bytes of 4 MiB sends a fair attempt on a key of its
+// MaxKeyBytes, every byte escaped to three (a request of about 4 MB), to
+// etcd, instead of its client refusing it at the client's default send
+// limit of 2 MiB. The shared etcd takes less (1.5 MiB), so it refuses the
+// request; what matters is that it was sent.
+func TestOpenSendsWhatBoundsAdmits(t *testing.T) {
+	t.Parallel()
+	s, err := etcdstore.Open(t.Context(), "etcd://"+hostPorts(t)+"/"+uniqueKey(t)+"?max-request-bytes=4194304")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	base := uniqueKey(t)
+	long := base + strings.Repeat("/", s.Bounds().MaxKeyBytes-len(base))
+	_, err = s.AcquireFair(t.Context(), long, "t1", time.Minute, time.Minute)
+	if err == nil {
+		t.Fatal("the shared etcd took a request of about 4 MB; the test needs its default --max-request-bytes")
+	}
+	if strings.Contains(err.Error(), "trying to send message larger than max") {
+		t.Fatalf("AcquireFair of a key of MaxKeyBytes: %.300v; the client refused to send it", err)
+	}
+}
+
+// TestReplyTooLargeIsUnknownOutcome (issue 18, from review): a reply
+// larger than the client takes (its MaxCallRecvMsgSize, here 100 KiB: a
+// fair attempt reads the whole queue, which grows with waiters of long
+// keys) comes after etcd acted: the attempt queued its token, so its
+// failure is an unknown outcome, not stores.ErrInvalid ("refused before
+// acting", after which the Locker does not leave the queue).
+func TestReplyTooLargeIsUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	c, err := clientv3.New(clientv3.Config{Endpoints: testservers.EtcdEndpoints(t), DialTimeout: 5 * time.Second,
+		Logger: zap.NewNop(), MaxCallRecvMsgSize: 100 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	prefix := "reqlock-test/" + uniqueKey(t) + "/"
+	s, err := etcdstore.New(c, etcdstore.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := t.Context()
+	key := strings.Repeat("x", 20<<10)
+	if g, err := s.Acquire(ctx, []string{key}, "holder", time.Minute); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	for i := range 8 {
+		tok := "w" + strconv.Itoa(i)
+		_, err := s.AcquireFair(ctx, key, tok, time.Minute, time.Minute)
+		if err == nil {
+			continue
+		}
+		q, qerr := c.Get(ctx, prefix+key+"/q/"+tok, clientv3.WithCountOnly())
+		if qerr != nil {
+			t.Fatal(qerr)
+		}
+		if errors.Is(err, stores.ErrInvalid) || errors.Is(err, stores.ErrUnreachable) {
+			t.Fatalf("AcquireFair of waiter %d, whose reply was too large: %.200v (queued: %v); want an unknown outcome", i, err, q.Count == 1)
+		}
+		return
+	}
+	t.Fatal("no reply was too large for the client; the test needs one")
+}

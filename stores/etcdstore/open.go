@@ -20,6 +20,14 @@ import (
 // dial-timeout says otherwise.
 const DefaultDialTimeout = 5 * time.Second
 
+// Sizes of the client's and etcd's gRPC limits: the client sends requests
+// up to 2 MiB by default, and etcd takes gRPC messages up to its
+// --max-request-bytes plus 512 KiB.
+const (
+	defaultMaxCallSendMsgSize = 2 << 20
+	grpcOverheadBytes         = 512 << 10
+)
+
 // Open connects to etcd and returns a Store that owns the client (Close
 // closes it). rawURL has the form
 //
@@ -30,7 +38,7 @@ const DefaultDialTimeout = 5 * time.Second
 // prefix (default DefaultPrefix; a '/' is added when it does not end in
 // one), the request timeout (WithRequestTimeout), how long Open waits
 // for a first connection, and the cluster's --max-request-bytes
-// (WithMaxRequestBytes). There is no ttl parameter: every lock's TTL is
+// (WithMaxRequestBytes; Open raises the client's send limit to match). There is no ttl parameter: every lock's TTL is
 // the one the Locker asks for, and no session lease outlives it. Open
 // returns an error wrapping stores.ErrInvalid that names the problem for a
 // malformed URL, another scheme, no endpoint, an endpoint without a port,
@@ -149,6 +157,12 @@ func parseURL(rawURL string) (clientv3.Config, []Option, error) {
 				return invalid("parameter %s=%q is not a number of bytes of at least 65536", name, values[0])
 			}
 			opts = append(opts, WithMaxRequestBytes(n))
+			// The client must send what etcd takes: up to etcd's own gRPC
+			// limit, the request size plus its gRPC allowance, of which
+			// etcd refuses what exceeds n (stores.ErrInvalid).
+			if n+grpcOverheadBytes > defaultMaxCallSendMsgSize {
+				cfg.MaxCallSendMsgSize = n + grpcOverheadBytes
+			}
 		case "ttl":
 			return invalid("parameter ttl: each lock has the TTL the Locker asks for, and the store keeps no session lease; remove it")
 		default:

@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // newInternalStore returns a Store on the shared etcd with a prefix of the
@@ -44,6 +46,26 @@ func expectAbsent(t *testing.T, s *Store, what string, names ...string) {
 	}
 }
 
+// undoNow queues the undo of an acquire of keys by token (fair or not)
+// that used leases, and waits until it is over.
+func undoNow(t *testing.T, s *Store, keys []string, token string, fair bool, leases ...clientv3.LeaseID) {
+	t.Helper()
+	s.undos.add(s.newUndo(keys, token, fair, &flight{leases: leases}))
+	waitUndone(t, s, 10*time.Second)
+}
+
+// waitUndone fails the test unless s has no pending undo within limit.
+func waitUndone(t *testing.T, s *Store, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for s.PendingUndos() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d undos still pending after %v", s.PendingUndos(), limit)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the queue
+	}
+}
+
 // TestLateAcquireAfterItsUndo (issue 18, defect 12): the very transaction
 // an abandoned acquire left in flight, applied by etcd after the Store's
 // undo (as a member paused past the request timeout may apply it), grants
@@ -62,9 +84,9 @@ func TestLateAcquireAfterItsUndo(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := func() (*clientv3.TxnResponse, error) {
-		return s.acquireTxn(ctx, holders, []clientv3.Cmp{absent(holders[0]), absent(holders[1])}, token, ttl, lease).Commit()
+		return s.acquireTxn(ctx, holders, []clientv3.Cmp{absent(holders[0]), absent(holders[1])}, token, 1, ttl, lease).Commit()
 	}
-	s.undo(ctx, keys, token, false, &flight{leases: []clientv3.LeaseID{lease}})
+	undoNow(t, s, keys, token, false, lease)
 	resp, err := late()
 	if err != nil || resp.Succeeded {
 		t.Fatalf("the late acquire after its undo: succeeded %v, %v; want refused by the abandon mark", resp != nil && resp.Succeeded, err)
@@ -133,7 +155,7 @@ func TestLateFairAcquireAfterItsUndo(t *testing.T) {
 				t.Fatalf("%s: Acquire by the holder: %+v, %v", tc.name, g, err)
 			}
 		}
-		s.undo(ctx, []string{key}, token, true, &flight{leases: []clientv3.LeaseID{hl, ql}})
+		undoNow(t, s, []string{key}, token, true, hl, ql)
 		for id, revoke := range map[clientv3.LeaseID]bool{hl: tc.revokeH, ql: tc.revokeQ} {
 			if !revoke {
 				continue
@@ -142,7 +164,7 @@ func TestLateFairAcquireAfterItsUndo(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		resp, err := s.fairTxn(ctx, key, token, ttl, fairLease, hl, ql).Commit()
+		resp, err := s.fairTxn(ctx, key, token, 1, ttl, fairLease, hl, ql).Commit()
 		switch {
 		case tc.wantErr != nil && !errors.Is(err, tc.wantErr):
 			t.Fatalf("%s: the late fair acquire after its undo: %v; want %v", tc.name, err, tc.wantErr)
@@ -157,4 +179,41 @@ func TestLateFairAcquireAfterItsUndo(t *testing.T) {
 		}
 		expectAbsent(t, s, tc.name+": after the late fair acquire", h)
 	}
+}
+
+// TestAcquireTimedOutIsUndone: an acquire that runs out of the Store's
+// request timeout while its caller still waits (etcd stalled) has left its
+// transaction in flight just as one whose caller left: the Store queues
+// its undo and says so with stores.ErrAbandoned, so that the caller does
+// not release the keys itself (a plain release that the late transaction
+// could overtake, then to hold the keys for their TTL), and the late
+// transaction, applied after the undo, grants nothing.
+func TestAcquireTimedOutIsUndone(t *testing.T) {
+	t.Parallel()
+	s, p, _ := proxiedInternalStore(t, 300*time.Millisecond)
+	ctx := t.Context()
+	keys, token, ttl := []string{"k"}, "t1", time.Minute
+	warmUp(t, s, ttl)
+	p.Stall(faultproxy.Both)
+	callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	g, err := s.Acquire(callCtx, keys, token, ttl)
+	if !errors.Is(err, stores.ErrAbandoned) || !errors.Is(err, context.DeadlineExceeded) || callCtx.Err() != nil {
+		t.Fatalf("Acquire that ran out of the request timeout: %+v, %v; want stores.ErrAbandoned", g, err)
+	}
+	if n := s.PendingUndos(); n != 1 {
+		t.Fatalf("%d undos pending after the timed-out Acquire, want 1", n)
+	}
+	p.Heal()
+	waitUndone(t, s, 10*time.Second)
+	lease, err := s.leases.get(ctx, time.Now(), ttl) // the lease the acquire used
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := holderKey(s.dir(keys[0]))
+	resp, err := s.acquireTxn(ctx, []string{h}, []clientv3.Cmp{absent(h)}, token, 1, ttl, lease).Commit()
+	if err != nil || resp.Succeeded {
+		t.Fatalf("the late acquire after the undo: succeeded %v, %v; want refused by the abandon mark", resp != nil && resp.Succeeded, err)
+	}
+	expectAbsent(t, s, "after the late acquire", h)
 }

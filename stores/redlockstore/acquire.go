@@ -14,44 +14,42 @@ import (
 )
 
 // tokenState tracks what an acquisition token still has in flight: node
-// calls that had not answered when Acquire returned, releases that undo
-// grants, and Refresh calls. A late grant stays part of the lock while the
-// token's last Acquire granted and its lock is not released; it is released
-// at once when that Acquire did not grant or the lock was released, and
-// kept for the verdict while another Acquire with the token runs. A call
-// whose outcome is unknown (it failed or timed out after it may have reached
-// its node) is released at once, closing its attempt on the node (see
-// closeAttempt). A new Acquire with the token (the Locker retries with one
-// token until it is granted) first waits for the undos in flight, so that
-// none deletes what the new one grants. Fields are guarded by Store.mu.
+// calls that had not answered when Acquire returned, Refresh calls and
+// Releases. A late grant stays part of the lock when the attempt that made
+// it granted the lock and the lock is not released; otherwise it is
+// released at once, owner-checked by attempt (see undo). A call whose
+// outcome is unknown (it failed or timed out after it may have reached its
+// node) is released at once, closing its attempt on the node (see Late
+// calls in the package documentation). Each grant records its attempt on
+// the node (TOKEN#ATTEMPT), and an undo releases only what its attempt or
+// an earlier one wrote, so a new Acquire with the token (the Locker retries
+// with one token until it is granted) waits for no undo: none deletes what
+// a later attempt granted. Fields are guarded by Store.mu.
 type tokenState struct {
 	pending  int           // late replies not yet in
 	landed   chan struct{} // closed when pending drops to zero
-	undos    int           // undo calls in flight
-	idle     chan struct{} // closed when undos drops to zero
-	state    int           // tokenRunning, tokenHeld or tokenFree
-	deferred []int         // nodes of late grants that came while running
+	granted  int64         // the attempt that granted the lock (0: none)
+	released bool          // a Release (keep zero) of the lock began
 
-	refreshing int              // Refresh calls of the token running
-	writing    map[int]int      // Refresh node calls in flight, per node
-	uncertain  map[int]struct{} // nodes where a Refresh call's outcome is unknown
-	since      time.Time        // when the first of uncertain came
-	ended      bool             // a Release began: no Refresh call starts
+	refreshing    int              // Refresh calls of the token running
+	writing       map[int]int      // Refresh node calls in flight, per node
+	uncertain     map[int]struct{} // nodes where a Refresh call's outcome is unknown
+	uncertainTill time.Time        // when what those calls may have renewed has expired
+	ended         bool             // a Release began: no Refresh call starts
+	releasing     int              // Releases of the token running
 }
 
 // closeAll is the attempt a release closes: every attempt of the token.
 const closeAll = 1<<53 - 1
 
-// errClosed is the failure of a call that arrived at its node after an undo
-// or a release had closed its attempt there: it wrote nothing.
-var errClosed = errors.New("redlockstore: the call arrived after its undo or release, and wrote nothing")
+// errUnverified is the failure of a node that granted before the Store knew
+// its run_id: it may be a second address of a node that granted too.
+var errUnverified = errors.New("redlockstore: granted, but its run_id is not known yet: not counted")
 
-// States of a token.
-const (
-	tokenRunning = iota // an Acquire with the token runs
-	tokenHeld           // its last Acquire granted, and no Release came since
-	tokenFree           // its last Acquire did not grant, or it was released
-)
+// errClosed is the failure of a call that arrived at its node after an undo
+// or a release had closed its attempt there, or after a later attempt of
+// its token wrote there: it wrote nothing.
+var errClosed = errors.New("redlockstore: the call arrived after its undo or release, or after a later attempt, and wrote nothing")
 
 // Acquire sets every key to token on every node it reaches, and grants the
 // lock when a quorum of nodes did so within the TTL (see Algorithm in the
@@ -67,11 +65,11 @@ const (
 // duplicate, unsorted or too long key, or a ttl out of Bounds, and (also
 // wrapping ErrDuplicateNode) when two nodes turned out to be one server;
 // ctx.Err() without acting when ctx has ended; an error wrapping ErrNoQuorum
-// (and stores.ErrUnreachable when no node may have changed) that names every
+// (and stores.ErrUnreachable when no node was reached) that names every
 // failed node when failures make a quorum impossible or the quorum came too
 // late; and, when ctx ends while calls are in flight, an error wrapping
 // stores.ErrAbandoned and ctx's error, the store releasing what the calls
-// granted once they answer.
+// granted once they answer (see Clean-up in the package documentation).
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -82,14 +80,17 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.identify(ctx, s.nodeTimeout); err != nil {
 		return stores.Grant{}, err
 	}
+	if ctxEnded(ctx) {
+		// It ended while the first Acquire waited for the nodes'
+		// identities: nothing sent, nothing to undo.
+		return stores.Grant{}, abandoned(ctx, false)
+	}
 	// Every write carries its attempt, which the undo of the attempt
 	// closes on the node: a call that arrives after its undo writes
-	// nothing.
+	// nothing, and the undo releases only what this attempt (or an earlier
+	// one) wrote.
 	attempt := s.attempts.Add(1)
-	if err := s.awaitUndos(ctx, token); err != nil {
-		s.settle(keys, token, attempt, nil, 0, nil, nil, true)
-		return stores.Grant{}, err
-	}
+	a := attemptOf{keys: keys, token: token, attempt: attempt, ttl: ttl}
 	start := time.Now()
 	n := len(keys)
 	scriptKeys := make([]string, 0, 2*n+1)
@@ -106,13 +107,21 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 
 	total, q := len(s.nodes), s.quorum
-	var granted, refused, failed []reply
+	var granted, refused, failed, unverified []reply
+	votes := 0 // grants of nodes whose identity is known: one per server
 	classify := func(r reply) {
 		switch {
 		case r.err != nil:
 			failed = append(failed, r)
 		case len(r.vals) == n+1 && r.vals[0] == 1:
 			granted = append(granted, r)
+			if s.known(r.node) {
+				votes++
+			} else {
+				// Maybe a second address of a node that voted: its
+				// grant counts once its run_id is known.
+				unverified = append(unverified, r)
+			}
 		case len(r.vals) == 4 && r.vals[0] == 0 && r.vals[1] >= 0 && r.vals[1] < int64(n):
 			refused = append(refused, r)
 		case len(r.vals) == 1 && r.vals[0] == -2:
@@ -147,11 +156,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			classify(r)
 		case <-ctx.Done():
 			// Undo the grant the gate may make, once it answers.
-			s.settle(keys, token, attempt, gateReply, 1, nil, nil, true)
+			s.settle(a, gateReply, 1, nil, nil, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 		if len(refused) == 1 && refused[0].vals[3] != lastHolder {
-			s.settle(keys, token, attempt, nil, 0, nil, nil, true)
+			s.settle(a, nil, 0, nil, nil, true)
 			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2]), refused[0].vals[3]), nil
 		}
 	}
@@ -164,18 +173,18 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	phase2 := time.Now()
 	replies := s.fanOut(ctx, timeout, others, call)
 	pending := len(others)
-	for pending > 0 && len(granted) < q && len(refused)+len(failed) <= total-q {
+	for pending > 0 && votes < q && len(refused)+len(failed) <= total-q {
 		select {
 		case r := <-replies:
 			pending--
 			classify(r)
 		case <-ctx.Done():
-			s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+			s.settle(a, replies, pending, granted, failed, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 	}
 
-	if len(granted) < q && len(failed) <= total-q && slices.ContainsFunc(granted, func(r reply) bool { return r.node == gate }) {
+	if votes < q && len(failed) <= total-q && slices.ContainsFunc(granted, func(r reply) bool { return r.node == gate }) {
 		// The gate is ours: the nodes that refused are held by contenders
 		// that lost it, and let go at once. Ask them again, briefly.
 		for pending > 0 {
@@ -184,12 +193,12 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 				pending--
 				classify(r)
 			case <-ctx.Done():
-				s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+				s.settle(a, replies, pending, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 		}
 		backoff := time.Millisecond
-		for try := 0; try < gateRetries && len(granted) < q && len(refused) > 0 && len(failed) <= total-q; try++ {
+		for try := 0; try < gateRetries && votes < q && len(refused) > 0 && len(failed) <= total-q; try++ {
 			if time.Since(start)+backoff+timeout >= ttl {
 				break
 			}
@@ -198,7 +207,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			case <-timer.C:
 			case <-ctx.Done():
 				timer.Stop()
-				s.settle(keys, token, attempt, nil, 0, granted, failed, true)
+				s.settle(a, nil, 0, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			backoff *= 2
@@ -214,14 +223,14 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 					pending--
 					classify(r)
 				case <-ctx.Done():
-					s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+					s.settle(a, replies, pending, granted, failed, true)
 					return stores.Grant{}, abandoned(ctx, true)
 				}
 			}
 		}
 	}
 
-	if pending > 0 && (len(granted) >= q || len(failed) <= total-q) {
+	if pending > 0 && (votes >= q || len(failed) <= total-q) {
 		// Give the other nodes as long again as the decision took: healthy
 		// ones answer by then. Every grant in hand before Acquire returns
 		// is one that a Release will not race with, and a refusal's Wait
@@ -242,21 +251,21 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		grace.Stop()
 	}
 
-	if len(granted) >= q {
+	if votes >= q {
 		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout)
 		if err != nil {
-			s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+			s.settle(a, replies, pending, granted, failed, true)
 			if ctxEnded(ctx) {
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			return stores.Grant{}, err
 		}
-		s.settle(keys, token, attempt, replies, pending, nil, failed, false)
+		s.settle(a, replies, pending, nil, failed, false)
 		s.forgetRefusal(token)
 		return stores.Grant{OK: true, Fences: fences}, nil
 	}
 
-	s.settle(keys, token, attempt, replies, pending, granted, failed, true)
+	s.settle(a, replies, pending, granted, failed, true)
 	if len(failed) <= total-q && len(refused) > 0 {
 		// The refusal stands until enough refusing nodes let go that the
 		// rest no longer block a quorum.
@@ -276,11 +285,19 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if ctxEnded(ctx) {
 		return stores.Grant{}, abandoned(ctx, true)
 	}
-	unreachable := len(granted) == 0 && pending == 0
+	// Unreachable only when no node was reached: not one that refused.
+	unreachable := len(granted) == 0 && len(refused) == 0 && pending == 0
 	for _, r := range failed {
 		unreachable = unreachable && r.unreachable()
 	}
-	return stores.Grant{}, s.noQuorum("acquire "+keysForMessage(keys), len(granted)+len(refused), failed, unreachable)
+	for _, r := range unverified {
+		r.err = errUnverified
+		failed = append(failed, r)
+	}
+	if len(unverified) > 0 {
+		s.probe(ctx, s.nodeTimeout, false)
+	}
+	return stores.Grant{}, s.noQuorum("acquire "+keysForMessage(keys), votes+len(refused), failed, unreachable)
 }
 
 // firstFenceMargin is how far ahead of the client's clock the first fence of
@@ -411,7 +428,7 @@ func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply,
 	for k := range n {
 		count := 0
 		for _, r := range granted {
-			if r.vals[k+1] == fences[k] {
+			if r.vals[k+1] == fences[k] && s.known(r.node) {
 				count++
 			}
 		}
@@ -429,12 +446,17 @@ func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply,
 		// Nodes that missed grants catch up, so that they agree again.
 		raised := s.raise(ctx, keys, fences, lag, timeout)
 		if !agree {
-			stored := len(granted) - len(lag)
+			stored := 0
+			for _, r := range granted {
+				if !slices.Contains(lag, r.node) && s.known(r.node) {
+					stored++
+				}
+			}
 			var failed []reply
 			for range lag {
 				select {
 				case r := <-raised:
-					if r.err == nil {
+					if r.err == nil && s.known(r.node) {
 						stored++
 					} else {
 						failed = append(failed, r)
@@ -506,50 +528,46 @@ func mayHaveGranted(r reply) bool {
 		!errors.Is(r.err, errClosed) && !errors.As(r.err, &rerr)
 }
 
-// settle records the outcome of attempt, an acquire with token: released
-// when it did not grant (or was abandoned). It releases at once the nodes
-// of granted (all when released) and those of failed whose outcome is
+// attemptOf is one Acquire call: its keys, token, attempt and TTL.
+type attemptOf struct {
+	keys    []string
+	token   string
+	attempt int64
+	ttl     time.Duration
+}
+
+// settle records the outcome of attempt a: released when it did not grant
+// (or was abandoned). It owes the undo (see oweUndo) of the nodes of
+// granted (all when released) and of those of failed whose outcome is
 // unknown, closing the attempt on the latter, and hands the pending
-// replies to a background goroutine that releases each node that granted,
-// when the token's state says so as the reply arrives, and each whose
-// outcome is unknown, closing the attempt there. Each release is bounded by
-// cleanupTimeout.
-func (s *Store) settle(keys []string, token string, attempt int64, replies <-chan reply, pending int, granted, failed []reply, released bool) {
+// replies to a background goroutine that owes the undo of each node that
+// granted, unless a granted the lock and it is not released as the reply
+// arrives, and of each whose outcome is unknown, closing the attempt there.
+func (s *Store) settle(a attemptOf, replies <-chan reply, pending int, granted, failed []reply, released bool) {
 	plain, closing := undoNodes(granted, failed)
 	if !released {
 		plain = nil
 	}
+	s.oweUndo(a, plain, closing)
 	s.mu.Lock()
-	st := s.tokens[token]
-	if st == nil && (pending > 0 || len(plain)+len(closing) > 0) {
+	st := s.tokens[a.token]
+	if st == nil && pending > 0 {
 		// Nothing of the token was in flight before.
 		st = &tokenState{}
-		s.tokens[token] = st
+		s.tokens[a.token] = st
 	}
-	if st == nil {
+	if st != nil && !released {
+		st.granted, st.released = a.attempt, false
+	}
+	if pending == 0 {
 		s.mu.Unlock()
 		return
 	}
-	st.state = tokenHeld
-	if released {
-		st.state = tokenFree
-		plain = append(plain, st.deferred...)
-	}
-	st.deferred = nil
-	if st.pending == 0 && pending > 0 {
+	if st.pending == 0 {
 		st.landed = make(chan struct{})
 	}
 	st.pending += pending
-	if len(plain)+len(closing) > 0 {
-		s.startUndoLocked(st)
-	}
 	s.mu.Unlock()
-	if len(plain)+len(closing) > 0 {
-		s.wg.Go(func() { s.undo(keys, token, st, attempt, plain, closing) })
-	}
-	if pending == 0 {
-		return
-	}
 	s.wg.Go(func() {
 		for range pending {
 			r := <-replies
@@ -560,60 +578,26 @@ func (s *Store) settle(keys []string, token string, attempt int64, replies <-cha
 			if st.pending == 0 {
 				close(st.landed)
 			}
-			var plain, closing []int
+			keep := st.granted == a.attempt && !st.released
+			s.dropIdleLocked(a.token, st)
+			s.mu.Unlock()
 			switch {
 			case unknown:
-				closing = []int{r.node}
-			case granted && st.state == tokenFree:
-				plain = []int{r.node}
-			case granted && st.state == tokenRunning:
-				st.deferred = append(st.deferred, r.node)
-			}
-			undo := len(plain)+len(closing) > 0
-			if undo {
-				s.startUndoLocked(st)
-			}
-			s.dropIdleLocked(token, st)
-			s.mu.Unlock()
-			if undo {
-				// Apart, so that the next replies land meanwhile.
-				s.wg.Go(func() { s.undo(keys, token, st, attempt, plain, closing) })
+				s.oweUndo(a, nil, []int{r.node})
+			case granted && !keep:
+				s.oweUndo(a, []int{r.node}, nil)
 			}
 		}
 	})
 }
 
-// startUndoLocked counts an undo of st in flight. The caller holds s.mu.
-func (s *Store) startUndoLocked(st *tokenState) {
-	if st.undos == 0 {
-		st.idle = make(chan struct{})
-	}
-	st.undos++
-}
-
 // dropIdleLocked forgets st once nothing of it is in flight. The caller
 // holds s.mu.
 func (s *Store) dropIdleLocked(token string, st *tokenState) {
-	if st.pending == 0 && st.undos == 0 && st.refreshing == 0 && len(st.writing) == 0 &&
+	if st.pending == 0 && st.refreshing == 0 && st.releasing == 0 && len(st.writing) == 0 &&
 		len(st.uncertain) == 0 && s.tokens[token] == st {
 		delete(s.tokens, token)
 	}
-}
-
-// awaitUndos marks token running, so that late grants of its earlier
-// attempts wait for the new attempt's verdict, and waits for the undos in
-// flight, or for ctx to end.
-func (s *Store) awaitUndos(ctx context.Context, token string) error {
-	s.mu.Lock()
-	var idle chan struct{}
-	if st := s.tokens[token]; st != nil {
-		st.state = tokenRunning
-		if st.undos > 0 {
-			idle = st.idle
-		}
-	}
-	s.mu.Unlock()
-	return waitClosed(ctx, idle)
 }
 
 // awaitLanded waits until every late reply of token's acquires is in, or
@@ -640,27 +624,4 @@ func waitClosed(ctx context.Context, ch <-chan struct{}) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// undo releases keys, owner-checked, on the nodes of plain and of closing,
-// closing attempt on the latter, and counts the undo of st done.
-func (s *Store) undo(keys []string, token string, st *tokenState, attempt int64, plain, closing []int) {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	tombs := make(map[int]tombstone, len(closing))
-	for _, i := range closing {
-		tombs[i] = tombstone{attempt: attempt, ttl: s.tombstoneTTL()}
-	}
-	indexes := append(append(make([]int, 0, len(plain)+len(closing)), plain...), closing...)
-	replies := s.releaseOn(ctx, keys, token, 0, indexes, cleanupTimeout, tombs)
-	for range indexes {
-		<-replies
-	}
-	s.mu.Lock()
-	st.undos--
-	if st.undos == 0 {
-		close(st.idle)
-	}
-	s.dropIdleLocked(token, st)
-	s.mu.Unlock()
 }

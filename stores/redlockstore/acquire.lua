@@ -7,7 +7,9 @@
 -- {0, index (0-based) of the first key held by another token, its pttl, a
 -- digest of the holder's token}; {-1, ms left} while the node is
 -- quarantined; {-2} when an undo or a release of the token closed the
--- attempt (a late call). Only a grant writes.
+-- attempt, or a later attempt of the token holds a key (a late call). Only a
+-- grant writes, and it sets each key to TOKEN#ATTEMPT (see owner in lib.lua),
+-- so that the undo of an attempt releases that attempt's grants alone.
 -- A fence is the last one + stride while the fence key lives, so nodes that
 -- saw the same grants issue the same fence. A new fence key starts from the
 -- client's proposal, so that nodes agree on it too, within [node clock,
@@ -27,8 +29,12 @@ for i = 1, n do
   local pttl = redis.call('PTTL', KEYS[i])
   if pttl ~= -2 then
     local v = redis.pcall('GET', KEYS[i])
-    if v ~= ARGV[1] then
+    local t, a = owner(v)
+    if t ~= ARGV[1] then
       return {0, i - 1, pttl, digest(v)}
+    end
+    if a > tonumber(ARGV[7]) then
+      return {-2}
     end
   end
 end
@@ -46,7 +52,7 @@ end
 local stride = tonumber(ARGV[4])
 local reply = {1}
 for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[i], ARGV[1] .. '#' .. ARGV[7], 'PX', ARGV[2])
   local fence = math.max(nowus, math.min(tonumber(ARGV[6]), nowus + 2000000))
   if last[i] then
     fence = last[i] + stride

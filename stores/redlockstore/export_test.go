@@ -2,3 +2,10 @@ package redlockstore
 
 // Gate returns the node the acquisitions of key try first.
 func (s *Store) Gate(key string) int { return s.gate(key) }
+
+// TokenStates returns how many tokens the Store keeps a state for.
+func (s *Store) TokenStates() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.tokens)
+}

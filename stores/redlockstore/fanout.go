@@ -14,16 +14,38 @@ import (
 
 // reply is one node's answer to a script.
 type reply struct {
-	node int
-	vals []int64
-	err  error
+	node   int
+	vals   []int64
+	err    error
+	unsent bool // the call never reached the node (see neverSent)
 }
 
-// unreachable reports whether the call never reached the node: no
-// connection could be dialled, or none came free in time.
-func (r reply) unreachable() bool {
+// unreachable reports whether the call never reached the node.
+func (r reply) unreachable() bool { return r.unsent }
+
+// neverSent reports whether a call of node n that failed with err never
+// reached the node: no connection could be dialled, or none came free in
+// time. A client that retries a command reports the last attempt's error,
+// and an earlier attempt may have reached the node: on such a client, no
+// failure is known to be unsent.
+func neverSent(n *node, err error) bool {
 	var op *net.OpError
-	return (errors.As(r.err, &op) && op.Op == "dial") || errors.Is(r.err, redis.ErrPoolTimeout)
+	return !n.retries && ((errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout))
+}
+
+// retries reports whether client may send a command more than once in one
+// call: a go-redis client whose MaxRetries (as normalised) is positive, or
+// a client whose type does not tell.
+func retries(client redis.Scripter) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().MaxRetries > 0
+	case *redis.ClusterClient:
+		return c.Options().MaxRedirects > 0
+	case *redis.Ring:
+		return c.Options().MaxRetries > 0
+	}
+	return true
 }
 
 // fanOut runs call on every node in indexes at once, each bounded by
@@ -51,7 +73,7 @@ func (s *Store) fanOut(ctx context.Context, timeout time.Duration, indexes []int
 				s.nodes[i].quarantines.Add(1)
 			}
 			s.count(i, err)
-			out <- reply{node: i, vals: vals, err: err}
+			out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
 		}()
 	}
 	return out

@@ -2,6 +2,7 @@ package redlockstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -68,9 +69,17 @@ func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 			// EVAL: one round trip, where EVALSHA may need a second.
 			id, err := runIDScript.Eval(cctx, n.client, nil).Text()
 			cancel()
+			if errors.Is(err, redis.Nil) {
+				id, err = "", nil // INFO without a run_id
+			}
 			n.failing.Store(err != nil)
-			if err != nil || id == "" {
+			if err != nil {
 				return
+			}
+			if id == "" {
+				// A server that does not tell its run_id: known, but
+				// never found to be another node.
+				id = fmt.Sprintf("node %d without run_id", i)
 			}
 			s.learn(i, id)
 		})
@@ -106,3 +115,7 @@ func (s *Store) learn(i int, id string) {
 		}
 	}
 }
+
+// known reports whether node i's server identity is known: only then does
+// its grant count as a vote (it could be a second address of another node).
+func (s *Store) known(i int) bool { return s.nodes[i].runID.Load() != nil }

@@ -1,4 +1,4 @@
--- Helpers prepended to the scripts that grant (see withLib in scripts.go).
+-- Helpers prepended to every script (see scripts.go).
 
 -- now_us returns the node's clock in microseconds.
 local function now_us()
@@ -42,10 +42,25 @@ local function closed(key, token, attempt)
   return type(d) == 'string' and (tonumber(d) or 0) >= tonumber(attempt)
 end
 
+-- owner returns the token and the attempt of a lock key's value: a write
+-- of attempt A of token T sets the key to T#A. A value of another shape (of
+-- another client) is a token of its own, of attempt 0.
+local function owner(v)
+  if type(v) ~= 'string' then
+    return nil, 0
+  end
+  local t, a = string.match(v, '^(.*)#(%d+)$')
+  if t == nil then
+    return v, 0
+  end
+  return t, tonumber(a)
+end
+
 -- digest is a number that stands for a holder's token in a refusal.
 local function digest(v)
-  if type(v) ~= 'string' then
+  local t = owner(v)
+  if t == nil then
     return 0
   end
-  return tonumber(string.sub(redis.sha1hex(v), 1, 12), 16)
+  return tonumber(string.sub(redis.sha1hex(t), 1, 12), 16)
 end

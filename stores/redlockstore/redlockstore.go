@@ -41,34 +41,62 @@
 // released it is released as soon as it lands. When the lock is not
 // granted, every node that granted, or whose outcome is unknown, is
 // released, owner-checked, at once (a node still in flight once it answers,
-// so the release never overtakes the grant). A new Acquire with the same
-// token waits for those releases first.
+// so the release never overtakes the grant), and again until it lands (see
+// Clean-up). Such an undo releases only what its own attempt wrote (see
+// Late calls), so a new Acquire with the same token, a waiter's retry,
+// waits for none of them.
 //
 // Release and Refresh go to every node at once and wait for every answer,
 // each bounded by the node timeout. Refresh needs a quorum that still holds
 // the token, within the TTL; only on top of such a quorum do nodes that
 // lost the keys (restarted empty) take them again where they are free, so
 // a minority that still holds the token never revives a lock that expired
-// on the others. Release ends the lock on every node it reaches.
+// on the others. Release ends the lock on every node it reaches, and on
+// the others once they answer (see Clean-up).
 //
 // # Late calls
 //
 // A node call whose reply did not come (a timeout, a lost reply) may still
 // reach its node later. Every write carries an attempt number (one per
-// Acquire or Refresh call of the Store), and the release that undoes a call
-// whose outcome is unknown leaves on that node a tombstone, KEY:dead:TOKEN,
-// holding the attempt it closed; the acquire and refresh scripts write
-// nothing for a closed attempt. So an abandoned or failed acquire's late
-// grants never outlive its undo, whichever reaches the node first. A
-// Release ends its token in the Store (a Refresh running meanwhile starts
-// no more calls) and closes every attempt of the token on the nodes where a
-// Refresh call is in flight or was lost (with keep positive, on every node,
-// for the keep), so no renewal or re-take lands after it, also when the
-// Refresh's context ended. A tombstone lives for the max TTL plus the drift
-// allowance and the cleanup timeout: a call that reaches its node later
-// than that after its undo is not stopped. An uncontended lock writes no
-// tombstone; a refused or failed attempt writes them only on the nodes
-// whose outcome it does not know.
+// Acquire or Refresh call of the Store) and sets each key to TOKEN#ATTEMPT,
+// and the release that undoes a call whose outcome is unknown leaves on
+// that node a tombstone, KEY:dead:TOKEN, holding the attempt it closed; the
+// acquire and refresh scripts write nothing for a closed attempt, and an
+// acquire writes nothing over a later attempt of its token. So an abandoned
+// or failed acquire's late grants never outlive its undo, whichever reaches
+// the node first, and an undo, which releases only what its attempt or an
+// earlier one wrote, never releases a later attempt's grant (a Refresh
+// makes the keys it renews its own). A Release ends its token in the Store
+// until it returns (a Refresh running or starting meanwhile starts no more
+// calls) and closes every attempt of the token on the nodes where a
+// Refresh call is in flight or was lost within the refresh's TTL (with keep
+// positive, on every node, for the keep), so no renewal or re-take lands
+// after it, also when the Refresh's context ended. A tombstone lives for the max TTL plus the drift
+// allowance and 2s: a call that reaches its node later than that after its
+// undo is not stopped. An uncontended lock writes no tombstone; a refused
+// or failed attempt writes them only on the nodes whose outcome it does
+// not know.
+//
+// # Clean-up
+//
+// What the Store owes after a call it did not finish is a release per node,
+// owner-checked by attempt and leaving the attempt's tombstone: the undo of
+// an acquire that did not grant the lock, was abandoned, or whose call to a
+// node has an unknown outcome; the release of a late grant nobody uses; a
+// Release's call that failed on a node (whatever Release returned, also
+// after its context ended). The Store sends it at once, and again while it
+// fails, with a backoff per node (10ms doubling to 1s, with jitter), until
+// it lands, until what it releases has surely expired (the TTL plus twice
+// the drift allowance after the debt arose; the tombstone's life for a
+// Release), or until Close. A node that answers gets up to 64 owed calls at
+// once; a node in backoff gets one at a time, so an outage costs one call
+// per node per backoff however much is owed to it, and no goroutine per
+// debt (one waits for the backoffs); the releases owed for one token are
+// one. At most 16384 debts (64 MiB of keys) are held: a new one beyond is
+// given up, and what it would release expires with its TTL. NodeStats
+// tells, per node, the releases owed and those given up. A late call that
+// reaches its node after its undo was given up (a node paused past the
+// TTL) is not stopped.
 //
 // # Errors
 //
@@ -77,7 +105,9 @@
 // (errors, timeouts, quarantine) make it impossible, Acquire returns an
 // error wrapping ErrNoQuorum that names each failed node and its error: a
 // store failure (503 upstream). It also wraps stores.ErrUnreachable when no
-// node may have changed (every failure was a refused connection). Release
+// node was reached (every node's call failed to connect, on clients
+// that do not retry a command: with go-redis's retries, an earlier attempt
+// may have reached the node, so every failure counts as reached). Release
 // returns stores.ErrNotHeld when a key was not released on a quorum of the
 // nodes that answered, and ErrNoQuorum when too few answered. NodeStats
 // counts each node's calls and failures, and WithNodeFailureHook reports
@@ -141,6 +171,8 @@
 // either configure appendfsync always, or delete its data files before
 // starting it, or keep it away from clients for the max TTL. FLUSHALL on a
 // node that has been up longer than the max TTL is not detected: don't.
+// Nor is a lock key evicted for memory: set maxmemory-policy noeviction
+// (every volatile-* policy evicts lock keys, which have a TTL).
 // On a brand-new deployment, nodes started less than the max TTL ago are
 // quarantined until then; SET MarkerKey to 0 on each to admit them at once
 // (only on nodes that held no lock within the max TTL).
@@ -160,11 +192,13 @@
 //
 // One server given twice would count as two votes. New refuses two nodes
 // with the same address (the host in lower case, localhost, 127.0.0.1 and
-// ::1 as one host, the database number ignored), and the first Acquire of a
-// Store asks every node for its run_id (one round trip, once) and refuses,
-// with ErrInvalid and ErrDuplicateNode, nodes that are one server under two
-// addresses (a host name and its IP address, a proxy); a node that did not
-// answer then is asked again in the background once it answers calls.
+// ::1 as one host, the database number ignored), and the first Acquire (or
+// Refresh) of a Store asks every node for its run_id (one round trip, once)
+// and refuses, with ErrInvalid and ErrDuplicateNode, nodes that are one
+// server under two addresses (a host name and its IP address, a proxy); a
+// node that did not answer then is asked again in the background once it
+// answers calls, and until its run_id is known its grants and renewals do
+// not count toward a quorum (they are released like a refused lock's).
 //
 // # Limits and costs
 //
@@ -175,8 +209,11 @@
 // node call. An uncontended lock costs one round trip to every node at
 // once for Acquire and one for Release (and one for each Refresh); the
 // scripts read a tombstone key per lock key, and every node publishes its
-// releases (a PUBLISH with no subscriber is cheap). The first Acquire of a
-// Store costs one more round trip (run_ids).
+// releases (a PUBLISH with no subscriber is cheap); it owes nothing, and
+// runs no background goroutine. A tombstone (a few dozen bytes plus the
+// key and the token) lives for the max TTL: a long max TTL keeps the
+// tombstones of abandoned acquires and lost renewals that long. The first Acquire of a Store costs one
+// more round trip (run_ids).
 //
 // # Fair mode
 //
@@ -223,9 +260,9 @@ const (
 	MinFenceRetention = time.Minute
 )
 
-// cleanupTimeout bounds the release of what a call that did not grant, or
-// was abandoned, may have left on a node.
-const cleanupTimeout = 2 * time.Second
+// tombstoneMargin is how much longer than the max TTL and the drift
+// allowance a tombstone lives (see tombstoneTTL).
+const tombstoneMargin = 2 * time.Second
 
 // Errors of the package.
 var (
@@ -259,12 +296,15 @@ func (e *NodeError) Error() string { return "node " + e.Node + ": " + e.Err.Erro
 // Unwrap returns the node's error.
 func (e *NodeError) Unwrap() error { return e.Err }
 
-// NodeStat counts one node's calls and failures since New.
+// NodeStat counts one node's calls and failures since New, and the
+// clean-up the Store owes it.
 type NodeStat struct {
 	Node        string
 	Calls       uint64 // script calls sent to the node
 	Failures    uint64 // calls that failed: errors, timeouts, quarantine
 	Quarantines uint64 // calls refused while the node was quarantined
+	Owed        int    // releases the Store owes the node and has not landed yet (see Clean-up)
+	GivenUp     uint64 // owed releases given up: expired first, too many owed, or the Store closed
 }
 
 var (
@@ -290,17 +330,27 @@ type Store struct {
 	notify []*redisstore.Store // per node: release signals of the keys it ranks second for
 	owned  []*redis.Client     // clients Open made, closed by Close
 
-	attempts atomic.Int64 // the last attempt number given to a write (see closeAttempt)
+	attempts atomic.Int64 // the last attempt number given to a write (see Late calls)
 
 	identified atomic.Int32 // nodes whose server identity (run_id) is known
 	firstProbe sync.Once    // the first identify, which every Acquire waits for
 	duplicate  atomic.Pointer[error]
 
-	wg       sync.WaitGroup // background calls
-	mu       sync.Mutex     // guards tokens, refused and inflight
-	tokens   map[string]*tokenState
-	inflight map[string]int       // Acquires in flight per first key
-	refused  map[string]refusedBy // tokens whose last Acquire was refused
+	wg             sync.WaitGroup // background calls
+	mu             sync.Mutex     // guards what follows, and each node's clean
+	tokens         map[string]*tokenState
+	inflight       map[string]int       // Acquires in flight per first key
+	refused        map[string]refusedBy // tokens whose last Acquire was refused
+	nextTokenSweep time.Time            // see sweepLocked
+
+	// The owed clean-up (see cleanup.go).
+	debts     map[string][]*debt // by token
+	debtCount int
+	debtBytes int
+	nextSweep time.Time
+	janitorOn bool
+	wake      chan struct{}
+	closed    bool
 }
 
 // node is one Redis master.
@@ -311,8 +361,10 @@ type node struct {
 	client                       redis.Scripter
 	calls, failures, quarantines atomic.Uint64
 	failing                      atomic.Bool // its last call failed
+	retries                      bool        // its client may send a command twice (see neverSent)
 	runID                        atomic.Pointer[string]
 	probing                      atomic.Bool
+	clean                        nodeCleanup // guarded by Store.mu
 }
 
 // Option configures a Store.
@@ -371,6 +423,8 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		tokens:         make(map[string]*tokenState),
 		refused:        make(map[string]refusedBy),
 		inflight:       make(map[string]int),
+		debts:          make(map[string][]*debt),
+		wake:           make(chan struct{}, 1),
 	}
 	for _, opt := range opts {
 		opt(s)
@@ -397,7 +451,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 				"stalled node would hold calls past the node timeout; set ContextTimeoutEnabled: true in its options "+
 				"(or pass redlockstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid, i)
 		}
-		n := &node{name: nodeName(c, i), client: c}
+		n := &node{name: nodeName(c, i), client: c, retries: retries(c)}
 		n.id = canonicalAddr(c, i)
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(n.id))
@@ -507,8 +561,11 @@ func (s *Store) Quorum() int { return s.quorum }
 // to New.
 func (s *Store) NodeStats() []NodeStat {
 	out := make([]NodeStat, len(s.nodes))
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for i, n := range s.nodes {
-		out[i] = NodeStat{Node: n.name, Calls: n.calls.Load(), Failures: n.failures.Load(), Quarantines: n.quarantines.Load()}
+		out[i] = NodeStat{Node: n.name, Calls: n.calls.Load(), Failures: n.failures.Load(), Quarantines: n.quarantines.Load(),
+			Owed: n.clean.owed, GivenUp: n.clean.givenUp}
 	}
 	return out
 }
@@ -524,12 +581,17 @@ func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 	return s.notify[second].NotifyRelease(key, token)
 }
 
-// Close stops the pub/sub connections of release notifications and waits
-// for the Store's background calls (late replies, clean-ups), each bounded
-// by its timeout. It does not close the clients, which the caller owns and
-// closes after the Store; a Store from Open closes the clients it made. It
-// returns the error of closing the pub/subs (and those clients).
+// Close stops the pub/sub connections of release notifications, gives up
+// the clean-up the Store still owes (see NodeStat.GivenUp), and waits for
+// the Store's background calls (late replies, clean-ups in flight), each
+// bounded by its timeout. It does not close the clients, which the caller
+// owns and closes after the Store; a Store from Open closes the clients it
+// made. It returns the error of closing the pub/subs (and those clients).
 func (s *Store) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.dispatchAllLocked() // the janitor gives up what is owed
+	s.mu.Unlock()
 	var err error
 	for _, n := range s.notify {
 		err = errors.Join(err, n.Close())

@@ -39,6 +39,12 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkArgs(keys, "ttl", ttl); err != nil {
 		return err
 	}
+	if err := s.identify(ctx, s.nodeTimeout); err != nil {
+		return err
+	}
+	if ctxEnded(ctx) {
+		return abandoned(ctx, false)
+	}
 	st := s.beginRefresh(token)
 	defer s.endRefresh(token, st)
 	start := time.Now()
@@ -47,7 +53,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	ttlMS := milliseconds(ttl + s.drift(ttl))
 	attempt := s.attempts.Add(1)
 	run := func(indexes []int, retake int) (<-chan reply, bool) {
-		return s.writes(ctx, token, st, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
+		return s.writes(ctx, token, st, ttl, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
 			return refreshScript.Run(ctx, s.nodes[i].client, scriptKeys, token, ttlMS, retake, s.maxTTL.Milliseconds(), attempt).Int64Slice()
 		})
 	}
@@ -78,7 +84,14 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	if len(refreshed) >= s.quorum && len(absent) > 0 {
+	// Only nodes whose identity is known count: one vote per server.
+	votes := 0
+	for _, r := range refreshed {
+		if s.known(r.node) {
+			votes++
+		}
+	}
+	if votes >= s.quorum && len(absent) > 0 {
 		// The lock stands on a quorum: nodes that lost it take it again.
 		indexes := make([]int, len(absent))
 		for i, r := range absent {
@@ -100,7 +113,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 
 	notHeld := len(other) + len(absent)
 	switch {
-	case len(refreshed) >= s.quorum:
+	case votes >= s.quorum:
 		if elapsed := time.Since(start); elapsed >= ttl {
 			return fmt.Errorf("%w: refresh %s: a quorum renewed after %v, not within the TTL %v",
 				ErrNoQuorum, keysForMessage(keys), elapsed, ttl)
@@ -121,11 +134,12 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 func (s *Store) beginRefresh(token string) *tokenState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if now := time.Now(); len(s.tokens) >= maxTokenStates || now.After(s.nextTokenSweep) {
+		s.nextTokenSweep = now.Add(tokenSweepEvery)
+		s.sweepLocked(now)
+	}
 	st := s.tokens[token]
 	if st == nil {
-		if len(s.tokens) >= maxTokenStates {
-			s.sweepLocked()
-		}
 		st = &tokenState{}
 		s.tokens[token] = st
 	}
@@ -133,15 +147,20 @@ func (s *Store) beginRefresh(token string) *tokenState {
 	return st
 }
 
-// maxTokenStates is how many token states a Store keeps before it sweeps
-// those left by locks never released.
-const maxTokenStates = 4096
+// Token states are swept every tokenSweepEvery, and whenever there are
+// maxTokenStates of them.
+const (
+	tokenSweepEvery = time.Second
+	maxTokenStates  = 4096
+)
 
 // sweepLocked forgets the uncertain nodes of tokens whose lock was never
-// released, once a tombstone would have expired. The caller holds s.mu.
-func (s *Store) sweepLocked() {
+// released once what the calls of unknown outcome may have renewed has
+// expired (a late plain renewal then finds the keys gone, and writes
+// nothing), and the states that nothing else keeps. The caller holds s.mu.
+func (s *Store) sweepLocked(now time.Time) {
 	for token, st := range s.tokens {
-		if len(st.uncertain) > 0 && time.Since(st.since) > s.tombstoneTTL() {
+		if len(st.uncertain) > 0 && now.After(st.uncertainTill) {
 			st.uncertain = nil
 			s.dropIdleLocked(token, st)
 		}
@@ -161,7 +180,7 @@ func (s *Store) endRefresh(token string, st *tokenState) {
 // each call in flight on its node until it answers; a call whose outcome
 // is unknown leaves its node uncertain. A Release closes the token on the
 // nodes of both (see Release), so that none of these calls lands after it.
-func (s *Store) writes(ctx context.Context, token string, st *tokenState, timeout time.Duration, indexes []int,
+func (s *Store) writes(ctx context.Context, token string, st *tokenState, ttl, timeout time.Duration, indexes []int,
 	call func(ctx context.Context, i int) ([]int64, error)) (<-chan reply, bool) {
 	s.mu.Lock()
 	if st.ended {
@@ -186,10 +205,13 @@ func (s *Store) writes(ctx context.Context, token string, st *tokenState, timeou
 				delete(st.writing, r.node)
 			}
 			if mayHaveGranted(r) {
-				if len(st.uncertain) == 0 {
-					st.uncertain, st.since = make(map[int]struct{}), time.Now()
+				if st.uncertain == nil {
+					st.uncertain = make(map[int]struct{})
 				}
 				st.uncertain[r.node] = struct{}{}
+				if till := time.Now().Add(ttl + 2*s.drift(ttl)); till.After(st.uncertainTill) {
+					st.uncertainTill = till
+				}
 			}
 			s.mu.Unlock()
 			out <- r

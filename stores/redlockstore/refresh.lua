@@ -3,7 +3,9 @@
 -- ARGV[4] quarantine ms after a data loss, ARGV[5] the attempt (see closed
 -- in lib.lua).
 -- Returns {0} when every key holds the token with its TTL reset (absent keys
--- re-taken when ARGV[3] is 1); {1, index (1-based)} when a key holds another
+-- re-taken when ARGV[3] is 1), each now of the later of its attempt and this
+-- one (see owner in lib.lua: the refreshed keys belong to the lock, not to
+-- the undo of an earlier attempt); {1, index (1-based)} when a key holds another
 -- token; {2} when some key is absent and ARGV[3] is 0; {3} when a release
 -- (or an undo) of the token closed its writes; {-1, ms left} while the node
 -- is quarantined. Only {0} changes anything.
@@ -13,21 +15,29 @@ if wait > 0 then
   return {-1, wait}
 end
 local absent = false
+local values = {}
 for i = 1, n do
   if closed(KEYS[i], ARGV[1], ARGV[5]) then
     return {3}
   end
   local v = redis.pcall('GET', KEYS[i])
+  values[i] = ARGV[1] .. '#' .. ARGV[5]
   if v == false then
     absent = true
-  elseif v ~= ARGV[1] then
-    return {1, i}
+  else
+    local t, a = owner(v)
+    if t ~= ARGV[1] then
+      return {1, i}
+    end
+    if a > tonumber(ARGV[5]) then
+      values[i] = v
+    end
   end
 end
 if absent and ARGV[3] ~= '1' then
   return {2}
 end
 for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[i], values[i], 'PX', ARGV[2])
 end
 return {0}

@@ -14,12 +14,13 @@ import (
 // node publishes their release; with keep positive it sets their TTL to
 // keep (plus the drift allowance) and publishes nothing.
 //
-// A Refresh of the token that runs meanwhile starts no more calls, and
-// Release closes the token (see closeAttempt) on every node where a call
-// of a Refresh is in flight or was lost, with keep positive on every node,
-// so that no renewal or re-take of the token lands after it: those nodes
-// keep a tombstone for the max TTL (for keep, on the others). An uncontended
-// lock pays nothing for this.
+// A Refresh of the token that runs or starts meanwhile starts no more
+// calls, and Release closes the token (see Late calls in the package
+// documentation) on every node where a call of a Refresh is in flight or
+// was lost, with keep positive on every node, so that no renewal or
+// re-take of the token lands after it: those nodes keep a tombstone for the
+// max TTL (for keep, on the others). An uncontended lock pays nothing for
+// this.
 //
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when
 // more nodes than a quorum allows answered that a key did not hold token
@@ -27,7 +28,9 @@ import (
 // the failed nodes, when too few nodes answered to tell; one wrapping
 // stores.ErrInvalid for no keys, an empty, duplicate, unsorted or too long
 // key, or a positive keep out of Bounds; and ctx.Err() when ctx ends first
-// (the calls go on, bounded by the node timeout).
+// (the calls go on, bounded by the node timeout). The Store owes, and sends
+// again, the release on every node whose call failed, whatever it returned
+// (see Clean-up in the package documentation).
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
@@ -40,16 +43,30 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	s.forgetRefusal(token)
-	tombs := s.endToken(token, keep)
-	if err := s.awaitLanded(ctx, token); err != nil {
-		return err
+	tombs, st := s.endToken(token, keep)
+	inFlight := false // the calls outlive the Release: the token stays ended until they are in
+	defer func() {
+		if !inFlight {
+			s.endRelease(token, st)
+		}
+	}()
+	// What the Store owes when a node's call fails: the same release, of
+	// every attempt so far (not of a later reuse of the token).
+	owed := owedRelease{keys: keys, token: token, upTo: s.attempts.Load(), tombs: tombs}
+	if keep > 0 {
+		owed.keepTill = time.Now().Add(keep + s.drift(keep))
 	}
+	landed := s.awaitLanded(ctx, token)
 	if keep <= 0 {
 		// A late grant of a kept lock keeps its TTL: deleting it would
 		// signal waiters while the kept keys stay held.
 		s.markReleased(token)
 	}
-	replies := s.releaseOn(ctx, keys, token, keep, s.all(), s.nodeTimeout, tombs)
+	if landed != nil {
+		s.oweRelease(owed, s.all())
+		return landed
+	}
+	replies := s.releaseOn(ctx, keys, token, keep, closeAll, s.all(), s.nodeTimeout, tombs)
 	released := make([]int, len(keys))
 	answered := 0
 	var failed []reply
@@ -70,9 +87,23 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 				}
 			}
 		case <-ctx.Done():
+			// The calls go on: the Store owes the releases that fail.
+			left := len(s.nodes) - answered - len(failed)
+			inFlight = true
+			s.wg.Go(func() {
+				defer s.endRelease(token, st)
+				var nodes []int
+				for range left {
+					if r := <-replies; r.err != nil || len(r.vals) != len(keys) {
+						nodes = append(nodes, r.node)
+					}
+				}
+				s.oweRelease(owed, append(nodes, replyNodes(failed)...))
+			})
 			return ctx.Err()
 		}
 	}
+	s.oweRelease(owed, replyNodes(failed))
 	var notHeld []string
 	unknown := false
 	for k, key := range keys {
@@ -93,6 +124,39 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	return nil
 }
 
+// owedRelease is a Release, as the Store owes it on the nodes whose call
+// failed (see cleanup.go).
+type owedRelease struct {
+	keys     []string
+	token    string
+	upTo     int64
+	tombs    map[int]tombstone
+	keepTill time.Time
+}
+
+// oweRelease owes r on the nodes of indexes: until what it releases has
+// expired, the lock (at most the max TTL) or the tombstones it leaves.
+func (s *Store) oweRelease(r owedRelease, indexes []int) {
+	if len(indexes) == 0 {
+		return
+	}
+	calls := make(map[int]owedCall, len(indexes))
+	for _, i := range indexes {
+		t := r.tombs[i]
+		calls[i] = owedCall{upTo: r.upTo, close: t.attempt, closeTTL: t.ttl, keepTill: r.keepTill}
+	}
+	s.owe(r.keys, r.token, time.Now().Add(s.tombstoneTTL()), calls)
+}
+
+// replyNodes returns the nodes of replies.
+func replyNodes(replies []reply) []int {
+	out := make([]int, len(replies))
+	for i, r := range replies {
+		out[i] = r.node
+	}
+	return out
+}
+
 // tombstone is what a release leaves on a node to close attempts of its
 // token: the attempt closed (with every earlier one), and for how long.
 type tombstone struct {
@@ -103,17 +167,18 @@ type tombstone struct {
 // tombstoneTTL is how long a tombstone closes an attempt: a call of it that
 // reaches its node later than that after its undo or release is not
 // stopped. The max TTL, as for the quarantine, plus the drift allowance and
-// the cleanup timeout.
+// a margin.
 func (s *Store) tombstoneTTL() time.Duration {
-	return s.maxTTL + s.drift(s.maxTTL) + cleanupTimeout
+	return s.maxTTL + s.drift(s.maxTTL) + tombstoneMargin
 }
 
 // endToken records that token's lock is being released, so that no Refresh
-// call of it starts any more, and returns the tombstones the release must
-// leave: on the nodes where a Refresh call is in flight or was lost, and
-// with keep positive on every node (for as long as the keys are kept, so
-// that no renewal extends them), closing every attempt of the token.
-func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
+// call of it starts until the Release ends (endRelease), and returns the
+// tombstones the release must leave: on the nodes where a Refresh call is
+// in flight or was lost, and with keep positive on every node (for as long
+// as the keys are kept, so that no renewal extends them), closing every
+// attempt of the token; and the token's state, which endRelease takes.
+func (s *Store) endToken(token string, keep time.Duration) (map[int]tombstone, *tokenState) {
 	tombs := make(map[int]tombstone)
 	if keep > 0 {
 		for i := range s.nodes {
@@ -124,9 +189,13 @@ func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
 	defer s.mu.Unlock()
 	st := s.tokens[token]
 	if st == nil {
-		return tombs
+		// A Refresh that starts while the Release runs finds the token
+		// ended too: its writes could land after the Release's.
+		st = &tokenState{}
+		s.tokens[token] = st
 	}
 	st.ended = true
+	st.releasing++
 	for i := range st.writing {
 		tombs[i] = tombstone{attempt: closeAll, ttl: s.tombstoneTTL()}
 	}
@@ -134,8 +203,16 @@ func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
 		tombs[i] = tombstone{attempt: closeAll, ttl: s.tombstoneTTL()}
 	}
 	st.uncertain = nil
+	return tombs, st
+}
+
+// endRelease ends what endToken counted. A Refresh that starts after the
+// Release finds the keys released on a quorum, or the Release failed.
+func (s *Store) endRelease(token string, st *tokenState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.releasing--
 	s.dropIdleLocked(token, st)
-	return tombs
 }
 
 // markReleased tells the late replies of token's acquire that the lock is
@@ -143,15 +220,17 @@ func (s *Store) endToken(token string, keep time.Duration) map[int]tombstone {
 func (s *Store) markReleased(token string) {
 	s.mu.Lock()
 	if st := s.tokens[token]; st != nil {
-		st.state = tokenFree
+		st.released = true
 	}
 	s.mu.Unlock()
 }
 
 // releaseOn sends the release script to the nodes of indexes, each call
-// bounded by timeout, leaving the tombstones of tombs (by node). Every node
-// publishes the releases of the keys it deletes.
-func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep time.Duration, indexes []int,
+// bounded by timeout, releasing what the attempts of token up to upTo wrote
+// (a later attempt's grant is not theirs to release) and leaving the
+// tombstones of tombs (by node). Every node publishes the releases of the
+// keys it deletes.
+func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep time.Duration, upTo int64, indexes []int,
 	timeout time.Duration, tombs map[int]tombstone) <-chan reply {
 	var keepMS int64
 	if keep > 0 {
@@ -159,6 +238,6 @@ func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep
 	}
 	return s.fanOut(ctx, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
 		t := tombs[i]
-		return releaseScript.Run(ctx, s.nodes[i].client, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl)).Int64Slice()
+		return releaseScript.Run(ctx, s.nodes[i].client, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl), upTo).Int64Slice()
 	})
 }

@@ -1,6 +1,8 @@
 -- KEYS[1..n] lock keys; ARGV[1] token, ARGV[2] keep ms (0: delete), ARGV[3]
 -- 1 to publish each deleted key's release on the channel named like it,
--- ARGV[4] the attempt to close (0: none), ARGV[5] the tombstone's TTL ms.
+-- ARGV[4] the attempt to close (0: none), ARGV[5] the tombstone's TTL ms,
+-- ARGV[6] the last attempt released: a key written by a later attempt of
+-- the token (see owner in lib.lua) is not released.
 -- Returns, per key, 1 when it held the token (and was released), else 0.
 -- A key of another type than a string does not hold the token.
 -- Closing an attempt leaves a tombstone, KEY:dead:TOKEN, holding the last
@@ -9,6 +11,7 @@
 -- nothing.
 local reply = {}
 local close = tonumber(ARGV[4])
+local upto = tonumber(ARGV[6])
 for i = 1, #KEYS do
   if close > 0 then
     local dead = KEYS[i] .. ':dead:' .. ARGV[1]
@@ -21,7 +24,8 @@ for i = 1, #KEYS do
     redis.call('SET', dead, string.format('%.0f', c), 'PX', px)
   end
   reply[i] = 0
-  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
+  local t, a = owner(redis.pcall('GET', KEYS[i]))
+  if t == ARGV[1] and a <= upto then
     reply[i] = 1
     if tonumber(ARGV[2]) > 0 then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])

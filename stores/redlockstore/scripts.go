@@ -21,7 +21,7 @@ var (
 
 	acquireScript = redis.NewScript(libSrc + acquireSrc)
 	raiseScript   = redis.NewScript(libSrc + raiseSrc)
-	releaseScript = redis.NewScript(releaseSrc)
+	releaseScript = redis.NewScript(libSrc + releaseSrc)
 	refreshScript = redis.NewScript(libSrc + refreshSrc)
 )
 

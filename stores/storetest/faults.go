@@ -29,6 +29,7 @@ var faultTests = []subtest{
 	{name: "CutOffHolderExpiresFirst/MaxTTL", needs: needProxy, run: testCutOffHolderExpiresFirstMaxTTL},
 	{name: "StaleHolder/PausedPastTTL", needs: needProxy, run: testStalePausedPastTTL},
 	{name: "StaleHolder/PausedPastMaxTTL", needs: needProxy, run: testStalePausedPastMaxTTL},
+	{name: "LateRefreshDoesNotShorten", needs: needProxy, run: testLateRefreshDoesNotShorten},
 	{name: "RefreshRacingRelease", run: testRefreshRacingRelease},
 	{name: "CancelledRefreshThenRelease", run: testCancelledRefreshThenRelease},
 }
@@ -522,6 +523,48 @@ func (e *env) expectStillHeld(t *testing.T, keys []string, token string) {
 		t.Fatal("the key is free after the stale holder's calls: they released the new holder's grant")
 	}
 	e.mustRelease(t, keys, token)
+}
+
+// testLateRefreshDoesNotShorten: a Refresh whose request is held up in the
+// network lands after a later Refresh of the same grant succeeded; the key
+// keeps at least the TTL the later one gave it, counted from its start.
+func testLateRefreshDoesNotShorten(t *testing.T, e *env) {
+	const (
+		gap  = time.Second     // between the late Refresh's start and the later one's
+		hold = 2 * time.Second // the late Refresh's lateness
+	)
+	k := e.keys("k")
+	p, b := e.proxied(t)
+	if g, err := p.Acquire(t.Context(), k, "t1", e.long); err != nil || !g.OK {
+		t.Fatalf("Acquire through the proxy: %+v, %v", g, err)
+	}
+	needle := e.needle()
+	reached := b.count(needle)
+	b.delayWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, []byte(needle)) }, hold)
+	ctx, cancel := context.WithTimeout(t.Context(), abandonWait)
+	lateStart := time.Now()
+	late := p.Refresh(ctx, k, "t1", e.long)
+	cancel()
+	t.Logf("the Refresh held up in the network returned %v", late)
+	<-time.After(gap - abandonWait) // the gap itself
+	laterStart := time.Now()
+	if err := p.Refresh(t.Context(), k, "t1", e.long); err != nil {
+		t.Fatalf("the later Refresh: %v", err)
+	}
+	<-time.After(time.Until(lateStart.Add(hold))) // the lateness itself
+	deadline := time.Now().Add(returnSlack)
+	for reached() < 2 && time.Now().Before(deadline) {
+		<-time.After(10 * time.Millisecond) // until the held Refresh has reached the server
+	}
+	if reached() < 2 {
+		t.Fatal("the Refresh held up in the network never reached the server")
+	}
+	held, wait := e.probe(t, k[0])
+	least := e.long - time.Since(laterStart) - expiryEarly
+	if !held || (wait < least && !(e.waitUnknown && wait == 0)) {
+		t.Fatalf("after a late Refresh landed: held %v with %v left, want at least %v (the later Refresh's TTL from its start)", held, wait, least)
+	}
+	e.mustRelease(t, k, "t1")
 }
 
 // raceTries is how many times the race subtests race their calls.

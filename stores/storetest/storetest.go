@@ -62,7 +62,9 @@
 //     as a session that expired meanwhile) can neither Refresh nor Release
 //     the next holder's grant: both answer ErrNotHeld, never nil;
 //   - a Refresh racing the grant's Release, or abandoned just before it,
-//     never sets the key again once the Release has returned.
+//     never sets the key again once the Release has returned;
+//   - a Refresh held up in the network that lands after a later Refresh of
+//     the grant does not shorten the TTL the later one gave the key.
 //
 // A store with no network (InProcess) runs the race subtests alone. The
 // Limits group runs on every store: long random keys (1 KB and 600 KB, alone

@@ -1,0 +1,108 @@
+package etcdstore
+
+import (
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
+)
+
+// TestUndoOutlivesLeaderChange (issue 18, defect 12, from review): the
+// undo of an abandoned acquire retries until etcd answers it, also past
+// the end of the acquire's lease by the Store's clock, since a leader
+// change renews every lease (to the new leader's time plus the election
+// timeout plus the lease's TTL). Here the Store is cut off from etcd (a
+// blackhole in front of its member) while the leader is killed, past the
+// lease's local end; once the partition heals, the undo lands, and the
+// acquire's transaction, should etcd apply it only then (a request held in
+// a paused member), grants nothing. An undo that stopped at the lease's
+// local end (grant + TTL + 1s) left the late acquire to hold its key, with
+// no owner, for a whole renewed lease.
+func TestUndoOutlivesLeaderChange(t *testing.T) {
+	t.Parallel()
+	members := testservers.EtcdCluster(t, 3)
+	var eps []string
+	for _, m := range members {
+		eps = append(eps, "http://"+m.Addr())
+	}
+	direct := newTestClient(t, eps...)
+	ctx := t.Context()
+	leader, follower := -1, -1
+	for i, ep := range eps {
+		st, err := direct.Status(ctx, ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Leader == st.Header.MemberId {
+			leader = i
+		} else if follower < 0 {
+			follower = i
+		}
+	}
+	if leader < 0 || follower < 0 {
+		t.Fatalf("no leader and follower among %d members", len(eps))
+	}
+	p := faultproxy.New(t, members[follower].Addr())
+	prefix := "undo-leader/"
+	s, err := New(newTestClient(t, "http://"+p.Addr()), WithPrefix(prefix), WithRequestTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Heal()
+		_ = s.Close()
+	})
+
+	keys, token, ttl := []string{"k"}, "t-late", 2*time.Second
+	granted := time.Now()
+	lease, err := s.leases.get(ctx, granted, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// By the Store's clock, the lease is surely gone by then.
+	localEnd := granted.Add(time.Duration(leaseSeconds(ttl))*time.Second + time.Second)
+
+	p.Blackhole(faultproxy.Both)
+	s.undos.add(s.newUndo(keys, token, false, &flight{leases: []clientv3.LeaseID{lease}}))
+	<-time.After(time.Until(localEnd.Add(-2 * time.Second))) // the partition's first part
+	members[leader].Kill()
+	<-time.After(time.Until(localEnd.Add(500 * time.Millisecond))) // the partition past the lease's local end
+	if ttl, err := direct.TimeToLive(ctx, lease); err != nil || ttl.TTL <= 0 {
+		t.Fatalf("lease %x past its local end: %+v, %v; the test needs the new leader to have renewed it", lease, ttl, err)
+	}
+	if s.PendingUndos() != 1 {
+		t.Fatalf("%d undos pending past the lease's local end, want 1: it gave up on the local clock", s.PendingUndos())
+	}
+	p.Heal()
+	waitUndone(t, s, 10*time.Second)
+
+	// The acquire the undo was about, applied now.
+	h := holderKey(s.dir(keys[0]))
+	late := &Store{kv: direct, prefix: prefix}
+	resp, err := late.acquireTxn(ctx, []string{h}, []clientv3.Cmp{absent(h)}, token, 1, ttl, lease).Commit()
+	if err != nil {
+		t.Fatalf("the late acquire: %v", err)
+	}
+	if ttl, err := direct.TimeToLive(ctx, lease); err != nil || ttl.TTL <= 0 {
+		t.Fatalf("lease %x when the late acquire landed: %+v, %v; the test needs it alive", lease, ttl, err)
+	}
+	if resp.Succeeded {
+		t.Fatalf("the late acquire landed after its undo and holds %q on a lease renewed by the leader change", keys[0])
+	}
+	expectAbsent(t, s, "after the late acquire", h)
+}
+
+// newTestClient returns a client of endpoints, closed when the test ends.
+func newTestClient(t *testing.T, endpoints ...string) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
