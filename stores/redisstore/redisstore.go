@@ -233,6 +233,7 @@ type Store struct {
 	cluster            *redis.ClusterClient // client, when it is one; see noteFailure
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
+	owned              *redis.Client // the client Open made, which Close closes
 
 	single redis.Scripter // client, sending each command once; nil when it cannot (see attempts)
 	retry  retryPolicy    // the client's retries, which the Store makes through single
