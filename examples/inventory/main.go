@@ -220,6 +220,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -232,7 +233,6 @@ import (
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
-	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // Frameworks the service can route with.
@@ -434,13 +434,21 @@ func buildApp(cfg config) (*app, error) {
 		a.ping = func(ctx context.Context) error { return client.Ping(ctx).Err() }
 		a.stockDesc = "in " + where
 		if cfg.storeURL == "" {
-			// The locks live in the stock's Redis.
-			rs, err := redisstore.New(client)
+			// The locks live in the stock's Redis, through a client of
+			// their own, checked at start-up as -store's.
+			ctx, cancel := context.WithTimeout(context.Background(), storeOpenTimeout)
+			u, err := url.Parse(cfg.redisURL)
+			var opened openedStore
+			if err == nil {
+				opened, err = openRedisLocks(ctx, u, cfg.redisURL)
+			}
+			cancel()
 			if err != nil {
 				a.close()
-				return nil, fmt.Errorf("redis lock store: %w", err)
+				return nil, fmt.Errorf("-redis: lock store: %w", err)
 			}
-			lockStore, a.lockDesc = rs, "redisstore ("+where+")"
+			a.closers = append(a.closers, opened.close)
+			lockStore, a.lockDesc = opened.store, opened.desc
 		}
 	}
 	switch {
