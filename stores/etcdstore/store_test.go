@@ -76,8 +76,8 @@ func TestOpen(t *testing.T) {
 func TestOpenUnreachable(t *testing.T) {
 	t.Parallel()
 	p := faultproxy.New(t, strings.Split(hostPorts(t), ",")[0])
-	storetest.Startup(t, p, func(ctx context.Context, addr string, lazy bool) (stores.Store, error) {
-		u := "etcd://" + addr + "/startup"
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		u := "etcd://" + addrs[0] + "/startup"
 		if lazy {
 			u += "?connect=lazy"
 		}

@@ -163,12 +163,12 @@ func TestOpenUnreachable(t *testing.T) {
 		t.Errorf("Open with connect=later: %v; want one ErrInvalid", err)
 	}
 	p := faultproxy.New(t, cfg.Addr)
-	storetest.Startup(t, p, func(ctx context.Context, addr string, lazy bool) (stores.Store, error) {
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
 		q := "table=reqlock_startup_test"
 		if lazy {
 			q += "&connect=lazy"
 		}
-		return Open(ctx, proxiedURL(t, addr, q))
+		return Open(ctx, proxiedURL(t, addrs[0], q))
 	})
 }
 

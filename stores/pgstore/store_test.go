@@ -60,9 +60,9 @@ func TestOpenUnreachable(t *testing.T) {
 	if _, err := pool(t, dsn).Exec(t.Context(), "DROP TABLE IF EXISTS "+table); err != nil {
 		t.Fatal(err)
 	}
-	storetest.Startup(t, p, func(ctx context.Context, addr string, lazy bool) (stores.Store, error) {
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
 		pu := *u
-		pu.Host = addr
+		pu.Host = addrs[0]
 		q := pu.Query()
 		q.Set("table", table)
 		if lazy {

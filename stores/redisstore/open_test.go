@@ -17,8 +17,8 @@ import (
 // Redis answers (issue 19 item 6: redis://127.0.0.1:1 used to start).
 func TestOpenUnreachable(t *testing.T) {
 	p := faultproxy.New(t, testredis.Addr(t))
-	storetest.Startup(t, p, func(ctx context.Context, addr string, lazy bool) (stores.Store, error) {
-		u := "redis://" + addr + "/0"
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		u := "redis://" + addrs[0] + "/0"
 		if lazy {
 			u += "?connect=lazy"
 		}

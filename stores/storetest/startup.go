@@ -15,35 +15,41 @@ import (
 // context has no deadline (every store's DefaultConnectTimeout).
 const StartupTimeout = 5 * time.Second
 
-// Opener opens a store whose server is reached at addr (a faultproxy's
-// address), with connect=lazy in its URL when lazy; closing it is the
-// caller's.
-type Opener func(ctx context.Context, addr string, lazy bool) (stores.Store, error)
+// Opener opens a store whose servers are reached at addrs (faultproxy
+// addresses, one per server), with connect=lazy in its URL when lazy;
+// closing it is the caller's.
+type Opener func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error)
 
 // Startup checks a store's start-up behaviour when its server cannot be
-// reached, through a proxy p in front of a real server:
+// reached, through proxies in front of its real servers (one per server):
 //
-//   - while p refuses connections (a closed port), Open without connect=lazy
-//     fails with an error wrapping stores.ErrUnreachable that names p's
-//     address, within StartupTimeout (plus a margin) when ctx has no
-//     deadline, and within a shorter deadline of ctx;
+//   - while every proxy refuses connections (a closed port), Open without
+//     connect=lazy fails with an error wrapping stores.ErrUnreachable that
+//     names every proxy's address, within StartupTimeout (plus a margin)
+//     when ctx has no deadline, and within a shorter deadline of ctx;
 //   - Open with connect=lazy succeeds, and an Acquire fails with a store
 //     error (neither a grant, nor ErrInvalid, nor a refusal), in time;
-//   - once p heals, the same store grants, refreshes and releases a key,
+//   - once the proxies heal, the same store grants, refreshes and releases a key,
 //     with no reopening.
-func Startup(t *testing.T, p *faultproxy.Proxy, open Opener) {
+func Startup(t *testing.T, proxies []*faultproxy.Proxy, open Opener) {
 	t.Helper()
-	p.Refuse()
+	addrs := make([]string, len(proxies))
+	for i, p := range proxies {
+		p.Refuse()
+		addrs[i] = p.Addr()
+	}
 	const margin = 3 * time.Second
 	start := time.Now()
-	s, err := open(context.Background(), p.Addr(), false)
+	s, err := open(context.Background(), addrs, false)
 	took := time.Since(start)
 	if err == nil {
 		closeStore(s)
 		t.Fatal("Open succeeded with its server unreachable")
 	}
-	if !errors.Is(err, stores.ErrUnreachable) || !strings.Contains(err.Error(), p.Addr()) {
-		t.Errorf("Open: got %v; want an error wrapping ErrUnreachable that names %s", err, p.Addr())
+	for _, addr := range addrs {
+		if !errors.Is(err, stores.ErrUnreachable) || !strings.Contains(err.Error(), addr) {
+			t.Errorf("Open: got %v; want an error wrapping ErrUnreachable that names %s", err, addr)
+		}
 	}
 	if errors.Is(err, stores.ErrInvalid) {
 		t.Errorf("Open: an unreachable server is not a configuration error: %v", err)
@@ -55,7 +61,7 @@ func Startup(t *testing.T, p *faultproxy.Proxy, open Opener) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	start = time.Now()
-	s, err = open(ctx, p.Addr(), false)
+	s, err = open(ctx, addrs, false)
 	took = time.Since(start)
 	cancel()
 	if err == nil {
@@ -66,7 +72,7 @@ func Startup(t *testing.T, p *faultproxy.Proxy, open Opener) {
 		t.Errorf("Open with a 1s context took %v to fail", took)
 	}
 
-	s, err = open(context.Background(), p.Addr(), true)
+	s, err = open(context.Background(), addrs, true)
 	if err != nil {
 		t.Fatalf("Open with connect=lazy: %v", err)
 	}
@@ -89,7 +95,9 @@ func Startup(t *testing.T, p *faultproxy.Proxy, open Opener) {
 	}
 	t.Logf("Acquire while unreachable: %v after %v", err, took)
 
-	p.Heal()
+	for _, p := range proxies {
+		p.Heal()
+	}
 	healed := time.Now()
 	deadline := healed.Add(30 * time.Second)
 	for i := 0; ; i++ {

@@ -130,8 +130,8 @@ func TestOpenNoServer(t *testing.T) {
 func TestOpenUnreachable(t *testing.T) {
 	p := faultproxy.New(t, testservers.ZooKeeperAddr(t))
 	root := "/reqlock-startup-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	storetest.Startup(t, p, func(ctx context.Context, addr string, lazy bool) (stores.Store, error) {
-		u := "zk://" + addr + root
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		u := "zk://" + addrs[0] + root
 		if lazy {
 			u += "?connect=lazy"
 		}
