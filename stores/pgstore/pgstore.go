@@ -211,6 +211,15 @@
 // starting with a letter or underscore, at most 63 bytes, optionally
 // qualified by a schema of the same form. The role needs CREATE on the
 // schema the first time, and SELECT, INSERT and UPDATE on the table.
+//
+// # Start-up
+//
+// Open and New create the table and read the page size, and Open fails,
+// naming the address, when the server cannot be reached within 5s
+// (DefaultConnectTimeout) or its context's deadline. With connect=lazy in the
+// URL (WithLazyConnect) they send nothing: calls fail with store errors
+// until the server answers, and the first call that reaches it creates the
+// table; until then Bounds assume 8 kB pages.
 package pgstore
 
 import (
