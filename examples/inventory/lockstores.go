@@ -128,13 +128,7 @@ func openRedisLocks(ctx context.Context, u *url.URL, _ string) (openedStore, err
 // timeouts the service needs, and says where it points. The URL's connect
 // parameter is for the lock store (openRedisLocks): the client drops it.
 func newRedisClient(raw string) (*redis.Client, string, error) {
-	if u, err := url.Parse(raw); err == nil && u.Query().Has("connect") {
-		q := u.Query()
-		q.Del("connect")
-		u.RawQuery = q.Encode()
-		raw = u.String()
-	}
-	opts, err := redis.ParseURL(raw)
+	opts, err := redis.ParseURL(withoutConnect(raw))
 	if err != nil {
 		return nil, "", fmt.Errorf("invalid Redis URL: %w", err)
 	}
@@ -160,4 +154,17 @@ func redisWhere(u *url.URL) string {
 		db = "0"
 	}
 	return "Redis " + u.Host + " db " + db
+}
+
+// withoutConnect returns a Redis URL without its connect parameter, which is
+// the lock store's (redisstore.Open) and which go-redis does not know.
+func withoutConnect(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || !u.Query().Has("connect") {
+		return raw
+	}
+	q := u.Query()
+	q.Del("connect")
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -359,7 +359,7 @@ func (cfg config) validate(redisFlag, storeFlag string) error {
 		return fmt.Errorf("-framework %q: unknown framework (want gin, echo or nethttp)", cfg.framework)
 	}
 	if cfg.redisURL != "" {
-		if _, err := redis.ParseURL(cfg.redisURL); err != nil {
+		if _, err := redis.ParseURL(withoutConnect(cfg.redisURL)); err != nil {
 			return fmt.Errorf("%s: invalid Redis URL: %w", redisFlag, err)
 		}
 	}
