@@ -413,15 +413,16 @@ func (s *Store) isClosed() bool {
 	return s.closed
 }
 
-// Close stops the Store's watches, waits for the acquires it finishes for
-// callers that left, revokes every lease it granted that etcd may still
+// Close stops the Store's watches, waits for the acquires and releases it
+// finishes for callers that left, revokes every lease it granted that etcd may still
 // know (so its locks and queue places go at once, and no transaction still
 // in flight can set a key on them) while its undo queue goes on, and
 // closes the client when Open made it. Calls after Close return ErrClosed,
 // and NotifyRelease a nil channel.
 //
 // Close returns within twice the request timeout: up to one for the
-// acquires and releases in flight, and up to one for the revocations and the undos.
+// acquires and releases in flight, and up to one for the revocations and
+// the undos.
 // When etcd did not answer in time, the undo of some abandoned acquire
 // neither landed nor was made needless by the revocation of its leases:
 // Close then returns an error wrapping ErrUndoPending that says how many
