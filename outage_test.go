@@ -505,3 +505,36 @@ func TestOutageLogsOncePerStateChange(t *testing.T) {
 		t.Errorf("Retry-After of a refused request: %q, want 1 (the next probe is due within 500ms)", ra)
 	}
 }
+
+// A caller that leaves while its store call hangs is no store failure; a
+// call that runs out the wait bound with no sign of a held key is one.
+func TestBreakerCountsTimeoutsNotCancellations(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	l := reqlock.MustNew(r.spy, reqlock.WithBreaker(3, time.Minute))
+	mustRelease(t, mustObtain(t, context.Background(), l, "warm"))
+	r.pause(t)
+	for i := range 6 {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(30*time.Millisecond, cancel) // the client leaves mid-call
+		_, err := l.Obtain(ctx, "c"+strconv.Itoa(i), time.Second, 5*time.Second)
+		cancel()
+		if o := reqlock.OutcomeOf(ctx, err); o != reqlock.OutcomeCanceled {
+			t.Fatalf("outcome %q of %v, want canceled", o, err)
+		}
+	}
+	if h := l.StoreHealth(); h.Down {
+		t.Fatalf("clients that left opened the breaker: %+v", h)
+	}
+	for i := range 3 {
+		_, err := l.Obtain(context.Background(), "t"+strconv.Itoa(i), time.Second, 50*time.Millisecond)
+		if !errors.Is(err, reqlock.ErrStore) || errors.Is(err, reqlock.ErrHeld) {
+			t.Fatalf("a wait that ended on a frozen Redis: %v, want ErrStore without ErrHeld", err)
+		}
+	}
+	if h := l.StoreHealth(); !h.Down {
+		t.Fatalf("3 unanswered store calls did not open the breaker: %+v", h)
+	}
+	if _, err := l.Obtain(context.Background(), "x", time.Second, time.Second); !errors.Is(err, reqlock.ErrStoreDown) {
+		t.Fatalf("Obtain with the breaker open: %v, want ErrStoreDown", err)
+	}
+}
