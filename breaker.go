@@ -157,6 +157,7 @@ func (b *breaker) changed(_ string, from, to gobreaker.State) {
 		if m, ok := b.locker.metrics.(OutageMetrics); ok {
 			m.StoreBack(down, rejected)
 		}
+		b.locker.pending.retryNow()
 	}
 }
 

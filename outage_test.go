@@ -354,6 +354,10 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 		t.Fatal("a busy key opened the breaker")
 	}
 
+	holder, err := l.Obtain(context.Background(), "held", 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	r.server.Kill()
 	var tripped bool
 	for i := range 20 {
@@ -391,6 +395,15 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 	if took > 200*time.Millisecond {
 		t.Errorf("%d refused requests took %v: not at once", refused, took)
 	}
+	// A release while the store is known down goes to the pending set at
+	// once, and is made when the store is back.
+	releases := r.spy.releases.Load()
+	if err := holder.Release(context.Background()); !errors.Is(err, reqlock.ErrStoreDown) {
+		t.Fatalf("Release while the breaker is open: %v, want ErrStoreDown", err)
+	}
+	if n := r.spy.releases.Load() - releases; n != 0 {
+		t.Errorf("Release while the breaker is open made %d store calls", n)
+	}
 
 	r.server.Restart()
 	back := time.Now()
@@ -408,6 +421,8 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // requests arrive; a poll
 	}
 	t.Logf("served again %v after Redis restarted", healed.Round(time.Millisecond))
+	free := r.awaitFree(t, outagePrefix+"held", time.Second)
+	t.Logf("the release made while the store was down landed %v after the breaker closed", free.Round(time.Millisecond))
 	h := l.StoreHealth()
 	if h.Down || h.Outages != 1 || h.Rejected < refused {
 		t.Errorf("StoreHealth after the outage: %+v, want up, 1 outage, at least %d rejected", h, refused)
