@@ -193,10 +193,11 @@
 // kill costs its caller's wait, or is abandoned, and its undo follows the
 // same bounds. With three members and etcd's default election timeout
 // (1s), the leader killed under steady load on one hot key (two Stores,
-// Lockers with a wait of 1s): both sell again about 2s after the kill,
-// once the election (1-2.5s here) is over (TestLeaderKilledEveryInstanceSellsAgain);
-// it took 14s, a release caught by the kill leaving its key held for its
-// TTL of 10s.
+// Lockers with a wait of 1s): both sell again 1-2.1s after the kill, as
+// soon as the election (1-2s here) is over and the waits caught by the
+// kill have ended (TestLeaderKilledEveryInstanceSellsAgain). It took 6.5s
+// when every acquire of a Store waited behind one grant caught by the
+// kill, until the request timeout.
 //
 // # Start-up
 //
