@@ -212,7 +212,7 @@ func unreachable(err error) bool {
 // once the new leader is elected (about 1.5s after the kill with etcd's
 // default election timeout) is answered at once. The earlier copies of a
 // grant, a release or a refresh keep waiting, and the first answer wins;
-// an undo's try is cancelled, and its next one waits twice as long.
+// an undo's try is cancelled for the next (see undoQueue.run).
 const attemptTimeout = 250 * time.Millisecond
 
 // Pauses before an idempotent step is sent again after etcd answered it

@@ -149,8 +149,9 @@
 // pending: it puts as many marks and deletes in one transaction as etcd
 // takes (128 operations by default, fewer after etcd refuses them, and the
 // request size), and while etcd does not answer it tries again, pausing up
-// to a second between tries; a try waits 250ms for the answer at first,
-// twice as long after each try left unanswered, up to the request timeout.
+// to a second between tries that failed; a try waits 250ms for the answer,
+// and the next follows at once, and once etcd has answered none for 2s,
+// each waits twice as long as the one before, up to the request timeout.
 // An undo ends only when it has landed, or when
 // etcd reports every lease of its acquire gone (revoked, or expired),
 // after which nothing the acquire sent can hold a key: never on the local
