@@ -553,3 +553,55 @@ func TestBreakerCountsTimeoutsNotCancellations(t *testing.T) {
 		t.Fatalf("Obtain with the breaker open: %v, want ErrStoreDown", err)
 	}
 }
+
+// pauseAfterRelease freezes the server once armed, right after the next
+// Release has reached the real store and returned.
+type pauseAfterRelease struct {
+	*spyStore
+	server *testservers.Server
+	armed  atomic.Bool
+}
+
+func (s *pauseAfterRelease) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	err := s.spyStore.Release(ctx, keys, token, keep)
+	if s.armed.CompareAndSwap(true, false) {
+		s.server.Pause()
+	}
+	return err
+}
+
+// Redis freezes just after a local holder's release of the hot key
+// succeeded: the key is held by nobody, so the waiters queued behind the
+// holder, whose store call the frozen Redis leaves unanswered, answer a
+// store error (503), not ErrHeld (423), and the breaker counts the failure.
+func TestFreezeAfterReleaseIsAStoreFailure(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	store := &pauseAfterRelease{spyStore: r.spy, server: r.server}
+	l := reqlock.MustNew(store, reqlock.WithHandoff(0, 0), reqlock.WithReleaseTimeout(300*time.Millisecond),
+		reqlock.WithBreaker(1, time.Minute))
+	holder := mustObtain(t, context.Background(), l, "hot")
+	const n = 5
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := l.Obtain(context.Background(), "hot", 10*time.Second, time.Second)
+			errs <- err
+		}()
+	}
+	eventually(t, "the waiters queued", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"hot") == n })
+	t.Cleanup(r.server.Resume)
+	store.armed.Store(true)
+	if err := holder.Release(context.Background()); err != nil {
+		t.Fatalf("the holder's release (before the freeze): %v", err)
+	}
+	for range n {
+		err := <-errs
+		if !errors.Is(err, reqlock.ErrStore) || errors.Is(err, reqlock.ErrHeld) {
+			t.Errorf("a waiter on a key held by nobody, Redis frozen: %v (outcome %s), want a store error without ErrHeld",
+				err, reqlock.OutcomeOf(context.Background(), err))
+		}
+	}
+	if h := l.StoreHealth(); !h.Down {
+		t.Errorf("the unanswered store call was not counted: the breaker (1 failure) is closed: %+v", h)
+	}
+}
