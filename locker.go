@@ -514,11 +514,6 @@ func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Dura
 			t.Pass(0, afterHeld)
 		}
 	}
-	giveBackFailed := func(failed error) {
-		for _, t := range turns {
-			t.PassFailed(failed)
-		}
-	}
 	var heldBefore bool // a key seen held while waiting
 	var seen heldSeen
 	var yield time.Duration
@@ -531,15 +526,18 @@ func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Dura
 		case err != nil:
 			l.giveUp(turn)
 			if turn.Failed != nil {
-				giveBackFailed(turn.Failed)
+				// The failure is k's: the other keys' waiters contend.
+				giveBack(heldBefore)
 				return nil, heldSeen{}, sharedFailure(turn.Failed)
 			}
 			held := heldBefore || turn.AfterHeld
 			giveBack(held)
 			return nil, heldSeen{}, waitEnded(held, err)
 		case turn.Failed != nil:
+			// Shared on k's turn only: the other keys' waiters did not
+			// meet it, and contend.
 			turn.PassFailed(turn.Failed)
-			giveBackFailed(turn.Failed)
+			giveBack(heldBefore)
 			return nil, heldSeen{}, sharedFailure(turn.Failed)
 		}
 		if i < len(storeKeys)-1 {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
@@ -603,5 +605,72 @@ func TestFreezeAfterReleaseIsAStoreFailure(t *testing.T) {
 	}
 	if h := l.StoreHealth(); !h.Down {
 		t.Errorf("the unanswered store call was not counted: the breaker (1 failure) is closed: %+v", h)
+	}
+}
+
+// failKey makes, once armed, every acquire of a set of keys that contains
+// key (as stored) run on the real store and then fail, as a lost reply or
+// the down shard of a Redis Cluster would: a store failure of that key
+// alone.
+type failKey struct {
+	*spyStore
+	key   string
+	armed atomic.Bool
+}
+
+var errShardDown = errors.New("injected: the shard of this key is down")
+
+func (s *failKey) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	g, err := s.spyStore.Acquire(ctx, keys, token, ttl)
+	if s.armed.Load() {
+		for _, k := range keys {
+			if strings.HasSuffix(k, s.key) {
+				if g.OK {
+					_ = s.spyStore.Release(context.Background(), keys, token, 0)
+				}
+				return stores.Grant{}, errShardDown
+			}
+		}
+	}
+	return g, err
+}
+
+// A store failure met on one key reaches only the waiters of that key: R
+// contends for k2 (held by another process); M, for {k1, k2}, holds k1's
+// local turn and waits for k2 behind R; W waits for k1 behind M. R meets a
+// store failure on k2 and shares it with M, who needs k2; W, whose key k1
+// is free and whose store calls succeed, gets k1.
+func TestStoreFailureSharedOnlyWithItsKey(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	store := &failKey{spyStore: r.spy, key: "k2"}
+	l := reqlock.MustNew(store, reqlock.WithBreaker(0, 0))
+	other := reqlock.MustNew(r.spy) // another process holds k2
+	k2 := mustObtain(t, context.Background(), other, "k2")
+	defer func() { _ = k2.Release(context.Background()) }()
+
+	var wg sync.WaitGroup
+	var errR, errM, errW error
+	wg.Go(func() { _, errR = l.Obtain(context.Background(), "k2", 10*time.Second, 5*time.Second) })
+	eventually(t, "R contends for k2", func() bool { return reqlock.LocalQueues(l) == 1 && r.spy.acquires.Load() >= 2 })
+	wg.Go(func() {
+		_, errM = l.ObtainAll(context.Background(), []string{"k1", "k2"}, 10*time.Second, 5*time.Second)
+	})
+	eventually(t, "M waits for k2 behind R", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"k2") == 1 })
+	lockW := make(chan *reqlock.Lock, 1)
+	wg.Go(func() {
+		lk, err := l.Obtain(context.Background(), "k1", 10*time.Second, 5*time.Second)
+		errW = err
+		lockW <- lk
+	})
+	eventually(t, "W waits for k1 behind M", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"k1") == 1 })
+	store.armed.Store(true) // k2's shard goes down; k1's is fine
+	wg.Wait()
+	if !errors.Is(errR, reqlock.ErrStore) || !errors.Is(errM, reqlock.ErrStore) {
+		t.Fatalf("R and M should meet k2's store failure: %v / %v", errR, errM)
+	}
+	if errW != nil {
+		t.Errorf("W wants k1 only, which is free and whose store calls succeed, yet it answered %v", errW)
+	} else if lk := <-lockW; lk != nil {
+		mustRelease(t, lk)
 	}
 }
