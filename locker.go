@@ -435,7 +435,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	if len(keys) > 1 {
-		turns, seen, err := l.joinAll(ctx, g.keys, wait)
+		turns, seen, err := l.joinAll(outer, ctx, g.keys, wait)
 		if err != nil {
 			return hold{}, storeSilent(outer, err)
 		}
@@ -459,7 +459,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		// failure.
 		l.giveUp(turn)
 		if turn.Failed != nil {
-			return hold{}, sharedFailure(turn.Failed)
+			return hold{}, sharedOrLeft(outer, turn.AfterHeld, turn.Failed)
 		}
 		return hold{}, storeSilent(outer, waitEnded(turn.AfterHeld, err))
 	case turn.Failed != nil:
@@ -467,7 +467,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		// now, as every waiter behind does, rather than call the store
 		// in turn.
 		turn.PassFailed(turn.Failed)
-		return hold{}, sharedFailure(turn.Failed)
+		return hold{}, sharedOrLeft(outer, turn.AfterHeld, turn.Failed)
 	}
 	if turn.Yield > 0 && !sleepFor(ctx, turn.Yield) {
 		if !turn.FreedAt.IsZero() {
@@ -507,7 +507,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 // cycle. It reports what it saw of the keys being held on the way (see
 // heldSeen; the caller sets joined). When a turn cannot be had, it gives
 // back those it took.
-func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Duration) ([]localqueue.Turn, heldSeen, error) {
+func (l *Locker) joinAll(outer, ctx context.Context, storeKeys []string, wait time.Duration) ([]localqueue.Turn, heldSeen, error) {
 	turns := make([]localqueue.Turn, 0, len(storeKeys))
 	giveBack := func(afterHeld bool) {
 		for _, t := range turns {
@@ -528,7 +528,7 @@ func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Dura
 			if turn.Failed != nil {
 				// The failure is k's: the other keys' waiters contend.
 				giveBack(heldBefore)
-				return nil, heldSeen{}, sharedFailure(turn.Failed)
+				return nil, heldSeen{}, sharedOrLeft(outer, heldBefore || turn.AfterHeld, turn.Failed)
 			}
 			held := heldBefore || turn.AfterHeld
 			giveBack(held)
@@ -538,7 +538,7 @@ func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Dura
 			// meet it, and contend.
 			turn.PassFailed(turn.Failed)
 			giveBack(heldBefore)
-			return nil, heldSeen{}, sharedFailure(turn.Failed)
+			return nil, heldSeen{}, sharedOrLeft(outer, heldBefore || turn.AfterHeld, turn.Failed)
 		}
 		if i < len(storeKeys)-1 {
 			// Its waiters wait for the next keys too, which may be held.
@@ -608,6 +608,22 @@ func (l *Locker) giveUp(turn localqueue.Turn) {
 	g := turn.Handoff.(*grant)
 	epoch := g.adopt(turn, "", g.holderTTL())
 	_ = g.drop(context.Background(), epoch)
+}
+
+// sharedOrLeft is the error of a request, on the caller's context outer,
+// whose turn came with failed, the store failure of the request ahead:
+// that failure, unless the caller's own context ended (it left, or its
+// deadline passed): then its wait ended, as afterHeld says, and the
+// failure, met by another request, is not this one's to report.
+func sharedOrLeft(outer context.Context, afterHeld bool, failed error) error {
+	cerr := outer.Err()
+	if cerr == nil && deadlinePassed(outer) {
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil {
+		return waitEnded(afterHeld, cerr)
+	}
+	return sharedFailure(failed)
 }
 
 // dropAll ends the holds of a lock that will not be made.

@@ -24,6 +24,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
@@ -672,5 +673,64 @@ func TestStoreFailureSharedOnlyWithItsKey(t *testing.T) {
 		t.Errorf("W wants k1 only, which is free and whose store calls succeed, yet it answered %v", errW)
 	} else if lk := <-lockW; lk != nil {
 		mustRelease(t, lk)
+	}
+}
+
+// gatedFailStore holds every Acquire until the test opens the gate, then
+// fails it with a store error.
+type gatedFailStore struct {
+	stores.Store
+	entered chan struct{} // one per Acquire that waits at the gate
+	gate    chan struct{}
+}
+
+func (s *gatedFailStore) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	s.entered <- struct{}{}
+	<-s.gate
+	return stores.Grant{}, errors.New("injected: the store failed")
+}
+
+// leftContext is a context whose client has left (Err reports Canceled)
+// while its Done channel has not fired yet: the moment a waiter's
+// cancellation and its turn arrive together.
+type leftContext struct {
+	context.Context
+	left atomic.Bool
+}
+
+func (c *leftContext) Err() error {
+	if c.left.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A waiter whose client left as its turn came with the store failure of
+// the request ahead answers that it left (canceled: no store error counted,
+// no fail-open run for a client that is gone), not the shared failure.
+func TestWaiterThatLeftDoesNotAnswerSharedFailure(t *testing.T) {
+	store := &gatedFailStore{Store: memstore.New(), entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	l := reqlock.MustNew(store, reqlock.WithBreaker(0, 0))
+	errR := make(chan error, 1)
+	go func() {
+		_, err := l.Obtain(context.Background(), "k", time.Minute, 5*time.Second)
+		errR <- err
+	}()
+	<-store.entered // R calls the store
+	ctx := &leftContext{Context: context.Background()}
+	errW := make(chan error, 1)
+	go func() {
+		_, err := l.Obtain(ctx, "k", time.Minute, 5*time.Second)
+		errW <- err
+	}()
+	eventually(t, "W waits behind R", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"k") == 1 })
+	ctx.left.Store(true)
+	close(store.gate)
+	if err := <-errR; !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("R: %v, want the store failure", err)
+	}
+	err := <-errW
+	if o := reqlock.OutcomeOf(ctx, err); o != reqlock.OutcomeCanceled || errors.Is(err, reqlock.ErrStore) {
+		t.Errorf("W, whose client left: %v (outcome %q), want canceled without ErrStore", err, o)
 	}
 }
