@@ -734,3 +734,43 @@ func TestWaiterThatLeftDoesNotAnswerSharedFailure(t *testing.T) {
 		t.Errorf("W, whose client left: %v (outcome %q), want canceled without ErrStore", err, o)
 	}
 }
+
+// A full pending set makes room of releases whose TTL has passed before it
+// drops a live one: the goroutine retries only the oldest, so an expired
+// release behind it stays until a new one needs its place.
+func TestFullPendingSetDropsExpiredFirst(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	m := new(outageMetrics)
+	l := reqlock.MustNew(r.spy, reqlock.WithReleaseTimeout(100*time.Millisecond), reqlock.WithMetrics(m),
+		reqlock.WithPendingReleases(2), reqlock.WithBreaker(0, 0))
+	const short = 300 * time.Millisecond
+	oldest, err := l.Obtain(context.Background(), "live:0", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expiring, err := l.Obtain(context.Background(), "expiring", short, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newest, err := l.Obtain(context.Background(), "live:1", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.pause(t)
+	_ = oldest.Release(context.Background())
+	_ = expiring.Release(context.Background())
+	time.Sleep(short) // the expiring grant's TTL passes in the store
+	_ = newest.Release(context.Background())
+	if q, d, e := m.events(reqlock.PendingQueued), m.events(reqlock.PendingDropped), m.events(reqlock.PendingExpired); q != 3 || d != 0 || e != 1 {
+		t.Fatalf("queued %d, dropped %d, expired %d; want 3, 0 (no live release dropped) and 1", q, d, e)
+	}
+	r.server.Resume()
+	eventually(t, "the two live releases settled", func() bool {
+		return m.events(reqlock.PendingReleased)+m.events(reqlock.PendingNotHeld) == 2
+	})
+	for _, k := range []string{"live:0", "live:1"} {
+		if held, err := r.exists(outagePrefix + k); held || err != nil {
+			t.Errorf("%s held after its release settled: %v, %v", k, held, err)
+		}
+	}
+}
