@@ -3,6 +3,7 @@ package reqlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/reqlock/reqlock/internal/localqueue"
@@ -105,19 +106,31 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		}
 	}
 	for {
-		var done func(error)
+		var (
+			done  func(error)
+			probe bool
+		)
 		if l.breaker != nil {
-			d, derr := l.breaker.allow()
+			d, p, derr := l.breaker.allow()
 			if derr != nil {
 				if attempted { // the waiter may be in the store's queue
 					strategy.leave(ctx, keys, token, true)
 				}
 				return derr
 			}
-			done = d
+			done, probe = d, p
 		}
 		start := time.Now()
-		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)
+		var (
+			grant stores.Grant
+			ahead int
+			err   error
+		)
+		if probe {
+			grant, ahead, err = l.probeAttempt(ctx, strategy, keys, token, ttl)
+		} else {
+			grant, ahead, err = strategy.attempt(ctx, keys, token, ttl)
+		}
 		attempted = true
 		if l.breaker != nil {
 			l.breaker.report(done, breakerOutcome(outer, ctx, err, seen.by(time.Now())))
@@ -217,6 +230,20 @@ type heldSeen struct {
 // localqueue.SeenHeld).
 func (s heldSeen) by(now time.Time) bool {
 	return s.held || (!s.freedAt.IsZero() && localqueue.SeenHeld(s.joined, s.freedAt, now))
+}
+
+// probeAttempt is the attempt of the breaker's probe, bounded by
+// probeBound as well as by ctx. A probe the store left unanswered that long
+// is a store failure of the request, not the end of its wait.
+func (l *Locker) probeAttempt(ctx context.Context, strategy attempter, keys []string, token string, ttl time.Duration) (stores.Grant, int, error) {
+	bound := l.probeBound()
+	pctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	g, ahead, err := strategy.attempt(pctx, keys, token, ttl)
+	if err != nil && ctx.Err() == nil && !deadlinePassed(ctx) && (pctx.Err() != nil || deadlinePassed(pctx)) {
+		return g, ahead, fmt.Errorf("%w: the breaker's probe got no answer within %v: %w", ErrStore, bound, err)
+	}
+	return g, ahead, err
 }
 
 // changedHands reports whether a refusal at at, whose holder keeps the key

@@ -774,3 +774,39 @@ func TestFullPendingSetDropsExpiredFirst(t *testing.T) {
 		}
 	}
 }
+
+// The breaker's probe is bounded by the longer of the probe period and the
+// release timeout, not by its request's wait: on a frozen Redis a probe
+// with a 10s wait answers a store error within that bound, and the breaker
+// opens again at once, rather than staying half-open, every other request
+// refused, for the probe's whole wait.
+func TestBreakerProbeIsBounded(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	const probeAfter, releaseTimeout = 200 * time.Millisecond, 300 * time.Millisecond
+	l := reqlock.MustNew(r.spy, reqlock.WithBreaker(1, probeAfter), reqlock.WithReleaseTimeout(releaseTimeout))
+	mustRelease(t, mustObtain(t, context.Background(), l, "warm"))
+	r.pause(t)
+	if _, err := l.Obtain(context.Background(), "trip", time.Second, 100*time.Millisecond); !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("an unanswered call on a frozen Redis: %v, want a store error", err)
+	}
+	h := l.StoreHealth()
+	if !h.Down {
+		t.Fatalf("the breaker did not open: %+v", h)
+	}
+	eventually(t, "the probe due", func() bool { return !time.Now().Before(l.StoreHealth().NextProbe) })
+	start := time.Now()
+	_, err := l.Obtain(context.Background(), "probe", time.Second, 10*time.Second)
+	took := time.Since(start)
+	if !errors.Is(err, reqlock.ErrStore) || errors.Is(err, reqlock.ErrStoreDown) {
+		t.Fatalf("the probe on a frozen Redis: %v, want a store error (not ErrStoreDown)", err)
+	}
+	if o := reqlock.OutcomeOf(context.Background(), err); o != reqlock.OutcomeStoreError {
+		t.Errorf("the probe's outcome %q, want store_error", o)
+	}
+	if limit := releaseTimeout + loadSlack; took > limit {
+		t.Errorf("the probe answered after %v, want within its bound %v (+ slack)", took, releaseTimeout)
+	}
+	if h := l.StoreHealth(); !h.Down || !h.NextProbe.After(start) {
+		t.Errorf("after the failed probe the breaker should be open with a new probe time: %+v", h)
+	}
+}
