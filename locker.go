@@ -323,7 +323,10 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 //     was seen held, by this request or by the ones ahead of it in the
 //     local queue (without ErrHeld, a store call was still unanswered when
 //     the wait ended; unless ctx itself ended, the error then matches
-//     ErrStore too);
+//     ErrStore too). After a local holder's release that the store
+//     confirmed, the key counts as held only until the store has left the
+//     next call unanswered for longer than the request waited behind that
+//     holder (and 50ms): then the store is silent, not the key busy;
 //   - ErrStore: the store failed; store failures are not retried. Also a
 //     wait that ended with a store call unanswered and no sign that the
 //     key was held, and the error of a request of this process that was
