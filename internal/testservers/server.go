@@ -45,6 +45,10 @@ type Server struct {
 
 	stopSignal syscall.Signal // the graceful stop
 	cred       *syscall.Credential
+	// group runs the server in a process group of its own, which Pause,
+	// Resume and Kill signal whole: its children (PostgreSQL's backends)
+	// freeze and die with it.
+	group bool
 	args       func() []string // the command line, built at each start
 	// ready reports nil once the process answers as itself (pid), not as
 	// another process that holds the port.
@@ -116,10 +120,73 @@ func (s *Server) RestartEmpty() {
 }
 
 // Pause stops the process with SIGSTOP: it keeps its connections but
-// answers nothing, as a server in a long GC pause or behind a partition.
+// answers nothing, as a server in a long GC pause or behind a partition. It
+// returns once every thread of the server has stopped (on Linux).
 func (s *Server) Pause() {
 	s.tb.Helper()
 	s.must("pause", s.signal(syscall.SIGSTOP))
+	s.must("pause", s.waitStopped())
+}
+
+// waitStopped polls /proc until every thread of the server's processes is
+// stopped: a signal is delivered asynchronously, and a thread that was
+// running may still answer a request meanwhile. Without /proc it returns at
+// once.
+func (s *Server) waitStopped() error {
+	p := s.current()
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	return poll(ctx, p.done, func(context.Context) error {
+		pids := []int{p.cmd.Process.Pid}
+		if s.group {
+			pids = groupPids(pids[0])
+		}
+		for _, pid := range pids {
+			tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+			for _, t := range tasks {
+				if st := procState(t); st != "T" && st != "t" && st != "" && st != "Z" && st != "X" {
+					return fmt.Errorf("thread %s is in state %s, not stopped", t, st)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// procState returns the state field of a /proc stat file, "" when it is
+// gone.
+func procState(statFile string) string {
+	b, err := os.ReadFile(statFile)
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// groupPids returns the processes of process group pgid.
+func groupPids(pgid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var pids []int
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 2 && f[2] == strconv.Itoa(pgid) {
+			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
 }
 
 // Resume continues a paused process with SIGCONT.
@@ -146,6 +213,16 @@ func (s *Server) signal(sig syscall.Signal) error {
 	if !p.running() {
 		return errors.New("not running")
 	}
+	return s.send(p, sig)
+}
+
+// send signals p: its whole process group for a group server (but a graceful
+// stop, which the server passes on to its children itself), else the
+// process.
+func (s *Server) send(p *proc, sig syscall.Signal) error {
+	if s.group && sig != s.stopSignal {
+		return syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
 	return p.cmd.Process.Signal(sig)
 }
 
@@ -157,15 +234,15 @@ func (s *Server) halt(sig syscall.Signal) error {
 	if !p.running() {
 		return nil
 	}
-	_ = p.cmd.Process.Signal(sig)
+	_ = s.send(p, sig)
 	if sig != syscall.SIGKILL {
-		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = s.send(p, syscall.SIGCONT)
 	}
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(stopTimeout):
-		_ = p.cmd.Process.Kill()
+		_ = s.send(p, syscall.SIGKILL)
 		<-p.done
 		return fmt.Errorf("ignored %v for %v and was killed", sig, stopTimeout)
 	}
@@ -208,6 +285,7 @@ func (s *Server) launch() error {
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = sysProcAttr(s.cred)
+	cmd.SysProcAttr.Setpgid = s.group
 	if err := spawn(cmd); err != nil {
 		return fmt.Errorf("start %s: %w", args[0], err)
 	}
