@@ -49,7 +49,7 @@ type Server struct {
 	// Resume and Kill signal whole: its children (PostgreSQL's backends)
 	// freeze and die with it.
 	group bool
-	args       func() []string // the command line, built at each start
+	args  func() []string // the command line, built at each start
 	// ready reports nil once the process answers as itself (pid), not as
 	// another process that holds the port.
 	ready func(ctx context.Context, pid int) error
