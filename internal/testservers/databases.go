@@ -273,7 +273,7 @@ func startPostgres(tb testing.TB, g *group) (*Server, string, error) {
 	}
 	s.stopSignal = syscall.SIGINT // the fast shutdown; SIGTERM waits for clients
 	s.cred = cred
-	s.group = true // a backend would answer its connection while the postmaster is paused
+	s.tree = true // a backend would answer its connection while the postmaster is paused
 	s.wipe = func() error { return errors.New("RestartEmpty is not supported for PostgreSQL") }
 	pw := rand.Text()
 	pwFile := s.dir + "/pwfile"

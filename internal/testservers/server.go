@@ -45,11 +45,11 @@ type Server struct {
 
 	stopSignal syscall.Signal // the graceful stop
 	cred       *syscall.Credential
-	// group runs the server in a process group of its own, which Pause,
-	// Resume and Kill signal whole: its children (PostgreSQL's backends)
-	// freeze and die with it.
-	group bool
-	args  func() []string // the command line, built at each start
+	// tree has Pause, Resume and Kill signal the server's child processes
+	// too: PostgreSQL's backends, each in a session of its own, freeze and
+	// die with the postmaster.
+	tree bool
+	args func() []string // the command line, built at each start
 	// ready reports nil once the process answers as itself (pid), not as
 	// another process that holds the port.
 	ready func(ctx context.Context, pid int) error
@@ -141,8 +141,8 @@ func (s *Server) waitStopped() error {
 	defer cancel()
 	return poll(ctx, p.done, func(context.Context) error {
 		pids := []int{p.cmd.Process.Pid}
-		if s.group {
-			pids = groupPids(pids[0])
+		if s.tree {
+			pids = append(pids, childPids(pids[0])...)
 		}
 		for _, pid := range pids {
 			tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
@@ -170,8 +170,8 @@ func procState(statFile string) string {
 	return f[0]
 }
 
-// groupPids returns the processes of process group pgid.
-func groupPids(pgid int) []int {
+// childPids returns the child processes of ppid.
+func childPids(ppid int) []int {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	var pids []int
 	for _, st := range stats {
@@ -180,7 +180,7 @@ func groupPids(pgid int) []int {
 			continue
 		}
 		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) > 2 && f[2] == strconv.Itoa(pgid) {
+		if len(f) > 1 && f[1] == strconv.Itoa(ppid) {
 			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
 				pids = append(pids, pid)
 			}
@@ -216,12 +216,21 @@ func (s *Server) signal(sig syscall.Signal) error {
 	return s.send(p, sig)
 }
 
-// send signals p: its whole process group for a group server (but a graceful
-// stop, which the server passes on to its children itself), else the
-// process.
+// send signals p, and for a tree server its children too (but a graceful
+// stop, which the server passes on to its children itself). The parent is
+// stopped first, so that it starts no child meanwhile.
 func (s *Server) send(p *proc, sig syscall.Signal) error {
-	if s.group && sig != s.stopSignal {
-		return syscall.Kill(-p.cmd.Process.Pid, sig)
+	if !s.tree || sig == s.stopSignal {
+		return p.cmd.Process.Signal(sig)
+	}
+	pid := p.cmd.Process.Pid
+	if sig != syscall.SIGCONT {
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+	}
+	for _, c := range childPids(pid) {
+		_ = syscall.Kill(c, sig) // it may have exited meanwhile
 	}
 	return p.cmd.Process.Signal(sig)
 }
@@ -285,7 +294,6 @@ func (s *Server) launch() error {
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = sysProcAttr(s.cred)
-	cmd.SysProcAttr.Setpgid = s.group
 	if err := spawn(cmd); err != nil {
 		return fmt.Errorf("start %s: %w", args[0], err)
 	}

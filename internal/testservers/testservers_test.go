@@ -1,6 +1,7 @@
 package testservers
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -674,35 +675,47 @@ func TestPostgresServerKillRestartPause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
 	if _, err := io.WriteString(stdin, "select 1;\n"); err != nil {
 		t.Fatal(err)
+	}
+	if got := <-lines; got != "1" { // the session's backend is up
+		t.Fatalf("psql answered %q, want 1", got)
 	}
 	s.Pause()
 	if _, err := io.WriteString(stdin, "select 2;\n"); err != nil {
 		t.Fatal(err)
 	}
-	_ = stdin.Close()
 	select {
-	case err := <-waited:
-		t.Fatalf("psql on a paused PostgreSQL finished (%v): %q", err, out.String())
+	case got := <-lines:
+		t.Fatalf("psql on a paused PostgreSQL answered %q", got)
 	case <-time.After(time.Second): // the time it is given to answer
 	}
 	s.Resume()
 	select {
-	case err := <-waited:
-		if err != nil || !strings.Contains(out.String(), "2") {
-			t.Fatalf("psql after Resume: %v: %q", err, out.String())
+	case got := <-lines:
+		if got != "2" {
+			t.Fatalf("psql after Resume answered %q, want 2", got)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("psql did not finish after Resume")
+		t.Fatal("psql did not answer after Resume")
 	}
+	_ = stdin.Close()
 
 	s.Kill()
 	if _, err := exec.Command(psql, dsn, "-Atc", "select 1").CombinedOutput(); err == nil {
