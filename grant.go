@@ -74,6 +74,7 @@ type grant struct {
 	lost       bool
 	ended      bool      // released in the store, or on its way there
 	keepUntil  time.Time // hold-at-least: the keys stay held until then
+	storeUntil time.Time // the store lets the keys go by then, as its TTLs were last asked
 	label      string    // the current holder's metrics label
 	since      time.Time // when the current holder got the grant
 	watchers   []*Lock   // the locks with contexts on the grant
@@ -107,6 +108,7 @@ func (l *Locker) newGrant(keys []string) *grant {
 func (g *grant) granted(fences []int64, ttl time.Duration, start time.Time) {
 	g.fences, g.started = fences, start
 	g.validUntil, g.confirmed, g.ttl = start.Add(ttl-clockDrift(ttl)), true, ttl
+	g.storeUntil = time.Now().Add(ttl)
 }
 
 // beginEpoch gives the fresh grant its first hold.
@@ -226,6 +228,12 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 	g.mu.Lock()
 	g.refreshing--
 	before, wasLost := g.validUntil, g.lost
+	if err == nil || !(errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalid)) {
+		// The store may have set the TTL at any time until now.
+		if until := time.Now().Add(ttl); until.After(g.storeUntil) {
+			g.storeUntil = until
+		}
+	}
 	err = g.refreshedLocked(epoch, ttl, start, err)
 	var shortened, lost []*Lock
 	switch {
@@ -373,21 +381,25 @@ func (g *grant) handOff() (handed, waiting bool) {
 func (g *grant) end(ctx context.Context, waiting bool) error {
 	g.mu.Lock()
 	g.ended = true
-	keep := max(time.Until(g.keepUntil), 0)
+	keepUntil, storeUntil := g.keepUntil, g.storeUntil
 	g.mu.Unlock()
+	keep := max(time.Until(keepUntil), 0)
 	if keep > 0 {
 		// Within what the store can keep a key for (see HoldAtLeast); a
 		// route's HoldAtLeast was checked against it at start-up.
-		b := g.locker.bounds
-		keep = max(keep, b.MinTTL)
-		if b.MaxTTL > 0 {
-			keep = min(keep, b.MaxTTL)
-		}
+		keep = g.locker.clampKeep(keep)
 	}
 	start := time.Now()
 	// Owner-checked, also when a key was found lost: the others may still
 	// hold the token.
 	waited, err := g.locker.releaseWaited(ctx, g.keys, g.token, keep)
+	if err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrInvalid) {
+		// A store failure: retried in the background until the keys are
+		// free, and shared with the waiters, who answer it at once.
+		g.locker.retryRelease(err, g.keys, g.token, keepUntil, storeUntil)
+		passOn(g.turns, err)
+		return err
+	}
 	if !waiting || keep > 0 {
 		for _, t := range g.turns {
 			t.Pass(0, true)
