@@ -82,13 +82,14 @@ var (
 )
 
 // outageConfig is the service as the outage tests run it: -wait 1s, a
-// 10s TTL, the logs of the library captured in logs.
+// 10s TTL, the logs of the library captured in logs at slog's default
+// level, INFO, as a service logs.
 func outageConfig(logs *syncBuffer) config {
 	cfg := testConfig(frameworkNetHTTP)
 	cfg.wait = outageWait
 	cfg.ttl = 10 * time.Second
 	cfg.defaultStock = 1 << 40 // never short: every answer is about the lock
-	cfg.logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.logger = slog.New(slog.NewTextHandler(logs, nil))
 	return cfg
 }
 
