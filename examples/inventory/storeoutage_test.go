@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -455,4 +456,32 @@ func firstLines(s string, n int) string {
 		return s
 	}
 	return strings.Join(lines[:n], "") + fmt.Sprintf("… and %d more lines", len(lines)-n)
+}
+
+// TestShutdownClosesTheLocker: a release that failed while the lock store
+// was down is still pending at shutdown; the service's shutdown tries it
+// once more and reports what it could not release.
+func TestShutdownClosesTheLocker(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	cfg := outageConfig(&logs)
+	server := redisOutage.start(t, &cfg)
+	a, _ := startApp(t, cfg)
+	lock, err := a.locker.Obtain(context.Background(), "sku:shutdown", time.Minute, 0)
+	if err != nil {
+		t.Fatalf("Obtain: %v", err)
+	}
+	server.Kill()
+	if err := lock.Release(context.Background()); err == nil {
+		t.Fatal("Release succeeded with Redis dead")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeLockerTimeout)
+	defer cancel()
+	err = a.shutdown(ctx)
+	if !errors.Is(err, reqlock.ErrStore) || !strings.Contains(err.Error(), "1 pending release") {
+		t.Fatalf("shutdown with a release pending and Redis dead: %v, want an ErrStore naming 1 pending release", err)
+	}
+	if err := a.shutdown(ctx); err != nil {
+		t.Errorf("second shutdown: %v, want nil", err)
+	}
 }
