@@ -26,9 +26,9 @@ const (
 	// FailClosed answers 503 with Retry-After and never runs the handler.
 	// It is the default.
 	FailClosed FailurePolicy = iota
-	// FailOpen runs the handler without the lock and logs a warning, once
-	// per state of the store (down, back; see reqlock.WithBreaker) and at
-	// most once a minute while it lasts. While the Locker counts the store
+	// FailOpen runs the handler without the lock and logs a warning: once
+	// per outage of the store (as reqlock.WithBreaker counts them), and
+	// once a minute while it lasts. While the Locker counts the store
 	// down, such routes run unlocked at once. Only for routes where running
 	// unlocked is harmless.
 	FailOpen

@@ -61,13 +61,16 @@ func storeEpoch(h reqlock.StoreHealth) uint64 {
 }
 
 // warnFailOpen logs that the route runs its handlers without the lock: once
-// per state of the store (see reqlock.Locker.StoreHealth), and again every
-// minute while it lasts.
+// per outage (see reqlock.Locker.StoreHealth), and again every minute while
+// it lasts.
 func (g *Guard) warnFailOpen(ctx context.Context, key string, err error) {
 	epoch, now := storeEpoch(g.locker.StoreHealth()), time.Now()
 	w := g.failOpen
 	w.mu.Lock()
-	warn := w.epoch != epoch || now.Sub(w.at) >= failOpenRewarn
+	// A warning in the state before an outage (its first failures, before
+	// the breaker opened) covers the outage too.
+	covered := epoch%2 == 0 && w.epoch == epoch-1
+	warn := (w.epoch != epoch && !covered) || now.Sub(w.at) >= failOpenRewarn
 	if warn {
 		w.epoch, w.at = epoch, now
 	}
