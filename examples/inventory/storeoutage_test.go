@@ -325,9 +325,9 @@ func between(answers []timedAnswer, from, to time.Time) []timedAnswer {
 func logLines(s string) int { return strings.Count(s, "\n") }
 
 // hotKeyLoad is the incident's traffic: two instances on one Redis, 8
-// clients on one hot SKU and 40 on 40 others, each sending a deduction
+// clients on one hot SKU and 24 on 24 others, each sending a deduction
 // 10ms after its last answer. Each instance's Redis client has a pool of
-// 8 connections, so that while Redis is down the calls of the 40 fill it,
+// 8 connections, so that while Redis is down the calls of the 24 fill it,
 // as a busy service's pool is full: a release then waits for a connection
 // and never reaches Redis.
 func hotKeyLoad(t *testing.T, logs *syncBuffer) (*testservers.Server, *holdGate, *load) {
@@ -339,7 +339,7 @@ func hotKeyLoad(t *testing.T, logs *syncBuffer) (*testservers.Server, *holdGate,
 	_, b := startApp(t, cfg)
 	gate := newHoldGate(appA, "sku:hot")
 	bases := []string{a.URL, b.URL}
-	l := startLoad(bases, 48, 10*time.Millisecond, func(w int) string {
+	l := startLoad(bases, 32, 10*time.Millisecond, func(w int) string {
 		if w < 8 {
 			return "hot"
 		}
