@@ -263,7 +263,7 @@ type Store struct {
 	closeErr    error
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
 	closed      bool           // guarded by lifeMu
-	cleanupWait sync.WaitGroup // detached acquires, which Close waits for
+	cleanupWait sync.WaitGroup // detached acquires and releases, which Close waits for
 
 	seqMu   sync.Mutex
 	lastSeq uint64 // the sequence of the latest call (see begin)
@@ -348,7 +348,7 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	}
 	s.bg, s.stopBG = context.WithCancel(context.Background())
 	s.undos = newUndoQueue(s)
-	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.undos.leasesGone)
+	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.attemptBound(), s.undos.leasesGone)
 	s.notify = newNotifier(s)
 	return s, nil
 }
@@ -827,12 +827,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 			return err
 		}
 	}
-	if s.isClosed() {
-		return ErrClosed
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	return s.release(ctx, start, seq, keys, token, keep)
+	return s.goOn(ctx, "release", keys, func(ctx context.Context) error {
+		return s.release(ctx, start, seq, keys, token, keep)
+	})
 }
 
 // release is Release as begun at start with sequence seq.
@@ -841,45 +838,52 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
 	}
-	var resp *clientv3.TxnResponse
-	err := s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
-		// One key is the transaction's condition; several each get a
-		// nested transaction, so that the others are released anyway.
-		var cmps []clientv3.Cmp
-		ops := make([]clientv3.Op, len(keys))
-		for i, h := range holders {
-			held := heldBy(h, token)
-			ops[i] = clientv3.OpDelete(h)
-			if keep > 0 {
-				held = heldUpTo(h, token, seq)
-				ops[i] = clientv3.OpPut(h, holderValue(token, seq, keep), clientv3.WithLease(lease))
+	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
+		err = s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
+			// One key is the transaction's condition; several each get a
+			// nested transaction, so that the others are released anyway.
+			var cmps []clientv3.Cmp
+			ops := make([]clientv3.Op, len(keys))
+			for i, h := range holders {
+				held := heldBy(h, token)
+				ops[i] = clientv3.OpDelete(h)
+				if keep > 0 {
+					held = heldUpTo(h, token, seq)
+					ops[i] = clientv3.OpPut(h, holderValue(token, seq, keep), clientv3.WithLease(lease))
+				}
+				if len(keys) == 1 {
+					cmps = held
+				} else {
+					ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
+				}
 			}
-			if len(keys) == 1 {
-				cmps = held
-			} else {
-				ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
-			}
-		}
-		var err error
-		resp, err = s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		return err
+			var err error
+			resp, err = s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
+			return err
+		})
+		return resp, err
+	}
+	// Sent again while etcd does not answer: a copy deletes (or moves)
+	// only keys that hold token, set by a call no later than this one.
+	answers, err := s.resend(ctx, send, func(resp *clientv3.TxnResponse) bool {
+		refused, err := releaseRefused(resp, len(keys))
+		return err == nil && len(refused) == 0
 	})
 	if err != nil {
 		return s.failed("release", keys, err)
 	}
+	// A key is refused when every answer refused it: a copy may have
+	// released it before another found it released.
 	var refused []int
-	switch {
-	case len(keys) == 1:
-		if !resp.Succeeded {
-			refused = []int{0}
+	for i, resp := range answers {
+		r, err := releaseRefused(resp, len(keys))
+		if err != nil {
+			return err
 		}
-	case len(resp.Responses) != len(keys):
-		return fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
-	default:
-		for i, r := range resp.Responses {
-			if !r.GetResponseTxn().GetSucceeded() {
-				refused = append(refused, i)
-			}
+		if i == 0 {
+			refused = r
+		} else {
+			refused = slices.DeleteFunc(refused, func(k int) bool { return !slices.Contains(r, k) })
 		}
 	}
 	if len(refused) == 0 {
@@ -902,6 +906,27 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 		notHeld = pick(notHeld, idx)
 	}
 	return fmt.Errorf("%w: etcdstore: release: %s not held by the token", stores.ErrNotHeld, keysForMessage(notHeld))
+}
+
+// releaseRefused returns the indexes of the n keys that a release's
+// transaction, answered resp, did not release.
+func releaseRefused(resp *clientv3.TxnResponse, n int) ([]int, error) {
+	var refused []int
+	switch {
+	case n == 1:
+		if !resp.Succeeded {
+			refused = []int{0}
+		}
+	case len(resp.Responses) != n:
+		return nil, fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), n)
+	default:
+		for i, r := range resp.Responses {
+			if !r.GetResponseTxn().GetSucceeded() {
+				refused = append(refused, i)
+			}
+		}
+	}
+	return refused, nil
 }
 
 // pick returns the elements of xs at the indexes idx.
@@ -982,16 +1007,21 @@ func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys [
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
 	}
-	var resp *clientv3.TxnResponse
-	err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
-		var err error
-		resp, err = s.refreshTxn(ctx, holders, token, seq, ttl, lease).Commit()
-		return err
-	})
+	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
+		err = s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
+			var err error
+			resp, err = s.refreshTxn(ctx, holders, token, seq, ttl, lease).Commit()
+			return err
+		})
+		return resp, err
+	}
+	// Sent again while etcd does not answer: every copy compares the same
+	// owner and sequence, and puts the same value.
+	answers, err := s.resend(ctx, send, func(resp *clientv3.TxnResponse) bool { return resp.Succeeded })
 	if err != nil {
 		return s.failed("refresh", keys, err)
 	}
-	if resp.Succeeded {
+	if answers[0].Succeeded {
 		return nil
 	}
 	notHeld, covered, err := s.readRefused(ctx, holders, token, seq, ttl)

@@ -242,6 +242,11 @@ func (q *undoQueue) landed(items []batchItem) {
 func (q *undoQueue) run(ctx context.Context) {
 	defer q.wg.Done()
 	pause := undoPauseMin
+	// A try waits for etcd's answer for the attempt bound at first (a
+	// request forwarded to a leader that died is never answered), and
+	// twice as long after each try that etcd did not answer, up to the
+	// request timeout (a large undo on a slow cluster takes its time).
+	bound := q.s.attemptBound()
 	for {
 		ops, items := q.take()
 		if len(items) == 0 && q.exitIfIdle() {
@@ -249,14 +254,18 @@ func (q *undoQueue) run(ctx context.Context) {
 		}
 		var err error
 		if len(ops) > 0 {
-			reqCtx, cancel := context.WithTimeout(ctx, q.s.timeout)
+			reqCtx, cancel := context.WithTimeout(ctx, bound)
 			_, err = q.s.kv.Txn(reqCtx).Then(ops...).Commit()
+			if reqCtx.Err() != nil && ctx.Err() == nil {
+				bound = min(2*bound, q.s.timeout)
+			}
 			cancel()
 		}
 		switch {
 		case err == nil:
 			q.landed(items)
 			pause = undoPauseMin
+			bound = q.s.attemptBound()
 			continue
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			if q.dropGone(ctx, items) {
