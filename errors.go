@@ -23,7 +23,9 @@ var (
 	// so errors.Is(err, context.DeadlineExceeded) or
 	// errors.Is(err, context.Canceled) tells which. Without ErrHeld it
 	// means a store call was still unanswered when the wait ended, with no
-	// sign that the key was held: the store did not answer in time.
+	// sign that the key was held: the store did not answer in time; when
+	// the Locker's wait limit ended it (not the context's own deadline or
+	// cancellation), the error matches ErrStore too.
 	ErrWaitEnded = errors.New("reqlock: wait for lock ended")
 
 	// ErrStore means the store failed or timed out. The store's own error

@@ -72,9 +72,11 @@ type grant struct {
 	refreshing int
 	unknownTTL time.Duration // the shortest TTL of a renewal of unknown outcome; 0 if none
 	lost       bool
-	ended      bool      // released in the store, or on its way there
-	keepUntil  time.Time // hold-at-least: the keys stay held until then
-	storeUntil time.Time // the store lets the keys go by then, as its TTLs were last asked
+	ended      bool // released in the store, or on its way there
+	// In unix nanoseconds, so that a grant and its first lock stay one
+	// allocation of 704 bytes:
+	keepUntil  int64     // hold-at-least: the keys stay held until then; 0 if not
+	storeUntil int64     // the store lets the keys go by then, as its TTLs were asked
 	label      string    // the current holder's metrics label
 	since      time.Time // when the current holder got the grant
 	watchers   []*Lock   // the locks with contexts on the grant
@@ -108,7 +110,7 @@ func (l *Locker) newGrant(keys []string) *grant {
 func (g *grant) granted(fences []int64, ttl time.Duration, start time.Time) {
 	g.fences, g.started = fences, start
 	g.validUntil, g.confirmed, g.ttl = start.Add(ttl-clockDrift(ttl)), true, ttl
-	g.storeUntil = time.Now().Add(ttl)
+	g.storeUntil = time.Now().Add(ttl).UnixNano()
 }
 
 // beginEpoch gives the fresh grant its first hold.
@@ -230,9 +232,7 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 	before, wasLost := g.validUntil, g.lost
 	if err == nil || !(errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalid)) {
 		// The store may have set the TTL at any time until now.
-		if until := time.Now().Add(ttl); until.After(g.storeUntil) {
-			g.storeUntil = until
-		}
+		g.storeUntil = max(g.storeUntil, time.Now().Add(ttl).UnixNano())
 	}
 	err = g.refreshedLocked(epoch, ttl, start, err)
 	var shortened, lost []*Lock
@@ -306,7 +306,7 @@ func (g *grant) holdAtLeast(epoch int, d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.epoch == epoch && d > 0 {
-		if until := g.since.Add(d); until.After(g.keepUntil) {
+		if until := g.since.Add(d).UnixNano(); until > g.keepUntil {
 			g.keepUntil = until
 		}
 	}
@@ -363,7 +363,7 @@ func (g *grant) handOff() (handed, waiting bool) {
 		now := time.Now()
 		switch {
 		case g.lost, g.ended, !g.confirmed, g.refreshing > 0, g.unknownTTL > 0,
-			now.Before(g.keepUntil),
+			now.UnixNano() < g.keepUntil,
 			g.epoch+1 > g.locker.handoffCount,
 			now.Sub(g.started) >= g.locker.handoffTime,
 			!now.Before(g.validUntil):
@@ -383,7 +383,7 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	g.ended = true
 	keepUntil, storeUntil := g.keepUntil, g.storeUntil
 	g.mu.Unlock()
-	keep := max(time.Until(keepUntil), 0)
+	keep := max(time.Until(time.Unix(0, keepUntil)), 0)
 	if keep > 0 {
 		// Within what the store can keep a key for (see HoldAtLeast); a
 		// route's HoldAtLeast was checked against it at start-up.
@@ -396,7 +396,7 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	if err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrInvalid) {
 		// A store failure: retried in the background until the keys are
 		// free, and shared with the waiters, who answer it at once.
-		g.locker.retryRelease(err, g.keys, g.token, keepUntil, storeUntil)
+		g.locker.retryRelease(err, g.keys, g.token, time.Unix(0, keepUntil), time.Unix(0, storeUntil))
 		passOn(g.turns, err)
 		return err
 	}

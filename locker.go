@@ -139,8 +139,9 @@ func WithHandoff(count int, maxTime time.Duration) Option {
 }
 
 // WithLogger sets where the Locker logs what it cannot return: a lock lost
-// while its holder worked, a failed release of an abandoned grant. Default
-// slog.Default().
+// while its holder worked, and one line each when the store goes down and
+// comes back (see WithBreaker); failed releases, retried in the background,
+// at Debug only. Default slog.Default().
 func WithLogger(logger *slog.Logger) Option {
 	return func(l *Locker) error {
 		if logger == nil {
@@ -319,9 +320,10 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 // Errors (see OutcomeOf for how they sort):
 //   - ErrHeld: tried once and a key is held by another owner;
 //   - ErrWaitEnded joined with ctx's error, and with ErrHeld when the key
-//     was seen held, by this request or by the one ahead of it in the local
-//     queue (without ErrHeld, a store call was still unanswered when the
-//     wait ended);
+//     was seen held, by this request or by the ones ahead of it in the
+//     local queue (without ErrHeld, a store call was still unanswered when
+//     the wait ended; unless ctx itself ended, the error then matches
+//     ErrStore too);
 //   - ErrStore: the store failed; store failures are not retried. Also a
 //     wait that ended with a store call unanswered and no sign that the
 //     key was held, and the error of a request of this process that was
