@@ -82,15 +82,16 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 	keys, token := g.keys, g.token
 	strategy := l.attempter(keys, wait)
 	var (
-		schedule *backoffSchedule
-		released <-chan struct{}
-		stop     func()
-		refused  bool
-		watched  = -1 // the index of the key whose releases wake us
-		marked   = -1 // the index of the key last recorded as contended
-		lastWait time.Duration
-		lastAt   time.Time // when the attempt that answered lastWait began
-		hotUntil time.Time // until when the key counts as changing hands
+		schedule  *backoffSchedule
+		released  <-chan struct{}
+		stop      func()
+		refused   bool
+		watched   = -1 // the index of the key whose releases wake us
+		marked    = -1 // the index of the key last recorded as contended
+		lastWait  time.Duration
+		lastAt    time.Time // when the attempt that answered lastWait began
+		hotUntil  time.Time // until when the key counts as changing hands
+		attempted bool      // an attempt was made
 	)
 	defer func() {
 		if stop != nil {
@@ -108,13 +109,16 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		if l.breaker != nil {
 			d, derr := l.breaker.allow()
 			if derr != nil {
-				strategy.leave(ctx, keys, token, true)
+				if attempted { // the waiter may be in the store's queue
+					strategy.leave(ctx, keys, token, true)
+				}
 				return derr
 			}
 			done = d
 		}
 		start := time.Now()
 		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)
+		attempted = true
 		if l.breaker != nil {
 			l.breaker.report(done, breakerOutcome(outer, ctx, err, sawHeld))
 		}

@@ -30,9 +30,11 @@ const (
 // call was still unanswered when the Locker's wait bound ended with no sign
 // that the key was held. A held key, a request whose own context ended,
 // and arguments the store refused are never failures: only a store that
-// answers nothing, or errors, opens the breaker. Releases and refreshes
-// neither count nor are refused; a release while the store is down is
-// retried in the background (see WithPendingReleases).
+// answers nothing, or errors, opens the breaker. Releases and refreshes do
+// not count. A release while the breaker counts the store down is not sent:
+// it returns ErrStoreDown and is retried in the background, at once when
+// the breaker closes (see WithPendingReleases). Refreshes are never
+// refused.
 //
 // The Locker logs one line when the breaker opens ("store down", ERROR) and
 // one when it closes again ("store back", INFO, with the outage's length
@@ -157,6 +159,7 @@ func (b *breaker) changed(_ string, from, to gobreaker.State) {
 		if m, ok := b.locker.metrics.(OutageMetrics); ok {
 			m.StoreBack(down, rejected)
 		}
+		b.locker.pending.retryNow()
 	}
 }
 

@@ -183,7 +183,7 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 		breakerFailures: defaultBreakerFailures,
 		breakerProbe:    defaultBreakerProbe,
 	}
-	l.pending = pendingSet{l: l, max: defaultMaxPending, stop: make(chan struct{})}
+	l.pending = pendingSet{l: l, max: defaultMaxPending, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for _, opt := range opts {
 		if err := opt(l); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)

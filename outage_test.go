@@ -354,6 +354,10 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 		t.Fatal("a busy key opened the breaker")
 	}
 
+	holder, err := l.Obtain(context.Background(), "held", 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	r.server.Kill()
 	var tripped bool
 	for i := range 20 {
@@ -391,6 +395,15 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 	if took > 200*time.Millisecond {
 		t.Errorf("%d refused requests took %v: not at once", refused, took)
 	}
+	// A release while the store is known down goes to the pending set at
+	// once, and is made when the store is back.
+	releases := r.spy.releases.Load()
+	if err := holder.Release(context.Background()); !errors.Is(err, reqlock.ErrStoreDown) {
+		t.Fatalf("Release while the breaker is open: %v, want ErrStoreDown", err)
+	}
+	if n := r.spy.releases.Load() - releases; n != 0 {
+		t.Errorf("Release while the breaker is open made %d store calls", n)
+	}
 
 	r.server.Restart()
 	back := time.Now()
@@ -408,6 +421,8 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // requests arrive; a poll
 	}
 	t.Logf("served again %v after Redis restarted", healed.Round(time.Millisecond))
+	free := r.awaitFree(t, outagePrefix+"held", time.Second)
+	t.Logf("the release made while the store was down landed %v after the breaker closed", free.Round(time.Millisecond))
 	h := l.StoreHealth()
 	if h.Down || h.Outages != 1 || h.Rejected < refused {
 		t.Errorf("StoreHealth after the outage: %+v, want up, 1 outage, at least %d rejected", h, refused)
@@ -503,5 +518,38 @@ func TestOutageLogsOncePerStateChange(t *testing.T) {
 	}
 	if ra, _ := retryAfter.Load().(string); ra != "1" {
 		t.Errorf("Retry-After of a refused request: %q, want 1 (the next probe is due within 500ms)", ra)
+	}
+}
+
+// A caller that leaves while its store call hangs is no store failure; a
+// call that runs out the wait bound with no sign of a held key is one.
+func TestBreakerCountsTimeoutsNotCancellations(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	l := reqlock.MustNew(r.spy, reqlock.WithBreaker(3, time.Minute))
+	mustRelease(t, mustObtain(t, context.Background(), l, "warm"))
+	r.pause(t)
+	for i := range 6 {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(30*time.Millisecond, cancel) // the client leaves mid-call
+		_, err := l.Obtain(ctx, "c"+strconv.Itoa(i), time.Second, 5*time.Second)
+		cancel()
+		if o := reqlock.OutcomeOf(ctx, err); o != reqlock.OutcomeCanceled {
+			t.Fatalf("outcome %q of %v, want canceled", o, err)
+		}
+	}
+	if h := l.StoreHealth(); h.Down {
+		t.Fatalf("clients that left opened the breaker: %+v", h)
+	}
+	for i := range 3 {
+		_, err := l.Obtain(context.Background(), "t"+strconv.Itoa(i), time.Second, 50*time.Millisecond)
+		if !errors.Is(err, reqlock.ErrStore) || errors.Is(err, reqlock.ErrHeld) {
+			t.Fatalf("a wait that ended on a frozen Redis: %v, want ErrStore without ErrHeld", err)
+		}
+	}
+	if h := l.StoreHealth(); !h.Down {
+		t.Fatalf("3 unanswered store calls did not open the breaker: %+v", h)
+	}
+	if _, err := l.Obtain(context.Background(), "x", time.Second, time.Second); !errors.Is(err, reqlock.ErrStoreDown) {
+		t.Fatalf("Obtain with the breaker open: %v, want ErrStoreDown", err)
 	}
 }

@@ -39,7 +39,8 @@ const (
 // them owner-checked (the store's Release only deletes keys that still hold
 // the grant's token), oldest first, with a backoff from 25ms up to 250ms
 // while the store fails, so that the keys are free within about 250ms plus
-// a round trip of the store's return. A release leaves the set when it
+// a round trip of the store's return (at once when the breaker sees the
+// store back, see WithBreaker). A release leaves the set when it
 // succeeds, when the store says the keys no longer hold its token, or when
 // the grant's TTL, as last asked of the store, has passed (the store has let
 // the keys go). A renewal whose reply was lost and that reaches the store
@@ -78,7 +79,17 @@ type pendingSet struct {
 	running bool              // the goroutine runs
 	exited  chan struct{}     // closed when the running goroutine returns
 	stop    chan struct{}     // closed by Close
+	kick    chan struct{}     // buffer 1: retry now (the store is back)
 	closed  bool
+}
+
+// retryNow cuts the goroutine's backoff short: the breaker saw the store
+// answer again.
+func (p *pendingSet) retryNow() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
 }
 
 // pendingLen reports how many releases are pending.
@@ -175,9 +186,12 @@ func (p *pendingSet) run(exited chan struct{}) {
 		}
 		select {
 		case <-timer.C:
+			delay = min(2*delay, pendingRetryMax)
+		case <-p.kick:
+			timer.Stop()
+			delay = pendingRetryMin
 		case <-stop:
 		}
-		delay = min(2*delay, pendingRetryMax)
 	}
 }
 
