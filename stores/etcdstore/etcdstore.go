@@ -122,11 +122,15 @@
 // on a key of 45 KiB, every byte escaped, make a reply of about 14 MB). An
 // acquire's check that its token was not abandoned (below) is one more
 // comparison in its transaction, not a round trip; abandoned acquires cost
-// their undos, up to 63 of them in one transaction.
+// their undos, up to 63 of them in one transaction. While etcd does not
+// answer (see "Leader changes" below), a lease grant, a Release or a
+// Refresh is sent again every 250ms, so that a fault costs up to a few
+// more copies of these small requests per call, 8 at a time at most.
 //
 // # Calls, contexts and faults
 //
-// Every call returns as soon as its context ends. An acquire (plain or
+// Every call returns as soon as its context ends (a Release may land
+// after, see "Leader changes"). An acquire (plain or
 // fair) runs on a context that the caller's cancellation does not end,
 // bounded by the request timeout, and the caller who left gets an error
 // wrapping stores.ErrAbandoned and the context's error; so does a caller
@@ -145,7 +149,9 @@
 // pending: it puts as many marks and deletes in one transaction as etcd
 // takes (128 operations by default, fewer after etcd refuses them, and the
 // request size), and while etcd does not answer it tries again, pausing up
-// to a second between tries. An undo ends only when it has landed, or when
+// to a second between tries; a try waits 250ms for the answer at first,
+// twice as long after each try left unanswered, up to the request timeout.
+// An undo ends only when it has landed, or when
 // etcd reports every lease of its acquire gone (revoked, or expired),
 // after which nothing the acquire sent can hold a key: never on the local
 // clock, since a leader change renews every lease. So during a partition
@@ -165,6 +171,32 @@
 // stores.ErrNotHeld, never acting on another's grant: every write compares
 // the holder's token in its own transaction, so a Refresh racing a Release
 // never sets a key again after it.
+//
+// # Leader changes
+//
+// A request that a follower forwards to the leader as the leader dies is
+// never answered: etcd drops it, and the follower waits for its own
+// request timeout (7s by default) or the client's. So the Store does not
+// wait on one copy of an idempotent request for long: a lease grant that
+// etcd has not answered within 250ms (or twice the latest grant's round
+// trip) is joined by another, and the calls that share the pool's lease
+// take whichever answers first; a Release or a Refresh, which compares the
+// owner (and the sequence) in its transaction and so may land twice with
+// no other effect, is sent again every 250ms while etcd does not answer,
+// the earlier copies still counting, and at once after a transient failure
+// (no leader yet). A refusal settles such a call only once its earlier
+// copies have answered too, since one of them may have ended the grant
+// first. A Release goes on after its caller left, up to the request
+// timeout, so that its key is free as soon as the new leader answers, and
+// not at its TTL. An acquire's transaction is not sent twice (a late copy
+// could take a key again after its release): an acquire caught by the
+// kill costs its caller's wait, or is abandoned, and its undo follows the
+// same bounds. With three members and etcd's default election timeout
+// (1s), the leader killed under steady load on one hot key (two Stores,
+// Lockers with a wait of 1s): both sell again about 2s after the kill,
+// once the election (1-2.5s here) is over (TestLeaderKilledEveryInstanceSellsAgain);
+// it took 14s, a release caught by the kill leaving its key held for its
+// TTL of 10s.
 //
 // # Start-up
 //
@@ -381,15 +413,16 @@ func (s *Store) isClosed() bool {
 	return s.closed
 }
 
-// Close stops the Store's watches, waits for the acquires it finishes for
-// callers that left, revokes every lease it granted that etcd may still
+// Close stops the Store's watches, waits for the acquires and releases it
+// finishes for callers that left, revokes every lease it granted that etcd may still
 // know (so its locks and queue places go at once, and no transaction still
 // in flight can set a key on them) while its undo queue goes on, and
 // closes the client when Open made it. Calls after Close return ErrClosed,
 // and NotifyRelease a nil channel.
 //
 // Close returns within twice the request timeout: up to one for the
-// acquires in flight, and up to one for the revocations and the undos.
+// acquires and releases in flight, and up to one for the revocations and
+// the undos.
 // When etcd did not answer in time, the undo of some abandoned acquire
 // neither landed nor was made needless by the revocation of its leases:
 // Close then returns an error wrapping ErrUndoPending that says how many
@@ -407,7 +440,7 @@ func (s *Store) close() error {
 	s.closed = true
 	s.lifeMu.Unlock()
 	s.notify.close()
-	s.cleanupWait.Wait() // each within the request timeout; they queue their undos
+	s.cleanupWait.Wait() // each within the request timeout; acquires queue their undos
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	// The undo queue goes on meanwhile, and an undo whose every lease is
@@ -813,7 +846,11 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // returns an error wrapping stores.ErrNotHeld when some key did not hold
 // token, after ending the grant on the others, one wrapping
 // stores.ErrInvalid for invalid arguments or arguments out of the Store's
-// Bounds, and ctx.Err() without acting when ctx has ended.
+// Bounds, and ctx.Err() without acting when ctx has ended. While etcd does
+// not answer, the transaction is sent again (see "Leader changes" in the
+// package documentation); when ctx ends first, Release returns an error
+// wrapping ctx.Err(), its outcome unknown, and goes on until etcd answers
+// or the request timeout has passed.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {
@@ -984,7 +1021,9 @@ func (s *Store) readRefused(ctx context.Context, hs []string, token string, seq 
 // not. Telling these apart from ErrNotHeld costs a second transaction, on
 // a refusal only. It returns an error wrapping stores.ErrInvalid for
 // invalid arguments or arguments out of the Store's Bounds, and ctx.Err()
-// without acting when ctx has ended.
+// without acting when ctx has ended. While etcd does not answer, the
+// transaction is sent again (see "Leader changes" in the package
+// documentation).
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {

@@ -33,7 +33,7 @@ type instance struct {
 // (each a Store opened on all three members, with the default request
 // timeout, and a Locker) sell one hot key under steady load, with a wait of
 // 1s and a TTL of 10s, as the middleware's example does; the leader is
-// killed. Every instance sells again within 3s of the kill (the election
+// killed while a seller holds the key. Every instance sells again within 3s of the kill (the election
 // takes about 1.5s here), and no two holders ever overlap. It used to take
 // about 6s: a lease grant sent during the election was never answered, and
 // every acquire of the Store waited behind it until the request timeout;
@@ -78,6 +78,10 @@ func TestLeaderKilledEveryInstanceSellsAgain(t *testing.T) {
 		stale     int64
 		failures  atomic.Int64
 		wg        sync.WaitGroup
+
+		leader   *testservers.Server
+		armed    atomic.Bool // the next holder kills the leader
+		killDone = make(chan struct{})
 	)
 	for _, in := range instances {
 		for range workers {
@@ -109,6 +113,17 @@ func TestLeaderKilledEveryInstanceSellsAgain(t *testing.T) {
 					fresh := lock.Fence()/stores.FenceStride > killFence.Load()
 					fenceMu.Unlock()
 					time.Sleep(time.Millisecond) // the work under the lock
+					if armed.CompareAndSwap(true, false) {
+						// The leader dies while this holder holds the key:
+						// its release is among the requests caught by it.
+						fenceMu.Lock()
+						killFence.Store(lastFence / stores.FenceStride)
+						now := time.Now()
+						killedAt.Store(&now)
+						fenceMu.Unlock()
+						leader.Kill()
+						close(killDone)
+					}
 					inside.Add(-1)
 					_ = lock.Release(context.Background())
 					in.sales.Add(1)
@@ -137,14 +152,15 @@ func TestLeaderKilledEveryInstanceSellsAgain(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // poll
 	}
-	leader := leaderOf(t, members)
+	leader = leaderOf(t, members)
 	leaderID := memberID(t, leader)
-	fenceMu.Lock()
-	killFence.Store(lastFence / stores.FenceStride)
-	now := time.Now()
-	killedAt.Store(&now)
-	fenceMu.Unlock()
-	leader.Kill()
+	armed.Store(true)
+	select {
+	case <-killDone:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no holder within 20s to kill the leader under")
+	}
+	now := *killedAt.Load()
 	before := []int64{instances[0].sales.Load(), instances[1].sales.Load()}
 	elected := electedAfter(t, members, leader, leaderID, now)
 
@@ -212,4 +228,113 @@ func memberID(t *testing.T, m *testservers.Server) uint64 {
 		t.Fatal(err)
 	}
 	return st.Header.MemberId
+}
+
+// TestFollowerStoreRidesOutLeaderKill (issue 19, item 5): a Store whose
+// client talks to a follower alone, whose requests the follower forwards
+// to the leader, which is then killed: the requests sent meanwhile are
+// never answered. The Store's calls must not wait for them:
+//   - an Acquire that starts once a new leader is elected is granted at
+//     once, rather than wait behind the lease grant of an acquire sent at
+//     the kill (it did until the request timeout, 5s);
+//   - a Release or a Refresh sent at the kill lands once the new leader is
+//     elected (they used to fail after the request timeout), and so does a
+//     Release whose caller left meanwhile: its key is free then, not at its
+//     TTL;
+//   - the acquire sent at the kill is granted then too.
+func TestFollowerStoreRidesOutLeaderKill(t *testing.T) {
+	t.Parallel()
+	members := testservers.EtcdCluster(t, 3)
+	leader := leaderOf(t, members)
+	leaderID := memberID(t, leader)
+	var follower *testservers.Server
+	for _, m := range members {
+		if m != leader {
+			follower = m
+			break
+		}
+	}
+	open := func() *etcdstore.Store {
+		s, err := etcdstore.New(newClient(t, []string{"http://" + follower.Addr()}), etcdstore.WithPrefix("follower/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	s, probe := open(), open()
+	const (
+		held   = 20 * time.Second       // the TTL of the keys released at the kill
+		fresh  = 7 * time.Second        // a TTL no call used before the kill: its lease is granted at the kill
+		margin = 2 * time.Second        // after the election
+		wait   = 10 * time.Second       // the contexts of the calls
+		short  = 300 * time.Millisecond // the context of a caller that leaves
+	)
+	for _, k := range []string{"released", "left", "refreshed"} {
+		if g, err := s.Acquire(t.Context(), []string{k}, "t-"+k, held); err != nil || !g.OK {
+			t.Fatalf("Acquire %s: %+v, %v", k, g, err)
+		}
+	}
+
+	type result struct {
+		at  time.Duration
+		err error
+	}
+	call := func(d time.Duration, f func(context.Context) error) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), d)
+			defer cancel()
+			start := time.Now()
+			err := f(ctx)
+			ch <- result{time.Since(start), err}
+		}()
+		return ch
+	}
+	leader.Kill()
+	killed := time.Now()
+	acquired := call(wait, func(ctx context.Context) error {
+		g, err := s.Acquire(ctx, []string{"at-kill"}, "t-at-kill", fresh)
+		if err == nil && !g.OK {
+			err = errors.New("refused")
+		}
+		return err
+	})
+	released := call(wait, func(ctx context.Context) error { return s.Release(ctx, []string{"released"}, "t-released", 0) })
+	refreshed := call(wait, func(ctx context.Context) error { return s.Refresh(ctx, []string{"refreshed"}, "t-refreshed", held) })
+	left := call(short, func(ctx context.Context) error { return s.Release(ctx, []string{"left"}, "t-left", 0) })
+	elected := electedAfter(t, members, leader, leaderID, killed)
+
+	start := time.Now()
+	g, err := s.Acquire(t.Context(), []string{"after"}, "t-after", fresh)
+	if took := time.Since(start); err != nil || !g.OK || took > margin {
+		t.Errorf("Acquire after the election (%v after the kill): %+v, %v after %v; want granted at once", elected, g, err, took.Round(time.Millisecond))
+	}
+	limit := elected + margin
+	for _, c := range []struct {
+		what string
+		ch   <-chan result
+	}{{"Acquire at the kill", acquired}, {"Release at the kill", released}, {"Refresh at the kill", refreshed}} {
+		r := <-c.ch
+		if r.err != nil || r.at > limit {
+			t.Errorf("%s: %v after %v; want success within %v of the kill (the election took %v)", c.what, r.err, r.at.Round(time.Millisecond), limit, elected)
+		}
+	}
+	if r := <-left; r.err == nil {
+		t.Errorf("Release whose caller left after %v: nil after %v; want the caller's error", short, r.at)
+	}
+	// The key of the release whose caller left is free once the new
+	// leader answers.
+	deadline := killed.Add(limit)
+	for {
+		g, err := probe.Acquire(t.Context(), []string{"left"}, "t-probe", time.Second)
+		if err == nil && g.OK {
+			t.Logf("election %v after the kill; the key of the release whose caller left free %v after the kill", elected.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the key whose release's caller left still held %v after the kill (the election took %v): %+v, %v", time.Since(killed).Round(time.Millisecond), elected, g, err)
+		}
+		time.Sleep(50 * time.Millisecond) // poll
+	}
 }

@@ -32,6 +32,7 @@ type leasePool struct {
 	lease   clientv3.Lease
 	timeout time.Duration // of a grant or a revocation
 	bound   time.Duration // after which a grant unanswered is joined by another
+	rtt     time.Duration // of the latest grant answered; guarded by mu
 	gone    func([]clientv3.LeaseID)
 
 	mu      sync.Mutex
@@ -43,11 +44,13 @@ type leasePool struct {
 
 // pooledLease is one shared lease, or one being granted.
 type pooledLease struct {
-	ready   chan struct{} // closed once id, expires and err are set
-	sent    time.Time     // when its grant was sent
-	id      clientv3.LeaseID
-	expires time.Time // the earliest the lease may expire
-	err     error
+	ready      chan struct{} // closed once id, expires and err are set
+	superseded chan struct{} // closed when an earlier grant answered first and took its place
+	sent       time.Time     // when its grant was sent
+	joined     bool          // another grant joined it; guarded by the pool's mu
+	id         clientv3.LeaseID
+	expires    time.Time // the earliest the lease may expire
+	err        error
 }
 
 // newLeasePool returns a pool that grants leases through lease, and tells
@@ -92,12 +95,14 @@ const leaseGets = 3
 // pool is closed.
 //
 // Callers share a grant in flight, but not for long: a grant that etcd has
-// not answered within the pool's attempt bound (a request forwarded to a
-// leader that died is never answered) is joined by another, which the
-// callers then wait for, while the first goes on; and a grant that failed
-// transiently (no leader yet) is sent again after a short pause. So one
-// stuck grant holds no call up for longer than the bound, and calls are
-// served as soon as the cluster has a leader again.
+// not answered within the pool's attempt bound (or twice the latest
+// grant's round trip, when longer) is joined by another, while it goes on;
+// the callers then take whichever answers first. A grant sent while the
+// cluster elects a leader is never answered when a follower forwarded it
+// to the leader that died, so that one stuck grant holds no call up for
+// longer than the bound. A grant that failed transiently (no leader yet)
+// is sent again after a short pause, so calls are served as soon as the
+// cluster has a leader again.
 func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (clientv3.LeaseID, error) {
 	secs := leaseSeconds(d)
 	pause := retryPauseMin
@@ -107,19 +112,26 @@ func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (
 			p.mu.Unlock()
 			return 0, ErrClosed
 		}
+		bound := max(p.bound, 2*p.rtt)
 		l := p.buckets[secs]
-		if l == nil || (!l.answered() && time.Since(l.sent) >= p.bound) {
-			l = &pooledLease{ready: make(chan struct{}), sent: time.Now()}
+		if l == nil || (!l.answered() && time.Since(l.sent) >= bound) {
+			if l != nil {
+				l.joined = true
+			}
+			l = &pooledLease{ready: make(chan struct{}), superseded: make(chan struct{}), sent: time.Now()}
 			p.buckets[secs] = l
 			p.grants.Add(1)
 			// On a context of its own: other callers wait for it too.
 			go p.grant(secs, l)
 		}
 		p.mu.Unlock()
-		hedge := time.NewTimer(time.Until(l.sent.Add(p.bound)))
+		hedge := time.NewTimer(time.Until(l.sent.Add(bound)))
 		select {
 		case <-l.ready:
 			hedge.Stop()
+		case <-l.superseded:
+			hedge.Stop()
+			continue // an earlier grant answered first
 		case <-hedge.C:
 			continue // another grant joins this one
 		case <-ctx.Done():
@@ -174,6 +186,13 @@ func (p *leasePool) grant(secs int64, l *pooledLease) {
 	l.expires = l.sent.Add(time.Duration(resp.TTL) * time.Second)
 	p.mu.Lock()
 	now := time.Now()
+	p.rtt = min(now.Sub(l.sent), 2*p.bound) // one stuck grant leaves the bound at most 4 times its own
+	// A later grant that joined this one and is still unanswered gives
+	// its place to this one, and its callers take this one.
+	if b := p.buckets[secs]; l.joined && b != nil && b != l && !b.answered() && b.sent.After(l.sent) {
+		p.buckets[secs] = l
+		close(b.superseded)
+	}
 	// No call's validity outlasts the lease's earliest expiry; a second
 	// more covers the time the grant took to answer.
 	p.granted[l.id] = now.Add(time.Duration(resp.TTL)*time.Second + time.Second)
