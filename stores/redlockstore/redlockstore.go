@@ -224,6 +224,7 @@
 package redlockstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -303,6 +304,7 @@ type NodeStat struct {
 	Calls       uint64 // script calls sent to the node
 	Failures    uint64 // calls that failed: errors, timeouts, quarantine
 	Quarantines uint64 // calls refused while the node was quarantined
+	Skipped     uint64 // calls not sent because the node was skipped (see Skipped nodes)
 	Owed        int    // releases the Store owes the node and has not landed yet (see Clean-up)
 	GivenUp     uint64 // owed releases given up: expired first, too many owed, or the Store closed
 }
@@ -351,6 +353,9 @@ type Store struct {
 	janitorOn bool
 	wake      chan struct{}
 	closed    bool
+
+	stop    context.Context // ends when Close begins: stops the probes of skipped nodes
+	stopAll context.CancelFunc
 }
 
 // node is one Redis master.
@@ -365,6 +370,14 @@ type node struct {
 	runID                        atomic.Pointer[string]
 	probing                      atomic.Bool
 	clean                        nodeCleanup // guarded by Store.mu
+
+	// Health (see health.go).
+	timeouts       atomic.Int32  // calls in a row that timed out
+	rtt            atomic.Int64  // mean round trip of its calls, in ns
+	skipped        atomic.Bool   // calls are not sent to it
+	pinging        atomic.Bool   // its probe runs
+	skips, notSent atomic.Uint64 // times it was skipped; calls not sent
+	lastReply      atomic.Int64  // when it last answered a call, in Unix ns
 }
 
 // Option configures a Store.
@@ -426,6 +439,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		debts:          make(map[string][]*debt),
 		wake:           make(chan struct{}, 1),
 	}
+	s.stop, s.stopAll = context.WithCancel(context.Background())
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -565,7 +579,8 @@ func (s *Store) NodeStats() []NodeStat {
 	defer s.mu.Unlock()
 	for i, n := range s.nodes {
 		out[i] = NodeStat{Node: n.name, Calls: n.calls.Load(), Failures: n.failures.Load(), Quarantines: n.quarantines.Load(),
-			Owed: n.clean.owed, GivenUp: n.clean.givenUp}
+			Skipped: n.notSent.Load(),
+			Owed:    n.clean.owed, GivenUp: n.clean.givenUp}
 	}
 	return out
 }
@@ -577,8 +592,7 @@ func (s *Store) NodeStats() []NodeStat {
 // per node for all keys. It returns a nil channel after Close and when that
 // client cannot subscribe.
 func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
-	_, second := s.rank(key)
-	return s.notify[second].NotifyRelease(key, token)
+	return s.notify[s.notifyNode(key)].NotifyRelease(key, token)
 }
 
 // Close stops the pub/sub connections of release notifications, gives up
@@ -592,6 +606,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	s.dispatchAllLocked() // the janitor gives up what is owed
 	s.mu.Unlock()
+	s.stopAll()
 	var err error
 	for _, n := range s.notify {
 		err = errors.Join(err, n.Close())
