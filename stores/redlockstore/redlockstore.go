@@ -34,11 +34,12 @@
 //
 // Acquire decides as soon as the replies settle it (a quorum of grants, or
 // so many refusals or failures that no quorum is possible), then gives the
-// other nodes as long again as the decision took, so that healthy nodes'
-// grants are in hand and a refusal's Wait comes from most nodes. A later
-// grant stays part of the lock; Release waits for it (bounded by the node
-// timeout) before it releases, and when the lock was refused, abandoned or
-// released it is released as soon as it lands. When the lock is not
+// other nodes whose last call did not fail as long again as the decision
+// took, so that healthy nodes' grants are in hand and a refusal's Wait
+// comes from most nodes. A later grant stays part of the lock; Release
+// waits for it on a healthy node, and closes the token (a tombstone, see
+// Late calls) on a node whose last call failed, and when the lock was
+// refused, abandoned or released it is released as soon as it lands. When the lock is not
 // granted, every node that granted, or whose outcome is unknown, is
 // released, owner-checked, at once (a node still in flight once it answers,
 // so the release never overtakes the grant), and again until it lands (see
@@ -46,13 +47,34 @@
 // Late calls), so a new Acquire with the same token, a waiter's retry,
 // waits for none of them.
 //
-// Release and Refresh go to every node at once and wait for every answer,
-// each bounded by the node timeout. Refresh needs a quorum that still holds
-// the token, within the TTL; only on top of such a quorum do nodes that
-// lost the keys (restarted empty) take them again where they are free, so
-// a minority that still holds the token never revives a lock that expired
-// on the others. Release ends the lock on every node it reaches, and on
-// the others once they answer (see Clean-up).
+// Release and Refresh go to every node at once and return as soon as the
+// answers settle the outcome (a quorum released or renewed, too many did
+// not, or no quorum is possible), each call bounded by the node timeout;
+// the others' answers are settled in the background (the token stays
+// ended for Refresh until they are in). Refresh needs a quorum that still
+// holds the token, within the TTL; only on top of such a quorum do nodes
+// that answered that they lost the keys (restarted empty) take them again
+// where they are free, so a minority that still holds the token never
+// revives a lock that expired on the others. Release ends the lock on
+// every node it reaches, and on the others once they answer (see Clean-up).
+//
+// # Skipped nodes
+//
+// A node that keeps timing out (frozen by SIGSTOP, partitioned) is skipped:
+// after 2 calls in a row timed out (each after at least half its timeout),
+// or as soon as one call has had no answer for its stall time (16 of the
+// node's mean round trips, at least 200ms) while other nodes answered
+// calls sent after it (that call then ends with an unknown outcome, undone
+// as a timeout is). A skipped node gets no calls: they fail at once with
+// ErrNodeSkipped, as unsent, and count as failed nodes toward the quorum.
+// One probe at a time (a script call bounded by the node timeout, 50ms
+// apart) checks it in the background, and the first answer, of a probe or
+// of an owed release, brings it back. So 2 frozen nodes of 5 cost the
+// calls in flight at most the stall time once, then nothing: Acquire,
+// Release and Refresh run at the speed of the other 3 (measured by
+// TestFrozenMinority). A skipped gate passes to the next node of the key's
+// ranking, the notify node likewise, and a contended Acquire waits for the
+// gate alone only 4 of its round trips + 2ms before it asks the others.
 //
 // # Late calls
 //
@@ -210,7 +232,8 @@
 // once for Acquire and one for Release (and one for each Refresh); the
 // scripts read a tombstone key per lock key, and every node publishes its
 // releases (a PUBLISH with no subscriber is cheap); it owes nothing, and
-// runs no background goroutine. A tombstone (a few dozen bytes plus the
+// runs no background goroutine (each node call whose deadline leaves room
+// arms a stall timer; a skipped node has one probe goroutine). A tombstone (a few dozen bytes plus the
 // key and the token) lives for the max TTL: a long max TTL keeps the
 // tombstones of abandoned acquires and lost renewals that long. The first Acquire of a Store costs one
 // more round trip (run_ids).
