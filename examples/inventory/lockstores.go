@@ -104,24 +104,31 @@ func openMemory(context.Context, *url.URL, string) (openedStore, error) {
 	return openedStore{store: memstore.New(), desc: "memstore (in memory)"}, nil
 }
 
-// openRedisLocks is redis:// and rediss://: redisstore on that Redis.
-func openRedisLocks(_ context.Context, _ *url.URL, raw string) (openedStore, error) {
-	client, where, err := newRedisClient(raw)
+// openRedisLocks is redis:// and rediss://: redisstore on that Redis, with
+// a client of its own with the service's timeouts (those the URL does not
+// set). redisstore.Open fails unless Redis answers, or the URL says
+// connect=lazy.
+func openRedisLocks(ctx context.Context, u *url.URL, _ string) (openedStore, error) {
+	withGrace := *u
+	q := withGrace.Query()
+	for _, name := range []string{"dial_timeout", "read_timeout", "write_timeout"} {
+		if !q.Has(name) {
+			q.Set(name, redisGrace.String())
+		}
+	}
+	withGrace.RawQuery = q.Encode()
+	rs, err := redisstore.Open(ctx, withGrace.String())
 	if err != nil {
 		return openedStore{}, err
 	}
-	rs, err := redisstore.New(client)
-	if err != nil {
-		_ = client.Close()
-		return openedStore{}, err
-	}
-	return openedStore{store: rs, desc: "redisstore (" + where + ")", close: client.Close}, nil
+	return openedStore{store: rs, desc: "redisstore (" + redisWhere(u) + ")", close: rs.Close}, nil
 }
 
 // newRedisClient returns a client of the Redis a URL names, with the
-// timeouts the service needs, and says where it points.
+// timeouts the service needs, and says where it points. The URL's connect
+// parameter is for the lock store (openRedisLocks): the client drops it.
 func newRedisClient(raw string) (*redis.Client, string, error) {
-	opts, err := redis.ParseURL(raw)
+	opts, err := redis.ParseURL(withoutConnect(raw))
 	if err != nil {
 		return nil, "", fmt.Errorf("invalid Redis URL: %w", err)
 	}
@@ -138,4 +145,26 @@ func newRedisClient(raw string) (*redis.Client, string, error) {
 	}
 	opts.DialerRetries = 1
 	return redis.NewClient(opts), fmt.Sprintf("Redis %s db %d", opts.Addr, opts.DB), nil
+}
+
+// redisWhere says where a Redis URL points, for the start-up line.
+func redisWhere(u *url.URL) string {
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" {
+		db = "0"
+	}
+	return "Redis " + u.Host + " db " + db
+}
+
+// withoutConnect returns a Redis URL without its connect parameter, which is
+// the lock store's (redisstore.Open) and which go-redis does not know.
+func withoutConnect(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || !u.Query().Has("connect") {
+		return raw
+	}
+	q := u.Query()
+	q.Del("connect")
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -47,7 +47,11 @@
 //	                    mysql://user:pass@host:3306/db             mysqlstore (MySQL or MariaDB)
 //	                    postgres://user:pass@host:5432/db?sslmode=disable   pgstore
 //	                    file:///var/lib/inventory/locks            filestore, processes of one host
-//	                  (each store's package documents its URL's parameters)
+//	                  (each store's package documents its URL's parameters).
+//	                  A store whose server cannot be reached stops start-up
+//	                  within 5s, naming the address; add connect=lazy to the
+//	                  URL (redis://host:6379/0?connect=lazy) to start anyway
+//	                  and answer 503 until the server is back
 //	-stock N          initial stock of a SKU never set (default 100)
 //	-work DURATION    simulated work between reading and writing the stock (default 0)
 //	-wait DURATION    how long a request waits for a held lock (default 2s; 0 tries once)
@@ -220,6 +224,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -232,7 +237,6 @@ import (
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
-	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // Frameworks the service can route with.
@@ -300,7 +304,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.StringVar(&cfg.addr, "addr", cfg.addr, "listen address `host:port` (port 0 picks a free one)")
 	fs.StringVar(&cfg.framework, "framework", cfg.framework, "router: gin, echo or nethttp")
 	fs.StringVar(&cfg.redisURL, "redis", "", "Redis `URL` for the stock, and the locks without -store (default $REDIS_URL; none: in memory)")
-	fs.StringVar(&cfg.storeURL, "store", "", "lock store `URL`: "+storeSchemes()+" (default $REQLOCK_STORE; none: where -redis says)")
+	fs.StringVar(&cfg.storeURL, "store", "", "lock store `URL`: "+storeSchemes()+" (default $REQLOCK_STORE; none: where -redis says); "+
+		"an unreachable store stops start-up unless the URL says connect=lazy")
 	fs.Int64Var(&cfg.defaultStock, "stock", cfg.defaultStock, "initial stock of a SKU never set")
 	fs.DurationVar(&cfg.work, "work", cfg.work, "simulated work between reading and writing the stock")
 	fs.DurationVar(&cfg.wait, "wait", cfg.wait, "how long a request waits for a held lock (0 tries once)")
@@ -354,7 +359,7 @@ func (cfg config) validate(redisFlag, storeFlag string) error {
 		return fmt.Errorf("-framework %q: unknown framework (want gin, echo or nethttp)", cfg.framework)
 	}
 	if cfg.redisURL != "" {
-		if _, err := redis.ParseURL(cfg.redisURL); err != nil {
+		if _, err := redis.ParseURL(withoutConnect(cfg.redisURL)); err != nil {
 			return fmt.Errorf("%s: invalid Redis URL: %w", redisFlag, err)
 		}
 	}
@@ -434,13 +439,21 @@ func buildApp(cfg config) (*app, error) {
 		a.ping = func(ctx context.Context) error { return client.Ping(ctx).Err() }
 		a.stockDesc = "in " + where
 		if cfg.storeURL == "" {
-			// The locks live in the stock's Redis.
-			rs, err := redisstore.New(client)
+			// The locks live in the stock's Redis, through a client of
+			// their own, checked at start-up as -store's.
+			ctx, cancel := context.WithTimeout(context.Background(), storeOpenTimeout)
+			u, err := url.Parse(cfg.redisURL)
+			var opened openedStore
+			if err == nil {
+				opened, err = openRedisLocks(ctx, u, cfg.redisURL)
+			}
+			cancel()
 			if err != nil {
 				a.close()
-				return nil, fmt.Errorf("redis lock store: %w", err)
+				return nil, fmt.Errorf("-redis: lock store: %w", err)
 			}
-			lockStore, a.lockDesc = rs, "redisstore ("+where+")"
+			a.closers = append(a.closers, opened.close)
+			lockStore, a.lockDesc = opened.store, opened.desc
 		}
 	}
 	switch {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/url"
 	"strings"
 	"time"
 
@@ -125,4 +126,73 @@ func Millis(ms int64) time.Duration {
 		return math.MaxInt64
 	}
 	return time.Duration(ms) * time.Millisecond
+}
+
+// ConnectParam is the URL parameter, the same in every store's Open, that
+// says whether Open checks that the store's server answers: connect=check
+// (the default) or connect=lazy.
+const ConnectParam = "connect"
+
+// DefaultConnectTimeout bounds how long Open waits for its server in check
+// mode when its context has no deadline of its own.
+const DefaultConnectTimeout = 5 * time.Second
+
+// Connect says what Open does when the store's server cannot be reached.
+type Connect int
+
+const (
+	// ConnectCheck: Open fails, naming the store and the addresses it
+	// tried, when its server does not answer within the connect bound.
+	ConnectCheck Connect = iota
+	// ConnectLazy: Open succeeds without reaching the server; the store's
+	// calls fail with store errors until the server answers, and then work.
+	ConnectLazy
+)
+
+// String returns the parameter's value for c.
+func (c Connect) String() string {
+	if c == ConnectLazy {
+		return "lazy"
+	}
+	return "check"
+}
+
+// ParseConnect reads the connect parameter from q and deletes it, so that
+// the rest of q can go to a driver. It returns ConnectCheck when q has none,
+// and an error wrapping stores.ErrInvalid for any value other than check or
+// lazy, or for the parameter given more than once.
+func (c Checker) ParseConnect(q url.Values) (Connect, error) {
+	values, ok := q[ConnectParam]
+	if !ok {
+		return ConnectCheck, nil
+	}
+	q.Del(ConnectParam)
+	if len(values) != 1 {
+		return ConnectCheck, fmt.Errorf("%w: %s: URL parameter %s given %d times", stores.ErrInvalid, c, ConnectParam, len(values))
+	}
+	switch values[0] {
+	case "check":
+		return ConnectCheck, nil
+	case "lazy":
+		return ConnectLazy, nil
+	}
+	return ConnectCheck, fmt.Errorf("%w: %s: URL parameter %s=%q: want check (fail at start-up when the server cannot be reached) or lazy (start anyway)",
+		stores.ErrInvalid, c, ConnectParam, values[0])
+}
+
+// ConnectContext returns ctx bounded by DefaultConnectTimeout unless ctx
+// has a deadline of its own: the bound of Open's check.
+func ConnectContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, DefaultConnectTimeout)
+}
+
+// Unreachable returns Open's error for a server that did not answer: it
+// wraps stores.ErrUnreachable and err, and names the store, the addresses
+// it tried and the way to start anyway.
+func (c Checker) Unreachable(addrs []string, err error) error {
+	return fmt.Errorf("%w: %s: cannot reach %s (add %s=lazy to the URL to start anyway): %w",
+		stores.ErrUnreachable, c, strings.Join(addrs, ", "), ConnectParam, err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +100,58 @@ func TestCheckBounds(t *testing.T) {
 		if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), "invalid argument: teststore: ") || !strings.Contains(err.Error(), "the test") {
 			t.Errorf("CheckBounds(%q, %v) = %v, want ErrInvalid from teststore naming the reason", args.keys, args.d, err)
 		}
+	}
+}
+
+func TestParseConnect(t *testing.T) {
+	const c Checker = "somestore"
+	for _, tc := range []struct {
+		query string
+		want  Connect
+		err   string // "" for no error
+	}{
+		{"", ConnectCheck, ""},
+		{"connect=check", ConnectCheck, ""},
+		{"connect=lazy&table=t", ConnectLazy, ""},
+		{"connect=", ConnectCheck, `somestore: URL parameter connect="": want check`},
+		{"connect=Lazy", ConnectCheck, `somestore: URL parameter connect="Lazy": want check`},
+		{"connect=lazy&connect=lazy", ConnectCheck, "somestore: URL parameter connect given 2 times"},
+	} {
+		q, err := url.ParseQuery(tc.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.ParseConnect(q)
+		if tc.err == "" {
+			if err != nil || got != tc.want {
+				t.Errorf("%q: got %v, %v; want %v", tc.query, got, err, tc.want)
+			}
+			if q.Has(ConnectParam) {
+				t.Errorf("%q: the parameter is still in the query", tc.query)
+			}
+			continue
+		}
+		if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%q: got %v; want an ErrInvalid containing %q", tc.query, err, tc.err)
+		}
+	}
+}
+
+func TestConnectContext(t *testing.T) {
+	ctx, cancel := ConnectContext(context.Background())
+	defer cancel()
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > DefaultConnectTimeout {
+		t.Errorf("no deadline within %v: %v, %v", DefaultConnectTimeout, d, ok)
+	}
+	parent, cancelParent := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelParent()
+	ctx2, cancel2 := ConnectContext(parent)
+	defer cancel2()
+	if d, _ := ctx2.Deadline(); time.Until(d) < time.Minute {
+		t.Errorf("the context's own deadline was not kept: %v", d)
+	}
+	err := Checker("somestore").Unreachable([]string{"127.0.0.1:1"}, errors.New("refused"))
+	if !errors.Is(err, stores.ErrUnreachable) || !strings.Contains(err.Error(), "somestore: cannot reach 127.0.0.1:1") {
+		t.Errorf("Unreachable: %v", err)
 	}
 }

@@ -165,6 +165,14 @@
 // stores.ErrNotHeld, never acting on another's grant: every write compares
 // the holder's token in its own transaction, so a Refresh racing a Release
 // never sets a key again after it.
+//
+// # Start-up
+//
+// Open fails, naming the endpoints, unless a member answers within the dial
+// timeout (default 5s) or its context's deadline; with connect=lazy in the
+// URL it starts anyway: the client connects in the background, and calls
+// fail with store errors until a member answers, then work with no restart.
+// New sends nothing.
 package etcdstore
 
 import (

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -31,7 +32,7 @@ const (
 // Open connects to etcd and returns a Store that owns the client (Close
 // closes it). rawURL has the form
 //
-//	etcd://[user:password@]host:port[,host:port...][/prefix][?timeout=5s&dial-timeout=5s&max-request-bytes=1572864]
+//	etcd://[user:password@]host:port[,host:port...][/prefix][?connect=check&timeout=5s&dial-timeout=5s&max-request-bytes=1572864]
 //
 // with the client endpoints of the cluster's members (plain HTTP; the
 // client spreads requests over them and moves on when one fails), the key
@@ -39,14 +40,20 @@ const (
 // one), the request timeout (WithRequestTimeout), how long Open waits
 // for a first connection, and the cluster's --max-request-bytes
 // (WithMaxRequestBytes; Open raises the client's send limit to match). There is no ttl parameter: every lock's TTL is
-// the one the Locker asks for, and no session lease outlives it. Open
-// returns an error wrapping stores.ErrInvalid that names the problem for a
-// malformed URL, another scheme, no endpoint, an endpoint without a port,
-// an unknown parameter, a duration that is not positive or a size below
-// 64 KiB, and the
-// client's error when no member answers within the dial timeout or ctx.
+// the one the Locker asks for, and no session lease outlives it.
+//
+// With connect=check, the default, Open fails unless a member answers
+// within the dial timeout (DefaultDialTimeout) or ctx, whichever ends
+// first, with an error wrapping stores.ErrUnreachable that names the
+// endpoints. With connect=lazy it sends nothing: the client connects in the
+// background, calls fail with store errors until a member answers, and
+// then work, with no restart. Open returns an error wrapping
+// stores.ErrInvalid that names the problem for a malformed URL, another
+// scheme, no endpoint, an endpoint without a port, an unknown parameter, a
+// connect other than check or lazy, a duration that is not positive or a
+// size below 64 KiB.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
-	cfg, opts, err := parseURL(rawURL)
+	cfg, opts, connect, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
@@ -57,11 +64,17 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	}
 	// clientv3.New does not wait for a connection: check that a member
 	// answers, so that a wrong address fails here and not on a request.
-	dialCtx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	defer cancel()
-	if _, err := client.Get(dialCtx, "health", clientv3.WithSerializable(), clientv3.WithCountOnly()); err != nil {
-		_ = client.Close()
-		return nil, fmt.Errorf("%w: etcdstore: open %s: no member answered: %w", stores.ErrUnreachable, redacted(rawURL), err)
+	if connect == storeargs.ConnectCheck {
+		dialCtx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		defer cancel()
+		if _, err := client.Get(dialCtx, "health", clientv3.WithSerializable(), clientv3.WithCountOnly()); err != nil {
+			_ = client.Close()
+			addrs := make([]string, len(cfg.Endpoints))
+			for i, e := range cfg.Endpoints {
+				addrs[i] = strings.TrimPrefix(e, "http://")
+			}
+			return nil, args.Unreachable(addrs, fmt.Errorf("no member answered: %w", err))
+		}
 	}
 	s, err := New(client, opts...)
 	if err != nil {
@@ -75,9 +88,9 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 // parseURL parses Open's URL into a client configuration and Store options.
 // The host list is split by hand: net/url takes "a:1,b:2" for one host
 // with a bad port.
-func parseURL(rawURL string) (clientv3.Config, []Option, error) {
-	invalid := func(format string, a ...any) (clientv3.Config, []Option, error) {
-		return clientv3.Config{}, nil, fmt.Errorf("%w: etcdstore: URL %s: %s", stores.ErrInvalid, redacted(rawURL), fmt.Sprintf(format, a...))
+func parseURL(rawURL string) (clientv3.Config, []Option, storeargs.Connect, error) {
+	invalid := func(format string, a ...any) (clientv3.Config, []Option, storeargs.Connect, error) {
+		return clientv3.Config{}, nil, 0, fmt.Errorf("%w: etcdstore: URL %s: %s", stores.ErrInvalid, redacted(rawURL), fmt.Sprintf(format, a...))
 	}
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	switch {
@@ -127,7 +140,12 @@ func parseURL(rawURL string) (clientv3.Config, []Option, error) {
 		}
 		opts = append(opts, WithPrefix(prefix))
 	}
-	for name, values := range u.Query() {
+	query := u.Query()
+	connect, err := args.ParseConnect(query)
+	if err != nil {
+		return clientv3.Config{}, nil, 0, err
+	}
+	for name, values := range query {
 		if len(values) != 1 {
 			return invalid("parameter %s given %d times", name, len(values))
 		}
@@ -166,10 +184,10 @@ func parseURL(rawURL string) (clientv3.Config, []Option, error) {
 		case "ttl":
 			return invalid("parameter ttl: each lock has the TTL the Locker asks for, and the store keeps no session lease; remove it")
 		default:
-			return invalid("unknown parameter %q (known: timeout, dial-timeout, max-request-bytes)", name)
+			return invalid("unknown parameter %q (known: connect, timeout, dial-timeout, max-request-bytes)", name)
 		}
 	}
-	return cfg, opts, nil
+	return cfg, opts, connect, nil
 }
 
 // redacted is rawURL with its password, if any, masked, for messages.

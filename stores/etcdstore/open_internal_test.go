@@ -17,7 +17,7 @@ func TestOpenRaisesClientSendLimit(t *testing.T) {
 		{"etcd://127.0.0.1:2379/p?max-request-bytes=1048576", 0}, // the client's default, 2 MiB
 		{"etcd://127.0.0.1:2379/p", 0},
 	} {
-		cfg, _, err := parseURL(tc.url)
+		cfg, _, _, err := parseURL(tc.url)
 		if err != nil {
 			t.Fatal(err)
 		}

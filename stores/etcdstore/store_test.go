@@ -11,6 +11,8 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/etcdstore"
+	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // hostPorts returns the shared etcd's endpoints as Open's host list.
@@ -68,6 +70,21 @@ func TestOpen(t *testing.T) {
 	}
 }
 
+// TestOpenUnreachable: Open fails at start-up when no member can be reached,
+// naming the endpoints, unless connect=lazy; a lazy Store works once etcd
+// answers (issue 19 item 6).
+func TestOpenUnreachable(t *testing.T) {
+	t.Parallel()
+	p := faultproxy.New(t, strings.Split(hostPorts(t), ",")[0])
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		u := "etcd://" + addrs[0] + "/startup"
+		if lazy {
+			u += "?connect=lazy"
+		}
+		return etcdstore.Open(ctx, u)
+	})
+}
+
 func TestOpenInvalid(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ url, want string }{
@@ -84,6 +101,7 @@ func TestOpenInvalid(t *testing.T) {
 		{"etcd://127.0.0.1:2379/p?dial-timeout=soon", `dial-timeout="soon" is not a positive duration`},
 		{"etcd://127.0.0.1:2379/p?timeout=1s&timeout=2s", "timeout given 2 times"},
 		{"etcd://127.0.0.1:2379/p?max-request-bytes=1000", `max-request-bytes="1000" is not a number of bytes`},
+		{"etcd://127.0.0.1:2379/p?connect=soon", `connect="soon": want check`},
 	} {
 		s, err := etcdstore.Open(t.Context(), tc.url)
 		if s != nil {

@@ -132,4 +132,10 @@
 // open, open, fstat, ftruncate and mmap) and checks its context before it
 // starts. It does not watch the context during them: a file system that
 // hangs a system call holds the call up with it.
+//
+// # Start-up
+//
+// There is no server: Open and New fail when the directory cannot be
+// created or used, whatever the URL's connect parameter (check or lazy)
+// says.
 package filestore

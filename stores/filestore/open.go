@@ -12,9 +12,12 @@ import (
 
 // Open returns a Store on the directory that rawURL names, in the form
 // file:///abs/dir (or file://localhost/abs/dir): the path, percent-decoded,
-// must be absolute. It returns an error wrapping stores.ErrInvalid that
-// names the problem for another scheme, a relative path ("file:dir"), a
-// host, user information, a query or a fragment, and New's errors.
+// must be absolute. Its only parameter is the connect of every store's URL,
+// check or lazy, which changes nothing here: there is no server to reach, and
+// a directory that cannot be created or used is a configuration error
+// either way. It returns an error wrapping stores.ErrInvalid that names the
+// problem for another scheme, a relative path ("file:dir"), a host, user
+// information, any other parameter or a fragment, and New's errors.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -22,6 +25,13 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: filestore: URL %q: %w", stores.ErrInvalid, rawURL, err)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("%w: filestore: URL %q: query: %w", stores.ErrInvalid, rawURL, err)
+	}
+	if _, err := args.ParseConnect(q); err != nil {
+		return nil, err
 	}
 	var problem string
 	switch {
@@ -33,8 +43,8 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		problem = "user information is not allowed"
 	case u.Host != "" && u.Host != "localhost":
 		problem = fmt.Sprintf("host %q; the store is on this host: write file:///abs/dir", u.Host)
-	case u.RawQuery != "" || u.ForceQuery:
-		problem = fmt.Sprintf("query %q; Open takes no options", u.RawQuery)
+	case len(q) > 0:
+		problem = fmt.Sprintf("query %q; Open takes no options but connect", u.RawQuery)
 	case u.Fragment != "":
 		problem = fmt.Sprintf("fragment %q is not allowed", u.Fragment)
 	case u.Path == "":

@@ -56,7 +56,7 @@ func TestNewRefusesBadDirectories(t *testing.T) {
 func TestOpen(t *testing.T) {
 	dir := t.TempDir()
 	ctx := t.Context()
-	for _, u := range []string{"file://" + dir, "file://localhost" + dir, "file://" + dir + "/"} {
+	for _, u := range []string{"file://" + dir, "file://localhost" + dir, "file://" + dir + "/", "file://" + dir + "?connect=lazy"} {
 		s, err := filestore.Open(ctx, u)
 		if err != nil {
 			t.Fatalf("Open(%q): %v", u, err)
@@ -74,6 +74,7 @@ func TestOpen(t *testing.T) {
 		"file://u@localhost/x":   "user information",
 		"file:///x?mode=0777":    "query",
 		"file:///x#f":            "fragment",
+		"file:///x?connect=soon": `connect="soon"`,
 		"file://":                "no directory",
 		"file:///tmp/%zz":        "invalid URL escape",
 	} {
@@ -81,6 +82,14 @@ func TestOpen(t *testing.T) {
 		if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("Open(%q): %v, %v; want stores.ErrInvalid saying %q", u, s, err, want)
 		}
+	}
+	// A directory that cannot be made is a configuration error, lazy or not.
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := filestore.Open(ctx, "file://"+notDir+"/locks?connect=lazy"); !errors.Is(err, stores.ErrInvalid) {
+		t.Errorf("Open with connect=lazy under a file: %v; want stores.ErrInvalid", err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()

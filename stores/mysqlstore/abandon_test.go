@@ -85,7 +85,7 @@ func TestCallLimitWithLiveCaller(t *testing.T) {
 // TestOpenCallLimit: Open's call_limit sets the call limit; a duration that
 // is not positive is refused.
 func TestOpenCallLimit(t *testing.T) {
-	_, opts, err := parseURL(testURL(t, "call_limit=2s"))
+	_, opts, _, err := parseURL(testURL(t, "call_limit=2s"))
 	if err != nil {
 		t.Fatalf("parseURL with call_limit=2s: %v", err)
 	}
@@ -99,7 +99,7 @@ func TestOpenCallLimit(t *testing.T) {
 		t.Fatalf("call_limit=2s set the call limit to %v", s.callLimit)
 	}
 	for _, bad := range []string{"0s", "-1s", "soon"} {
-		if _, _, err := parseURL(testURL(t, "call_limit="+bad)); err == nil {
+		if _, _, _, err := parseURL(testURL(t, "call_limit="+bad)); err == nil {
 			t.Fatalf("parseURL with call_limit=%s succeeded", bad)
 		}
 	}

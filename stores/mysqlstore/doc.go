@@ -252,4 +252,14 @@
 // queued waiter would poll in turn for nothing. The Store implements
 // neither: within one process the Locker's local queue already orders
 // waiters and hands a grant on without a round trip.
+//
+// # Start-up
+//
+// Open connects, checks the sessions, creates the table and prepares the
+// statements, and fails, naming the address, when the server cannot be
+// reached within 5s (DefaultConnectTimeout) or its context's deadline. With
+// connect=lazy in the URL it sends nothing: calls fail with store errors
+// until the server answers, and the first call that reaches it sets the
+// table up (a problem with the sessions or the table is that call's error,
+// wrapping ErrMisconfigured). New sends nothing, as a lazy Open.
 package mysqlstore

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -47,13 +48,24 @@ const sqlMode = "'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 // grant of one statement must commit by itself. Open converts the URL to
 // the driver's DSN: user:password@tcp(host:port)/database?params.
 //
-// Open connects, creates the table (unless create=false) and prepares the
-// statements, bounded by ctx. It returns an error wrapping
-// stores.ErrInvalid, naming the problem, for a URL it cannot use, and the
-// driver's error when the server cannot be reached or refuses the login.
+// With connect=check, the default, Open connects, creates the table
+// (unless create=false) and prepares the statements, within ctx, or
+// DefaultConnectTimeout when ctx has no deadline: it returns an error
+// wrapping stores.ErrUnreachable that names the address when the server
+// cannot be reached in that time, and the driver's error when it refuses
+// the login, or ErrMisconfigured. With connect=lazy Open sends nothing:
+// calls fail with store errors until the server answers, and the first
+// call that reaches it sets the table up as Open would have (a problem
+// with the sessions or the table is then that call's error, wrapping
+// ErrMisconfigured). Open returns an error wrapping stores.ErrInvalid,
+// naming the problem, for a URL it cannot use, such as a connect other
+// than check or lazy.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
-	cfg, storeOpts, err := parseURL(rawURL)
+	cfg, storeOpts, connect, err := parseURL(rawURL)
 	if err != nil {
+		if errors.Is(err, stores.ErrInvalid) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
 	}
 	connector, err := mysql.NewConnector(cfg)
@@ -70,16 +82,28 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		return nil, err
 	}
 	s.ownsDB = true
-	if err := s.setup(ctx); err != nil {
+	if connect == storeargs.ConnectLazy {
+		return s, nil
+	}
+	checkCtx, cancel := storeargs.ConnectContext(ctx)
+	defer cancel()
+	if err := s.setup(checkCtx); err != nil {
 		_ = s.Close()
+		if errors.Is(err, stores.ErrUnreachable) || (checkCtx.Err() != nil && ctx.Err() == nil) {
+			return nil, args.Unreachable([]string{cfg.Addr}, err)
+		}
 		return nil, err
 	}
 	return s, nil
 }
 
+// DefaultConnectTimeout bounds Open's check that the server answers when
+// its context has no deadline.
+const DefaultConnectTimeout = storeargs.DefaultConnectTimeout
+
 // parseURL converts a URL of the form Open takes to the driver's
 // configuration and the Store's options.
-func parseURL(rawURL string) (*mysql.Config, []Option, error) {
+func parseURL(rawURL string) (*mysql.Config, []Option, storeargs.Connect, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		// url.Error quotes the whole URL, password included: give its
@@ -88,45 +112,49 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return nil, nil, fmt.Errorf("URL: %w", err)
+		return nil, nil, 0, fmt.Errorf("URL: %w", err)
 	}
 	if u.Scheme != "mysql" && u.Scheme != "mariadb" {
-		return nil, nil, fmt.Errorf("URL scheme %q: want mysql://user:password@host:port/database", u.Scheme)
+		return nil, nil, 0, fmt.Errorf("URL scheme %q: want mysql://user:password@host:port/database", u.Scheme)
 	}
 	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
-		return nil, nil, fmt.Errorf("URL %s names no host: want mysql://user:password@host:port/database", u.Redacted())
+		return nil, nil, 0, fmt.Errorf("URL %s names no host: want mysql://user:password@host:port/database", u.Redacted())
 	}
 	if u.User == nil || u.User.Username() == "" {
-		return nil, nil, fmt.Errorf("URL %s names no user: want mysql://user:password@host:port/database", u.Redacted())
+		return nil, nil, 0, fmt.Errorf("URL %s names no user: want mysql://user:password@host:port/database", u.Redacted())
 	}
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
-		return nil, nil, fmt.Errorf("URL %s: path %q is not one database name: want mysql://user:password@host:port/database", u.Redacted(), u.Path)
+		return nil, nil, 0, fmt.Errorf("URL %s: path %q is not one database name: want mysql://user:password@host:port/database", u.Redacted(), u.Path)
 	}
 	if u.Fragment != "" {
-		return nil, nil, fmt.Errorf("URL %s has a fragment", u.Redacted())
+		return nil, nil, 0, fmt.Errorf("URL %s has a fragment", u.Redacted())
 	}
 	port := u.Port()
 	if port == "" {
 		if strings.HasSuffix(u.Host, ":") {
-			return nil, nil, fmt.Errorf("URL %s has an empty port", u.Redacted())
+			return nil, nil, 0, fmt.Errorf("URL %s has an empty port", u.Redacted())
 		}
 		port = defaultPort
 	}
 	query, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, fmt.Errorf("URL query: %w", err)
+		return nil, nil, 0, fmt.Errorf("URL query: %w", err)
+	}
+	connect, err := args.ParseConnect(query)
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	var opts []Option
 	driverParams := url.Values{"interpolateParams": {"true"}, "sql_mode": {sqlMode}, "autocommit": {"1"}}
 	for name, vals := range query {
 		if len(vals) != 1 {
-			return nil, nil, fmt.Errorf("URL parameter %s is given %d times", name, len(vals))
+			return nil, nil, 0, fmt.Errorf("URL parameter %s is given %d times", name, len(vals))
 		}
 		switch v := vals[0]; name {
 		case "table":
 			if err := checkTable(v); err != nil {
-				return nil, nil, fmt.Errorf("URL parameter table: %w", err)
+				return nil, nil, 0, fmt.Errorf("URL parameter table: %w", err)
 			}
 			opts = append(opts, WithTable(v))
 		case "create":
@@ -135,12 +163,12 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 			case "false":
 				opts = append(opts, WithoutCreateTable())
 			default:
-				return nil, nil, fmt.Errorf("URL parameter create=%q: want true or false", v)
+				return nil, nil, 0, fmt.Errorf("URL parameter create=%q: want true or false", v)
 			}
 		case "call_limit":
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {
-				return nil, nil, fmt.Errorf("URL parameter call_limit=%q: want a positive duration, such as 10s", v)
+				return nil, nil, 0, fmt.Errorf("URL parameter call_limit=%q: want a positive duration, such as 10s", v)
 			}
 			opts = append(opts, WithCallLimit(d))
 		case "autocommit":
@@ -148,7 +176,7 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 			case "1", "true", "on":
 				driverParams.Set(name, "1")
 			default:
-				return nil, nil, fmt.Errorf("URL parameter autocommit=%q: the store needs autocommit on", v)
+				return nil, nil, 0, fmt.Errorf("URL parameter autocommit=%q: the store needs autocommit on", v)
 			}
 		default:
 			driverParams.Set(name, v)
@@ -169,7 +197,7 @@ func parseURL(rawURL string) (*mysql.Config, []Option, error) {
 	}
 	cfg, err := mysql.ParseDSN(dsn + sep + driverParams.Encode())
 	if err != nil {
-		return nil, nil, fmt.Errorf("URL %s: driver parameters: %w", u.Redacted(), err)
+		return nil, nil, 0, fmt.Errorf("URL %s: driver parameters: %w", u.Redacted(), err)
 	}
-	return cfg, opts, nil
+	return cfg, opts, connect, nil
 }

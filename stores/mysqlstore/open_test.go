@@ -12,6 +12,8 @@ import (
 
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // testURL returns the test MariaDB as a URL of the form Open takes, with
@@ -27,7 +29,7 @@ func testURL(t *testing.T, query string) string {
 }
 
 func TestParseURL(t *testing.T) {
-	cfg, opts, err := parseURL("mysql://u:p%40ss@db.example:3307/locks?table=my_locks&create=false&timeout=3s")
+	cfg, opts, _, err := parseURL("mysql://u:p%40ss@db.example:3307/locks?table=my_locks&create=false&timeout=3s")
 	if err != nil {
 		t.Fatalf("parseURL: %v", err)
 	}
@@ -44,7 +46,7 @@ func TestParseURL(t *testing.T) {
 	if s.table != "my_locks" || s.createTable {
 		t.Fatalf("options set table %q, createTable %v; want my_locks, false", s.table, s.createTable)
 	}
-	cfg, _, err = parseURL("mariadb://u@[::1]/locks?interpolateParams=false")
+	cfg, _, _, err = parseURL("mariadb://u@[::1]/locks?interpolateParams=false")
 	if err != nil {
 		t.Fatalf("parseURL: %v", err)
 	}
@@ -135,5 +137,68 @@ func TestOpen(t *testing.T) {
 	if s, err := Open(ctx, u.String()); err == nil {
 		_ = s.Close()
 		t.Fatal("Open with a wrong password succeeded")
+	}
+}
+
+// proxiedURL returns testURL with its host replaced by addr.
+func proxiedURL(t *testing.T, addr, query string) string {
+	u, err := url.Parse(testURL(t, query))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = addr
+	return u.String()
+}
+
+// TestOpenUnreachable: Open fails at start-up when the server cannot be
+// reached, naming its address, unless connect=lazy; a lazy Store sets its
+// table up on the first call that reaches the server (issue 19 item 6).
+func TestOpenUnreachable(t *testing.T) {
+	cfg, err := mysql.ParseDSN(testservers.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(t.Context(), testURL(t, "connect=later")); !errors.Is(err, stores.ErrInvalid) ||
+		strings.Count(err.Error(), "mysqlstore:") != 1 {
+		t.Errorf("Open with connect=later: %v; want one ErrInvalid", err)
+	}
+	p := faultproxy.New(t, cfg.Addr)
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		q := "table=reqlock_startup_test"
+		if lazy {
+			q += "&connect=lazy"
+		}
+		return Open(ctx, proxiedURL(t, addrs[0], q))
+	})
+}
+
+// TestOpenLazyMisconfigured: a lazy Store whose table turns out to be
+// missing (create=false) answers ErrMisconfigured once the server answers.
+func TestOpenLazyMisconfigured(t *testing.T) {
+	cfg, err := mysql.ParseDSN(testservers.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := faultproxy.New(t, cfg.Addr)
+	p.Refuse()
+	s, err := Open(t.Context(), proxiedURL(t, p.Addr(), "connect=lazy&create=false&table=reqlock_no_such_table"))
+	if err != nil {
+		t.Fatalf("Open with connect=lazy: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := s.Acquire(t.Context(), testKeys(1), "t1", time.Minute); !errors.Is(err, stores.ErrUnreachable) {
+		t.Fatalf("Acquire while the server refuses: %v; want ErrUnreachable", err)
+	}
+	p.Heal()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := s.Acquire(t.Context(), testKeys(1), "t1", time.Minute)
+		if errors.Is(err, ErrMisconfigured) {
+			return
+		}
+		if !errors.Is(err, stores.ErrUnreachable) || time.Now().After(deadline) {
+			t.Fatalf("Acquire once the server answers: %v; want ErrMisconfigured", err)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 }

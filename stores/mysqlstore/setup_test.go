@@ -37,7 +37,7 @@ func TestAutocommitOff(t *testing.T) {
 	if _, err := Open(t.Context(), testURL(t, "autocommit=0")); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("Open with autocommit=0: %v, want stores.ErrInvalid", err)
 	}
-	cfg, _, err := parseURL(testURL(t, ""))
+	cfg, _, _, err := parseURL(testURL(t, ""))
 	if err != nil {
 		t.Fatal(err)
 	}

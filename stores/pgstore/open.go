@@ -2,12 +2,16 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -22,10 +26,17 @@ import (
 // rest is pgx's connection string, which accepts libpq's parameters (sslmode,
 // connect_timeout, ...) and pgxpool's (pool_max_conns, default the larger of
 // 4 and the number of CPUs, ...). Every connection runs at READ COMMITTED
-// whatever the server's default. Open creates the table when missing, and
-// Close closes the pool. It returns an error wrapping stores.ErrInvalid that
-// names the problem for a URL it cannot use, and the server's error when the
-// table cannot be created.
+// whatever the server's default. Close closes the pool.
+//
+// With connect=check, the default, Open creates the table when missing
+// within ctx, or DefaultConnectTimeout when ctx has no deadline: it returns
+// an error wrapping stores.ErrUnreachable that names the address when the
+// server cannot be reached in that time, and the server's error when the
+// table cannot be created. With connect=lazy (WithLazyConnect) Open sends
+// nothing: calls fail with store errors until the server answers, and the
+// first call that reaches it creates the table. Open returns an error
+// wrapping stores.ErrInvalid that names the problem for a URL it cannot use,
+// such as a connect other than check or lazy.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -41,7 +52,14 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if u.Host == "" && !q.Has("host") { // a socket directory goes in ?host=
 		return nil, fmt.Errorf("%w: pgstore: URL %q names no host", stores.ErrInvalid, u.Redacted())
 	}
+	connect, err := args.ParseConnect(q)
+	if err != nil {
+		return nil, err
+	}
 	var opts []Option
+	if connect == storeargs.ConnectLazy {
+		opts = append(opts, WithLazyConnect())
+	}
 	if q.Has("table") {
 		opts = append(opts, WithTable(q.Get("table")))
 		q.Del("table")
@@ -64,13 +82,28 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, u.Redacted(), err)
 	}
-	s, err := New(ctx, pool, opts...)
+	checkCtx, cancel := storeargs.ConnectContext(ctx)
+	defer cancel()
+	s, err := New(checkCtx, pool, opts...)
 	if err != nil {
 		pool.Close()
+		if errors.Is(err, stores.ErrUnreachable) || (checkCtx.Err() != nil && ctx.Err() == nil) {
+			return nil, args.Unreachable([]string{hostPort(config.ConnConfig.Host, config.ConnConfig.Port)}, err)
+		}
 		return nil, err
 	}
 	s.ownsPool = true
 	return s, nil
+}
+
+// DefaultConnectTimeout bounds Open's check that the server answers when
+// its context has no deadline.
+const DefaultConnectTimeout = storeargs.DefaultConnectTimeout
+
+// hostPort names the server of a connection, for messages: host:port, or a
+// socket directory and its port.
+func hostPort(host string, port uint16) string {
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
 // redact returns err without the URL it may quote, which may hold a

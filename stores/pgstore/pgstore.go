@@ -211,6 +211,15 @@
 // starting with a letter or underscore, at most 63 bytes, optionally
 // qualified by a schema of the same form. The role needs CREATE on the
 // schema the first time, and SELECT, INSERT and UPDATE on the table.
+//
+// # Start-up
+//
+// Open and New create the table and read the page size, and Open fails,
+// naming the address, when the server cannot be reached within 5s
+// (DefaultConnectTimeout) or its context's deadline. With connect=lazy in the
+// URL (WithLazyConnect) they send nothing: calls fail with store errors
+// until the server answers, and the first call that reaches it creates the
+// table; until then Bounds assume 8 kB pages.
 package pgstore
 
 import (
@@ -268,7 +277,11 @@ type Store struct {
 
 	sql statements
 
-	bounds stores.Bounds // from the server's page size; see Bounds
+	bounds atomic.Pointer[stores.Bounds] // from the server's page size; see Bounds
+
+	lazy      bool          // WithLazyConnect: New leaves setup to the first call
+	setupTurn chan struct{} // held by the one call that runs setup
+	ready     atomic.Bool   // setup succeeded
 
 	callLimit time.Duration // see WithCallLimit
 
@@ -308,18 +321,28 @@ func WithCallLimit(d time.Duration) Option {
 	return func(s *Store) { s.callLimit = d }
 }
 
+// WithLazyConnect makes New send nothing: the first call that reaches the
+// server creates the table and reads the page size, as New would have, and
+// calls fail with store errors until one does (a problem with the table is
+// that call's error). Until then Bounds assumes PostgreSQL's default 8 kB
+// pages. Open's connect=lazy sets it.
+func WithLazyConnect() Option {
+	return func(s *Store) { s.lazy = true }
+}
+
 // New returns a Store over pool and creates its table when missing. The
 // caller keeps the pool and closes it after the Store. The pool's
 // connections should run at READ COMMITTED (the default); Open sets that
 // whatever the server's default. New reads the server's page size, which
-// sets the longest key (see Bounds). New returns an error wrapping
-// stores.ErrInvalid when pool is nil or the table name is invalid, and the
-// server's error when the table cannot be created.
+// sets the longest key (see Bounds); WithLazyConnect leaves both to the
+// first call. New returns an error wrapping stores.ErrInvalid when pool is
+// nil or the table name is invalid, and the server's error when the table
+// cannot be created.
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pgstore: pool is nil", stores.ErrInvalid)
 	}
-	s := &Store{pool: pool, table: DefaultTable, callLimit: DefaultCallLimit}
+	s := &Store{pool: pool, table: DefaultTable, callLimit: DefaultCallLimit, setupTurn: make(chan struct{}, 1)}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -333,18 +356,55 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	s.undo = newUndoer(s.settle, s.callLimit)
 	s.channel = channelOf(s.table)
 	s.sql = newStatements(s.table)
-	if err := s.createTable(ctx); err != nil {
+	s.setBounds(defaultBlockSize)
+	if s.lazy {
+		return s, nil
+	}
+	if err := s.setup(ctx); err != nil {
 		return nil, err
 	}
-	var blockSize int
-	if err := pool.QueryRow(ctx, `SELECT current_setting('block_size')::int`).Scan(&blockSize); err != nil {
-		return nil, fmt.Errorf("pgstore: reading the server's block_size: %w", classify(err))
-	}
-	s.bounds = stores.Bounds{
+	return s, nil
+}
+
+// defaultBlockSize is PostgreSQL's default page size, which Bounds assumes
+// until the Store has read the server's.
+const defaultBlockSize = 8192
+
+// setBounds sets Bounds for pages of blockSize bytes.
+func (s *Store) setBounds(blockSize int) {
+	s.bounds.Store(&stores.Bounds{
 		MaxKeyBytes: maxKeyBytes(blockSize),
 		Reason:      fmt.Sprintf("PostgreSQL's btree entry limit for pgstore's primary key on the key (a third of a %d-byte page)", blockSize),
+	})
+}
+
+// setup creates the table unless it exists and reads the server's page
+// size, once: a failure is returned, and tried again by the next call. One
+// call at a time runs it; the others wait for it, or return when their
+// context ends.
+func (s *Store) setup(ctx context.Context) error {
+	if s.ready.Load() {
+		return nil
 	}
-	return s, nil
+	select {
+	case s.setupTurn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.setupTurn }()
+	if s.ready.Load() {
+		return nil
+	}
+	if err := s.createTable(ctx); err != nil {
+		return err
+	}
+	var blockSize int
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('block_size')::int`).Scan(&blockSize); err != nil {
+		return fmt.Errorf("pgstore: reading the server's block_size: %w", classify(err))
+	}
+	s.setBounds(blockSize)
+	s.ready.Store(true)
+	return nil
 }
 
 // Bounds returns the keys and durations the Store honours: keys up to the
@@ -354,7 +414,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 // the server clock's microsecond, to math.MaxInt64: 292 years, far within
 // timestamptz (to the year 294276) and an interval's 64-bit microseconds.
 // It implements stores.Bounded.
-func (s *Store) Bounds() stores.Bounds { return s.bounds }
+func (s *Store) Bounds() stores.Bounds { return *s.bounds.Load() }
 
 // maxKeyBytes returns the length of the longest key that the table's
 // primary key indexes on a server whose pages are blockSize bytes, whatever
@@ -466,7 +526,13 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	if err := args.CheckBounds(s.bounds, keys, ttl); err != nil {
+	if err := args.CheckBounds(s.Bounds(), keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if s.isClosed() {
+		return stores.Grant{}, ErrClosed
+	}
+	if err := s.setup(ctx); err != nil {
 		return stores.Grant{}, err
 	}
 	bkeys := byteKeys(keys)
@@ -605,11 +671,14 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if keep > 0 {
 		durations = append(durations, keep)
 	}
-	if err := args.CheckBounds(s.bounds, keys, durations...); err != nil {
+	if err := args.CheckBounds(s.Bounds(), keys, durations...); err != nil {
 		return err
 	}
 	if s.isClosed() {
 		return ErrClosed
+	}
+	if err := s.setup(ctx); err != nil {
+		return err
 	}
 	return s.release(ctx, keys, token, keep)
 }
@@ -677,11 +746,14 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return err
 	}
-	if err := args.CheckBounds(s.bounds, keys, ttl); err != nil {
+	if err := args.CheckBounds(s.Bounds(), keys, ttl); err != nil {
 		return err
 	}
 	if s.isClosed() {
 		return ErrClosed
+	}
+	if err := s.setup(ctx); err != nil {
+		return err
 	}
 	bkeys := byteKeys(keys)
 	refreshed, err := retrying(ctx, func(ctx context.Context) (int64, error) {

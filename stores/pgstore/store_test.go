@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,6 +15,8 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/pgstore"
+	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // returnLimit bounds how long a call may take to return once its context
@@ -42,6 +45,34 @@ func row(t *testing.T, db *pgxpool.Pool, table, key string) (token []byte, live 
 	return token, live
 }
 
+// TestOpenUnreachable: Open fails at start-up when the server cannot be
+// reached, naming its address, unless connect=lazy; a lazy Store creates
+// its table on the first call that reaches the server (issue 19 item 6).
+func TestOpenUnreachable(t *testing.T) {
+	dsn := testservers.PostgresDSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := faultproxy.New(t, u.Host)
+	const table = "reqlock_startup_test"
+	// The lazy Store must create it.
+	if _, err := pool(t, dsn).Exec(t.Context(), "DROP TABLE IF EXISTS "+table); err != nil {
+		t.Fatal(err)
+	}
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		pu := *u
+		pu.Host = addrs[0]
+		q := pu.Query()
+		q.Set("table", table)
+		if lazy {
+			q.Set("connect", "lazy")
+		}
+		pu.RawQuery = q.Encode()
+		return pgstore.Open(ctx, pu.String())
+	})
+}
+
 func TestOpenRejectsBadURLs(t *testing.T) {
 	dsn := testservers.PostgresDSN(t)
 	cases := []struct{ name, url, want string }{
@@ -54,6 +85,7 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 		{"table with SQL, escaped", dsn + "&table=locks%3Bdrop", `table name "locks;drop"`},
 		{"empty table", dsn + "&table=", `table name ""`},
 		{"bad parameter", dsn + "&pool_max_conns=none", "pool_max_conns"},
+		{"bad connect", dsn + "&connect=later", `connect="later"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

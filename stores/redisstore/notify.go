@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -238,7 +239,8 @@ func chunks(keys []string) func(yield func([]string) bool) {
 // Close stops the Store's notification goroutine and closes its pub/sub
 // connection, if NotifyRelease ever started them, and waits for the goroutine
 // to return; go-redis's own pub/sub goroutines end shortly after. It does not
-// close the client, which the caller still owns and closes. Locks, and
+// close the client, which the caller still owns and closes, unless Open made
+// it: then it closes it last, and the Store's calls fail from then on. Locks, and
 // Acquire, Release and Refresh, keep working; NotifyRelease returns a nil
 // channel from now on, so waiters poll. Subscribers from before Close get no
 // further signals; their stop functions still work. Close may be called more
@@ -257,12 +259,15 @@ func (s *Store) Close() error {
 	ps, done, exited := n.pubsub, n.done, n.exited
 	clear(n.dirty)
 	s.mu.Unlock()
-	if ps == nil {
-		return nil
+	var err error
+	if ps != nil {
+		close(done)
+		err = ps.Close()
+		<-exited
 	}
-	close(done)
-	err := ps.Close()
-	<-exited
+	if s.owned != nil {
+		err = errors.Join(err, s.owned.Close())
+	}
 	return err
 }
 

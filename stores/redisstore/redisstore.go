@@ -148,6 +148,14 @@
 // MaxRedirects on a Cluster, with the client's backoff), one command per
 // attempt, so that a failure wraps stores.ErrUnreachable only when no attempt
 // reached Redis.
+//
+// # Start-up
+//
+// Open (a redis:// URL) sends PING and fails, naming the address, unless
+// Redis answers within 5s (DefaultConnectTimeout) or its context's deadline;
+// with connect=lazy in the URL it starts anyway, and calls fail with store
+// errors until Redis answers, then work with no restart. New sends nothing:
+// call Load, or PING the client, to check at start-up.
 package redisstore
 
 import (
@@ -233,6 +241,7 @@ type Store struct {
 	cluster            *redis.ClusterClient // client, when it is one; see noteFailure
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
+	owned              *redis.Client // the client Open made, which Close closes
 
 	single redis.Scripter // client, sending each command once; nil when it cannot (see attempts)
 	retry  retryPolicy    // the client's retries, which the Store makes through single

@@ -8,10 +8,12 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -33,12 +35,23 @@ import (
 // others decides, where go-redis's defaults (3 retries, 5 dials 100ms apart)
 // make every call to it, and the releases that wait for it, last hundreds
 // of milliseconds (measured: throughput fell to 3% after 2 of 5 nodes died).
-// New's callers should configure their clients alike. Open sends nothing.
-// It returns an error wrapping stores.ErrInvalid that names the problem for
-// a bad URL or option; ctx is not used.
+// New's callers should configure their clients alike.
+//
+// With connect=check, the default, Open sends PING to every node and fails
+// unless a quorum answers within ctx, or DefaultConnectTimeout when ctx has
+// no deadline, with an error wrapping stores.ErrUnreachable that names the
+// nodes it could not reach: a Store without a quorum grants nothing. A
+// minority of dead nodes does not stop it. With connect=lazy Open sends
+// nothing: calls fail with store errors until a quorum answers, and then
+// work. It returns an error wrapping stores.ErrInvalid that names the
+// problem for a bad URL or option, such as a connect other than check or
+// lazy.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
-	_ = ctx
 	nodes, query, err := parseNodes(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	connect, err := args.ParseConnect(query)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +78,43 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		return nil, err
 	}
 	s.owned = clients
+	if connect == storeargs.ConnectCheck {
+		if err := checkQuorum(ctx, clients, s.quorum); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// DefaultConnectTimeout bounds Open's check that a quorum of nodes answers
+// when its context has no deadline.
+const DefaultConnectTimeout = storeargs.DefaultConnectTimeout
+
+// checkQuorum sends PING to every node at once and returns an error naming
+// those that did not answer unless at least quorum did, within ctx or
+// DefaultConnectTimeout.
+func checkQuorum(ctx context.Context, clients []*redis.Client, quorum int) error {
+	ctx, cancel := storeargs.ConnectContext(ctx)
+	defer cancel()
+	errs := make([]error, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() { errs[i] = c.Ping(ctx).Err() })
+	}
+	wg.Wait()
+	var down, failures []string
+	for i, err := range errs {
+		if err != nil {
+			down = append(down, clients[i].Options().Addr)
+			failures = append(failures, (&NodeError{Node: clients[i].Options().Addr, Err: err}).Error())
+		}
+	}
+	if len(clients)-len(down) >= quorum {
+		return nil
+	}
+	return args.Unreachable(down, fmt.Errorf("%d of %d nodes answered, fewer than the quorum of %d: %s",
+		len(clients)-len(down), len(clients), quorum, strings.Join(failures, "; ")))
 }
 
 // invalidURL returns an error wrapping stores.ErrInvalid about rawURL.
@@ -124,7 +173,7 @@ func parseNodes(rawURL string) ([]*redis.Options, url.Values, error) {
 }
 
 // storeOptions are the query parameters that configure the Store.
-var storeOptions = []string{"node_timeout", "max_ttl", "fence_retention", "drift", "drift_fixed"}
+var storeOptions = []string{storeargs.ConnectParam, "node_timeout", "max_ttl", "fence_retention", "drift", "drift_fixed"}
 
 // parseOptions turns the query into options, refusing unknown parameters.
 func parseOptions(q url.Values) ([]Option, error) {

@@ -12,6 +12,8 @@ import (
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/redlockstore"
+	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestOpen(t *testing.T) {
@@ -64,6 +66,7 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 		"redlock://a:1,b:2,c:3/?fence_retention=1s",
 		"redlock://a:1,b:2,c:3/?colour=blue", // unknown option
 		"redis://a:1,redis://b:2,redis://c:3?db=x",
+		"redlock://a:1,b:2,c:3/?connect=later",
 	} {
 		s, err := redlockstore.Open(context.Background(), url)
 		if !errors.Is(err, stores.ErrInvalid) {
@@ -100,5 +103,39 @@ func TestNewRejectsInvalid(t *testing.T) {
 		if _, err := redlockstore.New(tc.nodes, tc.opts...); !errors.Is(err, stores.ErrInvalid) {
 			t.Errorf("%s: New: %v, want an error wrapping ErrInvalid", name, err)
 		}
+	}
+}
+
+// TestOpenUnreachable: Open fails at start-up when a quorum of nodes cannot
+// be reached, naming them, unless connect=lazy; a lazy Store works once the
+// nodes answer (issue 19 item 6). A dead minority does not stop Open.
+func TestOpenUnreachable(t *testing.T) {
+	addrs := testservers.RedisNodeAddrs(t)[:3]
+	admit(t, clients(t, addrs))
+	proxies := make([]*faultproxy.Proxy, len(addrs))
+	for i, a := range addrs {
+		proxies[i] = faultproxy.New(t, a)
+	}
+	open := func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		u := "redlock://" + strings.Join(addrs, ",")
+		if lazy {
+			u += "?connect=lazy"
+		}
+		return redlockstore.Open(ctx, u)
+	}
+	storetest.Startup(t, proxies, open)
+
+	proxyAddrs := []string{proxies[0].Addr(), proxies[1].Addr(), proxies[2].Addr()}
+	proxies[2].Refuse()
+	s, err := open(t.Context(), proxyAddrs, false)
+	if err != nil {
+		t.Fatalf("Open with 1 of 3 nodes down: %v; want a Store (a quorum answers)", err)
+	}
+	_ = s.(*redlockstore.Store).Close()
+	proxies[1].Refuse()
+	if _, err := open(t.Context(), proxyAddrs, false); !errors.Is(err, stores.ErrUnreachable) ||
+		!strings.Contains(err.Error(), proxyAddrs[1]) || !strings.Contains(err.Error(), proxyAddrs[2]) ||
+		strings.Contains(err.Error(), "reach "+proxyAddrs[0]) {
+		t.Fatalf("Open with 2 of 3 nodes down: %v; want ErrUnreachable naming the 2", err)
 	}
 }

@@ -244,6 +244,14 @@
 // to agree on the order of waiters; each node would keep its own queue, the
 // queues' heads could differ, and then no waiter would get a majority until
 // leases expire. Agreeing on one order needs consensus (etcd, ZooKeeper).
+//
+// # Start-up
+//
+// Open sends PING to every node and fails, naming the nodes that did not
+// answer, unless a quorum answers within 5s (DefaultConnectTimeout) or its
+// context's deadline: a dead minority does not stop it. With connect=lazy in
+// the URL it starts anyway, and calls fail with store errors until a quorum
+// answers. New sends nothing.
 package redlockstore
 
 import (

@@ -53,7 +53,11 @@ func call[T any](ctx context.Context, s *Store, fn func(e *effects) (T, error), 
 	s.inFlight.Add(1)
 	started := s.goTracked(func() {
 		defer s.inFlight.Add(-1)
-		v, err := fn(&e)
+		var v T
+		err := s.ensureRoot(&e)
+		if err == nil {
+			v, err = fn(&e)
+		}
 		if state.CompareAndSwap(callRunning, callReturned) {
 			done <- result{v, err}
 			return

@@ -252,4 +252,14 @@
 // crash (its locks are free after the session timeout); the loss of a
 // minority of an ensemble. Fences stay increasing across leader elections
 // and restarts, not across a wiped data directory (see Fences).
+//
+// # Start-up
+//
+// Open and New wait for a session and create the root, and fail, naming the
+// servers, when that takes longer than 5s (DefaultConnectTimeout) or their
+// context's deadline. With connect=lazy in the URL (WithLazyConnect) they
+// return at once: the client connects in the background, calls fail with
+// store errors until it has a session, and the first call with one creates
+// the root; until a server has granted a session timeout, Bounds take the
+// one asked for.
 package zkstore

@@ -3,12 +3,15 @@ package zkstore_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 	"github.com/reqlock/reqlock/stores/zkstore"
 )
 
@@ -31,6 +34,7 @@ func TestOpenInvalid(t *testing.T) {
 		{"zk://127.0.0.1:2181/a/../b", "empty, . or .. element"},
 		{"zk://127.0.0.1:2181/%00", "control character"},
 		{"::", "bad URL"},
+		{"zk://127.0.0.1:2181/x?connect=later", `connect="later"`},
 	} {
 		s, err := zkstore.Open(t.Context(), tc.url)
 		if s != nil {
@@ -117,4 +121,20 @@ func TestOpenNoServer(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
 		t.Fatalf("Open of a dead server: %v after %v; want context.DeadlineExceeded at its deadline", err, time.Since(start))
 	}
+}
+
+// TestOpenUnreachable: Open fails at start-up when no server can be
+// reached, naming the servers, within 5s or its context, unless
+// connect=lazy; a lazy Store gets its session in the background, creates its
+// root and works once a server answers (issue 19 item 6).
+func TestOpenUnreachable(t *testing.T) {
+	p := faultproxy.New(t, testservers.ZooKeeperAddr(t))
+	root := "/reqlock-startup-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
+		u := "zk://" + addrs[0] + root
+		if lazy {
+			u += "?connect=lazy"
+		}
+		return zkstore.Open(ctx, u)
+	})
 }

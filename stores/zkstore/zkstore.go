@@ -44,6 +44,9 @@ type Store struct {
 
 	ages ages // what this Store knows of the age of lock and queue nodes
 
+	rootMu   sync.Mutex  // held while a call creates the root
+	rootMade atomic.Bool // the root exists
+
 	// joined holds the fair waiters this Store has queued, so that their
 	// release subscriptions watch the node ahead of them.
 	joinedMu sync.Mutex
@@ -122,6 +125,20 @@ type config struct {
 	acl     []zk.ACL
 	log     *slog.Logger
 	dialer  zk.Dialer // tests cut the network with theirs
+	lazy    bool      // WithLazyConnect
+}
+
+// WithLazyConnect makes New return at once, without waiting for a session:
+// the client connects in the background, calls fail with store errors
+// (stores.ErrUnreachable) until it has a session, and the first call with
+// one creates the root. Until a server has granted a session timeout, Bounds
+// take the one asked for as MaxTTL; a server that grants less makes calls
+// with longer TTLs fail (see ErrShortSession). Open's connect=lazy sets it.
+func WithLazyConnect() Option {
+	return func(c *config) error {
+		c.lazy = true
+		return nil
+	}
 }
 
 // WithRoot sets the znode under which the Store keeps its keys: an absolute
@@ -202,11 +219,13 @@ func checkRoot(path string) error {
 }
 
 // New connects to the ZooKeeper ensemble at servers (host:port each) and
-// returns a Store once it has a session and its root exists, or ctx's error
-// when ctx ends first. It returns an error wrapping stores.ErrInvalid,
-// naming the problem, when servers is empty or an option is invalid. Close
-// the Store to end its session, which frees every lock and queue place it
-// holds at once.
+// returns a Store once it has a session and its root exists. When that takes
+// longer than ctx, or DefaultConnectTimeout when ctx has no deadline, it
+// returns an error wrapping stores.ErrUnreachable that names the servers.
+// WithLazyConnect returns at once instead. It returns an error wrapping
+// stores.ErrInvalid, naming the problem, when servers is empty or an option
+// is invalid. Close the Store to end its session, which frees every lock and
+// queue place it holds at once.
 func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) {
 	c := config{root: DefaultRoot, session: DefaultSessionTimeout, acl: zk.WorldACL(zk.PermAll), log: slog.Default(), dialer: net.DialTimeout}
 	if len(servers) == 0 {
@@ -263,6 +282,13 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 		return nil, fmt.Errorf("zkstore: connect: %w", err)
 	}
 	s.conn = conn
+	if c.lazy {
+		s.bounds = sessionBounds(maxKey, c.session, c.session)
+		s.maxMs.Store(c.session.Milliseconds())
+		return s, nil
+	}
+	ctx, cancel := storeargs.ConnectContext(ctx)
+	defer cancel()
 	if conn.State() != zk.StateHasSession {
 		select {
 		case <-sessionUp:
@@ -270,7 +296,7 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 			// Close waits up to two connect timeouts for a server to take
 			// its close request: it ends on its own, after Open returned.
 			go conn.Close()
-			return nil, fmt.Errorf("zkstore: no session with %v: %w", servers, ctx.Err())
+			return nil, args.Unreachable(servers, fmt.Errorf("no session: %w", ctx.Err()))
 		}
 	}
 	granted := time.Duration(s.sessionMs.Load()) * time.Millisecond
@@ -280,24 +306,36 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 	}
 	s.bounds = sessionBounds(maxKey, c.session, granted)
 	s.maxMs.Store(granted.Milliseconds())
-	if _, err := call(ctx, s, func(e *effects) (struct{}, error) { return struct{}{}, s.makeRoot(e) }, nil); err != nil {
+	// A call creates the root first.
+	if _, err := call(ctx, s, func(*effects) (struct{}, error) { return struct{}{}, nil }, nil); err != nil {
 		_ = s.Close()
-		return nil, fmt.Errorf("zkstore: create root %q: %w", s.root, err)
+		return nil, err
 	}
 	return s, nil
 }
 
+// DefaultConnectTimeout bounds how long New waits for a session when its
+// context has no deadline.
+const DefaultConnectTimeout = storeargs.DefaultConnectTimeout
+
 // Open returns a Store from a URL of the form
 //
-//	zk://host:port[,host:port...]/root/path?session=10s
+//	zk://host:port[,host:port...]/root/path?session=10s&connect=check
 //
 // The path is the Store's root (DefaultRoot when empty or "/"); session is
 // the session timeout (DefaultSessionTimeout when absent), a Go duration of
-// at least 1s. Open returns an error wrapping stores.ErrInvalid, naming the
-// problem, for any other scheme, a missing host, a user, a fragment or an
-// unknown parameter; and New's errors.
+// at least 1s. With connect=check, the default, Open waits for a session as
+// New does, and fails naming the servers when none answers in time; with
+// connect=lazy (WithLazyConnect) it returns at once, and the Store works
+// once a server answers. Open returns an error wrapping stores.ErrInvalid,
+// naming the problem, for any other scheme, a missing host, a user, a
+// fragment, an unknown parameter or a connect other than check or lazy; and
+// New's errors.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	servers, opts, err := parseURL(rawURL)
+	if errors.Is(err, stores.ErrInvalid) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: zkstore: %w", stores.ErrInvalid, err)
 	}
@@ -333,7 +371,15 @@ func parseURL(rawURL string) ([]string, []Option, error) {
 	if p := u.Path; p != "" && p != "/" {
 		opts = append(opts, WithRoot(p))
 	}
-	for name, values := range u.Query() {
+	query := u.Query()
+	connect, err := args.ParseConnect(query)
+	if err != nil {
+		return nil, nil, err
+	}
+	if connect == storeargs.ConnectLazy {
+		opts = append(opts, WithLazyConnect())
+	}
+	for name, values := range query {
 		switch name {
 		case "session":
 			d, err := time.ParseDuration(values[len(values)-1])
@@ -425,7 +471,7 @@ func (s *Store) checkCall(ctx context.Context, keys []string, token, what string
 // timeout, lets nobody in early who could then clash with a holder.
 func (s *Store) checkSession(ttl time.Duration) error {
 	granted := time.Duration(s.sessionMs.Load()) * time.Millisecond
-	if ttl <= granted {
+	if ttl <= granted || granted == 0 { // 0: no session yet, and the call fails for that
 		return nil
 	}
 	return fmt.Errorf("%w: %w: ttl %v is longer than the session timeout of %v that the server granted when the store last connected "+
@@ -505,6 +551,25 @@ func (c *sessionConn) Read(b []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// ensureRoot creates the root unless a call has: the first call of a Store
+// does, New's or, with WithLazyConnect, the first with a session. One call
+// at a time tries; a failure is that call's, and the next one tries again.
+func (s *Store) ensureRoot(e *effects) error {
+	if s.rootMade.Load() {
+		return nil
+	}
+	s.rootMu.Lock()
+	defer s.rootMu.Unlock()
+	if s.rootMade.Load() {
+		return nil
+	}
+	if err := s.makeRoot(e); err != nil {
+		return fmt.Errorf("zkstore: create root %q: %w", s.root, err)
+	}
+	s.rootMade.Store(true)
+	return nil
 }
 
 // makeRoot creates the root and its missing ancestors, as persistent nodes.

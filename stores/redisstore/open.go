@@ -1,0 +1,76 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/stores"
+)
+
+// Open returns a Store over a *redis.Client of its own, which Close closes,
+// from a go-redis URL:
+//
+//	redis://[user:password@]host:port[/db][?connect=check|lazy&...]
+//
+// (rediss:// for TLS, unix:///path/to/redis.sock for a socket). Every
+// parameter but connect is go-redis's (dial_timeout, read_timeout,
+// max_retries, ...); the client has ContextTimeoutEnabled set, and dials once
+// per try (go-redis's 5 dials 100ms apart make every call to a dead Redis
+// last half a second). opts are New's.
+//
+// With connect=check, the default, Open sends PING and fails unless Redis
+// answers within ctx, or DefaultConnectTimeout when ctx has no deadline: it
+// returns an error wrapping stores.ErrUnreachable that names the address.
+// With connect=lazy it sends nothing: until Redis answers, calls fail with
+// store errors (stores.ErrUnreachable while no connection can be made), and
+// then work, with no restart. It returns an error wrapping stores.ErrInvalid
+// that names the problem for a URL it cannot use.
+func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // without the URL, which may hold a password
+		}
+		return nil, fmt.Errorf("%w: redisstore: URL: %v", stores.ErrInvalid, err)
+	}
+	q := u.Query()
+	connect, err := args.ParseConnect(q)
+	if err != nil {
+		return nil, err
+	}
+	u.RawQuery = q.Encode()
+	o, err := redis.ParseURL(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("%w: redisstore: URL %s: %s", stores.ErrInvalid, u.Redacted(),
+			strings.ReplaceAll(err.Error(), rawURL, u.Redacted()))
+	}
+	o.ContextTimeoutEnabled = true
+	o.DialerRetries = 1
+	client := redis.NewClient(o)
+	s, err := New(client, opts...)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	s.owned = client
+	if connect == storeargs.ConnectCheck {
+		checkCtx, cancel := storeargs.ConnectContext(ctx)
+		defer cancel()
+		if err := client.Ping(checkCtx).Err(); err != nil {
+			_ = s.Close()
+			return nil, args.Unreachable([]string{o.Network + " " + o.Addr}, err)
+		}
+	}
+	return s, nil
+}
+
+// DefaultConnectTimeout bounds Open's check that Redis answers when its
+// context has no deadline.
+const DefaultConnectTimeout = storeargs.DefaultConnectTimeout
