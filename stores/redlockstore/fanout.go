@@ -52,31 +52,53 @@ func retries(client redis.Scripter) bool {
 // timeout (and ctx's deadline) but not by ctx's cancellation, and returns
 // the channel their replies arrive on; it has room for all of them, so a
 // call never blocks on a reader that left. The calls are counted and their
-// failures reported.
+// failures reported. A skipped node is not called: its reply, at once, is
+// a failure wrapping ErrNodeSkipped that never reached the node.
 func (s *Store) fanOut(ctx context.Context, timeout time.Duration, indexes []int,
 	call func(ctx context.Context, i int) ([]int64, error)) <-chan reply {
+	out := make(chan reply, len(indexes))
+	s.fanOutInto(ctx, timeout, indexes, call, out)
+	return out
+}
+
+// fanOutInto is fanOut with the replies sent on out, which must have room
+// for them.
+func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes []int,
+	call func(ctx context.Context, i int) ([]int64, error), out chan<- reply) {
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	base := context.WithoutCancel(ctx)
-	out := make(chan reply, len(indexes))
 	for _, i := range indexes {
+		if s.skipped(i) {
+			s.nodes[i].notSent.Add(1)
+			out <- reply{node: i, err: fmt.Errorf("%w (%s)", ErrNodeSkipped, s.nodes[i].name), unsent: true}
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			cctx, cancel := context.WithDeadline(base, deadline)
+			start := time.Now()
+			unwatch := s.watchStall(i, start, deadline, cancel)
 			vals, err := call(cctx, i)
+			took := time.Since(start)
+			if unwatch() && err != nil {
+				err = fmt.Errorf("%w after %v: %w", errStalled, took.Round(time.Millisecond), err)
+			}
 			cancel()
 			if err == nil && len(vals) == 2 && vals[0] == -1 {
 				err = fmt.Errorf("%w for %v more", ErrQuarantined, time.Duration(vals[1])*time.Millisecond)
 				s.nodes[i].quarantines.Add(1)
 			}
 			s.count(i, err)
+			// A timeout counts when the call had at least half its own
+			// time: not one that its caller's deadline cut short.
+			s.health(i, err, took, took >= timeout/2)
 			out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
 		}()
 	}
-	return out
 }
 
 // count records one call of node i and its failure.

@@ -183,8 +183,10 @@ func TestCancelledRefreshRetakeClosedByRelease(t *testing.T) {
 	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// Node 4 answers the Refresh's first call 1s late; its next request,
-	// the re-take, reaches it 2s late.
+	// Nodes 0-3 answer the Refresh 1s late (a Refresh decides once a
+	// quorum answered, and re-takes only on nodes that answered by then);
+	// node 4's next request after the Refresh's first, the re-take,
+	// reaches it 2s late.
 	p := proxies[4]
 	seen := []chan struct{}{make(chan struct{}), make(chan struct{})} // the first request, the second
 	requests := 0
@@ -195,7 +197,9 @@ func TestCancelledRefreshRetakeClosedByRelease(t *testing.T) {
 		requests++
 		return false
 	}, true)
-	p.Delay(faultproxy.ToClient, time.Second)
+	for _, q := range proxies[:4] {
+		q.Delay(faultproxy.ToClient, time.Second)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	refreshed := make(chan error, 1)
 	go func() { refreshed <- s.Refresh(rctx, []string{key}, "t1", 10*time.Second) }()

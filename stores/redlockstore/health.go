@@ -1,0 +1,178 @@
+package redlockstore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A node that keeps timing out (frozen, partitioned) is skipped: calls to
+// it fail at once with ErrNodeSkipped, as if they had not reached it, while
+// one probe at a time (a script call bounded by the node timeout, then a
+// pause of probePause) checks it in the background. The first probe, or
+// any call, that it answers brings it back. A node is skipped after
+// skipAfter calls in a row timed out, or as soon as a call of it has had
+// no answer for its stall time (16 of its mean round trips, at least
+// minStall) while other nodes answered calls sent after it: that call is
+// then ended (its outcome unknown, so undone as a timeout is). So a frozen
+// minority costs its calls a fraction of the node timeout, once.
+const (
+	// skipAfter is how many calls in a row must time out, each after its
+	// full timeout, before the node is skipped.
+	skipAfter = 2
+	// probePause separates two probes of a skipped node.
+	probePause = 50 * time.Millisecond
+	// rttWeight is the weight of the last call in a node's mean round trip.
+	rttWeight = 8 // 1/8
+	// minPatience is the least a contended Acquire waits for the gate alone.
+	minPatience = 2 * time.Millisecond
+	// minStall is the shortest time without an answer that makes a node
+	// stalled (see stallAfter).
+	minStall = 200 * time.Millisecond
+)
+
+// ErrNodeSkipped is the failure of a call that was not sent because its
+// node is skipped: its recent calls timed out, and a background probe
+// brings it back as soon as it answers.
+var ErrNodeSkipped = errors.New("redlockstore: node skipped: its last calls timed out; it is probed in the background")
+
+// skipped reports whether node i is skipped.
+func (s *Store) skipped(i int) bool { return s.nodes[i].skipped.Load() }
+
+// health records the outcome of a call of node i that took took; full says
+// whether the call's deadline was its own timeout (not its caller's,
+// which may end a call to a healthy node early). A success brings the node
+// back; skipAfter full timeouts in a row skip it and start its probe.
+func (s *Store) health(i int, err error, took time.Duration, full bool) {
+	n := s.nodes[i]
+	if err == nil || (!isTimeout(err) && !errors.Is(err, errStalled)) {
+		n.lastReply.Store(time.Now().UnixNano()) // it answered
+	}
+	if err == nil {
+		n.timeouts.Store(0)
+		if old := n.rtt.Load(); old == 0 {
+			n.rtt.Store(int64(took))
+		} else {
+			n.rtt.Store(old + (int64(took)-old)/rttWeight)
+		}
+		n.skipped.Store(false)
+		return
+	}
+	if !full || !isTimeout(err) {
+		return
+	}
+	if n.timeouts.Add(1) >= skipAfter {
+		s.skip(i)
+	}
+}
+
+// skip skips node i and starts its probe, unless it is skipped already.
+func (s *Store) skip(i int) {
+	if n := s.nodes[i]; n.skipped.CompareAndSwap(false, true) {
+		n.skips.Add(1)
+		s.startProbe(i)
+	}
+}
+
+// stallAfter is how long a call of node i may go unanswered before the
+// node counts as stalled: 16 of its mean round trips, at least minStall.
+func (s *Store) stallAfter(i int) time.Duration {
+	return max(minStall, 16*time.Duration(s.nodes[i].rtt.Load()))
+}
+
+// watchStall arms the stall check of a call of node i sent at start,
+// which end ends, when its deadline leaves room for it; the returned
+// function disarms it and reports whether the check ended the call.
+func (s *Store) watchStall(i int, start, deadline time.Time, end context.CancelFunc) (stop func() bool) {
+	d := s.stallAfter(i)
+	if deadline.Sub(start) <= d {
+		return func() bool { return false }
+	}
+	var ended atomic.Bool
+	t := time.AfterFunc(d, func() {
+		if s.stalled(i, start, d) {
+			ended.Store(true)
+			s.skip(i)
+			end()
+		}
+	})
+	return func() bool {
+		t.Stop()
+		return ended.Load()
+	}
+}
+
+// stalled reports whether node i has answered nothing since start while
+// another node answered after start+d/2: the client and the network
+// work, the node does not.
+func (s *Store) stalled(i int, start time.Time, d time.Duration) bool {
+	if s.nodes[i].lastReply.Load() >= start.UnixNano() {
+		return false
+	}
+	since := start.Add(d / 2).UnixNano()
+	for j, o := range s.nodes {
+		if j != i && o.lastReply.Load() > since {
+			return true
+		}
+	}
+	return false
+}
+
+// errStalled is the failure of a call ended because its node stalled.
+var errStalled = errors.New("redlockstore: no answer while the other nodes answered: node skipped")
+
+// startProbe probes skipped node i in the background until it answers (it
+// is then no longer skipped) or the Store closes.
+func (s *Store) startProbe(i int) {
+	n := s.nodes[i]
+	if !n.pinging.CompareAndSwap(false, true) {
+		return
+	}
+	s.wg.Go(func() {
+		defer n.pinging.Store(false)
+		pause := time.NewTimer(0)
+		defer pause.Stop()
+		for n.skipped.Load() {
+			select {
+			case <-s.stop.Done():
+				return
+			case <-pause.C:
+			}
+			ctx, cancel := context.WithTimeout(s.stop, s.nodeTimeout)
+			start := time.Now()
+			err := probeScript.Run(ctx, n.client, nil).Err()
+			cancel()
+			if s.stop.Err() != nil {
+				return
+			}
+			if err == nil {
+				s.health(i, nil, time.Since(start), true)
+				return
+			}
+			pause.Reset(probePause)
+		}
+	})
+}
+
+// probeScript is the probe of a skipped node: a script, as the Store's
+// calls are (a client that only runs scripts may be all it has).
+var probeScript = redis.NewScript(`return 1`)
+
+// patience is how long a contended Acquire waits for the gate alone before
+// it asks the other nodes too: four times the gate's mean round trip plus
+// minPatience, at most timeout.
+func (s *Store) patience(gate int, timeout time.Duration) time.Duration {
+	return min(timeout, 4*time.Duration(s.nodes[gate].rtt.Load())+minPatience)
+}
+
+// isTimeout reports whether err is a call that ran out of time: its
+// deadline, a network timeout, or no connection free in time.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
