@@ -340,7 +340,9 @@ func TestLockStoreDown(t *testing.T) {
 		t.Run(fw, func(t *testing.T) {
 			t.Parallel()
 			cfg := testConfig(fw)
-			cfg.redisURL = "redis://" + addr + "?dial_timeout=200ms&max_retries=-1"
+			// connect=lazy: started while Redis is down, as start-up
+			// fails by default.
+			cfg.redisURL = "redis://" + addr + "?dial_timeout=200ms&max_retries=-1&connect=lazy"
 			a, srv := startApp(t, cfg)
 			counter := &countingStore{stockStore: a.shop.store}
 			a.shop.store = counter

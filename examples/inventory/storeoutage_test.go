@@ -342,7 +342,7 @@ func logLines(s string) int { return strings.Count(s, "\n") }
 
 // hotKeyLoad is the incident's traffic: two instances on one Redis, 8
 // clients on one hot SKU and 24 on 24 others, each sending a deduction
-// 10ms after its last answer. With smallPool each instance's Redis clients
+// 50ms after its last answer. With smallPool each instance's Redis clients
 // have a pool of 8 connections, so that while Redis is frozen the calls of
 // the 24 fill it, as a busy service's pool is full: a release then waits
 // for a connection and never reaches Redis (with a free connection it would
@@ -358,7 +358,7 @@ func hotKeyLoad(t *testing.T, logs *syncBuffer, smallPool bool) (*testservers.Se
 	_, b := startApp(t, cfg)
 	gate := newHoldGate(appA, "sku:hot")
 	bases := []string{a.URL, b.URL}
-	l := startLoad(bases, 32, 10*time.Millisecond, func(w int) string {
+	l := startLoad(bases, 32, 50*time.Millisecond, func(w int) string {
 		if w < 8 {
 			return "hot"
 		}
@@ -417,7 +417,9 @@ func (g *holdGate) failWhileHeld(t *testing.T, server *testservers.Server, f fau
 // after 3s, with its data or empty) under load on a hot SKU with a 10s
 // TTL, -wait 1s, while a request holds the hot SKU's lock. The lock its holder could not release while Redis was
 // down must not block the SKU for the rest of its TTL: the first 200 on the
-// hot SKU comes within 1s after Redis answers again.
+// hot SKU comes within 1s after Redis answers again. The cases run in
+// parallel with each other but not with the package's other tests: their
+// load would slow those, and those their answers.
 func TestOutageHotKeyHeals(t *testing.T) {
 	for _, f := range []fault{frozen, killed, killedEmpty} {
 		t.Run(f.name, func(t *testing.T) {
@@ -448,9 +450,10 @@ func TestOutageHotKeyHeals(t *testing.T) {
 
 // TestOutageLogsStateChanges: a 5s outage (Redis frozen) under load on both
 // instances logs at most 4 lines from the library, the store going down and
-// coming back on each instance, not one line per rejected request.
+// coming back on each instance, not one line per rejected request. Like
+// TestOutageHotKeyHeals, it is not parallel with the package's other tests:
+// its load would slow theirs, and theirs its answers.
 func TestOutageLogsStateChanges(t *testing.T) {
-	t.Parallel()
 	var logs syncBuffer
 	server, gate, l := hotKeyLoad(t, &logs, true)
 	before := logLines(logs.String())
