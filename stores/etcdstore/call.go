@@ -210,8 +210,9 @@ func unreachable(err error) bool {
 // died meanwhile is never answered (etcd drops it; the follower waits for
 // its own request timeout, seven seconds by default), while a copy sent
 // once the new leader is elected (about 1.5s after the kill with etcd's
-// default election timeout) is answered at once. The earlier copies keep
-// waiting: the first answer wins.
+// default election timeout) is answered at once. The earlier copies of a
+// grant, a release or a refresh keep waiting, and the first answer wins;
+// an undo's try is cancelled for the next (see undoQueue.run).
 const attemptTimeout = 250 * time.Millisecond
 
 // Pauses before an idempotent step is sent again after etcd answered it

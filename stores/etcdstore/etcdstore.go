@@ -149,8 +149,9 @@
 // pending: it puts as many marks and deletes in one transaction as etcd
 // takes (128 operations by default, fewer after etcd refuses them, and the
 // request size), and while etcd does not answer it tries again, pausing up
-// to a second between tries; a try waits 250ms for the answer at first,
-// twice as long after each try left unanswered, up to the request timeout.
+// to a second between tries that failed; a try waits 250ms for the answer,
+// and the next follows at once, and once etcd has answered none for 2s,
+// each waits twice as long as the one before, up to the request timeout.
 // An undo ends only when it has landed, or when
 // etcd reports every lease of its acquire gone (revoked, or expired),
 // after which nothing the acquire sent can hold a key: never on the local
@@ -193,10 +194,15 @@
 // kill costs its caller's wait, or is abandoned, and its undo follows the
 // same bounds. With three members and etcd's default election timeout
 // (1s), the leader killed under steady load on one hot key (two Stores,
-// Lockers with a wait of 1s): both sell again about 2s after the kill,
-// once the election (1-2.5s here) is over (TestLeaderKilledEveryInstanceSellsAgain);
-// it took 14s, a release caught by the kill leaving its key held for its
-// TTL of 10s.
+// Lockers with a wait of 1s): both sell again 1-2.1s after the kill, as
+// soon as the election (1-2s here) is over and the waits caught by the
+// kill have ended (TestLeaderKilledEveryInstanceSellsAgain). It took 6.5s
+// when every acquire of a Store waited behind one grant caught by the
+// kill, until the request timeout. A paused (SIGSTOP) leader costs more:
+// its connection stays up, so the client goes on sending it a share of the
+// requests, and an acquire sent there waits for its caller's context; in
+// the same test with the leader paused, the instances sold again 1.5-4.5s
+// after the pause (6.5-13s before).
 //
 // # Start-up
 //

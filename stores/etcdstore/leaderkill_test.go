@@ -32,12 +32,13 @@ type instance struct {
 // TestLeaderKilledEveryInstanceSellsAgain (issue 19, item 5): two instances
 // (each a Store opened on all three members, with the default request
 // timeout, and a Locker) sell one hot key under steady load, with a wait of
-// 1s and a TTL of 10s, as the middleware's example does; the leader is
-// killed while a seller holds the key. Every instance sells again within 3s of the kill (the election
-// takes about 1.5s here), and no two holders ever overlap. It used to take
-// about 6s: a lease grant sent during the election was never answered, and
-// every acquire of the Store waited behind it until the request timeout;
-// and a release sent then hung as long, so the key stayed held for its TTL.
+// 1s; the leader is killed while a seller holds the key. Every instance
+// sells again (on a grant of the store, not one handed on locally) within
+// 3s of the kill (the election takes 1-2.5s here), and no two holders ever
+// overlap. It took 6.5s: a lease grant sent during the election was never
+// answered, and every acquire of its Store waited behind it until the
+// request timeout (5s). Before the Locker retried failed releases, a
+// release caught by the kill also left the key held for its TTL.
 func TestLeaderKilledEveryInstanceSellsAgain(t *testing.T) {
 	t.Parallel()
 	members := testservers.EtcdCluster(t, 3)
@@ -62,8 +63,11 @@ func TestLeaderKilledEveryInstanceSellsAgain(t *testing.T) {
 
 	const (
 		workers = 4 // per instance
-		ttl     = 10 * time.Second
-		wait    = time.Second
+		// A TTL of 8s takes a lease of 9s, which serves the calls that
+		// start within a second of its grant: one is sent in the second
+		// after the kill, before the followers know that the leader died.
+		ttl  = 8 * time.Second
+		wait = time.Second
 	)
 	key := "sku:" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -186,7 +190,7 @@ func TestLeaderKilledEveryInstanceSellsAgain(t *testing.T) {
 	}
 	for i, d := range after {
 		if d > limit {
-			t.Errorf("instance %d sold again %v after the leader's kill, want at most %v", i, d.Round(time.Millisecond), limit)
+			t.Errorf("instance %d sold again %v after the leader's kill, want at most %v (a new leader was seen %v after the kill)", i, d.Round(time.Millisecond), limit, elected.Round(time.Millisecond))
 		}
 	}
 }
