@@ -99,7 +99,7 @@ type breaker struct {
 
 	mu sync.Mutex // orders suspect's updates with cb's counts; taken before cb's
 
-	stateMu sync.Mutex // guards since and outages; taken inside cb's mutex
+	stateMu sync.Mutex // guards since and outages, and orders down's updates with them; taken inside cb's mutex
 	since   time.Time
 	outages uint64
 }
@@ -136,9 +136,9 @@ func (b *breaker) changed(_ string, from, to gobreaker.State) {
 		if from != gobreaker.StateClosed {
 			return // a probe failed: still down
 		}
+		b.stateMu.Lock() // down with since and outages: StoreHealth reads them as one
 		b.down.Store(true)
 		b.rejected.Store(0)
-		b.stateMu.Lock()
 		b.since = now
 		b.outages++
 		b.stateMu.Unlock()
@@ -148,8 +148,8 @@ func (b *breaker) changed(_ string, from, to gobreaker.State) {
 			m.StoreDown()
 		}
 	case gobreaker.StateClosed:
-		b.down.Store(false)
 		b.stateMu.Lock()
+		b.down.Store(false)
 		down := now.Sub(b.since)
 		b.since = now
 		b.stateMu.Unlock()
