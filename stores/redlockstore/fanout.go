@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -81,7 +82,16 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 			defer s.wg.Done()
 			cctx, cancel := context.WithDeadline(base, deadline)
 			start := time.Now()
-			unwatch := s.watchStall(i, start, deadline, cancel)
+			// A stalled call's reply comes at once: the client may not
+			// notice the cancellation before the deadline (a read from a
+			// frozen server waits for it). Its outcome is unknown, as a
+			// timeout's is.
+			var replied atomic.Bool
+			unwatch := s.watchStall(i, start, deadline, func() {
+				cancel()
+				replied.Store(true)
+				out <- reply{node: i, err: fmt.Errorf("%w after %v", errStalled, time.Since(start).Round(time.Millisecond))}
+			})
 			vals, err := call(cctx, i)
 			took := time.Since(start)
 			if unwatch() && err != nil {
@@ -96,7 +106,9 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 			// A timeout counts when the call had at least half its own
 			// time: not one that its caller's deadline cut short.
 			s.health(i, err, took, took >= timeout/2)
-			out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
+			if !replied.Load() {
+				out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
+			}
 		}()
 	}
 }

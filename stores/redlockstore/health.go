@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,8 +18,8 @@ import (
 // any call, that it answers brings it back. A node is skipped after
 // skipAfter calls in a row timed out, or as soon as a call of it has had
 // no answer for its stall time (16 of its mean round trips, at least
-// minStall) while other nodes answered calls sent after it: that call is
-// then ended (its outcome unknown, so undone as a timeout is). So a frozen
+// minStall) while other nodes answered calls sent after it (when none was
+// sent, they are pinged then): that call is then ended (its outcome unknown, so undone as a timeout is). So a frozen
 // minority costs its calls a fraction of the node timeout, once.
 const (
 	// skipAfter is how many calls in a row must time out, each after its
@@ -79,31 +80,70 @@ func (s *Store) skip(i int) {
 }
 
 // stallAfter is how long a call of node i may go unanswered before the
-// node counts as stalled: 16 of its mean round trips, at least minStall.
+// node counts as stalled: 16 of its mean round trips, at least minStall and
+// at most a quarter of the node timeout (when that is more than minStall):
+// slow calls under load (a full connection pool) make the mean large, and
+// a frozen node must be found well within the timeout all the same.
 func (s *Store) stallAfter(i int) time.Duration {
-	return max(minStall, 16*time.Duration(s.nodes[i].rtt.Load()))
+	return max(minStall, min(s.nodeTimeout/4, 16*time.Duration(s.nodes[i].rtt.Load())))
 }
 
-// watchStall arms the stall check of a call of node i sent at start,
-// which end ends, when its deadline leaves room for it; the returned
-// function disarms it and reports whether the check ended the call.
+// watchStall arms the stall check of a call of node i sent at start, which
+// end ends (and answers), when its deadline leaves room for it; the
+// returned function disarms it, waiting for a check that runs, and reports
+// whether the check ended the call.
 func (s *Store) watchStall(i int, start, deadline time.Time, end context.CancelFunc) (stop func() bool) {
 	d := s.stallAfter(i)
 	if deadline.Sub(start) <= d {
 		return func() bool { return false }
 	}
-	var ended atomic.Bool
+	var ended, done atomic.Bool
+	var running sync.Mutex // held while the check runs
 	t := time.AfterFunc(d, func() {
-		if s.stalled(i, start, d) {
+		running.Lock()
+		defer running.Unlock()
+		if done.Load() || s.nodes[i].lastReply.Load() >= start.UnixNano() {
+			return
+		}
+		if !s.stalled(i, start, d) {
+			// No other node answered lately: every caller may be waiting
+			// for this one. Ask the others.
+			s.pingOthers(i, d/2)
+		}
+		if !done.Load() && s.stalled(i, start, d) {
 			ended.Store(true)
 			s.skip(i)
 			end()
 		}
 	})
 	return func() bool {
+		done.Store(true)
 		t.Stop()
+		running.Lock() // a check that runs ends first
+		defer running.Unlock()
 		return ended.Load()
 	}
+}
+
+// pingOthers sends the probe script to every node but i that is not
+// skipped, at once, and waits for them, each bounded by timeout (and
+// Close): those that answer record it (see health).
+func (s *Store) pingOthers(i int, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(s.stop, timeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for j, n := range s.nodes {
+		if j == i || s.skipped(j) {
+			continue
+		}
+		wg.Go(func() {
+			start := time.Now()
+			if err := probeScript.Run(ctx, n.client, nil).Err(); err == nil {
+				s.health(j, nil, time.Since(start), true)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // stalled reports whether node i has answered nothing since start while
