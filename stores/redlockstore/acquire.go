@@ -635,6 +635,10 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted
 			pending++
 		}
 	}
+	if pending > 0 && !s.track(1) {
+		// Close began: it gives up what the late replies would owe.
+		pending = 0
+	}
 	s.mu.Lock()
 	st := s.tokens[a.token]
 	if st == nil && pending > 0 {
@@ -662,7 +666,8 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted
 		}
 	}
 	s.mu.Unlock()
-	s.wg.Go(func() {
+	go func() {
+		defer s.wg.Done()
 		for range pending {
 			r := <-replies
 			granted := r.err == nil && len(r.vals) > 0 && r.vals[0] == 1
@@ -684,7 +689,7 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted
 				s.oweUndo(a, []int{r.node}, nil)
 			}
 		}
-	})
+	}()
 }
 
 // dropIdleLocked forgets st once nothing of it is in flight. The caller

@@ -54,7 +54,8 @@ func retries(client redis.Scripter) bool {
 // the channel their replies arrive on; it has room for all of them, so a
 // call never blocks on a reader that left. The calls are counted and their
 // failures reported. A skipped node is not called: its reply, at once, is
-// a failure wrapping ErrNodeSkipped that never reached the node.
+// a failure wrapping ErrNodeSkipped that never reached the node; after
+// Close began, every reply is ErrClosed, at once.
 func (s *Store) fanOut(ctx context.Context, timeout time.Duration, indexes []int,
 	call func(ctx context.Context, i int) ([]int64, error)) <-chan reply {
 	out := make(chan reply, len(indexes))
@@ -71,13 +72,22 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 		deadline = d
 	}
 	base := context.WithoutCancel(ctx)
+	send := make([]int, 0, len(indexes))
 	for _, i := range indexes {
 		if s.skipped(i) {
 			s.nodes[i].notSent.Add(1)
 			out <- reply{node: i, err: fmt.Errorf("%w (%s)", ErrNodeSkipped, s.nodes[i].name), unsent: true}
 			continue
 		}
-		s.wg.Add(1)
+		send = append(send, i)
+	}
+	if len(send) > 0 && !s.track(len(send)) {
+		for _, i := range send {
+			out <- reply{node: i, err: ErrClosed, unsent: true}
+		}
+		return
+	}
+	for _, i := range send {
 		go func() {
 			defer s.wg.Done()
 			cctx, cancel := context.WithDeadline(base, deadline)

@@ -172,7 +172,12 @@ func (s *Store) startProbe(i int) {
 	if !n.pinging.CompareAndSwap(false, true) {
 		return
 	}
-	s.wg.Go(func() {
+	if !s.track(1) {
+		n.pinging.Store(false) // Close began
+		return
+	}
+	go func() {
+		defer s.wg.Done()
 		defer n.pinging.Store(false)
 		pause := time.NewTimer(0)
 		defer pause.Stop()
@@ -195,7 +200,7 @@ func (s *Store) startProbe(i int) {
 			}
 			pause.Reset(probePause)
 		}
-	})
+	}()
 }
 
 // probeScript is the probe of a skipped node: a script, as the Store's

@@ -369,7 +369,9 @@ type Store struct {
 	firstProbe sync.Once    // the first identify, which every Acquire waits for
 	duplicate  atomic.Pointer[error]
 
-	wg             sync.WaitGroup // background calls
+	wg             sync.WaitGroup // background calls; see track
+	life           sync.RWMutex   // guards closing
+	closing        bool           // Close has begun: track counts no more
 	mu             sync.Mutex     // guards what follows, and each node's clean
 	tokens         map[string]*tokenState
 	inflight       map[string]int       // Acquires in flight per first key
@@ -633,6 +635,9 @@ func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 // owns and closes after the Store; a Store from Open closes the clients it
 // made. It returns the error of closing the pub/subs (and those clients).
 func (s *Store) Close() error {
+	s.life.Lock()
+	s.closing = true
+	s.life.Unlock()
 	s.mu.Lock()
 	s.closed = true
 	s.dispatchAllLocked() // the janitor gives up what is owed
@@ -648,6 +653,23 @@ func (s *Store) Close() error {
 	}
 	s.owned = nil
 	return err
+}
+
+// ErrClosed is the failure of a node call asked for after Close began: it
+// is not sent.
+var ErrClosed = errors.New("redlockstore: store closed")
+
+// track counts n goroutines that Close waits for, and reports false,
+// counting none, once Close has begun (its Wait may be running: an Add then
+// would race with it).
+func (s *Store) track(n int) bool {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Add(n)
+	return true
 }
 
 // drift returns the drift allowance of a TTL.
