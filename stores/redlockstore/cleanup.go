@@ -330,6 +330,7 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.nodeTimeout)
 	start := time.Now()
+	s.nodes[i].calls.Add(1)
 	vals, err := releaseScript.Run(ctx, s.nodes[i].client, d.keys, d.token, keepMS, 1, c.close,
 		milliseconds(c.closeTTL), c.upTo).Int64Slice()
 	took := time.Since(start)

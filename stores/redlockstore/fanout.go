@@ -92,6 +92,7 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 			defer s.wg.Done()
 			cctx, cancel := context.WithDeadline(base, deadline)
 			start := time.Now()
+			s.nodes[i].calls.Add(1)
 			// A stalled call's reply comes at once: the client may not
 			// notice the cancellation before the deadline (a read from a
 			// frozen server waits for it). Its outcome is unknown, as a
@@ -123,10 +124,10 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 	}
 }
 
-// count records one call of node i and its failure.
+// count records the outcome of a call of node i (its sending is counted
+// as it is sent: a stalled call's reply comes before it ends).
 func (s *Store) count(i int, err error) {
 	n := s.nodes[i]
-	n.calls.Add(1)
 	n.failing.Store(err != nil)
 	if err != nil {
 		n.failures.Add(1)

@@ -147,19 +147,25 @@ func (s *Store) pingOthers(i int, timeout time.Duration) {
 }
 
 // stalled reports whether node i has answered nothing since start while
-// another node answered after start+d/2: the client and the network
-// work, the node does not.
+// most of the other nodes that are not skipped answered after start+d/2:
+// the client and the network work, the node does not (one slow node among
+// many is not singled out when most are slow).
 func (s *Store) stalled(i int, start time.Time, d time.Duration) bool {
 	if s.nodes[i].lastReply.Load() >= start.UnixNano() {
 		return false
 	}
 	since := start.Add(d / 2).UnixNano()
+	others, answered := 0, 0
 	for j, o := range s.nodes {
-		if j != i && o.lastReply.Load() > since {
-			return true
+		if j == i || s.skipped(j) {
+			continue
+		}
+		others++
+		if o.lastReply.Load() > since {
+			answered++
 		}
 	}
-	return false
+	return answered > 0 && 2*answered > others
 }
 
 // errStalled is the failure of a call ended because its node stalled.
