@@ -63,9 +63,13 @@
 // A node that keeps timing out (frozen by SIGSTOP, partitioned) is skipped:
 // after 2 calls in a row timed out (each after at least half its timeout),
 // or as soon as one call has had no answer for its stall time (16 of the
-// node's mean round trips, at least 200ms) while other nodes answered
-// calls sent after it (that call then ends with an unknown outcome, undone
-// as a timeout is). A skipped node gets no calls: they fail at once with
+// node's mean round trips, at least 200ms, at most a quarter of the node
+// timeout above that) while most other live nodes answered calls sent
+// after it, or pings sent then (that call then answers at once, an
+// unknown outcome undone as a timeout is; the client's own call ends at
+// its deadline). While the nodes that failed or did not answer leave no
+// quorum of answers, an Acquire is a store failure, never a refusal: with
+// 3 of 5 nodes frozen every request gets a store error. A skipped node gets no calls: they fail at once with
 // ErrNodeSkipped, as unsent, and count as failed nodes toward the quorum.
 // One probe at a time (a script call bounded by the node timeout, 50ms
 // apart) checks it in the background, and the first answer, of a probe or
