@@ -70,7 +70,10 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // its local queue knows that another owner wants it (and for hotFor polls
 // after), so that it finds the key free while a holder of another process
 // holds back for it (see Locker.yieldAfter).
-func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, sawHeld bool) error {
+//
+// outer is the caller's context, ctx the one bounded by the wait: the
+// breaker (see WithBreaker) admits each attempt, and counts its outcome.
+func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, sawHeld bool) error {
 	if err := ctx.Err(); err != nil {
 		// The wait went by in the local queue: calling the store on the
 		// ended context would only fail at once.
@@ -79,15 +82,16 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 	keys, token := g.keys, g.token
 	strategy := l.attempter(keys, wait)
 	var (
-		schedule *backoffSchedule
-		released <-chan struct{}
-		stop     func()
-		refused  bool
-		watched  = -1 // the index of the key whose releases wake us
-		marked   = -1 // the index of the key last recorded as contended
-		lastWait time.Duration
-		lastAt   time.Time // when the attempt that answered lastWait began
-		hotUntil time.Time // until when the key counts as changing hands
+		schedule  *backoffSchedule
+		released  <-chan struct{}
+		stop      func()
+		refused   bool
+		watched   = -1 // the index of the key whose releases wake us
+		marked    = -1 // the index of the key last recorded as contended
+		lastWait  time.Duration
+		lastAt    time.Time // when the attempt that answered lastWait began
+		hotUntil  time.Time // until when the key counts as changing hands
+		attempted bool      // an attempt was made
 	)
 	defer func() {
 		if stop != nil {
@@ -101,14 +105,29 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 		}
 	}
 	for {
+		var done func(error)
+		if l.breaker != nil {
+			d, derr := l.breaker.allow()
+			if derr != nil {
+				if attempted { // the waiter may be in the store's queue
+					strategy.leave(ctx, keys, token, true)
+				}
+				return derr
+			}
+			done = d
+		}
 		start := time.Now()
 		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)
+		attempted = true
+		if l.breaker != nil {
+			l.breaker.report(done, breakerOutcome(outer, ctx, err, sawHeld))
+		}
 		if mayHaveGranted(err) || (grant.OK && ctx.Err() != nil) {
 			// The store may have granted the keys although we got no
 			// answer, or after we stopped listening: release them rather
 			// than leave them to their TTL. In the background, bounded by
 			// the release timeout, so a stalled store delays no answer.
-			go l.releaseAbandoned(keys, token)
+			go l.releaseAbandoned(keys, token, ttl)
 		}
 		cerr := ctx.Err()
 		if cerr == nil && err != nil && deadlinePassed(ctx) {
@@ -131,7 +150,7 @@ func (l *Locker) contend(ctx context.Context, g *grant, turns []localqueue.Turn,
 			return wrapStoreError(err)
 		case grant.OK:
 			if len(grant.Fences) != len(keys) {
-				go l.releaseAbandoned(keys, token)
+				go l.releaseAbandoned(keys, token, ttl)
 				return wrapStoreError(errors.New("the store granted a wrong number of fences"))
 			}
 			g.granted(grant.Fences, ttl, start)
@@ -193,6 +212,25 @@ func changedHands(lastWait time.Duration, lastAt time.Time, wait time.Duration, 
 		return true
 	}
 	return !lastAt.IsZero() && wait > lastWait-at.Sub(lastAt)/2
+}
+
+// breakerOutcome classes an attempt's outcome for the breaker: nil when the
+// store answered, errFailure when it failed or ran out the wait bound with
+// no sign that the key was held, errExcluded when it says nothing of the
+// store (the caller left, its own deadline passed, or a wait on a held key
+// ended mid-call).
+func breakerOutcome(outer, ctx context.Context, err error, sawHeld bool) error {
+	switch {
+	case err == nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrNotHeld):
+		return nil
+	case outer.Err() != nil || deadlinePassed(outer):
+		return errExcluded
+	case ctx.Err() != nil || deadlinePassed(ctx):
+		if sawHeld {
+			return errExcluded
+		}
+	}
+	return errFailure
 }
 
 // deadlinePassed reports whether ctx has a deadline and it has passed.

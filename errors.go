@@ -1,8 +1,10 @@
 package reqlock
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/reqlock/reqlock/stores"
 )
@@ -21,12 +23,24 @@ var (
 	// so errors.Is(err, context.DeadlineExceeded) or
 	// errors.Is(err, context.Canceled) tells which. Without ErrHeld it
 	// means a store call was still unanswered when the wait ended, with no
-	// sign that the key was held: the store did not answer in time.
+	// sign that the key was held: the store did not answer in time; when
+	// the Locker's wait limit ended it (not the context's own deadline or
+	// cancellation), the error matches ErrStore too.
 	ErrWaitEnded = errors.New("reqlock: wait for lock ended")
 
 	// ErrStore means the store failed or timed out. The store's own error
-	// is wrapped alongside it.
+	// is wrapped alongside it. A wait that ended with a store call still
+	// unanswered and no sign that the key was held (see ErrWaitEnded)
+	// matches it too, and so does the error of a request whose turn came
+	// behind a request of this process that met a store failure on the key:
+	// such waiters answer at once, without a store call of their own.
 	ErrStore = errors.New("reqlock: store failed")
+
+	// ErrStoreDown means the Locker refused the request without a store
+	// call: its breaker counts the store down (see WithBreaker). It matches
+	// ErrStore, so OutcomeOf gives OutcomeStoreError. The error returned is
+	// a *StoreDownError, which says when the next probe of the store is due.
+	ErrStoreDown = fmt.Errorf("%w: the store is known down", ErrStore)
 
 	// ErrNotHeld means a release or refresh found that the key no longer
 	// holds the caller's token: the lock expired, was taken over or was
@@ -44,6 +58,48 @@ var (
 	// without a renewal that succeeded.
 	ErrLockLost = errors.New("reqlock: lock lost")
 )
+
+// StoreDownError is the error of a request that the Locker refused while its
+// breaker counts the store down. It matches ErrStoreDown and ErrStore.
+type StoreDownError struct {
+	// NextProbe is when the breaker lets the next request probe the store;
+	// in the past when a probe is due or running.
+	NextProbe time.Time
+}
+
+// Error names the error and when the next probe is due.
+func (e *StoreDownError) Error() string {
+	return fmt.Sprintf("%v; next probe in %v", ErrStoreDown, max(time.Until(e.NextProbe), 0).Round(time.Millisecond))
+}
+
+// Unwrap returns ErrStoreDown.
+func (e *StoreDownError) Unwrap() error { return ErrStoreDown }
+
+// errStoreSilent joins the error of a wait that ended, with no sign that the
+// key was held, while a store call was unanswered: the store did not answer
+// in time.
+var errStoreSilent = fmt.Errorf("%w: the store did not answer within the wait", ErrStore)
+
+// storeSilent adds errStoreSilent to err, an error of an attempt on the
+// caller's context outer, when err is a wait that ended by the Locker's own
+// bound with no sign that the key was held: the caller's context neither
+// ended nor reached its deadline.
+func storeSilent(outer context.Context, err error) error {
+	if err == nil || outer.Err() != nil || deadlinePassed(outer) || !errors.Is(err, ErrWaitEnded) ||
+		errors.Is(err, ErrHeld) || errors.Is(err, ErrStore) {
+		return err
+	}
+	return errors.Join(err, errStoreSilent)
+}
+
+// sharedFailure is the error of a request whose turn came with the store
+// failure failed of the request ahead of it on key.
+func sharedFailure(failed error) error {
+	if errors.Is(failed, ErrStoreDown) {
+		return failed
+	}
+	return fmt.Errorf("%w: the request ahead on the key met a store failure: %w", ErrStore, failed)
+}
 
 func waitEnded(sawHeld bool, ctxErr error) error {
 	if sawHeld {

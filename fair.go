@@ -140,7 +140,8 @@ func (a fairAttempts) sleepCap(hint time.Duration) time.Duration {
 // cancellation cannot end, bounded by the release timeout and the lease
 // (after the lease the store drops the token anyway); in the background
 // when the store may be failing, so that it holds up no answer. A failure
-// is logged: the waiter's place lapses with its lease.
+// is logged at Debug (an outage is logged once, see WithBreaker): the
+// waiter's place lapses with its lease.
 func (a fairAttempts) leave(ctx context.Context, keys []string, token string, background bool) {
 	if a.lease == 0 {
 		return
@@ -150,7 +151,7 @@ func (a fairAttempts) leave(ctx context.Context, keys []string, token string, ba
 		ctx, cancel := context.WithTimeout(ctx, min(l.releaseTimeout, a.lease))
 		defer cancel()
 		if err := a.mode.store.LeaveFair(ctx, keys[0], token); err != nil {
-			l.logger.Warn("reqlock: leaving the fair queue failed; the waiter's place lapses with its lease",
+			l.logger.Debug("reqlock: leaving the fair queue failed; the waiter's place lapses with its lease",
 				slog.String("key", keys[0]), slog.Duration("lease", a.lease), slog.Any("error", err))
 		}
 	}

@@ -204,8 +204,11 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 // waiter gets them sooner.
 //
 // Errors: ErrNotHeld when the lock had expired, was taken over or was
-// already released; ErrStore when the store failed (the lock then expires
-// with its TTL).
+// already released; ErrStore when the store failed, or ErrStoreDown when
+// the breaker counts the store down and the store was not called: the
+// Locker then retries the release in the background until the keys are
+// free or expire (see WithPendingReleases), and the local waiters for the
+// keys answer the store error at once.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {

@@ -48,6 +48,12 @@ type Locker struct {
 	queues         *localqueue.Queues
 	plain          attempter // plain attempts on the store
 	expiries       expiries  // the validity of every lock with a context
+
+	breakerFailures int           // WithBreaker; 0: off
+	breakerProbe    time.Duration // WithBreaker
+	breaker         *breaker      // nil when off
+	outage          OutageMetrics // metrics, when they implement it
+	pending         pendingSet    // releases to retry
 }
 
 // Option configures a Locker. An option given a value that means nothing
@@ -133,8 +139,9 @@ func WithHandoff(count int, maxTime time.Duration) Option {
 }
 
 // WithLogger sets where the Locker logs what it cannot return: a lock lost
-// while its holder worked, a failed release of an abandoned grant. Default
-// slog.Default().
+// while its holder worked, and one line each when the store goes down and
+// comes back (see WithBreaker); failed releases, retried in the background,
+// at Debug only. Default slog.Default().
 func WithLogger(logger *slog.Logger) Option {
 	return func(l *Locker) error {
 		if logger == nil {
@@ -172,7 +179,11 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 		handoffTime:    defaultHandoffTime,
 		logger:         slog.Default(),
 		queues:         localqueue.New(),
+
+		breakerFailures: defaultBreakerFailures,
+		breakerProbe:    defaultBreakerProbe,
 	}
+	l.pending = pendingSet{l: l, max: defaultMaxPending, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for _, opt := range opts {
 		if err := opt(l); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -187,6 +198,10 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 		return nil, fmt.Errorf("%w (WithKeyPrefix %q)", err, l.prefix)
 	}
 	l.plain = plainAttempts{store}
+	l.outage, _ = l.metrics.(OutageMetrics)
+	if l.breakerFailures > 0 {
+		l.breaker = newBreaker(l, l.breakerFailures, l.breakerProbe)
+	}
 	if l.fair != nil {
 		fs, ok := store.(stores.FairStore)
 		if !ok {
@@ -305,10 +320,17 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 // Errors (see OutcomeOf for how they sort):
 //   - ErrHeld: tried once and a key is held by another owner;
 //   - ErrWaitEnded joined with ctx's error, and with ErrHeld when the key
-//     was seen held, by this request or by the one ahead of it in the local
-//     queue (without ErrHeld, a store call was still unanswered when the
-//     wait ended);
-//   - ErrStore: the store failed; store failures are not retried;
+//     was seen held, by this request or by the ones ahead of it in the
+//     local queue (without ErrHeld, a store call was still unanswered when
+//     the wait ended; unless ctx itself ended, the error then matches
+//     ErrStore too);
+//   - ErrStore: the store failed; store failures are not retried. Also a
+//     wait that ended with a store call unanswered and no sign that the
+//     key was held, and the error of a request of this process that was
+//     queued behind one that met a store failure on the key: it answers at
+//     once, without calling the store itself;
+//   - ErrStoreDown (matching ErrStore): refused at once, without a store
+//     call, while the breaker counts the store down (see WithBreaker);
 //   - ErrInvalid: no keys, an empty key, a non-positive TTL, a negative
 //     wait, a key or TTL out of the store's bounds (see CheckTTL and
 //     CheckKeyLen), or keys the store refuses to lock together;
@@ -317,7 +339,8 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 //
 // When the store may have granted the lock but ObtainAll cannot use it (ctx
 // ended, or the store call failed after it may have run), the grant is
-// released in the background, owner-checked, bounded by the release timeout.
+// released in the background, owner-checked, bounded by the release timeout,
+// and retried while the store fails (see WithPendingReleases).
 //
 // Reentrancy: keys that a lock in ctx already holds (see NewContext; the
 // middleware puts each request's lock there) are not waited for: the lock
@@ -331,6 +354,12 @@ func (l *Locker) ObtainAll(ctx context.Context, keys []string, ttl, wait time.Du
 	start := time.Now()
 	label := labelOf(ctx)
 	lock, err := l.obtain(ctx, label, keys, ttl, wait)
+	if err != nil && l.breaker != nil && errors.Is(err, ErrStoreDown) {
+		l.breaker.rejected.Add(1)
+		if l.outage != nil {
+			l.outage.RejectedStoreDown(label)
+		}
+	}
 	if l.metrics != nil {
 		l.metrics.Obtained(label, OutcomeOf(ctx, err), time.Since(start))
 	}
@@ -390,6 +419,9 @@ func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, w
 // key through its local queue (from a handoff or the store), several keys
 // from the store.
 func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, wait time.Duration) (hold, error) {
+	if l.breaker != nil && l.breaker.rejecting() {
+		return hold{}, l.breaker.downError() // before queueing: nobody calls the store
+	}
 	g := l.newGrant(keys)
 	// The wait bounds every store call of the attempt; a try-once attempt
 	// gets the release timeout, so that a stalled store cannot hold it
@@ -398,17 +430,17 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	if wait == 0 {
 		bound = l.releaseTimeout
 	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	if len(keys) > 1 {
 		turns, sawHeld, err := l.joinAll(ctx, g.keys, wait)
 		if err != nil {
-			return hold{}, err
+			return hold{}, storeSilent(outer, err)
 		}
-		if err := l.contend(ctx, g, turns, ttl, wait, sawHeld); err != nil {
-			for _, t := range turns {
-				t.Pass(0, errors.Is(err, ErrHeld))
-			}
+		if err := l.contend(outer, ctx, g, turns, ttl, wait, sawHeld); err != nil {
+			err = storeSilent(outer, err)
+			passOn(turns, err)
 			return hold{}, err
 		}
 		g.beginEpoch(label, ttl)
@@ -420,8 +452,20 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	case errors.Is(err, localqueue.ErrBusy):
 		return hold{}, ErrHeld // another request of this process has the key
 	case err != nil:
+		// The wait ended in the queue: behind a key seen held, a
+		// timeout; behind a store call that never answered, a store
+		// failure.
 		l.giveUp(turn)
-		return hold{}, waitEnded(true, err)
+		if turn.Failed != nil {
+			return hold{}, sharedFailure(turn.Failed)
+		}
+		return hold{}, storeSilent(outer, waitEnded(turn.AfterHeld, err))
+	case turn.Failed != nil:
+		// The request ahead met a store failure on the key: answer it
+		// now, as every waiter behind does, rather than call the store
+		// in turn.
+		turn.PassFailed(turn.Failed)
+		return hold{}, sharedFailure(turn.Failed)
 	}
 	if turn.Yield > 0 && !sleepFor(ctx, turn.Yield) {
 		turn.Pass(0, true)
@@ -438,10 +482,9 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	// that saw the key held, has seen the key held: if its wait ends in its
 	// first store call, that is a timeout, not a store that never answered.
 	g.oneTurn[0] = turn
-	if err := l.contend(ctx, g, g.oneTurn[:], ttl, wait, turn.AfterHeld); err != nil {
-		// A contender that saw the key held passes that on: the next
-		// waiter, whose wait went by in the queue, has seen it held too.
-		turn.Pass(0, errors.Is(err, ErrHeld))
+	if err := l.contend(outer, ctx, g, g.oneTurn[:], ttl, wait, turn.AfterHeld); err != nil {
+		err = storeSilent(outer, err)
+		passOn(g.oneTurn[:], err)
 		return hold{}, err
 	}
 	g.beginEpoch(label, ttl)
@@ -461,6 +504,11 @@ func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Dura
 			t.Pass(0, afterHeld)
 		}
 	}
+	giveBackFailed := func(failed error) {
+		for _, t := range turns {
+			t.PassFailed(failed)
+		}
+	}
 	var sawHeld bool
 	var yield time.Duration
 	for _, k := range storeKeys {
@@ -471,8 +519,17 @@ func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Dura
 			return nil, false, ErrHeld
 		case err != nil:
 			l.giveUp(turn)
-			giveBack(true)
-			return nil, false, waitEnded(true, err)
+			if turn.Failed != nil {
+				giveBackFailed(turn.Failed)
+				return nil, false, sharedFailure(turn.Failed)
+			}
+			held := sawHeld || turn.AfterHeld
+			giveBack(held)
+			return nil, false, waitEnded(held, err)
+		case turn.Failed != nil:
+			turn.PassFailed(turn.Failed)
+			giveBackFailed(turn.Failed)
+			return nil, false, sharedFailure(turn.Failed)
 		}
 		turns = append(turns, turn)
 		sawHeld = sawHeld || turn.AfterHeld
@@ -520,7 +577,11 @@ func (l *Locker) takeHandoff(ctx context.Context, label string, turn localqueue.
 // giveUp hands on a turn this request will not use: a held grant through
 // its normal end, a turn to contend to the next waiter.
 func (l *Locker) giveUp(turn localqueue.Turn) {
-	if turn.Handoff == nil {
+	switch {
+	case turn.Failed != nil:
+		turn.PassFailed(turn.Failed)
+		return
+	case turn.Handoff == nil:
 		turn.Pass(turn.Yield, turn.AfterHeld)
 		return
 	}
@@ -536,20 +597,50 @@ func (l *Locker) dropAll(ctx context.Context, holds []hold) {
 	}
 }
 
-// releaseAbandoned releases a grant nobody will use, bounded by the release
-// timeout. A token that was never granted answers ErrNotHeld, which is the
-// expected case and not logged.
-func (l *Locker) releaseAbandoned(storeKeys []string, token string) {
+// releaseAbandoned releases a grant nobody will use, asked for ttl, bounded
+// by the release timeout, and retries it in the background while the store
+// fails (see WithPendingReleases). A token that was never granted answers
+// ErrNotHeld, which is the expected case.
+func (l *Locker) releaseAbandoned(storeKeys []string, token string, ttl time.Duration) {
+	expires := time.Now().Add(ttl)
 	err := l.release(context.Background(), storeKeys, token, 0)
-	if err != nil && !errors.Is(err, ErrNotHeld) {
-		l.logger.Warn("reqlock: release of abandoned grant failed; it will expire with its TTL",
-			slog.Any("keys", storeKeys), slog.Any("error", err))
+	l.retryRelease(err, storeKeys, token, time.Time{}, expires)
+}
+
+// passOn gives turns, whose owner failed to obtain their keys with err, to
+// their next waiters: with the store failure, when err is one, so that they
+// answer it at once; else as the right to contend, after a key seen held
+// when err says so.
+func passOn(turns []localqueue.Turn, err error) {
+	var shared error
+	switch {
+	case errors.Is(err, ErrStoreDown):
+		shared = err
+	case errors.Is(err, errStoreSilent):
+		shared = errStoreSilent
+	case errors.Is(err, ErrStore):
+		shared = err
+	}
+	if shared != nil {
+		for _, t := range turns {
+			t.PassFailed(shared)
+		}
+		return
+	}
+	held := errors.Is(err, ErrHeld)
+	for _, t := range turns {
+		t.Pass(0, held)
 	}
 }
 
 // release runs on a context the caller's cancellation cannot end, bounded by
-// the Locker's release timeout.
+// the Locker's release timeout. While the breaker counts the store down, it
+// answers ErrStoreDown without a store call: the caller hands the release
+// to the pending set.
 func (l *Locker) release(ctx context.Context, storeKeys []string, token string, keep time.Duration) error {
+	if l.breaker != nil && l.breaker.rejecting() {
+		return l.breaker.downError()
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
 	defer cancel()
 	return wrapStoreError(l.store.Release(ctx, storeKeys, token, keep))
@@ -561,6 +652,9 @@ func (l *Locker) release(ctx context.Context, storeKeys []string, token string, 
 func (l *Locker) releaseWaited(ctx context.Context, storeKeys []string, token string, keep time.Duration) (bool, error) {
 	if l.waits == nil {
 		return false, l.release(ctx, storeKeys, token, keep)
+	}
+	if l.breaker != nil && l.breaker.rejecting() {
+		return false, l.breaker.downError()
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
 	defer cancel()

@@ -54,3 +54,47 @@ func labelOf(ctx context.Context) string {
 	}
 	return UnlabeledRoute
 }
+
+// OutageMetrics is an optional interface of a Metrics: the Locker reports
+// these events too when its Metrics implements it (a type assertion), so
+// that Metrics written before them keep working.
+type OutageMetrics interface {
+	// StoreDown is called when the breaker opens: the store is counted
+	// down (see WithBreaker).
+	StoreDown()
+	// StoreBack is called when the breaker closes again, with how long the
+	// store was counted down and how many requests were refused with
+	// ErrStoreDown meanwhile.
+	StoreBack(downFor time.Duration, rejected int64)
+	// RejectedStoreDown is called for each Obtain refused with
+	// ErrStoreDown; it is also counted by Obtained, as a store error.
+	RejectedStoreDown(label string)
+	// PendingRelease is called when a release that failed for a store
+	// reason enters the Locker's set of pending releases, and when it
+	// leaves it, with how (see PendingEvent and WithPendingReleases).
+	PendingRelease(event PendingEvent)
+}
+
+// PendingEvent is what happened to a pending release (see
+// WithPendingReleases).
+type PendingEvent string
+
+// Events of a pending release.
+const (
+	// PendingQueued: a release failed for a store reason and will be
+	// retried.
+	PendingQueued PendingEvent = "queued"
+	// PendingReleased: a retry released the keys.
+	PendingReleased PendingEvent = "released"
+	// PendingNotHeld: a retry found the keys no longer held by the token.
+	PendingNotHeld PendingEvent = "not_held"
+	// PendingExpired: the grant's TTL passed before a retry succeeded; the
+	// store has let the keys go by itself.
+	PendingExpired PendingEvent = "expired"
+	// PendingDropped: the set was full, and the oldest pending release was
+	// dropped to make room (it expires with its TTL), or the Locker was
+	// closed and the release was not retried.
+	PendingDropped PendingEvent = "dropped"
+	// PendingUnreleased: Close tried the release once more, and it failed.
+	PendingUnreleased PendingEvent = "unreleased"
+)

@@ -69,7 +69,8 @@ func (m *Registry) WriteTo(w io.Writer) (int64, error) {
 // the label names (reason before route; result before route), as the
 // Prometheus client library orders them. A route's counters appear, at
 // zero, with the route's first event; a histogram appears with its first
-// observation.
+// observation. The families of the store's outages and pending releases
+// (reqlock.OutageMetrics) appear with the first of their events.
 func (m *Registry) appendText(b []byte) []byte {
 	start := len(b)
 	b = slices.Grow(b, int(m.lastSize.Load())*9/8) // the last size, and some
@@ -101,6 +102,11 @@ func (m *Registry) appendText(b []byte) []byte {
 	})
 
 	for f := range numFamilies {
+		if f == famSuccess {
+			// The outage families' names fall between lock_lost_total
+			// and lock_success_total.
+			b = m.appendOutage(b, routes)
+		}
 		switch f {
 		case famFailure:
 			if len(failures) == 0 {

@@ -766,3 +766,50 @@ func BenchmarkWriteTo(b *testing.B) {
 		m.WriteTo(io.Discard)
 	}
 }
+
+// TestOutageFamilies: the store's outages and the pending releases appear
+// with their first event, in the order of the names, and count.
+func TestOutageFamilies(t *testing.T) {
+	if !outageNamesSorted() {
+		t.Fatal("the outage families are not in the order of their names")
+	}
+	m := New()
+	scenario(m)
+	if text, _ := scrape(t, m); strings.Contains(text, metricdefs.NameStoreDown) {
+		t.Fatalf("outage families before any outage event:\n%s", text)
+	}
+	var om reqlock.OutageMetrics = m
+	om.StoreDown()
+	om.RejectedStoreDown("POST /a")
+	om.RejectedStoreDown("POST /a")
+	om.PendingRelease(reqlock.PendingQueued)
+	_, fams := scrape(t, m)
+	ns := DefaultNamespace + "_"
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{metricdefs.NameStoreDown, nil, 1},
+		{metricdefs.NameStoreOutages, nil, 1},
+		{metricdefs.NameStoreRejected, []string{"route", "POST /a"}, 2},
+		{metricdefs.NamePendingReleases, []string{"event", "queued"}, 1},
+		{metricdefs.NamePendingReleases, []string{"event", "released"}, 0},
+	} {
+		if got, ok := value(fams, ns+c.name, c.labels...); !ok || got != c.want {
+			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	om.StoreBack(1500*time.Millisecond, 2)
+	om.PendingRelease(reqlock.PendingReleased)
+	_, fams = scrape(t, m)
+	if got, _ := value(fams, ns+metricdefs.NameStoreDown); got != 0 {
+		t.Errorf("store down %v after StoreBack", got)
+	}
+	if got, _ := value(fams, ns+metricdefs.NameStoreDownFor); got != 1.5 {
+		t.Errorf("down seconds %v, want 1.5", got)
+	}
+	if got, _ := value(fams, ns+metricdefs.NamePendingReleases, "event", "released"); got != 1 {
+		t.Errorf("released %v, want 1", got)
+	}
+}

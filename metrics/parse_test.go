@@ -67,7 +67,7 @@ func parse(text string) ([]family, error) {
 				return nil, fail("TYPE not right after the HELP of its family")
 			}
 			switch typ {
-			case "counter", "histogram":
+			case "counter", "gauge", "histogram":
 			default:
 				return nil, fail("type %q", typ)
 			}

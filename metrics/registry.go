@@ -23,6 +23,9 @@ type Registry struct {
 	reasons metricdefs.Reasons // of the outcomes beyond metricdefs.KnownOutcomes
 
 	lastSize atomic.Int64 // bytes of the last exposition, to size the next one's buffer
+
+	namespace string      // the names' prefix, without its underscore
+	outage    outageState // the store's outages and pending releases
 }
 
 // route holds the series of one route label value. Several event labels
@@ -31,14 +34,15 @@ type Registry struct {
 // and increase() see its first failure; its histograms appear with their
 // first observation.
 type route struct {
-	name     string
-	success  atomic.Uint64
-	failure  [metricdefs.NumKnownOutcomes]atomic.Uint64 // by metricdefs.OutcomeIndex; [0] unused
-	lost     atomic.Uint64
-	handoffs atomic.Uint64
-	wait     [metricdefs.NumKnownOutcomes]atomic.Pointer[histogram] // by metricdefs.OutcomeIndex; set on first use
-	hold     atomic.Pointer[histogram]                              // set on first use
-	other    metricdefs.OtherOutcomes[otherSeries]                  // outcomes beyond metricdefs.KnownOutcomes
+	name         string
+	success      atomic.Uint64
+	failure      [metricdefs.NumKnownOutcomes]atomic.Uint64 // by metricdefs.OutcomeIndex; [0] unused
+	lost         atomic.Uint64
+	handoffs     atomic.Uint64
+	downRejected atomic.Uint64                                          // refused while the store was counted down
+	wait         [metricdefs.NumKnownOutcomes]atomic.Pointer[histogram] // by metricdefs.OutcomeIndex; set on first use
+	hold         atomic.Pointer[histogram]                              // set on first use
+	other        metricdefs.OtherOutcomes[otherSeries]                  // outcomes beyond metricdefs.KnownOutcomes
 }
 
 // otherSeries are the series of a reason beyond the known outcomes.
@@ -60,6 +64,7 @@ func New(opts ...Option) *Registry {
 		waitLe:     leValues(c.waitBuckets),
 		holdLe:     leValues(c.holdBuckets),
 		routes:     metricdefs.NewRoutes(c.maxRoutes, func(name string) *route { return &route{name: name} }),
+		namespace:  c.namespace,
 	}
 	for f, d := range families {
 		if c.namespace != "" {

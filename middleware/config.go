@@ -26,8 +26,11 @@ const (
 	// FailClosed answers 503 with Retry-After and never runs the handler.
 	// It is the default.
 	FailClosed FailurePolicy = iota
-	// FailOpen runs the handler without the lock and logs a warning. Only
-	// for routes where running unlocked is harmless.
+	// FailOpen runs the handler without the lock and logs a warning: once
+	// per outage of the store (as reqlock.WithBreaker counts them), and
+	// once a minute while it lasts. While the Locker counts the store
+	// down, such routes run unlocked at once. Only for routes where running
+	// unlocked is harmless.
 	FailOpen
 )
 
@@ -86,7 +89,9 @@ type Config struct {
 	TimeoutStatus int
 
 	// RetryAfter is the Retry-After delay sent with timeout and store-failure
-	// answers, rounded up to whole seconds. Default 1s.
+	// answers, rounded up to whole seconds. A request refused while the
+	// Locker counts the store down (reqlock.ErrStoreDown) is told when the
+	// next probe of the store is due instead, at least 1s. Default 1s.
 	RetryAfter time.Duration
 
 	// OnStoreError is the failure policy when the store fails or times out.
@@ -122,8 +127,9 @@ type Config struct {
 	// may have one of Responder and RequestResponder. Default nil.
 	RequestResponder RequestResponder
 
-	// Logger receives warnings (store failures, failed releases, fail-open
-	// runs). Default the Locker's logger. A lock lost under the watchdog is
+	// Logger receives warnings (a lock gone when the handler finished,
+	// fail-open runs) and, at Debug, each store failure and failed release
+	// (the Locker logs an outage once). Default the Locker's logger. A lock lost under the watchdog is
 	// logged on the Locker's logger.
 	Logger *slog.Logger
 
@@ -220,7 +226,7 @@ func WithRetryAfter(d time.Duration) Option {
 }
 
 // WithFailOpen sets Config.OnStoreError to FailOpen: when the store fails,
-// the handler runs without the lock and a warning is logged.
+// the handler runs without the lock and a warning is logged (see FailOpen).
 func WithFailOpen() Option { return func(c *Config) { c.OnStoreError = FailOpen } }
 
 // WithMaxBodyBytes sets Config.MaxBodyBytes, at least 1. Default 1 MiB.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/reqlock/reqlock"
@@ -33,6 +34,53 @@ type Guard struct {
 	wait      time.Duration // cfg.Wait, with NoWait as 0
 	logger    *slog.Logger
 	metrics   reqlock.Metrics // the Locker's, or nil
+	failOpen  *failOpenWarning
+}
+
+// failOpenWarning is when a Guard last warned that it ran a handler
+// without the lock.
+type failOpenWarning struct {
+	mu    sync.Mutex
+	epoch uint64    // storeEpoch of the last warning; 0: none yet
+	at    time.Time // when it was logged
+}
+
+// failOpenRewarn is how often a Guard warns again of fail-open runs while
+// the store's state stays the same.
+const failOpenRewarn = time.Minute
+
+// storeEpoch numbers the states of the Locker's store as its breaker saw
+// them: 1 before the first outage, then one more at each change (down,
+// back). It stays 1 with the breaker off.
+func storeEpoch(h reqlock.StoreHealth) uint64 {
+	e := 2*h.Outages + 1
+	if h.Down {
+		e--
+	}
+	return e
+}
+
+// warnFailOpen logs that the route runs its handlers without the lock: once
+// per outage (see reqlock.Locker.StoreHealth), and again every minute while
+// it lasts.
+func (g *Guard) warnFailOpen(ctx context.Context, key string, err error) {
+	epoch, now := storeEpoch(g.locker.StoreHealth()), time.Now()
+	w := g.failOpen
+	w.mu.Lock()
+	// A warning in the state before an outage (its first failures, before
+	// the breaker opened) covers the outage too.
+	covered := epoch%2 == 0 && w.epoch == epoch-1
+	warn := (w.epoch != epoch && !covered) || now.Sub(w.at) >= failOpenRewarn
+	if warn {
+		w.epoch, w.at = epoch, now
+	}
+	w.mu.Unlock()
+	level := slog.LevelDebug
+	if warn {
+		level = slog.LevelWarn
+	}
+	g.logger.Log(ctx, level, "reqlock: lock store failed; running the handler WITHOUT the lock (route fails open; warned once per store outage)",
+		slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
 }
 
 // New builds a Guard for the key template key, starting from DefaultConfig
@@ -66,7 +114,8 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 			return nil, fmt.Errorf("%w: route %q: HoldAtLeast: %w", ErrInvalidConfig, cfg.Name, err)
 		}
 	}
-	g := &Guard{locker: locker, cfg: cfg, wait: max(cfg.Wait, 0), logger: cfg.Logger, metrics: locker.Metrics()}
+	g := &Guard{locker: locker, cfg: cfg, wait: max(cfg.Wait, 0), logger: cfg.Logger, metrics: locker.Metrics(),
+		failOpen: new(failOpenWarning)}
 	for _, raw := range cfg.templates() {
 		tmpl, err := keyfunc.Parse(raw,
 			keyfunc.WithMaxBodyBytes(cfg.MaxBodyBytes),
@@ -198,7 +247,10 @@ func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 
 // Exit releases lock after the handler returned or panicked. The release
 // runs on a context the request's cancellation cannot end, bounded by the
-// Locker's release timeout. A failed release is logged, never panicked on.
+// Locker's release timeout. A failed release is never panicked on; one that
+// failed for a store reason is retried by the Locker in the background (see
+// reqlock.WithPendingReleases) and logged at Debug only: the Locker logs the
+// outage once, and its metrics count each release.
 // A nil lock (fail-open run) or a lock the handler released itself is left
 // alone.
 func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
@@ -215,7 +267,7 @@ func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
 		g.logger.WarnContext(ctx, "reqlock: lock was gone when the handler finished; raise the route's TTL or turn on the watchdog",
 			slog.String("route", g.cfg.Name), slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Int64("fence", lock.Fence()))
 	default:
-		g.logger.WarnContext(ctx, "reqlock: release failed; the lock expires with its TTL",
+		g.logger.DebugContext(ctx, "reqlock: release failed; the Locker retries it in the background",
 			slog.String("route", g.cfg.Name), slog.String("key", lock.Key()), slog.Duration("ttl", lock.TTL()), slog.Any("error", err))
 	}
 }
@@ -337,13 +389,20 @@ func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rej
 			Detail: "the resource is locked by another request; retry later", Err: err}
 	case reqlock.OutcomeStoreError:
 		if g.cfg.OnStoreError == FailOpen {
-			g.logger.WarnContext(ctx, "reqlock: lock store failed; running the handler WITHOUT the lock (route fails open)",
-				slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
+			g.warnFailOpen(ctx, key, err)
 			return nil
 		}
-		g.logger.ErrorContext(ctx, "reqlock: lock store failed; answering 503",
+		// Per request at Debug only: the Locker logs the outage once, and
+		// metrics count each request.
+		g.logger.DebugContext(ctx, "reqlock: lock store failed; answering 503",
 			slog.String("route", g.cfg.Name), slog.String("key", key), slog.Any("error", err))
-		return &Rejection{Status: http.StatusServiceUnavailable, Reason: ReasonStoreError, RetryAfter: g.cfg.RetryAfter,
+		retry := g.cfg.RetryAfter
+		var down *reqlock.StoreDownError
+		if errors.As(err, &down) {
+			// The store is known down: retry when the next probe is due.
+			retry = max(time.Until(down.NextProbe), time.Second)
+		}
+		return &Rejection{Status: http.StatusServiceUnavailable, Reason: ReasonStoreError, RetryAfter: retry,
 			Detail: "the lock store is unavailable; retry later", Err: err}
 	case reqlock.OutcomeLost:
 		g.logger.WarnContext(ctx, "reqlock: the request's own lock on the key was lost; answering 409",

@@ -332,15 +332,16 @@ func TestLockWaitRunsOut(t *testing.T) {
 }
 
 // TestLockStoreDown points the service at a Redis address where nothing
-// listens: every locked route answers 503 with Retry-After (fail closed),
-// and the handler never ran: the stock store saw no read and no write.
+// listens, started anyway (connect=lazy; without it start-up fails): every
+// locked route answers 503 with Retry-After (fail closed), and the handler
+// never ran: the stock store saw no read and no write.
 func TestLockStoreDown(t *testing.T) {
 	addr := testredis.DownClient(t).Options().Addr
 	for _, fw := range frameworks {
 		t.Run(fw, func(t *testing.T) {
 			t.Parallel()
 			cfg := testConfig(fw)
-			cfg.redisURL = "redis://" + addr + "?dial_timeout=200ms&max_retries=-1"
+			cfg.redisURL = "redis://" + addr + "?dial_timeout=200ms&max_retries=-1&connect=lazy"
 			a, srv := startApp(t, cfg)
 			counter := &countingStore{stockStore: a.shop.store}
 			a.shop.store = counter

@@ -19,6 +19,12 @@
 //     than it blocks other processes.
 //   - contention lives as long as the queue: what the key's contenders
 //     learnt of other owners (see Contention).
+//   - seenHeld reports that the key was seen held since the current turn
+//     began (a holder, a handoff, a turn passed after a holder, a refusal):
+//     a waiter whose wait ends in the queue learns it (Join).
+//   - A turn passed with PassFailed carries the store error its owner met:
+//     each next waiter answers it at once and passes it on, so that the
+//     whole queue learns of the failure together.
 package localqueue
 
 import (
@@ -50,6 +56,7 @@ type queue struct {
 	head, tail *waiter
 	gen        uint64
 	holder     Holder
+	seenHeld   bool
 	contention Contention
 }
 
@@ -77,8 +84,13 @@ type Turn struct {
 	// poll to find the key free (see PassCourtesy).
 	Courtesy bool
 	// AfterHeld reports that the turn comes after a holder, or after a
-	// contender that saw the key held: the key has been seen held.
+	// contender that saw the key held: the key has been seen held. On a
+	// turn Join returns with ctx's error, it reports whether the key was
+	// seen held while the caller waited.
 	AfterHeld bool
+	// Failed is the store error of the request ahead (PassFailed): the
+	// turn's owner answers it without a store call, and passes it on.
+	Failed error
 }
 
 // New returns an empty set of queues.
@@ -88,7 +100,8 @@ func New() *Queues { return &Queues{queues: make(map[string]*queue)} }
 // once. Otherwise, with wait, the caller queues and Join blocks until the
 // turn comes or ctx ends; it then returns ctx.Err(), and, when the turn came
 // as ctx ended, that turn too, which the caller must give up (Pass, or its
-// Handoff released). Without wait it returns ErrBusy instead of queueing.
+// Handoff released); else a turn that is no turn (its methods do nothing)
+// whose AfterHeld reports whether the key was seen held meanwhile. Without wait it returns ErrBusy instead of queueing.
 // A waiter at the head of the queue checks the holder's validity at least
 // every poll. handoff says the caller takes a held grant of the key alone
 // (HandOff); a request for several keys does not, and gets a turn to
@@ -137,12 +150,13 @@ func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Dur
 		case <-ctx.Done():
 			qs.mu.Lock()
 			queued := w.queued
+			seen := q.seenHeld || q.holder != nil
 			if queued {
 				q.remove(w)
 			}
 			qs.mu.Unlock()
 			if queued {
-				return Turn{}, ctx.Err()
+				return Turn{AfterHeld: seen}, ctx.Err()
 			}
 			return <-w.turn, ctx.Err() // the turn came as the wait ended
 		case <-timer.C:
@@ -158,6 +172,7 @@ func (qs *Queues) takeLapsedLocked(q *queue) (Turn, bool) {
 	}
 	q.gen++
 	q.holder = nil
+	q.seenHeld = true
 	return Turn{qs: qs, q: q, gen: q.gen, AfterHeld: true}, true
 }
 
@@ -170,6 +185,7 @@ func (t Turn) Hold(h Holder) {
 	defer t.qs.mu.Unlock()
 	if t.q.gen == t.gen {
 		t.q.holder = h
+		t.q.seenHeld = true
 	}
 }
 
@@ -177,17 +193,24 @@ func (t Turn) Hold(h Holder) {
 // to contend after yield, or drops the queue when nobody waits. The next
 // turn is AfterHeld when afterHeld says so or this turn held the key.
 func (t Turn) Pass(yield time.Duration, afterHeld bool) {
-	t.pass(yield, afterHeld, false)
+	t.pass(yield, afterHeld, false, nil)
+}
+
+// PassFailed gives the turn, if it is still current, to the next waiter
+// with err, the store error its owner met on the key (see Turn.Failed), or
+// drops the queue when nobody waits.
+func (t Turn) PassFailed(err error) {
+	t.pass(0, false, false, err)
 }
 
 // PassCourtesy is Pass for a holder that lets go of the key while other
 // owners are known, or may be, waiting for it: the next turn is a Courtesy,
 // and the queue records that it held back now (see Contention).
 func (t Turn) PassCourtesy(yield time.Duration) {
-	t.pass(yield, true, true)
+	t.pass(yield, true, true, nil)
 }
 
-func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool) {
+func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool, failed error) {
 	if t.q == nil {
 		return
 	}
@@ -197,14 +220,15 @@ func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool) {
 	if q.gen != t.gen {
 		return // taken over when the holder's validity ran out
 	}
-	afterHeld = afterHeld || q.holder != nil
+	afterHeld = failed == nil && (afterHeld || q.holder != nil)
 	q.gen++
 	q.holder = nil
+	q.seenHeld = afterHeld
 	if courtesy {
 		q.contention.CourtesyAt = time.Now()
 	}
 	if w := q.pop(); w != nil {
-		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, Courtesy: courtesy, AfterHeld: afterHeld}
+		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, Courtesy: courtesy, AfterHeld: afterHeld, Failed: failed}
 		return
 	}
 	delete(t.qs.queues, q.key)
@@ -244,6 +268,9 @@ func (t Turn) Refused() {
 	}
 	t.qs.mu.Lock()
 	t.q.contention.RefusedAt = time.Now()
+	if t.q.gen == t.gen {
+		t.q.seenHeld = true
+	}
 	t.qs.mu.Unlock()
 }
 

@@ -35,6 +35,28 @@ const (
 	HelpHandoffs = "Held grants passed to a waiter of the same process without a store round trip, by route."
 )
 
+// The families of a store's outages and of pending releases (see
+// reqlock.OutageMetrics), without the namespace, and their HELP texts.
+const (
+	NamePendingReleases = "lock_pending_releases_total"    // counter; label event
+	NameStoreDown       = "lock_store_down"                // gauge
+	NameStoreDownFor    = "lock_store_down_seconds_total"  // counter
+	NameStoreOutages    = "lock_store_outages_total"       // counter
+	NameStoreRejected   = "lock_store_down_rejected_total" // counter; label route
+
+	HelpPendingReleases = "Releases that failed for a store reason and were retried in the background, by event: " +
+		"queued (entered the set), released, not_held (the keys no longer held the token), " +
+		"expired (the grant's TTL passed first), dropped (the set was full, or the Locker closed), " +
+		"unreleased (Close's last try failed)."
+	HelpStoreDown     = "1 while the Locker's breaker counts the store down, else 0."
+	HelpStoreDownFor  = "Seconds the store was counted down, summed over the outages that ended."
+	HelpStoreOutages  = "Times the Locker's breaker counted the store down."
+	HelpStoreRejected = "Lock attempts refused without a store call while the store was counted down, by route."
+)
+
+// LabelEvent is the label of NamePendingReleases: a reqlock.PendingEvent.
+const LabelEvent = "event"
+
 // The label names of the metrics.
 const (
 	// LabelRoute is the label of every metric: the route of the event, as

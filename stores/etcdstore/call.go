@@ -1,12 +1,14 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -103,6 +105,46 @@ func (s *Store) detached(ctx context.Context, op func(context.Context) error, un
 	}
 }
 
+// goOn runs op, a release, on a context that ctx's cancellation does not
+// end, bounded by the request timeout, and returns its error, or as soon as
+// ctx ends an error wrapping ctx.Err() (the outcome is unknown). A release
+// is idempotent and owner-checked, so it may land after its caller left:
+// it goes on until etcd answers it, so that a key whose holder's release
+// was caught by a leader change is free as soon as the new leader answers,
+// and not only at its TTL.
+func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(context.Context) error) error {
+	s.lifeMu.RLock()
+	if s.closed {
+		s.lifeMu.RUnlock()
+		return ErrClosed
+	}
+	s.cleanupWait.Add(1)
+	s.lifeMu.RUnlock()
+	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	if ctx.Done() == nil {
+		defer s.cleanupWait.Done()
+		defer cancel()
+		return op(opCtx)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer s.cleanupWait.Done()
+		defer cancel()
+		done <- op(opCtx)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		select {
+		case err := <-done: // it returned as ctx ended
+			return err
+		default:
+		}
+		return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered; it goes on for up to %v: %w", what, keysForMessage(keys), s.timeout, ctx.Err())
+	}
+}
+
 // failed wraps the error of a request about keys with the package prefix,
 // and with stores.ErrUnreachable when no member could be dialled, so the
 // request never left, or stores.ErrInvalid when etcd or its client refused
@@ -161,3 +203,161 @@ func unreachable(err error) bool {
 	return strings.Contains(msg, "while dialing") || strings.Contains(msg, "no address available") ||
 		strings.Contains(msg, "no connection available")
 }
+
+// attemptTimeout is how long an idempotent step of a call (a lease grant,
+// a release, a refresh, an undo) waits for etcd's answer before it sends
+// the step again: a request that a follower forwarded to a leader that
+// died meanwhile is never answered (etcd drops it; the follower waits for
+// its own request timeout, seven seconds by default), while a copy sent
+// once the new leader is elected (about 1.5s after the kill with etcd's
+// default election timeout) is answered at once. The earlier copies of a
+// grant, a release or a refresh keep waiting, and the first answer wins;
+// an undo's try is cancelled for the next (see undoQueue.run).
+const attemptTimeout = 250 * time.Millisecond
+
+// Pauses before an idempotent step is sent again after etcd answered it
+// with a transient failure (no leader yet, say).
+const (
+	retryPauseMin = 25 * time.Millisecond
+	retryPauseMax = 200 * time.Millisecond
+)
+
+// maxAttemptsInFlight bounds the copies of one step that wait for etcd at
+// once: with attemptTimeout, they cover the first two seconds.
+const maxAttemptsInFlight = 8
+
+// attemptBound is the time a step waits for an answer before it is sent
+// again: attemptTimeout, or the request timeout when shorter.
+func (s *Store) attemptBound() time.Duration { return min(attemptTimeout, s.timeout) }
+
+// transient reports whether err is a failure of a request that etcd may
+// answer if it is sent again soon: no leader, a leader change, a request
+// timed out inside etcd, a member stopping, a connection that broke. A
+// request that no member could be sent (unreachable) is not: it fails at
+// once, so that an outage is a fast failure.
+func transient(err error) bool {
+	if err == nil || unreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return strings.Contains(err.Error(), "proposal dropped")
+	}
+	return st.Code() == codes.Unavailable || strings.Contains(st.Message(), "proposal dropped")
+}
+
+// resend runs send, a transaction that etcd may apply more than once with
+// no other effect than once (each copy compares the same owner and
+// sequence), until an answer settles it or ctx ends, and returns the
+// answers it got. A copy that etcd has not answered within attemptBound is
+// joined by another, and so on every attemptBound; the earlier copies go
+// on waiting, so that a slow answer still counts, up to
+// maxAttemptsInFlight of them, after which the oldest is given up for the
+// next. A copy that failed transiently is sent again after a short pause.
+// An answer that ok accepts settles it at once. Any other answer settles
+// it once the copies in flight have answered too, or ctx has ended: an
+// earlier copy may have been applied (and the later one refused because
+// of it), which the earlier one's answer tells. With no answer, resend
+// returns an error that leaves the outcome unknown when a copy may have
+// reached etcd, and the error of a copy that reached no member (see
+// unreachable) when none did.
+func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv3.TxnResponse, error), ok func(*clientv3.TxnResponse) bool) ([]*clientv3.TxnResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the copies still in flight
+	type result struct {
+		copy int
+		resp *clientv3.TxnResponse
+		err  error
+	}
+	var (
+		results  = make(chan result, maxAttemptsInFlight+1)
+		inFlight []int                          // the copies waiting, oldest first
+		cancels  = map[int]context.CancelFunc{} // of the copies waiting
+		copies   int
+		answers  []*clientv3.TxnResponse
+		sentErr  error // of a copy that may have reached etcd
+		bound    = s.attemptBound()
+		pause    = retryPauseMin
+		timer    = time.NewTimer(bound)
+	)
+	defer timer.Stop()
+	start := func() {
+		if len(inFlight) == maxAttemptsInFlight {
+			// The oldest is given up; only an answer of it still counts.
+			cancels[inFlight[0]]()
+			delete(cancels, inFlight[0])
+			inFlight = inFlight[1:]
+			sentErr = cmp.Or(sentErr, errUnanswered)
+		}
+		n := copies
+		copies++
+		copyCtx, cancelCopy := context.WithCancel(ctx)
+		inFlight, cancels[n] = append(inFlight, n), cancelCopy
+		go func() {
+			resp, err := send(copyCtx)
+			select {
+			case results <- result{n, resp, err}:
+			case <-ctx.Done(): // resend returned
+			}
+		}()
+	}
+	start()
+	for {
+		select {
+		case r := <-results:
+			if cancelCopy, waiting := cancels[r.copy]; waiting {
+				cancelCopy()
+				delete(cancels, r.copy)
+				inFlight = slices.DeleteFunc(inFlight, func(n int) bool { return n == r.copy })
+			} else if r.err != nil {
+				continue // given up, and no answer
+			}
+			switch {
+			case r.err == nil && ok(r.resp):
+				return []*clientv3.TxnResponse{r.resp}, nil
+			case r.err == nil:
+				answers = append(answers, r.resp)
+			case unreachable(r.err):
+				if len(inFlight) == 0 && len(answers) == 0 {
+					if sentErr != nil {
+						return nil, sentErr
+					}
+					return nil, r.err
+				}
+			case transient(r.err):
+				sentErr = r.err
+				if len(inFlight) == 0 && len(answers) == 0 {
+					timer.Reset(pause) // then a copy, and the bound again
+					pause = min(2*pause, retryPauseMax)
+				}
+			default: // refused before acting, or ctx ended
+				if len(inFlight) == 0 && len(answers) == 0 {
+					return nil, r.err
+				}
+				sentErr = cmp.Or(sentErr, r.err)
+			}
+			if len(inFlight) == 0 && len(answers) > 0 {
+				return answers, nil
+			}
+		case <-timer.C:
+			if len(answers) > 0 {
+				continue // no more copies: wait for those in flight
+			}
+			start()
+			timer.Reset(bound)
+		case <-ctx.Done():
+			if len(answers) > 0 {
+				return answers, nil
+			}
+			return nil, errors.Join(ctx.Err(), sentErr)
+		}
+	}
+}
+
+// errUnanswered is the outcome of a copy of a request that etcd did not
+// answer before it was given up: unknown.
+var errUnanswered = errors.New("etcdstore: a copy of the request was not answered")

@@ -122,11 +122,15 @@
 // on a key of 45 KiB, every byte escaped, make a reply of about 14 MB). An
 // acquire's check that its token was not abandoned (below) is one more
 // comparison in its transaction, not a round trip; abandoned acquires cost
-// their undos, up to 63 of them in one transaction.
+// their undos, up to 63 of them in one transaction. While etcd does not
+// answer (see "Leader changes" below), a lease grant, a Release or a
+// Refresh is sent again every 250ms, so that a fault costs up to a few
+// more copies of these small requests per call, 8 at a time at most.
 //
 // # Calls, contexts and faults
 //
-// Every call returns as soon as its context ends. An acquire (plain or
+// Every call returns as soon as its context ends (a Release may land
+// after, see "Leader changes"). An acquire (plain or
 // fair) runs on a context that the caller's cancellation does not end,
 // bounded by the request timeout, and the caller who left gets an error
 // wrapping stores.ErrAbandoned and the context's error; so does a caller
@@ -145,7 +149,10 @@
 // pending: it puts as many marks and deletes in one transaction as etcd
 // takes (128 operations by default, fewer after etcd refuses them, and the
 // request size), and while etcd does not answer it tries again, pausing up
-// to a second between tries. An undo ends only when it has landed, or when
+// to a second between tries that failed; a try waits 250ms for the answer,
+// and the next follows at once, and once etcd has answered none for 2s,
+// each waits twice as long as the one before, up to the request timeout.
+// An undo ends only when it has landed, or when
 // etcd reports every lease of its acquire gone (revoked, or expired),
 // after which nothing the acquire sent can hold a key: never on the local
 // clock, since a leader change renews every lease. So during a partition
@@ -165,6 +172,37 @@
 // stores.ErrNotHeld, never acting on another's grant: every write compares
 // the holder's token in its own transaction, so a Refresh racing a Release
 // never sets a key again after it.
+//
+// # Leader changes
+//
+// A request that a follower forwards to the leader as the leader dies is
+// never answered: etcd drops it, and the follower waits for its own
+// request timeout (7s by default) or the client's. So the Store does not
+// wait on one copy of an idempotent request for long: a lease grant that
+// etcd has not answered within 250ms (or twice the latest grant's round
+// trip) is joined by another, and the calls that share the pool's lease
+// take whichever answers first; a Release or a Refresh, which compares the
+// owner (and the sequence) in its transaction and so may land twice with
+// no other effect, is sent again every 250ms while etcd does not answer,
+// the earlier copies still counting, and at once after a transient failure
+// (no leader yet). A refusal settles such a call only once its earlier
+// copies have answered too, since one of them may have ended the grant
+// first. A Release goes on after its caller left, up to the request
+// timeout, so that its key is free as soon as the new leader answers, and
+// not at its TTL. An acquire's transaction is not sent twice (a late copy
+// could take a key again after its release): an acquire caught by the
+// kill costs its caller's wait, or is abandoned, and its undo follows the
+// same bounds. With three members and etcd's default election timeout
+// (1s), the leader killed under steady load on one hot key (two Stores,
+// Lockers with a wait of 1s): both sell again 1-2.1s after the kill, as
+// soon as the election (1-2s here) is over and the waits caught by the
+// kill have ended (TestLeaderKilledEveryInstanceSellsAgain). It took 6.5s
+// when every acquire of a Store waited behind one grant caught by the
+// kill, until the request timeout. A paused (SIGSTOP) leader costs more:
+// its connection stays up, so the client goes on sending it a share of the
+// requests, and an acquire sent there waits for its caller's context; in
+// the same test with the leader paused, the instances sold again 1.5-4.5s
+// after the pause (6.5-13s before).
 //
 // # Start-up
 //
@@ -263,7 +301,7 @@ type Store struct {
 	closeErr    error
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
 	closed      bool           // guarded by lifeMu
-	cleanupWait sync.WaitGroup // detached acquires, which Close waits for
+	cleanupWait sync.WaitGroup // detached acquires and releases, which Close waits for
 
 	seqMu   sync.Mutex
 	lastSeq uint64 // the sequence of the latest call (see begin)
@@ -348,7 +386,7 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	}
 	s.bg, s.stopBG = context.WithCancel(context.Background())
 	s.undos = newUndoQueue(s)
-	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.undos.leasesGone)
+	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.attemptBound(), s.undos.leasesGone)
 	s.notify = newNotifier(s)
 	return s, nil
 }
@@ -381,15 +419,16 @@ func (s *Store) isClosed() bool {
 	return s.closed
 }
 
-// Close stops the Store's watches, waits for the acquires it finishes for
-// callers that left, revokes every lease it granted that etcd may still
+// Close stops the Store's watches, waits for the acquires and releases it
+// finishes for callers that left, revokes every lease it granted that etcd may still
 // know (so its locks and queue places go at once, and no transaction still
 // in flight can set a key on them) while its undo queue goes on, and
 // closes the client when Open made it. Calls after Close return ErrClosed,
 // and NotifyRelease a nil channel.
 //
 // Close returns within twice the request timeout: up to one for the
-// acquires in flight, and up to one for the revocations and the undos.
+// acquires and releases in flight, and up to one for the revocations and
+// the undos.
 // When etcd did not answer in time, the undo of some abandoned acquire
 // neither landed nor was made needless by the revocation of its leases:
 // Close then returns an error wrapping ErrUndoPending that says how many
@@ -407,7 +446,7 @@ func (s *Store) close() error {
 	s.closed = true
 	s.lifeMu.Unlock()
 	s.notify.close()
-	s.cleanupWait.Wait() // each within the request timeout; they queue their undos
+	s.cleanupWait.Wait() // each within the request timeout; acquires queue their undos
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	// The undo queue goes on meanwhile, and an undo whose every lease is
@@ -813,7 +852,11 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // returns an error wrapping stores.ErrNotHeld when some key did not hold
 // token, after ending the grant on the others, one wrapping
 // stores.ErrInvalid for invalid arguments or arguments out of the Store's
-// Bounds, and ctx.Err() without acting when ctx has ended.
+// Bounds, and ctx.Err() without acting when ctx has ended. While etcd does
+// not answer, the transaction is sent again (see "Leader changes" in the
+// package documentation); when ctx ends first, Release returns an error
+// wrapping ctx.Err(), its outcome unknown, and goes on until etcd answers
+// or the request timeout has passed.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {
@@ -827,12 +870,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 			return err
 		}
 	}
-	if s.isClosed() {
-		return ErrClosed
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	return s.release(ctx, start, seq, keys, token, keep)
+	return s.goOn(ctx, "release", keys, func(ctx context.Context) error {
+		return s.release(ctx, start, seq, keys, token, keep)
+	})
 }
 
 // release is Release as begun at start with sequence seq.
@@ -841,45 +881,52 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
 	}
-	var resp *clientv3.TxnResponse
-	err := s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
-		// One key is the transaction's condition; several each get a
-		// nested transaction, so that the others are released anyway.
-		var cmps []clientv3.Cmp
-		ops := make([]clientv3.Op, len(keys))
-		for i, h := range holders {
-			held := heldBy(h, token)
-			ops[i] = clientv3.OpDelete(h)
-			if keep > 0 {
-				held = heldUpTo(h, token, seq)
-				ops[i] = clientv3.OpPut(h, holderValue(token, seq, keep), clientv3.WithLease(lease))
+	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
+		err = s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
+			// One key is the transaction's condition; several each get a
+			// nested transaction, so that the others are released anyway.
+			var cmps []clientv3.Cmp
+			ops := make([]clientv3.Op, len(keys))
+			for i, h := range holders {
+				held := heldBy(h, token)
+				ops[i] = clientv3.OpDelete(h)
+				if keep > 0 {
+					held = heldUpTo(h, token, seq)
+					ops[i] = clientv3.OpPut(h, holderValue(token, seq, keep), clientv3.WithLease(lease))
+				}
+				if len(keys) == 1 {
+					cmps = held
+				} else {
+					ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
+				}
 			}
-			if len(keys) == 1 {
-				cmps = held
-			} else {
-				ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
-			}
-		}
-		var err error
-		resp, err = s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		return err
+			var err error
+			resp, err = s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
+			return err
+		})
+		return resp, err
+	}
+	// Sent again while etcd does not answer: a copy deletes (or moves)
+	// only keys that hold token, set by a call no later than this one.
+	answers, err := s.resend(ctx, send, func(resp *clientv3.TxnResponse) bool {
+		refused, err := releaseRefused(resp, len(keys))
+		return err == nil && len(refused) == 0
 	})
 	if err != nil {
 		return s.failed("release", keys, err)
 	}
+	// A key is refused when every answer refused it: a copy may have
+	// released it before another found it released.
 	var refused []int
-	switch {
-	case len(keys) == 1:
-		if !resp.Succeeded {
-			refused = []int{0}
+	for i, resp := range answers {
+		r, err := releaseRefused(resp, len(keys))
+		if err != nil {
+			return err
 		}
-	case len(resp.Responses) != len(keys):
-		return fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), len(keys))
-	default:
-		for i, r := range resp.Responses {
-			if !r.GetResponseTxn().GetSucceeded() {
-				refused = append(refused, i)
-			}
+		if i == 0 {
+			refused = r
+		} else {
+			refused = slices.DeleteFunc(refused, func(k int) bool { return !slices.Contains(r, k) })
 		}
 	}
 	if len(refused) == 0 {
@@ -902,6 +949,27 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 		notHeld = pick(notHeld, idx)
 	}
 	return fmt.Errorf("%w: etcdstore: release: %s not held by the token", stores.ErrNotHeld, keysForMessage(notHeld))
+}
+
+// releaseRefused returns the indexes of the n keys that a release's
+// transaction, answered resp, did not release.
+func releaseRefused(resp *clientv3.TxnResponse, n int) ([]int, error) {
+	var refused []int
+	switch {
+	case n == 1:
+		if !resp.Succeeded {
+			refused = []int{0}
+		}
+	case len(resp.Responses) != n:
+		return nil, fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), n)
+	default:
+		for i, r := range resp.Responses {
+			if !r.GetResponseTxn().GetSucceeded() {
+				refused = append(refused, i)
+			}
+		}
+	}
+	return refused, nil
 }
 
 // pick returns the elements of xs at the indexes idx.
@@ -959,7 +1027,9 @@ func (s *Store) readRefused(ctx context.Context, hs []string, token string, seq 
 // not. Telling these apart from ErrNotHeld costs a second transaction, on
 // a refusal only. It returns an error wrapping stores.ErrInvalid for
 // invalid arguments or arguments out of the Store's Bounds, and ctx.Err()
-// without acting when ctx has ended.
+// without acting when ctx has ended. While etcd does not answer, the
+// transaction is sent again (see "Leader changes" in the package
+// documentation).
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
@@ -982,16 +1052,21 @@ func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys [
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
 	}
-	var resp *clientv3.TxnResponse
-	err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
-		var err error
-		resp, err = s.refreshTxn(ctx, holders, token, seq, ttl, lease).Commit()
-		return err
-	})
+	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
+		err = s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
+			var err error
+			resp, err = s.refreshTxn(ctx, holders, token, seq, ttl, lease).Commit()
+			return err
+		})
+		return resp, err
+	}
+	// Sent again while etcd does not answer: every copy compares the same
+	// owner and sequence, and puts the same value.
+	answers, err := s.resend(ctx, send, func(resp *clientv3.TxnResponse) bool { return resp.Succeeded })
 	if err != nil {
 		return s.failed("refresh", keys, err)
 	}
-	if resp.Succeeded {
+	if answers[0].Succeeded {
 		return nil
 	}
 	notHeld, covered, err := s.readRefused(ctx, holders, token, seq, ttl)

@@ -106,3 +106,46 @@ func newTestClient(t *testing.T, endpoints ...string) *clientv3.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// TestUndoRidesOutLeaderKill (issue 19, item 5): an undo sent through a
+// follower as the leader is killed is forwarded to the dead leader and
+// never answered; the undo queue sends it again after a short bound, so it
+// lands once a new leader is elected (its first try used to wait for the
+// whole request timeout, 5s, while the abandoned acquire's key stayed
+// held).
+func TestUndoRidesOutLeaderKill(t *testing.T) {
+	t.Parallel()
+	members := testservers.EtcdCluster(t, 3)
+	direct := newTestClient(t, "http://"+members[0].Addr(), "http://"+members[1].Addr(), "http://"+members[2].Addr())
+	leader, follower := -1, -1
+	for i, m := range members {
+		st, err := direct.Status(t.Context(), "http://"+m.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Leader == st.Header.MemberId {
+			leader = i
+		} else if follower < 0 {
+			follower = i
+		}
+	}
+	if leader < 0 || follower < 0 {
+		t.Fatalf("no leader and follower among %d members", len(members))
+	}
+	s, err := New(newTestClient(t, "http://"+members[follower].Addr()), WithPrefix("undo-kill/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	keys, token, ttl := []string{"k"}, "t-abandoned", 20*time.Second
+	var fl flight
+	if g, err := s.acquire(t.Context(), time.Now(), 1, keys, token, ttl, &fl); err != nil || !g.OK {
+		t.Fatalf("acquire: %+v, %v", g, err)
+	}
+	members[leader].Kill()
+	killed := time.Now()
+	s.undos.add(s.newUndo(keys, token, false, &fl))
+	waitUndone(t, s, 4*time.Second)
+	t.Logf("undo landed %v after the leader's kill", time.Since(killed).Round(time.Millisecond))
+	expectAbsent(t, s, "after the undo", holderKey(s.dir(keys[0])))
+}

@@ -31,6 +31,8 @@ import (
 type leasePool struct {
 	lease   clientv3.Lease
 	timeout time.Duration // of a grant or a revocation
+	bound   time.Duration // after which a grant unanswered is joined by another
+	rtt     time.Duration // of the latest grant answered; guarded by mu
 	gone    func([]clientv3.LeaseID)
 
 	mu      sync.Mutex
@@ -42,16 +44,19 @@ type leasePool struct {
 
 // pooledLease is one shared lease, or one being granted.
 type pooledLease struct {
-	ready   chan struct{} // closed once id, expires and err are set
-	id      clientv3.LeaseID
-	expires time.Time // the earliest the lease may expire
-	err     error
+	ready      chan struct{} // closed once id, expires and err are set
+	superseded chan struct{} // closed when an earlier grant answered first and took its place
+	sent       time.Time     // when its grant was sent
+	joined     bool          // another grant joined it; guarded by the pool's mu
+	id         clientv3.LeaseID
+	expires    time.Time // the earliest the lease may expire
+	err        error
 }
 
 // newLeasePool returns a pool that grants leases through lease, and tells
 // gone of the leases it saw revoked or found gone.
-func newLeasePool(lease clientv3.Lease, timeout time.Duration, gone func([]clientv3.LeaseID)) *leasePool {
-	return &leasePool{lease: lease, timeout: timeout, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
+func newLeasePool(lease clientv3.Lease, timeout, bound time.Duration, gone func([]clientv3.LeaseID)) *leasePool {
+	return &leasePool{lease: lease, timeout: timeout, bound: bound, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
 }
 
 // maxLeaseSeconds is the longest lease etcd grants (its MaxLeaseTTL, 9e9
@@ -80,47 +85,89 @@ func leaseSeconds(d time.Duration) int64 {
 	return min(whole+int64((frac+time.Second-1)/time.Second), maxLeaseSeconds)
 }
 
-// leaseGets bounds the leases one get waits for: a lease whose grant was
-// sent after the call started always serves it, so the second one does,
-// unless it failed.
+// leaseGets bounds the leases one get takes that do not serve its call: a
+// lease whose grant was sent after the call started always serves it, so
+// the second one does.
 const leaseGets = 3
 
 // get returns a lease that lasts until at least start plus d, start being
 // the time the calling Store method began. It returns ErrClosed once the
 // pool is closed.
+//
+// Callers share a grant in flight, but not for long: a grant that etcd has
+// not answered within the pool's attempt bound (or twice the latest
+// grant's round trip, when longer) is joined by another, while it goes on;
+// the callers then take whichever answers first. A grant sent while the
+// cluster elects a leader is never answered when a follower forwarded it
+// to the leader that died, so that one stuck grant holds no call up for
+// longer than the bound. A grant that failed transiently (no leader yet)
+// is sent again after a short pause, so calls are served as soon as the
+// cluster has a leader again.
 func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (clientv3.LeaseID, error) {
 	secs := leaseSeconds(d)
-	for range leaseGets {
+	pause := retryPauseMin
+	for stale := 0; ; {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
 			return 0, ErrClosed
 		}
+		bound := max(p.bound, 2*p.rtt)
 		l := p.buckets[secs]
-		if l == nil {
-			l = &pooledLease{ready: make(chan struct{})}
+		if l == nil || (!l.answered() && time.Since(l.sent) >= bound) {
+			if l != nil {
+				l.joined = true
+			}
+			l = &pooledLease{ready: make(chan struct{}), superseded: make(chan struct{}), sent: time.Now()}
 			p.buckets[secs] = l
 			p.grants.Add(1)
-			p.mu.Unlock()
 			// On a context of its own: other callers wait for it too.
 			go p.grant(secs, l)
-		} else {
-			p.mu.Unlock()
 		}
+		p.mu.Unlock()
+		hedge := time.NewTimer(time.Until(l.sent.Add(bound)))
 		select {
 		case <-l.ready:
+			hedge.Stop()
+		case <-l.superseded:
+			hedge.Stop()
+			continue // an earlier grant answered first
+		case <-hedge.C:
+			continue // another grant joins this one
 		case <-ctx.Done():
+			hedge.Stop()
 			return 0, ctx.Err()
 		}
 		if l.err == nil && !start.Add(d).After(l.expires) {
 			return l.id, nil
 		}
 		p.drop(secs, l)
-		if l.err != nil {
+		switch {
+		case l.err == nil:
+			if stale++; stale == leaseGets {
+				return 0, fmt.Errorf("%w: no lease of %ds lasted from the call's start for %v in %d grants", ErrUnexpectedReply, secs, d, leaseGets)
+			}
+		case !transient(l.err):
 			return 0, l.err
+		default:
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
+				return 0, errors.Join(ctx.Err(), l.err)
+			}
+			pause = min(2*pause, retryPauseMax)
 		}
 	}
-	return 0, fmt.Errorf("%w: no lease of %ds lasted from the call's start for %v in %d grants", ErrUnexpectedReply, secs, d, leaseGets)
+}
+
+// answered reports whether etcd answered l's grant (or it failed).
+func (l *pooledLease) answered() bool {
+	select {
+	case <-l.ready:
+		return true
+	default:
+		return false
+	}
 }
 
 // grant asks etcd for the lease l of secs seconds, and then revokes a few
@@ -129,7 +176,6 @@ func (p *leasePool) grant(secs int64, l *pooledLease) {
 	defer p.grants.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	sent := time.Now()
 	resp, err := p.lease.Grant(ctx, secs)
 	if err != nil {
 		l.err = err
@@ -137,9 +183,16 @@ func (p *leasePool) grant(secs int64, l *pooledLease) {
 		return
 	}
 	l.id = clientv3.LeaseID(resp.ID)
-	l.expires = sent.Add(time.Duration(resp.TTL) * time.Second)
+	l.expires = l.sent.Add(time.Duration(resp.TTL) * time.Second)
 	p.mu.Lock()
 	now := time.Now()
+	p.rtt = min(now.Sub(l.sent), 2*p.bound) // one stuck grant leaves the bound at most 4 times its own
+	// A later grant that joined this one and is still unanswered gives
+	// its place to this one, and its callers take this one.
+	if b := p.buckets[secs]; l.joined && b != nil && b != l && !b.answered() && b.sent.After(l.sent) {
+		p.buckets[secs] = l
+		close(b.superseded)
+	}
 	// No call's validity outlasts the lease's earliest expiry; a second
 	// more covers the time the grant took to answer.
 	p.granted[l.id] = now.Add(time.Duration(resp.TTL)*time.Second + time.Second)

@@ -11,11 +11,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Pauses between the tries of the undo queue while etcd does not answer.
+// Pauses between the tries of the undo queue while etcd answers them with
+// failures.
 const (
 	undoPauseMin = 50 * time.Millisecond
 	undoPauseMax = time.Second
 )
+
+// undoPatience is how long the undo queue sends tries that wait the attempt
+// bound alone while etcd answers none, about an election's length; then a
+// try's bound doubles with each unanswered one.
+const undoPatience = 2 * time.Second
 
 // undoTxnOps is how many operations an undo transaction takes at first:
 // etcd's default --max-txn-ops (128) less the two comparisons of a nested
@@ -242,22 +248,44 @@ func (q *undoQueue) landed(items []batchItem) {
 func (q *undoQueue) run(ctx context.Context) {
 	defer q.wg.Done()
 	pause := undoPauseMin
+	// A try waits for etcd's answer for the attempt bound (a request
+	// forwarded to a leader that died is never answered), and the next one
+	// follows at once; once etcd has left tries unanswered for
+	// undoPatience, each waits twice as long as the one before, up to the
+	// request timeout (a large undo on a slow cluster takes its time).
+	bound := q.s.attemptBound()
+	var unanswered time.Time // since when etcd answers no try
 	for {
 		ops, items := q.take()
 		if len(items) == 0 && q.exitIfIdle() {
 			return // none pending: take takes something of the first
 		}
 		var err error
+		timedOut := false
 		if len(ops) > 0 {
-			reqCtx, cancel := context.WithTimeout(ctx, q.s.timeout)
+			sent := time.Now()
+			reqCtx, cancel := context.WithTimeout(ctx, bound)
 			_, err = q.s.kv.Txn(reqCtx).Then(ops...).Commit()
+			timedOut = reqCtx.Err() != nil && ctx.Err() == nil
 			cancel()
+			if timedOut {
+				if unanswered.IsZero() {
+					unanswered = sent
+				}
+				if time.Since(unanswered) >= undoPatience {
+					bound = min(2*bound, q.s.timeout)
+				}
+			} else {
+				unanswered, bound = time.Time{}, q.s.attemptBound()
+			}
 		}
 		switch {
 		case err == nil:
 			q.landed(items)
 			pause = undoPauseMin
 			continue
+		case timedOut:
+			continue // it waited already
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			if q.dropGone(ctx, items) {
 				continue

@@ -12,4 +12,5 @@ require (
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	github.com/sony/gobreaker/v2 v2.4.0 // indirect
 )

@@ -1,0 +1,133 @@
+package metrics
+
+import (
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/metricdefs"
+)
+
+// pendingEvents are the events of a pending release, in the order of their
+// series.
+var pendingEvents = [...]reqlock.PendingEvent{
+	reqlock.PendingDropped, reqlock.PendingExpired, reqlock.PendingNotHeld,
+	reqlock.PendingQueued, reqlock.PendingReleased, reqlock.PendingUnreleased,
+}
+
+// outageState holds the Registry's store and pending-release series. They
+// are exported once the first of their events came.
+type outageState struct {
+	seen      atomic.Bool
+	down      atomic.Bool
+	outages   atomic.Uint64
+	downNanos atomic.Int64
+	pending   [len(pendingEvents)]atomic.Uint64
+}
+
+var _ reqlock.OutageMetrics = (*Registry)(nil)
+
+// StoreDown implements reqlock.OutageMetrics: it counts
+// lock_store_outages_total and sets lock_store_down.
+func (m *Registry) StoreDown() {
+	m.outage.outages.Add(1)
+	m.outage.down.Store(true)
+	m.outage.seen.Store(true)
+}
+
+// StoreBack implements reqlock.OutageMetrics: it clears lock_store_down and
+// adds downFor to lock_store_down_seconds_total.
+func (m *Registry) StoreBack(downFor time.Duration, _ int64) {
+	m.outage.downNanos.Add(int64(max(downFor, 0)))
+	m.outage.down.Store(false)
+	m.outage.seen.Store(true)
+}
+
+// RejectedStoreDown implements reqlock.OutageMetrics: it counts
+// lock_store_down_rejected_total.
+func (m *Registry) RejectedStoreDown(label string) {
+	m.routes.Get(label).downRejected.Add(1)
+	m.outage.seen.Store(true)
+}
+
+// PendingRelease implements reqlock.OutageMetrics: it counts
+// lock_pending_releases_total by event.
+func (m *Registry) PendingRelease(event reqlock.PendingEvent) {
+	if i := slices.Index(pendingEvents[:], event); i >= 0 {
+		m.outage.pending[i].Add(1)
+		m.outage.seen.Store(true)
+	}
+}
+
+// appendOutage appends the outage families, in the order of their names,
+// once an outage event came; routes are sorted.
+func (m *Registry) appendOutage(b []byte, routes []*route) []byte {
+	o := &m.outage
+	if !o.seen.Load() {
+		return b
+	}
+	name := func(n string) string {
+		if m.namespace != "" {
+			return m.namespace + "_" + n
+		}
+		return n
+	}
+	header := func(b []byte, n, help, typ string) []byte {
+		b = append(b, "# HELP "...)
+		b = append(b, n...)
+		b = append(b, ' ')
+		b = appendEscaped(b, help, false)
+		b = append(b, "\n# TYPE "...)
+		b = append(b, n...)
+		b = append(b, ' ')
+		b = append(b, typ...)
+		return append(b, '\n')
+	}
+	plain := func(b []byte, n string, v float64) []byte {
+		b = append(b, n...)
+		b = append(b, ' ')
+		b = appendFloat(b, v)
+		return append(b, '\n')
+	}
+	// In the order of the names: pending releases, store down, down
+	// rejected, down seconds, outages.
+	n := name(metricdefs.NamePendingReleases)
+	b = header(b, n, metricdefs.HelpPendingReleases, "counter")
+	for i, e := range pendingEvents {
+		b = append(b, n...)
+		b = append(b, `{`+metricdefs.LabelEvent+`="`...)
+		b = append(b, e...)
+		b = append(b, `"} `...)
+		b = appendFloat(b, float64(o.pending[i].Load()))
+		b = append(b, '\n')
+	}
+	n = name(metricdefs.NameStoreDown)
+	b = header(b, n, metricdefs.HelpStoreDown, "gauge")
+	down := 0.0
+	if o.down.Load() {
+		down = 1
+	}
+	b = plain(b, n, down)
+	if len(routes) > 0 {
+		n = name(metricdefs.NameStoreRejected)
+		b = header(b, n, metricdefs.HelpStoreRejected, "counter")
+		for _, r := range routes {
+			b = appendSample(b, n, "", "", "", r.name, "", float64(r.downRejected.Load()))
+		}
+	}
+	n = name(metricdefs.NameStoreDownFor)
+	b = header(b, n, metricdefs.HelpStoreDownFor, "counter")
+	b = plain(b, n, time.Duration(o.downNanos.Load()).Seconds())
+	n = name(metricdefs.NameStoreOutages)
+	b = header(b, n, metricdefs.HelpStoreOutages, "counter")
+	return plain(b, n, float64(o.outages.Load()))
+}
+
+// outageNamesSorted reports whether the outage families are in the order
+// appendOutage writes them (for the tests).
+func outageNamesSorted() bool {
+	return slices.IsSortedFunc([]string{metricdefs.NamePendingReleases, metricdefs.NameStoreDown,
+		metricdefs.NameStoreRejected, metricdefs.NameStoreDownFor, metricdefs.NameStoreOutages}, strings.Compare)
+}

@@ -1,0 +1,147 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestResend checks the rules of resend, which sends an idempotent
+// transaction (a release, a refresh) again while etcd does not answer, on
+// sends that answer as etcd would in each case (issue 19, item 5).
+func TestResend(t *testing.T) {
+	t.Parallel()
+	s := &Store{timeout: 5 * time.Second}
+	bound := s.attemptBound()
+	okResp, refused := &clientv3.TxnResponse{Succeeded: true}, &clientv3.TxnResponse{}
+	isOK := func(r *clientv3.TxnResponse) bool { return r.Succeeded }
+	// copies returns a send whose n-th copy runs answer(ctx, n).
+	copies := func(answer func(ctx context.Context, n int) (*clientv3.TxnResponse, error)) (func(context.Context) (*clientv3.TxnResponse, error), *atomic.Int32) {
+		var n atomic.Int32
+		return func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return answer(ctx, int(n.Add(1))-1)
+		}, &n
+	}
+	unanswered := func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+
+	t.Run("RefusalWaitsForAnEarlierCopy", func(t *testing.T) {
+		t.Parallel()
+		// The first copy was applied, and its answer comes late; the
+		// second finds the key released by it, and is refused.
+		send, _ := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
+			if n == 0 {
+				<-time.After(3 * bound) // the late answer
+				return okResp, nil
+			}
+			return refused, nil
+		})
+		answers, err := s.resend(t.Context(), send, isOK)
+		if err != nil || len(answers) != 1 || !answers[0].Succeeded {
+			t.Fatalf("resend: %v, %v; want the first copy's success", answers, err)
+		}
+	})
+	t.Run("RefusalSettlesWhenNoCopyIsLeft", func(t *testing.T) {
+		t.Parallel()
+		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) { return refused, nil })
+		start := time.Now()
+		answers, err := s.resend(t.Context(), send, isOK)
+		if err != nil || len(answers) != 1 || answers[0].Succeeded || n.Load() != 1 || time.Since(start) > bound {
+			t.Fatalf("resend: %v, %v after %d copies and %v; want one refusal at once", answers, err, n.Load(), time.Since(start))
+		}
+	})
+	t.Run("UnansweredIsSentAgain", func(t *testing.T) {
+		t.Parallel()
+		// Copies forwarded to a dead leader until the third.
+		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
+			if n < 2 {
+				return unanswered(ctx)
+			}
+			return okResp, nil
+		})
+		start := time.Now()
+		answers, err := s.resend(t.Context(), send, isOK)
+		if err != nil || len(answers) != 1 || !answers[0].Succeeded || n.Load() != 3 {
+			t.Fatalf("resend: %v, %v after %d copies; want the third copy's success", answers, err, n.Load())
+		}
+		if took := time.Since(start); took < 2*bound || took > 2*bound+time.Second {
+			t.Fatalf("the third copy answered after %v; want after twice the bound %v", took, bound)
+		}
+	})
+	t.Run("CopiesBeyondTheCapGiveUpTheOldest", func(t *testing.T) {
+		t.Parallel()
+		var given atomic.Int32
+		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
+			if n < maxAttemptsInFlight+2 {
+				_, err := unanswered(ctx)
+				given.Add(1)
+				return nil, err
+			}
+			return okResp, nil
+		})
+		answers, err := s.resend(t.Context(), send, isOK)
+		if err != nil || len(answers) != 1 || !answers[0].Succeeded || n.Load() != maxAttemptsInFlight+3 {
+			t.Fatalf("resend: %v, %v after %d copies; want copy %d's success", answers, err, n.Load(), maxAttemptsInFlight+3)
+		}
+		if g := given.Load(); g < 2 {
+			t.Fatalf("%d copies given up before the success; want at least the 2 beyond the cap", g)
+		}
+	})
+	t.Run("TransientIsSentAgainSoon", func(t *testing.T) {
+		t.Parallel()
+		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
+			if n < 3 {
+				return nil, rpctypes.ErrNoLeader
+			}
+			return okResp, nil
+		})
+		start := time.Now()
+		answers, err := s.resend(t.Context(), send, isOK)
+		if err != nil || len(answers) != 1 || n.Load() != 4 || time.Since(start) >= bound {
+			t.Fatalf("resend: %v, %v after %d copies and %v; want the fourth copy's success within the bound", answers, err, n.Load(), time.Since(start))
+		}
+	})
+	t.Run("UnreachableFailsAtOnce", func(t *testing.T) {
+		t.Parallel()
+		noConn := status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused\"")
+		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) { return nil, noConn })
+		_, err := s.resend(t.Context(), send, isOK)
+		if !unreachable(err) || n.Load() != 1 {
+			t.Fatalf("resend: %v after %d copies; want the unreachable error of the one copy", err, n.Load())
+		}
+	})
+	t.Run("UnknownWhenACopyMayHaveLanded", func(t *testing.T) {
+		t.Parallel()
+		// The first copy broke after it was sent; the second reached no
+		// member: the outcome is unknown, not "nothing changed".
+		send, _ := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
+			if n == 0 {
+				return nil, rpctypes.ErrLeaderChanged
+			}
+			return nil, status.Error(codes.Unavailable, "no connection available")
+		})
+		_, err := s.resend(t.Context(), send, isOK)
+		if err == nil || unreachable(err) {
+			t.Fatalf("resend: %v; want an error that is not unreachable", err)
+		}
+	})
+	t.Run("ContextEnds", func(t *testing.T) {
+		t.Parallel()
+		send, _ := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) { return unanswered(ctx) })
+		ctx, cancel := context.WithTimeout(t.Context(), 3*bound)
+		defer cancel()
+		_, err := s.resend(ctx, send, isOK)
+		if !errors.Is(err, context.DeadlineExceeded) || unreachable(err) {
+			t.Fatalf("resend: %v; want the context's error", err)
+		}
+	})
+}
