@@ -339,7 +339,7 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 		err = fmt.Errorf("%w: release %s answered %v", ErrUnexpectedReply, keysForMessage(d.keys), vals)
 	}
 	s.count(i, err)
-	s.health(i, err, took, true)
+	s.health(i, err, took, s.nodeTimeout)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := &s.nodes[i].clean

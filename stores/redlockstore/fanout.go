@@ -114,9 +114,7 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 				s.nodes[i].quarantines.Add(1)
 			}
 			s.count(i, err)
-			// A timeout counts when the call had at least half its own
-			// time: not one that its caller's deadline cut short.
-			s.health(i, err, took, took >= timeout/2)
+			s.health(i, err, took, timeout)
 			if !replied.Load() {
 				out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
 			}

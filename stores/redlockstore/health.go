@@ -20,7 +20,9 @@ import (
 // no answer for its stall time (16 of its mean round trips, at least
 // minStall) while other nodes answered calls sent after it (when none was
 // sent, they are pinged then): that call is then ended (its outcome unknown, so undone as a timeout is). So a frozen
-// minority costs its calls a fraction of the node timeout, once.
+// minority costs its calls a fraction of the node timeout, once. Only a
+// call given at least skipFloor counts toward skipping: a short TTL's call
+// (a third of the TTL) runs out on a loaded but healthy client.
 const (
 	// skipAfter is how many calls in a row must time out, each after its
 	// full timeout, before the node is skipped.
@@ -34,6 +36,11 @@ const (
 	// minStall is the shortest time without an answer that makes a node
 	// stalled (see stallAfter).
 	minStall = 200 * time.Millisecond
+	// skipFloor is the least time a call must have been given for its
+	// timeout to count toward skipping its node: a 10ms TTL's calls get
+	// 3ms each, which a loaded process (or -race) overruns on a healthy
+	// node, and such calls must not skip it for every caller.
+	skipFloor = 50 * time.Millisecond
 )
 
 // ErrNodeSkipped is the failure of a call that was not sent because its
@@ -44,11 +51,12 @@ var ErrNodeSkipped = errors.New("redlockstore: node skipped: its last calls time
 // skipped reports whether node i is skipped.
 func (s *Store) skipped(i int) bool { return s.nodes[i].skipped.Load() }
 
-// health records the outcome of a call of node i that took took; full says
-// whether the call's deadline was its own timeout (not its caller's,
-// which may end a call to a healthy node early). A success brings the node
-// back; skipAfter full timeouts in a row skip it and start its probe.
-func (s *Store) health(i int, err error, took time.Duration, full bool) {
+// health records the outcome of a call of node i that took took and was
+// given timeout. A success brings the node back; skipAfter timeouts in a
+// row skip it and start its probe, counting only calls given at least
+// skipFloor that used at least half of it (not one that its caller's
+// deadline cut short: that may end a call to a healthy node early).
+func (s *Store) health(i int, err error, took, timeout time.Duration) {
 	n := s.nodes[i]
 	if err == nil || (!isTimeout(err) && !errors.Is(err, errStalled)) {
 		n.lastReply.Store(time.Now().UnixNano()) // it answered
@@ -63,7 +71,7 @@ func (s *Store) health(i int, err error, took time.Duration, full bool) {
 		n.skipped.Store(false)
 		return
 	}
-	if !full || !isTimeout(err) {
+	if timeout < skipFloor || took < timeout/2 || !isTimeout(err) {
 		return
 	}
 	if n.timeouts.Add(1) >= skipAfter {
@@ -139,7 +147,7 @@ func (s *Store) pingOthers(i int, timeout time.Duration) {
 		wg.Go(func() {
 			start := time.Now()
 			if err := probeScript.Run(ctx, n.client, nil).Err(); err == nil {
-				s.health(j, nil, time.Since(start), true)
+				s.health(j, nil, time.Since(start), timeout)
 			}
 		})
 	}
@@ -201,7 +209,7 @@ func (s *Store) startProbe(i int) {
 				return
 			}
 			if err == nil {
-				s.health(i, nil, time.Since(start), true)
+				s.health(i, nil, time.Since(start), s.nodeTimeout)
 				return
 			}
 			pause.Reset(probePause)

@@ -61,8 +61,10 @@
 // # Skipped nodes
 //
 // A node that keeps timing out (frozen by SIGSTOP, partitioned) is skipped:
-// after 2 calls in a row timed out (each after at least half its timeout),
-// or as soon as one call has had no answer for its stall time (16 of the
+// after 2 calls in a row timed out (each given at least 50ms, and timed
+// out after at least half of it: a TTL under 150ms gives its calls less,
+// which a loaded process overruns on a healthy node, so their timeouts
+// skip no node for the other callers), or as soon as one call has had no answer for its stall time (16 of the
 // node's mean round trips, at least 200ms, at most a quarter of the node
 // timeout above that) while most other live nodes answered calls sent
 // after it, or pings sent then (that call then answers at once, an
