@@ -59,7 +59,9 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // stored on a quorum before Acquire returns (see Fencing).
 //
 // A refusal (Grant.OK false) comes when so many nodes refused that no quorum
-// is possible; Held is the index of a held key and Wait the shortest
+// is possible and a quorum of nodes answered: when the nodes that failed or
+// did not answer leave fewer, Acquire reports a store failure, not a busy
+// key, whatever the others answered. Held is the index of a held key and Wait the shortest
 // remaining TTL a refusing node reported, less the drift allowance. The
 // nodes that granted are released first.
 //
@@ -68,7 +70,7 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // wrapping ErrDuplicateNode) when two nodes turned out to be one server;
 // ctx.Err() without acting when ctx has ended; an error wrapping ErrNoQuorum
 // (and stores.ErrUnreachable when no node was reached) that names every
-// failed node when failures make a quorum impossible or the quorum came too
+// failed node when failures (with refusals) make a quorum impossible or the quorum came too
 // late; and, when ctx ends while calls are in flight, an error wrapping
 // stores.ErrAbandoned and ctx's error, the store releasing what the calls
 // granted once they answer (see Clean-up in the package documentation).
@@ -175,7 +177,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		classify(r)
 	}
 	asked := false
-	if contended && !s.nodes[gate].failing.Load() {
+	if contended && !s.nodes[gate].failing.Load() && s.healthyQuorum() {
 		asked = true
 		send([]int{gate})
 		patience := time.NewTimer(s.patience(gate, timeout))
@@ -203,7 +205,13 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	phase2 := time.Now()
 	send(others)
-	for pending > 0 && votes < q && len(refused)+len(failed) <= total-q {
+	for pending > 0 && votes < q && len(failed) <= total-q {
+		if len(refused)+len(failed) > total-q && (len(granted)+len(refused) >= q || !s.waitFor(flying)) {
+			// No quorum possible: a refusal when a quorum of nodes
+			// answered, a store failure when the nodes that failed, or
+			// are still out and failing, leave too few to tell.
+			break
+		}
 		select {
 		case r := <-replies:
 			receive(r)
@@ -292,7 +300,10 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 
 	s.settle(a, replies, flying, granted, failed, true)
-	if len(failed) <= total-q && len(refused) > 0 {
+	if len(failed) <= total-q && len(refused) > 0 && len(granted)+len(refused) >= q {
+		// A quorum of nodes answered (a busy key is never a store
+		// failure, and a store failure never a busy key: with fewer,
+		// the nodes that failed or did not answer decided).
 		// The refusal stands until enough refusing nodes let go that the
 		// rest no longer block a quorum.
 		waits := make([]time.Duration, len(refused))
@@ -426,6 +437,20 @@ func (s *Store) notifyNode(key string) int {
 		}
 	}
 	return order[1]
+}
+
+// healthyQuorum reports whether a quorum of nodes is neither skipped nor
+// failing (its last call failed): only then is a refusal by the gate alone
+// trusted; else a refusal may be another Acquire's grant on one of the few
+// live nodes, and the failures decide.
+func (s *Store) healthyQuorum() bool {
+	live := 0
+	for i, n := range s.nodes {
+		if !s.skipped(i) && !n.failing.Load() {
+			live++
+		}
+	}
+	return live >= s.quorum
 }
 
 // waitFor reports whether a node of flying (the nodes whose answer is not
@@ -610,6 +635,10 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted
 			pending++
 		}
 	}
+	if pending > 0 && !s.track(1) {
+		// Close began: it gives up what the late replies would owe.
+		pending = 0
+	}
 	s.mu.Lock()
 	st := s.tokens[a.token]
 	if st == nil && pending > 0 {
@@ -637,7 +666,8 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted
 		}
 	}
 	s.mu.Unlock()
-	s.wg.Go(func() {
+	go func() {
+		defer s.wg.Done()
 		for range pending {
 			r := <-replies
 			granted := r.err == nil && len(r.vals) > 0 && r.vals[0] == 1
@@ -659,7 +689,7 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted
 				s.oweUndo(a, []int{r.node}, nil)
 			}
 		}
-	})
+	}()
 }
 
 // dropIdleLocked forgets st once nothing of it is in flight. The caller

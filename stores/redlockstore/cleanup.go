@@ -330,6 +330,7 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.nodeTimeout)
 	start := time.Now()
+	s.nodes[i].calls.Add(1)
 	vals, err := releaseScript.Run(ctx, s.nodes[i].client, d.keys, d.token, keepMS, 1, c.close,
 		milliseconds(c.closeTTL), c.upTo).Int64Slice()
 	took := time.Since(start)
@@ -338,7 +339,7 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 		err = fmt.Errorf("%w: release %s answered %v", ErrUnexpectedReply, keysForMessage(d.keys), vals)
 	}
 	s.count(i, err)
-	s.health(i, err, took, true)
+	s.health(i, err, took, s.nodeTimeout)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := &s.nodes[i].clean

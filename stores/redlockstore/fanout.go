@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,7 +54,8 @@ func retries(client redis.Scripter) bool {
 // the channel their replies arrive on; it has room for all of them, so a
 // call never blocks on a reader that left. The calls are counted and their
 // failures reported. A skipped node is not called: its reply, at once, is
-// a failure wrapping ErrNodeSkipped that never reached the node.
+// a failure wrapping ErrNodeSkipped that never reached the node; after
+// Close began, every reply is ErrClosed, at once.
 func (s *Store) fanOut(ctx context.Context, timeout time.Duration, indexes []int,
 	call func(ctx context.Context, i int) ([]int64, error)) <-chan reply {
 	out := make(chan reply, len(indexes))
@@ -70,18 +72,37 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 		deadline = d
 	}
 	base := context.WithoutCancel(ctx)
+	send := make([]int, 0, len(indexes))
 	for _, i := range indexes {
 		if s.skipped(i) {
 			s.nodes[i].notSent.Add(1)
 			out <- reply{node: i, err: fmt.Errorf("%w (%s)", ErrNodeSkipped, s.nodes[i].name), unsent: true}
 			continue
 		}
-		s.wg.Add(1)
+		send = append(send, i)
+	}
+	if len(send) > 0 && !s.track(len(send)) {
+		for _, i := range send {
+			out <- reply{node: i, err: ErrClosed, unsent: true}
+		}
+		return
+	}
+	for _, i := range send {
 		go func() {
 			defer s.wg.Done()
 			cctx, cancel := context.WithDeadline(base, deadline)
 			start := time.Now()
-			unwatch := s.watchStall(i, start, deadline, cancel)
+			s.nodes[i].calls.Add(1)
+			// A stalled call's reply comes at once: the client may not
+			// notice the cancellation before the deadline (a read from a
+			// frozen server waits for it). Its outcome is unknown, as a
+			// timeout's is.
+			var replied atomic.Bool
+			unwatch := s.watchStall(i, start, deadline, func() {
+				cancel()
+				replied.Store(true)
+				out <- reply{node: i, err: fmt.Errorf("%w after %v", errStalled, time.Since(start).Round(time.Millisecond))}
+			})
 			vals, err := call(cctx, i)
 			took := time.Since(start)
 			if unwatch() && err != nil {
@@ -93,18 +114,18 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 				s.nodes[i].quarantines.Add(1)
 			}
 			s.count(i, err)
-			// A timeout counts when the call had at least half its own
-			// time: not one that its caller's deadline cut short.
-			s.health(i, err, took, took >= timeout/2)
-			out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
+			s.health(i, err, took, timeout)
+			if !replied.Load() {
+				out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
+			}
 		}()
 	}
 }
 
-// count records one call of node i and its failure.
+// count records the outcome of a call of node i (its sending is counted
+// as it is sent: a stalled call's reply comes before it ends).
 func (s *Store) count(i int, err error) {
 	n := s.nodes[i]
-	n.calls.Add(1)
 	n.failing.Store(err != nil)
 	if err != nil {
 		n.failures.Add(1)

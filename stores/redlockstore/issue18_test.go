@@ -61,7 +61,9 @@ func holders(t *testing.T, nodes []redis.Scripter, key string) []string {
 // warm runs locks through s, 4 at once, so that its scripts are loaded and
 // several connections per node open: a held-back request is then a script
 // call itself, and a call made while another waits needs no new connection
-// (whose handshake the faults would slow).
+// (whose handshake the faults would slow). It returns once no call of them
+// is in flight: Acquire, Refresh and Release return once a quorum has
+// answered, and a fault injected next must not catch a warm-up call.
 func warm(t *testing.T, s *redlockstore.Store) {
 	t.Helper()
 	errs := make(chan error, 4)
@@ -85,6 +87,14 @@ func warm(t *testing.T, s *redlockstore.Store) {
 		if err := <-errs; err != nil {
 			t.Fatalf("warm-up lock: %v", err)
 		}
+	}
+	if err := eventually(5*time.Second, func() error {
+		if n := s.TokenStates(); n > 0 {
+			return fmt.Errorf("%d warm-up tokens with calls in flight", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

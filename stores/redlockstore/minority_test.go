@@ -244,7 +244,15 @@ func TestFrozenMinority(t *testing.T) {
 	majority := shop.run(workers, majorityPhase)
 	t.Logf("3 of 5 frozen: %v", statsOf(majority, majorityPhase))
 	shop.checkStock(t)
-	bad := 0
+	bad, held := 0, 0
+	for _, r := range majority {
+		if !r.started.Before(frozenAt) && errors.Is(r.err, reqlock.ErrHeld) {
+			held++
+		}
+	}
+	if held > 0 {
+		t.Errorf("3 of 5 frozen: %d requests answered ErrHeld (a busy key); want 0: an outage is a store error", held)
+	}
 	for _, r := range majority {
 		if r.started.Before(frozenAt) {
 			continue
@@ -253,7 +261,8 @@ func TestFrozenMinority(t *testing.T) {
 		case r.err == nil:
 			t.Errorf("3 of 5 frozen: a request obtained its lock")
 		case r.outcome != reqlock.OutcomeStoreError || errors.Is(r.err, reqlock.ErrHeld):
-			t.Errorf("3 of 5 frozen: outcome %s (%v), want a store error", r.outcome, r.err)
+			t.Errorf("3 of 5 frozen: a request sent %v after the freeze: outcome %s after %v (%v), want a store error",
+				r.started.Sub(frozenAt).Round(time.Millisecond), r.outcome, r.took.Round(time.Millisecond), r.err)
 		case r.took > shopWait+500*time.Millisecond:
 			t.Errorf("3 of 5 frozen: a request failed after %v, want within the wait %v", r.took, shopWait)
 		default:

@@ -61,11 +61,17 @@
 // # Skipped nodes
 //
 // A node that keeps timing out (frozen by SIGSTOP, partitioned) is skipped:
-// after 2 calls in a row timed out (each after at least half its timeout),
-// or as soon as one call has had no answer for its stall time (16 of the
-// node's mean round trips, at least 200ms) while other nodes answered
-// calls sent after it (that call then ends with an unknown outcome, undone
-// as a timeout is). A skipped node gets no calls: they fail at once with
+// after 2 calls in a row timed out (each given at least 50ms, and timed
+// out after at least half of it: a TTL under 150ms gives its calls less,
+// which a loaded process overruns on a healthy node, so their timeouts
+// skip no node for the other callers), or as soon as one call has had no answer for its stall time (16 of the
+// node's mean round trips, at least 200ms, at most a quarter of the node
+// timeout above that) while most other live nodes answered calls sent
+// after it, or pings sent then (that call then answers at once, an
+// unknown outcome undone as a timeout is; the client's own call ends at
+// its deadline). While the nodes that failed or did not answer leave no
+// quorum of answers, an Acquire is a store failure, never a refusal: with
+// 3 of 5 nodes frozen every request gets a store error. A skipped node gets no calls: they fail at once with
 // ErrNodeSkipped, as unsent, and count as failed nodes toward the quorum.
 // One probe at a time (a script call bounded by the node timeout, 50ms
 // apart) checks it in the background, and the first answer, of a probe or
@@ -369,7 +375,9 @@ type Store struct {
 	firstProbe sync.Once    // the first identify, which every Acquire waits for
 	duplicate  atomic.Pointer[error]
 
-	wg             sync.WaitGroup // background calls
+	wg             sync.WaitGroup // background calls; see track
+	life           sync.RWMutex   // guards closing
+	closing        bool           // Close has begun: track counts no more
 	mu             sync.Mutex     // guards what follows, and each node's clean
 	tokens         map[string]*tokenState
 	inflight       map[string]int       // Acquires in flight per first key
@@ -633,6 +641,9 @@ func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 // owns and closes after the Store; a Store from Open closes the clients it
 // made. It returns the error of closing the pub/subs (and those clients).
 func (s *Store) Close() error {
+	s.life.Lock()
+	s.closing = true
+	s.life.Unlock()
 	s.mu.Lock()
 	s.closed = true
 	s.dispatchAllLocked() // the janitor gives up what is owed
@@ -648,6 +659,23 @@ func (s *Store) Close() error {
 	}
 	s.owned = nil
 	return err
+}
+
+// ErrClosed is the failure of a node call asked for after Close began: it
+// is not sent.
+var ErrClosed = errors.New("redlockstore: store closed")
+
+// track counts n goroutines that Close waits for, and reports false,
+// counting none, once Close has begun (its Wait may be running: an Add then
+// would race with it).
+func (s *Store) track(n int) bool {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Add(n)
+	return true
 }
 
 // drift returns the drift allowance of a TTL.

@@ -205,7 +205,7 @@ func (s *Store) writes(ctx context.Context, token string, st *tokenState, ttl, t
 	s.mu.Unlock()
 	replies := s.fanOut(ctx, timeout, indexes, call)
 	out := make(chan reply, len(indexes))
-	s.wg.Go(func() {
+	forward := func() {
 		for range indexes {
 			r := <-replies
 			s.mu.Lock()
@@ -225,6 +225,15 @@ func (s *Store) writes(ctx context.Context, token string, st *tokenState, ttl, t
 			out <- r
 		}
 		s.endRefresh(token, st)
-	})
+	}
+	if s.track(1) {
+		go func() {
+			defer s.wg.Done()
+			forward()
+		}()
+	} else {
+		// Close began: the replies come at once, or from calls it waits for.
+		go forward()
+	}
 	return out, true
 }

@@ -144,7 +144,12 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // failed, and then ends the Release (endRelease): the token stays ended
 // until then, so that no Refresh call of it starts meanwhile.
 func (s *Store) releaseRest(token string, st *tokenState, owed owedRelease, replies <-chan reply, left int) {
-	s.wg.Go(func() {
+	if !s.track(1) {
+		s.endRelease(token, st) // Close gives up what it would owe
+		return
+	}
+	go func() {
+		defer s.wg.Done()
 		defer s.endRelease(token, st)
 		var nodes []int
 		for range left {
@@ -153,7 +158,7 @@ func (s *Store) releaseRest(token string, st *tokenState, owed owedRelease, repl
 			}
 		}
 		s.oweRelease(owed, nodes)
-	})
+	}()
 }
 
 // owedRelease is a Release, as the Store owes it on the nodes whose call
