@@ -1,6 +1,7 @@
 package redlockstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,10 +27,11 @@ import (
 // with one token until it is granted) waits for no undo: none deletes what
 // a later attempt granted. Fields are guarded by Store.mu.
 type tokenState struct {
-	pending  int           // late replies not yet in
-	landed   chan struct{} // closed when pending drops to zero
-	granted  int64         // the attempt that granted the lock (0: none)
-	released bool          // a Release (keep zero) of the lock began
+	pending   int           // late replies not yet in
+	acquiring map[int]int   // their nodes: acquire calls in flight, per node
+	moved     chan struct{} // closed (and replaced) as each of them lands
+	granted   int64         // the attempt that granted the lock (0: none)
+	released  bool          // a Release (keep zero) of the lock began
 
 	refreshing    int              // Refresh calls of the token running
 	writing       map[int]int      // Refresh node calls in flight, per node
@@ -57,7 +59,9 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // stored on a quorum before Acquire returns (see Fencing).
 //
 // A refusal (Grant.OK false) comes when so many nodes refused that no quorum
-// is possible; Held is the index of a held key and Wait the shortest
+// is possible and a quorum of nodes answered: when the nodes that failed or
+// did not answer leave fewer, Acquire reports a store failure, not a busy
+// key, whatever the others answered. Held is the index of a held key and Wait the shortest
 // remaining TTL a refusing node reported, less the drift allowance. The
 // nodes that granted are released first.
 //
@@ -66,7 +70,7 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // wrapping ErrDuplicateNode) when two nodes turned out to be one server;
 // ctx.Err() without acting when ctx has ended; an error wrapping ErrNoQuorum
 // (and stores.ErrUnreachable when no node was reached) that names every
-// failed node when failures make a quorum impossible or the quorum came too
+// failed node when failures (with refusals) make a quorum impossible or the quorum came too
 // late; and, when ctx ends while calls are in flight, an error wrapping
 // stores.ErrAbandoned and ctx's error, the store releasing what the calls
 // granted once they answer (see Clean-up in the package documentation).
@@ -145,41 +149,74 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	// refuses with the holder that refused the token last time is not
 	// trusted alone: the holder may have released the lock everywhere but
 	// there (a lost release), so the other nodes are asked too.
-	gate := s.gate(keys[0])
+	//
+	// A skipped gate is passed over for the next node of the key's ranking
+	// (the same in every process that skips it), and a gate that has not
+	// answered within its patience (a few of its round trips) is not
+	// waited for: the others are asked too, and its answer counts with
+	// theirs.
+	gate := s.liveGate(keys[0])
 	others := make([]int, 0, total)
 	contended, lastHolder := s.enter(keys[0], token)
 	defer s.leave(keys[0])
-	if contended && !s.nodes[gate].failing.Load() {
-		gateReply := s.fanOut(ctx, timeout, []int{gate}, call)
+	// Every call of the attempt answers on replies; flying tells the nodes
+	// whose answer is not in yet.
+	replies := make(chan reply, total)
+	flying := make([]bool, total)
+	pending := 0
+	send := func(indexes []int) {
+		for _, i := range indexes {
+			flying[i] = true
+		}
+		pending += len(indexes)
+		s.fanOutInto(ctx, timeout, indexes, call, replies)
+	}
+	receive := func(r reply) {
+		pending--
+		flying[r.node] = false
+		classify(r)
+	}
+	asked := false
+	if contended && !s.nodes[gate].failing.Load() && s.healthyQuorum() {
+		asked = true
+		send([]int{gate})
+		patience := time.NewTimer(s.patience(gate, timeout))
 		select {
-		case r := <-gateReply:
-			classify(r)
+		case r := <-replies:
+			receive(r)
+		case <-patience.C:
+			// A slow gate: ask the others too.
 		case <-ctx.Done():
 			// Undo the grant the gate may make, once it answers.
-			s.settle(a, gateReply, 1, nil, nil, true)
+			patience.Stop()
+			s.settle(a, replies, flying, nil, nil, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
+		patience.Stop()
 		if len(refused) == 1 && refused[0].vals[3] != lastHolder {
-			s.settle(a, nil, 0, nil, nil, true)
+			s.settle(a, nil, nil, nil, nil, true)
 			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2]), refused[0].vals[3]), nil
 		}
 	}
-	asked := len(granted)+len(refused)+len(failed) > 0
 	for i := range total {
 		if !asked || i != gate {
 			others = append(others, i)
 		}
 	}
 	phase2 := time.Now()
-	replies := s.fanOut(ctx, timeout, others, call)
-	pending := len(others)
-	for pending > 0 && votes < q && len(refused)+len(failed) <= total-q {
+	send(others)
+	for pending > 0 && votes < q && len(failed) <= total-q {
+		if len(refused)+len(failed) > total-q && (len(granted)+len(refused) >= q || !s.waitFor(flying)) {
+			// No quorum possible: a refusal when a quorum of nodes
+			// answered, a store failure when the nodes that failed, or
+			// are still out and failing, leave too few to tell.
+			break
+		}
 		select {
 		case r := <-replies:
-			pending--
-			classify(r)
+			receive(r)
 		case <-ctx.Done():
-			s.settle(a, replies, pending, granted, failed, true)
+			s.settle(a, replies, flying, granted, failed, true)
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 	}
@@ -190,10 +227,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		for pending > 0 {
 			select {
 			case r := <-replies:
-				pending--
-				classify(r)
+				receive(r)
 			case <-ctx.Done():
-				s.settle(a, replies, pending, granted, failed, true)
+				s.settle(a, replies, flying, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 		}
@@ -207,7 +243,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			case <-timer.C:
 			case <-ctx.Done():
 				timer.Stop()
-				s.settle(a, nil, 0, granted, failed, true)
+				s.settle(a, nil, nil, granted, failed, true)
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			backoff *= 2
@@ -216,32 +252,30 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 				again[i] = r.node
 			}
 			refused = refused[:0]
-			replies, pending = s.fanOut(ctx, timeout, again, call), len(again)
+			send(again)
 			for pending > 0 {
 				select {
 				case r := <-replies:
-					pending--
-					classify(r)
+					receive(r)
 				case <-ctx.Done():
-					s.settle(a, replies, pending, granted, failed, true)
+					s.settle(a, replies, flying, granted, failed, true)
 					return stores.Grant{}, abandoned(ctx, true)
 				}
 			}
 		}
 	}
 
-	if pending > 0 && (votes >= q || len(failed) <= total-q) {
-		// Give the other nodes as long again as the decision took: healthy
-		// ones answer by then. Every grant in hand before Acquire returns
-		// is one that a Release will not race with, and a refusal's Wait
-		// then comes from most nodes.
+	// Give the other nodes as long again as the decision took: healthy
+	// ones answer by then, so that fewer grants land after Acquire returns
+	// and a refusal's Wait comes from most nodes. Nodes whose last call
+	// failed (frozen, partitioned) are not waited for.
+	if s.waitFor(flying) && (votes >= q || len(failed) <= total-q) {
 		grace := time.NewTimer(max(time.Since(phase2), time.Millisecond))
 	late:
-		for pending > 0 {
+		for s.waitFor(flying) {
 			select {
 			case r := <-replies:
-				pending--
-				classify(r)
+				receive(r)
 			case <-grace.C:
 				break late
 			case <-ctx.Done():
@@ -254,19 +288,22 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if votes >= q {
 		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout)
 		if err != nil {
-			s.settle(a, replies, pending, granted, failed, true)
+			s.settle(a, replies, flying, granted, failed, true)
 			if ctxEnded(ctx) {
 				return stores.Grant{}, abandoned(ctx, true)
 			}
 			return stores.Grant{}, err
 		}
-		s.settle(a, replies, pending, nil, failed, false)
+		s.settle(a, replies, flying, nil, failed, false)
 		s.forgetRefusal(token)
 		return stores.Grant{OK: true, Fences: fences}, nil
 	}
 
-	s.settle(a, replies, pending, granted, failed, true)
-	if len(failed) <= total-q && len(refused) > 0 {
+	s.settle(a, replies, flying, granted, failed, true)
+	if len(failed) <= total-q && len(refused) > 0 && len(granted)+len(refused) >= q {
+		// A quorum of nodes answered (a busy key is never a store
+		// failure, and a store failure never a busy key: with fewer,
+		// the nodes that failed or did not answer decided).
 		// The refusal stands until enough refusing nodes let go that the
 		// rest no longer block a quorum.
 		waits := make([]time.Duration, len(refused))
@@ -375,31 +412,72 @@ func (s *Store) forgetRefusal(token string) {
 // gate returns the node a key's acquisitions try first: the first of the
 // key's ranking (see rank), the same in every process that names the nodes
 // alike, in any order.
-func (s *Store) gate(key string) int {
-	first, _ := s.rank(key)
-	return first
+func (s *Store) gate(key string) int { return s.rank(key)[0] }
+
+// liveGate returns the first node of key's ranking that is not skipped (the
+// gate while it is not; the gate when all are).
+func (s *Store) liveGate(key string) int {
+	order := s.rank(key)
+	for _, i := range order {
+		if !s.skipped(i) {
+			return i
+		}
+	}
+	return order[0]
 }
 
-// rank returns the two nodes that rank highest for key by rendezvous
-// hashing of the key with each node's identity (its canonical address, see
+// notifyNode returns the node whose release signals a waiter for key
+// listens to: the second of the key's ranking, or when it is skipped the
+// next that is not (the gate last).
+func (s *Store) notifyNode(key string) int {
+	order := s.rank(key)
+	for _, i := range append(order[1:], order[0]) {
+		if !s.skipped(i) {
+			return i
+		}
+	}
+	return order[1]
+}
+
+// healthyQuorum reports whether a quorum of nodes is neither skipped nor
+// failing (its last call failed): only then is a refusal by the gate alone
+// trusted; else a refusal may be another Acquire's grant on one of the few
+// live nodes, and the failures decide.
+func (s *Store) healthyQuorum() bool {
+	live := 0
+	for i, n := range s.nodes {
+		if !s.skipped(i) && !n.failing.Load() {
+			live++
+		}
+	}
+	return live >= s.quorum
+}
+
+// waitFor reports whether a node of flying (the nodes whose answer is not
+// in) is worth waiting for: its last call did not fail.
+func (s *Store) waitFor(flying []bool) bool {
+	for i, f := range flying {
+		if f && !s.nodes[i].failing.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// rank returns the nodes in their order for key, by rendezvous hashing of
+// the key with each node's identity (its canonical address, see
 // canonicalAddr): the order in which the nodes were listed plays no part.
-func (s *Store) rank(key string) (first, second int) {
+func (s *Store) rank(key string) []int {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(key))
 	k := h.Sum64()
-	var best, next uint64
-	first, second = -1, -1
+	weights := make([]uint64, len(s.nodes))
+	order := make([]int, len(s.nodes))
 	for i, n := range s.nodes {
-		w := mix64(k ^ n.idHash)
-		switch {
-		case first < 0 || w > best:
-			second, next = first, best
-			first, best = i, w
-		case second < 0 || w > next:
-			second, next = i, w
-		}
+		weights[i], order[i] = mix64(k^n.idHash), i
 	}
-	return first, second
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(weights[b], weights[a]) })
+	return order
 }
 
 // mix64 is splitmix64's finalizer: every input bit flips about half of the
@@ -539,16 +617,28 @@ type attemptOf struct {
 // settle records the outcome of attempt a: released when it did not grant
 // (or was abandoned). It owes the undo (see oweUndo) of the nodes of
 // granted (all when released) and of those of failed whose outcome is
-// unknown, closing the attempt on the latter, and hands the pending
-// replies to a background goroutine that owes the undo of each node that
-// granted, unless a granted the lock and it is not released as the reply
-// arrives, and of each whose outcome is unknown, closing the attempt there.
-func (s *Store) settle(a attemptOf, replies <-chan reply, pending int, granted, failed []reply, released bool) {
+// unknown, closing the attempt on the latter, and hands the replies of the
+// nodes still flying (true at their index) to a background goroutine that
+// owes the undo of each node that granted, unless a granted the lock and
+// it is not released as the reply arrives, and of each whose outcome is
+// unknown, closing the attempt there. Until a node's reply is in, a
+// Release of the token closes the token on it (see endToken).
+func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted, failed []reply, released bool) {
 	plain, closing := undoNodes(granted, failed)
 	if !released {
 		plain = nil
 	}
 	s.oweUndo(a, plain, closing)
+	pending := 0
+	for _, f := range flying {
+		if f {
+			pending++
+		}
+	}
+	if pending > 0 && !s.track(1) {
+		// Close began: it gives up what the late replies would owe.
+		pending = 0
+	}
 	s.mu.Lock()
 	st := s.tokens[a.token]
 	if st == nil && pending > 0 {
@@ -563,21 +653,32 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, pending int, granted, 
 		s.mu.Unlock()
 		return
 	}
-	if st.pending == 0 {
-		st.landed = make(chan struct{})
-	}
 	st.pending += pending
+	if st.acquiring == nil {
+		st.acquiring = make(map[int]int)
+	}
+	if st.moved == nil {
+		st.moved = make(chan struct{})
+	}
+	for i, f := range flying {
+		if f {
+			st.acquiring[i]++
+		}
+	}
 	s.mu.Unlock()
-	s.wg.Go(func() {
+	go func() {
+		defer s.wg.Done()
 		for range pending {
 			r := <-replies
 			granted := r.err == nil && len(r.vals) > 0 && r.vals[0] == 1
 			unknown := mayHaveGranted(r)
 			s.mu.Lock()
 			st.pending--
-			if st.pending == 0 {
-				close(st.landed)
+			if st.acquiring[r.node]--; st.acquiring[r.node] == 0 {
+				delete(st.acquiring, r.node)
 			}
+			close(st.moved)
+			st.moved = make(chan struct{})
 			keep := st.granted == a.attempt && !st.released
 			s.dropIdleLocked(a.token, st)
 			s.mu.Unlock()
@@ -588,7 +689,7 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, pending int, granted, 
 				s.oweUndo(a, []int{r.node}, nil)
 			}
 		}
-	})
+	}()
 }
 
 // dropIdleLocked forgets st once nothing of it is in flight. The caller
@@ -597,31 +698,5 @@ func (s *Store) dropIdleLocked(token string, st *tokenState) {
 	if st.pending == 0 && st.refreshing == 0 && st.releasing == 0 && len(st.writing) == 0 &&
 		len(st.uncertain) == 0 && s.tokens[token] == st {
 		delete(s.tokens, token)
-	}
-}
-
-// awaitLanded waits until every late reply of token's acquires is in, or
-// ctx ends: a Release sent after them cannot be overtaken by their grants.
-func (s *Store) awaitLanded(ctx context.Context, token string) error {
-	s.mu.Lock()
-	var landed chan struct{}
-	if st := s.tokens[token]; st != nil && st.pending > 0 {
-		landed = st.landed
-	}
-	s.mu.Unlock()
-	return waitClosed(ctx, landed)
-}
-
-// waitClosed waits until ch is closed, at once when ch is nil, or until ctx
-// ends, with ctx's error.
-func waitClosed(ctx context.Context, ch <-chan struct{}) error {
-	if ch == nil {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

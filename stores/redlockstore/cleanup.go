@@ -216,7 +216,11 @@ func (s *Store) forgetDebtLocked(d *debt) {
 // ends dispatches the rest). The caller holds s.mu.
 func (s *Store) dispatchLocked(now time.Time, i int) (wait time.Duration, ok bool) {
 	c := &s.nodes[i].clean
-	for len(c.queue) > 0 && c.inflight < c.limit() && !now.Before(c.next) {
+	limit := c.limit()
+	if s.skipped(i) {
+		limit = 1 // as in backoff: its calls time out
+	}
+	for len(c.queue) > 0 && c.inflight < limit && !now.Before(c.next) {
 		d := c.queue[0]
 		c.queue[0] = nil
 		c.queue = c.queue[1:]
@@ -235,7 +239,7 @@ func (s *Store) dispatchLocked(now time.Time, i int) (wait time.Duration, ok boo
 		s.wg.Add(1)
 		go s.pay(d, i, call, gen)
 	}
-	if len(c.queue) == 0 || c.inflight >= c.limit() {
+	if len(c.queue) == 0 || c.inflight >= limit {
 		return 0, false
 	}
 	return c.next.Sub(now), true
@@ -325,13 +329,17 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.nodeTimeout)
+	start := time.Now()
+	s.nodes[i].calls.Add(1)
 	vals, err := releaseScript.Run(ctx, s.nodes[i].client, d.keys, d.token, keepMS, 1, c.close,
 		milliseconds(c.closeTTL), c.upTo).Int64Slice()
+	took := time.Since(start)
 	cancel()
 	if err == nil && len(vals) != len(d.keys) {
 		err = fmt.Errorf("%w: release %s answered %v", ErrUnexpectedReply, keysForMessage(d.keys), vals)
 	}
 	s.count(i, err)
+	s.health(i, err, took, s.nodeTimeout)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := &s.nodes[i].clean

@@ -312,10 +312,15 @@ func TestOwedCleanupGivenUpAtExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := s.NodeStats()[4].Calls
-	// A new debt, which Close gives up.
-	g, err = s.Acquire(ctx, []string{uniqueKey("closed")}, "t2", 10*time.Second)
+	// A new debt, which Close gives up: the release owed to node 4 (which
+	// the Store skips by now, so that the Acquire did not call it).
+	closedKey := []string{uniqueKey("closed")}
+	g, err = s.Acquire(ctx, closedKey, "t2", 10*time.Second)
 	if err != nil || !g.OK {
 		t.Fatalf("Acquire with node 4 cut off: %+v, %v", g, err)
+	}
+	if err := s.Release(ctx, closedKey, "t2", 0); err != nil {
+		t.Fatalf("Release with node 4 cut off: %v", err)
 	}
 	if err := eventually(5*time.Second, func() error {
 		if st := s.NodeStats()[4]; st.Owed != 1 {
@@ -370,8 +375,20 @@ func TestUncontendedRoundTrips(t *testing.T) {
 	if err := s.Release(ctx, []string{key}, "t", 0); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
+	// Release returns once a quorum answered: the others' calls land
+	// a moment later.
+	_ = eventually(2*time.Second, func() error {
+		for i, st := range s.NodeStats() {
+			if st.Calls-before[i].Calls < 3 {
+				return fmt.Errorf("node %d: %d calls", i, st.Calls-before[i].Calls)
+			}
+		}
+		return nil
+	})
 	for i, st := range s.NodeStats() {
-		if calls := st.Calls - before[i].Calls; calls != 3 || counts[i]() != 3 {
+		// Calls also counts the late replies of warm's calls: the
+		// requests carrying the key are the exact cost.
+		if calls := st.Calls - before[i].Calls; calls < 3 || counts[i]() != 3 {
 			t.Errorf("node %d: %d calls, %d requests carrying the key; want 3 and 3 (acquire, refresh, release)",
 				i, calls, counts[i]())
 		}

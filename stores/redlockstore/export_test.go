@@ -9,3 +9,8 @@ func (s *Store) TokenStates() int {
 	defer s.mu.Unlock()
 	return len(s.tokens)
 }
+
+// NotifyNode returns the node that carries key's release signals.
+func (s *Store) NotifyNode(key string) int {
+	return s.rank(key)[1]
+}

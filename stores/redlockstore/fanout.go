@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,37 +53,79 @@ func retries(client redis.Scripter) bool {
 // timeout (and ctx's deadline) but not by ctx's cancellation, and returns
 // the channel their replies arrive on; it has room for all of them, so a
 // call never blocks on a reader that left. The calls are counted and their
-// failures reported.
+// failures reported. A skipped node is not called: its reply, at once, is
+// a failure wrapping ErrNodeSkipped that never reached the node; after
+// Close began, every reply is ErrClosed, at once.
 func (s *Store) fanOut(ctx context.Context, timeout time.Duration, indexes []int,
 	call func(ctx context.Context, i int) ([]int64, error)) <-chan reply {
+	out := make(chan reply, len(indexes))
+	s.fanOutInto(ctx, timeout, indexes, call, out)
+	return out
+}
+
+// fanOutInto is fanOut with the replies sent on out, which must have room
+// for them.
+func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes []int,
+	call func(ctx context.Context, i int) ([]int64, error), out chan<- reply) {
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	base := context.WithoutCancel(ctx)
-	out := make(chan reply, len(indexes))
+	send := make([]int, 0, len(indexes))
 	for _, i := range indexes {
-		s.wg.Add(1)
+		if s.skipped(i) {
+			s.nodes[i].notSent.Add(1)
+			out <- reply{node: i, err: fmt.Errorf("%w (%s)", ErrNodeSkipped, s.nodes[i].name), unsent: true}
+			continue
+		}
+		send = append(send, i)
+	}
+	if len(send) > 0 && !s.track(len(send)) {
+		for _, i := range send {
+			out <- reply{node: i, err: ErrClosed, unsent: true}
+		}
+		return
+	}
+	for _, i := range send {
 		go func() {
 			defer s.wg.Done()
 			cctx, cancel := context.WithDeadline(base, deadline)
+			start := time.Now()
+			s.nodes[i].calls.Add(1)
+			// A stalled call's reply comes at once: the client may not
+			// notice the cancellation before the deadline (a read from a
+			// frozen server waits for it). Its outcome is unknown, as a
+			// timeout's is.
+			var replied atomic.Bool
+			unwatch := s.watchStall(i, start, deadline, func() {
+				cancel()
+				replied.Store(true)
+				out <- reply{node: i, err: fmt.Errorf("%w after %v", errStalled, time.Since(start).Round(time.Millisecond))}
+			})
 			vals, err := call(cctx, i)
+			took := time.Since(start)
+			if unwatch() && err != nil {
+				err = fmt.Errorf("%w after %v: %w", errStalled, took.Round(time.Millisecond), err)
+			}
 			cancel()
 			if err == nil && len(vals) == 2 && vals[0] == -1 {
 				err = fmt.Errorf("%w for %v more", ErrQuarantined, time.Duration(vals[1])*time.Millisecond)
 				s.nodes[i].quarantines.Add(1)
 			}
 			s.count(i, err)
-			out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
+			s.health(i, err, took, timeout)
+			if !replied.Load() {
+				out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
+			}
 		}()
 	}
-	return out
 }
 
-// count records one call of node i and its failure.
+// count records the outcome of a call of node i (its sending is counted
+// as it is sent: a stalled call's reply comes before it ends).
 func (s *Store) count(i int, err error) {
 	n := s.nodes[i]
-	n.calls.Add(1)
 	n.failing.Store(err != nil)
 	if err != nil {
 		n.failures.Add(1)

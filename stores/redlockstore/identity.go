@@ -61,7 +61,13 @@ func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 	done := make(chan struct{}, len(indexes))
 	base := context.WithoutCancel(ctx)
 	for _, i := range indexes {
-		s.wg.Go(func() {
+		if !s.track(1) {
+			s.nodes[i].probing.Store(false)
+			done <- struct{}{} // Close began: not asked
+			continue
+		}
+		go func() {
+			defer s.wg.Done()
 			defer func() { done <- struct{}{} }()
 			n := s.nodes[i]
 			defer n.probing.Store(false)
@@ -82,7 +88,7 @@ func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 				id = fmt.Sprintf("node %d without run_id", i)
 			}
 			s.learn(i, id)
-		})
+		}()
 	}
 	if !wait {
 		return

@@ -61,7 +61,9 @@ func holders(t *testing.T, nodes []redis.Scripter, key string) []string {
 // warm runs locks through s, 4 at once, so that its scripts are loaded and
 // several connections per node open: a held-back request is then a script
 // call itself, and a call made while another waits needs no new connection
-// (whose handshake the faults would slow).
+// (whose handshake the faults would slow). It returns once no call of them
+// is in flight: Acquire, Refresh and Release return once a quorum has
+// answered, and a fault injected next must not catch a warm-up call.
 func warm(t *testing.T, s *redlockstore.Store) {
 	t.Helper()
 	errs := make(chan error, 4)
@@ -85,6 +87,14 @@ func warm(t *testing.T, s *redlockstore.Store) {
 		if err := <-errs; err != nil {
 			t.Fatalf("warm-up lock: %v", err)
 		}
+	}
+	if err := eventually(5*time.Second, func() error {
+		if n := s.TokenStates(); n > 0 {
+			return fmt.Errorf("%d warm-up tokens with calls in flight", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -183,8 +193,10 @@ func TestCancelledRefreshRetakeClosedByRelease(t *testing.T) {
 	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// Node 4 answers the Refresh's first call 1s late; its next request,
-	// the re-take, reaches it 2s late.
+	// Nodes 0-3 answer the Refresh 1s late (a Refresh decides once a
+	// quorum answered, and re-takes only on nodes that answered by then);
+	// node 4's next request after the Refresh's first, the re-take,
+	// reaches it 2s late.
 	p := proxies[4]
 	seen := []chan struct{}{make(chan struct{}), make(chan struct{})} // the first request, the second
 	requests := 0
@@ -195,7 +207,9 @@ func TestCancelledRefreshRetakeClosedByRelease(t *testing.T) {
 		requests++
 		return false
 	}, true)
-	p.Delay(faultproxy.ToClient, time.Second)
+	for _, q := range proxies[:4] {
+		q.Delay(faultproxy.ToClient, time.Second)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	refreshed := make(chan error, 1)
 	go func() { refreshed <- s.Refresh(rctx, []string{key}, "t1", 10*time.Second) }()

@@ -34,11 +34,12 @@
 //
 // Acquire decides as soon as the replies settle it (a quorum of grants, or
 // so many refusals or failures that no quorum is possible), then gives the
-// other nodes as long again as the decision took, so that healthy nodes'
-// grants are in hand and a refusal's Wait comes from most nodes. A later
-// grant stays part of the lock; Release waits for it (bounded by the node
-// timeout) before it releases, and when the lock was refused, abandoned or
-// released it is released as soon as it lands. When the lock is not
+// other nodes whose last call did not fail as long again as the decision
+// took, so that healthy nodes' grants are in hand and a refusal's Wait
+// comes from most nodes. A later grant stays part of the lock; Release
+// waits for it on a healthy node, and closes the token (a tombstone, see
+// Late calls) on a node whose last call failed, and when the lock was
+// refused, abandoned or released it is released as soon as it lands. When the lock is not
 // granted, every node that granted, or whose outcome is unknown, is
 // released, owner-checked, at once (a node still in flight once it answers,
 // so the release never overtakes the grant), and again until it lands (see
@@ -46,13 +47,40 @@
 // Late calls), so a new Acquire with the same token, a waiter's retry,
 // waits for none of them.
 //
-// Release and Refresh go to every node at once and wait for every answer,
-// each bounded by the node timeout. Refresh needs a quorum that still holds
-// the token, within the TTL; only on top of such a quorum do nodes that
-// lost the keys (restarted empty) take them again where they are free, so
-// a minority that still holds the token never revives a lock that expired
-// on the others. Release ends the lock on every node it reaches, and on
-// the others once they answer (see Clean-up).
+// Release and Refresh go to every node at once and return as soon as the
+// answers settle the outcome (a quorum released or renewed, too many did
+// not, or no quorum is possible), each call bounded by the node timeout;
+// the others' answers are settled in the background (the token stays
+// ended for Refresh until they are in). Refresh needs a quorum that still
+// holds the token, within the TTL; only on top of such a quorum do nodes
+// that answered that they lost the keys (restarted empty) take them again
+// where they are free, so a minority that still holds the token never
+// revives a lock that expired on the others. Release ends the lock on
+// every node it reaches, and on the others once they answer (see Clean-up).
+//
+// # Skipped nodes
+//
+// A node that keeps timing out (frozen by SIGSTOP, partitioned) is skipped:
+// after 2 calls in a row timed out (each given at least 50ms, and timed
+// out after at least half of it: a TTL under 150ms gives its calls less,
+// which a loaded process overruns on a healthy node, so their timeouts
+// skip no node for the other callers), or as soon as one call has had no answer for its stall time (16 of the
+// node's mean round trips, at least 200ms, at most a quarter of the node
+// timeout above that) while most other live nodes answered calls sent
+// after it, or pings sent then (that call then answers at once, an
+// unknown outcome undone as a timeout is; the client's own call ends at
+// its deadline). While the nodes that failed or did not answer leave no
+// quorum of answers, an Acquire is a store failure, never a refusal: with
+// 3 of 5 nodes frozen every request gets a store error. A skipped node gets no calls: they fail at once with
+// ErrNodeSkipped, as unsent, and count as failed nodes toward the quorum.
+// One probe at a time (a script call bounded by the node timeout, 50ms
+// apart) checks it in the background, and the first answer, of a probe or
+// of an owed release, brings it back. So 2 frozen nodes of 5 cost the
+// calls in flight at most the stall time once, then nothing: Acquire,
+// Release and Refresh run at the speed of the other 3 (measured by
+// TestFrozenMinority). A skipped gate passes to the next node of the key's
+// ranking, the notify node likewise, and a contended Acquire waits for the
+// gate alone only 4 of its round trips + 2ms before it asks the others.
 //
 // # Late calls
 //
@@ -210,7 +238,8 @@
 // once for Acquire and one for Release (and one for each Refresh); the
 // scripts read a tombstone key per lock key, and every node publishes its
 // releases (a PUBLISH with no subscriber is cheap); it owes nothing, and
-// runs no background goroutine. A tombstone (a few dozen bytes plus the
+// runs no background goroutine (each node call whose deadline leaves room
+// arms a stall timer; a skipped node has one probe goroutine). A tombstone (a few dozen bytes plus the
 // key and the token) lives for the max TTL: a long max TTL keeps the
 // tombstones of abandoned acquires and lost renewals that long. The first Acquire of a Store costs one
 // more round trip (run_ids).
@@ -232,6 +261,7 @@
 package redlockstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -311,6 +341,7 @@ type NodeStat struct {
 	Calls       uint64 // script calls sent to the node
 	Failures    uint64 // calls that failed: errors, timeouts, quarantine
 	Quarantines uint64 // calls refused while the node was quarantined
+	Skipped     uint64 // calls not sent because the node was skipped (see Skipped nodes)
 	Owed        int    // releases the Store owes the node and has not landed yet (see Clean-up)
 	GivenUp     uint64 // owed releases given up: expired first, too many owed, or the Store closed
 }
@@ -344,7 +375,9 @@ type Store struct {
 	firstProbe sync.Once    // the first identify, which every Acquire waits for
 	duplicate  atomic.Pointer[error]
 
-	wg             sync.WaitGroup // background calls
+	wg             sync.WaitGroup // background calls; see track
+	life           sync.RWMutex   // guards closing
+	closing        bool           // Close has begun: track counts no more
 	mu             sync.Mutex     // guards what follows, and each node's clean
 	tokens         map[string]*tokenState
 	inflight       map[string]int       // Acquires in flight per first key
@@ -359,6 +392,9 @@ type Store struct {
 	janitorOn bool
 	wake      chan struct{}
 	closed    bool
+
+	stop    context.Context // ends when Close begins: stops the probes of skipped nodes
+	stopAll context.CancelFunc
 }
 
 // node is one Redis master.
@@ -373,6 +409,14 @@ type node struct {
 	runID                        atomic.Pointer[string]
 	probing                      atomic.Bool
 	clean                        nodeCleanup // guarded by Store.mu
+
+	// Health (see health.go).
+	timeouts       atomic.Int32  // calls in a row that timed out
+	rtt            atomic.Int64  // mean round trip of its calls, in ns
+	skipped        atomic.Bool   // calls are not sent to it
+	pinging        atomic.Bool   // its probe runs
+	skips, notSent atomic.Uint64 // times it was skipped; calls not sent
+	lastReply      atomic.Int64  // when it last answered a call, in Unix ns
 }
 
 // Option configures a Store.
@@ -434,6 +478,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		debts:          make(map[string][]*debt),
 		wake:           make(chan struct{}, 1),
 	}
+	s.stop, s.stopAll = context.WithCancel(context.Background())
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -573,7 +618,8 @@ func (s *Store) NodeStats() []NodeStat {
 	defer s.mu.Unlock()
 	for i, n := range s.nodes {
 		out[i] = NodeStat{Node: n.name, Calls: n.calls.Load(), Failures: n.failures.Load(), Quarantines: n.quarantines.Load(),
-			Owed: n.clean.owed, GivenUp: n.clean.givenUp}
+			Skipped: n.notSent.Load(),
+			Owed:    n.clean.owed, GivenUp: n.clean.givenUp}
 	}
 	return out
 }
@@ -585,8 +631,7 @@ func (s *Store) NodeStats() []NodeStat {
 // per node for all keys. It returns a nil channel after Close and when that
 // client cannot subscribe.
 func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
-	_, second := s.rank(key)
-	return s.notify[second].NotifyRelease(key, token)
+	return s.notify[s.notifyNode(key)].NotifyRelease(key, token)
 }
 
 // Close stops the pub/sub connections of release notifications, gives up
@@ -596,10 +641,14 @@ func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 // owns and closes after the Store; a Store from Open closes the clients it
 // made. It returns the error of closing the pub/subs (and those clients).
 func (s *Store) Close() error {
+	s.life.Lock()
+	s.closing = true
+	s.life.Unlock()
 	s.mu.Lock()
 	s.closed = true
 	s.dispatchAllLocked() // the janitor gives up what is owed
 	s.mu.Unlock()
+	s.stopAll()
 	var err error
 	for _, n := range s.notify {
 		err = errors.Join(err, n.Close())
@@ -610,6 +659,23 @@ func (s *Store) Close() error {
 	}
 	s.owned = nil
 	return err
+}
+
+// ErrClosed is the failure of a node call asked for after Close began: it
+// is not sent.
+var ErrClosed = errors.New("redlockstore: store closed")
+
+// track counts n goroutines that Close waits for, and reports false,
+// counting none, once Close has begun (its Wait may be running: an Add then
+// would race with it).
+func (s *Store) track(n int) bool {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Add(n)
+	return true
 }
 
 // drift returns the drift allowance of a TTL.

@@ -63,7 +63,17 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		return fmt.Errorf("%w: refresh %s: the lock is being released", stores.ErrNotHeld, keysForMessage(keys))
 	}
 	var refreshed, absent, other, failed []reply
-	for range s.nodes {
+	total, q := len(s.nodes), s.quorum
+	// Only nodes whose identity is known count: one vote per server.
+	votes := 0
+	// decided reports whether the answers in settle the outcome, whatever
+	// the nodes still out answer (see the switch below).
+	decided := func() bool {
+		left := total - len(refreshed) - len(absent) - len(other) - len(failed)
+		notHeld := len(other) + len(absent)
+		return left == 0 || votes >= q || notHeld > total-q || (votes+left < q && notHeld+left <= total-q)
+	}
+	for !decided() {
 		select {
 		case r := <-replies:
 			switch {
@@ -71,6 +81,9 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 				failed = append(failed, r)
 			case len(r.vals) == 1 && r.vals[0] == 0:
 				refreshed = append(refreshed, r)
+				if s.known(r.node) {
+					votes++
+				}
 			case len(r.vals) == 1 && (r.vals[0] == 2 || r.vals[0] == 3):
 				absent = append(absent, r)
 			case len(r.vals) == 2 && r.vals[0] == 1 && r.vals[1] >= 1 && r.vals[1] <= int64(len(keys)):
@@ -84,15 +97,10 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		}
 	}
 
-	// Only nodes whose identity is known count: one vote per server.
-	votes := 0
-	for _, r := range refreshed {
-		if s.known(r.node) {
-			votes++
-		}
-	}
 	if votes >= s.quorum && len(absent) > 0 {
-		// The lock stands on a quorum: nodes that lost it take it again.
+		// The lock stands on a quorum: nodes that lost it (and answered)
+		// take it again. Nodes still out are not waited for: the next
+		// Refresh re-takes where they lost it.
 		indexes := make([]int, len(absent))
 		for i, r := range absent {
 			indexes[i] = r.node
@@ -197,7 +205,7 @@ func (s *Store) writes(ctx context.Context, token string, st *tokenState, ttl, t
 	s.mu.Unlock()
 	replies := s.fanOut(ctx, timeout, indexes, call)
 	out := make(chan reply, len(indexes))
-	s.wg.Go(func() {
+	forward := func() {
 		for range indexes {
 			r := <-replies
 			s.mu.Lock()
@@ -217,6 +225,15 @@ func (s *Store) writes(ctx context.Context, token string, st *tokenState, ttl, t
 			out <- r
 		}
 		s.endRefresh(token, st)
-	})
+	}
+	if s.track(1) {
+		go func() {
+			defer s.wg.Done()
+			forward()
+		}()
+	} else {
+		// Close began: the replies come at once, or from calls it waits for.
+		go forward()
+	}
 	return out, true
 }

@@ -56,21 +56,40 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if keep > 0 {
 		owed.keepTill = time.Now().Add(keep + s.drift(keep))
 	}
-	landed := s.awaitLanded(ctx, token)
+	if err := s.awaitAcquires(ctx, token); err != nil {
+		s.oweRelease(owed, s.all())
+		return err
+	}
 	if keep <= 0 {
-		// A late grant of a kept lock keeps its TTL: deleting it would
-		// signal waiters while the kept keys stay held.
+		// A late grant of the token's acquire is released as it lands,
+		// and closed by the tombstone where its call is still in flight
+		// (a node whose last call failed, which Release does not wait
+		// for). One of a kept lock meets the tombstone every node gets.
 		s.markReleased(token)
 	}
-	if landed != nil {
-		s.oweRelease(owed, s.all())
-		return landed
-	}
+	s.closeAcquiring(token, tombs)
 	replies := s.releaseOn(ctx, keys, token, keep, closeAll, s.all(), s.nodeTimeout, tombs)
 	released := make([]int, len(keys))
 	answered := 0
 	var failed []reply
-	for range s.nodes {
+	total, q := len(s.nodes), s.quorum
+	// decided reports whether the answers in settle the outcome, whatever
+	// the nodes still out answer: every key released on a quorum, a key
+	// not held on too many nodes, or no quorum possible either way.
+	decided := func() bool {
+		left := total - answered - len(failed)
+		allOK, canOK, canNotHeld := true, true, false
+		for k := range keys {
+			if answered-released[k] > total-q {
+				return true // not held, whatever the others answer
+			}
+			allOK = allOK && released[k] >= q
+			canOK = canOK && released[k]+left >= q
+			canNotHeld = canNotHeld || answered-released[k]+left > total-q
+		}
+		return allOK || left == 0 || (!canOK && !canNotHeld)
+	}
+	for !decided() {
 		select {
 		case r := <-replies:
 			if r.err == nil && len(r.vals) != len(keys) {
@@ -88,22 +107,18 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 			}
 		case <-ctx.Done():
 			// The calls go on: the Store owes the releases that fail.
-			left := len(s.nodes) - answered - len(failed)
 			inFlight = true
-			s.wg.Go(func() {
-				defer s.endRelease(token, st)
-				var nodes []int
-				for range left {
-					if r := <-replies; r.err != nil || len(r.vals) != len(keys) {
-						nodes = append(nodes, r.node)
-					}
-				}
-				s.oweRelease(owed, append(nodes, replyNodes(failed)...))
-			})
+			s.oweRelease(owed, replyNodes(failed))
+			s.releaseRest(token, st, owed, replies, total-answered-len(failed))
 			return ctx.Err()
 		}
 	}
 	s.oweRelease(owed, replyNodes(failed))
+	if left := total - answered - len(failed); left > 0 {
+		// Decided: the nodes still out (frozen, slow) are not waited for.
+		inFlight = true
+		s.releaseRest(token, st, owed, replies, left)
+	}
 	var notHeld []string
 	unknown := false
 	for k, key := range keys {
@@ -122,6 +137,28 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return s.noQuorum("release "+keysForMessage(keys), answered, failed, false)
 	}
 	return nil
+}
+
+// releaseRest collects in the background the left replies of a Release
+// that returned before them, owes the release on the nodes where it
+// failed, and then ends the Release (endRelease): the token stays ended
+// until then, so that no Refresh call of it starts meanwhile.
+func (s *Store) releaseRest(token string, st *tokenState, owed owedRelease, replies <-chan reply, left int) {
+	if !s.track(1) {
+		s.endRelease(token, st) // Close gives up what it would owe
+		return
+	}
+	go func() {
+		defer s.wg.Done()
+		defer s.endRelease(token, st)
+		var nodes []int
+		for range left {
+			if r := <-replies; r.err != nil || len(r.vals) != len(owed.keys) {
+				nodes = append(nodes, r.node)
+			}
+		}
+		s.oweRelease(owed, nodes)
+	}()
 }
 
 // owedRelease is a Release, as the Store owes it on the nodes whose call
@@ -204,6 +241,48 @@ func (s *Store) endToken(token string, keep time.Duration) (map[int]tombstone, *
 	}
 	st.uncertain = nil
 	return tombs, st
+}
+
+// awaitAcquires waits until no acquire call of token is in flight on a node
+// whose last call succeeded (a healthy node answers soon; one that stalls
+// is ended by its stall check or its timeout), or ctx ends: a release sent
+// after them cannot be overtaken by their grants.
+func (s *Store) awaitAcquires(ctx context.Context, token string) error {
+	for {
+		s.mu.Lock()
+		st := s.tokens[token]
+		var moved chan struct{}
+		if st != nil {
+			for i := range st.acquiring {
+				if !s.nodes[i].failing.Load() && !s.skipped(i) {
+					moved = st.moved
+					break
+				}
+			}
+		}
+		s.mu.Unlock()
+		if moved == nil {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// closeAcquiring adds to tombs a tombstone closing every attempt of token
+// on each node where an acquire call of it is still in flight: its grant
+// may land after the release.
+func (s *Store) closeAcquiring(token string, tombs map[int]tombstone) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.tokens[token]; st != nil {
+		for i := range st.acquiring {
+			tombs[i] = tombstone{attempt: closeAll, ttl: s.tombstoneTTL()}
+		}
+	}
 }
 
 // endRelease ends what endToken counted. A Refresh that starts after the
