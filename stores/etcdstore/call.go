@@ -266,6 +266,14 @@ func transient(err error) bool {
 // reached etcd, and the error of a copy that reached no member (see
 // unreachable) when none did.
 func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv3.TxnResponse, error), ok func(*clientv3.TxnResponse) bool) ([]*clientv3.TxnResponse, error) {
+	answers, _, err := s.resendUnsure(ctx, send, ok)
+	return answers, err
+}
+
+// resendUnsure is resend, and also returns, with refusals only, the error
+// of a copy whose outcome is unknown (it may have been applied before the
+// copies that were refused).
+func (s *Store) resendUnsure(ctx context.Context, send func(context.Context) (*clientv3.TxnResponse, error), ok func(*clientv3.TxnResponse) bool) ([]*clientv3.TxnResponse, error, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the copies still in flight
 	type result struct {
@@ -318,15 +326,15 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 			}
 			switch {
 			case r.err == nil && ok(r.resp):
-				return []*clientv3.TxnResponse{r.resp}, nil
+				return []*clientv3.TxnResponse{r.resp}, nil, nil
 			case r.err == nil:
 				answers = append(answers, r.resp)
 			case unreachable(r.err):
 				if len(inFlight) == 0 && len(answers) == 0 {
 					if sentErr != nil {
-						return nil, sentErr
+						return nil, nil, sentErr
 					}
-					return nil, r.err
+					return nil, nil, r.err
 				}
 			case transient(r.err):
 				sentErr = r.err
@@ -336,12 +344,12 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 				}
 			default: // refused before acting, or ctx ended
 				if len(inFlight) == 0 && len(answers) == 0 {
-					return nil, r.err
+					return nil, nil, r.err
 				}
 				sentErr = cmp.Or(sentErr, r.err)
 			}
 			if len(inFlight) == 0 && len(answers) > 0 {
-				return answers, nil
+				return answers, sentErr, nil
 			}
 		case <-timer.C:
 			if len(answers) > 0 {
@@ -351,9 +359,9 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 			timer.Reset(bound)
 		case <-ctx.Done():
 			if len(answers) > 0 {
-				return answers, nil
+				return answers, sentErr, nil
 			}
-			return nil, errors.Join(ctx.Err(), sentErr)
+			return nil, nil, errors.Join(ctx.Err(), sentErr)
 		}
 	}
 }

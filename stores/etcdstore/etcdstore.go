@@ -908,13 +908,14 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 	}
 	// Sent again while etcd does not answer: a copy deletes (or moves)
 	// only keys that hold token, set by a call no later than this one.
-	answers, err := s.resend(ctx, send, func(resp *clientv3.TxnResponse) bool {
+	answers, unsure, err := s.resendUnsure(ctx, send, func(resp *clientv3.TxnResponse) bool {
 		refused, err := releaseRefused(resp, len(keys))
 		return err == nil && len(refused) == 0
 	})
 	if err != nil {
 		return s.failed("release", keys, err)
 	}
+	sure := unsure == nil // no copy of unknown outcome
 	// A key is refused when every answer refused it: a copy may have
 	// released it before another found it released.
 	var refused []int
@@ -931,6 +932,12 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 	}
 	if len(refused) == 0 {
 		return nil
+	}
+	if keep == 0 && !sure {
+		// A copy whose outcome is unknown may have deleted the keys the
+		// later ones found gone, and a delete leaves no trace to read:
+		// the outcome is unknown, not "not held".
+		return fmt.Errorf("etcdstore: release %s: refused after a copy of unknown outcome, which may have released them: %w", keysForMessage(keys), unsure)
 	}
 	notHeld := pick(keys, refused)
 	if keep > 0 {
