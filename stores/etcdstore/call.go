@@ -226,9 +226,27 @@ const (
 // once: with attemptTimeout, they cover the first two seconds.
 const maxAttemptsInFlight = 8
 
-// attemptBound is the time a step waits for an answer before it is sent
-// again: attemptTimeout, or the request timeout when shorter.
+// attemptBound is the shortest time a step waits for an answer before it
+// is sent again: attemptTimeout, or the request timeout when shorter.
 func (s *Store) attemptBound() time.Duration { return min(attemptTimeout, s.timeout) }
+
+// copyBound is the time a step waits for an answer before it is sent
+// again: the attempt bound, or twice the latest round trip when longer, so
+// that a distant but healthy cluster gets each step once.
+func (s *Store) copyBound() time.Duration { return s.rtt.bound(s.attemptBound()) }
+
+// roundTrip is the round trip of the latest request etcd answered, which
+// the lease pool, resend and the undo queue measure and share.
+type roundTrip struct{ d atomic.Int64 }
+
+// observe records the round trip of a request answered after d, at most
+// twice base: one stuck request leaves the bound at most 4 times base.
+func (r *roundTrip) observe(d, base time.Duration) { r.d.Store(int64(min(d, 2*base))) }
+
+// bound is base, or twice the latest round trip when longer.
+func (r *roundTrip) bound(base time.Duration) time.Duration {
+	return max(base, 2*time.Duration(r.d.Load()))
+}
 
 // transient reports whether err is a failure of a request that etcd may
 // answer if it is sent again soon: no leader, a leader change, a request
@@ -253,8 +271,8 @@ func transient(err error) bool {
 // resend runs send, a transaction that etcd may apply more than once with
 // no other effect than once (each copy compares the same owner and
 // sequence), until an answer settles it or ctx ends, and returns the
-// answers it got. A copy that etcd has not answered within attemptBound is
-// joined by another, and so on every attemptBound; the earlier copies go
+// answers it got. A copy that etcd has not answered within copyBound is
+// joined by another, and so on every copyBound; the earlier copies go
 // on waiting, so that a slow answer still counts, up to
 // maxAttemptsInFlight of them, after which the oldest is given up for the
 // next. A copy that failed transiently is sent again after a short pause.
@@ -288,7 +306,7 @@ func (s *Store) resendUnsure(ctx context.Context, send func(context.Context) (*c
 		copies   int
 		answers  []*clientv3.TxnResponse
 		sentErr  error // of a copy that may have reached etcd
-		bound    = s.attemptBound()
+		bound    = s.copyBound()
 		pause    = retryPauseMin
 		timer    = time.NewTimer(bound)
 	)
@@ -306,7 +324,11 @@ func (s *Store) resendUnsure(ctx context.Context, send func(context.Context) (*c
 		copyCtx, cancelCopy := context.WithCancel(ctx)
 		inFlight, cancels[n] = append(inFlight, n), cancelCopy
 		go func() {
+			sent := time.Now()
 			resp, err := send(copyCtx)
+			if err == nil {
+				s.rtt.observe(time.Since(sent), s.attemptBound())
+			}
 			select {
 			case results <- result{n, resp, err}:
 			case <-ctx.Done(): // resend returned

@@ -124,8 +124,8 @@
 // comparison in its transaction, not a round trip; abandoned acquires cost
 // their undos, up to 63 of them in one transaction. While etcd does not
 // answer (see "Leader changes" below), a lease grant, a Release or a
-// Refresh is sent again every 250ms, so that a fault costs up to a few
-// more copies of these small requests per call, 8 at a time at most.
+// Refresh is sent again every 250ms (or twice the latest round trip, when
+// longer, at most 1s), so that a fault costs up to a few more copies of these small requests per call, 8 at a time at most.
 //
 // # Calls, contexts and faults
 //
@@ -149,7 +149,8 @@
 // pending: it puts as many marks and deletes in one transaction as etcd
 // takes (128 operations by default, fewer after etcd refuses them, and the
 // request size), and while etcd does not answer it tries again, pausing up
-// to a second between tries that failed; a try waits 250ms for the answer,
+// to a second between tries that failed; a try waits 250ms for the answer
+// (or twice the latest round trip, when longer, at most 1s),
 // and the next follows at once, and once etcd has answered none for 2s,
 // each waits twice as long as the one before, up to the request timeout.
 // An undo ends only when it has landed, or when
@@ -179,11 +180,12 @@
 // never answered: etcd drops it, and the follower waits for its own
 // request timeout (7s by default) or the client's. So the Store does not
 // wait on one copy of an idempotent request for long: a lease grant that
-// etcd has not answered within 250ms (or twice the latest grant's round
-// trip) is joined by another, and the calls that share the pool's lease
+// etcd has not answered within 250ms (or twice the latest request's round
+// trip, when longer, at most 1s: a distant cluster gets each request once)
+// is joined by another, and the calls that share the pool's lease
 // take whichever answers first; a Release or a Refresh, which compares the
 // owner (and the sequence) in its transaction and so may land twice with
-// no other effect, is sent again every 250ms while etcd does not answer,
+// no other effect, is sent again on the same bound while etcd does not answer,
 // the earlier copies still counting, and at once after a transient failure
 // (no leader yet). A refusal settles such a call only once its earlier
 // copies have answered too, since one of them may have ended the grant
@@ -293,6 +295,7 @@ type Store struct {
 	maxRequest  int // etcd's --max-request-bytes
 	bounds      stores.Bounds
 	leases      *leasePool
+	rtt         roundTrip // of the latest request etcd answered
 	notify      *notifier
 	undos       *undoQueue
 	bg          context.Context // of the undo queue; Close ends it
@@ -386,7 +389,7 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	}
 	s.bg, s.stopBG = context.WithCancel(context.Background())
 	s.undos = newUndoQueue(s)
-	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.attemptBound(), s.undos.leasesGone)
+	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.attemptBound(), &s.rtt, s.undos.leasesGone)
 	s.notify = newNotifier(s)
 	return s, nil
 }

@@ -31,8 +31,8 @@ import (
 type leasePool struct {
 	lease   clientv3.Lease
 	timeout time.Duration // of a grant or a revocation
-	bound   time.Duration // after which a grant unanswered is joined by another
-	rtt     time.Duration // of the latest grant answered; guarded by mu
+	bound   time.Duration // after which a grant unanswered is joined by another, at the least
+	rtt     *roundTrip    // of the latest request answered, shared with the Store
 	gone    func([]clientv3.LeaseID)
 
 	mu      sync.Mutex
@@ -55,8 +55,8 @@ type pooledLease struct {
 
 // newLeasePool returns a pool that grants leases through lease, and tells
 // gone of the leases it saw revoked or found gone.
-func newLeasePool(lease clientv3.Lease, timeout, bound time.Duration, gone func([]clientv3.LeaseID)) *leasePool {
-	return &leasePool{lease: lease, timeout: timeout, bound: bound, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
+func newLeasePool(lease clientv3.Lease, timeout, bound time.Duration, rtt *roundTrip, gone func([]clientv3.LeaseID)) *leasePool {
+	return &leasePool{lease: lease, timeout: timeout, bound: bound, rtt: rtt, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
 }
 
 // maxLeaseSeconds is the longest lease etcd grants (its MaxLeaseTTL, 9e9
@@ -96,7 +96,7 @@ const leaseGets = 3
 //
 // Callers share a grant in flight, but not for long: a grant that etcd has
 // not answered within the pool's attempt bound (or twice the latest
-// grant's round trip, when longer) is joined by another, while it goes on;
+// request's round trip, when longer: see copyBound) is joined by another, while it goes on;
 // the callers then take whichever answers first. A grant sent while the
 // cluster elects a leader is never answered when a follower forwarded it
 // to the leader that died, so that one stuck grant holds no call up for
@@ -112,7 +112,7 @@ func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (
 			p.mu.Unlock()
 			return 0, ErrClosed
 		}
-		bound := max(p.bound, 2*p.rtt)
+		bound := p.rtt.bound(p.bound)
 		l := p.buckets[secs]
 		if l == nil || (!l.answered() && time.Since(l.sent) >= bound) {
 			if l != nil {
@@ -186,7 +186,7 @@ func (p *leasePool) grant(secs int64, l *pooledLease) {
 	l.expires = l.sent.Add(time.Duration(resp.TTL) * time.Second)
 	p.mu.Lock()
 	now := time.Now()
-	p.rtt = min(now.Sub(l.sent), 2*p.bound) // one stuck grant leaves the bound at most 4 times its own
+	p.rtt.observe(now.Sub(l.sent), p.bound)
 	// A later grant that joined this one and is still unanswered gives
 	// its place to this one, and its callers take this one.
 	if b := p.buckets[secs]; l.joined && b != nil && b != l && !b.answered() && b.sent.After(l.sent) {

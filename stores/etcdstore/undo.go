@@ -248,12 +248,12 @@ func (q *undoQueue) landed(items []batchItem) {
 func (q *undoQueue) run(ctx context.Context) {
 	defer q.wg.Done()
 	pause := undoPauseMin
-	// A try waits for etcd's answer for the attempt bound (a request
+	// A try waits for etcd's answer for the copy bound (a request
 	// forwarded to a leader that died is never answered), and the next one
 	// follows at once; once etcd has left tries unanswered for
 	// undoPatience, each waits twice as long as the one before, up to the
 	// request timeout (a large undo on a slow cluster takes its time).
-	bound := q.s.attemptBound()
+	bound := q.s.copyBound()
 	var unanswered time.Time // since when etcd answers no try
 	for {
 		ops, items := q.take()
@@ -276,7 +276,10 @@ func (q *undoQueue) run(ctx context.Context) {
 					bound = min(2*bound, q.s.timeout)
 				}
 			} else {
-				unanswered, bound = time.Time{}, q.s.attemptBound()
+				if err == nil {
+					q.s.rtt.observe(time.Since(sent), q.s.attemptBound())
+				}
+				unanswered, bound = time.Time{}, q.s.copyBound()
 			}
 		}
 		switch {
