@@ -183,7 +183,8 @@
 // etcd has not answered within 250ms (or twice the latest request's round
 // trip, when longer, at most 1s: a distant cluster gets each request once)
 // is joined by another, and the calls that share the pool's lease
-// take whichever answers first; a Release or a Refresh, which compares the
+// take whichever answers first (a grant answered after another took its
+// place is revoked at once); a Release or a Refresh, which compares the
 // owner (and the sequence) in its transaction and so may land twice with
 // no other effect, is sent again on the same bound while etcd does not answer,
 // the earlier copies still counting, and at once after a transient failure

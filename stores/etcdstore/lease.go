@@ -24,7 +24,8 @@ import (
 //
 // The pool remembers every lease it granted until etcd confirms it gone: a
 // lease whose every possible call's validity has passed (by the local
-// clock) is revoked, a few at each new grant, rather than forgotten, since
+// clock) is revoked, a few at each new grant, rather than forgotten (and a
+// hedged grant answered after another took its place, at once), since
 // etcd may keep it longer (a leader change renews every lease) and a
 // transaction in flight could still put a key on it. Close revokes the
 // rest.
@@ -48,6 +49,7 @@ type pooledLease struct {
 	superseded chan struct{} // closed when an earlier grant answered first and took its place
 	sent       time.Time     // when its grant was sent
 	joined     bool          // another grant joined it; guarded by the pool's mu
+	unused     bool          // answered after another took its place: no call takes it
 	id         clientv3.LeaseID
 	expires    time.Time // the earliest the lease may expire
 	err        error
@@ -138,6 +140,9 @@ func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (
 			hedge.Stop()
 			return 0, ctx.Err()
 		}
+		if l.unused {
+			continue // revoked: another took its place
+		}
 		if l.err == nil && !start.Add(d).After(l.expires) {
 			return l.id, nil
 		}
@@ -171,7 +176,9 @@ func (l *pooledLease) answered() bool {
 }
 
 // grant asks etcd for the lease l of secs seconds, and then revokes a few
-// spent leases.
+// spent leases, and l itself when another grant took its place before it
+// was answered: no call takes it (those waiting for it go on to the
+// other), and etcd would keep it for its whole TTL.
 func (p *leasePool) grant(secs int64, l *pooledLease) {
 	defer p.grants.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
@@ -193,21 +200,27 @@ func (p *leasePool) grant(secs int64, l *pooledLease) {
 		p.buckets[secs] = l
 		close(b.superseded)
 	}
+	l.unused = p.buckets[secs] != l
 	// No call's validity outlasts the lease's earliest expiry; a second
 	// more covers the time the grant took to answer.
 	p.granted[l.id] = now.Add(time.Duration(resp.TTL)*time.Second + time.Second)
 	var spent []clientv3.LeaseID
+	if l.unused {
+		spent = append(spent, l.id)
+	}
 	for id, until := range p.granted {
 		if len(spent) == spentRevocations {
 			break
 		}
-		if !until.After(now) {
+		if !until.After(now) && id != l.id {
 			spent = append(spent, id)
 		}
 	}
 	p.mu.Unlock()
 	close(l.ready)
 	if len(spent) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), p.timeout) // the grant's may be nearly spent
+		defer cancel()
 		p.revoke(ctx, spent)
 	}
 }
