@@ -105,14 +105,20 @@ func (s *Store) detached(ctx context.Context, op func(context.Context) error, un
 	}
 }
 
+// maxBackgroundReleases bounds the releases that go on after their caller
+// left (each a goroutine and up to maxAttemptsInFlight copies in flight).
+const maxBackgroundReleases = 16
+
 // goOn runs op, a release, on a context that ctx's cancellation does not
 // end, bounded by the request timeout, and returns its error, or as soon as
 // ctx ends an error wrapping ctx.Err() (the outcome is unknown). A release
 // is idempotent and owner-checked, so it may land after its caller left:
 // it goes on until etcd answers it, so that a key whose holder's release
 // was caught by a leader change is free as soon as the new leader answers,
-// and not only at its TTL.
-func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(context.Context) error) error {
+// and not only at its TTL. Up to maxBackgroundReleases go on at once;
+// beyond, op is cancelled as its caller leaves, and unless it was settled
+// meanwhile, overflow (when not nil) hands it to the undo queue.
+func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(context.Context) error, overflow func()) error {
 	s.lifeMu.RLock()
 	if s.closed {
 		s.lifeMu.RUnlock()
@@ -126,23 +132,43 @@ func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(co
 		defer cancel()
 		return op(opCtx)
 	}
+	var state atomic.Int32
 	done := make(chan error, 1)
 	go func() {
 		defer s.cleanupWait.Done()
-		defer cancel()
-		done <- op(opCtx)
+		err := op(opCtx)
+		cancel()
+		if state.CompareAndSwap(callRunning, callReturned) {
+			done <- err
+			return
+		}
+		s.backgroundReleases.Add(-1)
 	}()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		select {
-		case err := <-done: // it returned as ctx ended
-			return err
-		default:
-		}
-		return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered; it goes on for up to %v: %w", what, keysForMessage(keys), s.timeout, ctx.Err())
 	}
+	if s.backgroundReleases.Add(1) > maxBackgroundReleases {
+		s.backgroundReleases.Add(-1)
+		cancel()
+		err := <-done // at once: op ends with opCtx
+		if err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) || errors.Is(err, ErrClosed) {
+			return err // settled
+		}
+		if overflow == nil {
+			return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered, and %d releases go on already: it was given up: %w",
+				what, keysForMessage(keys), maxBackgroundReleases, ctx.Err())
+		}
+		overflow()
+		return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered, and %d releases go on already: the undo queue sends it: %w",
+			what, keysForMessage(keys), maxBackgroundReleases, ctx.Err())
+	}
+	if !state.CompareAndSwap(callRunning, callAbandoned) {
+		s.backgroundReleases.Add(-1)
+		return <-done // it returned as ctx ended
+	}
+	return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered; it goes on for up to %v: %w", what, keysForMessage(keys), s.timeout, ctx.Err())
 }
 
 // failed wraps the error of a request about keys with the package prefix,

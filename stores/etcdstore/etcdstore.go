@@ -192,7 +192,9 @@
 // copies have answered too, since one of them may have ended the grant
 // first. A Release goes on after its caller left, up to the request
 // timeout, so that its key is free as soon as the new leader answers, and
-// not at its TTL. An acquire's transaction is not sent twice (a late copy
+// not at its TTL; 16 at most at once: beyond, a Release whose caller
+// leaves goes to the undo queue (its owner-checked deletes), or, with a
+// keep, is given up (its keys keep their TTL). An acquire's transaction is not sent twice (a late copy
 // could take a key again after its release): an acquire caught by the
 // kill costs its caller's wait, or is abandoned, and its undo follows the
 // same bounds. With three members and etcd's default election timeout
@@ -224,6 +226,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -306,6 +309,8 @@ type Store struct {
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
 	closed      bool           // guarded by lifeMu
 	cleanupWait sync.WaitGroup // detached acquires and releases, which Close waits for
+
+	backgroundReleases atomic.Int64 // releases going on after their caller left (see goOn)
 
 	seqMu   sync.Mutex
 	lastSeq uint64 // the sequence of the latest call (see begin)
@@ -413,7 +418,8 @@ func (s *Store) begin() (time.Time, uint64) {
 // PendingUndos returns how many abandoned acquires (see stores.ErrAbandoned)
 // the Store has yet to undo: while etcd answers neither their undo nor
 // (through Close) the revocation of their leases, each may still be
-// granted, and hold its keys until its lease expires.
+// granted, and hold its keys until its lease expires. It counts too the
+// Releases whose callers left that the undo queue sends (see Release).
 func (s *Store) PendingUndos() int { return s.undos.len() }
 
 // isClosed reports whether Close was called.
@@ -860,7 +866,8 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // not answer, the transaction is sent again (see "Leader changes" in the
 // package documentation); when ctx ends first, Release returns an error
 // wrapping ctx.Err(), its outcome unknown, and goes on until etcd answers
-// or the request timeout has passed.
+// or the request timeout has passed (beyond 16 such releases at once, one
+// without keep goes to the undo queue, and one with a keep is given up).
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {
@@ -874,9 +881,13 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 			return err
 		}
 	}
+	var overflow func() // a keep is not a delete: given up beyond the bound
+	if keep == 0 {
+		overflow = func() { s.undos.add(s.releaseUndo(keys, token)) }
+	}
 	return s.goOn(ctx, "release", keys, func(ctx context.Context) error {
 		return s.release(ctx, start, seq, keys, token, keep)
-	})
+	}, overflow)
 }
 
 // release is Release as begun at start with sequence seq.
