@@ -93,6 +93,11 @@ var (
 	// flight when its context ended: the store cleans up after the call
 	// itself, once the backend answers (see the package documentation).
 	ErrAbandoned = errors.New("reqlock: store call abandoned when its context ended")
+
+	// ErrUnknownOption marks an Open error for a URL parameter the store
+	// does not know. Such an error also wraps ErrInvalid, and names the
+	// store, the parameter and the ones the store knows.
+	ErrUnknownOption = errors.New("reqlock: unknown URL option")
 )
 
 // Store holds locks. See the package documentation for the contract every

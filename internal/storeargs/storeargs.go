@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -195,4 +196,49 @@ func ConnectContext(ctx context.Context) (context.Context, context.CancelFunc) {
 func (c Checker) Unreachable(addrs []string, err error) error {
 	return fmt.Errorf("%w: %s: cannot reach %s (add %s=lazy to the URL to start anyway): %w",
 		stores.ErrUnreachable, c, strings.Join(addrs, ", "), ConnectParam, err)
+}
+
+// UnknownOptionError is the error of every store's Open for a URL parameter
+// the store does not know. It wraps stores.ErrInvalid and
+// stores.ErrUnknownOption.
+type UnknownOptionError struct {
+	Store  Checker  // the store's package, such as "memstore"
+	Option string   // the parameter's name
+	Known  []string // the parameters the store knows, or a description of them
+}
+
+// Error says which store refused which parameter, and what it takes.
+func (e *UnknownOptionError) Error() string {
+	known := "none"
+	if len(e.Known) > 0 {
+		known = strings.Join(e.Known, ", ")
+	}
+	return fmt.Sprintf("%v: %s: unknown URL option %q (known: %s)", stores.ErrInvalid, e.Store, e.Option, known)
+}
+
+// Unwrap returns stores.ErrInvalid and stores.ErrUnknownOption.
+func (e *UnknownOptionError) Unwrap() []error {
+	return []error{stores.ErrInvalid, stores.ErrUnknownOption}
+}
+
+// UnknownOption returns the error for the URL parameter name, unknown to
+// the store, which knows the parameters known.
+func (c Checker) UnknownOption(name string, known ...string) error {
+	return &UnknownOptionError{Store: c, Option: name, Known: known}
+}
+
+// CheckOptions returns UnknownOption's error for the first parameter of q
+// (in sorted order) that is not in known, or nil.
+func (c Checker) CheckOptions(q url.Values, known ...string) error {
+	names := make([]string, 0, len(q))
+	for name := range q {
+		if !slices.Contains(known, name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	return c.UnknownOption(names[0], known...)
 }

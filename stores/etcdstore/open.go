@@ -49,7 +49,8 @@ const (
 // background, calls fail with store errors until a member answers, and
 // then work, with no restart. Open returns an error wrapping
 // stores.ErrInvalid that names the problem for a malformed URL, another
-// scheme, no endpoint, an endpoint without a port, an unknown parameter, a
+// scheme, no endpoint, an endpoint without a port, an unknown parameter (also
+// wrapping stores.ErrUnknownOption), a
 // connect other than check or lazy, a duration that is not positive or a
 // size below 64 KiB.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
@@ -145,6 +146,12 @@ func parseURL(rawURL string) (clientv3.Config, []Option, storeargs.Connect, erro
 	if err != nil {
 		return clientv3.Config{}, nil, 0, err
 	}
+	if query.Has("ttl") {
+		return invalid("parameter ttl: each lock has the TTL the Locker asks for, and the store keeps no session lease; remove it")
+	}
+	if err := args.CheckOptions(query, storeargs.ConnectParam, "timeout", "dial-timeout", "max-request-bytes"); err != nil {
+		return clientv3.Config{}, nil, 0, err
+	}
 	for name, values := range query {
 		if len(values) != 1 {
 			return invalid("parameter %s given %d times", name, len(values))
@@ -181,10 +188,6 @@ func parseURL(rawURL string) (clientv3.Config, []Option, storeargs.Connect, erro
 			if n+grpcOverheadBytes > defaultMaxCallSendMsgSize {
 				cfg.MaxCallSendMsgSize = n + grpcOverheadBytes
 			}
-		case "ttl":
-			return invalid("parameter ttl: each lock has the TTL the Locker asks for, and the store keeps no session lease; remove it")
-		default:
-			return invalid("unknown parameter %q (known: connect, timeout, dial-timeout, max-request-bytes)", name)
 		}
 	}
 	return cfg, opts, connect, nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 
+	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -17,7 +18,8 @@ import (
 // a directory that cannot be created or used is a configuration error
 // either way. It returns an error wrapping stores.ErrInvalid that names the
 // problem for another scheme, a relative path ("file:dir"), a host, user
-// information, any other parameter or a fragment, and New's errors.
+// information or a fragment, and New's errors; and one that also wraps
+// stores.ErrUnknownOption for any other parameter.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -33,6 +35,9 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if _, err := args.ParseConnect(q); err != nil {
 		return nil, err
 	}
+	if err := args.CheckOptions(q, storeargs.ConnectParam); err != nil {
+		return nil, err
+	}
 	var problem string
 	switch {
 	case u.Scheme != "file":
@@ -43,8 +48,6 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		problem = "user information is not allowed"
 	case u.Host != "" && u.Host != "localhost":
 		problem = fmt.Sprintf("host %q; the store is on this host: write file:///abs/dir", u.Host)
-	case len(q) > 0:
-		problem = fmt.Sprintf("query %q; Open takes no options but connect", u.RawQuery)
 	case u.Fragment != "":
 		problem = fmt.Sprintf("fragment %q is not allowed", u.Fragment)
 	case u.Path == "":

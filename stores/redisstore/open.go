@@ -30,7 +30,8 @@ import (
 // With connect=lazy it sends nothing: until Redis answers, calls fail with
 // store errors (stores.ErrUnreachable while no connection can be made), and
 // then work, with no restart. It returns an error wrapping stores.ErrInvalid
-// that names the problem for a URL it cannot use.
+// that names the problem for a URL it cannot use, also wrapping
+// stores.ErrUnknownOption for a parameter neither Open nor go-redis knows.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -47,6 +48,10 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	}
 	u.RawQuery = q.Encode()
 	o, err := redis.ParseURL(u.String())
+	if names, ok := strings.CutPrefix(fmt.Sprint(err), goRedisUnknown); ok {
+		name, _, _ := strings.Cut(names, ", ")
+		return nil, args.UnknownOption(name, storeargs.ConnectParam, "go-redis's (see redis.ParseURL)")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: redisstore: URL %s: %s", stores.ErrInvalid, u.Redacted(),
 			strings.ReplaceAll(err.Error(), rawURL, u.Redacted()))
@@ -70,6 +75,10 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	}
 	return s, nil
 }
+
+// goRedisUnknown starts go-redis's error for URL parameters it does not
+// know, which Open turns into the error every store's Open returns for them.
+const goRedisUnknown = "redis: unexpected option: "
 
 // DefaultConnectTimeout bounds Open's check that Redis answers when its
 // context has no deadline.

@@ -189,14 +189,8 @@ func parseOptions(q url.Values) ([]Option, error) {
 		}
 		return d, true, nil
 	}
-	for name := range q {
-		known := false
-		for _, k := range storeOptions {
-			known = known || k == name
-		}
-		if !known {
-			return nil, invalidURL("unknown option %q (want one of %s)", name, strings.Join(storeOptions, ", "))
-		}
+	if err := args.CheckOptions(q, storeOptions...); err != nil {
+		return nil, err
 	}
 	var errs []error
 	if d, ok, err := duration("node_timeout"); err != nil {

@@ -329,7 +329,8 @@ const DefaultConnectTimeout = storeargs.DefaultConnectTimeout
 // connect=lazy (WithLazyConnect) it returns at once, and the Store works
 // once a server answers. Open returns an error wrapping stores.ErrInvalid,
 // naming the problem, for any other scheme, a missing host, a user, a
-// fragment, an unknown parameter or a connect other than check or lazy; and
+// fragment, an unknown parameter (also wrapping stores.ErrUnknownOption) or
+// a connect other than check or lazy; and
 // New's errors.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	servers, opts, err := parseURL(rawURL)
@@ -379,17 +380,15 @@ func parseURL(rawURL string) ([]string, []Option, error) {
 	if connect == storeargs.ConnectLazy {
 		opts = append(opts, WithLazyConnect())
 	}
-	for name, values := range query {
-		switch name {
-		case "session":
-			d, err := time.ParseDuration(values[len(values)-1])
-			if err != nil {
-				return nil, nil, fmt.Errorf("session %q is not a duration", values[len(values)-1])
-			}
-			opts = append(opts, WithSessionTimeout(d))
-		default:
-			return nil, nil, fmt.Errorf("unknown URL parameter %q", name)
+	if err := args.CheckOptions(query, storeargs.ConnectParam, "session"); err != nil {
+		return nil, nil, err
+	}
+	if values, ok := query["session"]; ok {
+		d, err := time.ParseDuration(values[len(values)-1])
+		if err != nil {
+			return nil, nil, fmt.Errorf("session %q is not a duration", values[len(values)-1])
 		}
+		opts = append(opts, WithSessionTimeout(d))
 	}
 	return servers, opts, nil
 }
