@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,8 +39,9 @@ const sqlMode = "'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 // and database are required. The parameter table picks the table (see
 // WithTable; default DefaultTable), create=false stands for
 // WithoutCreateTable, and call_limit (a duration such as 10s) for
-// WithCallLimit. Any other parameter goes to the driver as in its DSN
-// (such as tls=true, timeout=5s, readTimeout=10s); interpolateParams=true
+// WithCallLimit. The driver's DSN parameters (such as tls=true,
+// timeout=5s, readTimeout=10s) and the session variables sql_mode,
+// time_zone and transaction_isolation go to the driver as in its DSN; interpolateParams=true
 // is set unless the URL says otherwise, so that a statement on several keys
 // takes one round trip instead of a prepare and an execute, and so is the
 // session's sql_mode, to STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION (as
@@ -59,7 +61,8 @@ const sqlMode = "'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 // with the sessions or the table is then that call's error, wrapping
 // ErrMisconfigured). Open returns an error wrapping stores.ErrInvalid,
 // naming the problem, for a URL it cannot use, such as a connect other
-// than check or lazy.
+// than check or lazy; for any other parameter, the error also wraps
+// stores.ErrUnknownOption.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	cfg, storeOpts, connect, err := parseURL(rawURL)
 	if err != nil {
@@ -100,6 +103,9 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 // DefaultConnectTimeout bounds Open's check that the server answers when
 // its context has no deadline.
 const DefaultConnectTimeout = storeargs.DefaultConnectTimeout
+
+// sessionVars are the session system variables a URL may set.
+var sessionVars = []string{"autocommit", "sql_mode", "time_zone", "transaction_isolation"}
 
 // parseURL converts a URL of the form Open takes to the driver's
 // configuration and the Store's options.
@@ -198,6 +204,20 @@ func parseURL(rawURL string) (*mysql.Config, []Option, storeargs.Connect, error)
 	cfg, err := mysql.ParseDSN(dsn + sep + driverParams.Encode())
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("URL %s: driver parameters: %w", u.Redacted(), err)
+	}
+	// The driver sets the parameters it does not know as session system
+	// variables at each connection: a typo would fail there, or never.
+	// Only those of sessionVars are taken.
+	var unknown []string
+	for name := range cfg.Params {
+		if !slices.Contains(sessionVars, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		known := append([]string{storeargs.ConnectParam, "table", "create", "call_limit"}, sessionVars...)
+		return nil, nil, 0, args.UnknownOption(unknown[0], append(known, "go-sql-driver/mysql's DSN parameters")...)
 	}
 	return cfg, opts, connect, nil
 }

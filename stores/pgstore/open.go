@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -25,7 +26,9 @@ import (
 // duration such as 2s; see WithCallLimit), are taken out of the URL; the
 // rest is pgx's connection string, which accepts libpq's parameters (sslmode,
 // connect_timeout, ...) and pgxpool's (pool_max_conns, default the larger of
-// 4 and the number of CPUs, ...). Every connection runs at READ COMMITTED
+// 4 and the number of CPUs, ...), and of the server's run-time parameters
+// application_name, client_encoding, options and search_path (others go in
+// options, as -c name=value). Every connection runs at READ COMMITTED
 // whatever the server's default. Close closes the pool.
 //
 // With connect=check, the default, Open creates the table when missing
@@ -36,7 +39,8 @@ import (
 // nothing: calls fail with store errors until the server answers, and the
 // first call that reaches it creates the table. Open returns an error
 // wrapping stores.ErrInvalid that names the problem for a URL it cannot use,
-// such as a connect other than check or lazy.
+// such as a connect other than check or lazy; for a parameter that neither
+// Open nor pgx takes, the error also wraps stores.ErrUnknownOption.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -77,6 +81,14 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, u.Redacted(), err)
 	}
+	// pgx sends the parameters it does not know to the server as run-time
+	// parameters: a typo would reach the server, or pass unseen. Only those
+	// of serverParams are taken.
+	for name := range config.ConnConfig.RuntimeParams {
+		if !slices.Contains(serverParams, name) {
+			return nil, unknownOption(config.ConnConfig.RuntimeParams, name)
+		}
+	}
 	config.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
 	pool, err := pgxpool.NewWithConfig(ctx, config)
 	if err != nil {
@@ -94,6 +106,22 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	}
 	s.ownsPool = true
 	return s, nil
+}
+
+// serverParams are the server run-time parameters a URL may set; others
+// go in options (options=-c%20name%3Dvalue), as with libpq.
+var serverParams = []string{"application_name", "client_encoding", "options", "search_path"}
+
+// unknownOption returns the error for the first (sorted) parameter of
+// params that is not in serverParams; name is one of them.
+func unknownOption(params map[string]string, name string) error {
+	for n := range params {
+		if !slices.Contains(serverParams, n) && n < name {
+			name = n
+		}
+	}
+	known := append([]string{storeargs.ConnectParam, "table", "call_limit"}, serverParams...)
+	return args.UnknownOption(name, append(known, "pgx's connection parameters (see pgxpool.ParseConfig)")...)
 }
 
 // DefaultConnectTimeout bounds Open's check that the server answers when
