@@ -100,8 +100,12 @@ func openLockStore(ctx context.Context, raw string) (openedStore, error) {
 }
 
 // openMemory is memory://: memstore, this process only.
-func openMemory(context.Context, *url.URL, string) (openedStore, error) {
-	return openedStore{store: memstore.New(), desc: "memstore (in memory)"}, nil
+func openMemory(ctx context.Context, _ *url.URL, raw string) (openedStore, error) {
+	s, err := memstore.Open(ctx, raw)
+	if err != nil {
+		return openedStore{}, err
+	}
+	return openedStore{store: s, desc: "memstore (in memory)"}, nil
 }
 
 // openRedisLocks is redis:// and rediss://: redisstore on that Redis, with

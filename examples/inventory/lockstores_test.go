@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/redlockstore"
 )
 
@@ -176,5 +178,61 @@ func TestUnreachableStoreAtStartup(t *testing.T) {
 				t.Errorf("a deduction with the lock store down: %v, want 503", got)
 			}
 		})
+	}
+}
+
+// TestStoreURLRefusesUnknownOption: every -store scheme refuses a URL
+// parameter its store does not know with the same error, naming the store
+// and the parameter, before it connects (issue 20 item 4: memory://x?foo=1
+// was accepted, and pgstore and mysqlstore sent foo to the server).
+func TestStoreURLRefusesUnknownOption(t *testing.T) {
+	urls := map[string]string{
+		"memory":     "memory://x",
+		"redis":      "redis://127.0.0.1:1/0",
+		"rediss":     "rediss://127.0.0.1:1/0",
+		"redlock":    "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+		"etcd":       "etcd://127.0.0.1:1/prefix",
+		"zk":         "zk://127.0.0.1:1/root",
+		"mysql":      "mysql://u:p@127.0.0.1:1/db",
+		"mariadb":    "mariadb://u:p@127.0.0.1:1/db",
+		"postgres":   "postgres://u:p@127.0.0.1:1/db",
+		"postgresql": "postgresql://u:p@127.0.0.1:1/db",
+		"file":       "file://" + t.TempDir(),
+	}
+	for scheme := range storeOpeners {
+		if _, ok := urls[scheme]; !ok {
+			t.Errorf("-store scheme %s is not in the table", scheme)
+		}
+	}
+	packages := map[string]string{"rediss": "redisstore", "mariadb": "mysqlstore", "postgresql": "pgstore"}
+	for scheme, base := range urls {
+		pkg := packages[scheme]
+		if pkg == "" {
+			pkg = storePackages[scheme]
+		}
+		for _, query := range []string{"?foo=1", "?connect=lazy&foo=1", "?foo=1&connect=check"} {
+			t.Run(scheme+query, func(t *testing.T) {
+				t.Parallel()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				s, err := openLockStore(ctx, base+query)
+				if err == nil {
+					if s.close != nil {
+						_ = s.close()
+					}
+					t.Fatalf("%s%s opened", base, query)
+				}
+				if !errors.Is(err, stores.ErrUnknownOption) || !errors.Is(err, stores.ErrInvalid) {
+					t.Fatalf("error %q does not wrap stores.ErrUnknownOption and stores.ErrInvalid", err)
+				}
+				want := stores.ErrInvalid.Error() + ": " + pkg + `: unknown URL option "foo" (known: `
+				if !strings.HasPrefix(err.Error(), want) {
+					t.Errorf("error %q, want it to start %q", err, want)
+				}
+				if strings.Contains(err.Error(), ":p@") {
+					t.Errorf("error %q shows the password", err)
+				}
+			})
+		}
 	}
 }
