@@ -155,3 +155,24 @@ func TestConnectContext(t *testing.T) {
 		t.Errorf("Unreachable: %v", err)
 	}
 }
+
+func TestCheckOptions(t *testing.T) {
+	const c Checker = "somestore"
+	if err := c.CheckOptions(url.Values{"a": {"1"}, "b": {"2"}}, "a", "b", "c"); err != nil {
+		t.Fatalf("known options: %v", err)
+	}
+	err := c.CheckOptions(url.Values{"a": {"1"}, "zz": {"2"}, "yy": {"3"}}, "a", "b")
+	if !errors.Is(err, stores.ErrUnknownOption) || !errors.Is(err, stores.ErrInvalid) {
+		t.Fatalf("error %v does not wrap ErrUnknownOption and ErrInvalid", err)
+	}
+	if want := `reqlock: invalid argument: somestore: unknown URL option "yy" (known: a, b)`; err.Error() != want {
+		t.Errorf("error %q, want %q (the first unknown option, sorted)", err, want)
+	}
+	var uerr *UnknownOptionError
+	if !errors.As(err, &uerr) || uerr.Store != c || uerr.Option != "yy" {
+		t.Errorf("error %#v, want an UnknownOptionError for somestore, yy", err)
+	}
+	if err := c.CheckOptions(url.Values{"x": nil}); err == nil || !strings.HasSuffix(err.Error(), "(known: none)") {
+		t.Errorf("no known options: error %v, want one ending (known: none)", err)
+	}
+}

@@ -96,7 +96,7 @@ func TestOpenInvalid(t *testing.T) {
 		{"etcd://127.0.0.1:2379,/prefix", `endpoint "" is not host:port`},
 		{"etcd://127.0.0.1:2379,:2380/prefix", `endpoint ":2380" is not host:port`},
 		{"etcd://127.0.0.1:2379/p?ttl=10s", "parameter ttl"},
-		{"etcd://127.0.0.1:2379/p?colour=red", `unknown parameter "colour"`},
+		{"etcd://127.0.0.1:2379/p?colour=red", `unknown URL option "colour"`},
 		{"etcd://127.0.0.1:2379/p?timeout=0s", `timeout="0s" is not a positive duration`},
 		{"etcd://127.0.0.1:2379/p?dial-timeout=soon", `dial-timeout="soon" is not a positive duration`},
 		{"etcd://127.0.0.1:2379/p?timeout=1s&timeout=2s", "timeout given 2 times"},
