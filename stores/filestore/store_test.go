@@ -72,7 +72,7 @@ func TestOpen(t *testing.T) {
 		"file:locks":             "relative path",
 		"file://locks/x":         `host "locks"`,
 		"file://u@localhost/x":   "user information",
-		"file:///x?mode=0777":    "query",
+		"file:///x?mode=0777":    `unknown URL option "mode"`,
 		"file:///x#f":            "fragment",
 		"file:///x?connect=soon": `connect="soon"`,
 		"file://":                "no directory",

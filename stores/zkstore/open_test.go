@@ -28,7 +28,7 @@ func TestOpenInvalid(t *testing.T) {
 		{"zk://127.0.0.1:2181/x#frag", "fragment"},
 		{"zk://127.0.0.1:2181/x?session=soon", `session "soon"`},
 		{"zk://127.0.0.1:2181/x?session=10ms", "below 1s"},
-		{"zk://127.0.0.1:2181/x?timeout=1s", `parameter "timeout"`},
+		{"zk://127.0.0.1:2181/x?timeout=1s", `unknown URL option "timeout"`},
 		{"zk://127.0.0.1:2181/a//b", "empty, . or .. element"},
 		{"zk://127.0.0.1:2181/a/", "ends with a slash"},
 		{"zk://127.0.0.1:2181/a/../b", "empty, . or .. element"},
