@@ -21,6 +21,18 @@
 #   REQLOCK_MYSQL_DSN        MariaDB: user:pass@tcp(127.0.0.1:port)/reqlock
 #   REQLOCK_POSTGRES_DSN     PostgreSQL: postgres://user:pass@127.0.0.1:port/reqlock?sslmode=disable
 #
+# and, for the same servers, a URL that works verbatim as the -store flag of
+# examples/inventory (and as the URL of the store package's Open):
+#
+#   REQLOCK_STORE_REDIS          redis://127.0.0.1:port/0
+#   REQLOCK_STORE_REDLOCK        redlock://host:port,... (the 5 nodes, admitted:
+#                                each holds redlockstore.MarkerKey)
+#   REQLOCK_STORE_ETCD           etcd://127.0.0.1:port
+#   REQLOCK_STORE_ETCD_CLUSTER   etcd://host:port,host:port,host:port
+#   REQLOCK_STORE_ZK             zk://127.0.0.1:port
+#   REQLOCK_STORE_MYSQL          mysql://user:pass@127.0.0.1:port/reqlock
+#   REQLOCK_STORE_POSTGRES       postgres://user:pass@127.0.0.1:port/reqlock?sslmode=disable
+#
 # Every server's process id goes to $SERVERS_DIR/pids the moment it starts,
 # so servers_stop stops them whatever point the start reached, and a
 # watchdog stops them too if the shell that sourced this file dies without
@@ -40,6 +52,7 @@ SERVERS_SENTINEL_MASTER=reqlock    # the monitored master's name
 SERVERS__JOBS=()                   # pids of the start jobs still running
 SERVERS__WATCHDOG=
 SERVERS__ZK_JARS=/usr/share/java/zookeeper.jar
+SERVERS__REDLOCK_MARKER=reqlock:redlock:node # redlockstore.MarkerKey
 
 # The start jobs, ZooKeeper first: the JVM is the slowest to come up.
 SERVERS__NAMES=(zookeeper etcd-cluster redis-cluster mariadb postgres sentinel etcd redis-nodes redis)
@@ -449,7 +462,8 @@ servers__start_redis() {
 	local port
 	port=$(servers__port) || return 1
 	servers__redis_start_ready "$port" || return
-	servers__done "127.0.0.1:$port" "REQLOCK_REDIS_ADDR=127.0.0.1:$port"
+	servers__done "127.0.0.1:$port" "REQLOCK_REDIS_ADDR=127.0.0.1:$port" \
+		"REQLOCK_STORE_REDIS=redis://127.0.0.1:$port/0"
 }
 
 servers__start_redis_nodes() {
@@ -464,9 +478,17 @@ servers__start_redis_nodes() {
 	for port in "${ports[@]}"; do
 		servers__wait "Redis node on port $port did not answer" servers__redis_is "$port" "${SERVERS__PIDS[$port]}" || return
 	done
+	# Admit the new nodes, as redlockstore's documentation tells operators
+	# of a new deployment to: else they stay out of quorums for the max TTL.
+	for port in "${ports[@]}"; do
+		if ! servers__redis_query "$port" "SET $SERVERS__REDLOCK_MARKER 0"; then
+			servers__fail "could not admit the Redis node on port $port for Redlock"
+			return 1
+		fi
+	done
 	local list
 	list=$(servers__join , "${addrs[@]}")
-	servers__done "$list" "REQLOCK_REDIS_NODES=$list"
+	servers__done "$list" "REQLOCK_REDIS_NODES=$list" "REQLOCK_STORE_REDLOCK=redlock://$list"
 }
 
 # servers__cluster_ok PORT... succeeds when every node sees the whole
@@ -577,10 +599,10 @@ servers__etcd_ok() {
 		servers__http "$1" POST /v3/cluster/member/list '{}' && [[ $SERVERS__REPLY == *"\"name\":\"$2\""* ]]
 }
 
-# servers__etcd_cluster N VAR starts an N-member etcd cluster and records
-# its client URLs in VAR.
+# servers__etcd_cluster N VAR STOREVAR starts an N-member etcd cluster and
+# records its client URLs in VAR, its etcdstore URL in STOREVAR.
 servers__etcd_cluster() {
-	local n=$1 var=$2 token names=() urls=() peers=() initial=() dir i cport pport
+	local n=$1 var=$2 store=$3 token names=() urls=() peers=() initial=() dir i cport pport
 	token=reqlock-$(servers__secret)
 	for ((i = 1; i <= n; i++)); do
 		cport=$(servers__port) && pport=$(servers__port) || return 1
@@ -605,15 +627,15 @@ servers__etcd_cluster() {
 	done
 	local list
 	list=$(servers__join , "${urls[@]}")
-	servers__done "$list" "$var=$list"
+	servers__done "$list" "$var=$list" "$store=etcd://$(servers__join , "${urls[@]#http://}")"
 }
 
 servers__start_etcd() {
-	servers__etcd_cluster 1 REQLOCK_ETCD_ENDPOINTS
+	servers__etcd_cluster 1 REQLOCK_ETCD_ENDPOINTS REQLOCK_STORE_ETCD
 }
 
 servers__start_etcd_cluster() {
-	servers__etcd_cluster 3 REQLOCK_ETCD_CLUSTER
+	servers__etcd_cluster 3 REQLOCK_ETCD_CLUSTER REQLOCK_STORE_ETCD_CLUSTER
 }
 
 # ---------------------------------------------------------------------------
@@ -653,7 +675,7 @@ servers__start_zookeeper() {
 		-Dorg.slf4j.simpleLogger.defaultLogLevel=info \
 		org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg"
 	servers__wait "ZooKeeper on port $port did not answer imok" servers__zk_ok "$port" "$dir/data" || return
-	servers__done "127.0.0.1:$port" "REQLOCK_ZK_ADDR=127.0.0.1:$port"
+	servers__done "127.0.0.1:$port" "REQLOCK_ZK_ADDR=127.0.0.1:$port" "REQLOCK_STORE_ZK=zk://127.0.0.1:$port"
 }
 
 # ---------------------------------------------------------------------------
@@ -699,7 +721,8 @@ servers__start_mariadb() {
 	servers__wait "MariaDB did not answer reqlock over TCP on port $port" \
 		mariadb --no-defaults -h127.0.0.1 -P"$port" -ureqlock -p"$pw" reqlock -e 'select 1' || return
 	dsn="reqlock:$pw@tcp(127.0.0.1:$port)/reqlock"
-	servers__done "127.0.0.1:$port" "REQLOCK_MYSQL_DSN=$dsn"
+	servers__done "127.0.0.1:$port" "REQLOCK_MYSQL_DSN=$dsn" \
+		"REQLOCK_STORE_MYSQL=mysql://reqlock:$pw@127.0.0.1:$port/reqlock"
 }
 
 servers__start_postgres() {
@@ -740,5 +763,5 @@ servers__start_postgres() {
 	dsn="postgres://reqlock:$pw@127.0.0.1:$port/reqlock?sslmode=disable"
 	servers__wait "PostgreSQL did not answer reqlock over TCP on port $port" \
 		"$bin/psql" "$dsn" -Atc 'select 1' || return
-	servers__done "127.0.0.1:$port" "REQLOCK_POSTGRES_DSN=$dsn"
+	servers__done "127.0.0.1:$port" "REQLOCK_POSTGRES_DSN=$dsn" "REQLOCK_STORE_POSTGRES=$dsn"
 }

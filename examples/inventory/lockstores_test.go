@@ -236,3 +236,40 @@ func TestStoreURLRefusesUnknownOption(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreURLsOfTheTestServers: the URL of each store's test server that
+// scripts/servers.sh exports (REQLOCK_STORE_*, or the same URL
+// testservers builds when it starts the server itself) works verbatim as
+// -store: the service starts and serves a locked request (issue 20 item 4:
+// etcd://$REQLOCK_ETCD_ENDPOINTS and mysql://$REQLOCK_MYSQL_DSN failed).
+func TestStoreURLsOfTheTestServers(t *testing.T) {
+	for _, tc := range []struct {
+		env, pkg string
+		url      func(testing.TB) string
+	}{
+		{testservers.EnvStoreRedis, "redisstore", testservers.StoreRedisURL},
+		{testservers.EnvStoreRedlock, "redlockstore", testservers.StoreRedlockURL},
+		{testservers.EnvStoreEtcd, "etcdstore", testservers.StoreEtcdURL},
+		{testservers.EnvStoreEtcdCluster, "etcdstore", testservers.StoreEtcdClusterURL},
+		{testservers.EnvStoreZooKeeper, "zkstore", testservers.StoreZooKeeperURL},
+		{testservers.EnvStoreMySQL, "mysqlstore", testservers.StoreMySQLURL},
+		{testservers.EnvStorePostgres, "pgstore", testservers.StorePostgresURL},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(frameworkNetHTTP)
+			cfg.storeURL = tc.url(t)
+			cfg.wait = 20 * time.Second
+			a, srv := startApp(t, cfg)
+			if !strings.HasPrefix(a.lockDesc, tc.pkg+" (") {
+				t.Errorf("lock store %q, want %s", a.lockDesc, tc.pkg)
+			}
+			sku := redisSKU(t, "U")
+			first := deductRoutes[0].send(t, srv.URL, sku)
+			second := deductRoutes[0].send(t, srv.URL, sku)
+			if first.status != http.StatusOK || second.status != http.StatusOK || second.Fence <= first.Fence {
+				t.Fatalf("two deductions: %v then %v, want 200 twice with a growing fence", first, second)
+			}
+		})
+	}
+}

@@ -13,6 +13,14 @@
 // with neither the variable nor the server's program installed they fail,
 // pointing at ./scripts/test.sh, which installs the programs.
 //
+// Store URLs. StoreRedisURL, StoreRedlockURL, StoreEtcdURL,
+// StoreEtcdClusterURL, StoreZooKeeperURL, StoreMySQLURL and StorePostgresURL
+// return the REQLOCK_STORE_* variables scripts/servers.sh exports: for the
+// shared servers above, a URL that works verbatim as the store package's
+// Open URL and as examples/inventory's -store. Without the variable they
+// build the same URL from the server's address (starting the server as
+// above when its variable is unset too).
+//
 // Private servers. RedisNodes, RedisCluster, SentinelSet, EtcdCluster,
 // ZooKeeperServer and PostgresServer start servers that one test owns, for failure tests: each Server can be
 // killed, stopped, restarted on its port (with or without its data) and
@@ -48,6 +56,18 @@ const (
 	EnvZooKeeperAddr  = "REQLOCK_ZK_ADDR"         // a standalone ZooKeeper
 	EnvMySQLDSN       = "REQLOCK_MYSQL_DSN"       // MariaDB: user:pass@tcp(127.0.0.1:port)/reqlock
 	EnvPostgresDSN    = "REQLOCK_POSTGRES_DSN"    // postgres://user:pass@127.0.0.1:port/reqlock?sslmode=disable
+)
+
+// The environment variables that give, for the same servers, a URL that
+// works verbatim as a store's Open URL and as examples/inventory's -store.
+const (
+	EnvStoreRedis       = "REQLOCK_STORE_REDIS"        // redis://127.0.0.1:port/0
+	EnvStoreRedlock     = "REQLOCK_STORE_REDLOCK"      // redlock://host:port,... (5 nodes, admitted)
+	EnvStoreEtcd        = "REQLOCK_STORE_ETCD"         // etcd://127.0.0.1:port
+	EnvStoreEtcdCluster = "REQLOCK_STORE_ETCD_CLUSTER" // etcd://host:port,host:port,host:port
+	EnvStoreZooKeeper   = "REQLOCK_STORE_ZK"           // zk://127.0.0.1:port
+	EnvStoreMySQL       = "REQLOCK_STORE_MYSQL"        // mysql://user:pass@127.0.0.1:port/reqlock
+	EnvStorePostgres    = "REQLOCK_STORE_POSTGRES"     // postgres://user:pass@127.0.0.1:port/reqlock?sslmode=disable
 )
 
 var (
