@@ -9,49 +9,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
-	"github.com/reqlock/reqlock/stores/redlockstore"
 )
 
 // storeURLs gives, per -store scheme, a URL of a real server of that store
 // for the test (from internal/testservers), or of none for memory://.
 var storeURLs = map[string]func(tb testing.TB) string{
-	"file":   func(tb testing.TB) string { return "file://" + tb.TempDir() },
-	"memory": func(tb testing.TB) string { return "memory://" },
-	"redis":  func(tb testing.TB) string { return "redis://" + testredis.Addr(tb) },
-	"redlock": func(tb testing.TB) string {
-		nodes := testservers.RedisNodeAddrs(tb)
-		// Nodes no Redlock client used yet would stay out of quorums for
-		// the max TTL (redlockstore's restart quarantine): admit them, as
-		// its documentation tells operators of a new deployment to.
-		for _, addr := range nodes {
-			c := redis.NewClient(&redis.Options{Addr: addr})
-			err := c.SetNX(context.Background(), redlockstore.MarkerKey, 0, 0).Err()
-			_ = c.Close()
-			if err != nil {
-				tb.Fatalf("admitting Redis node %s: %v", addr, err)
-			}
-		}
-		return "redlock://" + strings.Join(nodes, ",")
-	},
-	"etcd": func(tb testing.TB) string {
-		return "etcd://" + strings.Join(hostPorts(tb, testservers.EtcdEndpoints(tb)), ",") + "/inventory-test"
-	},
+	"file":    func(tb testing.TB) string { return "file://" + tb.TempDir() },
+	"memory":  func(tb testing.TB) string { return "memory://" },
+	"redis":   func(tb testing.TB) string { return "redis://" + testredis.Addr(tb) },
+	"redlock": func(tb testing.TB) string { return testservers.StoreRedlockURL(tb) },
+	"etcd":    func(tb testing.TB) string { return testservers.StoreEtcdURL(tb) + "/inventory-test" },
 	"postgres": func(tb testing.TB) string {
-		return testservers.PostgresDSN(tb) + "&table=inventory_locks"
+		return withParam(testservers.StorePostgresURL(tb), "table=inventory_locks")
 	},
-	"zk": func(tb testing.TB) string { return "zk://" + testservers.ZooKeeperAddr(tb) + "/inventory-test" },
-	"mysql": func(tb testing.TB) string {
-		// The DSN is user:pass@tcp(host:port)/db; the URL form drops tcp().
-		dsn := testservers.MySQLDSN(tb)
-		cred, rest, _ := strings.Cut(dsn, "@tcp(")
-		addr, db, _ := strings.Cut(rest, ")/")
-		return "mysql://" + cred + "@" + addr + "/" + db + "?table=inventory_locks"
-	},
+	"zk":    func(tb testing.TB) string { return testservers.StoreZooKeeperURL(tb) + "/inventory-test" },
+	"mysql": func(tb testing.TB) string { return withParam(testservers.StoreMySQLURL(tb), "table=inventory_locks") },
+}
+
+// withParam returns u with the URL parameter param added.
+func withParam(u, param string) string {
+	if strings.Contains(u, "?") {
+		return u + "&" + param
+	}
+	return u + "?" + param
 }
 
 // storePackages names the store package each scheme of storeURLs opens.
@@ -102,19 +85,6 @@ func TestLockStoresFromURL(t *testing.T) {
 			}
 		})
 	}
-}
-
-// hostPorts strips the scheme of client URLs (http://host:port).
-func hostPorts(tb testing.TB, endpoints []string) []string {
-	out := make([]string, len(endpoints))
-	for i, e := range endpoints {
-		_, hp, ok := strings.Cut(e, "://")
-		if !ok {
-			hp = e
-		}
-		out[i] = hp
-	}
-	return out
 }
 
 // TestUnreachableStoreAtStartup: a -store (or -redis) whose server cannot
