@@ -46,6 +46,10 @@ func TestParseURL(t *testing.T) {
 	if s.table != "my_locks" || s.createTable {
 		t.Fatalf("options set table %q, createTable %v; want my_locks, false", s.table, s.createTable)
 	}
+	cfg, _, _, err = parseURL("mysql://u@h/locks?time_zone=%27%2B00:00%27&transaction_isolation=%27READ-COMMITTED%27")
+	if err != nil || cfg.Params["time_zone"] != "'+00:00'" || cfg.Params["transaction_isolation"] != "'READ-COMMITTED'" {
+		t.Fatalf("parseURL with session variables: %v, params %v", err, cfg)
+	}
 	cfg, _, _, err = parseURL("mariadb://u@[::1]/locks?interpolateParams=false")
 	if err != nil {
 		t.Fatalf("parseURL: %v", err)
@@ -65,6 +69,8 @@ func TestParseURL(t *testing.T) {
 		{"mysql://u:p@h/db?table=a&table=b", "given 2 times"},
 		{"mysql://u:p@h/db?create=maybe", "create="},
 		{"mysql://u:p@h/db?timeout=soon", "driver parameters"},
+		{"mysql://u:p@h/db?tabel=x", `mysqlstore: unknown URL option "tabel" (known: connect, table,`},
+		{"mysql://u:p@h/db?innodb_lock_wait_timeout=5", `unknown URL option "innodb_lock_wait_timeout"`},
 		{"mysql://u:p@h/db#x", "fragment"},
 		{"mysql://u:p@h/db?%zz", "URL query"},
 		{"::", "URL"},
@@ -75,6 +81,9 @@ func TestParseURL(t *testing.T) {
 		_, err := Open(t.Context(), b.url)
 		if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), b.want) {
 			t.Errorf("Open(%q): %v; want stores.ErrInvalid naming %q", b.url, err, b.want)
+		}
+		if strings.Contains(b.want, "unknown URL option") != errors.Is(err, stores.ErrUnknownOption) {
+			t.Errorf("Open(%q): %v; wraps stores.ErrUnknownOption: %v", b.url, err, errors.Is(err, stores.ErrUnknownOption))
 		}
 		if err != nil && strings.Contains(err.Error(), ":p@") {
 			t.Errorf("Open(%q): the error shows the password: %v", b.url, err)

@@ -86,6 +86,8 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 		{"empty table", dsn + "&table=", `table name ""`},
 		{"bad parameter", dsn + "&pool_max_conns=none", "pool_max_conns"},
 		{"bad connect", dsn + "&connect=later", `connect="later"`},
+		{"unknown parameter", dsn + "&tabel=x", `pgstore: unknown URL option "tabel" (known: connect, table,`},
+		{"unknown server parameter", dsn + "&work_mem=64MB", `unknown URL option "work_mem"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -97,10 +99,34 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 			if !errors.Is(err, stores.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Open(%q): %v; want stores.ErrInvalid naming %q", c.url, err, c.want)
 			}
+			if strings.HasPrefix(c.name, "unknown") != errors.Is(err, stores.ErrUnknownOption) {
+				t.Errorf("Open(%q): %v; wraps stores.ErrUnknownOption: %v", c.url, err, errors.Is(err, stores.ErrUnknownOption))
+			}
 			if pw := passwordOf(t, dsn); strings.Contains(err.Error(), pw) {
 				t.Fatalf("Open's error shows the password: %v", err)
 			}
 		})
+	}
+}
+
+// TestOpenServerParams: the server run-time parameters pgstore takes reach
+// the server.
+func TestOpenServerParams(t *testing.T) {
+	dsn := testservers.PostgresDSN(t)
+	app := fmt.Sprintf("reqlock-test-%d", time.Now().UnixNano())
+	s, err := pgstore.Open(t.Context(), dsn+"&application_name="+app+"&search_path=public")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pool, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var n int
+	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil || n == 0 {
+		t.Fatalf("%d sessions with application_name %s, %v; want the store's", n, app, err)
 	}
 }
 
