@@ -25,6 +25,7 @@ func FuzzParse(f *testing.F) {
 		"<header:a:b>", "<<>>", "<a<b>", strings.Repeat("a", 512), strings.Repeat("<a>:", 128),
 		"<id>:<json:b[*].a>", "<json:b[*]>", "<json:a[*].b[*]>", "<json:[*]>", "<json:b[0]>", "<json:b[*]a>",
 		"<query:b[*]>", "<json:b[*]>:<json:b[*]>", "<json:b[*]>:<json:a>",
+		"acct:{id}", "acct::id", "/:id", "{p...}", "\\{a}:<id>", "a:\\::id", "a\\\\b", "a\\b", "{<id>}",
 	} {
 		f.Add(s)
 	}
