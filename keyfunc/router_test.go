@@ -90,6 +90,15 @@ func TestParseNotRouterSyntax(t *testing.T) {
 	}
 }
 
+// TestRouterSyntaxMessage keeps the message the package documentation shows.
+func TestRouterSyntaxMessage(t *testing.T) {
+	_, err := Parse("acct:{id}")
+	want := `keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)`
+	if err == nil || err.Error() != want {
+		t.Fatalf("Parse = %v, want %s", err, want)
+	}
+}
+
 func TestParseBadEscape(t *testing.T) {
 	for _, tt := range []struct{ template, want string }{
 		{`a\b`, `keyfunc: invalid template: "a\\b": backslash before 'b' at offset 1 (a backslash escapes only '{', '}', ':' and '\': write \\ for a backslash)`},
