@@ -55,6 +55,7 @@ func TestParseNotRouterSyntax(t *testing.T) {
 		{"::<id>", []string{"9"}, "::9"},
 		{"{<id>}", []string{"9"}, "{9}"},
 		{"{sku:<id>}:x", []string{"9"}, "{sku:9}:x"},
+		{"cart:{<json:cart>}:sku:<json:sku>", []string{"c", "9"}, "cart:{c}:sku:9"}, // redisstore's advice
 		{"{}:{1a}:{a-b}:{$}", nil, "{}:{1a}:{a-b}:{$}"},
 		{"\\{stock}:<id>", []string{"9"}, "{stock}:9"},
 		{"acct:\\{id}", nil, "acct:{id}"},
