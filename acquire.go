@@ -3,6 +3,7 @@ package reqlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/reqlock/reqlock/internal/localqueue"
@@ -48,7 +49,7 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 // keys are held, a sleep (woken by a release signal of the key that held it
 // up, capped by its holder's TTL) and another attempt.
 //
-// sawHeld reports that the key was already seen held, by the request ahead
+// seen tells whether the key was already seen held, by the request ahead
 // in the local queue: a wait that ends with a store call unanswered is then
 // a timeout, not a store that never answered.
 //
@@ -73,11 +74,11 @@ func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
 //
 // outer is the caller's context, ctx the one bounded by the wait: the
 // breaker (see WithBreaker) admits each attempt, and counts its outcome.
-func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, sawHeld bool) error {
+func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueue.Turn, ttl, wait time.Duration, seen heldSeen) error {
 	if err := ctx.Err(); err != nil {
 		// The wait went by in the local queue: calling the store on the
 		// ended context would only fail at once.
-		return waitEnded(sawHeld, err)
+		return waitEnded(seen.by(time.Now()), err)
 	}
 	keys, token := g.keys, g.token
 	strategy := l.attempter(keys, wait)
@@ -105,22 +106,34 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		}
 	}
 	for {
-		var done func(error)
+		var (
+			done  func(error)
+			probe bool
+		)
 		if l.breaker != nil {
-			d, derr := l.breaker.allow()
+			d, p, derr := l.breaker.allow()
 			if derr != nil {
 				if attempted { // the waiter may be in the store's queue
 					strategy.leave(ctx, keys, token, true)
 				}
 				return derr
 			}
-			done = d
+			done, probe = d, p
 		}
 		start := time.Now()
-		grant, ahead, err := strategy.attempt(ctx, keys, token, ttl)
+		var (
+			grant stores.Grant
+			ahead int
+			err   error
+		)
+		if probe {
+			grant, ahead, err = l.probeAttempt(ctx, strategy, keys, token, ttl)
+		} else {
+			grant, ahead, err = strategy.attempt(ctx, keys, token, ttl)
+		}
 		attempted = true
 		if l.breaker != nil {
-			l.breaker.report(done, breakerOutcome(outer, ctx, err, sawHeld))
+			l.breaker.report(done, breakerOutcome(outer, ctx, err, seen.by(time.Now())))
 		}
 		if mayHaveGranted(err) || (grant.OK && ctx.Err() != nil) {
 			// The store may have granted the keys although we got no
@@ -137,7 +150,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		}
 		if cerr != nil {
 			strategy.leave(ctx, keys, token, err != nil)
-			return waitEnded(sawHeld || (err == nil && !grant.OK), cerr)
+			return waitEnded(seen.by(time.Now()) || (err == nil && !grant.OK), cerr)
 		}
 		switch {
 		case errors.Is(err, ErrInvalid):
@@ -163,7 +176,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		case wait == 0:
 			return ErrHeld
 		}
-		sawHeld, refused = true, true
+		seen.held, refused = true, true
 		if grant.Held >= 0 && grant.Held < len(turns) && grant.Held != marked {
 			// Another owner holds the key: this process is not alone on it.
 			turns[grant.Held].Refused()
@@ -201,6 +214,36 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			return waitEnded(true, ctx.Err())
 		}
 	}
+}
+
+// heldSeen is what a request knows, before its store calls, of its keys
+// being held.
+type heldSeen struct {
+	held    bool      // seen held, and not confirmed free since
+	joined  time.Time // when the request began to wait
+	freedAt time.Time // when a release the store confirmed freed a key; zero if none
+}
+
+// by reports whether a wait that ends at now, with a store call unanswered,
+// ended on a held key: seen held, or behind a holder whose release freed
+// the key so shortly before that the store's silence says nothing yet (see
+// localqueue.SeenHeld).
+func (s heldSeen) by(now time.Time) bool {
+	return s.held || (!s.freedAt.IsZero() && localqueue.SeenHeld(s.joined, s.freedAt, now))
+}
+
+// probeAttempt is the attempt of the breaker's probe, bounded by
+// probeBound as well as by ctx. A probe the store left unanswered that long
+// is a store failure of the request, not the end of its wait.
+func (l *Locker) probeAttempt(ctx context.Context, strategy attempter, keys []string, token string, ttl time.Duration) (stores.Grant, int, error) {
+	bound := l.probeBound()
+	pctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	g, ahead, err := strategy.attempt(pctx, keys, token, ttl)
+	if err != nil && ctx.Err() == nil && !deadlinePassed(ctx) && (pctx.Err() != nil || deadlinePassed(pctx)) {
+		return g, ahead, fmt.Errorf("%w: the breaker's probe got no answer within %v: %w", ErrStore, bound, err)
+	}
+	return g, ahead, err
 }
 
 // changedHands reports whether a refusal at at, whose holder keeps the key

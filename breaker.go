@@ -22,7 +22,10 @@ const (
 // and every Obtain answers ErrStoreDown at once, without a store call,
 // until probeAfter has passed. Then one request at a time probes the store
 // (the others are still refused); the first probe the store answers closes
-// the breaker, and one that fails opens it for probeAfter again. So the
+// the breaker, and one that fails opens it for probeAfter again. A probe's
+// store call is bounded by the longer of probeAfter and the release timeout
+// (and by its wait): a probe the store leaves unanswered that long fails,
+// and its request answers a store error. So the
 // Locker serves again within probeAfter (plus a probe's round trip) of the
 // store's return.
 //
@@ -99,7 +102,7 @@ type breaker struct {
 
 	mu sync.Mutex // orders suspect's updates with cb's counts; taken before cb's
 
-	stateMu sync.Mutex // guards since and outages; taken inside cb's mutex
+	stateMu sync.Mutex // guards since and outages, and orders down's updates with them; taken inside cb's mutex
 	since   time.Time
 	outages uint64
 }
@@ -136,9 +139,9 @@ func (b *breaker) changed(_ string, from, to gobreaker.State) {
 		if from != gobreaker.StateClosed {
 			return // a probe failed: still down
 		}
+		b.stateMu.Lock() // down with since and outages: StoreHealth reads them as one
 		b.down.Store(true)
 		b.rejected.Store(0)
-		b.stateMu.Lock()
 		b.since = now
 		b.outages++
 		b.stateMu.Unlock()
@@ -148,8 +151,8 @@ func (b *breaker) changed(_ string, from, to gobreaker.State) {
 			m.StoreDown()
 		}
 	case gobreaker.StateClosed:
-		b.down.Store(false)
 		b.stateMu.Lock()
+		b.down.Store(false)
 		down := now.Sub(b.since)
 		b.since = now
 		b.stateMu.Unlock()
@@ -176,16 +179,26 @@ func (b *breaker) downError() error {
 
 // allow admits one store call. It returns the function to report the
 // call's outcome with (see breakerOutcome), nil on the healthy path, or an
-// error wrapping ErrStoreDown when the call must not be made.
-func (b *breaker) allow() (func(error), error) {
+// error wrapping ErrStoreDown when the call must not be made. probe reports
+// that the call is the probe of a store counted down: the caller bounds it
+// (see probeBound), since every other request is refused until it ends.
+func (b *breaker) allow() (done func(error), probe bool, err error) {
 	if !b.suspect.Load() {
-		return nil, nil
+		return nil, false, nil
 	}
-	done, err := b.cb.Allow()
+	done, err = b.cb.Allow()
 	if err != nil {
-		return nil, b.downError()
+		return nil, false, b.downError()
 	}
-	return done, nil
+	return done, b.down.Load(), nil
+}
+
+// probeBound bounds a probe's store call: long enough for a store that
+// answers, short enough that a probe lost in a frozen or cut connection
+// keeps the other requests refused no longer than about a probe period
+// (or a release), whatever the prober's own wait.
+func (l *Locker) probeBound() time.Duration {
+	return max(l.breakerProbe, l.releaseTimeout)
 }
 
 // report reports the outcome of a call that allow admitted with done.

@@ -400,9 +400,18 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 		passOn(g.turns, err)
 		return err
 	}
+	// The store confirmed the keys free (released, or no longer this
+	// token's): the next turns' store calls have not seen them held, so one
+	// the store leaves unanswered is a store failure, not a timeout. Not so
+	// with hold-at-least, which leaves them held.
+	freed := keep == 0 && (err == nil || errors.Is(err, ErrNotHeld))
 	if !waiting || keep > 0 {
 		for _, t := range g.turns {
-			t.Pass(0, true)
+			if freed {
+				t.PassFreed(0, false)
+			} else {
+				t.Pass(0, true)
+			}
 		}
 		return err
 	}
@@ -411,9 +420,12 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	// already awake, would win nearly every time.
 	yield, courtesy := g.locker.yieldAfter(g.turns, waited, time.Since(start))
 	for _, t := range g.turns {
-		if courtesy {
+		switch {
+		case freed:
+			t.PassFreed(yield, courtesy)
+		case courtesy:
 			t.PassCourtesy(yield)
-		} else {
+		default:
 			t.Pass(yield, true)
 		}
 	}

@@ -455,37 +455,54 @@ func (s *slowAfterStore) Acquire(ctx context.Context, keys []string, token strin
 	return s.Store.Acquire(ctx, keys, token, ttl)
 }
 
-// TestQueuedWaitEndingInStoreCallIsATimeout: a request that queued behind
-// a local holder has seen the key held, so a wait that ends during its first
-// store call reports ErrHeld (a timeout, 423), not a silent store (503).
-// A request that never queued still reports the store's silence.
+// TestQueuedWaitEndingInStoreCallIsATimeout: a request that waited behind
+// a local holder for most of its wait has seen the key held, so a wait that
+// ends during its first store call, shortly after the holder's release,
+// reports ErrHeld (a timeout, 423). When the store leaves that call
+// unanswered for longer than the request waited behind the holder, the
+// key was free and the store silent: a store failure (503), as for a
+// request that never queued.
 func TestQueuedWaitEndingInStoreCallIsATimeout(t *testing.T) {
-	store := &slowAfterStore{Store: memstore.New()}
-	locker := reqlock.MustNew(store, reqlock.WithHandoff(0, 0))
-	ctx := context.Background()
-	holder := mustObtain(t, ctx, locker, "k")
-	done := make(chan error, 1)
-	go func() {
-		_, err := locker.Obtain(ctx, "k", time.Minute, 300*time.Millisecond)
-		done <- err
-	}()
-	eventually(t, "the waiter queued", func() bool { return reqlock.LocalWaiters(locker, "reqlock:k") == 1 })
-	store.slow.Store(true)
-	mustRelease(t, holder)
-	err := <-done
-	if !errors.Is(err, reqlock.ErrWaitEnded) || !errors.Is(err, reqlock.ErrHeld) {
-		t.Fatalf("queued waiter: %v, want ErrWaitEnded joined with ErrHeld", err)
-	}
-	if o := reqlock.OutcomeOf(ctx, err); o != reqlock.OutcomeTimeout {
-		t.Fatalf("queued waiter: outcome %q, want timeout", o)
+	for _, c := range []struct {
+		name     string
+		behind   time.Duration // how long the waiter waits behind the holder
+		wait     time.Duration
+		wantHeld bool
+	}{
+		{"mostly behind the holder", 600 * time.Millisecond, 800 * time.Millisecond, true},
+		{"mostly behind the silent store", 0, 400 * time.Millisecond, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := &slowAfterStore{Store: memstore.New()}
+			locker := reqlock.MustNew(store, reqlock.WithHandoff(0, 0))
+			ctx := context.Background()
+			holder := mustObtain(t, ctx, locker, "k")
+			done := make(chan error, 1)
+			go func() {
+				_, err := locker.Obtain(ctx, "k", time.Minute, c.wait)
+				done <- err
+			}()
+			eventually(t, "the waiter queued", func() bool { return reqlock.LocalWaiters(locker, "reqlock:k") == 1 })
+			time.Sleep(c.behind) // the holder's work
+			store.slow.Store(true)
+			mustRelease(t, holder)
+			err := <-done
+			if o := reqlock.OutcomeOf(ctx, err); !errors.Is(err, reqlock.ErrWaitEnded) || errors.Is(err, reqlock.ErrHeld) != c.wantHeld ||
+				(o == reqlock.OutcomeTimeout) != c.wantHeld || (o == reqlock.OutcomeStoreError) == c.wantHeld {
+				t.Fatalf("queued waiter: %v (outcome %q), want ErrWaitEnded, ErrHeld %v", err, o, c.wantHeld)
+			}
+		})
 	}
 
 	// Not queued: the store never answered, and the error says so.
-	_, err = locker.Obtain(ctx, "other", time.Minute, 50*time.Millisecond)
+	store := &slowAfterStore{Store: memstore.New()}
+	locker := reqlock.MustNew(store, reqlock.WithHandoff(0, 0))
+	store.slow.Store(true)
+	_, err := locker.Obtain(context.Background(), "other", time.Minute, 50*time.Millisecond)
 	if !errors.Is(err, reqlock.ErrWaitEnded) || errors.Is(err, reqlock.ErrHeld) {
 		t.Fatalf("first contender: %v, want ErrWaitEnded without ErrHeld", err)
 	}
-	if o := reqlock.OutcomeOf(ctx, err); o != reqlock.OutcomeStoreError {
+	if o := reqlock.OutcomeOf(context.Background(), err); o != reqlock.OutcomeStoreError {
 		t.Fatalf("first contender: outcome %q, want store_error", o)
 	}
 }

@@ -323,7 +323,10 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 //     was seen held, by this request or by the ones ahead of it in the
 //     local queue (without ErrHeld, a store call was still unanswered when
 //     the wait ended; unless ctx itself ended, the error then matches
-//     ErrStore too);
+//     ErrStore too). After a local holder's release that the store
+//     confirmed, the key counts as held only until the store has left the
+//     next call unanswered for longer than the request waited behind that
+//     holder (and 50ms): then the store is silent, not the key busy;
 //   - ErrStore: the store failed; store failures are not retried. Also a
 //     wait that ended with a store call unanswered and no sign that the
 //     key was held, and the error of a request of this process that was
@@ -422,6 +425,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	if l.breaker != nil && l.breaker.rejecting() {
 		return hold{}, l.breaker.downError() // before queueing: nobody calls the store
 	}
+	joined := time.Now()
 	g := l.newGrant(keys)
 	// The wait bounds every store call of the attempt; a try-once attempt
 	// gets the release timeout, so that a stalled store cannot hold it
@@ -434,11 +438,12 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	if len(keys) > 1 {
-		turns, sawHeld, err := l.joinAll(ctx, g.keys, wait)
+		turns, seen, err := l.joinAll(outer, ctx, g.keys, wait)
 		if err != nil {
 			return hold{}, storeSilent(outer, err)
 		}
-		if err := l.contend(outer, ctx, g, turns, ttl, wait, sawHeld); err != nil {
+		seen.joined = joined
+		if err := l.contend(outer, ctx, g, turns, ttl, wait, seen); err != nil {
 			err = storeSilent(outer, err)
 			passOn(turns, err)
 			return hold{}, err
@@ -457,7 +462,7 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		// failure.
 		l.giveUp(turn)
 		if turn.Failed != nil {
-			return hold{}, sharedFailure(turn.Failed)
+			return hold{}, sharedOrLeft(outer, turn.AfterHeld, turn.Failed)
 		}
 		return hold{}, storeSilent(outer, waitEnded(turn.AfterHeld, err))
 	case turn.Failed != nil:
@@ -465,10 +470,14 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 		// now, as every waiter behind does, rather than call the store
 		// in turn.
 		turn.PassFailed(turn.Failed)
-		return hold{}, sharedFailure(turn.Failed)
+		return hold{}, sharedOrLeft(outer, turn.AfterHeld, turn.Failed)
 	}
 	if turn.Yield > 0 && !sleepFor(ctx, turn.Yield) {
-		turn.Pass(0, true)
+		if !turn.FreedAt.IsZero() {
+			turn.PassFreed(0, false)
+		} else {
+			turn.Pass(0, true)
+		}
 		return hold{}, waitEnded(true, ctx.Err())
 	}
 	if turn.Handoff != nil {
@@ -481,8 +490,11 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 	// A request that queued behind a local holder, or behind a contender
 	// that saw the key held, has seen the key held: if its wait ends in its
 	// first store call, that is a timeout, not a store that never answered.
+	// After a release the store confirmed, the key was free since: only a
+	// store call unanswered for a short while still counts it held.
 	g.oneTurn[0] = turn
-	if err := l.contend(outer, ctx, g, g.oneTurn[:], ttl, wait, turn.AfterHeld); err != nil {
+	seen := heldSeen{held: turn.AfterHeld && turn.FreedAt.IsZero(), joined: joined, freedAt: turn.FreedAt}
+	if err := l.contend(outer, ctx, g, g.oneTurn[:], ttl, wait, seen); err != nil {
 		err = storeSilent(outer, err)
 		passOn(g.oneTurn[:], err)
 		return hold{}, err
@@ -495,51 +507,59 @@ func (l *Locker) acquire(ctx context.Context, label string, keys []string, ttl, 
 // joinAll takes the local turn of every key (as stored, sorted), one after
 // the other in that order, so that requests for overlapping keys of this
 // process queue in arrival order without waiting for each other in a
-// cycle. It reports whether a key was seen held on the way. When a turn
-// cannot be had, it gives back those it took.
-func (l *Locker) joinAll(ctx context.Context, storeKeys []string, wait time.Duration) ([]localqueue.Turn, bool, error) {
+// cycle. It reports what it saw of the keys being held on the way (see
+// heldSeen; the caller sets joined). When a turn cannot be had, it gives
+// back those it took.
+func (l *Locker) joinAll(outer, ctx context.Context, storeKeys []string, wait time.Duration) ([]localqueue.Turn, heldSeen, error) {
 	turns := make([]localqueue.Turn, 0, len(storeKeys))
 	giveBack := func(afterHeld bool) {
 		for _, t := range turns {
 			t.Pass(0, afterHeld)
 		}
 	}
-	giveBackFailed := func(failed error) {
-		for _, t := range turns {
-			t.PassFailed(failed)
-		}
-	}
-	var sawHeld bool
+	var heldBefore bool // a key seen held while waiting
+	var seen heldSeen
 	var yield time.Duration
-	for _, k := range storeKeys {
+	for i, k := range storeKeys {
 		turn, err := l.queues.Join(ctx, k, wait > 0, l.backoffMax, false)
 		switch {
 		case errors.Is(err, localqueue.ErrBusy):
 			giveBack(false)
-			return nil, false, ErrHeld
+			return nil, heldSeen{}, ErrHeld
 		case err != nil:
 			l.giveUp(turn)
 			if turn.Failed != nil {
-				giveBackFailed(turn.Failed)
-				return nil, false, sharedFailure(turn.Failed)
+				// The failure is k's: the other keys' waiters contend.
+				giveBack(heldBefore)
+				return nil, heldSeen{}, sharedOrLeft(outer, heldBefore || turn.AfterHeld, turn.Failed)
 			}
-			held := sawHeld || turn.AfterHeld
+			held := heldBefore || turn.AfterHeld
 			giveBack(held)
-			return nil, false, waitEnded(held, err)
+			return nil, heldSeen{}, waitEnded(held, err)
 		case turn.Failed != nil:
+			// Shared on k's turn only: the other keys' waiters did not
+			// meet it, and contend.
 			turn.PassFailed(turn.Failed)
-			giveBackFailed(turn.Failed)
-			return nil, false, sharedFailure(turn.Failed)
+			giveBack(heldBefore)
+			return nil, heldSeen{}, sharedOrLeft(outer, heldBefore || turn.AfterHeld, turn.Failed)
+		}
+		if i < len(storeKeys)-1 {
+			// Its waiters wait for the next keys too, which may be held.
+			turn.WaitsElsewhere()
 		}
 		turns = append(turns, turn)
-		sawHeld = sawHeld || turn.AfterHeld
+		heldBefore = heldBefore || turn.AfterHeld
+		seen.held = seen.held || (turn.AfterHeld && turn.FreedAt.IsZero())
+		if turn.FreedAt.After(seen.freedAt) {
+			seen.freedAt = turn.FreedAt // the latest release: the shortest silence
+		}
 		yield = max(yield, turn.Yield)
 	}
 	if yield > 0 && !sleepFor(ctx, yield) {
 		giveBack(true)
-		return nil, false, waitEnded(true, ctx.Err())
+		return nil, heldSeen{}, waitEnded(true, ctx.Err())
 	}
-	return turns, sawHeld, nil
+	return turns, seen, nil
 }
 
 // takeHandoff takes the grant a local holder handed on with turn, capping
@@ -581,6 +601,9 @@ func (l *Locker) giveUp(turn localqueue.Turn) {
 	case turn.Failed != nil:
 		turn.PassFailed(turn.Failed)
 		return
+	case turn.Handoff == nil && !turn.FreedAt.IsZero():
+		turn.PassFreed(turn.Yield, false)
+		return
 	case turn.Handoff == nil:
 		turn.Pass(turn.Yield, turn.AfterHeld)
 		return
@@ -588,6 +611,22 @@ func (l *Locker) giveUp(turn localqueue.Turn) {
 	g := turn.Handoff.(*grant)
 	epoch := g.adopt(turn, "", g.holderTTL())
 	_ = g.drop(context.Background(), epoch)
+}
+
+// sharedOrLeft is the error of a request, on the caller's context outer,
+// whose turn came with failed, the store failure of the request ahead:
+// that failure, unless the caller's own context ended (it left, or its
+// deadline passed): then its wait ended, as afterHeld says, and the
+// failure, met by another request, is not this one's to report.
+func sharedOrLeft(outer context.Context, afterHeld bool, failed error) error {
+	cerr := outer.Err()
+	if cerr == nil && deadlinePassed(outer) {
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil {
+		return waitEnded(afterHeld, cerr)
+	}
+	return sharedFailure(failed)
 }
 
 // dropAll ends the holds of a lock that will not be made.

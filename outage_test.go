@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,6 +23,8 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
@@ -461,8 +464,8 @@ func TestOutageLogsOncePerStateChange(t *testing.T) {
 	r := newOutageRedis(t, 0)
 	logs := new(countingHandler)
 	l := reqlock.MustNew(r.spy, reqlock.WithLogger(slog.New(logs)))
-	closed := middleware.Must(middleware.New(l, "sku:{id}", middleware.WithWait(200*time.Millisecond)))
-	open := middleware.Must(middleware.New(l, "open:{id}", middleware.WithWait(200*time.Millisecond), middleware.WithFailOpen()))
+	closed := middleware.Must(middleware.New(l, "sku:<id>", middleware.WithWait(200*time.Millisecond)))
+	open := middleware.Must(middleware.New(l, "open:<id>", middleware.WithWait(200*time.Millisecond), middleware.WithFailOpen()))
 	mux := http.NewServeMux()
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("/skus/{id}", closed.Handler(ok))
@@ -551,5 +554,259 @@ func TestBreakerCountsTimeoutsNotCancellations(t *testing.T) {
 	}
 	if _, err := l.Obtain(context.Background(), "x", time.Second, time.Second); !errors.Is(err, reqlock.ErrStoreDown) {
 		t.Fatalf("Obtain with the breaker open: %v, want ErrStoreDown", err)
+	}
+}
+
+// pauseAfterRelease freezes the server once armed, right after the next
+// Release has reached the real store and returned.
+type pauseAfterRelease struct {
+	*spyStore
+	server *testservers.Server
+	armed  atomic.Bool
+}
+
+func (s *pauseAfterRelease) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	err := s.spyStore.Release(ctx, keys, token, keep)
+	if s.armed.CompareAndSwap(true, false) {
+		s.server.Pause()
+	}
+	return err
+}
+
+// Redis freezes just after a local holder's release of the hot key
+// succeeded: the key is held by nobody, so the waiters queued behind the
+// holder, whose store call the frozen Redis leaves unanswered, answer a
+// store error (503), not ErrHeld (423), and the breaker counts the failure.
+func TestFreezeAfterReleaseIsAStoreFailure(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	store := &pauseAfterRelease{spyStore: r.spy, server: r.server}
+	l := reqlock.MustNew(store, reqlock.WithHandoff(0, 0), reqlock.WithReleaseTimeout(300*time.Millisecond),
+		reqlock.WithBreaker(1, time.Minute))
+	holder := mustObtain(t, context.Background(), l, "hot")
+	const n = 5
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := l.Obtain(context.Background(), "hot", 10*time.Second, time.Second)
+			errs <- err
+		}()
+	}
+	eventually(t, "the waiters queued", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"hot") == n })
+	t.Cleanup(r.server.Resume)
+	store.armed.Store(true)
+	if err := holder.Release(context.Background()); err != nil {
+		t.Fatalf("the holder's release (before the freeze): %v", err)
+	}
+	for range n {
+		err := <-errs
+		if !errors.Is(err, reqlock.ErrStore) || errors.Is(err, reqlock.ErrHeld) {
+			t.Errorf("a waiter on a key held by nobody, Redis frozen: %v (outcome %s), want a store error without ErrHeld",
+				err, reqlock.OutcomeOf(context.Background(), err))
+		}
+	}
+	if h := l.StoreHealth(); !h.Down {
+		t.Errorf("the unanswered store call was not counted: the breaker (1 failure) is closed: %+v", h)
+	}
+}
+
+// failKey makes, once armed, every acquire of a set of keys that contains
+// key (as stored) run on the real store and then fail, as a lost reply or
+// the down shard of a Redis Cluster would: a store failure of that key
+// alone.
+type failKey struct {
+	*spyStore
+	key   string
+	armed atomic.Bool
+}
+
+var errShardDown = errors.New("injected: the shard of this key is down")
+
+func (s *failKey) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	g, err := s.spyStore.Acquire(ctx, keys, token, ttl)
+	if s.armed.Load() {
+		for _, k := range keys {
+			if strings.HasSuffix(k, s.key) {
+				if g.OK {
+					_ = s.spyStore.Release(context.Background(), keys, token, 0)
+				}
+				return stores.Grant{}, errShardDown
+			}
+		}
+	}
+	return g, err
+}
+
+// A store failure met on one key reaches only the waiters of that key: R
+// contends for k2 (held by another process); M, for {k1, k2}, holds k1's
+// local turn and waits for k2 behind R; W waits for k1 behind M. R meets a
+// store failure on k2 and shares it with M, who needs k2; W, whose key k1
+// is free and whose store calls succeed, gets k1.
+func TestStoreFailureSharedOnlyWithItsKey(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	store := &failKey{spyStore: r.spy, key: "k2"}
+	l := reqlock.MustNew(store, reqlock.WithBreaker(0, 0))
+	other := reqlock.MustNew(r.spy) // another process holds k2
+	k2 := mustObtain(t, context.Background(), other, "k2")
+	defer func() { _ = k2.Release(context.Background()) }()
+
+	var wg sync.WaitGroup
+	var errR, errM, errW error
+	wg.Go(func() { _, errR = l.Obtain(context.Background(), "k2", 10*time.Second, 5*time.Second) })
+	eventually(t, "R contends for k2", func() bool { return reqlock.LocalQueues(l) == 1 && r.spy.acquires.Load() >= 2 })
+	wg.Go(func() {
+		_, errM = l.ObtainAll(context.Background(), []string{"k1", "k2"}, 10*time.Second, 5*time.Second)
+	})
+	eventually(t, "M waits for k2 behind R", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"k2") == 1 })
+	lockW := make(chan *reqlock.Lock, 1)
+	wg.Go(func() {
+		lk, err := l.Obtain(context.Background(), "k1", 10*time.Second, 5*time.Second)
+		errW = err
+		lockW <- lk
+	})
+	eventually(t, "W waits for k1 behind M", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"k1") == 1 })
+	store.armed.Store(true) // k2's shard goes down; k1's is fine
+	wg.Wait()
+	if !errors.Is(errR, reqlock.ErrStore) || !errors.Is(errM, reqlock.ErrStore) {
+		t.Fatalf("R and M should meet k2's store failure: %v / %v", errR, errM)
+	}
+	if errW != nil {
+		t.Errorf("W wants k1 only, which is free and whose store calls succeed, yet it answered %v", errW)
+	} else if lk := <-lockW; lk != nil {
+		mustRelease(t, lk)
+	}
+}
+
+// gatedFailStore holds every Acquire until the test opens the gate, then
+// fails it with a store error.
+type gatedFailStore struct {
+	stores.Store
+	entered chan struct{} // one per Acquire that waits at the gate
+	gate    chan struct{}
+}
+
+func (s *gatedFailStore) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	s.entered <- struct{}{}
+	<-s.gate
+	return stores.Grant{}, errors.New("injected: the store failed")
+}
+
+// leftContext is a context whose client has left (Err reports Canceled)
+// while its Done channel has not fired yet: the moment a waiter's
+// cancellation and its turn arrive together.
+type leftContext struct {
+	context.Context
+	left atomic.Bool
+}
+
+func (c *leftContext) Err() error {
+	if c.left.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A waiter whose client left as its turn came with the store failure of
+// the request ahead answers that it left (canceled: no store error counted,
+// no fail-open run for a client that is gone), not the shared failure.
+func TestWaiterThatLeftDoesNotAnswerSharedFailure(t *testing.T) {
+	store := &gatedFailStore{Store: memstore.New(), entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	l := reqlock.MustNew(store, reqlock.WithBreaker(0, 0))
+	errR := make(chan error, 1)
+	go func() {
+		_, err := l.Obtain(context.Background(), "k", time.Minute, 5*time.Second)
+		errR <- err
+	}()
+	<-store.entered // R calls the store
+	ctx := &leftContext{Context: context.Background()}
+	errW := make(chan error, 1)
+	go func() {
+		_, err := l.Obtain(ctx, "k", time.Minute, 5*time.Second)
+		errW <- err
+	}()
+	eventually(t, "W waits behind R", func() bool { return reqlock.LocalWaiters(l, outagePrefix+"k") == 1 })
+	ctx.left.Store(true)
+	close(store.gate)
+	if err := <-errR; !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("R: %v, want the store failure", err)
+	}
+	err := <-errW
+	if o := reqlock.OutcomeOf(ctx, err); o != reqlock.OutcomeCanceled || errors.Is(err, reqlock.ErrStore) {
+		t.Errorf("W, whose client left: %v (outcome %q), want canceled without ErrStore", err, o)
+	}
+}
+
+// A full pending set makes room of releases whose TTL has passed before it
+// drops a live one: the goroutine retries only the oldest, so an expired
+// release behind it stays until a new one needs its place.
+func TestFullPendingSetDropsExpiredFirst(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	m := new(outageMetrics)
+	l := reqlock.MustNew(r.spy, reqlock.WithReleaseTimeout(100*time.Millisecond), reqlock.WithMetrics(m),
+		reqlock.WithPendingReleases(2), reqlock.WithBreaker(0, 0))
+	const short = 300 * time.Millisecond
+	oldest, err := l.Obtain(context.Background(), "live:0", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expiring, err := l.Obtain(context.Background(), "expiring", short, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newest, err := l.Obtain(context.Background(), "live:1", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.pause(t)
+	_ = oldest.Release(context.Background())
+	_ = expiring.Release(context.Background())
+	time.Sleep(short) // the expiring grant's TTL passes in the store
+	_ = newest.Release(context.Background())
+	if q, d, e := m.events(reqlock.PendingQueued), m.events(reqlock.PendingDropped), m.events(reqlock.PendingExpired); q != 3 || d != 0 || e != 1 {
+		t.Fatalf("queued %d, dropped %d, expired %d; want 3, 0 (no live release dropped) and 1", q, d, e)
+	}
+	r.server.Resume()
+	eventually(t, "the two live releases settled", func() bool {
+		return m.events(reqlock.PendingReleased)+m.events(reqlock.PendingNotHeld) == 2
+	})
+	for _, k := range []string{"live:0", "live:1"} {
+		if held, err := r.exists(outagePrefix + k); held || err != nil {
+			t.Errorf("%s held after its release settled: %v, %v", k, held, err)
+		}
+	}
+}
+
+// The breaker's probe is bounded by the longer of the probe period and the
+// release timeout, not by its request's wait: on a frozen Redis a probe
+// with a 10s wait answers a store error within that bound, and the breaker
+// opens again at once, rather than staying half-open, every other request
+// refused, for the probe's whole wait.
+func TestBreakerProbeIsBounded(t *testing.T) {
+	r := newOutageRedis(t, 0)
+	const probeAfter, releaseTimeout = 200 * time.Millisecond, 300 * time.Millisecond
+	l := reqlock.MustNew(r.spy, reqlock.WithBreaker(1, probeAfter), reqlock.WithReleaseTimeout(releaseTimeout))
+	mustRelease(t, mustObtain(t, context.Background(), l, "warm"))
+	r.pause(t)
+	if _, err := l.Obtain(context.Background(), "trip", time.Second, 100*time.Millisecond); !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("an unanswered call on a frozen Redis: %v, want a store error", err)
+	}
+	h := l.StoreHealth()
+	if !h.Down {
+		t.Fatalf("the breaker did not open: %+v", h)
+	}
+	eventually(t, "the probe due", func() bool { return !time.Now().Before(l.StoreHealth().NextProbe) })
+	start := time.Now()
+	_, err := l.Obtain(context.Background(), "probe", time.Second, 10*time.Second)
+	took := time.Since(start)
+	if !errors.Is(err, reqlock.ErrStore) || errors.Is(err, reqlock.ErrStoreDown) {
+		t.Fatalf("the probe on a frozen Redis: %v, want a store error (not ErrStoreDown)", err)
+	}
+	if o := reqlock.OutcomeOf(context.Background(), err); o != reqlock.OutcomeStoreError {
+		t.Errorf("the probe's outcome %q, want store_error", o)
+	}
+	if limit := releaseTimeout + loadSlack; took > limit {
+		t.Errorf("the probe answered after %v, want within its bound %v (+ slack)", took, releaseTimeout)
+	}
+	if h := l.StoreHealth(); !h.Down || !h.NextProbe.After(start) {
+		t.Errorf("after the failed probe the breaker should be open with a new probe time: %+v", h)
 	}
 }

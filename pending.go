@@ -46,8 +46,9 @@ const (
 // the keys go). A renewal whose reply was lost and that reaches the store
 // later still sets the keys' TTL: such keys expire with it.
 //
-// When the set holds max releases, the oldest is dropped to make room (its
-// keys expire with their TTL). Zero turns the retries off: a failed release
+// When the set holds max releases, those whose TTL has passed leave it,
+// and if none has, the oldest is dropped to make room (its keys expire with
+// their TTL). Zero turns the retries off: a failed release
 // then leaves its keys to their TTL. Metrics that implement OutageMetrics
 // see each release enter and leave the set. Close tries the pending
 // releases once more. Default 1024.
@@ -119,7 +120,21 @@ func (p *pendingSet) add(r *pendingRelease) bool {
 		p.event(PendingDropped)
 		return false
 	}
-	dropped := false
+	dropped, expired := false, 0
+	if len(p.items) >= p.max {
+		// The goroutine checks only the oldest: first make room of the
+		// releases whose keys the store has let go already.
+		now := time.Now()
+		live := p.items[:0]
+		for _, it := range p.items {
+			if now.Before(it.expires) {
+				live = append(live, it)
+			}
+		}
+		expired = len(p.items) - len(live)
+		clear(p.items[len(live):])
+		p.items = live
+	}
 	if len(p.items) >= p.max {
 		p.items[0] = nil
 		p.items = p.items[1:]
@@ -132,6 +147,9 @@ func (p *pendingSet) add(r *pendingRelease) bool {
 		go p.run(p.exited)
 	}
 	p.mu.Unlock()
+	for range expired {
+		p.event(PendingExpired)
+	}
 	if dropped {
 		p.event(PendingDropped)
 	}

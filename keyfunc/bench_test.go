@@ -61,7 +61,7 @@ func benchKeys(b *testing.B, template string, r *http.Request, body []byte, want
 func BenchmarkKeyPath(b *testing.B) {
 	r := httptest.NewRequest(http.MethodPost, "/skus/A-1042", nil)
 	r.SetPathValue("id", "A-1042")
-	benchKeys(b, "{stock}:sku:<id>", r, nil, "{stock}:sku:A%2D1042")
+	benchKeys(b, "\\{stock}:sku:<id>", r, nil, "{stock}:sku:A%2D1042")
 }
 
 func BenchmarkKeyHeader(b *testing.B) {
@@ -101,5 +101,5 @@ func BenchmarkKeysCart10(b *testing.B) {
 	for i := range want {
 		want[i] = fmt.Sprintf("{stock}:sku:A%%2D%d", 1001+i)
 	}
-	benchKeys(b, "{stock}:sku:<json:items[*].sku>", r, body, want...)
+	benchKeys(b, "\\{stock}:sku:<json:items[*].sku>", r, body, want...)
 }

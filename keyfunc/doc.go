@@ -11,6 +11,7 @@
 // # Grammar
 //
 //	template    = 1*( literal / placeholder )
+//	literal     = 1*( byte / "\" ( "{" / "}" / ":" / "\" ) ) ; see "Router syntax and escapes"
 //	placeholder = "<" [ source ":" ] name ">"
 //	source      = "path" / "query" / "header" / "form" / "json" / "ctx" ; default path
 //	json-path   = segment *( "." segment )  ; the name of a json placeholder
@@ -29,9 +30,9 @@
 //	<ctx:name>        Request.ContextValue(name), set by an earlier middleware; name as query
 //
 // Literals are printable ASCII except '<' and '>': no space or control
-// characters. Braces are plain literals, so a Redis Cluster hash tag can be
-// written around a literal. A template has at most 512 bytes; one without
-// placeholders is valid and gives every request of the route the same key.
+// characters; a backslash escapes (see "Router syntax and escapes"). A
+// template has at most 512 bytes; one without placeholders is valid and
+// gives every request of the route the same key.
 //
 // A placeholder must touch only separators: the literal byte just before and
 // just after it, if any, must not be a letter, a digit, '%' or '#', the bytes
@@ -49,12 +50,33 @@
 //	sku:<id>
 //	user_balance_update:<ctx:user>
 //	order:<header:X-Tenant>:<json:order.id>
-//	{stock}:<query:warehouse>:<form:sku>
+//	\{stock}:<query:warehouse>:<form:sku>
 //	sku:<json:items[*].sku>
 //
 // Parse errors wrap ErrSyntax and name the problem and its byte offset:
 //
 //	keyfunc: invalid template: "sku:<id": unclosed placeholder at offset 4
+//
+// # Router syntax and escapes
+//
+// Router syntax is an error, since as a literal it would give every request
+// the same key: "{name}" or "{name...}" anywhere, and ":name" at the start of
+// the template or right after a ':' or a '/', where name is
+// [A-Za-z_][A-Za-z0-9_]*. So acct:{id}, acct::id, acct/:id and :id are
+// rejected, with a message that shows the reqlock spelling:
+//
+//	keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)
+//
+// A word after a single ':' is a literal, as in tenant:acme:<id> or acct:id
+// (mind that the latter has no placeholder), and so are braces around
+// anything but a bare name, as in {<id>} or cart:{<json:cart>}, a Redis
+// Cluster hash tag around a value.
+//
+// A backslash escapes the next byte, which must be '{', '}', ':' or '\', and
+// the key holds that byte alone: \{stock}:<id> renders {stock}:42 (a hash
+// tag around a literal), acct:\:id renders acct::id, and \\ renders one
+// backslash. Any other byte after a backslash is an error. In Go source, a
+// raw string keeps the template as written: `\{stock}:<id>`.
 //
 // # Rendering
 //

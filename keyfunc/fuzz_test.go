@@ -19,12 +19,13 @@ import (
 
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
-		"sku:<id>", "global", "{stock}:<query:w>:<form:sku>", "o:<header:X-Tenant>:<json:order.id>",
+		"sku:<id>", "global", "\\{stock}:<query:w>:<form:sku>", "o:<header:X-Tenant>:<json:order.id>",
 		"u:<ctx:user.id>", "<a>:<b>", "<a><b>", "sku:<id", "sku:id>", "<>", "<:x>", "<body:x>",
 		"<json:a..b>", "<json:items[*].sku>", "<1id>", "a b", "ключ:<id>", "<query:é>", "\x00",
 		"<header:a:b>", "<<>>", "<a<b>", strings.Repeat("a", 512), strings.Repeat("<a>:", 128),
 		"<id>:<json:b[*].a>", "<json:b[*]>", "<json:a[*].b[*]>", "<json:[*]>", "<json:b[0]>", "<json:b[*]a>",
 		"<query:b[*]>", "<json:b[*]>:<json:b[*]>", "<json:b[*]>:<json:a>",
+		"acct:{id}", "acct::id", "/:id", "{p...}", "\\{a}:<id>", "a:\\::id", "a\\\\b", "a\\b", "{<id>}",
 	} {
 		f.Add(s)
 	}
@@ -207,7 +208,7 @@ func FuzzNoForgery(f *testing.F) {
 		{"k:%3A", "k:<x>", "", "\x01:"},
 		{"k:%41:<y>", "k:<x>", "\x01y", "\x01A"},
 		{"sku:<id>", "sku:<json:sku>", "\x02A1", "\x02A1"},
-		{"{stock}:<query:warehouse>:<form:sku>", "{stock}:<header:W>:<ctx:sku>", "\x02eu\x01s", "\x02eu\x01s"},
+		{"\\{stock}:<query:warehouse>:<form:sku>", "\\{stock}:<header:W>:<ctx:sku>", "\x02eu\x01s", "\x02eu\x01s"},
 		{"t:<header:X-Tenant>:<json:order.id>", "t:<ctx:t>:<json:order.id>", "\x01a\x019", "\x01a\x019"},
 		{"k:<x>:#", "k:<x>:<y>", "\x01a", "\x01a\x01#"},
 		{"a<x>b<y>", "k:<x>%20b", "", ""},

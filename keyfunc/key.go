@@ -34,7 +34,7 @@ func (t *Template) Key(r Request) (string, error) {
 		return "", fmt.Errorf("%w: %q: a template with [*] yields several keys (use Keys)", ErrSyntax, t.raw)
 	}
 	if t.holes == 0 {
-		return t.raw, nil
+		return t.parts[0].literal, nil
 	}
 	st := keyState{req: r, maxBody: t.maxBodyBytes}
 	var small [8]string

@@ -62,7 +62,7 @@ func TestKeySources(t *testing.T) {
 		{"json", "j:<json:sku>", fakeRequest{hr: newRequest("/", jsonHeader, `{"sku":"A-1"}`)}, "j:A%2D1"},
 		{"form", "f:<form:sku>", fakeRequest{hr: newRequest("/", formHeader, `sku=A-1&sku=B`)}, "f:A%2D1"},
 		{"ctx", "u:<ctx:user>", fakeRequest{ctx: map[string]any{"user": "u7"}}, "u:u7"},
-		{"hash tag literal", "{stock}:<id>", fakeRequest{path: map[string]string{"id": "9"}}, "{stock}:9"},
+		{"hash tag literal", "\\{stock}:<id>", fakeRequest{path: map[string]string{"id": "9"}}, "{stock}:9"},
 		{"all sources", "<id>:<query:q>:<header:h>:<json:a.b>:<ctx:c>", fakeRequest{
 			hr:   newRequest("/?q=2", http.Header{"H": {"3"}, "Content-Type": {"application/json"}}, `{"a":{"b":4}}`),
 			path: map[string]string{"id": "1"},

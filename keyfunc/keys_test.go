@@ -37,7 +37,7 @@ func TestKeys(t *testing.T) {
 		{"hashed like one value", "sku:<json:items[*].sku>:end", "/", `{"items":[{"sku":"` + long + `"},{"sku":"A"}]}`, []string{"sku:" + hashed + ":end", "sku:A:end"}},
 		{"values around", "<query:shop>:sku:<json:items[*].sku>:<json:wh>", "/?shop=s-1", `{"wh":"eu","items":[{"sku":"A"},{"sku":"B"}]}`, []string{"s%2D1:sku:A:eu", "s%2D1:sku:B:eu"}},
 		{"hashed value around", "<query:shop>:<json:items[*]>", "/?shop=" + long, `{"items":["A","B"]}`, []string{hashed + ":A", hashed + ":B"}},
-		{"hash tag", "{stock}:<json:items[*].sku>", "/", `{"items":[{"sku":"A"},{"sku":"B"}]}`, []string{"{stock}:A", "{stock}:B"}},
+		{"hash tag", "\\{stock}:<json:items[*].sku>", "/", `{"items":[{"sku":"A"},{"sku":"B"}]}`, []string{"{stock}:A", "{stock}:B"}},
 		{"single json", "sku:<json:sku>", "/", `{"sku":"A"}`, []string{"sku:A"}},
 		{"single query", "sku:<query:sku>", "/?sku=A", "", []string{"sku:A"}},
 		{"literal only", "global", "/", "", []string{"global"}},

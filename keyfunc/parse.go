@@ -205,18 +205,115 @@ func (t *Template) parse() error {
 		case '>':
 			return t.errAt(i, "stray '>'", "")
 		default:
-			start := i
-			for i < len(s) && s[i] != '<' && s[i] != '>' {
-				if !isLiteralByte(s[i]) {
-					return t.errAt(i, "invalid character "+quoteByte(s[i])+" in literal", "")
-				}
-				i++
+			lit, end, err := t.parseLiteral(i)
+			if err != nil {
+				return err
 			}
-			t.parts = append(t.parts, part{literal: s[start:i]})
-			t.literalLen += i - start
+			t.parts = append(t.parts, part{literal: lit})
+			t.literalLen += len(lit)
+			i = end
 		}
 	}
 	return nil
+}
+
+// escapable holds the bytes a backslash escapes in a literal: the bytes of
+// router syntax, and the backslash itself.
+const escapable = `{}:\`
+
+// parseLiteral parses the literal that starts at offset start and runs to the
+// next '<' or '>' or the end, and returns it unescaped and the offset just
+// after it. It rejects router syntax (see isRouterSyntax) and an escape of a
+// byte other than those of escapable.
+func (t *Template) parseLiteral(start int) (lit string, end int, err error) {
+	s := t.raw
+	var b strings.Builder // the literal unescaped, once it has an escape
+	i := start
+	for ; i < len(s) && s[i] != '<' && s[i] != '>'; i++ {
+		c := s[i]
+		if !isLiteralByte(c) {
+			return "", 0, t.errAt(i, "invalid character "+quoteByte(c)+" in literal", "")
+		}
+		if c == '\\' {
+			if i+1 == len(s) || strings.IndexByte(escapable, s[i+1]) < 0 {
+				next := "the end"
+				if i+1 < len(s) {
+					next = quoteByte(s[i+1])
+				}
+				return "", 0, t.errAt(i, "backslash before "+next, `a backslash escapes only '{', '}', ':' and '\': write \\ for a backslash`)
+			}
+			if b.Len() == 0 {
+				b.WriteString(s[start:i])
+			}
+			i++
+			b.WriteByte(s[i])
+			continue
+		}
+		if name, n := t.routerSyntax(i); n > 0 {
+			return "", 0, t.errAt(i, "router syntax "+s[i:i+n], "write <"+name+"> for a path parameter, or \\"+s[i:i+n]+" for literal text")
+		}
+		if b.Len() > 0 {
+			b.WriteByte(c)
+		}
+	}
+	if b.Len() > 0 {
+		return b.String(), i, nil
+	}
+	return s[start:i], i, nil
+}
+
+// routerSyntax reports whether an unescaped parameter of a router's syntax
+// starts at offset i of the template: "{name}" or "{name...}" anywhere, or
+// ":name" at the start of the template or right after an unescaped ':' or
+// '/', where a name is [A-Za-z_][A-Za-z0-9_]*. It returns the name and the
+// length of the parameter, or 0. A ':name' elsewhere, such as the "acme" of
+// "tenant:acme:<id>", is a literal word.
+func (t *Template) routerSyntax(i int) (name string, n int) {
+	s := t.raw
+	switch s[i] {
+	case '{':
+		name = routerName(s[i+1:])
+		rest := s[i+1+len(name):]
+		switch {
+		case name == "":
+			return "", 0
+		case strings.HasPrefix(rest, "}"):
+			return name, len(name) + 2
+		case strings.HasPrefix(rest, "...}"):
+			return name, len(name) + 5
+		}
+	case ':':
+		if i > 0 && (s[i-1] != ':' && s[i-1] != '/' || escapedAt(s, i-1)) {
+			return "", 0
+		}
+		if name = routerName(s[i+1:]); name != "" {
+			return name, len(name) + 1
+		}
+	}
+	return "", 0
+}
+
+// routerName returns the longest prefix of s that is a router parameter name,
+// [A-Za-z_][A-Za-z0-9_]*, or "".
+func routerName(s string) string {
+	if s == "" || isDigit(s[0]) {
+		return ""
+	}
+	n := 0
+	for n < len(s) && isPathNameByte(s[n]) {
+		n++
+	}
+	return s[:n]
+}
+
+// escapedAt reports whether the byte at offset i of a literal is escaped:
+// whether an odd number of backslashes precede it.
+func escapedAt(s string, i int) bool {
+	k := 0
+	for i-1-k >= 0 && s[i-1-k] == '\\' {
+		k++
+	}
+	return k%2 == 1
 }
 
 // parsePlaceholder parses s[open:close], where s[open] is '<' and s[close]

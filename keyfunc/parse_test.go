@@ -17,7 +17,7 @@ func TestParseValid(t *testing.T) {
 		{"sku:<path:id>", false, []part{lit("sku:"), ph(srcPath, "id", "<path:id>")}},
 		{"<_Id9>", false, []part{ph(srcPath, "_Id9", "<_Id9>")}},
 		{"global", false, []part{lit("global")}},
-		{"{cart}:<query:cart_id>", false, []part{lit("{cart}:"), ph(srcQuery, "cart_id", "<query:cart_id>")}},
+		{"\\{cart}:<query:cart_id>", false, []part{lit("{cart}:"), ph(srcQuery, "cart_id", "<query:cart_id>")}},
 		{"q:<query:a:b[0]!>", false, []part{lit("q:"), ph(srcQuery, "a:b[0]!", "<query:a:b[0]!>")}},
 		{"t:<header:x-tenant-id>", false, []part{lit("t:"), ph(srcHeader, "X-Tenant-Id", "<header:x-tenant-id>")}},
 		{"t:<header:X_Odd!#$%&'*+-.^_`|~1>", false, []part{lit("t:"), ph(srcHeader, "X_odd!#$%&'*+-.^_`|~1", "<header:X_Odd!#$%&'*+-.^_`|~1>")}},
@@ -37,7 +37,7 @@ func TestParseValid(t *testing.T) {
 		{"order.<id>.lines", false, []part{lit("order."), ph(srcPath, "id", "<id>"), lit(".lines")}},
 		{"<a>-<b>_<c>~", false, []part{ph(srcPath, "a", "<a>"), lit("-"), ph(srcPath, "b", "<b>"), lit("_"), ph(srcPath, "c", "<c>"), lit("~")}},
 		{"%41:#:<a>/x%", false, []part{lit("%41:#:"), ph(srcPath, "a", "<a>"), lit("/x%")}},
-		{"!#$%&'()*+,-./09:;=?@AZ[\\]^_`az{|}~", false, []part{lit("!#$%&'()*+,-./09:;=?@AZ[\\]^_`az{|}~")}},
+		{"!#$%&'()*+,-./09:;=?@AZ[\\\\]^_`az{|}~", false, []part{lit("!#$%&'()*+,-./09:;=?@AZ[\\]^_`az{|}~")}},
 		{strings.Repeat("a", 512), false, []part{lit(strings.Repeat("a", 512))}},
 	}
 	for _, tt := range tests {

@@ -50,7 +50,8 @@ func (p FailurePolicy) String() string {
 // from DefaultConfig; only Key is required.
 type Config struct {
 	// Key is the key template, such as "sku:<id>"; see package keyfunc for
-	// the grammar. Required unless Keys is set.
+	// the grammar. Router syntax ({id}, :id) is refused, not read as a
+	// literal. Required unless Keys is set.
 	Key string
 
 	// Keys are further key templates. The route locks every key that Key

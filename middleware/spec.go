@@ -77,8 +77,11 @@ const minSpecMaxValueLen = 16
 // A duration is a Go duration such as 10s, 500ms or 1m30s, never negative.
 // Key templates follow package keyfunc's grammar; they have no spaces but
 // may be quoted. Each is parsed with the spec's max-body and max-value-len,
-// so a bad template fails here, as does a watchdog with a ttl below
-// MinWatchdogTTL.
+// so a bad template fails here, router syntax such as key=acct:{id} or
+// key=acct::id included (the error shows <id>), as does a watchdog with a
+// ttl below MinWatchdogTTL. A template's escape \{ is written as is
+// unquoted (key=\{stock}:<id>) and doubled in a quoted value
+// (key="\\{stock}:<id>").
 //
 // Every error wraps ErrInvalidConfig and names the 1-based column (in
 // characters) of the offending field, the field and the problem:

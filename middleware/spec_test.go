@@ -29,7 +29,7 @@ func TestParseSpecFields(t *testing.T) {
 		{"  @lock\tkey=sku:<id>  ", middleware.Config{Key: "sku:<id>"}},
 		{"@lock key=a key=b:<json:b> key=c", cfg("a", middleware.WithKeys("b:<json:b>", "c"))},
 		{`@lock key="sku:<id>"`, middleware.Config{Key: "sku:<id>"}},
-		{`@lock key="q:\"x\\y"`, middleware.Config{Key: `q:"x\y`}},
+		{`@lock key="q:\"x\\{y"`, middleware.Config{Key: `q:"x\{y`}}, // \{ is keyfunc's escape of a brace
 		{"@lock key=a ttl=10s", cfg("a", middleware.WithTTL(10*time.Second))},
 		{"@lock key=a ttl=1ms", cfg("a", middleware.WithTTL(time.Millisecond))},
 		{"@lock key=a ttl=1m30s", cfg("a", middleware.WithTTL(90*time.Second))},

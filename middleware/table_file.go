@@ -231,7 +231,10 @@ func LoadRouteTable(path string) ([]RouteSpec, error) {
 //	routes:
 //	  POST /skus/{id}/deduct: "@lock key=sku:<id> wait=2s"
 //
-// The entries come back in file order, each with Source "name:line".
+// The entries come back in file order, each with Source "name:line". A key
+// template's backslash escape (keyfunc's \{ for a literal brace) is written
+// as is in a YAML plain or single-quoted scalar and doubled in a JSON or YAML
+// double-quoted string: "key=\\{stock}:<id>".
 //
 // It checks the whole table and returns every problem, joined, each
 // wrapping ErrInvalidConfig and prefixed with "name:line": a syntax error

@@ -171,11 +171,34 @@
 // deadline. Once the request has its lock, its stock calls share 600ms,
 // each bounded by what the calls before it left (the work does not count),
 // and the release of its lock, which runs before the answer leaves, takes
-// at most 400ms (the Locker's release timeout); a lock whose release failed
-// expires with its TTL. A request without a lock (a GET, -nolock, a
-// fail-open route whose lock store failed) gives its stock calls the whole
-// second. With -wait 0 the one try is bounded by the Locker's release
-// timeout, 400ms, and answered 503 when Redis has not answered by then.
+// at most 400ms (the Locker's release timeout). A request without a lock (a
+// GET, -nolock, a fail-open route whose lock store failed) gives its stock
+// calls the whole second. With -wait 0 the one try is bounded by the
+// Locker's release timeout, 400ms, and answered 503 when Redis has not
+// answered by then.
+//
+// An outage of the lock store (any -store) is a fast 503 for every request,
+// and the service heals by itself when the store returns; the Locker runs
+// with reqlock's defaults for this:
+//
+//   - The requests queued behind a hot SKU learn of a store failure together:
+//     when the request talking to the store fails, the ones waiting behind it
+//     in this process answer 503 at once, not 423 at the end of their wait.
+//     423 always means that another request holds the SKU.
+//   - After 5 store failures in a row the Locker counts the store down (its
+//     circuit breaker): every locked request answers 503 with Retry-After at
+//     once, without a store call, while one request every 500ms probes the
+//     store; the first probe that succeeds resumes service.
+//   - A release that failed while the store was down is retried in the
+//     background, owner-checked, until it lands: the SKU is free within about
+//     a second of the store's return, not at the end of its TTL (-ttl). At
+//     shutdown the service tries the releases still pending once more and
+//     prints how many it could not release (their keys expire with their
+//     TTL).
+//   - The log shows one line when the store goes down (ERROR) and one when it
+//     is back (INFO, with the outage's length and the count of requests
+//     refused meanwhile), not one per request; GET /metrics counts each
+//     request (reqlock_lock_failure_total{reason="store_error"}).
 //
 // A deduction whose write went unanswered may still be applied after its
 // request was answered: a frozen Redis applies what it was sent when it
@@ -398,8 +421,28 @@ type app struct {
 	ping func(context.Context) error
 }
 
-// close releases what the app opened (its Redis client).
+// closeLockerTimeout bounds the Locker's last try of the releases that
+// failed while the lock store was down, at shutdown.
+const closeLockerTimeout = 2 * time.Second
+
+// shutdown closes the Locker: the releases that failed while the lock store
+// was down, and are retried in the background meanwhile, are tried once
+// more within ctx. The error says how many could not be released (their
+// keys expire with their TTL). Call it once the server has stopped, before
+// close.
+func (a *app) shutdown(ctx context.Context) error {
+	if a.locker == nil {
+		return nil
+	}
+	return a.locker.Close(ctx)
+}
+
+// close releases what the app opened (its Redis client), after closing the
+// Locker if shutdown has not.
 func (a *app) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), closeLockerTimeout)
+	_ = a.shutdown(ctx) // a second Close does nothing
+	cancel()
 	for _, c := range a.closers {
 		_ = c()
 	}
@@ -480,6 +523,9 @@ func buildApp(cfg config) (*app, error) {
 		if logger == nil {
 			logger = slog.Default()
 		}
+		// The circuit breaker and the pending releases run at their
+		// defaults (see Failures in the package doc); shutdown closes
+		// the Locker.
 		locker, err := reqlock.New(lockStore, reqlock.WithLogger(logger), reqlock.WithMetrics(a.metrics),
 			reqlock.WithReleaseTimeout(releaseTimeout))
 		if err != nil {
@@ -585,6 +631,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
+	}
+	lctx, lcancel := context.WithTimeout(context.Background(), closeLockerTimeout)
+	defer lcancel()
+	if err := a.shutdown(lctx); err != nil {
+		fmt.Fprintf(out, "inventory: warning: %v\n", err)
 	}
 	fmt.Fprintln(out, "inventory: stopped")
 	return nil

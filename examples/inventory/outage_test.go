@@ -103,8 +103,11 @@ func TestRedisFailureAnswersInTime(t *testing.T) {
 				}
 				t.Logf("had the lock after %v, answered after %v", readAt.Sub(start).Round(time.Millisecond), took.Round(time.Millisecond))
 
+				// Started while Redis is down: connect=lazy, or start-up
+				// would fail (as it must by default).
 				tryOnce := cfg
 				tryOnce.wait = 0
+				tryOnce.redisURL += "?connect=lazy"
 				_, srvB := startApp(t, tryOnce)
 				for _, req := range []struct{ method, url, body string }{
 					{http.MethodPost, srvB.URL + "/skus/Y/deduct", `{"qty":1}`},

@@ -21,7 +21,10 @@
 //     learnt of other owners (see Contention).
 //   - seenHeld reports that the key was seen held since the current turn
 //     began (a holder, a handoff, a turn passed after a holder, a refusal):
-//     a waiter whose wait ends in the queue learns it (Join).
+//     a waiter whose wait ends in the queue learns it (Join). A turn passed
+//     after a release the store confirmed (PassFreed) begins with the key
+//     free: freedAt is when its store call may begin, and a waiter whose
+//     wait ends in the queue counts the key seen held as SeenHeld says.
 //   - A turn passed with PassFailed carries the store error its owner met:
 //     each next waiter answers it at once and passes it on, so that the
 //     whole queue learns of the failure together.
@@ -57,11 +60,28 @@ type queue struct {
 	gen        uint64
 	holder     Holder
 	seenHeld   bool
+	freedAt    time.Time // see PassFreed; zero unless the turn began with the key free
 	contention Contention
+}
+
+// FreedGrace is the least time a store call after a release the store
+// confirmed must stay unanswered before a wait that ends then is the
+// store's silence rather than a timeout behind the holder (see SeenHeld).
+const FreedGrace = 50 * time.Millisecond
+
+// SeenHeld reports whether a wait that began at joined and ends at now,
+// spent behind a holder until a release the store confirmed at freedAt and
+// then behind a store call the store left unanswered, counts as a wait on
+// a held key: unless the store's silence lasted longer than both the time
+// behind the holder and FreedGrace, it does (a healthy store answers well
+// within either).
+func SeenHeld(joined, freedAt, now time.Time) bool {
+	return now.Sub(freedAt) < max(freedAt.Sub(joined), FreedGrace)
 }
 
 type waiter struct {
 	turn       chan Turn // buffer 1; written once, under Queues.mu
+	joined     time.Time
 	prev, next *waiter
 	queued     bool
 	handoff    bool // takes a held grant (a request for this key alone)
@@ -88,6 +108,12 @@ type Turn struct {
 	// turn Join returns with ctx's error, it reports whether the key was
 	// seen held while the caller waited.
 	AfterHeld bool
+	// FreedAt, on a turn that follows a release the store confirmed
+	// (PassFreed), is when the key was free and the owner's store call may
+	// begin (after Yield); zero otherwise. The key then counts as seen
+	// held for that call only as SeenHeld says, although AfterHeld (for a
+	// wait that ends before it) is set.
+	FreedAt time.Time
 	// Failed is the store error of the request ahead (PassFailed): the
 	// turn's owner answers it without a store call, and passes it on.
 	Failed error
@@ -123,7 +149,7 @@ func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Dur
 		}
 		return Turn{}, ErrBusy
 	}
-	w := &waiter{turn: make(chan Turn, 1), handoff: handoff}
+	w := &waiter{turn: make(chan Turn, 1), handoff: handoff, joined: time.Now()}
 	q.push(w)
 	qs.mu.Unlock()
 
@@ -150,7 +176,8 @@ func (qs *Queues) Join(ctx context.Context, key string, wait bool, poll time.Dur
 		case <-ctx.Done():
 			qs.mu.Lock()
 			queued := w.queued
-			seen := q.seenHeld || q.holder != nil
+			seen := q.seenHeld || q.holder != nil ||
+				(!q.freedAt.IsZero() && SeenHeld(w.joined, q.freedAt, time.Now()))
 			if queued {
 				q.remove(w)
 			}
@@ -193,24 +220,38 @@ func (t Turn) Hold(h Holder) {
 // to contend after yield, or drops the queue when nobody waits. The next
 // turn is AfterHeld when afterHeld says so or this turn held the key.
 func (t Turn) Pass(yield time.Duration, afterHeld bool) {
-	t.pass(yield, afterHeld, false, nil)
+	t.pass(passing{yield: yield, afterHeld: afterHeld})
+}
+
+// PassFreed is Pass for a holder whose release the store confirmed (the
+// key is free): the next turn is AfterHeld, for a wait that ends before
+// its store call, and has FreedAt; a courtesy as PassCourtesy's.
+func (t Turn) PassFreed(yield time.Duration, courtesy bool) {
+	t.pass(passing{yield: yield, afterHeld: true, courtesy: courtesy, freed: true})
 }
 
 // PassFailed gives the turn, if it is still current, to the next waiter
 // with err, the store error its owner met on the key (see Turn.Failed), or
 // drops the queue when nobody waits.
 func (t Turn) PassFailed(err error) {
-	t.pass(0, false, false, err)
+	t.pass(passing{failed: err})
 }
 
 // PassCourtesy is Pass for a holder that lets go of the key while other
 // owners are known, or may be, waiting for it: the next turn is a Courtesy,
 // and the queue records that it held back now (see Contention).
 func (t Turn) PassCourtesy(yield time.Duration) {
-	t.pass(yield, true, true, nil)
+	t.pass(passing{yield: yield, afterHeld: true, courtesy: true})
 }
 
-func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool, failed error) {
+// passing is how a turn passes on.
+type passing struct {
+	yield                      time.Duration
+	afterHeld, courtesy, freed bool
+	failed                     error
+}
+
+func (t Turn) pass(p passing) {
 	if t.q == nil {
 		return
 	}
@@ -220,15 +261,21 @@ func (t Turn) pass(yield time.Duration, afterHeld, courtesy bool, failed error) 
 	if q.gen != t.gen {
 		return // taken over when the holder's validity ran out
 	}
-	afterHeld = failed == nil && (afterHeld || q.holder != nil)
+	afterHeld := p.failed == nil && (p.afterHeld || q.holder != nil)
+	freed := p.failed == nil && p.freed
 	q.gen++
 	q.holder = nil
-	q.seenHeld = afterHeld
-	if courtesy {
+	q.seenHeld = afterHeld && !freed
+	q.freedAt = time.Time{}
+	if freed {
+		q.freedAt = time.Now().Add(p.yield)
+	}
+	if p.courtesy {
 		q.contention.CourtesyAt = time.Now()
 	}
 	if w := q.pop(); w != nil {
-		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: yield, Courtesy: courtesy, AfterHeld: afterHeld, Failed: failed}
+		w.turn <- Turn{qs: t.qs, q: q, gen: q.gen, Yield: p.yield, Courtesy: p.courtesy, AfterHeld: afterHeld,
+			FreedAt: q.freedAt, Failed: p.failed}
 		return
 	}
 	delete(t.qs.queues, q.key)
@@ -268,6 +315,21 @@ func (t Turn) Refused() {
 	}
 	t.qs.mu.Lock()
 	t.q.contention.RefusedAt = time.Now()
+	if t.q.gen == t.gen {
+		t.q.seenHeld = true
+	}
+	t.qs.mu.Unlock()
+}
+
+// WaitsElsewhere records that the turn's owner, a request for several
+// keys, goes on to wait for another key's turn: until the turn moves on,
+// the key counts as seen held for its waiters whose wait ends in the queue,
+// whatever freed it before (see PassFreed).
+func (t Turn) WaitsElsewhere() {
+	if t.q == nil {
+		return
+	}
+	t.qs.mu.Lock()
 	if t.q.gen == t.gen {
 		t.q.seenHeld = true
 	}

@@ -84,3 +84,52 @@ func TestContention(t *testing.T) {
 		t.Fatal("no turn has contention")
 	}
 }
+
+// TestPassFreed: a turn passed after a release the store confirmed is
+// AfterHeld with FreedAt; a waiter whose wait ends in the queue soon after
+// counts the key seen held (its holder was just there), one whose wait ends
+// after a longer silence of the store than its time behind the holder and
+// FreedGrace does not.
+func TestPassFreed(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		after time.Duration // from the pass to the end of the third's wait
+		seen  bool
+	}{{"soon", 0, true}, {"late", 4 * FreedGrace, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			qs := New()
+			first, err := qs.Join(context.Background(), "k", true, time.Second, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first.Hold(fixedHolder(time.Now().Add(time.Hour)))
+			got := next(t, qs, "k")
+			ctx, cancel := context.WithCancel(context.Background())
+			third := make(chan Turn, 1)
+			go func() {
+				turn, _ := qs.Join(ctx, "k", true, time.Second, true)
+				third <- turn
+			}()
+			deadline := time.Now().Add(5 * time.Second)
+			for qs.Waiters("k") < 2 {
+				if time.Now().After(deadline) {
+					t.Fatal("the third waiter did not queue within 5s")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			first.PassFreed(0, false)
+			if second := <-got; !second.AfterHeld || second.FreedAt.IsZero() {
+				t.Fatalf("the turn after a confirmed release: %+v, want AfterHeld and FreedAt", second)
+			}
+			time.Sleep(c.after) // the new contender's store call, unanswered
+			cancel()
+			if turn := <-third; turn.AfterHeld != c.seen {
+				t.Fatalf("a wait that ended %v after the release: AfterHeld %v, want %v", c.after, turn.AfterHeld, c.seen)
+			}
+		})
+	}
+}
+
+type fixedHolder time.Time
+
+func (h fixedHolder) ValidUntil() time.Time { return time.Time(h) }

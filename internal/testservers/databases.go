@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,10 +15,39 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 )
 
 // ZooKeeper, MariaDB and PostgreSQL, which the tests share (one of each per
-// test binary when no environment variable names one).
+// test binary when no environment variable names one); ZooKeeper and
+// PostgreSQL also as private servers, for failure tests.
+
+// ZooKeeperServer starts a standalone ZooKeeper for the calling test. It
+// keeps its data across Restart and loses it with RestartEmpty.
+func ZooKeeperServer(tb testing.TB) *Server {
+	tb.Helper()
+	needPrivate(tb, "ZooKeeperServer", findZooKeeper)
+	return private(tb, "zookeeper", func(g *group) (*Server, error) { return startZooKeeper(tb, g) })
+}
+
+// PostgresServer starts a PostgreSQL for the calling test and returns it with
+// the URL of its database reqlock (as PostgresDSN's). Pause, Resume and Kill
+// act on all its processes (the postmaster and its backends), so that a
+// paused server answers nothing on the connections it has. It keeps its data
+// across Restart; RestartEmpty fails the test (not supported).
+func PostgresServer(tb testing.TB) (s *Server, dsn string) {
+	tb.Helper()
+	needPrivate(tb, "PostgresServer", func() error { _, err := findPostgres(); return err })
+	type started struct {
+		s   *Server
+		dsn string
+	}
+	v := private(tb, "postgres", func(g *group) (started, error) {
+		s, dsn, err := startPostgres(tb, g)
+		return started{s, dsn}, err
+	})
+	return v.s, v.dsn
+}
 
 const zooKeeperJar = "/usr/share/java/zookeeper.jar" // Debian's; its manifest names the other jars
 
@@ -29,18 +59,18 @@ func findZooKeeper() error {
 	return err
 }
 
-func startZooKeeper(g *group) (string, error) {
+func startZooKeeper(tb testing.TB, g *group) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	s, err := g.newServer(nil, "zookeeper", port)
+	s, err := g.newServer(tb, "zookeeper", port)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	dataDir := s.dir + "/data"
 	if err := os.Mkdir(dataDir, 0o755); err != nil {
-		return "", err
+		return nil, err
 	}
 	conf := strings.Join([]string{
 		"tickTime=500", "initLimit=10", "syncLimit=5", "maxSessionTimeout=60000",
@@ -48,7 +78,7 @@ func startZooKeeper(g *group) (string, error) {
 		"admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,stat,conf,mntr,isro",
 	}, "\n") + "\n"
 	if err := os.WriteFile(s.dir+"/zoo.cfg", []byte(conf), 0o644); err != nil {
-		return "", err
+		return nil, err
 	}
 	cp := zooKeeperJar
 	if _, err := os.Stat("/usr/share/java/slf4j-simple.jar"); err == nil {
@@ -74,7 +104,9 @@ func startZooKeeper(g *group) (string, error) {
 		}
 		return nil
 	}
-	return s.addr, startAll(s)
+	// Its snapshots and transaction logs (the sessions and znodes).
+	s.wipe = func() error { return os.RemoveAll(dataDir + "/version-2") }
+	return s, startAll(s)
 }
 
 // zooKeeperWord sends a four-letter word and returns the answer.
@@ -220,35 +252,38 @@ func postgresCredential() (*syscall.Credential, error) {
 }
 
 // startPostgres starts PostgreSQL with a database reqlock owned by a user
-// reqlock with a random password, and returns the DSN (a postgres:// URL).
-func startPostgres(g *group) (string, error) {
+// reqlock with a random password, and returns it with the DSN (a
+// postgres:// URL).
+func startPostgres(tb testing.TB, g *group) (*Server, string, error) {
 	bin, err := findPostgres()
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	cred, err := postgresCredential()
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	port, err := freePort()
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
-	s, err := g.newServer(nil, "postgres", port)
+	s, err := g.newServer(tb, "postgres", port)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	s.stopSignal = syscall.SIGINT // the fast shutdown; SIGTERM waits for clients
 	s.cred = cred
+	s.tree = true // a backend would answer its connection while the postmaster is paused
+	s.wipe = func() error { return errors.New("RestartEmpty is not supported for PostgreSQL") }
 	pw := rand.Text()
 	pwFile := s.dir + "/pwfile"
 	if err := os.WriteFile(pwFile, []byte(pw+"\n"), 0o600); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	if cred != nil {
 		for _, p := range []string{s.dir, pwFile} {
 			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
-				return "", err
+				return nil, "", err
 			}
 		}
 	}
@@ -258,7 +293,7 @@ func startPostgres(g *group) (string, error) {
 	if _, err := run(ctx, s.dir, cred, filepath.Join(bin, "initdb"), "-D", dataDir, "-U", "postgres",
 		"--pwfile="+pwFile, "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync",
 		"-E", "UTF8", "--locale=C"); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	_ = os.Remove(pwFile)
 	s.args = func() []string {
@@ -282,13 +317,13 @@ func startPostgres(g *group) (string, error) {
 		return err
 	}
 	if err := startAll(s); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	if _, err := run(ctx, s.dir, nil, psql, "-h", s.dir, "-p", strconv.Itoa(port), "-U", "postgres",
 		"-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q",
 		"-c", fmt.Sprintf("CREATE ROLE reqlock LOGIN PASSWORD '%s'", pw),
 		"-c", "CREATE DATABASE reqlock OWNER reqlock"); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	dsn := fmt.Sprintf("postgres://reqlock:%s@%s/reqlock?sslmode=disable", pw, s.addr)
 	err = poll(ctx, s.current().done, func(ctx context.Context) error {
@@ -296,9 +331,9 @@ func startPostgres(g *group) (string, error) {
 		return err
 	})
 	if err != nil {
-		return "", fmt.Errorf("postgres on %s: reqlock cannot log in over TCP: %w; log: %s", s.addr, err, s.logTail())
+		return nil, "", fmt.Errorf("postgres on %s: reqlock cannot log in over TCP: %w; log: %s", s.addr, err, s.logTail())
 	}
-	return dsn, nil
+	return s, dsn, nil
 }
 
 // findProgram looks for a program on PATH, then where Debian keeps daemons

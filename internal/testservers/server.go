@@ -45,7 +45,11 @@ type Server struct {
 
 	stopSignal syscall.Signal // the graceful stop
 	cred       *syscall.Credential
-	args       func() []string // the command line, built at each start
+	// tree has Pause, Resume and Kill signal the server's child processes
+	// too: PostgreSQL's backends, each in a session of its own, freeze and
+	// die with the postmaster.
+	tree bool
+	args func() []string // the command line, built at each start
 	// ready reports nil once the process answers as itself (pid), not as
 	// another process that holds the port.
 	ready func(ctx context.Context, pid int) error
@@ -116,10 +120,73 @@ func (s *Server) RestartEmpty() {
 }
 
 // Pause stops the process with SIGSTOP: it keeps its connections but
-// answers nothing, as a server in a long GC pause or behind a partition.
+// answers nothing, as a server in a long GC pause or behind a partition. It
+// returns once every thread of the server has stopped (on Linux).
 func (s *Server) Pause() {
 	s.tb.Helper()
 	s.must("pause", s.signal(syscall.SIGSTOP))
+	s.must("pause", s.waitStopped())
+}
+
+// waitStopped polls /proc until every thread of the server's processes is
+// stopped: a signal is delivered asynchronously, and a thread that was
+// running may still answer a request meanwhile. Without /proc it returns at
+// once.
+func (s *Server) waitStopped() error {
+	p := s.current()
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	return poll(ctx, p.done, func(context.Context) error {
+		pids := []int{p.cmd.Process.Pid}
+		if s.tree {
+			pids = append(pids, childPids(pids[0])...)
+		}
+		for _, pid := range pids {
+			tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+			for _, t := range tasks {
+				if st := procState(t); st != "T" && st != "t" && st != "" && st != "Z" && st != "X" {
+					return fmt.Errorf("thread %s is in state %s, not stopped", t, st)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// procState returns the state field of a /proc stat file, "" when it is
+// gone.
+func procState(statFile string) string {
+	b, err := os.ReadFile(statFile)
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// childPids returns the child processes of ppid.
+func childPids(ppid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var pids []int
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(ppid) {
+			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
 }
 
 // Resume continues a paused process with SIGCONT.
@@ -146,6 +213,25 @@ func (s *Server) signal(sig syscall.Signal) error {
 	if !p.running() {
 		return errors.New("not running")
 	}
+	return s.send(p, sig)
+}
+
+// send signals p, and for a tree server its children too (but a graceful
+// stop, which the server passes on to its children itself). The parent is
+// stopped first, so that it starts no child meanwhile.
+func (s *Server) send(p *proc, sig syscall.Signal) error {
+	if !s.tree || sig == s.stopSignal {
+		return p.cmd.Process.Signal(sig)
+	}
+	pid := p.cmd.Process.Pid
+	if sig != syscall.SIGCONT {
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+	}
+	for _, c := range childPids(pid) {
+		_ = syscall.Kill(c, sig) // it may have exited meanwhile
+	}
 	return p.cmd.Process.Signal(sig)
 }
 
@@ -157,15 +243,15 @@ func (s *Server) halt(sig syscall.Signal) error {
 	if !p.running() {
 		return nil
 	}
-	_ = p.cmd.Process.Signal(sig)
+	_ = s.send(p, sig)
 	if sig != syscall.SIGKILL {
-		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = s.send(p, syscall.SIGCONT)
 	}
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(stopTimeout):
-		_ = p.cmd.Process.Kill()
+		_ = s.send(p, syscall.SIGKILL)
 		<-p.done
 		return fmt.Errorf("ignored %v for %v and was killed", sig, stopTimeout)
 	}

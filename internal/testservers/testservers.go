@@ -13,8 +13,8 @@
 // with neither the variable nor the server's program installed they fail,
 // pointing at ./scripts/test.sh, which installs the programs.
 //
-// Private servers. RedisNodes, RedisCluster, SentinelSet and EtcdCluster
-// start servers that one test owns, for failure tests: each Server can be
+// Private servers. RedisNodes, RedisCluster, SentinelSet, EtcdCluster,
+// ZooKeeperServer and PostgresServer start servers that one test owns, for failure tests: each Server can be
 // killed, stopped, restarted on its port (with or without its data) and
 // paused. They are stopped when the test ends.
 //
@@ -183,7 +183,14 @@ func ZooKeeperAddr(tb testing.TB) string {
 	if a := os.Getenv(EnvZooKeeperAddr); a != "" {
 		return a
 	}
-	return shared(tb, &zooKeeperShared, "ZooKeeper", EnvZooKeeperAddr, "zookeeper", findZooKeeper, startZooKeeper)
+	return shared(tb, &zooKeeperShared, "ZooKeeper", EnvZooKeeperAddr, "zookeeper", findZooKeeper,
+		func(g *group) (string, error) {
+			s, err := startZooKeeper(nil, g)
+			if err != nil {
+				return "", err
+			}
+			return s.Addr(), nil
+		})
 }
 
 // MySQLDSN returns the DSN, in go-sql-driver/mysql form, of a MariaDB
@@ -205,7 +212,10 @@ func PostgresDSN(tb testing.TB) string {
 		return v
 	}
 	return shared(tb, &postgresShared, "PostgreSQL", EnvPostgresDSN, "postgresql",
-		func() error { _, err := findPostgres(); return err }, startPostgres)
+		func() error { _, err := findPostgres(); return err }, func(g *group) (string, error) {
+			_, dsn, err := startPostgres(nil, g)
+			return dsn, err
+		})
 }
 
 func startEtcdURLs(g *group, n int) ([]string, error) {

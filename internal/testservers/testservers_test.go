@@ -1,10 +1,12 @@
 package testservers
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +14,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -595,4 +598,153 @@ func TestSweepStaleRemovesOnlyDeadOwners(t *testing.T) {
 	if _, err := os.Stat(live); err != nil {
 		t.Errorf("the directory of this process was removed: %v", err)
 	}
+}
+
+// TestZooKeeperServerKillRestartPause: a private ZooKeeper stops answering
+// when paused or killed, answers again when resumed or restarted, and keeps
+// its znodes across Restart but not RestartEmpty.
+func TestZooKeeperServerKillRestartPause(t *testing.T) {
+	t.Parallel()
+	s := ZooKeeperServer(t)
+	checkZooKeeper(t, s.Addr())
+	if shared := os.Getenv(EnvZooKeeperAddr); shared == s.Addr() {
+		t.Fatalf("ZooKeeperServer is the shared ZooKeeper %s", shared)
+	}
+	words := func(ctx context.Context) error {
+		got, err := zooKeeperWord(ctx, s.Addr(), "ruok")
+		if err == nil && got != "imok" {
+			err = fmt.Errorf("ruok answered %q", got)
+		}
+		return err
+	}
+	s.Pause()
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	if err := words(short); err == nil {
+		t.Fatal("a paused ZooKeeper answered ruok")
+	}
+	cancel()
+	s.Resume()
+	eventually(t, 30*time.Second, func() error { return words(context.Background()) })
+
+	znodes := func() int { return statNodes(t, zooKeeperWordT(t, s.Addr(), "stat")) }
+	empty := znodes()
+	runTool(t, "/usr/share/zookeeper/bin/zkCli.sh", "-server", s.Addr(), "create", "/testservers", "v")
+	before := znodes()
+	if before != empty+1 {
+		t.Fatalf("ZooKeeper has %d znodes after a create, want %d", before, empty+1)
+	}
+	s.Kill()
+	short, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	if err := words(short); err == nil {
+		t.Fatal("a killed ZooKeeper answered ruok")
+	}
+	cancel()
+	s.Restart()
+	checkZooKeeper(t, s.Addr())
+	if after := znodes(); after != before {
+		t.Fatalf("after Restart ZooKeeper has %d znodes, want the %d it had", after, before)
+	}
+	s.RestartEmpty()
+	checkZooKeeper(t, s.Addr())
+	if after := znodes(); after != empty {
+		t.Fatalf("after RestartEmpty ZooKeeper has %d znodes, want %d", after, empty)
+	}
+}
+
+// TestPostgresServerKillRestartPause: a private PostgreSQL answers nothing
+// on an open connection while paused (its backends are paused too), and
+// keeps its tables across Kill and Restart.
+func TestPostgresServerKillRestartPause(t *testing.T) {
+	t.Parallel()
+	s, dsn := PostgresServer(t)
+	if shared := os.Getenv(EnvPostgresDSN); shared == dsn {
+		t.Fatalf("PostgresServer is the shared PostgreSQL")
+	}
+	checkPostgres(t, dsn)
+	bin, err := findPostgres()
+	if err != nil {
+		t.Fatal(err)
+	}
+	psql := filepath.Join(bin, "psql")
+	runTool(t, psql, dsn, "-v", "ON_ERROR_STOP=1", "-Atqc", "CREATE TABLE kept (id int); INSERT INTO kept VALUES (7)")
+
+	// A session that is open when the server pauses: its query must not
+	// answer until the server resumes.
+	cmd := exec.Command(psql, dsn, "-Atq")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	if _, err := io.WriteString(stdin, "select 1;\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-lines; got != "1" { // the session's backend is up
+		t.Fatalf("psql answered %q, want 1", got)
+	}
+	s.Pause()
+	if _, err := io.WriteString(stdin, "select 2;\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-lines:
+		t.Fatalf("psql on a paused PostgreSQL answered %q", got)
+	case <-time.After(time.Second): // the time it is given to answer
+	}
+	s.Resume()
+	select {
+	case got := <-lines:
+		if got != "2" {
+			t.Fatalf("psql after Resume answered %q, want 2", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("psql did not answer after Resume")
+	}
+	_ = stdin.Close()
+
+	s.Kill()
+	if _, err := exec.Command(psql, dsn, "-Atc", "select 1").CombinedOutput(); err == nil {
+		t.Fatal("a killed PostgreSQL answered")
+	}
+	s.Restart()
+	if got := strings.TrimSpace(runTool(t, psql, dsn, "-Atc", "SELECT id FROM kept")); got != "7" {
+		t.Fatalf("after Kill and Restart, SELECT id FROM kept = %q, want 7", got)
+	}
+}
+
+func zooKeeperWordT(t *testing.T, addr, word string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	got, err := zooKeeperWord(ctx, addr, word)
+	if err != nil {
+		t.Fatalf("ZooKeeper %s on %s: %v", word, addr, err)
+	}
+	return got
+}
+
+// statNodes returns the "Node count" of a ZooKeeper stat answer.
+func statNodes(t *testing.T, stat string) int {
+	t.Helper()
+	m := regexp.MustCompile(`Node count: (\d+)`).FindStringSubmatch(stat)
+	if m == nil {
+		t.Fatalf("no node count in ZooKeeper stat: %q", stat)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }

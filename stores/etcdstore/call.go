@@ -105,14 +105,20 @@ func (s *Store) detached(ctx context.Context, op func(context.Context) error, un
 	}
 }
 
+// maxBackgroundReleases bounds the releases that go on after their caller
+// left (each a goroutine and up to maxAttemptsInFlight copies in flight).
+const maxBackgroundReleases = 16
+
 // goOn runs op, a release, on a context that ctx's cancellation does not
 // end, bounded by the request timeout, and returns its error, or as soon as
 // ctx ends an error wrapping ctx.Err() (the outcome is unknown). A release
 // is idempotent and owner-checked, so it may land after its caller left:
 // it goes on until etcd answers it, so that a key whose holder's release
 // was caught by a leader change is free as soon as the new leader answers,
-// and not only at its TTL.
-func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(context.Context) error) error {
+// and not only at its TTL. Up to maxBackgroundReleases go on at once;
+// beyond, op is cancelled as its caller leaves, and unless it was settled
+// meanwhile, overflow (when not nil) hands it to the undo queue.
+func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(context.Context) error, overflow func()) error {
 	s.lifeMu.RLock()
 	if s.closed {
 		s.lifeMu.RUnlock()
@@ -126,23 +132,43 @@ func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(co
 		defer cancel()
 		return op(opCtx)
 	}
+	var state atomic.Int32
 	done := make(chan error, 1)
 	go func() {
 		defer s.cleanupWait.Done()
-		defer cancel()
-		done <- op(opCtx)
+		err := op(opCtx)
+		cancel()
+		if state.CompareAndSwap(callRunning, callReturned) {
+			done <- err
+			return
+		}
+		s.backgroundReleases.Add(-1)
 	}()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		select {
-		case err := <-done: // it returned as ctx ended
-			return err
-		default:
-		}
-		return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered; it goes on for up to %v: %w", what, keysForMessage(keys), s.timeout, ctx.Err())
 	}
+	if s.backgroundReleases.Add(1) > maxBackgroundReleases {
+		s.backgroundReleases.Add(-1)
+		cancel()
+		err := <-done // at once: op ends with opCtx
+		if err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) || errors.Is(err, ErrClosed) {
+			return err // settled
+		}
+		if overflow == nil {
+			return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered, and %d releases go on already: it was given up: %w",
+				what, keysForMessage(keys), maxBackgroundReleases, ctx.Err())
+		}
+		overflow()
+		return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered, and %d releases go on already: the undo queue sends it: %w",
+			what, keysForMessage(keys), maxBackgroundReleases, ctx.Err())
+	}
+	if !state.CompareAndSwap(callRunning, callAbandoned) {
+		s.backgroundReleases.Add(-1)
+		return <-done // it returned as ctx ended
+	}
+	return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered; it goes on for up to %v: %w", what, keysForMessage(keys), s.timeout, ctx.Err())
 }
 
 // failed wraps the error of a request about keys with the package prefix,
@@ -226,9 +252,27 @@ const (
 // once: with attemptTimeout, they cover the first two seconds.
 const maxAttemptsInFlight = 8
 
-// attemptBound is the time a step waits for an answer before it is sent
-// again: attemptTimeout, or the request timeout when shorter.
+// attemptBound is the shortest time a step waits for an answer before it
+// is sent again: attemptTimeout, or the request timeout when shorter.
 func (s *Store) attemptBound() time.Duration { return min(attemptTimeout, s.timeout) }
+
+// copyBound is the time a step waits for an answer before it is sent
+// again: the attempt bound, or twice the latest round trip when longer, so
+// that a distant but healthy cluster gets each step once.
+func (s *Store) copyBound() time.Duration { return s.rtt.bound(s.attemptBound()) }
+
+// roundTrip is the round trip of the latest request etcd answered, which
+// the lease pool, resend and the undo queue measure and share.
+type roundTrip struct{ d atomic.Int64 }
+
+// observe records the round trip of a request answered after d, at most
+// twice base: one stuck request leaves the bound at most 4 times base.
+func (r *roundTrip) observe(d, base time.Duration) { r.d.Store(int64(min(d, 2*base))) }
+
+// bound is base, or twice the latest round trip when longer.
+func (r *roundTrip) bound(base time.Duration) time.Duration {
+	return max(base, 2*time.Duration(r.d.Load()))
+}
 
 // transient reports whether err is a failure of a request that etcd may
 // answer if it is sent again soon: no leader, a leader change, a request
@@ -253,8 +297,8 @@ func transient(err error) bool {
 // resend runs send, a transaction that etcd may apply more than once with
 // no other effect than once (each copy compares the same owner and
 // sequence), until an answer settles it or ctx ends, and returns the
-// answers it got. A copy that etcd has not answered within attemptBound is
-// joined by another, and so on every attemptBound; the earlier copies go
+// answers it got. A copy that etcd has not answered within copyBound is
+// joined by another, and so on every copyBound; the earlier copies go
 // on waiting, so that a slow answer still counts, up to
 // maxAttemptsInFlight of them, after which the oldest is given up for the
 // next. A copy that failed transiently is sent again after a short pause.
@@ -266,6 +310,14 @@ func transient(err error) bool {
 // reached etcd, and the error of a copy that reached no member (see
 // unreachable) when none did.
 func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv3.TxnResponse, error), ok func(*clientv3.TxnResponse) bool) ([]*clientv3.TxnResponse, error) {
+	answers, _, err := s.resendUnsure(ctx, send, ok)
+	return answers, err
+}
+
+// resendUnsure is resend, and also returns, with refusals only, the error
+// of a copy whose outcome is unknown (it may have been applied before the
+// copies that were refused).
+func (s *Store) resendUnsure(ctx context.Context, send func(context.Context) (*clientv3.TxnResponse, error), ok func(*clientv3.TxnResponse) bool) ([]*clientv3.TxnResponse, error, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the copies still in flight
 	type result struct {
@@ -280,7 +332,7 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 		copies   int
 		answers  []*clientv3.TxnResponse
 		sentErr  error // of a copy that may have reached etcd
-		bound    = s.attemptBound()
+		bound    = s.copyBound()
 		pause    = retryPauseMin
 		timer    = time.NewTimer(bound)
 	)
@@ -298,7 +350,11 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 		copyCtx, cancelCopy := context.WithCancel(ctx)
 		inFlight, cancels[n] = append(inFlight, n), cancelCopy
 		go func() {
+			sent := time.Now()
 			resp, err := send(copyCtx)
+			if err == nil {
+				s.rtt.observe(time.Since(sent), s.attemptBound())
+			}
 			select {
 			case results <- result{n, resp, err}:
 			case <-ctx.Done(): // resend returned
@@ -318,15 +374,15 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 			}
 			switch {
 			case r.err == nil && ok(r.resp):
-				return []*clientv3.TxnResponse{r.resp}, nil
+				return []*clientv3.TxnResponse{r.resp}, nil, nil
 			case r.err == nil:
 				answers = append(answers, r.resp)
 			case unreachable(r.err):
 				if len(inFlight) == 0 && len(answers) == 0 {
 					if sentErr != nil {
-						return nil, sentErr
+						return nil, nil, sentErr
 					}
-					return nil, r.err
+					return nil, nil, r.err
 				}
 			case transient(r.err):
 				sentErr = r.err
@@ -336,12 +392,12 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 				}
 			default: // refused before acting, or ctx ended
 				if len(inFlight) == 0 && len(answers) == 0 {
-					return nil, r.err
+					return nil, nil, r.err
 				}
 				sentErr = cmp.Or(sentErr, r.err)
 			}
 			if len(inFlight) == 0 && len(answers) > 0 {
-				return answers, nil
+				return answers, sentErr, nil
 			}
 		case <-timer.C:
 			if len(answers) > 0 {
@@ -351,9 +407,9 @@ func (s *Store) resend(ctx context.Context, send func(context.Context) (*clientv
 			timer.Reset(bound)
 		case <-ctx.Done():
 			if len(answers) > 0 {
-				return answers, nil
+				return answers, sentErr, nil
 			}
-			return nil, errors.Join(ctx.Err(), sentErr)
+			return nil, nil, errors.Join(ctx.Err(), sentErr)
 		}
 	}
 }

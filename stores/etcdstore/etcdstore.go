@@ -124,8 +124,8 @@
 // comparison in its transaction, not a round trip; abandoned acquires cost
 // their undos, up to 63 of them in one transaction. While etcd does not
 // answer (see "Leader changes" below), a lease grant, a Release or a
-// Refresh is sent again every 250ms, so that a fault costs up to a few
-// more copies of these small requests per call, 8 at a time at most.
+// Refresh is sent again every 250ms (or twice the latest round trip, when
+// longer, at most 1s), so that a fault costs up to a few more copies of these small requests per call, 8 at a time at most.
 //
 // # Calls, contexts and faults
 //
@@ -149,7 +149,8 @@
 // pending: it puts as many marks and deletes in one transaction as etcd
 // takes (128 operations by default, fewer after etcd refuses them, and the
 // request size), and while etcd does not answer it tries again, pausing up
-// to a second between tries that failed; a try waits 250ms for the answer,
+// to a second between tries that failed; a try waits 250ms for the answer
+// (or twice the latest round trip, when longer, at most 1s),
 // and the next follows at once, and once etcd has answered none for 2s,
 // each waits twice as long as the one before, up to the request timeout.
 // An undo ends only when it has landed, or when
@@ -179,17 +180,21 @@
 // never answered: etcd drops it, and the follower waits for its own
 // request timeout (7s by default) or the client's. So the Store does not
 // wait on one copy of an idempotent request for long: a lease grant that
-// etcd has not answered within 250ms (or twice the latest grant's round
-// trip) is joined by another, and the calls that share the pool's lease
-// take whichever answers first; a Release or a Refresh, which compares the
+// etcd has not answered within 250ms (or twice the latest request's round
+// trip, when longer, at most 1s: a distant cluster gets each request once)
+// is joined by another, and the calls that share the pool's lease
+// take whichever answers first (a grant answered after another took its
+// place is revoked at once); a Release or a Refresh, which compares the
 // owner (and the sequence) in its transaction and so may land twice with
-// no other effect, is sent again every 250ms while etcd does not answer,
+// no other effect, is sent again on the same bound while etcd does not answer,
 // the earlier copies still counting, and at once after a transient failure
 // (no leader yet). A refusal settles such a call only once its earlier
 // copies have answered too, since one of them may have ended the grant
 // first. A Release goes on after its caller left, up to the request
 // timeout, so that its key is free as soon as the new leader answers, and
-// not at its TTL. An acquire's transaction is not sent twice (a late copy
+// not at its TTL; 16 at most at once: beyond, a Release whose caller
+// leaves goes to the undo queue (its owner-checked deletes), or, with a
+// keep, is given up (its keys keep their TTL). An acquire's transaction is not sent twice (a late copy
 // could take a key again after its release): an acquire caught by the
 // kill costs its caller's wait, or is abandoned, and its undo follows the
 // same bounds. With three members and etcd's default election timeout
@@ -221,6 +226,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -293,6 +299,7 @@ type Store struct {
 	maxRequest  int // etcd's --max-request-bytes
 	bounds      stores.Bounds
 	leases      *leasePool
+	rtt         roundTrip // of the latest request etcd answered
 	notify      *notifier
 	undos       *undoQueue
 	bg          context.Context // of the undo queue; Close ends it
@@ -302,6 +309,8 @@ type Store struct {
 	lifeMu      sync.RWMutex   // Close holds it to set closed; detached calls to start
 	closed      bool           // guarded by lifeMu
 	cleanupWait sync.WaitGroup // detached acquires and releases, which Close waits for
+
+	backgroundReleases atomic.Int64 // releases going on after their caller left (see goOn)
 
 	seqMu   sync.Mutex
 	lastSeq uint64 // the sequence of the latest call (see begin)
@@ -386,7 +395,7 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 	}
 	s.bg, s.stopBG = context.WithCancel(context.Background())
 	s.undos = newUndoQueue(s)
-	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.attemptBound(), s.undos.leasesGone)
+	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.attemptBound(), &s.rtt, s.undos.leasesGone)
 	s.notify = newNotifier(s)
 	return s, nil
 }
@@ -409,7 +418,8 @@ func (s *Store) begin() (time.Time, uint64) {
 // PendingUndos returns how many abandoned acquires (see stores.ErrAbandoned)
 // the Store has yet to undo: while etcd answers neither their undo nor
 // (through Close) the revocation of their leases, each may still be
-// granted, and hold its keys until its lease expires.
+// granted, and hold its keys until its lease expires. It counts too the
+// Releases whose callers left that the undo queue sends (see Release).
 func (s *Store) PendingUndos() int { return s.undos.len() }
 
 // isClosed reports whether Close was called.
@@ -856,7 +866,8 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // not answer, the transaction is sent again (see "Leader changes" in the
 // package documentation); when ctx ends first, Release returns an error
 // wrapping ctx.Err(), its outcome unknown, and goes on until etcd answers
-// or the request timeout has passed.
+// or the request timeout has passed (beyond 16 such releases at once, one
+// without keep goes to the undo queue, and one with a keep is given up).
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {
@@ -870,9 +881,13 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 			return err
 		}
 	}
+	var overflow func() // a keep is not a delete: given up beyond the bound
+	if keep == 0 {
+		overflow = func() { s.undos.add(s.releaseUndo(keys, token)) }
+	}
 	return s.goOn(ctx, "release", keys, func(ctx context.Context) error {
 		return s.release(ctx, start, seq, keys, token, keep)
-	})
+	}, overflow)
 }
 
 // release is Release as begun at start with sequence seq.
@@ -908,13 +923,14 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 	}
 	// Sent again while etcd does not answer: a copy deletes (or moves)
 	// only keys that hold token, set by a call no later than this one.
-	answers, err := s.resend(ctx, send, func(resp *clientv3.TxnResponse) bool {
+	answers, unsure, err := s.resendUnsure(ctx, send, func(resp *clientv3.TxnResponse) bool {
 		refused, err := releaseRefused(resp, len(keys))
 		return err == nil && len(refused) == 0
 	})
 	if err != nil {
 		return s.failed("release", keys, err)
 	}
+	sure := unsure == nil // no copy of unknown outcome
 	// A key is refused when every answer refused it: a copy may have
 	// released it before another found it released.
 	var refused []int
@@ -931,6 +947,12 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 	}
 	if len(refused) == 0 {
 		return nil
+	}
+	if keep == 0 && !sure {
+		// A copy whose outcome is unknown may have deleted the keys the
+		// later ones found gone, and a delete leaves no trace to read:
+		// the outcome is unknown, not "not held".
+		return fmt.Errorf("etcdstore: release %s: refused after a copy of unknown outcome, which may have released them: %w", keysForMessage(keys), unsure)
 	}
 	notHeld := pick(keys, refused)
 	if keep > 0 {

@@ -24,15 +24,16 @@ import (
 //
 // The pool remembers every lease it granted until etcd confirms it gone: a
 // lease whose every possible call's validity has passed (by the local
-// clock) is revoked, a few at each new grant, rather than forgotten, since
+// clock) is revoked, a few at each new grant, rather than forgotten (and a
+// hedged grant answered after another took its place, at once), since
 // etcd may keep it longer (a leader change renews every lease) and a
 // transaction in flight could still put a key on it. Close revokes the
 // rest.
 type leasePool struct {
 	lease   clientv3.Lease
 	timeout time.Duration // of a grant or a revocation
-	bound   time.Duration // after which a grant unanswered is joined by another
-	rtt     time.Duration // of the latest grant answered; guarded by mu
+	bound   time.Duration // after which a grant unanswered is joined by another, at the least
+	rtt     *roundTrip    // of the latest request answered, shared with the Store
 	gone    func([]clientv3.LeaseID)
 
 	mu      sync.Mutex
@@ -48,6 +49,7 @@ type pooledLease struct {
 	superseded chan struct{} // closed when an earlier grant answered first and took its place
 	sent       time.Time     // when its grant was sent
 	joined     bool          // another grant joined it; guarded by the pool's mu
+	unused     bool          // answered after another took its place: no call takes it
 	id         clientv3.LeaseID
 	expires    time.Time // the earliest the lease may expire
 	err        error
@@ -55,8 +57,8 @@ type pooledLease struct {
 
 // newLeasePool returns a pool that grants leases through lease, and tells
 // gone of the leases it saw revoked or found gone.
-func newLeasePool(lease clientv3.Lease, timeout, bound time.Duration, gone func([]clientv3.LeaseID)) *leasePool {
-	return &leasePool{lease: lease, timeout: timeout, bound: bound, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
+func newLeasePool(lease clientv3.Lease, timeout, bound time.Duration, rtt *roundTrip, gone func([]clientv3.LeaseID)) *leasePool {
+	return &leasePool{lease: lease, timeout: timeout, bound: bound, rtt: rtt, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
 }
 
 // maxLeaseSeconds is the longest lease etcd grants (its MaxLeaseTTL, 9e9
@@ -96,7 +98,7 @@ const leaseGets = 3
 //
 // Callers share a grant in flight, but not for long: a grant that etcd has
 // not answered within the pool's attempt bound (or twice the latest
-// grant's round trip, when longer) is joined by another, while it goes on;
+// request's round trip, when longer: see copyBound) is joined by another, while it goes on;
 // the callers then take whichever answers first. A grant sent while the
 // cluster elects a leader is never answered when a follower forwarded it
 // to the leader that died, so that one stuck grant holds no call up for
@@ -112,7 +114,7 @@ func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (
 			p.mu.Unlock()
 			return 0, ErrClosed
 		}
-		bound := max(p.bound, 2*p.rtt)
+		bound := p.rtt.bound(p.bound)
 		l := p.buckets[secs]
 		if l == nil || (!l.answered() && time.Since(l.sent) >= bound) {
 			if l != nil {
@@ -137,6 +139,9 @@ func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (
 		case <-ctx.Done():
 			hedge.Stop()
 			return 0, ctx.Err()
+		}
+		if l.unused {
+			continue // revoked: another took its place
 		}
 		if l.err == nil && !start.Add(d).After(l.expires) {
 			return l.id, nil
@@ -171,7 +176,9 @@ func (l *pooledLease) answered() bool {
 }
 
 // grant asks etcd for the lease l of secs seconds, and then revokes a few
-// spent leases.
+// spent leases, and l itself when another grant took its place before it
+// was answered: no call takes it (those waiting for it go on to the
+// other), and etcd would keep it for its whole TTL.
 func (p *leasePool) grant(secs int64, l *pooledLease) {
 	defer p.grants.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
@@ -186,28 +193,34 @@ func (p *leasePool) grant(secs int64, l *pooledLease) {
 	l.expires = l.sent.Add(time.Duration(resp.TTL) * time.Second)
 	p.mu.Lock()
 	now := time.Now()
-	p.rtt = min(now.Sub(l.sent), 2*p.bound) // one stuck grant leaves the bound at most 4 times its own
+	p.rtt.observe(now.Sub(l.sent), p.bound)
 	// A later grant that joined this one and is still unanswered gives
 	// its place to this one, and its callers take this one.
 	if b := p.buckets[secs]; l.joined && b != nil && b != l && !b.answered() && b.sent.After(l.sent) {
 		p.buckets[secs] = l
 		close(b.superseded)
 	}
+	l.unused = p.buckets[secs] != l
 	// No call's validity outlasts the lease's earliest expiry; a second
 	// more covers the time the grant took to answer.
 	p.granted[l.id] = now.Add(time.Duration(resp.TTL)*time.Second + time.Second)
 	var spent []clientv3.LeaseID
+	if l.unused {
+		spent = append(spent, l.id)
+	}
 	for id, until := range p.granted {
 		if len(spent) == spentRevocations {
 			break
 		}
-		if !until.After(now) {
+		if !until.After(now) && id != l.id {
 			spent = append(spent, id)
 		}
 	}
 	p.mu.Unlock()
 	close(l.ready)
 	if len(spent) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), p.timeout) // the grant's may be nearly spent
+		defer cancel()
 		p.revoke(ctx, spent)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // TestFairLeaseNotFoundKeepsQueueLease (issue 18, from review): when the
@@ -102,5 +103,57 @@ func TestTooManyOpsIsInvalid(t *testing.T) {
 	}
 	if err := s.failed("acquire", []string{"k"}, err); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("a transaction of too many operations: %v; want stores.ErrInvalid", err)
+	}
+}
+
+// TestUnusedHedgedGrantsRevoked: while etcd answers slowly (every reply
+// 1.2s late), one Acquire's lease grant is joined by another every bound;
+// the first answer serves the call, and the grants answered after it
+// serve none. Each is a lease of the TTL asked (here 60s) that etcd would
+// keep for that TTL, since the pool revokes a lease only once spent, or
+// at Close: it is revoked as soon as it is answered.
+func TestUnusedHedgedGrantsRevoked(t *testing.T) {
+	s, p, _ := proxiedInternalStore(t, 5*time.Second)
+	ctx := t.Context()
+	warmUp(t, s, 2*time.Second) // the connection up, and no lease of 60s yet
+	p.Delay(faultproxy.ToClient, 1200*time.Millisecond)
+	const ttl = 60 * time.Second
+	g, err := s.Acquire(ctx, []string{"k"}, "tok", ttl)
+	p.Heal()
+	if err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	// Every grant answered, and its revocation (each within the request
+	// timeout).
+	done := make(chan struct{})
+	go func() { s.leases.grants.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("grants still in flight after 15s")
+	}
+	s.leases.mu.Lock()
+	var ids []clientv3.LeaseID
+	for id := range s.leases.granted {
+		ids = append(ids, id)
+	}
+	s.leases.mu.Unlock()
+	alive := 0
+	for _, id := range ids {
+		resp, err := s.client.TimeToLive(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.TTL > 30 { // a lease of the 60s bucket
+			alive++
+		}
+	}
+	t.Logf("leases known: %d; of 60s alive: %d", len(ids), alive)
+	if alive != 1 {
+		t.Errorf("%d leases of 60s alive in etcd for one Acquire (want 1: the others served no call)", alive)
+	}
+	// The lease that serves the key is alive, and serves the next call.
+	if err := s.Refresh(ctx, []string{"k"}, "tok", ttl); err != nil {
+		t.Fatalf("Refresh: %v", err)
 	}
 }

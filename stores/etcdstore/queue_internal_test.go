@@ -179,3 +179,67 @@ func TestUndoQueueLearnsMaxTxnOps(t *testing.T) {
 		expectAbsent(t, s, "after the undos", holderKey(s.dir(k)))
 	}
 }
+
+// TestAbandonedReleasesDuringPartitionAreBounded: during a partition (a
+// blackhole, never answered), each Release whose caller leaves used to go
+// on in the background for the request timeout, sending a copy every
+// bound, up to 8 in flight: 300 callers that left cost about 2,600
+// goroutines and as many transactions, with no bound on their number.
+// Beyond maxBackgroundReleases they go to the undo queue (one goroutine,
+// batched owner-checked deletes), and every key is free once etcd
+// answers again.
+func TestAbandonedReleasesDuringPartitionAreBounded(t *testing.T) {
+	s, p, kv := proxiedInternalStore(t, 5*time.Second)
+	ctx := t.Context()
+	const n = 300
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+		if g, err := s.Acquire(ctx, keys[i:i+1], "tok", 30*time.Second); err != nil || !g.OK {
+			t.Fatalf("Acquire: %+v, %v", g, err)
+		}
+	}
+	base := runtime.NumGoroutine()
+	sentBefore := kv.txns.Load()
+	p.Blackhole(faultproxy.Both)
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
+			if err := s.Release(rctx, keys[i:i+1], "tok", 0); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Release during the partition: %v (want the outcome unknown)", err)
+			}
+		})
+	}
+	wg.Wait() // every caller left
+	peak := 0
+	tick := time.NewTicker(50 * time.Millisecond) // sampling for 2s
+	defer tick.Stop()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); <-tick.C {
+		peak = max(peak, runtime.NumGoroutine()-base)
+	}
+	sent := kv.txns.Load() - sentBefore
+	t.Logf("%d Releases whose callers left: %d more goroutines at the peak, %d transactions sent in 2s of partition, %d undos pending",
+		n, peak, sent, s.PendingUndos())
+	if peak > n || sent > 2*n {
+		t.Errorf("abandoned releases during a partition: %d goroutines and %d transactions for %d releases (want a bounded background set, as the undo queue)", peak, sent, n)
+	}
+	p.Heal()
+	waitUndone(t, s, 20*time.Second)
+	c := newTestClient(t, "http://"+p.Upstream())
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := c.Get(ctx, s.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys left 10s after the partition healed", resp.Count)
+		}
+		time.Sleep(20 * time.Millisecond) // polling etcd
+	}
+}

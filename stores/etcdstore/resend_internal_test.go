@@ -11,6 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // TestResend checks the rules of resend, which sends an idempotent
@@ -144,4 +146,48 @@ func TestResend(t *testing.T) {
 			t.Fatalf("resend: %v; want the context's error", err)
 		}
 	})
+}
+
+// TestSlowLinkSendsEachCallOnce: on a healthy but distant cluster (every
+// reply 400ms late, as a cross-region etcd, from the start), a fixed
+// 250ms bound before another copy would send every Refresh and Release
+// twice or more (each copy a raft proposal), and cancel each of the undo
+// queue's tries before its answer. The bound follows twice the measured
+// round trip: one transaction per call, and per undo.
+func TestSlowLinkSendsEachCallOnce(t *testing.T) {
+	s, p, kv := proxiedInternalStore(t, 5*time.Second)
+	ctx := t.Context()
+	const ttl = 10 * time.Second
+	p.Delay(faultproxy.ToClient, 400*time.Millisecond)
+	warmUp(t, s, ttl) // measures the round trip
+	if g, err := s.Acquire(ctx, []string{"k"}, "tok", ttl); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	before := kv.txns.Load()
+	if err := s.Refresh(ctx, []string{"k"}, "tok", ttl); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+	refreshTxns := kv.txns.Load() - before
+	before = kv.txns.Load()
+	if err := s.Release(ctx, []string{"k"}, "tok", 0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	releaseTxns := kv.txns.Load() - before
+	if g, err := s.Acquire(ctx, []string{"u"}, "tok", ttl); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	lease, err := s.leases.get(ctx, time.Now(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = kv.unconditional.Load()
+	s.undos.add(s.newUndo([]string{"u"}, "tok", false, &flight{leases: []clientv3.LeaseID{lease}}))
+	waitUndone(t, s, 10*time.Second)
+	undoTxns := kv.unconditional.Load() - before
+	p.Heal()
+	expectAbsent(t, s, "after the undo", holderKey(s.dir("u")))
+	t.Logf("transactions sent: Refresh %d, Release %d, undo %d", refreshTxns, releaseTxns, undoTxns)
+	if refreshTxns != 1 || releaseTxns != 1 || undoTxns != 1 {
+		t.Errorf("a healthy 400ms round trip: Refresh sent %d transactions, Release %d, the undo queue %d (want 1 each)", refreshTxns, releaseTxns, undoTxns)
+	}
 }

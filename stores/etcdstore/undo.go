@@ -42,9 +42,13 @@ type pendingUndo struct {
 	keys   []string           // holder keys still to delete if they hold token
 	queue  string             // the queue key still to delete (fair), or ""
 	done   bool               // landed, or every lease gone
+	// release: the undo is a Release whose caller left beyond
+	// maxBackgroundReleases (keys only, no lease): it ends when it landed.
+	release bool
 }
 
-// undoQueue undoes the Store's abandoned acquires on one goroutine, which
+// undoQueue undoes the Store's abandoned acquires (and sends the releases
+// that goOn hands it) on one goroutine, which
 // runs while some are pending: it puts as many of their operations in one
 // transaction as etcd takes (undoTxnOps, and the request size), and while
 // etcd does not answer it tries again after a pause that doubles up to a
@@ -86,6 +90,16 @@ func (s *Store) newUndo(keys []string, token string, fair bool, fl *flight) *pen
 	return u
 }
 
+// releaseUndo returns the owner-checked deletes of a Release of keys by
+// token (keep 0) that goOn gave up.
+func (s *Store) releaseUndo(keys []string, token string) *pendingUndo {
+	u := &pendingUndo{token: token, release: true}
+	for _, k := range keys {
+		u.keys = append(u.keys, holderKey(s.dir(k)))
+	}
+	return u
+}
+
 // add queues u, and starts the worker unless it runs.
 func (q *undoQueue) add(u *pendingUndo) {
 	if u == nil {
@@ -123,6 +137,9 @@ func (q *undoQueue) leasesGone(ids []clientv3.LeaseID) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, u := range q.pending {
+		if u.release {
+			continue // its keys' leases are unknown
+		}
 		u.leases = slices.DeleteFunc(u.leases, func(id clientv3.LeaseID) bool { return slices.Contains(ids, id) })
 		if len(u.leases) == 0 {
 			u.done = true
@@ -248,12 +265,12 @@ func (q *undoQueue) landed(items []batchItem) {
 func (q *undoQueue) run(ctx context.Context) {
 	defer q.wg.Done()
 	pause := undoPauseMin
-	// A try waits for etcd's answer for the attempt bound (a request
+	// A try waits for etcd's answer for the copy bound (a request
 	// forwarded to a leader that died is never answered), and the next one
 	// follows at once; once etcd has left tries unanswered for
 	// undoPatience, each waits twice as long as the one before, up to the
 	// request timeout (a large undo on a slow cluster takes its time).
-	bound := q.s.attemptBound()
+	bound := q.s.copyBound()
 	var unanswered time.Time // since when etcd answers no try
 	for {
 		ops, items := q.take()
@@ -276,7 +293,10 @@ func (q *undoQueue) run(ctx context.Context) {
 					bound = min(2*bound, q.s.timeout)
 				}
 			} else {
-				unanswered, bound = time.Time{}, q.s.attemptBound()
+				if err == nil {
+					q.s.rtt.observe(time.Since(sent), q.s.attemptBound())
+				}
+				unanswered, bound = time.Time{}, q.s.copyBound()
 			}
 		}
 		switch {
