@@ -61,7 +61,8 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // A refusal (Grant.OK false) comes when so many nodes refused that no quorum
 // is possible and a quorum of nodes answered: when the nodes that failed or
 // did not answer leave fewer, Acquire reports a store failure, not a busy
-// key, whatever the others answered. Held is the index of a held key and Wait the shortest
+// key, whatever the others answered. Held is the index of the held key the most refusing
+// nodes named (a key still held on a minority does not mask it), and Wait the shortest
 // remaining TTL a refusing node reported, less the drift allowance. The
 // nodes that granted are released first.
 //
@@ -317,7 +318,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 				holder = r
 			}
 		}
-		return s.refusal(token, holder.vals[1], waits[max(0, len(refused)-(total-q)-1)], holder.vals[3]), nil
+		return s.refusal(token, heldKey(refused, holder.vals[1]), waits[max(0, len(refused)-(total-q)-1)], holder.vals[3]), nil
 	}
 	if ctxEnded(ctx) {
 		return stores.Grant{}, abandoned(ctx, true)
@@ -335,6 +336,24 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		s.probe(ctx, s.nodeTimeout, false)
 	}
 	return stores.Grant{}, s.noQuorum("acquire "+keysForMessage(keys), votes+len(refused), failed, unreachable)
+}
+
+// heldKey returns the index of the key a refusal names: the first held key
+// that the most refusing nodes named, so that a key still held on a
+// minority for a moment (a release landing late there) does not mask the
+// key that actually blocks; on a tie, prefer (the gate's), then the lowest.
+func heldKey(refused []reply, prefer int64) int64 {
+	votes := make(map[int64]int, len(refused))
+	for _, r := range refused {
+		votes[r.vals[1]]++
+	}
+	best := prefer
+	for k, n := range votes {
+		if n > votes[best] || (n == votes[best] && k < best && best != prefer) {
+			best = k
+		}
+	}
+	return best
 }
 
 // firstFenceMargin is how far ahead of the client's clock the first fence of

@@ -181,3 +181,49 @@ func ctxEnded(ctx context.Context) bool {
 	d, ok := ctx.Deadline()
 	return ok && !time.Now().Before(d)
 }
+
+// Bounds of the grace a Release or a Refresh gives the nodes still out once
+// a quorum decided it (see linger).
+const (
+	minGrace = 5 * time.Millisecond
+	maxGrace = 50 * time.Millisecond
+)
+
+// linger waits, once a quorum decided an operation, for the replies of the
+// nodes still out (true in flying) for a short grace: twice the slowest
+// answer so far, within [minGrace, maxGrace]. Nodes whose last call failed
+// (frozen, partitioned) or that are skipped are not waited for. Each reply
+// that comes is handed to handle and cleared from flying; it returns how
+// many came. On a healthy cluster every node answers within the grace, so
+// the operation returns with every node done, not a minority still
+// holding (or not yet renewing) the keys for a moment; a stalled minority
+// costs nothing.
+func (s *Store) linger(ctx context.Context, replies <-chan reply, flying []bool, slowest time.Duration, handle func(reply)) int {
+	waiting := func() bool {
+		for i, f := range flying {
+			if f && !s.nodes[i].failing.Load() && !s.skipped(i) {
+				return true
+			}
+		}
+		return false
+	}
+	if !waiting() {
+		return 0
+	}
+	timer := time.NewTimer(min(max(2*slowest, minGrace), maxGrace))
+	defer timer.Stop()
+	got := 0
+	for waiting() {
+		select {
+		case r := <-replies:
+			flying[r.node] = false
+			got++
+			handle(r)
+		case <-timer.C:
+			return got
+		case <-ctx.Done():
+			return got
+		}
+	}
+	return got
+}

@@ -47,11 +47,13 @@
 // Late calls), so a new Acquire with the same token, a waiter's retry,
 // waits for none of them.
 //
-// Release and Refresh go to every node at once and return as soon as the
-// answers settle the outcome (a quorum released or renewed, too many did
-// not, or no quorum is possible), each call bounded by the node timeout;
-// the others' answers are settled in the background (the token stays
-// ended for Refresh until they are in). Refresh needs a quorum that still
+// Release and Refresh go to every node at once and, once the answers
+// settle the outcome (a quorum released or renewed, too many did not, or
+// no quorum is possible), give the nodes still out a short grace (twice
+// the slowest answer, 5 to 50 ms; none to a node whose last call failed)
+// before they return, each call bounded by the node timeout: on a healthy
+// cluster every node has answered by then. What is still out is settled in
+// the background (the token stays ended for Refresh until it is in). Refresh needs a quorum that still
 // holds the token, within the TTL; only on top of such a quorum do nodes
 // that answered that they lost the keys (restarted empty) take them again
 // where they are free, so a minority that still holds the token never

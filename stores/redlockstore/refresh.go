@@ -14,9 +14,10 @@ import (
 // Only then do nodes that lost the keys (restarted empty, or that missed
 // the grant) take them again where they are free, before Refresh returns;
 // a minority that still holds the token never revives a lock that expired
-// on the others, whoever held it in between. Refresh waits for every
-// node's answer, each bounded by the node timeout, so that a refusal right
-// after it sees the new TTL everywhere.
+// on the others, whoever held it in between. Once the answers decide the
+// outcome, Refresh gives the nodes still out a short grace (as Release
+// does), so that on a healthy cluster a refusal right after it sees the new
+// TTL everywhere while a frozen minority costs little.
 //
 // A Release of the token that starts while a Refresh runs ends it: the
 // Refresh starts no more calls, and the Release closes the token on every
@@ -66,6 +67,29 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	total, q := len(s.nodes), s.quorum
 	// Only nodes whose identity is known count: one vote per server.
 	votes := 0
+	flying := make([]bool, total)
+	for i := range flying {
+		flying[i] = true
+	}
+	var slowest time.Duration // the slowest answer so far
+	receive := func(r reply) {
+		switch {
+		case r.err != nil:
+			failed = append(failed, r)
+		case len(r.vals) == 1 && r.vals[0] == 0:
+			refreshed = append(refreshed, r)
+			if s.known(r.node) {
+				votes++
+			}
+		case len(r.vals) == 1 && (r.vals[0] == 2 || r.vals[0] == 3):
+			absent = append(absent, r)
+		case len(r.vals) == 2 && r.vals[0] == 1 && r.vals[1] >= 1 && r.vals[1] <= int64(len(keys)):
+			other = append(other, r)
+		default:
+			r.err = fmt.Errorf("%w: refresh %s answered %v", ErrUnexpectedReply, keysForMessage(keys), r.vals)
+			failed = append(failed, r)
+		}
+	}
 	// decided reports whether the answers in settle the outcome, whatever
 	// the nodes still out answer (see the switch below).
 	decided := func() bool {
@@ -76,26 +100,20 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	for !decided() {
 		select {
 		case r := <-replies:
-			switch {
-			case r.err != nil:
-				failed = append(failed, r)
-			case len(r.vals) == 1 && r.vals[0] == 0:
-				refreshed = append(refreshed, r)
-				if s.known(r.node) {
-					votes++
-				}
-			case len(r.vals) == 1 && (r.vals[0] == 2 || r.vals[0] == 3):
-				absent = append(absent, r)
-			case len(r.vals) == 2 && r.vals[0] == 1 && r.vals[1] >= 1 && r.vals[1] <= int64(len(keys)):
-				other = append(other, r)
-			default:
-				r.err = fmt.Errorf("%w: refresh %s answered %v", ErrUnexpectedReply, keysForMessage(keys), r.vals)
-				failed = append(failed, r)
+			flying[r.node] = false
+			if r.err == nil {
+				slowest = max(slowest, time.Since(start))
 			}
+			receive(r)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	// Decided: the nodes still out get a short grace (healthy ones answer
+	// within it, so that Refresh returns with the TTL renewed everywhere,
+	// and a node that lost the keys is re-taken now), not a frozen or slow
+	// node's timeout. The rest land in the background.
+	s.linger(ctx, replies, flying, slowest, receive)
 
 	if votes >= s.quorum && len(absent) > 0 {
 		// The lock stands on a quorum: nodes that lost it (and answered)

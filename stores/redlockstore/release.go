@@ -8,9 +8,13 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// Release ends token's lock on every node it reaches, owner-checked, and
-// waits for every node's answer (each bounded by the node timeout) or for
-// ctx to end. With keep zero or negative it deletes the keys, and every
+// Release ends token's lock on every node it reaches, owner-checked. It
+// waits until the answers decide the outcome (each call bounded by the node
+// timeout) or ctx ends, then gives the nodes still out a short grace
+// (twice the slowest answer, 5 to 50 ms; none to a node whose last call
+// failed): on a healthy cluster every node has released when it returns,
+// and a frozen minority costs little. What is still out then settles in the
+// background (the Store owes the release where it fails). With keep zero or negative it deletes the keys, and every
 // node publishes their release; with keep positive it sets their TTL to
 // keep (plus the drift allowance) and publishes nothing.
 //
@@ -68,10 +72,31 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		s.markReleased(token)
 	}
 	s.closeAcquiring(token, tombs)
+	sent := time.Now()
 	replies := s.releaseOn(ctx, keys, token, keep, closeAll, s.all(), s.nodeTimeout, tombs)
 	released := make([]int, len(keys))
 	answered := 0
 	var failed []reply
+	flying := make([]bool, len(s.nodes))
+	for i := range flying {
+		flying[i] = true
+	}
+	var slowest time.Duration // the slowest answer so far
+	receive := func(r reply) {
+		if r.err == nil && len(r.vals) != len(keys) {
+			r.err = fmt.Errorf("%w: release %s answered %v", ErrUnexpectedReply, keysForMessage(keys), r.vals)
+		}
+		if r.err != nil {
+			failed = append(failed, r)
+			return
+		}
+		answered++
+		for k, v := range r.vals {
+			if v == 1 {
+				released[k]++
+			}
+		}
+	}
 	total, q := len(s.nodes), s.quorum
 	// decided reports whether the answers in settle the outcome, whatever
 	// the nodes still out answer: every key released on a quorum, a key
@@ -92,19 +117,11 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	for !decided() {
 		select {
 		case r := <-replies:
-			if r.err == nil && len(r.vals) != len(keys) {
-				r.err = fmt.Errorf("%w: release %s answered %v", ErrUnexpectedReply, keysForMessage(keys), r.vals)
+			flying[r.node] = false
+			if r.err == nil {
+				slowest = max(slowest, time.Since(sent))
 			}
-			if r.err != nil {
-				failed = append(failed, r)
-				continue
-			}
-			answered++
-			for k, v := range r.vals {
-				if v == 1 {
-					released[k]++
-				}
-			}
+			receive(r)
 		case <-ctx.Done():
 			// The calls go on: the Store owes the releases that fail.
 			inFlight = true
@@ -113,9 +130,12 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 			return ctx.Err()
 		}
 	}
+	// Decided: the nodes still out get a short grace (healthy ones answer
+	// within it, so that Release returns with the lock gone everywhere),
+	// not a frozen or slow node's timeout.
+	s.linger(ctx, replies, flying, slowest, receive)
 	s.oweRelease(owed, replyNodes(failed))
 	if left := total - answered - len(failed); left > 0 {
-		// Decided: the nodes still out (frozen, slow) are not waited for.
 		inFlight = true
 		s.releaseRest(token, st, owed, replies, left)
 	}
