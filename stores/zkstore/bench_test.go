@@ -2,10 +2,6 @@ package zkstore_test
 
 import (
 	"context"
-	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +9,8 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testservers"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/storebench"
 	"github.com/reqlock/reqlock/stores/zkstore"
 )
 
@@ -23,180 +21,58 @@ import (
 //
 //	cd stores/zkstore && go test -run '^$' -bench . -benchtime 3s .
 //
-// Each workload runs benchRounds rounds, each round every side in turn, so
-// that the sides alternate on a machine whose disk (ZooKeeper syncs every
-// write) is not always as fast. Both sides use one ZooKeeper session for
-// all their goroutines, as a service process would.
+// Each workload (storebench's) runs benchRounds rounds, each round every
+// side in turn, so that the sides alternate on a machine whose disk
+// (ZooKeeper syncs every write) is not always as fast. Every side uses one
+// ZooKeeper session for all its goroutines, as a service process would.
 
-const (
-	benchWorkers = 50
-	benchHold    = time.Millisecond
-	benchTTL     = 10 * time.Second
-	benchKeys    = 1000
-	benchCycles  = 1000
-	benchLease   = 2 * time.Second // of a fair waiter
-	benchRounds  = 2
-)
+// benchLease is a fair waiter's lease.
+const benchLease = 2 * time.Second
 
-// eachSide runs bench for every side, benchRounds times in turn.
-func eachSide(b *testing.B, bench func(b *testing.B, l locker)) {
-	sides := benchLockers(b)
-	for r := range benchRounds {
-		for _, l := range sides {
-			b.Run(fmt.Sprintf("round=%d/%s", r+1, l.name), func(b *testing.B) { bench(b, l) })
+// benchRounds is how many times each workload runs every side.
+const benchRounds = 2
+
+// sides returns reqlock, plain and fair, and the peer, each with a session
+// of its own.
+func sides() []storebench.Side {
+	newStore := func(b *testing.B) stores.Store {
+		ctx, cancel := context.WithTimeout(b.Context(), 10*time.Second)
+		defer cancel()
+		store, err := zkstore.New(ctx, []string{testservers.ZooKeeperAddr(b)}, zkstore.WithRoot(testRoot()))
+		if err != nil {
+			b.Fatal(err)
 		}
+		b.Cleanup(func() { _ = store.Close() })
+		return store
 	}
-}
-
-// locker is one side of a comparison: lock(key) blocks until key is held
-// and returns its unlock.
-type locker struct {
-	name string
-	lock func(b *testing.B, key string) (unlock func())
-}
-
-// benchLockers returns reqlock and the peer, each with a session of its own.
-func benchLockers(b *testing.B) []locker {
-	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	addr := testservers.ZooKeeperAddr(b)
-	store, err := zkstore.New(ctx, []string{addr}, zkstore.WithRoot(testRoot()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = store.Close() })
-	l, err := reqlock.New(store)
-	if err != nil {
-		b.Fatal(err)
-	}
-	fair, err := reqlock.New(store, reqlock.WithFairness(benchLease), reqlock.WithKeyPrefix("fair:"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	conn, _, err := zk.Connect([]string{addr}, zkstore.DefaultSessionTimeout, zk.WithLogger(discard{}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(conn.Close)
-	peerRoot := testRoot()
-	obtain := func(l *reqlock.Locker) func(b *testing.B, key string) func() {
-		return func(b *testing.B, key string) func() {
-			lock, err := l.Obtain(context.Background(), key, benchTTL, time.Minute)
+	return []storebench.Side{
+		storebench.Reqlock("reqlock", newStore),
+		storebench.Reqlock("reqlock-fair", newStore, reqlock.WithFairness(benchLease)),
+		{Name: "zk.NewLock", Open: func(b *testing.B, _ int) storebench.Lock {
+			conn, _, err := zk.Connect([]string{testservers.ZooKeeperAddr(b)}, zkstore.DefaultSessionTimeout, zk.WithLogger(discard{}))
 			if err != nil {
-				b.Fatalf("Obtain: %v", err)
+				b.Fatal(err)
 			}
-			return func() {
-				if err := lock.Release(context.Background()); err != nil {
-					b.Errorf("Release: %v", err)
+			b.Cleanup(conn.Close)
+			root := testRoot()
+			return func(_ context.Context, _ int, key string) (func() error, error) {
+				lock := zk.NewLock(conn, root+"/"+key, zk.WorldACL(zk.PermAll))
+				if err := lock.Lock(); err != nil {
+					return nil, err
 				}
-			}
-		}
-	}
-	return []locker{
-		{"reqlock", obtain(l)},
-		{"reqlock-fair", obtain(fair)},
-		{"zk.NewLock", func(b *testing.B, key string) func() {
-			lock := zk.NewLock(conn, peerRoot+"/"+key, zk.WorldACL(zk.PermAll))
-			if err := lock.Lock(); err != nil {
-				b.Fatalf("Lock: %v", err)
-			}
-			return func() {
-				if err := lock.Unlock(); err != nil {
-					b.Errorf("Unlock: %v", err)
-				}
+				return lock.Unlock, nil
 			}
 		}},
 	}
 }
 
-// reportWaits reports acquisitions per second over elapsed and the p50 and
-// p99 of waits.
-func reportWaits(b *testing.B, waits []time.Duration, elapsed time.Duration) {
-	b.Helper()
-	slices.Sort(waits)
-	pct := func(p float64) float64 {
-		return float64(waits[int(p*float64(len(waits)-1))].Microseconds()) / 1000
-	}
-	b.ReportMetric(float64(len(waits))/elapsed.Seconds(), "acq/s")
-	b.ReportMetric(pct(0.50), "p50-wait-ms")
-	b.ReportMetric(pct(0.99), "p99-wait-ms")
-	b.ReportMetric(0, "ns/op")
-}
+// BenchmarkHot: storebench.Hot, 50 goroutines take turns on one key.
+func BenchmarkHot(b *testing.B) { storebench.Compare(b, storebench.Hot, benchRounds, sides()...) }
 
-// run runs b.N acquisitions from benchWorkers goroutines, the i-th on key
-// number key(i) of nkeys, each holding for hold while it increments the
-// key's counter with a load and a store (no atomic add: two holders of one
-// key at once lose an update), and reports the figures and the lost
-// updates.
-func run(b *testing.B, l locker, nkeys int, key func(i int) int, hold time.Duration) {
-	var (
-		next     atomic.Int64
-		counters = make([]atomic.Int64, nkeys)
-		names    = make([]string, nkeys)
-		waits    = make([]time.Duration, b.N)
-		wg       sync.WaitGroup
-	)
-	for k := range names {
-		names[k] = fmt.Sprintf("k%d", k)
-	}
-	b.ResetTimer()
-	start := time.Now()
-	for range benchWorkers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= b.N {
-					return
-				}
-				k := key(i)
-				t0 := time.Now()
-				unlock := l.lock(b, names[k])
-				waits[i] = time.Since(t0)
-				v := counters[k].Load()
-				if hold > 0 {
-					time.Sleep(hold)
-				}
-				counters[k].Store(v + 1)
-				unlock()
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	reportWaits(b, waits, elapsed)
-	var sum int64
-	for k := range counters {
-		sum += counters[k].Load()
-	}
-	b.ReportMetric(float64(int64(b.N)-sum), "lost-updates")
-}
+// BenchmarkSpread: storebench.Spread, 50 workers on 1000 keys, never
+// contending; no hold.
+func BenchmarkSpread(b *testing.B) { storebench.Compare(b, storebench.Spread, benchRounds, sides()...) }
 
-// BenchmarkHot: 50 goroutines take turns on one key, each holding it 1ms.
-func BenchmarkHot(b *testing.B) {
-	eachSide(b, func(b *testing.B, l locker) {
-		run(b, l, 1, func(int) int { return 0 }, benchHold)
-	})
-}
-
-// BenchmarkSpread: 50 workers lock 1000 keys in turn, the i-th acquisition
-// key i mod 1000, so that the ~50 in flight never contend; no hold.
-func BenchmarkSpread(b *testing.B) {
-	eachSide(b, func(b *testing.B, l locker) {
-		run(b, l, benchKeys, func(i int) int { return i % benchKeys }, 0)
-	})
-}
-
-// BenchmarkCycles: 1000 acquire/release cycles on one key, one after the
-// other; an op is the 1000 cycles.
-func BenchmarkCycles(b *testing.B) {
-	eachSide(b, func(b *testing.B, l locker) {
-		for range b.N {
-			for range benchCycles {
-				l.lock(b, "cycles")()
-			}
-		}
-		b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/1000-cycles")
-	})
-}
+// BenchmarkCycles: storebench.Cycles, acquire/release cycles on one key,
+// one after the other.
+func BenchmarkCycles(b *testing.B) { storebench.Compare(b, storebench.Cycles, benchRounds, sides()...) }
