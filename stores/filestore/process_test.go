@@ -413,11 +413,11 @@ func TestStoresOfOneProcessExclude(t *testing.T) {
 	expectAbove(t, g1.Fences, g2.Fences, "grant after a Close")
 }
 
-// hotConfig is the hot command's run: as the issue's two instances of the
-// inventory service, 4 concurrent deductions each, with the service's wait
-// and TTL, and 1ms of work.
+// hotConfig is the hot command's run: hotshare.Issue on key for d.
 func hotConfig(key string, d time.Duration) hotshare.Config {
-	return hotshare.Config{Key: key, Workers: 4, Hold: time.Millisecond, TTL: 10 * time.Second, Wait: 2 * time.Second, Duration: d}
+	cfg := hotshare.Issue
+	cfg.Key, cfg.Duration = key, d
+	return cfg
 }
 
 // TestHotKeySharedByTwoProcesses: two processes, each with a Locker on a
@@ -451,15 +451,8 @@ func TestHotKeySharedByTwoProcesses(t *testing.T) {
 	share := float64(min(grants[0], grants[1])) / float64(max(total, 1))
 	t.Logf("grants %v (smallest share %.1f%%), longest without a grant %v, requests that waited 2s in vain %v",
 		grants, 100*share, gaps, timeouts)
-	if share < minHotShare || max(gaps[0], gaps[1]) > maxHotGap {
+	if share < hotshare.WantMinShare || max(gaps[0], gaps[1]) > hotshare.WantMaxGap {
 		t.Fatalf("want each process to get at least %.0f%% of the grants, and one at least every %v",
-			100*minHotShare, maxHotGap)
+			100*hotshare.WantMinShare, hotshare.WantMaxGap)
 	}
 }
-
-// Bounds of TestHotKeySharedByTwoProcesses, as the root package's
-// TestHotKeySharedAcrossProcesses has them (which says why).
-const (
-	minHotShare = 0.25
-	maxHotGap   = time.Second
-)
