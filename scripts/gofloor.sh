@@ -53,8 +53,8 @@ for m in "${modules[@]}"; do
 	case $m in */bench | */bench/* | ./examples*) continue ;; esac
 	mod=$(cd "$m" && go list -m)
 	# Packages a user can import: not internal, not a command.
-	if ! listed=$(cd "$m" && go list -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' ./... 2>&1); then
-		echo "$listed" >&2
+	if ! listed=$(cd "$m" && go list -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' ./... 2>"$tmp/list.err"); then
+		cat "$tmp/list.err" >&2
 		fail "go list ./... failed in $m (run go mod tidy there)"
 	fi
 	mapfile -t pkgs < <(grep -v -e '^$' -e '/internal\(/\|$\)' <<<"$listed" || true)
