@@ -119,12 +119,20 @@ func Install(r *gin.Engine, rt *middleware.Routes) error {
 			"install the route table before registering routes and creating groups",
 			middleware.ErrInvalidConfig, len(routes), routes[0].Method, routes[0].Path)
 	}
-	in := rt.Install("ginlock.Install", func(keyfunc.Request) error { return CheckRoutes(rt, r.Routes()) })
-	r.Use(func(c *gin.Context) {
+	r.Use(tableHandler(rt.Install("ginlock.Install", func(keyfunc.Request) error { return Verify(r, rt) })))
+	return nil
+}
+
+// tableHandler is the table middleware of an install; Verify finds it in a
+// route's handler chain by its code, which is one function only while
+// tableHandler is not inlined (each inlined copy gets its own literal).
+//
+//go:noinline
+func tableHandler(in *middleware.Installation) gin.HandlerFunc {
+	return func(c *gin.Context) {
 		_ = in.Serve(request{c}, c.Request.Method, c.FullPath(), func(r *http.Request) error { return next(c, r) },
 			func(a middleware.Answerer, rej *middleware.Rejection) error { return reject(c, a, rej) })
-	})
-	return nil
+	}
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
