@@ -123,7 +123,7 @@ func Install(r *gin.Engine, rt *middleware.Routes) error {
 			"install the route table before registering routes and creating groups",
 			middleware.ErrInvalidConfig, len(routes), routes[0].Method, routes[0].Path)
 	}
-	r.Use(tableHandler(rt.Install("ginlock.Install", func(keyfunc.Request) error { return Verify(r, rt) })))
+	r.Use(tableHandler(rt.Install("ginlock.Install", func(keyfunc.Request) error { return verify(r, rt, false) })))
 	return nil
 }
 
