@@ -400,12 +400,19 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 	}
 	// A release while the store is known down goes to the pending set at
 	// once, and is made when the store is back.
+	// On a loaded machine the next probe may come due first: the release
+	// may then be that probe, one store call.
 	releases := r.spy.releases.Load()
+	nextProbe := l.StoreHealth().NextProbe
 	if err := holder.Release(context.Background()); !errors.Is(err, reqlock.ErrStoreDown) {
 		t.Fatalf("Release while the breaker is open: %v, want ErrStoreDown", err)
 	}
-	if n := r.spy.releases.Load() - releases; n != 0 {
-		t.Errorf("Release while the breaker is open made %d store calls", n)
+	beforeProbe := time.Now().Before(nextProbe)
+	switch n := r.spy.releases.Load() - releases; {
+	case beforeProbe && n != 0:
+		t.Errorf("Release while the breaker is open, before its next probe, made %d store calls", n)
+	case n > 1:
+		t.Errorf("Release while the breaker is open made %d store calls, more than a probe", n)
 	}
 
 	r.server.Restart()

@@ -40,25 +40,31 @@ func TestRoutesAnonymousWildcardFailsCheck(t *testing.T) {
 }
 
 // echo applies e.Use middleware at request time, after routing: Install
-// locks the routes registered before it as well as those after it.
+// locks the routes registered before it as well as those after it, and
+// those of a group created before it, which gin would leave unlocked
+// (issue 20, item 6: echo has no such gotcha).
 func TestInstallLocksRoutesBeforeAndAfterIt(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
 	rt := adaptertest.Table(t, locker,
 		"POST /items/{id}", "key=item:<id>",
-		"POST /v1/carts/{id}", "key=cart:<id>")
+		"POST /v1/carts/{id}", "key=cart:<id>",
+		"POST /v0/carts/{id}", "key=cart0:<id>")
 	e := echo.New()
+	early := e.Group("/v0")
 	e.POST("/items/:id", lockKeys)
 	e.GET("/items/:id", lockKeys)
 	if err := echolock.Install(e, rt); err != nil {
 		t.Fatalf("Install on an echo with routes: %v", err)
 	}
 	e.Group("/v1").POST("/carts/:id", lockKeys)
+	early.POST("/carts/:id", lockKeys)
 	if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ method, path, want string }{
 		{http.MethodPost, "/items/1", "item:1"},
 		{http.MethodPost, "/v1/carts/2", "cart:2"},
+		{http.MethodPost, "/v0/carts/3", "cart0:3"},
 		{http.MethodGet, "/items/1", "unlocked"},
 	} {
 		if rec := adaptertest.Do(e, tc.method, tc.path); rec.Code != http.StatusOK || rec.Body.String() != tc.want {

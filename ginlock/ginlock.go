@@ -15,8 +15,9 @@
 // the engine's ContextWithFallback.
 //
 // A whole route table (middleware.Routes) goes in front of every route with
-// Install, called before any route is registered; see Install for why the
-// order matters on gin, and how a wrong table is caught.
+// Install, called before any route is registered and any group is created,
+// and Verify, called after the last route: see Install for why the order
+// matters on gin, and how a wrong table or order is caught.
 //
 // WithSkipper and WithResponder give a route or a table gin-shaped skippers
 // and responders.
@@ -92,20 +93,23 @@ func Handler(g *middleware.Guard) gin.HandlerFunc {
 // Install therefore refuses, with an error wrapping
 // middleware.ErrInvalidConfig that names a route, when r has routes already,
 // installing nothing; it refuses a nil r or rt too. Call it before
-// registering routes and before creating groups (a group created before
-// Install, even one without routes yet, is out of its sight: gin lists no
-// groups).
+// registering routes and before creating groups: a group created before
+// Install, even one without routes yet, is out of its sight (gin lists no
+// groups), and only Verify finds its routes.
 //
-// The table is checked against r.Routes() at the first request: an entry
-// that matches no route r serves (a typo) breaks the install, which logs the
-// problem once and answers every request 500, never running a handler
-// unlocked. Call CheckRoutes once the routes are registered to fail at
-// start-up instead:
+// Call Verify once the routes are registered, before serving, to fail at
+// start-up on an entry that matches no route r serves (a typo) or whose
+// route does not run the table (a group created too early):
 //
 //	rt, err := middleware.LoadRoutes(locker, "routes.yaml")
 //	if err := ginlock.Install(r, rt); err != nil { ... }
 //	r.POST("/skus/:id/deduct", deduct)
-//	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil { ... }
+//	if err := ginlock.Verify(r, rt); err != nil { ... }
+//
+// Without it, the install runs Verify at its first request, and a problem
+// breaks the install, which logs it once and answers 500 to every request
+// it sees; a route that does not run the table is not among those, and
+// runs unlocked until the service is fixed.
 //
 // Each request is locked by its route's entry, found by c.FullPath(); routes
 // without one pass through.
@@ -119,20 +123,27 @@ func Install(r *gin.Engine, rt *middleware.Routes) error {
 			"install the route table before registering routes and creating groups",
 			middleware.ErrInvalidConfig, len(routes), routes[0].Method, routes[0].Path)
 	}
-	in := rt.Install("ginlock.Install", func(keyfunc.Request) error { return CheckRoutes(rt, r.Routes()) })
-	r.Use(func(c *gin.Context) {
+	r.Use(tableHandler(rt.Install("ginlock.Install", func(keyfunc.Request) error { return verify(r, rt, false) })))
+	return nil
+}
+
+// tableHandler is the table middleware of an install; Verify finds it in a
+// route's handler chain by its code, which is one function only while
+// tableHandler is not inlined (each inlined copy gets its own literal).
+//
+//go:noinline
+func tableHandler(in *middleware.Installation) gin.HandlerFunc {
+	return func(c *gin.Context) {
 		_ = in.Serve(request{c}, c.Request.Method, c.FullPath(), func(r *http.Request) error { return next(c, r) },
 			func(a middleware.Answerer, rej *middleware.Rejection) error { return reject(c, a, rej) })
-	})
-	return nil
+	}
 }
 
 // CheckRoutes reports every entry of rt that matches none of routes
 // (engine.Routes()), naming the entry's source, joined with the problems a
 // middleware.LoadRoutesDeferred table kept; see middleware.CheckRoutes.
-// Call it once the routes are registered, to fail at start-up rather than
-// at the first request. It cannot tell whether the table runs in front of a
-// route (gin lists only a route's last handler): Install sees to that.
+// It cannot tell whether the table runs in front of a route (gin lists only
+// a route's last handler): Verify, which runs it too, can.
 func CheckRoutes(rt *middleware.Routes, routes gin.RoutesInfo) error {
 	return middleware.CheckRoutes(rt, routes, func(r gin.RouteInfo) (string, string) { return r.Method, r.Path })
 }

@@ -43,15 +43,15 @@ func serveGinSpec(locker *reqlock.Locker, spec string, h http.HandlerFunc) (http
 }
 
 // serveGinRoutes installs the table with ginlock.Install, registers routes
-// after it, in their groups and each behind its Guard, and checks the table
-// against the engine.
+// after it, in their groups and each behind its Guard, and verifies the
+// install.
 func serveGinRoutes(rt *middleware.Routes, routes []adaptertest.Endpoint) (http.Handler, error) {
 	r := gin.New()
 	if err := ginlock.Install(r, rt); err != nil {
 		return nil, err
 	}
 	registerGin(r, routes)
-	if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
+	if err := ginlock.Verify(r, rt); err != nil {
 		return nil, err
 	}
 	return r, nil

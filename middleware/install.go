@@ -50,8 +50,8 @@ type Installation struct {
 
 // Install returns an Installation of rt; by names the install in messages,
 // such as "echolock.Routes". check reports whether rt matches the routes of
-// the router that serves req (the adapter's CheckRoutes, such as
-// ginlock.CheckRoutes with the engine's routes); the Installation calls it
+// the router that serves req (the adapter's start-up check, such as
+// echolock.CheckRoutes with e's routes, or ginlock.Verify); the Installation calls it
 // once, at its first request, when every route is registered.
 func (rt *Routes) Install(by string, check func(req keyfunc.Request) error) *Installation {
 	return &Installation{rt: rt, by: by, check: check}

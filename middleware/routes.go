@@ -350,6 +350,31 @@ func (rt *Routes) Check(registered []RouteID) error {
 	return rt.check(func(e routeEntry) bool { return have[routeKey{e.spec.Method, e.spec.Path}] }, "matches no registered route")
 }
 
+// CheckUnguarded reports, joined in the order of the entries, every entry
+// whose route is among unguarded: the routes a router serves without the
+// table's install in front of them, which an adapter that can read its
+// router's handler chains lists (ginlock.Verify). Routes without an entry
+// are ignored: they run unlocked by design. Each problem names the entry's
+// Source and wraps ErrInvalidConfig; why says why the route runs without
+// the table.
+func (rt *Routes) CheckUnguarded(unguarded []RouteID, why string) error {
+	off := make(map[routeKey]bool, len(unguarded))
+	for _, r := range unguarded {
+		off[routeKey{r.Method, canonicalPath(r.Path)}] = true
+	}
+	var problems []entryProblem
+	for _, e := range rt.entries {
+		if off[routeKey{e.spec.Method, e.spec.Path}] {
+			problems = append(problems, entryProblem{e.order, fmt.Errorf("%w: %s: %s %s runs unlocked: %s",
+				ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path, why)})
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return joinProblems(problems)
+}
+
 // check returns the table's problems and those of every entry, built or
 // not, that served reports the router does not serve (saying so with
 // unserved), joined in the order of the entries.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs every check of the repository against real servers: gofmt, go vet,
-# go test -race (extra arguments go to go test), then each fuzz target for
-# FUZZTIME (default 10s). scripts/servers.sh installs the servers the tests
-# use when they are missing (Debian packages, as root), starts them in
-# parallel on free loopback ports, exports their REQLOCK_* addresses and
-# stops them on exit.
+# Runs every check of the repository against real servers: gofmt, the Go
+# floor (scripts/gofloor.sh), go vet, go test -race (extra arguments go to
+# go test), then each fuzz target for FUZZTIME (default 10s).
+# scripts/servers.sh installs the servers the tests use when they are
+# missing (Debian packages, as root), starts them in parallel on free
+# loopback ports, exports their REQLOCK_* addresses and stops them on exit.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,6 +21,11 @@ if [[ -n $unformatted ]]; then
 	echo "$unformatted" >&2
 	exit 1
 fi
+
+# One Go floor: the README's, in every go.mod and kept by go mod tidy in a
+# fresh user module of each importable module (issue 20).
+echo "test.sh: Go floor"
+./scripts/gofloor.sh
 
 # Every Go module of the repository: the root (the core) and the nested ones
 # (heavy optional integrations and the benchmarks, each with its own

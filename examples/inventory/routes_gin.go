@@ -45,7 +45,7 @@ func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (htt
 	})
 	r.Match(getHead, "/metrics", gin.WrapH(metricsHandler))
 	if rt != nil {
-		if err := ginlock.CheckRoutes(rt, r.Routes()); err != nil {
+		if err := ginlock.Verify(r, rt); err != nil {
 			return nil, err
 		}
 	}

@@ -56,7 +56,7 @@ type Adapter struct {
 	// the routes are registered; net/http: rt.Handler around the ServeMux)
 	// and routes registered on it in the router's own syntax (see
 	// ColonPath), each behind its route-level Guard when it has one. It
-	// returns the adapter's start-up check unchanged: ginlock.CheckRoutes,
+	// returns the adapter's start-up check unchanged: ginlock.Verify,
 	// echolock.CheckRoutes, or the error of Routes.Handler.
 	ServeRoutes func(rt *middleware.Routes, routes []Endpoint) (http.Handler, error)
 

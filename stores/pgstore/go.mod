@@ -1,6 +1,6 @@
 module github.com/reqlock/reqlock/stores/pgstore
 
-go 1.25.0
+go 1.26.0
 
 replace github.com/reqlock/reqlock => ../..
 

@@ -14,7 +14,7 @@ import (
 )
 
 // BenchmarkTopology measures what one lock costs through each Redis
-// topology, for the README's "which topology" table: uncontended
+// topology, for the "Which Redis topology" table of docs/stores.md: uncontended
 // Obtain+Release cycles of a reqlock.Locker, one after the other over 1000
 // keys (which a Cluster spreads over its 3 masters), through a
 // *redis.Client on a single Redis, a Sentinel failover client on a Sentinel
