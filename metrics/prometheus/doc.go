@@ -6,8 +6,8 @@
 // inherit the Prometheus client library and its dependencies: only programs
 // that import this package do.
 //
-// A *Metrics implements reqlock.Metrics and is itself a
-// prometheus.Collector:
+// A *Metrics implements reqlock.Metrics and reqlock.OutageMetrics and is
+// itself a prometheus.Collector:
 //
 //	m := reqlockprom.New()
 //	prometheus.MustRegister(m)
@@ -22,6 +22,16 @@
 //	reqlock_lock_lost_total{route}             counter
 //	reqlock_lock_handoffs_total{route}         counter
 //
+// and, from reqlock.OutageMetrics (the Locker's breaker, see
+// reqlock.WithBreaker, and its pending releases, see
+// reqlock.WithPendingReleases):
+//
+//	reqlock_lock_store_down                    gauge; 1 while the breaker counts the store down
+//	reqlock_lock_store_outages_total           counter; times the store was counted down
+//	reqlock_lock_store_down_seconds_total      counter; seconds down, summed over the outages that ended
+//	reqlock_lock_store_down_rejected_total{route}  counter; Obtains refused with ErrStoreDown (also counted as store_error)
+//	reqlock_lock_pending_releases_total{event} counter; event is queued, released, not_held, expired, dropped or unreleased
+//
 // The reasons are the failed outcomes of reqlock.OutcomeOf, the
 // classification the middleware maps to HTTP statuses: invalid counts
 // invalid arguments or configuration (such as Redis Cluster keys in
@@ -35,7 +45,10 @@
 // route is known in advance: a route's series appear when its first event
 // is seen. Its counters then appear at once, at zero, for every reason, so
 // that rate() and increase() count its first failure; its histograms
-// appear with their first observation.
+// appear with their first observation. The outage families appear with
+// the first outage or pending-release event, as a whole: the gauge and
+// the counters at their value, a series for every event, and
+// lock_store_down_rejected_total for every route seen.
 //
 // The number of distinct routes is capped (WithMaxRoutes, default
 // DefaultMaxRoutes): events of routes beyond the cap are counted under

@@ -98,3 +98,21 @@ func labelValues(t testing.TB, g prometheus.Gatherer, name, label string) map[st
 	}
 	return values
 }
+
+// value returns the value of the one counter or gauge of family name with
+// labels want, and whether it exists.
+func value(t testing.TB, g prometheus.Gatherer, name string, want map[string]string) (float64, bool) {
+	t.Helper()
+	s := series(t, g, name, want)
+	switch len(s) {
+	case 0:
+		return 0, false
+	case 1:
+		if s[0].GetGauge() != nil {
+			return s[0].GetGauge().GetValue(), true
+		}
+		return s[0].GetCounter().GetValue(), true
+	}
+	t.Fatalf("%s%v: %d series, want one", name, want, len(s))
+	return 0, false
+}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
@@ -147,4 +149,123 @@ func (s *flakyStore) Refresh(ctx context.Context, keys []string, token string, t
 		return errors.New("connection refused")
 	}
 	return s.Store.Refresh(ctx, keys, token, ttl)
+}
+
+// TestLockerOutage: through a real Locker whose store fails, the breaker's
+// outage shows in the outage families: lock_store_down while it lasts,
+// the refused Obtain in lock_store_down_rejected_total, the release made
+// while the store was down in lock_pending_releases_total (queued, then
+// released once the store is back), and the outage's count and length.
+// The store is memstore, failing while downStore.down is set.
+func TestLockerOutage(t *testing.T) {
+	m := New()
+	reg := registered(t, m)
+	store := &downStore{s: memstore.New()}
+	locker := reqlock.MustNew(store, reqlock.WithMetrics(m), reqlock.WithBreaker(1, 50*time.Millisecond),
+		reqlock.WithLogger(slog.New(slog.DiscardHandler))) // the outage is expected
+	defer locker.Close(context.Background())
+	ctx := reqlock.WithLabel(context.Background(), "POST /x")
+	if _, ok := value(t, reg, "reqlock_lock_store_down", nil); ok {
+		t.Fatal("reqlock_lock_store_down before any outage")
+	}
+
+	held, err := locker.Obtain(ctx, "held", time.Minute, 0)
+	if err != nil {
+		t.Fatalf("Obtain: %v", err)
+	}
+	store.down.Store(true)
+	if _, err := locker.Obtain(ctx, "a", time.Minute, 0); !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("Obtain with the store failing: %v, want ErrStore", err)
+	}
+	if !locker.StoreHealth().Down {
+		t.Fatal("one store failure did not open the breaker of WithBreaker(1, ...)")
+	}
+	// Refused at once, unless a probe came due meanwhile on a loaded
+	// machine: then it is a store failure, and the next is refused.
+	refused := 0
+	for deadline := time.Now().Add(10 * time.Second); refused == 0; {
+		_, err := locker.Obtain(ctx, "b", time.Minute, 0)
+		if errors.Is(err, reqlock.ErrStoreDown) {
+			refused++
+		} else if !errors.Is(err, reqlock.ErrStore) || time.Now().After(deadline) {
+			t.Fatalf("Obtain with the breaker open: %v, want ErrStoreDown", err)
+		}
+	}
+	if err := held.Release(context.Background()); !errors.Is(err, reqlock.ErrStore) {
+		t.Fatalf("Release with the store down: %v, want a store error", err)
+	}
+	for name, want := range map[string]float64{"reqlock_lock_store_down": 1, "reqlock_lock_store_outages_total": 1} {
+		if v, ok := value(t, reg, name, nil); !ok || v != want {
+			t.Errorf("%s = %v (present %v) while down, want %v", name, v, ok, want)
+		}
+	}
+	if v, ok := value(t, reg, "reqlock_lock_store_down_rejected_total", map[string]string{"route": "POST /x"}); !ok || v < 1 {
+		t.Errorf("reqlock_lock_store_down_rejected_total{route=\"POST /x\"} = %v (present %v), want at least 1", v, ok)
+	}
+	// The release of held, and that of any grant the failed Obtain may
+	// have left.
+	if v, ok := value(t, reg, "reqlock_lock_pending_releases_total", map[string]string{"event": "queued"}); !ok || v < 1 {
+		t.Errorf("pending releases queued = %v (present %v), want at least 1", v, ok)
+	}
+
+	store.down.Store(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		lock, err := locker.Obtain(ctx, "c"+strconv.Itoa(i), time.Minute, 0)
+		if err == nil {
+			lock.Release(ctx)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Obtain 10s after the store came back: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // requests arrive; a poll
+	}
+	for {
+		released, _ := value(t, reg, "reqlock_lock_pending_releases_total", map[string]string{"event": "released"})
+		if released >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pending releases released = %v 10s after the store came back, want at least 1", released)
+		}
+		time.Sleep(10 * time.Millisecond) // a poll
+	}
+	if v, _ := value(t, reg, "reqlock_lock_store_down", nil); v != 0 {
+		t.Errorf("reqlock_lock_store_down = %v after the store came back, want 0", v)
+	}
+	if v, _ := value(t, reg, "reqlock_lock_store_down_seconds_total", nil); !(v > 0) {
+		t.Errorf("reqlock_lock_store_down_seconds_total = %v after the outage, want more than 0", v)
+	}
+	if v, _ := value(t, reg, "reqlock_lock_store_outages_total", nil); v != 1 {
+		t.Errorf("reqlock_lock_store_outages_total = %v, want 1", v)
+	}
+}
+
+// downStore is memstore whose Acquire and Release fail, without acting,
+// while down is set. It implements stores.Store alone, so that the Locker
+// calls these methods.
+type downStore struct {
+	s    *memstore.Store
+	down atomic.Bool
+}
+
+var errDown = errors.New("connection refused")
+
+func (s *downStore) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	if s.down.Load() {
+		return stores.Grant{}, errDown
+	}
+	return s.s.Acquire(ctx, keys, token, ttl)
+}
+
+func (s *downStore) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	if s.down.Load() {
+		return errDown
+	}
+	return s.s.Release(ctx, keys, token, keep)
+}
+
+func (s *downStore) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
+	return s.s.Refresh(ctx, keys, token, ttl)
 }

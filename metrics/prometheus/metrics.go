@@ -10,9 +10,9 @@ import (
 )
 
 // Metrics reports a reqlock.Locker's events to Prometheus. It implements
-// reqlock.Metrics and prometheus.Collector; create it with New, register it
-// with a prometheus.Registerer and pass it to reqlock.WithMetrics. It is
-// safe for concurrent use.
+// reqlock.Metrics, reqlock.OutageMetrics and prometheus.Collector; create
+// it with New, register it with a prometheus.Registerer and pass it to
+// reqlock.WithMetrics. It is safe for concurrent use.
 type Metrics struct {
 	success  *prometheus.CounterVec   // route
 	failure  *prometheus.CounterVec   // route, reason
@@ -20,6 +20,7 @@ type Metrics struct {
 	hold     *prometheus.HistogramVec // route
 	lost     *prometheus.CounterVec   // route
 	handoffs *prometheus.CounterVec   // route
+	outage   *outage                  // the families of reqlock.OutageMetrics
 
 	routes  *metricdefs.Routes[route]
 	reasons metricdefs.Reasons // of the outcomes beyond metricdefs.KnownOutcomes
@@ -36,6 +37,10 @@ type route struct {
 	wait     [metricdefs.NumKnownOutcomes]atomic.Pointer[observer] // by metricdefs.OutcomeIndex; set on first use
 	hold     atomic.Pointer[observer]                              // set on first use
 	other    metricdefs.OtherOutcomes[otherOutcome]                // outcomes beyond metricdefs.KnownOutcomes
+
+	// downRejected counts lock_store_down_rejected_total; created with
+	// the route, it is collected once an outage event came.
+	downRejected prometheus.Counter
 }
 
 type observer struct{ prometheus.Observer }
@@ -73,6 +78,7 @@ func New(opts ...Option) *Metrics {
 		hold:     histogram(metricdefs.NameHold, metricdefs.HelpHold, c.holdBuckets, route),
 		lost:     counter(metricdefs.NameLost, metricdefs.HelpLost, route),
 		handoffs: counter(metricdefs.NameHandoffs, metricdefs.HelpHandoffs, route),
+		outage:   newOutage(c),
 	}
 	m.routes = metricdefs.NewRoutes(c.maxRoutes, m.newRoute)
 	return m
@@ -87,12 +93,21 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.vecs() {
 		c.Describe(ch)
 	}
+	for _, c := range m.outage.collectors() {
+		c.Describe(ch)
+	}
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. The families of
+// reqlock.OutageMetrics are collected once the first of their events came.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.vecs() {
 		c.Collect(ch)
+	}
+	if m.outage.seen.Load() {
+		for _, c := range m.outage.collectors() {
+			c.Collect(ch)
+		}
 	}
 }
 
@@ -159,6 +174,8 @@ func (m *Metrics) newRoute(name string) *route {
 		success:  m.success.WithLabelValues(name),
 		lost:     m.lost.WithLabelValues(name),
 		handoffs: m.handoffs.WithLabelValues(name),
+
+		downRejected: m.outage.rejected.WithLabelValues(name),
 	}
 	for i, outcome := range metricdefs.KnownOutcomes() {
 		if i > 0 {

@@ -52,6 +52,12 @@ func TestSameAsCore(t *testing.T) {
 			reg.MustRegister(pm)
 			sameText(t, "new", reg, cm)
 
+			// An event a newer reqlock may add shows no outage family.
+			for _, m := range []reqlock.OutageMetrics{pm, cm} {
+				m.PendingRelease("later")
+			}
+			sameText(t, "unknown pending event", reg, cm)
+
 			// The scenario of the core package's TestExposition first.
 			for _, m := range []reqlock.Metrics{pm, cm} {
 				scenario(m)
@@ -69,8 +75,75 @@ func TestSameAsCore(t *testing.T) {
 				moreEvents(m)
 			}
 			sameText(t, "again", reg, cm)
+
+			// The outage families, with the routes seen before and new ones.
+			for _, m := range []reqlock.OutageMetrics{pm, cm} {
+				outageEvents(m)
+			}
+			sameText(t, "outage", reg, cm)
+
+			for _, m := range []reqlock.Metrics{pm, cm} {
+				scenario(m)
+				moreEvents(m)
+				outageEvents(m.(reqlock.OutageMetrics))
+				m.(reqlock.OutageMetrics).StoreDown()
+			}
+			sameText(t, "second outage, still down", reg, cm)
 		})
 	}
+}
+
+// TestSameAsCoreOutageFirst: outage events before any route's event show
+// the families without routes, then lock_store_down_rejected_total with
+// the first rejected route, as the core package writes them.
+func TestSameAsCoreOutageFirst(t *testing.T) {
+	pm, cm := New(), metrics.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pm)
+	for _, m := range []reqlock.OutageMetrics{pm, cm} {
+		m.StoreDown()
+	}
+	sameText(t, "store down", reg, cm)
+	if !strings.Contains(scrapeText(t, reg), "reqlock_lock_store_down 1\n") {
+		t.Fatalf("no reqlock_lock_store_down 1 after StoreDown:\n%s", scrapeText(t, reg))
+	}
+	for _, m := range []reqlock.OutageMetrics{pm, cm} {
+		m.RejectedStoreDown("POST /a")
+		m.StoreBack(-time.Second, 1) // a clock step adds nothing
+	}
+	sameText(t, "rejected, back", reg, cm)
+}
+
+// outageEvents reports every reqlock.OutageMetrics event: an outage whose
+// length is not exact in binary, rejections of known, new, escaped and
+// overflowing routes, every pending-release event and one package reqlock
+// does not define.
+func outageEvents(m reqlock.OutageMetrics) {
+	m.StoreDown()
+	for i, route := range []string{"POST /x", "GET /new-outage", `POST /a"b`, "GET /\xff", OverflowRoute, ""} {
+		for range i + 1 {
+			m.RejectedStoreDown(route)
+		}
+	}
+	for i, e := range []reqlock.PendingEvent{
+		reqlock.PendingQueued, reqlock.PendingReleased, reqlock.PendingNotHeld,
+		reqlock.PendingExpired, reqlock.PendingDropped, reqlock.PendingUnreleased, "later",
+	} {
+		for range 2*i + 1 {
+			m.PendingRelease(e)
+		}
+	}
+	m.StoreBack(1234567891*time.Nanosecond, 21)
+	m.StoreDown()
+	m.StoreBack(100*time.Millisecond+1, 0) // sums to a float whose text the two must agree on
+}
+
+// scrapeText returns the text exposition promhttp serves for g.
+func scrapeText(t *testing.T, g prometheus.Gatherer) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(g, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	return rec.Body.String()
 }
 
 // Durations whose seconds are exact in binary, so that sums compare exactly.

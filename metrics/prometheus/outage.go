@@ -1,0 +1,100 @@
+package reqlockprom
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/internal/metricdefs"
+)
+
+// pendingEvents are the events of a pending release that get a series.
+var pendingEvents = [...]reqlock.PendingEvent{
+	reqlock.PendingDropped, reqlock.PendingExpired, reqlock.PendingNotHeld,
+	reqlock.PendingQueued, reqlock.PendingReleased, reqlock.PendingUnreleased,
+}
+
+// outage holds the families of the store's outages and pending releases.
+// They are collected once the first of their events came, as the core
+// package's Registry writes them.
+type outage struct {
+	seen      atomic.Bool
+	down      atomic.Bool
+	outages   atomic.Uint64
+	downNanos atomic.Int64
+
+	downGauge prometheus.GaugeFunc   // lock_store_down
+	downFor   prometheus.CounterFunc // lock_store_down_seconds_total
+	outagesC  prometheus.CounterFunc // lock_store_outages_total
+	rejected  *prometheus.CounterVec // lock_store_down_rejected_total; route
+	pendingV  *prometheus.CounterVec // lock_pending_releases_total; event
+	pending   [len(pendingEvents)]prometheus.Counter
+}
+
+var _ reqlock.OutageMetrics = (*Metrics)(nil)
+
+// newOutage creates the outage families with the options of c.
+func newOutage(c config) *outage {
+	o := new(outage)
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: c.namespace, Name: name, Help: help, ConstLabels: c.constLabels}
+	}
+	o.downGauge = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts(metricdefs.NameStoreDown, metricdefs.HelpStoreDown)),
+		func() float64 {
+			if o.down.Load() {
+				return 1
+			}
+			return 0
+		})
+	o.downFor = prometheus.NewCounterFunc(prometheus.CounterOpts(opts(metricdefs.NameStoreDownFor, metricdefs.HelpStoreDownFor)),
+		func() float64 { return time.Duration(o.downNanos.Load()).Seconds() })
+	o.outagesC = prometheus.NewCounterFunc(prometheus.CounterOpts(opts(metricdefs.NameStoreOutages, metricdefs.HelpStoreOutages)),
+		func() float64 { return float64(o.outages.Load()) })
+	o.rejected = prometheus.NewCounterVec(prometheus.CounterOpts(opts(metricdefs.NameStoreRejected, metricdefs.HelpStoreRejected)),
+		[]string{metricdefs.LabelRoute})
+	o.pendingV = prometheus.NewCounterVec(prometheus.CounterOpts(opts(metricdefs.NamePendingReleases, metricdefs.HelpPendingReleases)),
+		[]string{metricdefs.LabelEvent})
+	for i, e := range pendingEvents {
+		o.pending[i] = o.pendingV.WithLabelValues(string(e))
+	}
+	return o
+}
+
+func (o *outage) collectors() [5]prometheus.Collector {
+	return [...]prometheus.Collector{o.downGauge, o.downFor, o.outagesC, o.rejected, o.pendingV}
+}
+
+// StoreDown implements reqlock.OutageMetrics: it counts
+// lock_store_outages_total and sets lock_store_down.
+func (m *Metrics) StoreDown() {
+	m.outage.outages.Add(1)
+	m.outage.down.Store(true)
+	m.outage.seen.Store(true)
+}
+
+// StoreBack implements reqlock.OutageMetrics: it clears lock_store_down and
+// adds downFor to lock_store_down_seconds_total.
+func (m *Metrics) StoreBack(downFor time.Duration, _ int64) {
+	m.outage.downNanos.Add(int64(max(downFor, 0)))
+	m.outage.down.Store(false)
+	m.outage.seen.Store(true)
+}
+
+// RejectedStoreDown implements reqlock.OutageMetrics: it counts
+// lock_store_down_rejected_total.
+func (m *Metrics) RejectedStoreDown(label string) {
+	m.routes.Get(label).downRejected.Inc()
+	m.outage.seen.Store(true)
+}
+
+// PendingRelease implements reqlock.OutageMetrics: it counts
+// lock_pending_releases_total by event; an event package reqlock did not
+// define when this package was written is not counted.
+func (m *Metrics) PendingRelease(event reqlock.PendingEvent) {
+	if i := slices.Index(pendingEvents[:], event); i >= 0 {
+		m.outage.pending[i].Inc()
+		m.outage.seen.Store(true)
+	}
+}
