@@ -10,13 +10,6 @@ import (
 	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
-// pendingEvents are the events of a pending release, in the order of their
-// series.
-var pendingEvents = [...]reqlock.PendingEvent{
-	reqlock.PendingDropped, reqlock.PendingExpired, reqlock.PendingNotHeld,
-	reqlock.PendingQueued, reqlock.PendingReleased, reqlock.PendingUnreleased,
-}
-
 // outageState holds the Registry's store and pending-release series. They
 // are exported once the first of their events came.
 type outageState struct {
@@ -24,7 +17,7 @@ type outageState struct {
 	down      atomic.Bool
 	outages   atomic.Uint64
 	downNanos atomic.Int64
-	pending   [len(pendingEvents)]atomic.Uint64
+	pending   [len(metricdefs.PendingEvents)]atomic.Uint64
 }
 
 var _ reqlock.OutageMetrics = (*Registry)(nil)
@@ -55,7 +48,7 @@ func (m *Registry) RejectedStoreDown(label string) {
 // PendingRelease implements reqlock.OutageMetrics: it counts
 // lock_pending_releases_total by event.
 func (m *Registry) PendingRelease(event reqlock.PendingEvent) {
-	if i := slices.Index(pendingEvents[:], event); i >= 0 {
+	if i := slices.Index(metricdefs.PendingEvents[:], event); i >= 0 {
 		m.outage.pending[i].Add(1)
 		m.outage.seen.Store(true)
 	}
@@ -95,7 +88,7 @@ func (m *Registry) appendOutage(b []byte, routes []*route) []byte {
 	// rejected, down seconds, outages.
 	n := name(metricdefs.NamePendingReleases)
 	b = header(b, n, metricdefs.HelpPendingReleases, "counter")
-	for i, e := range pendingEvents {
+	for i, e := range metricdefs.PendingEvents {
 		b = append(b, n...)
 		b = append(b, `{`+metricdefs.LabelEvent+`="`...)
 		b = append(b, e...)

@@ -10,12 +10,6 @@ import (
 	"github.com/reqlock/reqlock/internal/metricdefs"
 )
 
-// pendingEvents are the events of a pending release that get a series.
-var pendingEvents = [...]reqlock.PendingEvent{
-	reqlock.PendingDropped, reqlock.PendingExpired, reqlock.PendingNotHeld,
-	reqlock.PendingQueued, reqlock.PendingReleased, reqlock.PendingUnreleased,
-}
-
 // outage holds the families of the store's outages and pending releases.
 // They are collected once the first of their events came, as the core
 // package's Registry writes them.
@@ -30,7 +24,7 @@ type outage struct {
 	outagesC  prometheus.CounterFunc // lock_store_outages_total
 	rejected  *prometheus.CounterVec // lock_store_down_rejected_total; route
 	pendingV  *prometheus.CounterVec // lock_pending_releases_total; event
-	pending   [len(pendingEvents)]prometheus.Counter
+	pending   [len(metricdefs.PendingEvents)]prometheus.Counter
 }
 
 var _ reqlock.OutageMetrics = (*Metrics)(nil)
@@ -56,7 +50,7 @@ func newOutage(c config) *outage {
 		[]string{metricdefs.LabelRoute})
 	o.pendingV = prometheus.NewCounterVec(prometheus.CounterOpts(opts(metricdefs.NamePendingReleases, metricdefs.HelpPendingReleases)),
 		[]string{metricdefs.LabelEvent})
-	for i, e := range pendingEvents {
+	for i, e := range metricdefs.PendingEvents {
 		o.pending[i] = o.pendingV.WithLabelValues(string(e))
 	}
 	return o
@@ -93,7 +87,7 @@ func (m *Metrics) RejectedStoreDown(label string) {
 // lock_pending_releases_total by event; an event package reqlock did not
 // define when this package was written is not counted.
 func (m *Metrics) PendingRelease(event reqlock.PendingEvent) {
-	if i := slices.Index(pendingEvents[:], event); i >= 0 {
+	if i := slices.Index(metricdefs.PendingEvents[:], event); i >= 0 {
 		m.outage.pending[i].Inc()
 		m.outage.seen.Store(true)
 	}
