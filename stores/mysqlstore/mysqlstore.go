@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -84,10 +85,10 @@ type Store struct {
 	contended contendedKeys
 	dbx       dbExecer // db, to run statements on
 
-	callLimit time.Duration // see WithCallLimit
-	attempts  int           // contentionAttempts, or fewer in tests
-	sessions  sessionCache  // of the connections the Store pinned
-	undo      *undoer       // the undo of acquires whose callers left
+	callLimit time.Duration           // see WithCallLimit
+	attempts  int                     // contentionAttempts, or fewer in tests
+	sessions  sessionCache            // of the connections the Store pinned
+	undo      *undoqueue.Queue[*debt] // the undo of acquires whose callers left
 
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
@@ -224,7 +225,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		}
 	}
 	s.q = newQueries(quoteTable(s.table))
-	s.undo = newUndoer(s.settle, s.undoLimit())
+	s.undo = undoqueue.New(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
 		go s.purgeLoop()
 	} else {
@@ -269,7 +270,7 @@ func (s *Store) Close() error {
 	close(s.stopPurge)
 	<-s.purgeDone
 	s.calls.Wait()
-	s.undo.close(s.undoLimit())
+	s.undo.Close(s.undoLimit())
 	s.stmts.close()
 	if s.ownsDB {
 		return s.db.Close()

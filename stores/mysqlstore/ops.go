@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -77,10 +78,10 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		cause = fmt.Errorf("mysqlstore: no answer within the call limit %v: %w", s.callLimit, context.DeadlineExceeded)
 	}
 	d := s.debtOf(keys, token, ttl, r.a)
-	if s.settleWhileWaiting(ctx, d) {
+	if undoqueue.SettleNow(ctx, d, s.settle, s.undoLimit()) {
 		return stores.Grant{}, fmt.Errorf("%w: %w; the store ended the session that carried it and released the keys", stores.ErrAbandoned, cause)
 	}
-	s.undo.add(d)
+	s.undo.Add(d)
 	return stores.Grant{}, fmt.Errorf("%w: %w; the store undoes it", stores.ErrAbandoned, cause)
 }
 
@@ -110,7 +111,7 @@ func (a *attempt) sent(sess session, err error) {
 
 // owe queues the undo of an acquire of keys by token whose caller left.
 func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
-	s.undo.add(s.debtOf(keys, token, ttl, a))
+	s.undo.Add(s.debtOf(keys, token, ttl, a))
 }
 
 // debtOf returns the undo of an acquire of keys by token that left a: its
@@ -118,34 +119,6 @@ func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
 func (s *Store) debtOf(keys []string, token string, ttl time.Duration, a attempt) *debt {
 	s.undos.Add(1)
 	return &debt{keys: keys, token: token, ttl: ttl, sess: a.sess, end: a.unknown, since: time.Now()}
-}
-
-// settleWhileWaiting tries to settle d, again after a pause while it fails,
-// until it is settled or ctx ends (or, for a ctx that never ends, the undo
-// try limit passes), and reports whether it was settled.
-func (s *Store) settleWhileWaiting(ctx context.Context, d *debt) bool {
-	if ctx.Done() == nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.undoLimit())
-		defer cancel()
-	}
-	pause := undoPauseMin
-	for {
-		try, cancel := context.WithTimeout(ctx, s.undoLimit())
-		settled := s.settle(try, d)
-		cancel()
-		if settled {
-			return true
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C:
-		}
-		pause = min(2*pause, undoPauseMax)
-	}
 }
 
 // undoLimit bounds each try of an undo.

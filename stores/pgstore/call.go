@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -155,44 +156,16 @@ func (s *Store) answer(ctx context.Context, r result, keys []string, token strin
 		cause = fmt.Errorf("pgstore: no answer within the call limit %v: %w", s.callLimit, r.own)
 	}
 	d := s.debtOf(keys, token, ttl, r.a)
-	if s.settleWhileWaiting(ctx, d) {
+	if undoqueue.SettleNow(ctx, d, s.settle, s.callLimit) {
 		return stores.Grant{}, fmt.Errorf("%w: %w; the store ended the session that carried it and released the keys", stores.ErrAbandoned, cause)
 	}
-	s.undo.add(d)
+	s.undo.Add(d)
 	return stores.Grant{}, fmt.Errorf("%w: %w; the store undoes it", stores.ErrAbandoned, cause)
-}
-
-// settleWhileWaiting tries to settle d, again after a pause while it fails,
-// until it is settled or ctx ends (or, for a ctx that never ends, the call
-// limit passes), and reports whether it was settled.
-func (s *Store) settleWhileWaiting(ctx context.Context, d *debt) bool {
-	if ctx.Done() == nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.callLimit)
-		defer cancel()
-	}
-	pause := undoPauseMin
-	for {
-		try, cancel := context.WithTimeout(ctx, s.callLimit)
-		settled := s.settle(try, d)
-		cancel()
-		if settled {
-			return true
-		}
-		timer := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return false
-		case <-timer.C:
-		}
-		pause = min(2*pause, undoPauseMax)
-	}
 }
 
 // owe queues the undo of an acquire of keys by token whose caller left.
 func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
-	s.undo.add(s.debtOf(keys, token, ttl, a))
+	s.undo.Add(s.debtOf(keys, token, ttl, a))
 }
 
 // debtOf returns the undo of an acquire of keys by token that left a: its

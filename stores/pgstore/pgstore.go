@@ -238,6 +238,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -285,9 +286,9 @@ type Store struct {
 
 	callLimit time.Duration // see WithCallLimit
 
-	background sync.WaitGroup // acquires in flight, detached from their callers
-	undo       *undoer        // the undo of acquires whose callers left
-	abandoned  atomic.Int64   // undos owed so far, for tests
+	background sync.WaitGroup          // acquires in flight, detached from their callers
+	undo       *undoqueue.Queue[*debt] // the undo of acquires whose callers left
+	abandoned  atomic.Int64            // undos owed so far, for tests
 
 	mu     sync.Mutex // guards notify and closed, and background.Add
 	notify *listener  // nil until the first NotifyRelease
@@ -353,7 +354,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if s.callLimit <= 0 {
 		return nil, fmt.Errorf("%w: pgstore: call limit %v is not positive", stores.ErrInvalid, s.callLimit)
 	}
-	s.undo = newUndoer(s.settle, s.callLimit)
+	s.undo = undoqueue.New(s.settle, s.callLimit)
 	s.channel = channelOf(s.table)
 	s.sql = newStatements(s.table)
 	s.setBounds(defaultBlockSize)
@@ -477,7 +478,7 @@ func (s *Store) Close() error {
 		l.close()
 	}
 	s.background.Wait()
-	s.undo.close(s.callLimit)
+	s.undo.Close(s.callLimit)
 	if s.ownsPool {
 		s.pool.Close()
 	}
