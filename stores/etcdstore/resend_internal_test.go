@@ -20,8 +20,8 @@ import (
 // sends that answer as etcd would in each case (issue 19, item 5).
 func TestResend(t *testing.T) {
 	t.Parallel()
-	s := &Store{timeout: 5 * time.Second}
-	bound := s.attemptBound()
+	newStore := func() *Store { return &Store{timeout: 5 * time.Second} }
+	bound := newStore().attemptBound()
 	okResp, refused := &clientv3.TxnResponse{Succeeded: true}, &clientv3.TxnResponse{}
 	isOK := func(r *clientv3.TxnResponse) bool { return r.Succeeded }
 	// copies returns a send whose n-th copy runs answer(ctx, n).
@@ -38,6 +38,7 @@ func TestResend(t *testing.T) {
 
 	t.Run("RefusalWaitsForAnEarlierCopy", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		// The first copy was applied, and its answer comes late; the
 		// second finds the key released by it, and is refused.
 		send, _ := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
@@ -54,6 +55,7 @@ func TestResend(t *testing.T) {
 	})
 	t.Run("RefusalSettlesWhenNoCopyIsLeft", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) { return refused, nil })
 		start := time.Now()
 		answers, err := s.resend(t.Context(), send, isOK)
@@ -63,6 +65,7 @@ func TestResend(t *testing.T) {
 	})
 	t.Run("UnansweredIsSentAgain", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		// Copies forwarded to a dead leader until the third.
 		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
 			if n < 2 {
@@ -81,6 +84,7 @@ func TestResend(t *testing.T) {
 	})
 	t.Run("CopiesBeyondTheCapGiveUpTheOldest", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		var given atomic.Int32
 		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
 			if n < maxAttemptsInFlight+2 {
@@ -100,6 +104,7 @@ func TestResend(t *testing.T) {
 	})
 	t.Run("TransientIsSentAgainSoon", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
 			if n < 3 {
 				return nil, rpctypes.ErrNoLeader
@@ -114,6 +119,7 @@ func TestResend(t *testing.T) {
 	})
 	t.Run("UnreachableFailsAtOnce", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		noConn := status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused\"")
 		send, n := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) { return nil, noConn })
 		_, err := s.resend(t.Context(), send, isOK)
@@ -123,6 +129,7 @@ func TestResend(t *testing.T) {
 	})
 	t.Run("UnknownWhenACopyMayHaveLanded", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		// The first copy broke after it was sent; the second reached no
 		// member: the outcome is unknown, not "nothing changed".
 		send, _ := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) {
@@ -138,6 +145,7 @@ func TestResend(t *testing.T) {
 	})
 	t.Run("ContextEnds", func(t *testing.T) {
 		t.Parallel()
+		s := newStore() // a round trip of its own: the bound follows it
 		send, _ := copies(func(ctx context.Context, n int) (*clientv3.TxnResponse, error) { return unanswered(ctx) })
 		ctx, cancel := context.WithTimeout(t.Context(), 3*bound)
 		defer cancel()
