@@ -377,7 +377,8 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 	if !tripped || !l.StoreHealth().Down {
 		t.Fatalf("20 store failures in a row did not open the breaker: %+v", l.StoreHealth())
 	}
-	calls := r.spy.acquires.Load()
+	calls, undos := r.spy.acquires.Load(), r.spy.releases.Load()
+	firstProbe := l.StoreHealth().NextProbe
 	start := time.Now()
 	const refused = 200
 	for i := range refused {
@@ -391,6 +392,11 @@ func TestBreakerFailsFastAndHeals(t *testing.T) {
 		}
 	}
 	took := time.Since(start)
+	// The failed acquires' undos wait in the pending set: it calls a store
+	// counted down no sooner than the breaker's probe.
+	if n := r.spy.releases.Load() - undos; n != 0 && time.Now().Before(firstProbe) {
+		t.Errorf("the pending set made %d release calls while the breaker was open, before its probe", n)
+	}
 	// A probe per 500ms at most, and no dial per request.
 	if extra := r.spy.acquires.Load() - calls; extra > int32(took/(500*time.Millisecond))+1 {
 		t.Errorf("%d store calls for %d requests refused in %v: the breaker does not spare the store", extra, refused, took)

@@ -190,12 +190,18 @@ func (p *pendingSet) run(exited chan struct{}) {
 		r := p.items[0]
 		stop := p.stop
 		p.mu.Unlock()
-		if ev, done := p.try(context.Background(), r); done {
-			if p.remove(r) {
-				p.event(ev)
+		// While the breaker counts the store down and no probe is due,
+		// no call: the breaker's closing kicks the set (retryNow). Close
+		// still tries each release once.
+		storeDown := p.l.breaker != nil && p.l.breaker.rejecting()
+		if !storeDown {
+			if ev, done := p.try(context.Background(), r); done {
+				if p.remove(r) {
+					p.event(ev)
+				}
+				delay = pendingRetryMin
+				continue
 			}
-			delay = pendingRetryMin
-			continue
 		}
 		if timer == nil {
 			timer = time.NewTimer(delay)
