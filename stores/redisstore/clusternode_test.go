@@ -143,7 +143,7 @@ func TestOnOneNodeCluster(t *testing.T) {
 		// so the keys reach Redis, which refuses them.
 		s := newStore(t, client)
 		hidden := newStore(t, scripterOnly{client})
-		if hidden.routing != routeOne {
+		if hidden.routing != RouteOne {
 			t.Fatal("the wrapper did not hide the Cluster")
 		}
 		ctx := context.Background()

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -23,8 +21,8 @@ var (
 	//go:embed fair_leave.lua
 	fairLeaveSrc string
 
-	fairAcquireScript = redis.NewScript(withLib(fairAcquireSrc))
-	fairLeaveScript   = redis.NewScript(fairLeaveSrc)
+	fairAcquireScript = newScript(withLib(fairAcquireSrc))
+	fairLeaveScript   = newScript(fairLeaveSrc)
 )
 
 // AcquireFair is one attempt of a fair waiter (see stores.FairStore and
@@ -60,10 +58,11 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key), abandonKey(key, token)},
 		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit, stores.FenceStride},
 		undo: undoFair, undoKeys: []string{key}, undoToken: token, ttl: ttl}
-	reply, err := call.run(ctx)
+	r, err := call.run(ctx)
 	if err != nil {
 		return stores.FairGrant{}, err
 	}
+	reply := r.Ints
 	switch {
 	case len(reply) == 2 && reply[0] == 1:
 		return stores.FairGrant{Grant: stores.Grant{OK: true, Fences: reply[1:]}}, nil
@@ -85,7 +84,8 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.run(ctx, fairLeaveScript, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
+	_, err := s.run(ctx, fairLeaveScript, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token)
+	return err
 }
 
 // waitingKey names the key that marks key waited for, in the slot of key

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
@@ -35,7 +38,7 @@ func TestOpenURL(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
-	if err := s.owned.Ping(ctx).Err(); err == nil {
+	if _, err := s.Acquire(ctx, []string{testredis.Prefix(t) + "k"}, "t", time.Second); !errors.Is(err, redis.ErrClosed) {
 		t.Error("Close left Open's client open")
 	}
 	for _, bad := range []string{

@@ -1,5 +1,9 @@
 // Package redisstore is a stores.Store on Redis (6.2 or later, or Valkey)
-// through go-redis v9.
+// through go-redis v9, or through another client under a Driver: package
+// rueidisstore (github.com/reqlock/reqlock/stores/redisstore/rueidisstore,
+// a module of its own) runs this same Store on rueidis, which pipelines the
+// commands of concurrent calls onto shared connections. What follows holds
+// for both; where it names go-redis, see rueidisstore for rueidis.
 //
 // # What is stored
 //
@@ -99,13 +103,13 @@
 //
 // Each Store uses one pub/sub connection, multiplexed over every key its
 // process waits on. The first NotifyRelease opens it and starts one
-// goroutine, which hands each message to the subscribers of its channel and
-// sends SUBSCRIBE when a key gets its first subscriber and UNSUBSCRIBE when
-// its last one stops (go-redis adds two goroutines of its own for reading
-// and health checks). A Store that never calls NotifyRelease starts nothing
-// and opens no connection: uncontended locks cost no pub/sub. The Store owns
-// that connection and goroutine and Close stops them; the caller still owns
-// the client, and closes it after the Store.
+// goroutine, which sends SUBSCRIBE when a key gets its first subscriber and
+// UNSUBSCRIBE when its last one stops, and one that hands each message to
+// the subscribers of its channel (go-redis adds two goroutines of its own
+// for reading and health checks). A Store that never calls NotifyRelease
+// starts nothing and opens no connection: uncontended locks cost no
+// pub/sub. The Store owns that connection and goroutines and Close stops
+// them; the caller still owns the client, and closes it after the Store.
 //
 // Signals are hints and can be lost: a release published before the
 // SUBSCRIBE reaches Redis, and every release while the pub/sub connection is
@@ -207,13 +211,13 @@ var (
 	//go:embed refresh_all.lua
 	refreshAllSrc string
 
-	acquireScript       = redis.NewScript(withLib(acquireSrc))
-	acquireAllScript    = redis.NewScript(withLib(acquireAllSrc))
-	releaseScript       = redis.NewScript(releaseSrc)
-	releaseAllScript    = redis.NewScript(releaseAllSrc)
-	refreshScript       = redis.NewScript(refreshSrc)
-	refreshAllScript    = redis.NewScript(refreshAllSrc)
-	markAbandonedScript = redis.NewScript(markAbandonedSrc)
+	acquireScript       = newScript(withLib(acquireSrc))
+	acquireAllScript    = newScript(withLib(acquireAllSrc))
+	releaseScript       = newScript(releaseSrc)
+	releaseAllScript    = newScript(releaseAllSrc)
+	refreshScript       = newScript(refreshSrc)
+	refreshAllScript    = newScript(refreshAllSrc)
+	markAbandonedScript = newScript(markAbandonedSrc)
 )
 
 // withLib prepends the helpers of lib.lua to a script's source: Redis has no
@@ -222,8 +226,8 @@ var (
 func withLib(src string) string { return libSrc + src }
 
 // allScripts lists every script of the package, for Load.
-func allScripts() []*redis.Script {
-	return []*redis.Script{
+func allScripts() []*Script {
+	return []*Script{
 		acquireScript, releaseScript, refreshScript,
 		fairAcquireScript, fairLeaveScript,
 		acquireAllScript, releaseAllScript, refreshAllScript,
@@ -236,17 +240,12 @@ func allScripts() []*redis.Script {
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub
 // connection and a goroutine until Close.
 type Store struct {
-	client             redis.Scripter
-	routing            routing              // how client spreads keys; see checkColocated
-	cluster            *redis.ClusterClient // client, when it is one; see noteFailure
+	driver             Driver
+	routing            Routing // how the client spreads keys; see checkColocated
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
-	owned              *redis.Client // the client Open made, which Close closes
+	closeClient        func() error // closes the client Open made, last in Close
 
-	single redis.Scripter // client, sending each command once; nil when it cannot (see attempts)
-	retry  retryPolicy    // the client's retries, which the Store makes through single
-
-	sub    subscriber // nil when the client cannot notify releases
 	mu     sync.Mutex // guards notify
 	notify notifier
 }
@@ -284,24 +283,9 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if isNil(client) {
 		return nil, fmt.Errorf("%w: redisstore: client is nil", stores.ErrInvalid)
 	}
-	s := &Store{client: client, routing: routingOf(client), fenceRetention: DefaultFenceRetention}
-	s.cluster, _ = client.(*redis.ClusterClient)
-	if p, ok := client.(processor); ok {
-		s.single, s.retry = oneAttempt{p}, retryPolicyOf(client)
-	}
-	if sub, ok := client.(subscriber); ok {
-		// A Ring routes a channel to one shard, so one pub/sub cannot hear
-		// the releases of keys on the other shards.
-		if _, ring := client.(*redis.Ring); !ring {
-			s.sub = sub
-		}
-	}
-	for _, opt := range opts {
-		opt(s)
-	}
-	if s.fenceRetention < MinFenceRetention {
-		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
-			stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
+	s, err := NewWithDriver(newGoRedis(client), opts...)
+	if err != nil {
+		return nil, err
 	}
 	if enabled, known := contextTimeoutEnabled(client); known && !enabled && !s.clientTimeoutsOnly {
 		return nil, fmt.Errorf("%w: redisstore: the go-redis client ignores context deadlines, so a stalled Redis "+
@@ -311,31 +295,12 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// contextTimeoutEnabled reports whether client honours context deadlines,
-// when its type tells.
-func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, true
-	}
-	return false, false
-}
-
 // Load caches the store's scripts in Redis with SCRIPT LOAD, so that even the
 // first operation after start-up takes one round trip. It is optional: an
 // uncached script costs one extra round trip (EVALSHA, then EVAL). A cluster
 // client loads them on every node. It returns the client's error.
 func (s *Store) Load(ctx context.Context) error {
-	for _, script := range allScripts() {
-		if err := script.Load(ctx, s.client).Err(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.driver.Load(ctx, allScripts())
 }
 
 // Acquire sets every key to token for ttl when none is held by another
@@ -374,10 +339,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	call := &scriptCall{store: s, script: script, keys: scriptKeys,
 		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride},
 		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
-	reply, err := call.run(ctx)
+	r, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, mapCrossSlot(err, keys, true)
+		return stores.Grant{}, s.mapCrossSlot(err, keys, true)
 	}
+	reply := r.Ints
 	switch {
 	case len(reply) == len(keys)+1 && reply[0] == 1:
 		return stores.Grant{OK: true, Fences: reply[1:]}, nil
@@ -411,11 +377,14 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
-		n, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0])}, token).Int64()
+		r, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0])}, token)
 		if err != nil {
-			return mapCrossSlot(err, keys, false)
+			return s.mapCrossSlot(err, keys, false)
 		}
-		if n == 0 {
+		if r.Ints != nil {
+			return fmt.Errorf("%w: release %q answered %v", ErrUnexpectedReply, keys, r.Ints)
+		}
+		if r.Int == 0 {
 			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
 		}
 		return nil
@@ -427,10 +396,11 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if keep > 0 {
 		keepMS = milliseconds(keep)
 	}
-	reply, err := s.run(ctx, releaseAllScript, withSiblingKeys(keys, waitingKey), token, keepMS).Int64Slice()
+	r, err := s.run(ctx, releaseAllScript, withSiblingKeys(keys, waitingKey), token, keepMS)
 	if err != nil {
-		return mapCrossSlot(err, keys, false)
+		return s.mapCrossSlot(err, keys, false)
 	}
+	reply := r.Ints
 	if len(reply) != len(keys) {
 		return fmt.Errorf("%w: release %q answered %v", ErrUnexpectedReply, keys, reply)
 	}
@@ -464,14 +434,17 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	// grant stops when its client leaves. A renewal left in flight needs
 	// no undo: its outcome is unknown to the Locker, which trusts the
 	// shorter of the two validities.
-	refresh := func(script *redis.Script, keys []string) (int64, error) {
+	refresh := func(script *Script, keys []string) (int64, error) {
 		call := &scriptCall{store: s, script: script, keys: keys,
-			args: []any{token, milliseconds(ttl)}, scalar: true}
+			args: []any{token, milliseconds(ttl)}}
 		reply, err := call.run(ctx)
 		if err != nil {
 			return 0, err
 		}
-		return reply[0], nil
+		if reply.Ints != nil {
+			return 0, fmt.Errorf("%w: refresh %q answered %v", ErrUnexpectedReply, keys, reply.Ints)
+		}
+		return reply.Int, nil
 	}
 	if len(keys) == 1 {
 		n, err := refresh(refreshScript, keys)
@@ -488,7 +461,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	}
 	n, err := refresh(refreshAllScript, keys)
 	if err != nil {
-		return mapCrossSlot(err, keys, false)
+		return s.mapCrossSlot(err, keys, false)
 	}
 	switch {
 	case n == 0:

@@ -435,7 +435,7 @@ func TestLoadCachesScripts(t *testing.T) {
 	}
 	hashes := make([]string, len(scripts))
 	for i, script := range scripts {
-		hashes[i] = script.Hash()
+		hashes[i] = script.SHA1()
 	}
 	exists, err := client.ScriptExists(ctx, hashes...).Result()
 	if err != nil {
