@@ -80,8 +80,10 @@ func TestTopologyCluster(t *testing.T) {
 		key := "topology:{" + rand.Text() + "}:sku"
 		master, replica := redistest.SlotServers(t, nodes, redistest.LockerKeyPrefix+key)
 		redistest.FailoverUnderLoad(t, redistest.Failover{
-			Key:       key,
-			NewLocker: func(t *testing.T) *reqlock.Locker { return newLocker(t, newTopologyClient(t, clusterOption(nodes), nil)) },
+			Key: key,
+			NewLocker: func(t *testing.T) *reqlock.Locker {
+				return newLocker(t, newTopologyClient(t, clusterOption(nodes), nil))
+			},
 			Kill:      master.Kill,
 			NewMaster: func() error { return redistest.RoleIs(replica.Addr(), "master") },
 		})
@@ -107,9 +109,11 @@ func TestTopologySentinel(t *testing.T) {
 			t.Fatalf("MasterAddr = %q, %v; want Redis[0] %s", got, err, set.Redis[0].Addr())
 		}
 		redistest.FailoverUnderLoad(t, redistest.Failover{
-			Key:       "topology:{" + rand.Text() + "}:sku",
-			NewLocker: func(t *testing.T) *reqlock.Locker { return newLocker(t, newTopologyClient(t, sentinelOption(set), nil)) },
-			Kill:      set.Redis[0].Kill,
+			Key: "topology:{" + rand.Text() + "}:sku",
+			NewLocker: func(t *testing.T) *reqlock.Locker {
+				return newLocker(t, newTopologyClient(t, sentinelOption(set), nil))
+			},
+			Kill: set.Redis[0].Kill,
 			NewMaster: func() error {
 				got, err := set.MasterAddr()
 				if err == nil && got != set.Redis[1].Addr() {
