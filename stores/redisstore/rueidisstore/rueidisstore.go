@@ -28,7 +28,9 @@
 //     the current master; on a Cluster, to any node, since classic pub/sub
 //     reaches every node) and subscribes every key again: releases while it
 //     is down are lost, and the waiters' fallback poll covers them, as with
-//     go-redis.
+//     go-redis. rueidis does not close a dedicated connection with its
+//     client: a Store whose client is closed first keeps its pub/sub until
+//     Close or until Redis drops it, and stops notifying then.
 //
 // This package is a Go module of its own, so that users of reqlock who do
 // not use rueidis do not inherit it.
