@@ -88,7 +88,9 @@ func TestNotifyCloseLeavesNoGoroutine(t *testing.T) {
 	}
 	stop()
 	redistest.WaitFor(t, redistest.SignalWait, func() bool { return runtime.NumGoroutine() <= base },
-		func() string { return fmt.Sprintf("%d goroutines after Close, %d before", runtime.NumGoroutine(), base) })
+		func() string {
+			return fmt.Sprintf("%d goroutines after Close, %d before", runtime.NumGoroutine(), base)
+		})
 	if ch, _ := s.NotifyRelease(key, "waiter"); ch != nil {
 		t.Fatal("NotifyRelease after Close returned a channel")
 	}
