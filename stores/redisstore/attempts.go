@@ -167,7 +167,8 @@ func (g *goRedis) attempts(ctx context.Context, script *Script, keys []string, a
 // when Redis has not cached the script.
 func runScript(ctx context.Context, c redis.Scripter, script *Script, keys []string, args []any) *redis.Cmd {
 	cmd := c.EvalSha(ctx, script.sha, keys, args...)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	// HasErrorPrefix allocates even for a nil error: check that first.
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		return c.Eval(ctx, script.src, keys, args...)
 	}
 	return cmd
