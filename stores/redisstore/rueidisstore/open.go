@@ -20,7 +20,7 @@ const args storeargs.Checker = "rueidisstore"
 // urlParams are the go-redis URL parameters that Open maps onto rueidis
 // options; connect is redisstore's own. The others configure go-redis's
 // connection pool and retries, which rueidis has not: Open refuses them.
-var urlParams = []string{"connect", "db", "protocol", "client_name", "dial_timeout", "write_timeout", "skip_verify"}
+var urlParams = []string{"connect", "db", "protocol", "client_name", "dial_timeout", "read_timeout", "write_timeout", "skip_verify"}
 
 // Open returns a Store over a rueidis client of its own, which Close
 // closes, from the URL that redisstore.Open takes (parsed by
@@ -30,8 +30,9 @@ var urlParams = []string{"connect", "db", "protocol", "client_name", "dial_timeo
 //
 // (rediss:// for TLS, unix:///path/to/redis.sock for a socket). Of the
 // go-redis parameters it takes db, protocol, client_name, dial_timeout,
-// write_timeout (rueidis's ConnWriteTimeout, which also bounds a reply) and
-// skip_verify; it refuses the others, which configure go-redis's pool and
+// read_timeout and write_timeout (the longer is rueidis's ConnWriteTimeout,
+// which bounds a write and the wait for its reply) and skip_verify; it
+// refuses the others, which configure go-redis's pool and
 // retries, with an error wrapping stores.ErrUnknownOption. The client talks
 // to one Redis (ClientOption.ForceSingleClient), pipelines every call
 // (AlwaysPipelining, so that a cancelled call returns at once) and keeps no
@@ -61,7 +62,7 @@ func Open(ctx context.Context, rawURL string, opts ...redisstore.Option) (*redis
 		AlwaysPipelining:  true,
 		DisableCache:      true,
 		Dialer:            net.Dialer{Timeout: o.DialTimeout},
-		ConnWriteTimeout:  max(o.WriteTimeout, 0),
+		ConnWriteTimeout:  max(o.ReadTimeout, o.WriteTimeout, 0),
 	}
 	if o.Network == "unix" {
 		co.DialCtxFn = func(ctx context.Context, _ string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {

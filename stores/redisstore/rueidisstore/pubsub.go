@@ -92,7 +92,7 @@ func (p *pubsub) keep() {
 			return
 		default:
 		}
-		if errors.Is(err, rueidis.ErrClosing) || p.clientClosed() {
+		if errors.Is(err, rueidis.ErrClosing) || clientClosed(p.client) {
 			p.onBroken() // the client was closed: from now on waiters poll
 			return
 		}
@@ -108,15 +108,6 @@ func (p *pubsub) keep() {
 		}
 		pause = min(2*pause, reconnectMax)
 	}
-}
-
-// clientClosed reports whether the client was closed: a closed rueidis
-// client answers every command with ErrClosing at once, while its dedicated
-// connections see a mere EOF.
-func (p *pubsub) clientClosed() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), resubscribeTimeout)
-	defer cancel()
-	return errors.Is(p.client.Do(ctx, p.client.B().Ping().Build()).Error(), rueidis.ErrClosing)
 }
 
 // resubscribe subscribes channels on dc, and reports whether every SUBSCRIBE

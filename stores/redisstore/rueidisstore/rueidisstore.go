@@ -43,6 +43,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -199,4 +200,21 @@ func (d *driver) ReplyError(err error) (string, bool) {
 	return "", false
 }
 
-func (d *driver) Closed(err error) bool { return errors.Is(err, rueidis.ErrClosing) }
+// Closed reports whether err is rueidis.ErrClosing and the client is
+// closed: rueidis also answers ErrClosing for a call on a connection that
+// broke meanwhile, which a retry may get through.
+func (d *driver) Closed(err error) bool {
+	return errors.Is(err, rueidis.ErrClosing) && clientClosed(d.client)
+}
+
+// clientClosed reports whether client was closed: a closed rueidis client
+// answers every command with ErrClosing at once, where a Redis it cannot
+// reach gets a dial error.
+func clientClosed(client rueidis.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), closedCheckTimeout)
+	defer cancel()
+	return errors.Is(client.Do(ctx, client.B().Ping().Build()).Error(), rueidis.ErrClosing)
+}
+
+// closedCheckTimeout bounds clientClosed's PING.
+const closedCheckTimeout = time.Second
