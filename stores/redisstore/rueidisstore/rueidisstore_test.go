@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +12,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/redisstore"
-	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/redisstore/internal/redistest"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
@@ -59,33 +58,23 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// runConformance runs the conformance suite on stores of client, with
-// every capability a Store declares; proxied returns a client of the same
-// servers through fault proxies, one per server.
+// runConformance runs the conformance suite on stores of client (see
+// redistest.Conformance).
 func runConformance(t *testing.T, client rueidis.Client, proxied func(t *testing.T) (rueidis.Client, []*faultproxy.Proxy)) {
-	storetest.Run(t, storetest.Suite{
-		New:    func(t *testing.T) stores.Store { return newStore(t, client) },
-		Notify: true,
-		Fair:   true,
-		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
-			c, proxies := proxied(t)
-			return newStore(t, c), proxies
-		},
-	})
+	redistest.Conformance(t, client, storeOf, proxied)
 }
+
+// storeOf returns a Store over client, closed when the test ends.
+func storeOf(t testing.TB, client rueidis.Client) stores.Store { return newStore(t, client) }
+
+// openURL is Open without options.
+func openURL(ctx context.Context, rawURL string) (*redisstore.Store, error) { return Open(ctx, rawURL) }
 
 // TestOpenUnreachable: Open fails at start-up when Redis cannot be reached,
 // naming its address, unless connect=lazy, and a lazy Store works once
 // Redis answers.
 func TestOpenUnreachable(t *testing.T) {
-	p := faultproxy.New(t, testredis.Addr(t))
-	storetest.Startup(t, []*faultproxy.Proxy{p}, func(ctx context.Context, addrs []string, lazy bool) (stores.Store, error) {
-		u := "redis://" + addrs[0] + "/0"
-		if lazy {
-			u += "?connect=lazy"
-		}
-		return Open(ctx, u)
-	})
+	redistest.OpenUnreachable(t, testredis.Addr(t), openURL)
 }
 
 func TestOpenURL(t *testing.T) {
@@ -104,20 +93,8 @@ func TestOpenURL(t *testing.T) {
 	if err := s.Release(ctx, key, "t", 0); !errors.Is(err, rueidis.ErrClosing) {
 		t.Errorf("Release after Close: %v; want rueidis.ErrClosing: Close left Open's client open", err)
 	}
-	for _, bad := range []string{
-		"redis://" + testredis.Addr(t) + "/0?connect=maybe",
-		"redis://u:secret@" + testredis.Addr(t) + "/0?no_such_option=1",
-		"redis://u:secret@" + testredis.Addr(t) + "/0?pool_size=10", // go-redis's, not rueidis's
-		"http://" + testredis.Addr(t),
-	} {
-		_, err := Open(ctx, bad)
-		if !errors.Is(err, stores.ErrInvalid) {
-			t.Errorf("Open(%q): got %v, want ErrInvalid", bad, err)
-		}
-		if err != nil && strings.Contains(err.Error(), "secret") {
-			t.Errorf("Open(%q): the error quotes the password: %v", bad, err)
-		}
-	}
+	// go-redis's pool_size is not rueidis's.
+	redistest.OpenRejects(t, testredis.Addr(t), openURL, "redis://u:secret@"+testredis.Addr(t)+"/0?pool_size=10")
 	if _, err := Open(ctx, "redis://"+testredis.Addr(t)+"/0?pool_size=10"); !errors.Is(err, stores.ErrUnknownOption) {
 		t.Errorf("Open with go-redis's pool_size: got %v, want ErrUnknownOption", err)
 	}

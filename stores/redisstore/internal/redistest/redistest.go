@@ -26,7 +26,7 @@ import (
 // through a fault proxy of its own and each of direct without one, and
 // refuses any other address, so that no connection bypasses the faults;
 // and the proxies.
-func ProxiedDialer(t *testing.T, addrs []string, direct ...string) (func(ctx context.Context, network, addr string) (net.Conn, error), []*faultproxy.Proxy) {
+func ProxiedDialer(t *testing.T, addrs []string, direct ...string) (Dial, []*faultproxy.Proxy) {
 	t.Helper()
 	via := make(map[string]string, len(addrs)+len(direct))
 	proxies := make([]*faultproxy.Proxy, len(addrs))
