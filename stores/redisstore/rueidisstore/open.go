@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 
 	"github.com/redis/rueidis"
 
@@ -21,6 +22,9 @@ const args storeargs.Checker = "rueidisstore"
 // options; connect is redisstore's own. The others configure go-redis's
 // connection pool and retries, which rueidis has not: Open refuses them.
 var urlParams = []string{"connect", "db", "protocol", "client_name", "dial_timeout", "read_timeout", "write_timeout", "skip_verify"}
+
+// URLParams returns the URL parameters Open takes; it refuses the others.
+func URLParams() []string { return slices.Clone(urlParams) }
 
 // Open returns a Store over a rueidis client of its own, which Close
 // closes, from the URL that redisstore.Open takes (parsed by
