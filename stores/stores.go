@@ -55,7 +55,77 @@
 // per key for fair mode (reqlock.WithFairness); a Bounded store states the
 // keys and TTLs it honours; a WaitReporter tells a releasing holder that
 // another token was refused meanwhile, so that a hot key goes to other
-// processes in turn without each having to poll for it often.
+// processes in turn without each having to poll for it often; a
+// SharedStore grants one key to several holders at once.
+//
+// # Shared and limited grants
+//
+// A SharedStore grants a key to several tokens at once, each a holder of its
+// own: with limit 0 to any number of them (shared, as readers), with limit
+// N > 0 to at most N (a concurrency limit). The plain operations are
+// unchanged, and the rules above hold for them as they are; these are the
+// rules of the shared ones.
+//
+// Holders. A key is free, held exclusively (by a plain Acquire or
+// AcquireFair) or held shared: by one or more holders, all under one limit.
+// AcquireShared adds token as a holder, for at least ttl, in one atomic
+// step, only when the key is not held exclusively, its holders (if any)
+// were granted under the same limit, fewer than limit hold it (limit 0: any
+// number), and no writer waits (see below). Otherwise it changes nothing and
+// returns a Grant with OK false, Held 0 and Wait the time until the refusal
+// may end: the exclusive holder's remaining TTL, the soonest expiry of a
+// holder of a full key, the writer's remaining window, or the longest
+// remaining TTL of holders of another limit. A token that already holds the
+// key is granted again with a fresh fence and TTL, whatever the count and
+// the writer (a retry after a lost reply, as in Acquire); it still counts
+// once.
+//
+// Never more than limit. At no instant, as seen by every caller of the
+// store, do more than limit unexpired holders hold a key, under any
+// interleaving of calls, retries, expiries and faults.
+//
+// Exclusion. While a key has a holder, it reads as held to Acquire and
+// AcquireFair of every token: they are refused, with Wait the longest
+// remaining TTL among the holders. A key held exclusively refuses
+// AcquireShared. Release and Refresh of a holder's token answer ErrNotHeld,
+// and so do ReleaseShared and RefreshShared of an exclusive holder's token:
+// each kind of grant is let go and renewed by its own operations.
+//
+// Writer preference. An Acquire or AcquireFair refused a key because it
+// had holders records a waiting writer on the key for WriterWindow from the
+// refusal (each such refusal renews it), until an exclusive grant of the
+// key. While it stands, AcquireShared refuses tokens that do not hold the
+// key yet, so that the holders drain and the writer gets the key; a writer
+// that stops trying frees the key's new holders within WriterWindow. A
+// refusal by an exclusive holder records nothing.
+//
+// Expiry per holder. Each holder keeps its place for its own TTL: a holder
+// that dies frees its place when its TTL has passed, whatever the TTLs of
+// the others, and a RefreshShared renews its own TTL alone (with the rule of
+// Refresh for a late call: never shorter than a later successful one gave).
+//
+// Owner check. ReleaseShared and RefreshShared act on token's place alone,
+// and only while token holds the key; else they return an error wrapping
+// ErrNotHeld and change nothing. ReleaseShared with keep positive leaves the
+// place held until keep has passed (a hold-at-least release), else frees it
+// and signals the key's waiters (see Notifier): a Notifier store signals
+// every freed place, by release or expiry, as it does a released key.
+//
+// Fences. Exclusive and shared grants of a key draw their fences from one
+// sequence, which grows by at least FenceStride per grant of either kind.
+// So an exclusive grant's fence is above the fence of every earlier grant of
+// the key, shared ones included, and a shared grant's fence is above every
+// earlier exclusive grant's: a resource that remembers the highest fence it
+// saw refuses a stale writer, and a reader's fence tells which writers'
+// grants came before it. Shared fences do not order holders of one time
+// among themselves beyond their grant order.
+//
+// Unknown outcomes and bounds. AcquireShared follows Acquire's rules: it
+// returns once its context ends, an acquire it leaves in flight leaves no
+// place behind (the store gives it up, owner-checked, and returns an error
+// wrapping ErrAbandoned; after any other failure the caller releases it
+// with ReleaseShared), and arguments out of Bounds or a negative limit are
+// refused with ErrInvalid before the store acts.
 package stores
 
 import (
@@ -208,6 +278,35 @@ type FairGrant struct {
 	// Ahead is, on a refusal, how many waiters are queued ahead of the
 	// token: zero when it heads the queue, -1 when it is not queued.
 	Ahead int
+}
+
+// WriterWindow is how long a refusal of an exclusive Acquire by a key's
+// shared holders keeps new holders out of the key (see the package
+// documentation). A waiting writer retries within it: the Locker caps the
+// sleeps of its exclusive waiters on a SharedStore at half of it.
+const WriterWindow = time.Second
+
+// SharedStore is implemented by stores that grant a key to several holders
+// at once: any number (limit 0, shared) or at most limit. See the package
+// documentation for the rules every method keeps.
+type SharedStore interface {
+	// AcquireShared makes token a holder of key for at least ttl when the
+	// key is not held exclusively, its holders were granted under limit,
+	// fewer than limit (limit 0: any number) hold it, and no writer waits;
+	// otherwise it changes nothing and returns a Grant with OK false. A
+	// granted Grant has one fence.
+	AcquireShared(ctx context.Context, key, token string, limit int, ttl time.Duration) (Grant, error)
+
+	// ReleaseShared ends token's place among key's holders: it frees it
+	// and signals the key's waiters, or, with keep positive, leaves it
+	// held until keep has passed. It returns an error wrapping ErrNotHeld
+	// when token does not hold key.
+	ReleaseShared(ctx context.Context, key, token string, keep time.Duration) error
+
+	// RefreshShared resets the TTL of token's place among key's holders to
+	// ttl; when token does not hold key, it changes nothing and returns
+	// an error wrapping ErrNotHeld.
+	RefreshShared(ctx context.Context, key, token string, ttl time.Duration) error
 }
 
 // Bounds are the keys and durations a store honours. The zero value is no

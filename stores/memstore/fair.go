@@ -48,7 +48,13 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		q.waiters[i].deadline = now.Add(lease) // heartbeat before the drop
 	}
 	dropped := q.dropExpired(now)
-	holder, held := s.heldByOther(key, token)
+	var holderWait time.Duration
+	e, held := s.heldByOther(key, token)
+	if held {
+		holderWait = e.expiresAt.Sub(now)
+	} else {
+		holderWait, held = s.sharedHeld(now, key)
+	}
 	pos := q.index(token)
 	var grant stores.FairGrant
 	switch {
@@ -71,7 +77,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	switch {
 	case grant.OK:
 	case held:
-		grant.Wait = holder.expiresAt.Sub(now)
+		grant.Wait = holderWait
 	default:
 		if dropped {
 			s.signal(key)

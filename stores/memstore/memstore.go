@@ -26,22 +26,27 @@ type Store struct {
 	subsPeak int
 
 	fair map[string]*fairQueue // fair-mode queues by key; see fair.go
+
+	shared  map[string]*sharedKey // keys held shared; see shared.go
+	writers map[string]*entry     // writers refused by holders, by key
 }
 
 // args checks the arguments of Store's methods; its errors start "memstore:".
 const args storeargs.Checker = "memstore"
 
 var (
-	_ stores.Store     = (*Store)(nil)
-	_ stores.Notifier  = (*Store)(nil)
-	_ stores.FairStore = (*Store)(nil)
+	_ stores.Store       = (*Store)(nil)
+	_ stores.Notifier    = (*Store)(nil)
+	_ stores.FairStore   = (*Store)(nil)
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 type entry struct {
 	key       string
 	token     string
 	expiresAt time.Time
-	index     int // position in Store.expiry
+	index     int   // position in Store.expiry
+	kind      uint8 // exclusive, holder or writerWait; see shared.go
 }
 
 // New returns an empty Store.
@@ -72,6 +77,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		if e, held := s.heldByOther(key, token); held {
 			return stores.Grant{Held: i, Wait: e.expiresAt.Sub(now)}, nil
 		}
+		if wait, held := s.sharedHeld(now, key); held {
+			return stores.Grant{Held: i, Wait: wait}, nil
+		}
 	}
 	fences := make([]int64, len(keys))
 	for i, key := range keys {
@@ -93,10 +101,12 @@ func (s *Store) heldByOther(key, token string) (*entry, bool) {
 	return e, true
 }
 
-// grantLocked sets key, free or already holding token, to token for ttl and
-// returns its fence: the shared counter, moved on by stores.FenceStride. The
-// caller holds s.mu and has swept expired locks.
+// grantLocked sets key, free or already holding token, to token for ttl,
+// ends the wait of a writer recorded on it, and returns its fence: the
+// shared counter, moved on by stores.FenceStride. The caller holds s.mu and
+// has swept expired locks and checked that key has no shared holders.
 func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration) int64 {
+	s.writerGranted(key)
 	if e, ok := s.entries[key]; ok {
 		e.expiresAt = now.Add(ttl)
 		heap.Fix(&s.expiry, e.index)
@@ -105,8 +115,7 @@ func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration)
 		s.entries[key] = e
 		heap.Push(&s.expiry, e)
 	}
-	s.fence += stores.FenceStride
-	return s.fence
+	return s.nextFence()
 }
 
 // Release ends token's grant on every key that holds it, under one hold of
@@ -182,12 +191,17 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	return nil
 }
 
-// Len returns the number of live locks, after freeing the expired ones.
+// Len returns the number of live exclusive locks and shared holders, after
+// freeing the expired ones.
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweep(time.Now())
-	return len(s.entries)
+	n := len(s.entries)
+	for _, k := range s.shared {
+		n += len(k.holders)
+	}
+	return n
 }
 
 // minCompact is the heap capacity below which sweep never compacts.
@@ -209,8 +223,15 @@ func (s *Store) lockSwept() time.Time {
 func (s *Store) sweep(now time.Time) {
 	for len(s.expiry) > 0 && !now.Before(s.expiry[0].expiresAt) {
 		e := heap.Pop(&s.expiry).(*entry)
-		delete(s.entries, e.key)
-		s.signal(e.key)
+		switch e.kind {
+		case exclusive:
+			delete(s.entries, e.key)
+			s.signal(e.key)
+		case holder:
+			s.dropHolder(e)
+		case writerWait:
+			delete(s.writers, e.key)
+		}
 	}
 	if c := cap(s.expiry); c > minCompact && len(s.expiry) < c/4 {
 		s.expiry = append(make(expiryHeap, 0, 2*len(s.expiry)), s.expiry...)
