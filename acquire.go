@@ -23,22 +23,36 @@ type attempter interface {
 	leave(ctx context.Context, keys []string, token string, background bool)
 }
 
-// plainAttempts take keys whenever they are free.
-type plainAttempts struct{ store stores.Store }
+// plainAttempts take keys whenever they are free. On a stores.SharedStore,
+// writerCap caps the sleeps of an exclusive waiter, so that it retries
+// within the stores.WriterWindow its refusal by shared holders opened.
+type plainAttempts struct {
+	store     stores.Store
+	writerCap time.Duration
+}
 
 func (p plainAttempts) attempt(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, int, error) {
 	g, err := p.store.Acquire(ctx, keys, token, ttl)
 	return g, 0, err
 }
 
-func (plainAttempts) sleepCap(hint time.Duration) time.Duration { return hint }
+func (p plainAttempts) sleepCap(hint time.Duration) time.Duration {
+	if p.writerCap > 0 && (hint <= 0 || hint > p.writerCap) {
+		return p.writerCap
+	}
+	return hint
+}
 
 func (plainAttempts) leave(context.Context, []string, string, bool) {}
 
-// attempter returns the strategy for a wait on keys: fair mode's for a
-// single key that waits, plain otherwise.
-func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
-	if l.fair != nil && len(keys) == 1 {
+// attempter returns the strategy for a wait on g's keys: a shared or
+// limited grant's own, fair mode's for a single key that waits, plain
+// otherwise.
+func (l *Locker) attempter(g *grant, wait time.Duration) attempter {
+	if g.shared != nil {
+		return plainAttempts{store: g.shared}
+	}
+	if l.fair != nil && len(g.keys) == 1 {
 		return l.fair.attempts(l, wait)
 	}
 	return l.plain
@@ -81,7 +95,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		return waitEnded(seen.by(time.Now()), err)
 	}
 	keys, token := g.keys, g.token
-	strategy := l.attempter(keys, wait)
+	strategy := l.attempter(g, wait)
 	var (
 		schedule  *backoffSchedule
 		released  <-chan struct{}
@@ -140,7 +154,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			// answer, or after we stopped listening: release them rather
 			// than leave them to their TTL. In the background, bounded by
 			// the release timeout, so a stalled store delays no answer.
-			go l.releaseAbandoned(keys, token, ttl)
+			go l.releaseAbandoned(g.store(), keys, token, ttl)
 		}
 		cerr := ctx.Err()
 		if cerr == nil && err != nil && deadlinePassed(ctx) {
@@ -163,7 +177,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			return wrapStoreError(err)
 		case grant.OK:
 			if len(grant.Fences) != len(keys) {
-				go l.releaseAbandoned(keys, token, ttl)
+				go l.releaseAbandoned(g.store(), keys, token, ttl)
 				return wrapStoreError(errors.New("the store granted a wrong number of fences"))
 			}
 			g.granted(grant.Fences, ttl, start)
