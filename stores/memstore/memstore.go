@@ -11,7 +11,8 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// Store is an in-memory stores.Store, stores.Notifier and stores.FairStore.
+// Store is an in-memory stores.Store, stores.Notifier, stores.FairStore and
+// stores.SharedStore.
 // It is safe for concurrent use. The zero value is not usable; call New.
 type Store struct {
 	mu      sync.Mutex
