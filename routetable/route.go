@@ -242,15 +242,26 @@ func PathShape(path string) string {
 	return strings.Join(segs, "/")
 }
 
-// PathParams lists the parameter names of a canonical path, in order.
-func PathParams(path string) []string {
-	var names []string
-	for _, s := range strings.Split(path, "/") {
-		if name, _, ok := param(s); ok {
-			names = append(names, name)
+// Param is a parameter of a canonical path.
+type Param struct {
+	// Name is the parameter's name: id for {id}.
+	Name string
+	// Segment is the index of the parameter's segment in the path split at
+	// each "/": 1 for the first segment after the leading "/".
+	Segment int
+	// Rest says the parameter takes the rest of the path: {path...}.
+	Rest bool
+}
+
+// PathParams lists the parameters of a canonical path, in order.
+func PathParams(path string) []Param {
+	var params []Param
+	for i, s := range strings.Split(path, "/") {
+		if name, rest, ok := param(s); ok {
+			params = append(params, Param{Name: name, Segment: i, Rest: rest})
 		}
 	}
-	return names
+	return params
 }
 
 // param reports whether the segment seg of a canonical path is a

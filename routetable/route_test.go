@@ -83,13 +83,14 @@ func TestParseEntryErrors(t *testing.T) {
 func TestPaths(t *testing.T) {
 	for _, tc := range []struct {
 		path, canonical, colon, shape string
-		params                        []string
+		params                        []routetable.Param
 	}{
 		{"/a/b", "/a/b", "/a/b", "/a/b", nil},
-		{"/skus/:id/deduct", "/skus/{id}/deduct", "/skus/:id/deduct", "/skus/{}/deduct", []string{"id"}},
-		{"/skus/{id}/deduct", "/skus/{id}/deduct", "/skus/:id/deduct", "/skus/{}/deduct", []string{"id"}},
-		{"/files/*path", "/files/{path...}", "/files/*path", "/files/{...}", []string{"path"}},
-		{"/a/{x}/b/:y/{z...}", "/a/{x}/b/{y}/{z...}", "/a/:x/b/:y/*z", "/a/{}/b/{}/{...}", []string{"x", "y", "z"}},
+		{"/skus/:id/deduct", "/skus/{id}/deduct", "/skus/:id/deduct", "/skus/{}/deduct", []routetable.Param{{"id", 2, false}}},
+		{"/skus/{id}/deduct", "/skus/{id}/deduct", "/skus/:id/deduct", "/skus/{}/deduct", []routetable.Param{{"id", 2, false}}},
+		{"/files/*path", "/files/{path...}", "/files/*path", "/files/{...}", []routetable.Param{{"path", 2, true}}},
+		{"/a/{x}/b/:y/{z...}", "/a/{x}/b/{y}/{z...}", "/a/:x/b/:y/*z", "/a/{}/b/{}/{...}",
+			[]routetable.Param{{"x", 2, false}, {"y", 4, false}, {"z", 5, true}}},
 		{"/a/{$}", "/a/{$}", "/a/{$}", "/a/{$}", nil},
 		{"/a:b/c*d", "/a:b/c*d", "/a:b/c*d", "/a:b/c*d", nil},
 	} {
@@ -104,7 +105,7 @@ func TestPaths(t *testing.T) {
 			t.Errorf("PathShape(%q) = %q, want %q", c, got, tc.shape)
 		}
 		if got := routetable.PathParams(c); !reflect.DeepEqual(got, tc.params) {
-			t.Errorf("PathParams(%q) = %q, want %q", c, got, tc.params)
+			t.Errorf("PathParams(%q) = %+v, want %+v", c, got, tc.params)
 		}
 	}
 }

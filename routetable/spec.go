@@ -459,7 +459,7 @@ func (p *specParser) finish() *Error {
 		p.spec.Keys = append(p.spec.Keys, k.template)
 	}
 	if p.spec.MaxKeys != 0 && p.spec.MaxKeys < len(p.keys) {
-		return errAtColumn(p.seen["max-keys"], nil, "max-keys: %d is below the %d keys given, each of which yields at least one key",
+		return errAtColumn(p.seen["max-keys"], nil, "max-keys: %d is below the %d key templates, each of which yields at least one key",
 			p.spec.MaxKeys, len(p.keys))
 	}
 	if p.spec.Watchdog && p.spec.TTL != 0 && p.spec.TTL < MinWatchdogTTL {

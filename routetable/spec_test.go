@@ -141,7 +141,7 @@ func TestParseSpecErrors(t *testing.T) {
 		{`key=a max-keys=-1`, `spec column 7: max-keys: "-1" is not a whole number`},
 		{`key=a max-keys=0`, `spec column 7: max-keys: "0" is below 1`},
 		{`key=a max-keys=99999999999999999999`, `spec column 7: max-keys: "99999999999999999999" is too large`},
-		{`key=a key=b max-keys=1`, `spec column 13: max-keys: 1 is below the 2 keys given, each of which yields at least one key`},
+		{`key=a key=b max-keys=1`, `spec column 13: max-keys: 1 is below the 2 key templates, each of which yields at least one key`},
 		{`key=a max-body=0`, `spec column 7: max-body: "0" is below 1 byte`},
 		{`key=a max-body=0KiB`, `spec column 7: max-body: "0KiB" is below 1 byte`},
 		{`key=a max-body=64KB`, `spec column 7: max-body: "64KB" is not a size in bytes (such as 65536, 64KiB or 1MiB)`},
@@ -154,6 +154,10 @@ func TestParseSpecErrors(t *testing.T) {
 		{`key=a watchdog=yes`, `spec column 7: watchdog: "yes" is not true or false`},
 		{`key=a ttl=20ms watchdog`, `spec column 16: watchdog: needs a ttl of at least 30ms, not 20ms`},
 		{`key=sku:<id`, `spec column 1: key: keyfunc: invalid template: "sku:<id": unclosed placeholder at offset 4`},
+		// Router syntax, quoted or not, shows the reqlock spelling.
+		{"@lock key=acct:{id} wait=1s", `spec column 7: key: keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)`},
+		{`@lock key="acct::id"`, `spec column 7: key: keyfunc: invalid template: "acct::id": router syntax :id at offset 5 (write <id> for a path parameter, or \:id for literal text)`},
+		{"@lock key=sku:<sku> key=:id", `spec column 21: key: keyfunc: invalid template: ":id": router syntax :id at offset 0 (write <id> for a path parameter, or \:id for literal text)`},
 		{`@lock name=x key=a key=sku<id>`, `spec column 20: key: keyfunc: invalid template: "sku<id>": placeholder <id> preceded by 'u' at offset 2 (a value may contain letters, digits, '%' and '#': separate them with another character, such as ':')`},
 	} {
 		_, err := routetable.ParseSpec(tc.spec)

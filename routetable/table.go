@@ -22,10 +22,10 @@ import (
 // that wraps the read error but not ErrInvalid.
 func Load(path string) ([]Entry, error) {
 	t, err := CheckFile(path)
-	if err == nil {
-		err = t.Err()
-	}
 	if err != nil {
+		return nil, fmt.Errorf("reqlock/routetable: read route table: %w", err)
+	}
+	if err := t.Err(); err != nil {
 		return nil, err
 	}
 	return t.Entries, nil
@@ -107,16 +107,15 @@ func Check(name string, data []byte) Table {
 	return t.table
 }
 
-// CheckFile is Check for the table file at path. Its error is the file's
-// read error, which wraps the cause but not ErrInvalid; a file with an
-// unsupported extension is not read.
+// CheckFile is Check for the table file at path. Its error is os.ReadFile's;
+// a file with an unsupported extension is not read.
 func CheckFile(path string) (Table, error) {
 	if _, err := tableFormat(path); err != nil {
 		return Table{Problems: []*Error{err}}, nil
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return Table{}, fmt.Errorf("reqlock/routetable: read route table: %w", err)
+		return Table{}, err
 	}
 	return Check(path, data), nil
 }

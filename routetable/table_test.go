@@ -262,6 +262,17 @@ func TestParseErrors(t *testing.T) {
 			`r.yaml:2: GET /a: spec column 13: wait: "2x" is not a duration (such as 2s or 500ms)`,
 			`r.yaml:3: GET /b: spec column 1: key: keyfunc: invalid template: "<b": unclosed placeholder at offset 0`,
 		}},
+
+		// Router syntax in a key.
+		{"r.yaml", "routes:\n  GET /a: key=a\n  POST /acct/{id}: key=acct:{id}\n", []string{
+			`r.yaml:3: POST /acct/{id}: spec column 1: key: keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)`,
+		}},
+		{"r.yml", "routes:\n  POST /acct/:id: '@lock key=acct::id'\n", []string{
+			`r.yml:2: POST /acct/:id: spec column 7: key: keyfunc: invalid template: "acct::id": router syntax :id at offset 5 (write <id> for a path parameter, or \:id for literal text)`,
+		}},
+		{"r.json", "{\"routes\": {\n\"POST /acct/{id}\": \"key=acct:{id}\"}}", []string{
+			`r.json:2: POST /acct/{id}: spec column 1: key: keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)`,
+		}},
 	} {
 		specs, err := routetable.Parse(tc.name, []byte(tc.data))
 		if specs != nil {
@@ -272,9 +283,15 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestParseKeepsCauses(t *testing.T) {
-	_, err := routetable.Parse("r.yaml", []byte("routes:\n  GET /a: key=<b\n"))
-	if !errors.Is(err, keyfunc.ErrSyntax) {
-		t.Errorf("error %v does not wrap keyfunc.ErrSyntax", err)
+	for _, spec := range []string{"key=<b", "key=acct:{id}"} {
+		_, err := routetable.Parse("r.yaml", []byte("routes:\n  GET /a/{id}: "+spec+"\n"))
+		if !errors.Is(err, keyfunc.ErrSyntax) {
+			t.Errorf("%s: error %v does not wrap keyfunc.ErrSyntax", spec, err)
+		}
+		_, err = routetable.ParseEntry("GET /a/{id}", spec, "main.go:12")
+		if !errors.Is(err, keyfunc.ErrSyntax) || !strings.HasPrefix(err.Error(), invalid+"main.go:12: GET /a/{id}: spec column 1: key: ") {
+			t.Errorf("ParseEntry(%s): error %v does not wrap keyfunc.ErrSyntax or name the entry", spec, err)
+		}
 	}
 }
 
