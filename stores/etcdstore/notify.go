@@ -56,11 +56,11 @@ type notifier struct {
 type keyWatch struct {
 	key    string
 	cancel context.CancelFunc
-	subs   map[*subscriber]struct{} // guarded by notifier.mu
+	subs   map[*subscription]struct{} // guarded by notifier.mu
 }
 
-// subscriber is one NotifyRelease.
-type subscriber struct {
+// subscription is one NotifyRelease.
+type subscription struct {
 	token string
 	ch    chan struct{}
 }
@@ -70,7 +70,7 @@ func newNotifier(s *Store) *notifier {
 }
 
 func (n *notifier) subscribe(key, token string) (<-chan struct{}, func()) {
-	sub := &subscriber{token: token, ch: make(chan struct{}, 1)}
+	sub := &subscription{token: token, ch: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -79,7 +79,7 @@ func (n *notifier) subscribe(key, token string) (<-chan struct{}, func()) {
 	w := n.keys[key]
 	if w == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		w = &keyWatch{key: key, cancel: cancel, subs: map[*subscriber]struct{}{}}
+		w = &keyWatch{key: key, cancel: cancel, subs: map[*subscription]struct{}{}}
 		n.keys[key] = w
 		n.wg.Add(1)
 		go func() {
@@ -92,7 +92,7 @@ func (n *notifier) subscribe(key, token string) (<-chan struct{}, func()) {
 	return sub.ch, func() { once.Do(func() { n.unsubscribe(w, sub) }) }
 }
 
-func (n *notifier) unsubscribe(w *keyWatch, sub *subscriber) {
+func (n *notifier) unsubscribe(w *keyWatch, sub *subscription) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(w.subs, sub)

@@ -7,13 +7,13 @@ import (
 	"sync"
 )
 
-// subscribers holds the release subscriptions of a Store's keys. The
+// notifier holds the release subscriptions of a Store's keys. The
 // Store's own releases and expiries signal them, under the key's entry
 // lock, so they arrive in release order. Where the platform can watch a
 // file (Linux: inotify), the subscriptions of a key also watch its file,
 // and a release by another Store or process of a grant that this Store's
 // waiters marked (see ring) signals them too.
-type subscribers struct {
+type notifier struct {
 	dir     string
 	mu      sync.Mutex
 	closed  bool
@@ -27,36 +27,36 @@ type subscribers struct {
 // ReleaseWaited), until stop is called. The channel holds one signal;
 // sends never block. After Close it returns a nil channel.
 func (s *Store) NotifyRelease(key, _ string) (<-chan struct{}, func()) {
-	return s.subs.add(key)
+	return s.notify.subscribe(key)
 }
 
-// add subscribes to key.
-func (b *subscribers) add(key string) (<-chan struct{}, func()) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+// subscribe subscribes to key.
+func (n *notifier) subscribe(key string) (<-chan struct{}, func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
 		return nil, func() {}
 	}
 	ch := make(chan struct{}, 1)
-	if b.byKey == nil {
-		b.byKey = make(map[string]map[chan struct{}]struct{})
+	if n.byKey == nil {
+		n.byKey = make(map[string]map[chan struct{}]struct{})
 	}
-	set := b.byKey[key]
+	set := n.byKey[key]
 	if set == nil {
 		set = make(map[chan struct{}]struct{})
-		b.byKey[key] = set
-		b.watchLocked(key)
+		n.byKey[key] = set
+		n.watchLocked(key)
 	}
 	set[ch] = struct{}{}
 	return ch, sync.OnceFunc(func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if set := b.byKey[key]; set != nil {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if set := n.byKey[key]; set != nil {
 			delete(set, ch)
 			if len(set) == 0 {
-				delete(b.byKey, key)
-				if b.watches != nil {
-					b.watches.unwatch(key)
+				delete(n.byKey, key)
+				if n.watches != nil {
+					n.watches.unwatch(key)
 				}
 			}
 		}
@@ -66,22 +66,22 @@ func (b *subscribers) add(key string) (<-chan struct{}, func()) {
 // watchLocked watches key's file for other processes' releases, when the
 // platform can. A key whose file cannot be watched (it does not exist yet,
 // or the watches ran out) goes without: its waiters poll. The caller holds
-// b.mu.
-func (b *subscribers) watchLocked(key string) {
-	if b.watches == nil {
-		b.watches = newWatcher(b.signal)
-		if b.watches == nil {
+// n.mu.
+func (n *notifier) watchLocked(key string) {
+	if n.watches == nil {
+		n.watches = newWatcher(n.signal)
+		if n.watches == nil {
 			return
 		}
 	}
-	b.watches.watch(key, filepath.Join(b.dir, fileName(key)))
+	n.watches.watch(key, filepath.Join(n.dir, fileName(key)))
 }
 
 // signal wakes every subscriber of key.
-func (b *subscribers) signal(key string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for ch := range b.byKey[key] {
+func (n *notifier) signal(key string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for ch := range n.byKey[key] {
 		select {
 		case ch <- struct{}{}:
 		default:
@@ -90,12 +90,12 @@ func (b *subscribers) signal(key string) {
 }
 
 // close ends every subscription, and the watches.
-func (b *subscribers) close() {
-	b.mu.Lock()
-	b.closed = true
-	b.byKey = nil
-	w := b.watches
-	b.mu.Unlock()
+func (n *notifier) close() {
+	n.mu.Lock()
+	n.closed = true
+	n.byKey = nil
+	w := n.watches
+	n.mu.Unlock()
 	if w != nil {
 		w.close()
 	}

@@ -1,33 +1,3 @@
-// Package memstore is a stores.Store that keeps locks in the memory of one
-// process. Use it for a single instance, tests and development; processes do
-// not see each other's locks.
-//
-// Fences come from one counter shared by all keys, moved on by
-// stores.FenceStride per grant, so they grow per key and across keys, and no
-// per-key state outlives a lock. Expired locks are freed without a background
-// goroutine: a min-heap orders locks by expiry, and every operation first
-// drops the expired ones from its top, so memory stays bounded by the live
-// locks however many distinct keys pass through.
-//
-// Acquire, Release and Refresh act on all their keys under one hold of the
-// store's mutex, so a refused Acquire or Refresh changes nothing. A release
-// that keeps the keys (keep positive) only sets their TTL and signals
-// nothing, since they stay held; their expiry then signals like any other.
-//
-// # Release notification
-//
-// Store implements stores.Notifier, so a Locker's waiters wake as soon as a
-// lock is released instead of polling. Release signals every subscriber of
-// the key before it returns, and so does the freeing of an expired lock.
-// Expired locks are only freed when an operation (of any key) runs, so a
-// waiter on a lock that expires without further traffic still wakes by its
-// own timer, which the Locker caps by the holder's remaining TTL.
-// Subscriptions live in a map that holds only keys with a live subscriber; no
-// goroutine is involved.
-//
-// # Fair mode
-//
-// Store implements stores.FairStore: see Store.AcquireFair.
 package memstore
 
 import (
@@ -80,65 +50,6 @@ func New() *Store {
 		entries: make(map[string]*entry),
 		subs:    make(map[string]map[chan struct{}]struct{}),
 	}
-}
-
-// NotifyRelease registers interest in releases of key until stop is called,
-// as stores.Notifier describes; every subscriber of key is signalled. The channel (buffer 1) receives after
-// each Release of key and after an expired lock of key is freed; sends never
-// block, so several releases may arrive as one signal. stop removes the
-// subscription; it may be called more than once and from any goroutine, and
-// no signal is sent to the channel after it returns. The channel is never
-// closed.
-func (s *Store) NotifyRelease(key, _ string) (released <-chan struct{}, stop func()) {
-	ch := make(chan struct{}, 1)
-	s.mu.Lock()
-	set := s.subs[key]
-	if set == nil {
-		set = make(map[chan struct{}]struct{}, 1)
-		s.subs[key] = set
-		s.subsPeak = max(s.subsPeak, len(s.subs))
-	}
-	set[ch] = struct{}{}
-	s.mu.Unlock()
-	return ch, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		set := s.subs[key]
-		if _, ok := set[ch]; !ok {
-			return // stopped before
-		}
-		delete(set, ch)
-		if len(set) == 0 {
-			delete(s.subs, key)
-			s.compactSubs()
-		}
-	}
-}
-
-// signal wakes every subscriber of key without blocking. The caller holds
-// s.mu.
-func (s *Store) signal(key string) {
-	for ch := range s.subs[key] {
-		select {
-		case ch <- struct{}{}:
-		default: // a signal is already pending
-		}
-	}
-}
-
-// compactSubs reallocates the subscription map once it has shrunk to a
-// quarter of its peak, since a map never returns its memory on its own.
-// The caller holds s.mu.
-func (s *Store) compactSubs() {
-	if s.subsPeak <= minCompact || len(s.subs) >= s.subsPeak/4 {
-		return
-	}
-	subs := make(map[string]map[chan struct{}]struct{}, len(s.subs))
-	for k, set := range s.subs {
-		subs[k] = set
-	}
-	s.subs = subs
-	s.subsPeak = len(subs)
 }
 
 // Acquire sets every key to token for ttl when none is held by another

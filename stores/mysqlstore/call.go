@@ -2,10 +2,13 @@ package mysqlstore
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/reqlock/reqlock/stores"
 )
@@ -15,10 +18,6 @@ import (
 // longest a statement of this store waits for a row lock on a server with
 // default settings.
 const DefaultCallLimit = time.Minute
-
-// undoTryLimit bounds each try of an undo (see settle), within the call
-// limit.
-const undoTryLimit = 5 * time.Second
 
 // errLeft ends an operation that saw its caller leave before it committed:
 // it rolled back, so there is nothing to undo.
@@ -31,7 +30,7 @@ const (
 	callAbandoned
 )
 
-// call is one store operation in flight; see run.
+// call is one store operation in flight; see detached.
 type call[T any] struct {
 	state atomic.Int32
 	done  chan struct{} // closed once v and err are set, unless abandoned
@@ -43,9 +42,9 @@ type call[T any] struct {
 // abandoned hook alone, and should not commit what it can still roll back.
 func (c *call[T]) left() bool { return c.state.Load() == callAbandoned }
 
-// run runs op and returns its outcome, or, as soon as ctx ends even while op
-// waits for the server, ctx's error: joined with stores.ErrAbandoned when
-// abandoned is not nil, for it undoes what op did.
+// detached runs op and returns its outcome, or, as soon as ctx ends even
+// while op waits for the server, ctx's error: joined with
+// stores.ErrAbandoned when abandoned is not nil, for it undoes what op did.
 //
 // op does not run on ctx: with go-sql-driver/mysql a cancelled statement
 // closes its connection, and the server may still apply the statement after
@@ -57,8 +56,8 @@ func (c *call[T]) left() bool { return c.state.Load() == callAbandoned }
 // (call.left) and roll back instead of committing. A ctx that can never end
 // runs op inline, bounded by the call limit.
 //
-// run returns ErrClosed once Close has begun; Close waits for every op.
-func run[T any](s *Store, ctx context.Context, op func(context.Context, *call[T]) (T, error),
+// detached returns ErrClosed once Close has begun; Close waits for every op.
+func detached[T any](s *Store, ctx context.Context, op func(context.Context, *call[T]) (T, error),
 	abandoned func(T, error)) (T, error) {
 	var zero T
 	if !s.begin() {
@@ -96,4 +95,21 @@ func run[T any](s *Store, ctx context.Context, op func(context.Context, *call[T]
 		<-c.done // it returned as ctx ended
 	}
 	return c.v, c.err
+}
+
+// attempt is what an acquire's statement leaves behind, for its undo.
+type attempt struct {
+	sess    session // of the connection that carried the statement
+	unknown bool    // the statement may still apply: no answer came, and the connection is gone
+	maybe   bool    // the statement returned a reply the Store could not read: it may have granted
+}
+
+// sent records in a that a statement on sess is on its way, or, once err
+// is its outcome, whether that outcome is known: a server's error reply
+// (the statement, or its transaction, changed nothing) and a connection
+// that went bad before anything was written (driver.ErrBadConn) are.
+func (a *attempt) sent(sess session, err error) {
+	var me *mysql.MySQLError
+	a.sess = sess
+	a.unknown = err != nil && !errors.As(err, &me) && !errors.Is(err, driver.ErrBadConn)
 }

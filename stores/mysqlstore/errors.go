@@ -77,3 +77,12 @@ func markUnreachable(err error) error {
 	}
 	return err
 }
+
+// keysForMessage names keys in an error message: the first, cut short by
+// stores.KeyForMessage, and how many others.
+func keysForMessage(keys []string) string {
+	if len(keys) == 1 {
+		return stores.KeyForMessage(keys[0])
+	}
+	return fmt.Sprintf("%s and %d more keys", stores.KeyForMessage(keys[0]), len(keys)-1)
+}

@@ -163,18 +163,6 @@ func (s *Store) answer(ctx context.Context, r result, keys []string, token strin
 	return stores.Grant{}, fmt.Errorf("%w: %w; the store undoes it", stores.ErrAbandoned, cause)
 }
 
-// owe queues the undo of an acquire of keys by token whose caller left.
-func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
-	s.undo.Add(s.debtOf(keys, token, ttl, a))
-}
-
-// debtOf returns the undo of an acquire of keys by token that left a: its
-// session must end first when its statement may still apply.
-func (s *Store) debtOf(keys []string, token string, ttl time.Duration, a attempt) *debt {
-	s.abandoned.Add(1)
-	return &debt{keys: keys, token: token, ttl: ttl, sess: a.sess, end: a.unknown && a.sess.endable, since: time.Now()}
-}
-
 // settled classifies err, the error of an acquire's statement on conn, into
 // a: the statement may still apply when no reply came and the connection is
 // gone, and it may have granted when it returned a reply the Store could

@@ -23,7 +23,7 @@ const (
 	listenPing = 5 * time.Second
 
 	// watchRenew is how often the keys with subscribers are marked
-	// watched again: a third of watchFor in sql.go.
+	// watched again: a third of watchFor in queries.go.
 	watchRenew = 10 * time.Second
 
 	// Redials back off from redialMin to redialMax.
@@ -31,9 +31,9 @@ const (
 	redialMax = 2 * time.Second
 )
 
-// listener owns the Store's listening connection and the goroutine that
+// notifier owns the Store's listening connection and the goroutine that
 // reads it, and hands each release to the subscribers of its key.
-type listener struct {
+type notifier struct {
 	config  *pgx.ConnConfig
 	channel string
 	pool    *pgxpool.Pool
@@ -70,53 +70,53 @@ func (s *Store) NotifyRelease(key, token string) (released <-chan struct{}, stop
 		return nil, func() {}
 	}
 	if s.notify == nil {
-		s.notify = startListener(s.pool, s.sql.watch, s.channel)
+		s.notify = startNotifier(s.pool, s.q.watch, s.channel)
 	}
 	return s.notify.subscribe(key)
 }
 
-// startListener starts the goroutine that listens on channel over a
+// startNotifier starts the goroutine that listens on channel over a
 // connection of its own, made with pool's configuration, and the one that
 // marks subscribed keys watched through pool.
-func startListener(pool *pgxpool.Pool, watch, channel string) *listener {
+func startNotifier(pool *pgxpool.Pool, watch, channel string) *notifier {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{config: pool.Config().ConnConfig.Copy(), channel: channel, pool: pool, watch: watch,
+	n := &notifier{config: pool.Config().ConnConfig.Copy(), channel: channel, pool: pool, watch: watch,
 		cancel: cancel, kick: make(chan struct{}, 1),
 		subs: make(map[string]map[*subscription]struct{}), keys: make(map[string]string), pending: make(map[string]bool)}
-	l.done.Add(2)
-	go l.run(ctx)
-	go l.markWatched(ctx)
-	return l
+	n.done.Add(2)
+	go n.run(ctx)
+	go n.markWatched(ctx)
+	return n
 }
 
 // subscribe adds a subscriber of key.
-func (l *listener) subscribe(key string) (<-chan struct{}, func()) {
+func (n *notifier) subscribe(key string) (<-chan struct{}, func()) {
 	payload := payloadOf(key)
 	sub := &subscription{ch: make(chan struct{}, 1)}
-	l.mu.Lock()
-	set := l.subs[payload]
+	n.mu.Lock()
+	set := n.subs[payload]
 	if set == nil {
 		set = make(map[*subscription]struct{})
-		l.subs[payload] = set
-		l.keys[payload] = key
-		l.pending[key] = true
+		n.subs[payload] = set
+		n.keys[payload] = key
+		n.pending[key] = true
 		select {
-		case l.kick <- struct{}{}:
+		case n.kick <- struct{}{}:
 		default: // a kick is waiting already
 		}
 	}
 	set[sub] = struct{}{}
-	l.mu.Unlock()
+	n.mu.Unlock()
 	var once sync.Once
 	return sub.ch, func() {
 		once.Do(func() {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			delete(l.subs[payload], sub)
-			if len(l.subs[payload]) == 0 {
-				delete(l.subs, payload)
-				delete(l.pending, l.keys[payload])
-				delete(l.keys, payload)
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			delete(n.subs[payload], sub)
+			if len(n.subs[payload]) == 0 {
+				delete(n.subs, payload)
+				delete(n.pending, n.keys[payload])
+				delete(n.keys, payload)
 			}
 		})
 	}
@@ -124,8 +124,8 @@ func (l *listener) subscribe(key string) (<-chan struct{}, func()) {
 
 // markWatched marks the keys of new subscriptions watched as they come, and
 // every key with subscribers every watchRenew, until ctx ends.
-func (l *listener) markWatched(ctx context.Context) {
-	defer l.done.Done()
+func (n *notifier) markWatched(ctx context.Context) {
+	defer n.done.Done()
 	ticker := time.NewTicker(watchRenew)
 	defer ticker.Stop()
 	for {
@@ -133,19 +133,19 @@ func (l *listener) markWatched(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-l.kick:
-			l.mu.Lock()
-			for k := range l.pending {
+		case <-n.kick:
+			n.mu.Lock()
+			for k := range n.pending {
 				keys = append(keys, []byte(k))
 			}
-			clear(l.pending)
-			l.mu.Unlock()
+			clear(n.pending)
+			n.mu.Unlock()
 		case <-ticker.C:
-			l.mu.Lock()
-			for _, k := range l.keys {
+			n.mu.Lock()
+			for _, k := range n.keys {
 				keys = append(keys, []byte(k))
 			}
-			l.mu.Unlock()
+			n.mu.Unlock()
 		}
 		if len(keys) == 0 {
 			continue
@@ -155,17 +155,17 @@ func (l *listener) markWatched(ctx context.Context) {
 		// its waiters poll meanwhile.
 		markCtx, cancel := context.WithTimeout(ctx, listenPing)
 		_, _ = retrying(markCtx, func(ctx context.Context) (pgconn.CommandTag, error) {
-			return l.pool.Exec(ctx, l.watch, keys)
+			return n.pool.Exec(ctx, n.watch, keys)
 		})
 		cancel()
 	}
 }
 
 // signal wakes the subscribers of payload.
-func (l *listener) signal(payload string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for sub := range l.subs[payload] {
+func (n *notifier) signal(payload string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for sub := range n.subs[payload] {
 		select {
 		case sub.ch <- struct{}{}:
 		default: // a signal is already waiting
@@ -174,18 +174,18 @@ func (l *listener) signal(payload string) {
 }
 
 // close stops the goroutine and closes the connection.
-func (l *listener) close() {
-	l.cancel()
-	l.done.Wait()
+func (n *notifier) close() {
+	n.cancel()
+	n.done.Wait()
 }
 
 // run keeps a connection listening on the channel until ctx ends,
 // redialling with backoff when it fails.
-func (l *listener) run(ctx context.Context) {
-	defer l.done.Done()
+func (n *notifier) run(ctx context.Context) {
+	defer n.done.Done()
 	pause := redialMin
 	for ctx.Err() == nil {
-		if l.listen(ctx) {
+		if n.listen(ctx) {
 			pause = redialMin // it worked for a while
 		}
 		timer := time.NewTimer(pause)
@@ -202,9 +202,9 @@ func (l *listener) run(ctx context.Context) {
 // listen dials, listens and hands notifications on until the connection
 // fails or ctx ends. It reports whether the connection got as far as
 // listening.
-func (l *listener) listen(ctx context.Context) bool {
+func (n *notifier) listen(ctx context.Context) bool {
 	dialCtx, cancel := context.WithTimeout(ctx, listenPing)
-	conn, err := pgx.ConnectConfig(dialCtx, l.config)
+	conn, err := pgx.ConnectConfig(dialCtx, n.config)
 	cancel()
 	if err != nil {
 		return false
@@ -215,19 +215,19 @@ func (l *listener) listen(ctx context.Context) bool {
 		_ = conn.Close(closeCtx)
 	}()
 	listenCtx, cancel := context.WithTimeout(ctx, listenPing)
-	_, err = conn.Exec(listenCtx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize())
+	_, err = conn.Exec(listenCtx, "LISTEN "+pgx.Identifier{n.channel}.Sanitize())
 	cancel()
 	if err != nil {
 		return false
 	}
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, listenIdle)
-		n, err := conn.WaitForNotification(waitCtx)
+		msg, err := conn.WaitForNotification(waitCtx)
 		cancel()
 		switch {
 		case err == nil:
-			if n.Channel == l.channel {
-				l.signal(n.Payload)
+			if msg.Channel == n.channel {
+				n.signal(msg.Payload)
 			}
 			continue
 		case ctx.Err() != nil:

@@ -42,57 +42,13 @@ import (
 // such as a connect other than check or lazy; for a parameter that neither
 // Open nor pgx takes, the error also wraps stores.ErrUnknownOption.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("%w: pgstore: URL does not parse: %v", stores.ErrInvalid, redact(err))
-	}
-	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return nil, fmt.Errorf("%w: pgstore: URL scheme %q, want postgres:// or postgresql://", stores.ErrInvalid, u.Scheme)
-	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return nil, fmt.Errorf("%w: pgstore: URL parameters do not parse: %v", stores.ErrInvalid, err)
-	}
-	if u.Host == "" && !q.Has("host") { // a socket directory goes in ?host=
-		return nil, fmt.Errorf("%w: pgstore: URL %q names no host", stores.ErrInvalid, u.Redacted())
-	}
-	connect, err := args.ParseConnect(q)
+	config, opts, redacted, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	var opts []Option
-	if connect == storeargs.ConnectLazy {
-		opts = append(opts, WithLazyConnect())
-	}
-	if q.Has("table") {
-		opts = append(opts, WithTable(q.Get("table")))
-		q.Del("table")
-	}
-	if q.Has("call_limit") {
-		d, err := time.ParseDuration(q.Get("call_limit"))
-		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("%w: pgstore: URL parameter call_limit=%q is not a positive duration", stores.ErrInvalid, q.Get("call_limit"))
-		}
-		opts = append(opts, WithCallLimit(d))
-		q.Del("call_limit")
-	}
-	u.RawQuery = q.Encode()
-	config, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		return nil, fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, u.Redacted(), err)
-	}
-	// pgx sends the parameters it does not know to the server as run-time
-	// parameters: a typo would reach the server, or pass unseen. Only those
-	// of serverParams are taken.
-	for name := range config.ConnConfig.RuntimeParams {
-		if !slices.Contains(serverParams, name) {
-			return nil, unknownOption(config.ConnConfig.RuntimeParams, name)
-		}
-	}
-	config.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
 	pool, err := pgxpool.NewWithConfig(ctx, config)
 	if err != nil {
-		return nil, fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, u.Redacted(), err)
+		return nil, fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, redacted, err)
 	}
 	checkCtx, cancel := storeargs.ConnectContext(ctx)
 	defer cancel()
@@ -106,6 +62,62 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	}
 	s.ownsPool = true
 	return s, nil
+}
+
+// parseURL parses Open's URL into pgx's pool configuration and the Store's
+// options, and returns the URL as error messages quote it (without the
+// password, the store's own parameters taken out). Its errors are Open's for
+// a URL it cannot use.
+func parseURL(rawURL string) (*pgxpool.Config, []Option, string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: pgstore: URL does not parse: %v", stores.ErrInvalid, redact(err))
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, nil, "", fmt.Errorf("%w: pgstore: URL scheme %q, want postgres:// or postgresql://", stores.ErrInvalid, u.Scheme)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: pgstore: URL parameters do not parse: %v", stores.ErrInvalid, err)
+	}
+	if u.Host == "" && !q.Has("host") { // a socket directory goes in ?host=
+		return nil, nil, "", fmt.Errorf("%w: pgstore: URL %q names no host", stores.ErrInvalid, u.Redacted())
+	}
+	connect, err := args.ParseConnect(q)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	var opts []Option
+	if connect == storeargs.ConnectLazy {
+		opts = append(opts, WithLazyConnect())
+	}
+	if q.Has("table") {
+		opts = append(opts, WithTable(q.Get("table")))
+		q.Del("table")
+	}
+	if q.Has("call_limit") {
+		d, err := time.ParseDuration(q.Get("call_limit"))
+		if err != nil || d <= 0 {
+			return nil, nil, "", fmt.Errorf("%w: pgstore: URL parameter call_limit=%q is not a positive duration", stores.ErrInvalid, q.Get("call_limit"))
+		}
+		opts = append(opts, WithCallLimit(d))
+		q.Del("call_limit")
+	}
+	u.RawQuery = q.Encode()
+	config, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: pgstore: URL %q: %v", stores.ErrInvalid, u.Redacted(), err)
+	}
+	// pgx sends the parameters it does not know to the server as run-time
+	// parameters: a typo would reach the server, or pass unseen. Only those
+	// of serverParams are taken.
+	for name := range config.ConnConfig.RuntimeParams {
+		if !slices.Contains(serverParams, name) {
+			return nil, nil, "", unknownOption(config.ConnConfig.RuntimeParams, name)
+		}
+	}
+	config.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	return config, opts, u.Redacted(), nil
 }
 
 // serverParams are the server run-time parameters a URL may set; others

@@ -46,3 +46,15 @@ func (s *Store) settle(ctx context.Context, d *debt) bool {
 	err := s.release(ctx, d.keys, d.token, 0)
 	return err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid)
 }
+
+// owe queues the undo of an acquire of keys by token whose caller left.
+func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
+	s.undo.Add(s.debtOf(keys, token, ttl, a))
+}
+
+// debtOf returns the undo of an acquire of keys by token that left a: its
+// session must end first when its statement may still apply.
+func (s *Store) debtOf(keys []string, token string, ttl time.Duration, a attempt) *debt {
+	s.abandoned.Add(1)
+	return &debt{keys: keys, token: token, ttl: ttl, sess: a.sess, end: a.unknown && a.sess.endable, since: time.Now()}
+}

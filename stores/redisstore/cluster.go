@@ -7,22 +7,7 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/reqlock/reqlock/stores"
 )
-
-// ErrCrossSlot means the keys of one multi-key call (Acquire, Release,
-// Refresh), with their fence keys, do not share one Redis Cluster hash
-// slot, or one Ring shard, so no single script can lock them together. The
-// error names two keys that differ and how to fix the key template.
-//
-// It is a mistake in the key template, not a failure of the store: retrying
-// cannot help, and a route that runs unlocked when the store fails must not
-// run unlocked because of it. So ErrCrossSlot wraps stores.ErrInvalid, and
-// every error that wraps ErrCrossSlot, whether the Store found the keys apart
-// before sending them or mapped Redis's CROSSSLOT reply, matches both.
-var ErrCrossSlot = fmt.Errorf("%w: redisstore: the keys of one multi-key call are not in one Redis Cluster hash slot (or Ring shard)",
-	stores.ErrInvalid)
 
 // crossSlotFix tells how to put the keys of one call in one slot.
 const crossSlotFix = "Redis Cluster hashes only the part of a key between its first '{' and the next '}' " +

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -234,46 +233,4 @@ func chunks(keys []string) func(yield func([]string) bool) {
 			keys = keys[n:]
 		}
 	}
-}
-
-// Close stops the Store's notification goroutine and closes its pub/sub
-// connection, if NotifyRelease ever started them, and waits for the goroutine
-// to return; go-redis's own pub/sub goroutines end shortly after. It does not
-// close the client, which the caller still owns and closes, unless Open made
-// it: then it closes it last, and the Store's calls fail from then on. Locks, and
-// Acquire, Release and Refresh, keep working; NotifyRelease returns a nil
-// channel from now on, so waiters poll. Subscribers from before Close get no
-// further signals; their stop functions still work. Close may be called more
-// than once; later calls return nil. It returns the error of closing the
-// pub/sub connection. While Redis is unreachable, Close may wait for a
-// SUBSCRIBE or reconnection in progress, as long as the client's dial, read
-// and write timeouts allow.
-func (s *Store) Close() error {
-	s.mu.Lock()
-	n := &s.notify
-	if n.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	n.closed = true
-	ps, done, exited := n.pubsub, n.done, n.exited
-	clear(n.dirty)
-	s.mu.Unlock()
-	var err error
-	if ps != nil {
-		close(done)
-		err = ps.Close()
-		<-exited
-	}
-	if s.owned != nil {
-		err = errors.Join(err, s.owned.Close())
-	}
-	return err
-}
-
-// closed reports whether Close was called.
-func (s *Store) closed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.notify.closed
 }

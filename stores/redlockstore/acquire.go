@@ -445,19 +445,6 @@ func (s *Store) liveGate(key string) int {
 	return order[0]
 }
 
-// notifyNode returns the node whose release signals a waiter for key
-// listens to: the second of the key's ranking, or when it is skipped the
-// next that is not (the gate last).
-func (s *Store) notifyNode(key string) int {
-	order := s.rank(key)
-	for _, i := range append(order[1:], order[0]) {
-		if !s.skipped(i) {
-			return i
-		}
-	}
-	return order[1]
-}
-
 // healthyQuorum reports whether a quorum of nodes is neither skipped nor
 // failing (its last call failed): only then is a refusal by the gate alone
 // trusted; else a refusal may be another Acquire's grant on one of the few

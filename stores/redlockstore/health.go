@@ -43,11 +43,6 @@ const (
 	skipFloor = 50 * time.Millisecond
 )
 
-// ErrNodeSkipped is the failure of a call that was not sent because its
-// node is skipped: its recent calls timed out, and a background probe
-// brings it back as soon as it answers.
-var ErrNodeSkipped = errors.New("redlockstore: node skipped: its last calls timed out; it is probed in the background")
-
 // skipped reports whether node i is skipped.
 func (s *Store) skipped(i int) bool { return s.nodes[i].skipped.Load() }
 

@@ -182,7 +182,7 @@ func (s *Store) releaseRest(token string, st *tokenState, owed owedRelease, repl
 }
 
 // owedRelease is a Release, as the Store owes it on the nodes whose call
-// failed (see cleanup.go).
+// failed (see undo.go).
 type owedRelease struct {
 	keys     []string
 	token    string

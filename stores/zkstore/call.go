@@ -18,7 +18,7 @@ const (
 	callAbandoned
 )
 
-// call runs fn, a sequence of ZooKeeper requests, and returns its result,
+// detached runs fn, a sequence of ZooKeeper requests, and returns its result,
 // or ctx's error as soon as ctx ends: go-zookeeper's requests take no
 // context, and wait out a lost connection until it comes back or the
 // session expires (go-zookeeper/zk#83). fn goes on in the background, and
@@ -30,7 +30,7 @@ const (
 // writes in the effects it is given: a failure wraps stores.ErrUnreachable
 // only while none of them may have been applied. Close waits for fn and
 // undo.
-func call[T any](ctx context.Context, s *Store, fn func(e *effects) (T, error), undo func(T, error)) (T, error) {
+func detached[T any](ctx context.Context, s *Store, fn func(e *effects) (T, error), undo func(T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
 		return zero, err

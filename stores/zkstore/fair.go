@@ -43,7 +43,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	if err := s.checkFair(key, token, ttl, lease); err != nil {
 		return stores.FairGrant{}, err
 	}
-	return call(ctx, s, func(e *effects) (stores.FairGrant, error) {
+	return detached(ctx, s, func(e *effects) (stores.FairGrant, error) {
 		return s.acquireFair(e, key, token, ttl, lease)
 	}, func(stores.FairGrant, error) {
 		// The waiter left: neither its grant nor its place stays.
@@ -273,7 +273,7 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := s.checkFair(key, token, 0, 0); err != nil {
 		return err
 	}
-	_, err := call(ctx, s, func(e *effects) (struct{}, error) {
+	_, err := detached(ctx, s, func(e *effects) (struct{}, error) {
 		return struct{}{}, s.leaveFair(e, key, token)
 	}, nil)
 	return err
@@ -329,6 +329,6 @@ func (s *Store) setPlace(id waiterID, pl *place) {
 	}
 	s.joinedMu.Unlock()
 	if had != (pl != nil) || (pl != nil && old.name != pl.name) {
-		s.subs.nudgeWaiter(id)
+		s.notify.nudgeWaiter(id)
 	}
 }

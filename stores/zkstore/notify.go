@@ -13,12 +13,12 @@ import (
 // watch again after a failure, such as a lost connection.
 const rearmDelay = 100 * time.Millisecond
 
-// subscriptions are the Store's release subscriptions, by the node each
+// notifier holds the Store's release subscriptions, by the node each
 // watches. The connection's event callback marks the subscriptions of a
 // deleted node, in the order the server sent the events, and wakes them;
 // each sets its watch again before it signals its waiter, so that the
 // waiter's next move, which may be a new grant and release at once, is seen.
-type subscriptions struct {
+type notifier struct {
 	mu     sync.Mutex
 	byPath map[string]map[*subscription]struct{}
 	all    map[*subscription]struct{}
@@ -33,13 +33,13 @@ type subscription struct {
 	released chan struct{} // to the waiter; buffered, sends never block
 	nudge    chan struct{} // wakes the goroutine to find its target anew
 	stop     chan struct{} // closed by the stop function
-	target   string        // guarded by subscriptions.mu
+	target   string        // guarded by notifier.mu
 	pending  bool          // a signal is due; guarded by subscriptions.mu
 }
 
-func (ss *subscriptions) init() {
-	ss.byPath = make(map[string]map[*subscription]struct{})
-	ss.all = make(map[*subscription]struct{})
+func (n *notifier) init() {
+	n.byPath = make(map[string]map[*subscription]struct{})
+	n.all = make(map[*subscription]struct{})
 }
 
 // signal sends to ch without blocking.
@@ -52,32 +52,32 @@ func signal(ch chan struct{}) {
 
 // deleted has the subscriptions that watch the node at path, which was
 // just deleted, find their target anew and signal.
-func (ss *subscriptions) deleted(path string) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	for sub := range ss.byPath[path] {
+func (n *notifier) deleted(path string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for sub := range n.byPath[path] {
 		sub.pending = true
 		signal(sub.nudge)
 	}
 }
 
 // wakeAll has every subscription set its watch anew and signal.
-func (ss *subscriptions) wakeAll() {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	for sub := range ss.all {
+func (n *notifier) wakeAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for sub := range n.all {
 		sub.pending = true
 		signal(sub.nudge)
 	}
 }
 
 // flush signals sub when a signal is due, unless it has stopped.
-func (ss *subscriptions) flush(sub *subscription) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
+func (n *notifier) flush(sub *subscription) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	if sub.pending {
 		sub.pending = false
-		if _, ok := ss.all[sub]; ok {
+		if _, ok := n.all[sub]; ok {
 			signal(sub.released)
 		}
 	}
@@ -85,10 +85,10 @@ func (ss *subscriptions) flush(sub *subscription) {
 
 // nudgeWaiter has the subscriptions of the waiter id find their target
 // anew, since its queue place changed.
-func (ss *subscriptions) nudgeWaiter(id waiterID) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	for sub := range ss.all {
+func (n *notifier) nudgeWaiter(id waiterID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for sub := range n.all {
 		if sub.id == id {
 			signal(sub.nudge)
 		}
@@ -96,36 +96,36 @@ func (ss *subscriptions) nudgeWaiter(id waiterID) {
 }
 
 // setTarget makes sub watch path.
-func (ss *subscriptions) setTarget(sub *subscription, path string) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if _, ok := ss.all[sub]; !ok || sub.target == path {
+func (n *notifier) setTarget(sub *subscription, path string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.all[sub]; !ok || sub.target == path {
 		return
 	}
-	ss.unsetLocked(sub)
+	n.unsetLocked(sub)
 	sub.target = path
-	set := ss.byPath[path]
+	set := n.byPath[path]
 	if set == nil {
 		set = make(map[*subscription]struct{})
-		ss.byPath[path] = set
+		n.byPath[path] = set
 	}
 	set[sub] = struct{}{}
 }
 
 // remove ends sub: it gets no further signal once remove returns.
-func (ss *subscriptions) remove(sub *subscription) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ss.unsetLocked(sub)
-	delete(ss.all, sub)
+func (n *notifier) remove(sub *subscription) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.unsetLocked(sub)
+	delete(n.all, sub)
 }
 
-// unsetLocked takes sub off its target. The caller holds ss.mu.
-func (ss *subscriptions) unsetLocked(sub *subscription) {
-	if set := ss.byPath[sub.target]; set != nil {
+// unsetLocked takes sub off its target. The caller holds n.mu.
+func (n *notifier) unsetLocked(sub *subscription) {
+	if set := n.byPath[sub.target]; set != nil {
 		delete(set, sub)
 		if len(set) == 0 {
-			delete(ss.byPath, sub.target)
+			delete(n.byPath, sub.target)
 		}
 	}
 	sub.target = ""
@@ -150,17 +150,17 @@ func (s *Store) NotifyRelease(key, token string) (<-chan struct{}, func()) {
 		nudge:    make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
-	s.subs.mu.Lock()
-	s.subs.all[sub] = struct{}{}
-	s.subs.mu.Unlock()
+	s.notify.mu.Lock()
+	s.notify.all[sub] = struct{}{}
+	s.notify.mu.Unlock()
 	if !s.goTracked(func() { s.watch(sub) }) {
-		s.subs.remove(sub)
+		s.notify.remove(sub)
 		return nil, func() {}
 	}
 	var once sync.Once
 	return sub.released, func() {
 		once.Do(func() {
-			s.subs.remove(sub)
+			s.notify.remove(sub)
 			close(sub.stop)
 		})
 	}
@@ -184,7 +184,7 @@ func (s *Store) watch(sub *subscription) {
 			events <-chan zk.Event
 		)
 		if err == nil {
-			s.subs.setTarget(sub, target)
+			s.notify.setTarget(sub, target)
 			exists, events, err = s.watchNode(target, target == p.lock)
 		}
 		var wake <-chan time.Time
@@ -196,13 +196,13 @@ func (s *Store) watch(sub *subscription) {
 				// Gone before the watch was set: deleted since the waiter
 				// was refused, or created and deleted between two watches,
 				// a release the event callback could not see.
-				s.subs.mu.Lock()
+				s.notify.mu.Lock()
 				sub.pending = true
-				s.subs.mu.Unlock()
+				s.notify.mu.Unlock()
 			}
 			lastTarget, lastExists = target, exists
 		}
-		s.subs.flush(sub)
+		s.notify.flush(sub)
 		expectPresent = false
 		if err == nil && !exists && target != p.lock {
 			continue // the waiter ahead has gone: find the node to watch now

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// statements are the SQL of a Store, for its table.
-type statements struct {
+// queries are the SQL of a Store, for its table.
+type queries struct {
 	create      string
 	acquireOne  string
 	lockAll     string
@@ -41,8 +41,8 @@ const (
 	watchFor = `interval '30 seconds'`
 )
 
-// newStatements writes the statements for table, a name tableName accepts.
-func newStatements(table string) statements {
+// newQueries writes the statements for table, a name tableName accepts.
+func newQueries(table string) queries {
 	t := quoteTable(table)
 	// The existing row l is free for the upsert's proposed row EXCLUDED
 	// (whose expires_at is its clock plus $3): released, already the
@@ -52,7 +52,7 @@ func newStatements(table string) statements {
 	          l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')`
 	r := strings.NewReplacer("{t}", t, "{free}", free, "{nowMicros}", nowMicros,
 		"{remaining}", remainingMicros, "{clockNow}", clockNow, "{watch}", watchFor)
-	return statements{
+	return queries{
 		create: r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
 			key        bytea PRIMARY KEY,
 			token      bytea,

@@ -227,3 +227,8 @@ func (s *Store) linger(ctx context.Context, replies <-chan reply, flying []bool,
 	}
 	return got
 }
+
+// callTimeout bounds each node call of an operation with TTL ttl.
+func (s *Store) callTimeout(ttl time.Duration) time.Duration {
+	return min(s.nodeTimeout, max(ttl/3, time.Millisecond))
+}

@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +58,7 @@ type Store struct {
 	shards    [shardCount]shard
 	idleFiles atomic.Int64 // entries in the shards' idle lists
 
-	subs subscribers // release notification; see notify.go
+	notify notifier // release notification; see notify.go
 }
 
 // shard holds the entries of the keys that hash to it.
@@ -142,7 +141,7 @@ func New(dir string) (*Store, error) {
 		return nil, fmt.Errorf("%w: %w", stores.ErrInvalid, err)
 	}
 	s := &Store{dir: dir, pid: uint32(os.Getpid()), id: newStoreID()}
-	s.subs.dir = dir
+	s.notify.dir = dir
 	for i := range s.shards {
 		s.shards[i].entries = make(map[string]*entry)
 	}
@@ -189,7 +188,7 @@ func (s *Store) Close() error {
 		e.mu.Unlock()
 	}
 	s.unpin(all) // closes every file, now that the Store is closed
-	s.subs.close()
+	s.notify.close()
 	return nil
 }
 
@@ -318,7 +317,7 @@ func (s *Store) drop(e *entry) {
 	h.timer.Stop()
 	foreign := s.markedByOther(e, h)
 	s.unlockOrClose(e)
-	s.subs.signal(e.key)
+	s.notify.signal(e.key)
 	if foreign && e.fd >= 0 {
 		ring(e.fd)
 	}
@@ -565,21 +564,6 @@ func (s *Store) ReleaseWaited(ctx context.Context, keys []string, token string, 
 		return false, fmt.Errorf("%w: filestore: %d of %d keys not held by the token: %s", stores.ErrNotHeld, len(notHeld), len(keys), keysForMessage(notHeld))
 	}
 	return waited, nil
-}
-
-// keysForMessage lists keys for an error message, each shortened by
-// stores.KeyForMessage.
-func keysForMessage(keys []string) string {
-	var b strings.Builder
-	b.WriteByte('[')
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(stores.KeyForMessage(k))
-	}
-	b.WriteByte(']')
-	return b.String()
 }
 
 // Refresh sets every key's grant to end ttl from now when each holds a

@@ -14,6 +14,7 @@ import (
 
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/filestore"
+	"github.com/reqlock/reqlock/stores/storetest"
 )
 
 // TestNewRefusesBadDirectories: an empty, relative or non-directory path is
@@ -208,4 +209,28 @@ func TestBounds(t *testing.T) {
 	if err := s.Release(ctx, k, "t1", 0); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// newStore returns a Store on a fresh temporary directory, closed when the
+// test ends.
+func newStore(t testing.TB, dir string) *filestore.Store {
+	t.Helper()
+	s, err := filestore.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, storetest.Suite{
+		New:    func(t *testing.T) stores.Store { return newStore(t, t.TempDir()) },
+		Notify: true,
+		// A refusal by another process's grant reads the holder's expiry
+		// from the key file, which may not tell (see Store.Acquire).
+		WaitUnknown: true,
+		// Local files: no network to fail.
+		InProcess: true,
+	})
 }

@@ -1,0 +1,223 @@
+// Package pgstore is a stores.Store on PostgreSQL (11 or later) through
+// pgx v5 (github.com/jackc/pgx/v5), and a stores.Notifier.
+//
+// # Mechanism: a lease row per key
+//
+// A lock is a row of a table the store owns, one row per key:
+//
+//	CREATE TABLE IF NOT EXISTS reqlock_locks (
+//		key           bytea PRIMARY KEY,
+//		token         bytea,          -- the holder's token; NULL when released
+//		expires_at    timestamptz,    -- end of the holder's lease, by the server's clock
+//		fence         bigint NOT NULL, -- the key's last fence; survives release and expiry
+//		watched_until timestamptz     -- a waiter listens for the key's release until then
+//	)
+//
+// A key is held while its token is set and expires_at is after the server's
+// clock_timestamp(). Acquire is one upsert, INSERT ... ON CONFLICT (key) DO
+// UPDATE, that takes the row only when it is free, expired or already holds
+// the caller's token; Release sets token and expires_at to NULL, and
+// Refresh moves expires_at, both only where the row still holds the
+// caller's unexpired token. Expiry is judged by the server's clock alone,
+// as Redis judges a PX TTL: the clocks of the processes that lock do not
+// matter, and no connection is pinned to a lock, so a lock outlives the
+// connection that took it (a dropped connection does not free it; its TTL
+// does) and a pool of a few connections serves any number of locks.
+//
+// Session advisory locks (pg_try_advisory_lock) were the alternative. They
+// were not chosen: they live on the connection that took them, so every
+// held lock pins a connection (50 concurrent holders, 50 connections) and
+// a TTL, a kept release (keep) and a lease that survives a reconnect cannot
+// be had; they take a bigint, so keys must be hashed and two keys sharing a
+// hash would block each other; and a fence still needs a table.
+//
+// # Why pgx and not database/sql
+//
+// Release notification needs a connection that waits for LISTEN/NOTIFY
+// messages (pgx's WaitForNotification), which database/sql cannot express;
+// pgx also runs several statements in one round trip as one implicit
+// transaction (a batch, used for the all-or-nothing multi-key calls), sends
+// bytea arrays natively, and exposes SQLSTATE codes (*pgconn.PgError).
+//
+// # Isolation and serialization failures
+//
+// Each call is one statement, or two or three statements in one implicit
+// transaction that locks rows in key order, meant to run at READ COMMITTED:
+// Open sets default_transaction_isolation on its connections, whatever the
+// server's default, and the PostgreSQL default is READ COMMITTED for the
+// pool given to New. Such statements cannot fail with 40001
+// (serialization_failure), which only REPEATABLE READ and SERIALIZABLE
+// raise; this is what cirello.io/pglock's SERIALIZABLE transactions hit
+// under load (its issues 26 and 29). Rows are locked in one order (sorted
+// keys), so the store's statements do not deadlock each other either.
+// Should a 40001 or 40P01 (deadlock_detected) still come back (a pool whose
+// connections run at SERIALIZABLE, a program of its own locking rows of
+// the table), the transaction was rolled back and changed nothing, and the
+// call runs again after a random pause of up to 5ms, until its context
+// ends.
+//
+// # Fencing
+//
+// A grant's fence is greatest(last fence + stores.FenceStride, the server's
+// clock in microseconds since 1970) and becomes the row's fence. The row
+// survives release and expiry, and PostgreSQL keeps it across restarts, so
+// fences grow by at least the stride per grant. The clock term makes a new
+// row (first use, or a row deleted by hand, or a new table) start above
+// every fence an earlier row could have issued, as long as fences did not
+// run ahead of the clock (a key granted more than about a thousand times a
+// second) and the server's clock does not step back. With
+// synchronous_commit=off a crash can lose the last commits (grants) of
+// under a second; their fences are then issued again only for a key whose
+// fences ran ahead of the clock.
+//
+// Rows are never deleted: a row per key ever locked stays (about 100 bytes
+// plus the key). Deleting free rows (token IS NULL OR expires_at <
+// clock_timestamp()) is safe for keys whose fences follow the clock (see
+// above).
+//
+// # Limits
+//
+// The Store states them as stores.Bounds (Bounds), and refuses arguments
+// beyond them with stores.ErrInvalid before any statement, as the Locker
+// does before it calls the Store. A key is at most what one entry of the
+// primary key's btree holds: 2692 bytes with PostgreSQL's 8 kB pages (New
+// reads block_size and computes it); a longer key that compresses below the
+// entry limit would fit, but a random one does not, and the server would
+// refuse it (SQLSTATE 54000, which the Store reports as stores.ErrInvalid
+// too). Indexing a digest of the key would lift the limit, at the price of
+// a primary key that existing tables do not have. Every TTL from 1ns to
+// math.MaxInt64 is honoured, rounded up to the server clock's microsecond:
+// 292 years stay far within timestamptz (to the year 294276) and an
+// interval's 64-bit microseconds. Tokens and the number of keys of a call
+// are not limited.
+//
+// # Several keys
+//
+// Acquire with several keys runs three statements in one round trip and one
+// implicit transaction: the first creates missing rows and locks every row
+// in key order, unless its snapshot shows a key held by another token (so a
+// refusal does not wait for a grant in progress before it knows the key is
+// held); the second takes them all, only when the first locked every row
+// (it says so in the transaction-local setting reqlock.locked) and none is
+// held by another token; the third reads the holders of a refusal and
+// marks them watched, locking the rows in key order too. Refresh with
+// several keys locks the rows in key order (SELECT ... FOR UPDATE) before
+// it moves their leases, only when every key holds the token. Release
+// frees each key that holds the token, in one statement, after locking the
+// rows in key order when there are several.
+//
+// Every statement that locks several rows locks them in key order: an
+// UPDATE of several rows would lock them in the order of its scan, and two
+// transactions locking two rows in opposite orders wait for each other
+// until PostgreSQL's deadlock check, deadlock_timeout (1s by default)
+// later, rolls one back. Under contention the rolled-back call, run again,
+// formed the next such cycle, so that an Acquire of a few keys could wait
+// several seconds.
+//
+// # Release notification
+//
+// A plain release of a watched key sends NOTIFY (pg_notify) in the
+// statement of the release, on the channel named like the table, with the
+// hex SHA-256 of the key as payload; PostgreSQL delivers it once the release
+// commits, in commit order. A key is watched for 30 seconds after an
+// acquire was refused it (the refusal marks it, in the same statement) or a
+// Store subscribed to it (NotifyRelease marks it in the background, and
+// again every 10 seconds while subscribed). Releases of keys nobody waits
+// for notify nothing: a transaction that notifies holds a database-wide lock
+// from its NOTIFY to its commit, and notifying every release serialized all
+// of them.
+//
+// The Store listens on one dedicated connection, opened by the first
+// NotifyRelease, and hands each notification to the subscribers of its key;
+// it pings the server when the connection has been idle for 15 seconds.
+// Signals are hints: one sent while the listening connection is down is
+// lost (the connection is redialled), one sent before a key's mark is
+// committed is not sent, and an expiry sends none, so waiters keep a
+// fallback poll capped by the holder's remaining TTL.
+//
+// # Fair mode
+//
+// Store does not implement stores.FairStore. A FIFO queue per key would
+// need a queue table with a lease per waiter, written by every attempt of
+// every waiter; the Locker's local queue already orders the waiters of one
+// process, and the lease row grants across processes in no set order.
+//
+// # Failures
+//
+// What the Store survives, each checked by its tests against a real server
+// (the conformance suite's Faults group, through a fault proxy, and the
+// package's own) except the restart, which follows from rows on disk: a lost
+// connection (the lease is a row, any connection refreshes or releases it);
+// a server restart (rows are on disk); a reply lost or late, a server
+// paused past the caller's wait or past the call limit, a connection cut
+// after the request, and a request held up in the network until after the
+// call gave up on it (an abandoned Acquire is undone: the key is free soon
+// after the fault ends, within the suite's 3 seconds, not at the end of its
+// TTL, and the late request grants nothing; see Contexts and unknown
+// outcomes); a holder cut off from the server (its key expires after its
+// TTL, not before); a stale holder's Refresh or Release after its key
+// passed to another token (ErrNotHeld); a Refresh racing the Release of its
+// grant (it never takes the key back); and the server's clock stepping back
+// (a released key's token is NULL, free whatever the clock says; keys held
+// then are held longer by the step). A step forward of the server's clock
+// past a holder's remaining TTL lets another take the key while the
+// holder's validity runs: keep the server's clock slewed, not stepped, as
+// for any lease judged by a server's clock.
+//
+// # Contexts and unknown outcomes
+//
+// Every call returns once its context ends. An Acquire runs its statement
+// on a context of its own, bounded by the call limit (WithCallLimit,
+// default 5s) rather than by the caller's, so that a grant the server made
+// after the caller left is seen, and released, owner-checked, once the
+// statement returns; the caller gets an error wrapping stores.ErrAbandoned
+// and the context's error.
+//
+// A statement that got no answer within the call limit, or whose
+// connection broke, may still apply: pgx closes the connection without a
+// cancel request, and the server runs what it has received, or receives
+// late (a request held up in the network). A release sent then could land
+// before it. So the Store first ends the session that carried the statement
+// (pg_terminate_backend, on another connection, named by the backend's pid
+// and start time), waits until the server shows it gone, so that nothing of
+// the statement can apply any more, and only then releases the keys,
+// owner-checked. It tries both again, after a pause of up to a second,
+// while they fail (a server still unreachable), until they land, a grant
+// the statement could have made has expired (its TTL after the session
+// ended), or the Store is closed; at most two such undos run at a time. A
+// caller still waiting gets an error wrapping stores.ErrAbandoned (with
+// context.DeadlineExceeded past the call limit) once the undo has landed or
+// its context has ended, so that it does not release the keys itself.
+//
+// Ending a session needs the privilege to signal the server processes of
+// the Store's role, which every role has for its own, non-superuser
+// sessions. Behind a pooler that runs a connection's statements on server
+// connections of its own (PgBouncer in transaction mode), the session of a
+// statement cannot be named (the pid the server reports is not the
+// connection's), nor, without the privilege, ended: the Store then releases
+// the keys, tried again until it lands, and a request that reaches the
+// server after that release can still hold its key for its TTL.
+//
+// Release and Refresh end their statement with the context; their outcome
+// is then unknown. A call that failed to connect returns an error wrapping
+// stores.ErrUnreachable: it changed nothing. Calls after Close return
+// ErrClosed; Close waits for the acquires in flight and gives each undo
+// still owed one more try, both within the call limit.
+//
+// # The table
+//
+// New creates the table with CREATE TABLE IF NOT EXISTS, named by WithTable
+// (default DefaultTable): lower-case letters, digits and underscores,
+// starting with a letter or underscore, at most 63 bytes, optionally
+// qualified by a schema of the same form. The role needs CREATE on the
+// schema the first time, and SELECT, INSERT and UPDATE on the table.
+//
+// # Start-up
+//
+// Open and New create the table and read the page size, and Open fails,
+// naming the address, when the server cannot be reached within 5s
+// (DefaultConnectTimeout) or its context's deadline. With connect=lazy in the
+// URL (WithLazyConnect) they send nothing: calls fail with store errors
+// until the server answers, and the first call that reaches it creates the
+// table; until then Bounds assume 8 kB pages.
+package pgstore
