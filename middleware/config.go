@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/keyfunc"
+	"github.com/reqlock/reqlock/routetable"
 )
 
 // ErrInvalidConfig is wrapped by every error that rejects a route's
@@ -153,8 +154,9 @@ type Config struct {
 }
 
 // MinWatchdogTTL is the shortest TTL a route with the watchdog accepts: a
-// renewal every third of it, 10ms, is as often as is sensible.
-const MinWatchdogTTL = 30 * time.Millisecond
+// renewal every third of it, 10ms, is as often as is sensible. It is the
+// spec language's limit too (routetable.MinWatchdogTTL).
+const MinWatchdogTTL = routetable.MinWatchdogTTL
 
 // DefaultConfig holds the default of every Config field.
 var DefaultConfig = Config{
@@ -239,7 +241,7 @@ func WithMaxBodyBytes(n int64) Option {
 // WithMaxValueLen sets Config.MaxValueLen, at least 16. Default 64.
 func WithMaxValueLen(n int) Option {
 	return nonZero("WithMaxValueLen", n, func(c *Config) *int { return &c.MaxValueLen },
-		fmt.Sprintf("the length must be at least %d", minSpecMaxValueLen), DefaultConfig.MaxValueLen)
+		fmt.Sprintf("the length must be at least %d", keyfunc.MinMaxValueLen), DefaultConfig.MaxValueLen)
 }
 
 // WithSkipper sets Config.Skipper. Default nil: every request is locked.

@@ -16,6 +16,7 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 )
 
 // The routes of the service, as the route table names them.
@@ -44,27 +45,27 @@ var lockTable = []struct{ route, spec string }{
 	{routeCheckout, "@lock key=sku:<json:items[*].sku> on-timeout=423 on-store-error=503"},
 }
 
-// codeSource labels the entries of lockTable in errors and RouteSpec.Source.
+// codeSource labels the entries of lockTable in errors and Entry.Source.
 const codeSource = "inventory's built-in lock table"
 
-// codeRouteSpecs returns lockTable as route specs, each with wait and ttl
-// (wait 0: try once).
-func codeRouteSpecs(wait, ttl time.Duration) ([]middleware.RouteSpec, error) {
+// codeEntries returns lockTable as route table entries, each with wait and
+// ttl (wait 0: try once).
+func codeEntries(wait, ttl time.Duration) ([]routetable.Entry, error) {
 	w := "none"
 	if wait > 0 {
 		w = wait.String()
 	}
-	specs := make([]middleware.RouteSpec, 0, len(lockTable))
+	entries := make([]routetable.Entry, 0, len(lockTable))
 	var errs []error
 	for _, e := range lockTable {
-		rs, err := middleware.ParseRoute(e.route, fmt.Sprintf("%s wait=%s ttl=%s", e.spec, w, ttl), codeSource)
+		entry, err := routetable.ParseEntry(e.route, fmt.Sprintf("%s wait=%s ttl=%s", e.spec, w, ttl), codeSource)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		specs = append(specs, rs)
+		entries = append(entries, entry)
 	}
-	return specs, errors.Join(errs...)
+	return entries, errors.Join(errs...)
 }
 
 // lockRoutes builds the service's route table for cfg: from the file
@@ -74,11 +75,11 @@ func lockRoutes(cfg config, locker *reqlock.Locker) (*middleware.Routes, error) 
 	if cfg.routesFile != "" {
 		return middleware.LoadRoutes(locker, cfg.routesFile)
 	}
-	specs, err := codeRouteSpecs(cfg.wait, cfg.ttl)
+	entries, err := codeEntries(cfg.wait, cfg.ttl)
 	if err != nil {
 		return nil, err
 	}
-	return middleware.NewRoutes(locker, specs)
+	return middleware.NewRoutes(locker, entries)
 }
 
 // errNotCovered means a request holds a lock that has no key for a SKU it

@@ -605,7 +605,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "inventory: framework %s; %s; stock %s (default %d per SKU, work %v)\n",
 		cfg.framework, lock, a.stockDesc, cfg.defaultStock, cfg.work)
 	if a.routes != nil {
-		for _, rs := range a.routes.Specs() {
+		for _, rs := range a.routes.Routes() {
 			fmt.Fprintf(out, "inventory: lock %s %s: %s\n", rs.Method, rs.Path, rs.Spec)
 		}
 	}
