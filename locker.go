@@ -359,10 +359,16 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 // its request's context; behind ginlock's middleware, ObtainAll(c, ...)
 // uses the request's context, as if called with c.Request.Context().
 func (l *Locker) ObtainAll(ctx context.Context, keys []string, ttl, wait time.Duration) (*Lock, error) {
+	return l.obtainReported(ctx, keys, mode{}, ttl, wait)
+}
+
+// obtainReported is obtain on the request's context, with the outcome
+// reported to the breaker's and the Locker's metrics.
+func (l *Locker) obtainReported(ctx context.Context, keys []string, m mode, ttl, wait time.Duration) (*Lock, error) {
 	ctx = requestContext(ctx)
 	start := time.Now()
 	label := labelOf(ctx)
-	lock, err := l.obtain(ctx, label, keys, mode{}, ttl, wait)
+	lock, err := l.obtain(ctx, label, keys, m, ttl, wait)
 	if err != nil && l.breaker != nil && errors.Is(err, ErrStoreDown) {
 		l.breaker.rejected.Add(1)
 		if l.outage != nil {

@@ -2,7 +2,6 @@ package reqlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -113,21 +112,7 @@ func (l *Locker) CheckShared() error {
 
 // obtainMode is ObtainShared and ObtainLimited: Obtain of one key in mode m.
 func (l *Locker) obtainMode(ctx context.Context, key string, m mode, ttl, wait time.Duration) (*Lock, error) {
-	ctx = requestContext(ctx)
-	start := time.Now()
-	label := labelOf(ctx)
-	keys := []string{key}
-	lock, err := l.obtain(ctx, label, keys, m, ttl, wait)
-	if err != nil && l.breaker != nil && errors.Is(err, ErrStoreDown) {
-		l.breaker.rejected.Add(1)
-		if l.outage != nil {
-			l.outage.RejectedStoreDown(label)
-		}
-	}
-	if l.metrics != nil {
-		l.metrics.Obtained(label, OutcomeOf(ctx, err), time.Since(start))
-	}
-	return lock, err
+	return l.obtainReported(ctx, []string{key}, m, ttl, wait)
 }
 
 // acquireShared obtains a grant of keys (one key) in mode m, shared or
