@@ -33,7 +33,7 @@ type Guard struct {
 	cfg       Config
 	wait      time.Duration // cfg.Wait, with NoWait as 0
 	logger    *slog.Logger
-	metrics   reqlock.Metrics // the Locker's, or nil
+	metrics   reqlock.Metrics     // the Locker's, or nil
 	modes     reqlock.ModeMetrics // the Locker's metrics, if they implement it; or nil
 	mode      reqlock.HolderMode  // the route's mode
 	failOpen  *failOpenWarning

@@ -103,7 +103,9 @@ func (s *suite) testSharedReaders(t *testing.T) {
 	}
 
 	release := hold(t, locker, "item:1")
-	late := s.serve(t, locker, "item:<id>", func(http.ResponseWriter, *http.Request) { t.Error("a shared handler ran while the key was held exclusively") },
+	late := s.serve(t, locker, "item:<id>", func(http.ResponseWriter, *http.Request) {
+		t.Error("a shared handler ran while the key was held exclusively")
+	},
 		middleware.WithShared(), middleware.WithWait(30*time.Millisecond), middleware.WithTimeoutStatus(http.StatusConflict))
 	s.expectRejection(t, do(late, post("/items/1", "")), http.StatusConflict, middleware.ReasonTimeout, true)
 	release()
