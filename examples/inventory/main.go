@@ -515,7 +515,7 @@ func buildApp(cfg config) (*app, error) {
 	case lockStore == nil:
 		lockStore, a.lockDesc = memstore.New(), "memstore (in memory)"
 	}
-	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work}
+	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work, reports: newReports()}
 	a.metrics = metrics.New()
 
 	if !cfg.noLock {
