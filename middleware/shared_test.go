@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/metrics"
@@ -155,4 +156,31 @@ func writeFile(t *testing.T, name, data string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestSharedInsideExclusive: a route inside a locked group may take the
+// group's key shared when the group holds it exclusively (a hold on the
+// group's grant); a group holding it shared cannot take it exclusively
+// inside: 500, never a wait for itself.
+func TestSharedInsideExclusive(t *testing.T) {
+	locker := reqlock.MustNew(memstore.New())
+	nested := func(outer, inner []middleware.Option) int {
+		og := middleware.Must(middleware.New(locker, "item:<id>", append(outer, middleware.WithWait(time.Second))...))
+		ig := middleware.Must(middleware.New(locker, "item:<id>", append(inner, middleware.WithWait(time.Second))...))
+		mux := http.NewServeMux()
+		mux.Handle("POST /items/{id}", og.Handler(ig.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/items/1", nil))
+		return w.Code
+	}
+	if code := nested(nil, []middleware.Option{middleware.WithShared()}); code != http.StatusOK {
+		t.Errorf("shared inside exclusive: %d, want 200", code)
+	}
+	start := time.Now()
+	if code := nested([]middleware.Option{middleware.WithShared()}, nil); code != http.StatusInternalServerError {
+		t.Errorf("exclusive inside shared: %d, want 500", code)
+	}
+	if d := time.Since(start); d >= time.Second {
+		t.Errorf("exclusive inside shared took %v: it waited for itself", d)
+	}
 }
