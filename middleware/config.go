@@ -98,9 +98,11 @@ type Config struct {
 	// alongside an exclusive holder. A request that finds every place
 	// taken waits like one that finds the key locked; when the wait runs
 	// out it is answered TimeoutStatus (429 by default on such a route)
-	// with reason "limit". Every route that names a key with a limit must
-	// give it the same limit. A limited route locks one key, and goes
-	// without Shared. Default 0: no limit.
+	// with reason "limit". A request gets in while fewer than its own
+	// Limit hold the key, whatever the other holders got in under, so a
+	// rolling change of the limit never locks the new instances out. A
+	// limited route locks one key, and goes without Shared. Default 0: no
+	// limit.
 	Limit int
 
 	// TimeoutStatus is the status answered when the wait runs out:
