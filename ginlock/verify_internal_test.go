@@ -10,6 +10,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
@@ -47,11 +48,11 @@ func TestUnreadableLayoutFailsVerifyOnly(t *testing.T) {
 	readChains = func(*gin.Engine, gin.RoutesInfo) ([]middleware.RouteID, error) {
 		return nil, fmt.Errorf("%w: a layout from another gin release", errLayout)
 	}
-	rs, err := middleware.ParseRoute("POST /a/:id", "key=a:<id>", "code:1")
+	e, err := routetable.ParseEntry("POST /a/:id", "key=a:<id>", "code:1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := middleware.NewRoutes(reqlock.MustNew(memstore.New()), []middleware.RouteSpec{rs})
+	rt, err := middleware.NewRoutes(reqlock.MustNew(memstore.New()), []routetable.Entry{e})
 	if err != nil {
 		t.Fatal(err)
 	}

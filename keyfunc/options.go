@@ -2,7 +2,7 @@ package keyfunc
 
 import "fmt"
 
-// Defaults of a Template, written in one place.
+// Defaults and limits of a Template's options, written in one place.
 const (
 	// DefaultMaxBodyBytes bounds the body read for json and form
 	// placeholders: 1 MiB.
@@ -12,9 +12,8 @@ const (
 	DefaultMaxValueLen = 64
 	// DefaultMaxKeys is the most keys Template.Keys renders for one request.
 	DefaultMaxKeys = 64
-
-	// minMaxValueLen is the smallest MaxValueLen an option may set.
-	minMaxValueLen = 16
+	// MinMaxValueLen is the least n WithMaxValueLen accepts.
+	MinMaxValueLen = 16
 )
 
 // Option configures a Template at Parse.
@@ -38,8 +37,8 @@ func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBodyBytes
 
 // WithMaxValueLen sets the escaped length above which a value is replaced by
 // "#" and the hex of a hash of the raw value, which bounds the key's length.
-// n must be at least 16, else Parse returns an error wrapping ErrSyntax.
-// Default DefaultMaxValueLen (64).
+// n must be at least MinMaxValueLen (16), else Parse returns an error
+// wrapping ErrSyntax. Default DefaultMaxValueLen (64).
 func WithMaxValueLen(n int) Option { return func(o *options) { o.maxValueLen = n } }
 
 // WithMaxKeys caps the keys Template.Keys renders for one request: when the
@@ -52,8 +51,8 @@ func (o options) validate() error {
 	if o.maxBodyBytes <= 0 {
 		return fmt.Errorf("%w: option WithMaxBodyBytes(%d): must be greater than 0", ErrSyntax, o.maxBodyBytes)
 	}
-	if o.maxValueLen < minMaxValueLen {
-		return fmt.Errorf("%w: option WithMaxValueLen(%d): must be at least %d", ErrSyntax, o.maxValueLen, minMaxValueLen)
+	if o.maxValueLen < MinMaxValueLen {
+		return fmt.Errorf("%w: option WithMaxValueLen(%d): must be at least %d", ErrSyntax, o.maxValueLen, MinMaxValueLen)
 	}
 	if o.maxKeys < 1 {
 		return fmt.Errorf("%w: option WithMaxKeys(%d): must be at least 1", ErrSyntax, o.maxKeys)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
@@ -56,11 +57,11 @@ func TestRouteOutOfStoreBoundsFailsAtStartUp(t *testing.T) {
 		t.Errorf("a route at the store's MaxTTL: %v", err)
 	}
 
-	spec, err := middleware.ParseRoute("POST /skus/{id}/deduct", "@lock key=sku:<id> ttl=1m", "routes.yaml:3")
+	e, err := routetable.ParseEntry("POST /skus/{id}/deduct", "@lock key=sku:<id> ttl=1m", "routes.yaml:3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = middleware.NewRoutes(locker, []middleware.RouteSpec{spec})
+	_, err = middleware.NewRoutes(locker, []routetable.Entry{e})
 	if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), "routes.yaml:3") ||
 		!strings.Contains(err.Error(), "[1ms, 10s]") {
 		t.Errorf("NewRoutes with a 1m TTL = %v, want ErrInvalidConfig naming the entry and the range", err)

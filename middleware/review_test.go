@@ -22,8 +22,12 @@ import (
 func TestMaxKeysBelowTemplatesFailsAtStartUp(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
 	_, err := middleware.NewFromSpec(locker, "@lock key=a:<id> key=b:<id> max-keys=1")
-	if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), "max keys 1 is below the 2 key templates") {
+	if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), "spec column 29: max-keys: 1 is below the 2 key templates") {
 		t.Fatalf("err = %v", err)
+	}
+	_, err = middleware.NewWithConfig(locker, middleware.Config{Key: "a:<id>", Keys: []string{"b:<id>"}, MaxKeys: 1})
+	if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), "max keys 1 is below the 2 key templates") {
+		t.Fatalf("NewWithConfig: err = %v", err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
@@ -51,9 +52,8 @@ func TestRouterSyntaxInCode(t *testing.T) {
 	}
 }
 
-// TestRouterSyntaxInSpec: a spec's key in router syntax fails ParseSpec,
-// NewFromSpec and ParseRoute, quoted or not, and the error keeps the spec
-// column.
+// TestRouterSyntaxInSpec: a spec's key in router syntax fails ParseSpec and
+// NewFromSpec, quoted or not, and the error keeps the spec column.
 func TestRouterSyntaxInSpec(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
 	for _, tc := range []struct{ spec, syntax string }{
@@ -68,14 +68,12 @@ func TestRouterSyntaxInSpec(t *testing.T) {
 		}
 		_, err = middleware.NewFromSpec(locker, tc.spec)
 		wantRouterSyntaxError(t, "NewFromSpec("+tc.spec+")", err, tc.syntax, "<id>")
-		_, err = middleware.ParseRoute("POST /acct/{id}", tc.spec, "main.go:12")
-		wantRouterSyntaxError(t, "ParseRoute("+tc.spec+")", err, tc.syntax, "<id>")
 	}
 }
 
 // TestRouterSyntaxInTable: a YAML or JSON route table with a key in router
-// syntax fails to load, with the entry's line, and so does NewRoutes given
-// such an entry built in code.
+// syntax fails LoadRoutes, with the entry's line, and so does
+// NewRoutesWithConfig given such a route built in code.
 func TestRouterSyntaxInTable(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct{ name, data, where, syntax string }{
@@ -87,18 +85,16 @@ func TestRouterSyntaxInTable(t *testing.T) {
 		if err := os.WriteFile(path, []byte(tc.data), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := middleware.LoadRouteTable(path)
-		wantRouterSyntaxError(t, tc.name, err, tc.syntax, "<id>")
+		_, err := middleware.LoadRoutes(reqlock.MustNew(memstore.New()), path)
+		wantRouterSyntaxError(t, "LoadRoutes "+tc.name, err, tc.syntax, "<id>")
 		if !strings.Contains(err.Error(), tc.where) {
 			t.Errorf("%s: error %q does not name %s", tc.name, err, tc.where)
 		}
-		_, err = middleware.LoadRoutes(reqlock.MustNew(memstore.New()), path)
-		wantRouterSyntaxError(t, "LoadRoutes "+tc.name, err, tc.syntax, "<id>")
 	}
-	_, err := middleware.NewRoutes(reqlock.MustNew(memstore.New()), []middleware.RouteSpec{
+	_, err := middleware.NewRoutesWithConfig(reqlock.MustNew(memstore.New()), []middleware.Route{
 		{Method: "POST", Path: "/acct/{id}", Config: middleware.Config{Key: "acct:{id}"}},
 	})
-	wantRouterSyntaxError(t, "NewRoutes", err, "{id}", "<id>")
+	wantRouterSyntaxError(t, "NewRoutesWithConfig", err, "{id}", "<id>")
 }
 
 // TestEscapedTemplateLocksItsKey: escaped braces and colons reach the lock
@@ -109,12 +105,12 @@ func TestEscapedTemplateLocksItsKey(t *testing.T) {
 		"  POST /a/{id}: key=\\{acct}:<id> wait=none\n" +
 		"  POST /b/{id}: '@lock key=acct:\\:id:<id> wait=none'\n" +
 		"  POST /c/{id}: key=tenant:acme:<id> wait=none\n"
-	specs, err := middleware.ParseRouteTable("routes.yaml", []byte(yaml))
+	entries, err := routetable.Parse("routes.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	locker := reqlock.MustNew(memstore.New())
-	rt, err := middleware.NewRoutes(locker, specs)
+	rt, err := middleware.NewRoutes(locker, entries)
 	if err != nil {
 		t.Fatal(err)
 	}

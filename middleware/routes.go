@@ -6,18 +6,19 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/keyfunc"
+	"github.com/reqlock/reqlock/routetable"
 )
 
 // Routes is the lock configuration of a whole service: one Guard per route,
 // found by the route's method and template. Build it once at start-up with
-// NewRoutes, from a route table file's entries (LoadRouteTable) or from
-// code (ParseRoute), or with LoadRoutes, and install it once in the router:
+// LoadRoutes from a route table file, or with NewRoutes from a table's
+// entries (routetable.Parse, or routetable.ParseEntry in code), and install
+// it once in the router:
 // Routes.Handler wraps a net/http ServeMux; ginlock.Install and
 // echolock.Install put it in front of gin's and echo's routes. Every
 // install checks the table against the router's routes, so that no entry
@@ -46,7 +47,7 @@ type Routes struct {
 }
 
 type routeEntry struct {
-	spec  RouteSpec
+	route Route
 	guard *Guard // nil for an unbuilt entry
 	order int    // the entry's line in its file, else its index
 }
@@ -65,30 +66,68 @@ type RouteID struct {
 	Method, Path string
 }
 
-// NewRoutes builds a Guard for every entry. A Config without a Name is
-// named after its route, "METHOD /path/{param}", which is the label of its
-// metrics. It checks every entry and returns every problem at once, joined,
-// each prefixed with the entry's Source and wrapping ErrInvalidConfig:
-// an invalid configuration, a route listed twice, or a key template that
-// reads a path parameter the route does not have.
+// Route is one route of a Routes: its method and path template, and the
+// Config of its lock. RouteOf makes the Route of a route table's entry;
+// build one in code for a route with settings no spec writes, such as a
+// Skipper or Responder of its own, and pass it to NewRoutesWithConfig.
+type Route struct {
+	// Method is the route's method, upper-case, such as "POST".
+	Method string
+	// Path is the route's path template: {id} and {path...}, or gin and
+	// echo's :id and *path. Routes keeps it canonical ({id}).
+	Path string
+	// Config is the route's lock configuration; fields left zero take
+	// their defaults, and the table-wide options' (see NewRoutes).
+	Config Config
+	// Spec is the lock spec Config was parsed from, as written, or "".
+	Spec string
+	// Source says where the route comes from in errors: "file:line" for a
+	// table file, else a label such as "code".
+	Source string
+}
+
+// RouteOf returns the Route of a route table's entry: its Config is the
+// entry's spec as ParseSpec turns it into one.
+func RouteOf(e routetable.Entry) Route {
+	return Route{Method: e.Method, Path: e.Path, Config: specConfig(e.Spec), Spec: e.Spec.Text, Source: e.Source}
+}
+
+// NewRoutes builds a Guard for every entry of a route table, such as
+// routetable.Parse returns or routetable.ParseEntry makes in code: it is
+// NewRoutesWithConfig with the Route of each entry (RouteOf), and takes the
+// same table-wide options opts and returns the same errors.
+func NewRoutes(locker *reqlock.Locker, entries []routetable.Entry, opts ...Option) (*Routes, error) {
+	routes := make([]Route, len(entries))
+	for i, e := range entries {
+		routes[i] = RouteOf(e)
+	}
+	return NewRoutesWithConfig(locker, routes, opts...)
+}
+
+// NewRoutesWithConfig builds a Guard for every route. A Config without a
+// Name is named after its route, "METHOD /path/{param}", which is the label
+// of its metrics. It checks every route and returns every problem at once,
+// joined, each prefixed with the route's Source and wrapping
+// ErrInvalidConfig: an invalid configuration, a route listed twice, or a
+// key template that reads a path parameter the route does not have.
 //
 // opts are table-wide options, applied to every route without editing the
-// entries: WithSkipper and WithRequestSkipper (a request that either lets
+// routes: WithSkipper and WithRequestSkipper (a request that either lets
 // through goes unlocked), WithResponder, WithRequestResponder, WithLogger
-// and WithName (the metrics and log label of every route whose entry names
+// and WithName (the metrics and log label of every route whose Config names
 // none), and the adapters' native forms (ginlock.WithSkipper,
-// echolock.WithResponder...). An entry's own value of a field wins over the
+// echolock.WithResponder...). A route's own value of a field wins over the
 // table's, the two skippers counting as one field and the two responders as
-// another: an entry with a Skipper or RequestSkipper of its own (one built
+// another: a route with a Skipper or RequestSkipper of its own (one built
 // in code; a spec sets neither) skips by its own alone, never by the
 // table's. Any other option is an error: the fields a spec sets belong to
-// each entry.
-func NewRoutes(locker *reqlock.Locker, specs []RouteSpec, opts ...Option) (*Routes, error) {
+// each route.
+func NewRoutesWithConfig(locker *reqlock.Locker, routes []Route, opts ...Option) (*Routes, error) {
 	table, err := tableConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	rt, problems := buildRoutes(locker, specs, nil, table)
+	rt, problems := buildRoutes(locker, routes, nil, table)
 	if len(problems) > 0 {
 		return nil, joinProblems(problems)
 	}
@@ -116,6 +155,7 @@ func tableConfig(opts []Option) (Config, error) {
 		{"TimeoutStatus", c.TimeoutStatus != 0}, {"RetryAfter", c.RetryAfter != 0},
 		{"OnStoreError", c.OnStoreError != FailClosed}, {"MaxBodyBytes", c.MaxBodyBytes != 0},
 		{"MaxValueLen", c.MaxValueLen != 0}, {"Watchdog", c.Watchdog},
+		{"Shared", c.Shared}, {"Limit", c.Limit != 0},
 	} {
 		if f.set {
 			set = append(set, f.name)
@@ -150,12 +190,11 @@ func (c Config) withTable(table Config) Config {
 	return c
 }
 
-// buildRoutes builds the Routes of specs, the i-th ordered by orders[i] (a
+// buildRoutes builds the Routes of routes, the i-th ordered by orders[i] (a
 // line) or else by i, with the table-wide options of table, and returns the
-// problems of the entries it could not build; those whose route parsed are
-// kept unbuilt.
-func buildRoutes(locker *reqlock.Locker, specs []RouteSpec, orders []int, table Config) (*Routes, []entryProblem) {
-	rt := &Routes{byRoute: make(map[routeKey]*Guard, 2*len(specs)), table: table, logger: table.Logger}
+// problems of the routes it could not build, which it keeps unbuilt.
+func buildRoutes(locker *reqlock.Locker, routes []Route, orders []int, table Config) (*Routes, []entryProblem) {
+	rt := &Routes{byRoute: make(map[routeKey]*Guard, 2*len(routes)), table: table, logger: table.Logger}
 	if rt.logger == nil && locker != nil {
 		rt.logger = locker.Logger()
 	}
@@ -163,8 +202,8 @@ func buildRoutes(locker *reqlock.Locker, specs []RouteSpec, orders []int, table 
 		rt.logger = slog.Default()
 	}
 	var problems []entryProblem
-	first := make(map[routeKey]string, len(specs))
-	for i, spec := range specs {
+	first := make(map[routeKey]string, len(routes))
+	for i, route := range routes {
 		order := i
 		if orders != nil {
 			order = orders[i]
@@ -175,25 +214,28 @@ func buildRoutes(locker *reqlock.Locker, specs []RouteSpec, orders []int, table 
 			failed = true
 		}
 		fail := func(format string, args ...any) {
-			add(fmt.Errorf("%w: %s: %s %s: %s", ErrInvalidConfig, spec.Source,
-				spec.Method, spec.Path, fmt.Sprintf(format, args...)))
+			add(fmt.Errorf("%w: %s: %s %s: %s", ErrInvalidConfig, route.Source,
+				route.Method, route.Path, fmt.Sprintf(format, args...)))
 		}
-		path := canonicalPath(spec.Path)
-		shape := routeKey{spec.Method, routeShape(path)}
+		path := routetable.CanonicalPath(route.Path)
+		shape := routeKey{route.Method, routetable.PathShape(path)}
 		if src, dup := first[shape]; dup {
 			fail("listed twice (first at %s)", src)
 			continue
 		}
-		first[shape] = spec.Source
-		cfg := spec.Config.withTable(table)
+		first[shape] = route.Source
+		cfg := route.Config.withTable(table)
 		if cfg.Name == "" {
-			cfg.Name = spec.Method + " " + path
+			cfg.Name = route.Method + " " + path
 		}
 		g, err := NewWithConfig(locker, cfg)
 		if err != nil {
-			add(sourced(spec, cfg.Name, err))
+			add(sourced(route, cfg.Name, err))
 		} else {
-			params := pathParams(path)
+			var params []string
+			for _, p := range routetable.PathParams(path) {
+				params = append(params, p.Name)
+			}
 			for _, t := range g.templates {
 				for _, name := range t.PathNames() {
 					if !slices.Contains(params, name) {
@@ -203,14 +245,14 @@ func buildRoutes(locker *reqlock.Locker, specs []RouteSpec, orders []int, table 
 				}
 			}
 		}
-		spec.Path = path
+		route.Path = path
 		if failed {
-			rt.unbuilt = append(rt.unbuilt, routeEntry{spec: spec, order: order})
+			rt.unbuilt = append(rt.unbuilt, routeEntry{route: route, order: order})
 			continue
 		}
-		rt.entries = append(rt.entries, routeEntry{spec: spec, guard: g, order: order})
-		rt.byRoute[routeKey{spec.Method, path}] = g
-		rt.byRoute[routeKey{spec.Method, colonPath(path)}] = g
+		rt.entries = append(rt.entries, routeEntry{route: route, guard: g, order: order})
+		rt.byRoute[routeKey{route.Method, path}] = g
+		rt.byRoute[routeKey{route.Method, routetable.ColonPath(path)}] = g
 	}
 	return rt, problems
 }
@@ -225,13 +267,13 @@ func joinProblems(problems []entryProblem) error {
 	return errors.Join(errs...)
 }
 
-// sourced puts an entry's source and route in front of err's message, after
+// sourced puts a route's source and route in front of err's message, after
 // the package's prefix, as the table file's errors read; it still wraps err.
-func sourced(spec RouteSpec, name string, err error) error {
+func sourced(route Route, name string, err error) error {
 	msg := strings.TrimPrefix(err.Error(), ErrInvalidConfig.Error()+": ")
 	msg = strings.TrimPrefix(msg, fmt.Sprintf("route %q: ", name))
 	return &sourcedError{
-		msg: fmt.Sprintf("%v: %s: %s %s: %s", ErrInvalidConfig, spec.Source, spec.Method, spec.Path, msg),
+		msg: fmt.Sprintf("%v: %s: %s %s: %s", ErrInvalidConfig, route.Source, route.Method, route.Path, msg),
 		err: err,
 	}
 }
@@ -244,15 +286,20 @@ type sourcedError struct {
 func (e *sourcedError) Error() string { return e.msg }
 func (e *sourcedError) Unwrap() error { return e.err }
 
-// LoadRoutes reads the route table file at path (see LoadRouteTable) and
-// builds its Routes, with the table-wide options opts (see NewRoutes).
-// Errors name the file and line of each problem.
+// LoadRoutes reads the route table file at path (see routetable.Parse for
+// its format) and builds its Routes, with the table-wide options opts (see
+// NewRoutes). Errors name the file and line of each problem, and wrap
+// ErrInvalidConfig and routetable.ErrInvalid; a file it cannot read is an
+// error that wraps the read error, not ErrInvalidConfig.
 func LoadRoutes(locker *reqlock.Locker, path string, opts ...Option) (*Routes, error) {
-	specs, err := LoadRouteTable(path)
+	t, err := routetable.CheckFile(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reqlock/middleware: read route table: %w", err)
 	}
-	return NewRoutes(locker, specs, opts...)
+	if err := t.Err(); err != nil {
+		return nil, tableError(err)
+	}
+	return NewRoutes(locker, t.Entries, opts...)
 }
 
 // LoadRoutesDeferred is LoadRoutes for reporting every problem of a table
@@ -270,28 +317,27 @@ func LoadRoutes(locker *reqlock.Locker, path string, opts ...Option) (*Routes, e
 //	handler, err := rt.Handler(mux) // every problem, at once
 func LoadRoutesDeferred(locker *reqlock.Locker, path string, opts ...Option) *Routes {
 	table, tableErr := tableConfig(opts)
-	var specs []RouteSpec
-	var lines []int
 	var problems []entryProblem
-	var unbuilt []routeEntry
 	if tableErr != nil {
 		problems = append(problems, entryProblem{0, tableErr})
 	}
-	if _, err := tableFormat(path); err != nil {
-		problems = append(problems, entryProblem{0, err})
-	} else if data, err := os.ReadFile(path); err != nil {
+	t, err := routetable.CheckFile(path)
+	if err != nil {
 		problems = append(problems, entryProblem{0, fmt.Errorf("%w: %s: read route table: %w", ErrInvalidConfig, path, err)})
-	} else {
-		t := parseTable(path, data)
-		specs, lines = t.specs, t.lines
-		for _, p := range t.problems {
-			problems = append(problems, entryProblem{p.line, p.err})
-		}
-		for _, b := range t.broken {
-			unbuilt = append(unbuilt, routeEntry{spec: b.spec, order: b.line})
-		}
 	}
-	rt, built := buildRoutes(locker, specs, lines, table)
+	for _, p := range t.Problems {
+		problems = append(problems, entryProblem{p.Line, tableError(p)})
+	}
+	var unbuilt []routeEntry
+	for _, e := range t.Broken {
+		unbuilt = append(unbuilt, routeEntry{route: RouteOf(e), order: e.Line})
+	}
+	routes := make([]Route, len(t.Entries))
+	lines := make([]int, len(t.Entries))
+	for i, e := range t.Entries {
+		routes[i], lines[i] = RouteOf(e), e.Line
+	}
+	rt, built := buildRoutes(locker, routes, lines, table)
 	rt.problems = append(problems, built...)
 	rt.unbuilt = append(unbuilt, rt.unbuilt...)
 	return rt
@@ -327,13 +373,14 @@ func (rt *Routes) Guard(method, path string) *Guard {
 	return rt.byRoute[routeKey{method, path}]
 }
 
-// Specs returns the entries, in the order given, with canonical paths.
-func (rt *Routes) Specs() []RouteSpec {
-	specs := make([]RouteSpec, len(rt.entries))
+// Routes returns the routes, in the order given, with canonical paths and
+// their own Configs, without the table-wide options.
+func (rt *Routes) Routes() []Route {
+	routes := make([]Route, len(rt.entries))
 	for i, e := range rt.entries {
-		specs[i] = e.spec
+		routes[i] = e.route
 	}
-	return specs
+	return routes
 }
 
 // Check reports, joined, every entry that matches none of the registered
@@ -345,9 +392,9 @@ func (rt *Routes) Specs() []RouteSpec {
 func (rt *Routes) Check(registered []RouteID) error {
 	have := make(map[routeKey]bool, len(registered))
 	for _, r := range registered {
-		have[routeKey{r.Method, canonicalPath(r.Path)}] = true
+		have[routeKey{r.Method, routetable.CanonicalPath(r.Path)}] = true
 	}
-	return rt.check(func(e routeEntry) bool { return have[routeKey{e.spec.Method, e.spec.Path}] }, "matches no registered route")
+	return rt.check(func(e routeEntry) bool { return have[routeKey{e.route.Method, e.route.Path}] }, "matches no registered route")
 }
 
 // CheckUnguarded reports, joined in the order of the entries, every entry
@@ -360,13 +407,13 @@ func (rt *Routes) Check(registered []RouteID) error {
 func (rt *Routes) CheckUnguarded(unguarded []RouteID, why string) error {
 	off := make(map[routeKey]bool, len(unguarded))
 	for _, r := range unguarded {
-		off[routeKey{r.Method, canonicalPath(r.Path)}] = true
+		off[routeKey{r.Method, routetable.CanonicalPath(r.Path)}] = true
 	}
 	var problems []entryProblem
 	for _, e := range rt.entries {
-		if off[routeKey{e.spec.Method, e.spec.Path}] {
+		if off[routeKey{e.route.Method, e.route.Path}] {
 			problems = append(problems, entryProblem{e.order, fmt.Errorf("%w: %s: %s %s runs unlocked: %s",
-				ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path, why)})
+				ErrInvalidConfig, e.route.Source, e.route.Method, e.route.Path, why)})
 		}
 	}
 	if len(problems) == 0 {
@@ -384,7 +431,7 @@ func (rt *Routes) check(served func(routeEntry) bool, unserved string) error {
 		for _, e := range list {
 			if !served(e) {
 				problems = append(problems, entryProblem{e.order, fmt.Errorf("%w: %s: %s %s %s",
-					ErrInvalidConfig, e.spec.Source, e.spec.Method, e.spec.Path, unserved)})
+					ErrInvalidConfig, e.route.Source, e.route.Method, e.route.Path, unserved)})
 			}
 		}
 	}
@@ -422,15 +469,15 @@ func CheckRoutes[R any](rt *Routes, routes []R, route func(R) (method, path stri
 func (rt *Routes) Handler(mux *http.ServeMux) (http.Handler, error) {
 	byPattern := make(map[routeKey]*patternGuard, len(rt.entries))
 	served := func(e routeEntry) bool {
-		probe := &http.Request{Method: e.spec.Method, URL: &url.URL{Path: probePath(e.spec.Path)}, Host: "localhost"}
+		probe := &http.Request{Method: e.route.Method, URL: &url.URL{Path: probePath(e.route.Path)}, Host: "localhost"}
 		_, pattern := mux.Handler(probe)
 		method, path := splitPattern(pattern)
-		if pattern == "" || canonicalPath(path) != e.spec.Path ||
-			(method != "" && method != e.spec.Method && !(method == http.MethodGet && e.spec.Method == http.MethodHead)) {
+		if pattern == "" || routetable.CanonicalPath(path) != e.route.Path ||
+			(method != "" && method != e.route.Method && !(method == http.MethodGet && e.route.Method == http.MethodHead)) {
 			return false
 		}
 		if e.guard != nil {
-			byPattern[routeKey{e.spec.Method, pattern}] = newPatternGuard(e.guard, path)
+			byPattern[routeKey{e.route.Method, pattern}] = newPatternGuard(e.guard, path)
 		}
 		return true
 	}
@@ -469,23 +516,13 @@ func lookupPattern(byPattern map[routeKey]*patternGuard, mux *http.ServeMux, r *
 // wildcards stand in the path, to read their values.
 type patternGuard struct {
 	guard  *Guard
-	params map[string]wildcard
-}
-
-// wildcard is the position of a pattern wildcard: its segment's index, and
-// whether it takes the rest of the path ({name...}).
-type wildcard struct {
-	segment int
-	rest    bool
+	params map[string]routetable.Param
 }
 
 func newPatternGuard(g *Guard, path string) *patternGuard {
-	pg := &patternGuard{guard: g, params: map[string]wildcard{}}
-	for i, seg := range strings.Split(path, "/") {
-		if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") && seg != "{$}" {
-			name, rest := strings.CutSuffix(seg[1:len(seg)-1], "...")
-			pg.params[name] = wildcard{segment: i, rest: rest}
-		}
+	pg := &patternGuard{guard: g, params: map[string]routetable.Param{}}
+	for _, p := range routetable.PathParams(path) {
+		pg.params[p.Name] = p
 	}
 	return pg
 }
@@ -505,14 +542,14 @@ func (p patternRequest) PathValue(name string) string {
 		return ""
 	}
 	raw := p.r.URL.EscapedPath()
-	for range w.segment {
+	for range w.Segment {
 		_, after, found := strings.Cut(raw, "/")
 		if !found {
 			return ""
 		}
 		raw = after
 	}
-	if !w.rest {
+	if !w.Rest {
 		raw, _, _ = strings.Cut(raw, "/")
 	}
 	v, err := url.PathUnescape(raw)
@@ -538,79 +575,11 @@ func splitPattern(pattern string) (method, path string) {
 	return method, pattern
 }
 
-// canonicalPath writes gin and echo parameters, :id and *path, as {id} and
-// {path...}; ServeMux's {$} stays.
-func canonicalPath(path string) string {
-	if !strings.ContainsAny(path, ":*") {
-		return path
-	}
-	segs := strings.Split(path, "/")
-	for i, s := range segs {
-		switch {
-		case strings.HasPrefix(s, ":") && len(s) > 1:
-			segs[i] = "{" + s[1:] + "}"
-		case strings.HasPrefix(s, "*") && len(s) > 1:
-			segs[i] = "{" + s[1:] + "...}"
-		}
-	}
-	return strings.Join(segs, "/")
-}
-
-// colonPath writes {id} and {path...} as gin and echo write them.
-func colonPath(path string) string {
-	if !strings.Contains(path, "{") {
-		return path
-	}
-	segs := strings.Split(path, "/")
-	for i, s := range segs {
-		if strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") && s != "{$}" {
-			name := s[1 : len(s)-1]
-			if n, ok := strings.CutSuffix(name, "..."); ok {
-				segs[i] = "*" + n
-			} else {
-				segs[i] = ":" + name
-			}
-		}
-	}
-	return strings.Join(segs, "/")
-}
-
-// routeShape blanks parameter names, so /a/{id} and /a/{sku} are one route.
-func routeShape(path string) string {
-	segs := strings.Split(path, "/")
-	for i, s := range segs {
-		if strings.HasPrefix(s, "{") && s != "{$}" {
-			if strings.HasSuffix(s, "...}") {
-				segs[i] = "{...}"
-			} else {
-				segs[i] = "{}"
-			}
-		}
-	}
-	return strings.Join(segs, "/")
-}
-
-// pathParams lists a canonical path's parameter names.
-func pathParams(path string) []string {
-	var names []string
-	for _, s := range strings.Split(path, "/") {
-		if strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") && s != "{$}" {
-			names = append(names, strings.TrimSuffix(s[1:len(s)-1], "..."))
-		}
-	}
-	return names
-}
-
 // probePath is a request path that the canonical path's pattern serves.
 func probePath(path string) string {
-	segs := strings.Split(path, "/")
-	for i, s := range segs {
-		switch {
-		case s == "{$}":
-			segs[i] = ""
-		case strings.HasPrefix(s, "{"):
-			segs[i] = "reqlock-probe"
-		}
+	segs := strings.Split(strings.TrimSuffix(path, "{$}"), "/")
+	for _, p := range routetable.PathParams(path) {
+		segs[p.Segment] = "reqlock-probe"
 	}
 	return strings.Join(segs, "/")
 }

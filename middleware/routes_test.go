@@ -13,28 +13,30 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
-// entry parses one route table entry, failing the test on an error.
-func entry(t testing.TB, route, spec, source string) middleware.RouteSpec {
+// entry parses one route table entry into its Route, failing the test on
+// an error.
+func entry(t testing.TB, route, spec, source string) middleware.Route {
 	t.Helper()
-	rs, err := middleware.ParseRoute(route, spec, source)
+	e, err := routetable.ParseEntry(route, spec, source)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rs
+	return middleware.RouteOf(e)
 }
 
 // newRoutes builds Routes from route and spec pairs, the i-th (from 1)
 // with Source "code:i".
 func newRoutes(t testing.TB, locker *reqlock.Locker, pairs ...string) *middleware.Routes {
 	t.Helper()
-	var specs []middleware.RouteSpec
+	var routes []middleware.Route
 	for i := 0; i+1 < len(pairs); i += 2 {
-		specs = append(specs, entry(t, pairs[i], pairs[i+1], fmt.Sprintf("code:%d", i/2+1)))
+		routes = append(routes, entry(t, pairs[i], pairs[i+1], fmt.Sprintf("code:%d", i/2+1)))
 	}
-	rt, err := middleware.NewRoutes(locker, specs)
+	rt, err := middleware.NewRoutesWithConfig(locker, routes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +78,7 @@ func holdKey(t *testing.T, locker *reqlock.Locker, key string) {
 
 func TestNewRoutesJoinsEveryError(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
-	specs := []middleware.RouteSpec{
+	routes := []middleware.Route{
 		// Reads a path parameter the route lacks.
 		entry(t, "POST /a/{id}", "key=a:<sku>", "code:1"),
 		// A key template that does not parse.
@@ -88,7 +90,7 @@ func TestNewRoutesJoinsEveryError(t *testing.T) {
 		// An invalid configuration.
 		{Method: http.MethodPost, Path: "/e", Config: middleware.Config{Key: "e", TTL: -time.Second}, Source: "code:5"},
 	}
-	_, err := middleware.NewRoutes(locker, specs)
+	_, err := middleware.NewRoutesWithConfig(locker, routes)
 	if !errors.Is(err, middleware.ErrInvalidConfig) {
 		t.Fatalf("err = %v, want ErrInvalidConfig", err)
 	}
@@ -134,7 +136,7 @@ func TestNewRoutesDuplicateAcrossSpellings(t *testing.T) {
 		{[2]string{"GET /items/{$}", "key=all"}, [2]string{"GET /items/{id}", "key=i:<id>"}, false},
 	}
 	for _, tc := range cases {
-		_, err := middleware.NewRoutes(locker, []middleware.RouteSpec{
+		_, err := middleware.NewRoutesWithConfig(locker, []middleware.Route{
 			entry(t, tc.a[0], tc.a[1], "code:1"), entry(t, tc.b[0], tc.b[1], "code:2"),
 		})
 		switch {
@@ -188,11 +190,11 @@ func TestRoutesGuardLookup(t *testing.T) {
 		}
 	}
 	var got []string
-	for _, sp := range rt.Specs() {
+	for _, sp := range rt.Routes() {
 		got = append(got, sp.Source+" "+sp.Method+" "+sp.Path)
 	}
 	if want := "code:1 POST /items/{id}, code:2 GET /files/{path...}, code:3 DELETE /a/{x}/b/{y}"; strings.Join(got, ", ") != want {
-		t.Errorf("Specs = %s, want %s", strings.Join(got, ", "), want)
+		t.Errorf("Routes = %s, want %s", strings.Join(got, ", "), want)
 	}
 }
 

@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"errors"
+	"io/fs"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/reqlock/reqlock/internal/adaptertest"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
@@ -21,7 +23,7 @@ import (
 // meaningless value and two responders.
 func TestTableOptionsOnlyTableWideFields(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
-	rs, err := middleware.ParseRoute("POST /items/{id}", "key=item:<id>", "code:1")
+	e, err := routetable.ParseEntry("POST /items/{id}", "key=item:<id>", "code:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,12 +39,12 @@ func TestTableOptionsOnlyTableWideFields(t *testing.T) {
 		{[]middleware.Option{middleware.WithTTL(0)}, "route table option WithTTL(0s)"},
 		{[]middleware.Option{middleware.WithResponder(respond), middleware.WithRequestResponder(respondReq)}, "both a Responder and a RequestResponder"},
 	} {
-		rt, err := middleware.NewRoutes(locker, []middleware.RouteSpec{rs}, tc.opts...)
+		rt, err := middleware.NewRoutes(locker, []routetable.Entry{e}, tc.opts...)
 		if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewRoutes = %v, %v; want ErrInvalidConfig saying %q", rt, err, tc.want)
 		}
 	}
-	if _, err := middleware.NewRoutes(locker, []middleware.RouteSpec{rs},
+	if _, err := middleware.NewRoutes(locker, []routetable.Entry{e},
 		middleware.WithResponder(respond), middleware.WithSkipper(func(*http.Request) bool { return false }),
 		middleware.WithName("shop"), middleware.WithLogger(nil)); err != nil {
 		t.Fatalf("table-wide fields: %v", err)
@@ -53,14 +55,8 @@ func TestTableOptionsOnlyTableWideFields(t *testing.T) {
 // own responder) wins over the table's.
 func TestTableOptionsEntryWins(t *testing.T) {
 	locker := reqlock.MustNew(memstore.New())
-	named, err := middleware.ParseRoute("POST /items/{id}", "key=item:<id> name=deduct", "code:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := middleware.ParseRoute("PUT /items/{id}", "key=item:<id>", "code:2")
-	if err != nil {
-		t.Fatal(err)
-	}
+	named := entry(t, "POST /items/{id}", "key=item:<id> name=deduct", "code:1")
+	plain := entry(t, "PUT /items/{id}", "key=item:<id>", "code:2")
 	own := func(w http.ResponseWriter, _ *http.Request, _ *middleware.Rejection) {
 		w.WriteHeader(http.StatusTeapot)
 	}
@@ -68,7 +64,7 @@ func TestTableOptionsEntryWins(t *testing.T) {
 	table := func(w http.ResponseWriter, _ *http.Request, _ *middleware.Rejection) {
 		w.WriteHeader(http.StatusConflict)
 	}
-	rt, err := middleware.NewRoutes(locker, []middleware.RouteSpec{named, plain},
+	rt, err := middleware.NewRoutesWithConfig(locker, []middleware.Route{named, plain},
 		middleware.WithName("shop"), middleware.WithResponder(table))
 	if err != nil {
 		t.Fatal(err)
@@ -139,5 +135,46 @@ func TestLoadRoutesDeferred(t *testing.T) {
 	}
 	if _, err := rt.Handler(mux); err != nil || rt.Guard(http.MethodPost, "/items/{id}") == nil {
 		t.Fatalf("a good table: Handler err %v, guard %v", err, rt.Guard(http.MethodPost, "/items/{id}"))
+	}
+}
+
+// TestLoadRoutesErrors: LoadRoutes reports every problem of a file under
+// this package's prefix, each wrapping ErrInvalidConfig and
+// routetable.ErrInvalid, in the order of the file; a file it cannot read is
+// not a configuration error.
+func TestLoadRoutesErrors(t *testing.T) {
+	locker := reqlock.MustNew(memstore.New())
+	path := adaptertest.WriteTable(t, "r.yaml", "routes:\n  GET /a: key=a wiat=1s\n  post /b: key=b\n  GET /c: key=c\n")
+	_, err := middleware.LoadRoutes(locker, path)
+	want := []string{
+		path + `:2: GET /a: spec column 7: unknown field "wiat"`,
+		path + `:3: route "post /b": method "post" is not upper-case (write POST)`,
+	}
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok || len(joined.Unwrap()) != len(want) {
+		t.Fatalf("LoadRoutes = %v, want %d joined errors", err, len(want))
+	}
+	for i, e := range joined.Unwrap() {
+		prefix := middleware.ErrInvalidConfig.Error() + ": " + want[i]
+		if !strings.HasPrefix(e.Error(), prefix) || !errors.Is(e, middleware.ErrInvalidConfig) || !errors.Is(e, routetable.ErrInvalid) {
+			t.Errorf("error %d = %q, want ErrInvalidConfig and routetable.ErrInvalid starting %q", i, e, prefix)
+		}
+	}
+
+	missing := filepath.Join(t.TempDir(), "none.yaml")
+	_, err = middleware.LoadRoutes(locker, missing)
+	if !errors.Is(err, fs.ErrNotExist) || errors.Is(err, middleware.ErrInvalidConfig) ||
+		err.Error() != "reqlock/middleware: read route table: open "+missing+": no such file or directory" {
+		t.Errorf("LoadRoutes(missing file) = %v", err)
+	}
+
+	rt, err := middleware.LoadRoutes(locker, adaptertest.WriteTable(t, "ok.json", "{\"routes\": {\n\"POST /a/:id\": \"key=a:<id> wait=none\"}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := rt.Routes()
+	if len(routes) != 1 || routes[0].Path != "/a/{id}" || routes[0].Spec != "key=a:<id> wait=none" ||
+		!strings.HasSuffix(routes[0].Source, "ok.json:2") || routes[0].Config.Wait != middleware.NoWait {
+		t.Errorf("Routes() = %+v", routes)
 	}
 }

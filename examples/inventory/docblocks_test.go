@@ -106,6 +106,7 @@ var docImports = map[string]string{
 	"reqlock":      "github.com/reqlock/reqlock",
 	"middleware":   "github.com/reqlock/reqlock/middleware",
 	"keyfunc":      "github.com/reqlock/reqlock/keyfunc",
+	"routetable":   "github.com/reqlock/reqlock/routetable",
 	"ginlock":      "github.com/reqlock/reqlock/ginlock",
 	"echolock":     "github.com/reqlock/reqlock/echolock",
 	"metrics":      "github.com/reqlock/reqlock/metrics",

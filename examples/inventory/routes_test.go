@@ -40,7 +40,7 @@ func TestShippedRoutesFileIsTheDefault(t *testing.T) {
 	}
 	routes := func(rt *middleware.Routes) []string {
 		var rs []string
-		for _, s := range rt.Specs() {
+		for _, s := range rt.Routes() {
 			rs = append(rs, s.Method+" "+s.Path)
 		}
 		return rs
@@ -48,7 +48,7 @@ func TestShippedRoutesFileIsTheDefault(t *testing.T) {
 	if f, c := routes(file), routes(code); !reflect.DeepEqual(f, c) {
 		t.Fatalf("%s locks %q, the built-in table %q", shippedRoutes, f, c)
 	}
-	for _, s := range code.Specs() {
+	for _, s := range code.Routes() {
 		fc := file.Guard(s.Method, s.Path).Config()
 		cc := code.Guard(s.Method, s.Path).Config()
 		if !reflect.DeepEqual(fc, cc) {
@@ -77,7 +77,7 @@ func TestRoutesFileNoOversell(t *testing.T) {
 				cfg.routesFile = shippedRoutes
 				cfg.work = 2 * time.Millisecond
 				a, srv := startApp(t, cfg)
-				for _, s := range a.routes.Specs() {
+				for _, s := range a.routes.Routes() {
 					if !strings.HasPrefix(s.Source, shippedRoutes+":") {
 						t.Fatalf("%s %s comes from %q, not from %s", s.Method, s.Path, s.Source, shippedRoutes)
 					}

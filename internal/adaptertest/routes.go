@@ -13,10 +13,11 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 )
 
-// Table builds Routes from route and spec pairs with ParseRoute, the i-th
-// pair (from 1) with Source "code:i".
+// Table builds Routes from route and spec pairs with routetable.ParseEntry,
+// the i-th pair (from 1) with Source "code:i".
 func Table(t testing.TB, locker *reqlock.Locker, pairs ...string) *middleware.Routes {
 	t.Helper()
 	return TableWith(t, locker, nil, pairs...)
@@ -137,7 +138,7 @@ routes:
 
 func (s *suite) testRoutesYAML(t *testing.T) {
 	locker, store := newMemLocker(t)
-	specs, err := middleware.ParseRouteTable("routes.yaml", []byte(yamlTable))
+	specs, err := routetable.Parse("routes.yaml", []byte(yamlTable))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func (s *suite) testRoutesYAML(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sources []string
-	for _, sp := range rt.Specs() {
+	for _, sp := range rt.Routes() {
 		sources = append(sources, sp.Method+" "+sp.Path+" "+sp.Source)
 	}
 	if got, want := strings.Join(sources, ", "), "POST /items/{id} routes.yaml:4, PUT /items/{id} routes.yaml:5"; got != want {
@@ -304,7 +305,7 @@ const unmatchedTable = `routes:
 
 func (s *suite) testRoutesUnmatched(t *testing.T) {
 	locker, _ := newMemLocker(t)
-	specs, err := middleware.ParseRouteTable("routes.yaml", []byte(unmatchedTable))
+	specs, err := routetable.Parse("routes.yaml", []byte(unmatchedTable))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,11 +350,11 @@ func (s *suite) testRoutesUnmatched(t *testing.T) {
 
 func (s *suite) testRoutesMissingParam(t *testing.T) {
 	locker, _ := newMemLocker(t)
-	rs, err := middleware.ParseRoute("POST /orders/:order", "key=order:<id>", "code:9")
+	e, err := routetable.ParseEntry("POST /orders/:order", "key=order:<id>", "code:9")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = middleware.NewRoutes(locker, []middleware.RouteSpec{rs})
+	_, err = middleware.NewRoutes(locker, []routetable.Entry{e})
 	if !errors.Is(err, middleware.ErrInvalidConfig) {
 		t.Fatalf("NewRoutes err = %v, want ErrInvalidConfig", err)
 	}

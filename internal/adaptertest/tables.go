@@ -16,6 +16,7 @@ import (
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/keyfunc"
 	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
@@ -25,15 +26,15 @@ func TableWith(t testing.TB, locker *reqlock.Locker, opts []middleware.Option, p
 	if len(pairs)%2 != 0 {
 		t.Fatalf("Table: odd number of route and spec strings")
 	}
-	var specs []middleware.RouteSpec
+	var entries []routetable.Entry
 	for i := 0; i < len(pairs); i += 2 {
-		rs, err := middleware.ParseRoute(pairs[i], pairs[i+1], fmt.Sprintf("code:%d", i/2+1))
+		e, err := routetable.ParseEntry(pairs[i], pairs[i+1], fmt.Sprintf("code:%d", i/2+1))
 		if err != nil {
-			t.Fatalf("ParseRoute(%q, %q): %v", pairs[i], pairs[i+1], err)
+			t.Fatalf("ParseEntry(%q, %q): %v", pairs[i], pairs[i+1], err)
 		}
-		specs = append(specs, rs)
+		entries = append(entries, e)
 	}
-	rt, err := middleware.NewRoutes(locker, specs, opts...)
+	rt, err := middleware.NewRoutes(locker, entries, opts...)
 	if err != nil {
 		t.Fatalf("NewRoutes: %v", err)
 	}
@@ -224,7 +225,7 @@ func (s *suite) testRoutesTableOptions(t *testing.T) {
 		}),
 		middleware.WithName("shop"),
 	}, specs...)
-	for _, sp := range rt.Specs() {
+	for _, sp := range rt.Routes() {
 		if sp.Config.Skipper != nil || sp.Config.Responder != nil || (sp.Config.Name != "" && sp.Config.Name != "put-item") {
 			t.Fatalf("the table's options edited the entry %s %s: %+v", sp.Method, sp.Path, sp.Config)
 		}
@@ -266,19 +267,13 @@ func (s *suite) testRoutesTableOptions(t *testing.T) {
 
 // An entry's own skipper replaces the table's, both of them: the table's
 // Skipper and RequestSkipper skip the other entries' requests, and the
-// entry's requests skip by its own alone (NewRoutes' doc).
+// entry's requests skip by its own alone (NewRoutesWithConfig's doc).
 func (s *suite) testRoutesEntrySkipperWins(t *testing.T) {
 	locker, _ := newMemLocker(t)
-	plain, err := middleware.ParseRoute("POST /items/{id}", "key=item:<id>", "code:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := middleware.ParseRoute("PUT /items/{id}", "key=item:<id>", "code:2")
-	if err != nil {
-		t.Fatal(err)
-	}
+	plain := middleware.Route{Method: http.MethodPost, Path: "/items/{id}", Config: middleware.Config{Key: "item:<id>"}, Source: "code:1"}
+	own := middleware.Route{Method: http.MethodPut, Path: "/items/{id}", Config: middleware.Config{Key: "item:<id>"}, Source: "code:2"}
 	own.Config.Skipper = func(r *http.Request) bool { return r.Header.Get("X-Own") != "" }
-	rt, err := middleware.NewRoutes(locker, []middleware.RouteSpec{plain, own},
+	rt, err := middleware.NewRoutesWithConfig(locker, []middleware.Route{plain, own},
 		middleware.WithSkipper(func(r *http.Request) bool { return r.Header.Get("X-Table") != "" }),
 		middleware.WithRequestSkipper(func(req keyfunc.Request) bool { return req.HTTPRequest().Header.Get("X-Skip") != "" }))
 	if err != nil {

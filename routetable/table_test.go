@@ -1,7 +1,8 @@
-package middleware_test
+package routetable_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"reflect"
 	"strings"
@@ -9,21 +10,21 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/keyfunc"
-	"github.com/reqlock/reqlock/middleware"
+	"github.com/reqlock/reqlock/routetable"
 )
 
-const invalid = "reqlock/middleware: invalid configuration: "
+const invalid = "reqlock/routetable: invalid configuration: "
 
-// checkErrors checks that err wraps ErrInvalidConfig and that its lines are
-// exactly want, each after the ErrInvalidConfig prefix.
+// checkErrors checks that err wraps ErrInvalid and that its lines are
+// exactly want, each after the ErrInvalid prefix.
 func checkErrors(t *testing.T, what string, err error, want ...string) {
 	t.Helper()
 	if err == nil {
 		t.Errorf("%s: no error, want:\n%s", what, strings.Join(want, "\n"))
 		return
 	}
-	if !errors.Is(err, middleware.ErrInvalidConfig) {
-		t.Errorf("%s: error %q does not wrap ErrInvalidConfig", what, err)
+	if !errors.Is(err, routetable.ErrInvalid) {
+		t.Errorf("%s: error %q does not wrap ErrInvalid", what, err)
 	}
 	var got []string
 	for _, line := range strings.Split(err.Error(), "\n") {
@@ -38,60 +39,67 @@ func checkErrors(t *testing.T, what string, err error, want ...string) {
 }
 
 // wantTable is the content of testdata/routes.json and testdata/routes.yaml.
-func wantTable(file string) []middleware.RouteSpec {
-	return []middleware.RouteSpec{
+func wantTable(file string) []routetable.Entry {
+	return []routetable.Entry{
 		{
 			Method: "POST", Path: "/skus/{id}/deduct",
-			Spec: "@lock key=sku:<id> wait=2s ttl=10s on-timeout=423 on-store-error=503",
-			Config: middleware.Config{Key: "sku:<id>", Wait: 2 * time.Second, TTL: 10 * time.Second,
-				TimeoutStatus: 423, OnStoreError: middleware.FailClosed},
-			Source: file + ":3",
+			Spec: routetable.Spec{Text: "@lock key=sku:<id> wait=2s ttl=10s on-timeout=423 on-store-error=503",
+				Keys: []string{"sku:<id>"}, Wait: 2 * time.Second, TTL: 10 * time.Second, TimeoutStatus: 423},
+			Source: file + ":3", Line: 3,
 		},
 		{
 			Method: "POST", Path: "/orders",
-			Spec: "@lock key=order:<json:order_id> wait=none hold-at-least=5s name=create-order",
-			Config: middleware.Config{Key: "order:<json:order_id>", Wait: middleware.NoWait,
-				HoldAtLeast: 5 * time.Second, Name: "create-order"},
-			Source: file + ":4",
+			Spec: routetable.Spec{Text: "@lock key=order:<json:order_id> wait=none hold-at-least=5s name=create-order",
+				Keys: []string{"order:<json:order_id>"}, HoldAtLeast: 5 * time.Second, Name: "create-order"},
+			Source: file + ":4", Line: 4,
 		},
 		{
 			Method: "PUT", Path: "/users/{user}/balance",
-			Spec:   "key=user_balance:<user> on-store-error=fail-open",
-			Config: middleware.Config{Key: "user_balance:<user>", OnStoreError: middleware.FailOpen},
-			Source: file + ":5",
+			Spec: routetable.Spec{Text: "key=user_balance:<user> on-store-error=fail-open",
+				Keys: []string{"user_balance:<user>"}, FailOpen: true},
+			Source: file + ":5", Line: 5,
 		},
 		{
 			Method: "GET", Path: "/files/{path...}",
-			Spec:   "@lock key=file:<path> max-body=64KiB",
-			Config: middleware.Config{Key: "file:<path>", MaxBodyBytes: 64 << 10},
-			Source: file + ":6",
+			Spec: routetable.Spec{Text: "@lock key=file:<path> max-body=64KiB",
+				Keys: []string{"file:<path>"}, MaxBodyBytes: 64 << 10},
+			Source: file + ":6", Line: 6,
 		},
 		{
 			Method: "DELETE", Path: "/carts/{cart}/items/{item}",
-			Spec: "@lock key=cart:<cart> key=item:<item> watchdog ttl=30s",
-			Config: middleware.Config{Key: "cart:<cart>", Keys: []string{"item:<item>"}, Watchdog: true,
-				TTL: 30 * time.Second},
-			Source: file + ":7",
+			Spec: routetable.Spec{Text: "@lock key=cart:<cart> key=item:<item> watchdog ttl=30s",
+				Keys: []string{"cart:<cart>", "item:<item>"}, Watchdog: true, TTL: 30 * time.Second},
+			Source: file + ":7", Line: 7,
 		},
 	}
 }
 
-func TestLoadRouteTable(t *testing.T) {
+// entries is es with their Specs as exported, to compare with literals.
+func entries(es []routetable.Entry) []routetable.Entry {
+	var out []routetable.Entry
+	for _, e := range es {
+		e.Spec = exported(e.Spec)
+		out = append(out, e)
+	}
+	return out
+}
+
+func TestLoad(t *testing.T) {
 	for _, file := range []string{"testdata/routes.json", "testdata/routes.yaml"} {
-		got, err := middleware.LoadRouteTable(file)
+		got, err := routetable.Load(file)
 		if err != nil {
-			t.Errorf("LoadRouteTable(%s): %v", file, err)
+			t.Errorf("Load(%s): %v", file, err)
 			continue
 		}
-		if want := wantTable(file); !reflect.DeepEqual(got, want) {
-			t.Errorf("LoadRouteTable(%s) =\n%+v\nwant\n%+v", file, got, want)
+		if want := wantTable(file); !reflect.DeepEqual(entries(got), want) {
+			t.Errorf("Load(%s) =\n%+v\nwant\n%+v", file, got, want)
 		}
 	}
 }
 
 // TestLoadRouteTableInvalid checks that every problem of a table is
 // reported, in line order.
-func TestLoadRouteTableInvalid(t *testing.T) {
+func TestLoadInvalid(t *testing.T) {
 	for _, tc := range []struct {
 		file   string
 		kind   string
@@ -101,9 +109,9 @@ func TestLoadRouteTableInvalid(t *testing.T) {
 		{"testdata/routes_invalid.json", "JSON", 3, 12},
 		{"testdata/routes_invalid.yaml", "YAML", 2, 10},
 	} {
-		specs, err := middleware.LoadRouteTable(tc.file)
-		if specs != nil {
-			t.Errorf("LoadRouteTable(%s) returned entries with an error", tc.file)
+		got, err := routetable.Load(tc.file)
+		if got != nil {
+			t.Errorf("Load(%s) returned entries with an error", tc.file)
 		}
 		at := func(offset int, msg string) string {
 			return tc.file + ":" + itoa(tc.first+offset) + ": " + msg
@@ -130,19 +138,19 @@ func itoa(n int) string {
 	return itoa(n/10) + string(rune('0'+n%10))
 }
 
-func TestLoadRouteTableFileErrors(t *testing.T) {
-	_, err := middleware.LoadRouteTable("testdata/missing.yaml")
-	if !errors.Is(err, fs.ErrNotExist) || errors.Is(err, middleware.ErrInvalidConfig) ||
-		err.Error() != "reqlock/middleware: read route table: open testdata/missing.yaml: no such file or directory" {
-		t.Errorf("LoadRouteTable(missing file) error = %v", err)
+func TestLoadFileErrors(t *testing.T) {
+	_, err := routetable.Load("testdata/missing.yaml")
+	if !errors.Is(err, fs.ErrNotExist) || errors.Is(err, routetable.ErrInvalid) ||
+		err.Error() != "reqlock/routetable: read route table: open testdata/missing.yaml: no such file or directory" {
+		t.Errorf("Load(missing file) error = %v", err)
 	}
-	_, err = middleware.LoadRouteTable("testdata/missing.toml")
-	checkErrors(t, "LoadRouteTable(.toml)", err,
+	_, err = routetable.Load("testdata/missing.toml")
+	checkErrors(t, "Load(.toml)", err,
 		`testdata/missing.toml: unsupported route table extension ".toml" (want .json, .yaml or .yml)`)
 }
 
-func TestParseRouteTableFormats(t *testing.T) {
-	want := []middleware.RouteSpec{{Method: "GET", Path: "/a", Spec: "key=a", Config: middleware.Config{Key: "a"}}}
+func TestParseFormats(t *testing.T) {
+	want := []routetable.Entry{{Method: "GET", Path: "/a", Spec: routetable.Spec{Text: "key=a", Keys: []string{"a"}}}}
 	for _, tc := range []struct {
 		name, data string
 		line       int
@@ -153,10 +161,10 @@ func TestParseRouteTableFormats(t *testing.T) {
 		{"dir.d/t.yml", "routes: {GET /a: key=a}\n", 1},
 		{"t.YML", "---\nroutes:\n  \"GET /a\": |-\n    key=a\n", 3},
 	} {
-		got, err := middleware.ParseRouteTable(tc.name, []byte(tc.data))
-		want[0].Source = tc.name + ":" + itoa(tc.line)
-		if err != nil || !reflect.DeepEqual(got, want) {
-			t.Errorf("ParseRouteTable(%s) = %+v, %v; want %+v", tc.name, got, err, want)
+		got, err := routetable.Parse(tc.name, []byte(tc.data))
+		want[0].Source, want[0].Line = tc.name+":"+itoa(tc.line), tc.line
+		if err != nil || !reflect.DeepEqual(entries(got), want) {
+			t.Errorf("Parse(%s) = %+v, %v; want %+v", tc.name, got, err, want)
 		}
 	}
 	for _, tc := range []struct{ name, data string }{
@@ -164,14 +172,14 @@ func TestParseRouteTableFormats(t *testing.T) {
 		{"t.yaml", "routes: {}\n"},
 		{"t.yaml", "# no routes yet\nroutes: {}\n"},
 	} {
-		got, err := middleware.ParseRouteTable(tc.name, []byte(tc.data))
+		got, err := routetable.Parse(tc.name, []byte(tc.data))
 		if err != nil || len(got) != 0 {
-			t.Errorf("ParseRouteTable(%s, %q) = %+v, %v; want no entries", tc.name, tc.data, got, err)
+			t.Errorf("Parse(%s, %q) = %+v, %v; want no entries", tc.name, tc.data, got, err)
 		}
 	}
 }
 
-func TestParseRouteTableErrors(t *testing.T) {
+func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, data string
 		want       []string
@@ -255,25 +263,42 @@ func TestParseRouteTableErrors(t *testing.T) {
 			`r.yaml:2: GET /a: spec column 13: wait: "2x" is not a duration (such as 2s or 500ms)`,
 			`r.yaml:3: GET /b: spec column 1: key: keyfunc: invalid template: "<b": unclosed placeholder at offset 0`,
 		}},
+
+		// Router syntax in a key.
+		{"r.yaml", "routes:\n  GET /a: key=a\n  POST /acct/{id}: key=acct:{id}\n", []string{
+			`r.yaml:3: POST /acct/{id}: spec column 1: key: keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)`,
+		}},
+		{"r.yml", "routes:\n  POST /acct/:id: '@lock key=acct::id'\n", []string{
+			`r.yml:2: POST /acct/:id: spec column 7: key: keyfunc: invalid template: "acct::id": router syntax :id at offset 5 (write <id> for a path parameter, or \:id for literal text)`,
+		}},
+		{"r.json", "{\"routes\": {\n\"POST /acct/{id}\": \"key=acct:{id}\"}}", []string{
+			`r.json:2: POST /acct/{id}: spec column 1: key: keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)`,
+		}},
 	} {
-		specs, err := middleware.ParseRouteTable(tc.name, []byte(tc.data))
+		specs, err := routetable.Parse(tc.name, []byte(tc.data))
 		if specs != nil {
-			t.Errorf("ParseRouteTable(%s, %q) returned entries with an error", tc.name, tc.data)
+			t.Errorf("Parse(%s, %q) returned entries with an error", tc.name, tc.data)
 		}
 		checkErrors(t, tc.name+" "+strings.ReplaceAll(tc.data, "\n", `\n`), err, tc.want...)
 	}
 }
 
-func TestParseRouteTableKeepsCauses(t *testing.T) {
-	_, err := middleware.ParseRouteTable("r.yaml", []byte("routes:\n  GET /a: key=<b\n"))
-	if !errors.Is(err, keyfunc.ErrSyntax) {
-		t.Errorf("error %v does not wrap keyfunc.ErrSyntax", err)
+func TestParseKeepsCauses(t *testing.T) {
+	for _, spec := range []string{"key=<b", "key=acct:{id}"} {
+		_, err := routetable.Parse("r.yaml", []byte("routes:\n  GET /a/{id}: "+spec+"\n"))
+		if !errors.Is(err, keyfunc.ErrSyntax) {
+			t.Errorf("%s: error %v does not wrap keyfunc.ErrSyntax", spec, err)
+		}
+		_, err = routetable.ParseEntry("GET /a/{id}", spec, "main.go:12")
+		if !errors.Is(err, keyfunc.ErrSyntax) || !strings.HasPrefix(err.Error(), invalid+"main.go:12: GET /a/{id}: spec column 1: key: ") {
+			t.Errorf("ParseEntry(%s): error %v does not wrap keyfunc.ErrSyntax or name the entry", spec, err)
+		}
 	}
 }
 
 // TestParseRouteTableDuplicates checks that routes differing only in
 // parameter names or their spelling are one route, and that others are not.
-func TestParseRouteTableDuplicates(t *testing.T) {
+func TestParseDuplicates(t *testing.T) {
 	for _, tc := range []struct {
 		a, b string
 		want string // "" when a and b are different routes
@@ -301,7 +326,7 @@ func TestParseRouteTableDuplicates(t *testing.T) {
 				data = "routes:\n  " + tc.a + ": key=a\n  " + tc.b + ": key=b\n"
 			}
 			name := "r." + format
-			specs, err := middleware.ParseRouteTable(name, []byte(data))
+			specs, err := routetable.Parse(name, []byte(data))
 			if tc.want == "" {
 				if err != nil || len(specs) != 2 {
 					t.Errorf("%s: %q and %q: %d entries, error %v; want two entries", format, tc.a, tc.b, len(specs), err)
@@ -313,73 +338,83 @@ func TestParseRouteTableDuplicates(t *testing.T) {
 	}
 }
 
-func TestParseRoute(t *testing.T) {
-	for _, tc := range []struct{ route, method, path string }{
-		{"POST /skus/{id}/deduct", "POST", "/skus/{id}/deduct"},
-		{"  POST\t/skus/:id/deduct ", "POST", "/skus/{id}/deduct"},
-		{"GET /", "GET", "/"},
-		{"GET /{$}", "GET", "/{$}"},
-		{"GET /a/", "GET", "/a/"},
-		{"GET /a//b", "GET", "/a//b"},
-		{"GET /files/*path", "GET", "/files/{path...}"},
-		{"GET /files/{path...}", "GET", "/files/{path...}"},
-		{"GET /a/{_x1}/b/:Y_2/*z", "GET", "/a/{_x1}/b/{Y_2}/{z...}"},
-		{"GET /a:b/c*d/e%2Ff/é", "GET", "/a:b/c*d/e%2Ff/é"},
-		{"HEAD /a", "HEAD", "/a"},
-		{"PUT /a", "PUT", "/a"},
-		{"PATCH /a", "PATCH", "/a"},
-		{"DELETE /a", "DELETE", "/a"},
-		{"OPTIONS /a", "OPTIONS", "/a"},
-		{"CONNECT /a", "CONNECT", "/a"},
-		{"TRACE /a", "TRACE", "/a"},
-	} {
-		got, err := middleware.ParseRoute(tc.route, "@lock key=k wait=1s", "code")
-		want := middleware.RouteSpec{Method: tc.method, Path: tc.path, Spec: "@lock key=k wait=1s",
-			Config: middleware.Config{Key: "k", Wait: time.Second}, Source: "code"}
-		if err != nil || !reflect.DeepEqual(got, want) {
-			t.Errorf("ParseRoute(%q) = %+v, %v; want %+v", tc.route, got, err, want)
-		}
+// TestCheck: Check returns the entries without problems, the entries with
+// problems whose route parsed (not the second of a duplicate), and every
+// problem with its line; CheckFile reads a file, and does not read one with
+// an unsupported extension.
+func TestCheck(t *testing.T) {
+	data := "routes:\n" +
+		"  POST /a/{id}: key=a:<id>\n" +
+		"  PUT /b/{id}: key=b:<id> ttl=0\n" +
+		"  post /c: key=c\n" +
+		"  POST /a/:x: key=a:<x>\n" +
+		"  GET /d: key=d\n"
+	tb := routetable.Check("r.yaml", []byte(data))
+	var got []string
+	for _, e := range tb.Entries {
+		got = append(got, e.Source+" "+e.Method+" "+e.Path)
+	}
+	for _, e := range tb.Broken {
+		got = append(got, "broken "+e.Source+" "+e.Method+" "+e.Path+" "+e.Spec.Text)
+	}
+	for _, p := range tb.Problems {
+		got = append(got, "problem "+itoa(p.Line)+" "+p.Where)
+	}
+	want := []string{
+		"r.yaml:2 POST /a/{id}", "r.yaml:6 GET /d",
+		"broken r.yaml:3 PUT /b/{id} key=b:<id> ttl=0",
+		"problem 3 r.yaml:3", "problem 4 r.yaml:4", "problem 5 r.yaml:5",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Check:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if err := tb.Err(); !errors.Is(err, routetable.ErrInvalid) || len(strings.Split(err.Error(), "\n")) != 3 {
+		t.Errorf("Err() = %v, want the three problems", err)
+	}
+	if err := routetable.Check("r.yaml", []byte("routes: {}\n")).Err(); err != nil {
+		t.Errorf("Err() of an empty table = %v", err)
+	}
+
+	tb, err := routetable.CheckFile("testdata/routes.yaml")
+	if err != nil || len(tb.Entries) != len(wantTable("")) || len(tb.Problems) != 0 {
+		t.Errorf("CheckFile(routes.yaml) = %+v, %v", tb, err)
+	}
+	tb, err = routetable.CheckFile("testdata/missing.toml")
+	if err != nil || len(tb.Problems) != 1 || tb.Problems[0].Line != 0 {
+		t.Errorf("CheckFile(missing.toml) = %+v, %v; want only the extension's problem", tb, err)
+	}
+	if _, err := routetable.CheckFile("testdata/missing.yaml"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("CheckFile(missing.yaml) error = %v", err)
 	}
 }
 
-func TestParseRouteErrors(t *testing.T) {
-	const want = `want "METHOD /path", such as "POST /skus/{id}/deduct"`
-	for _, tc := range []struct{ route, want string }{
-		{"", `route "": empty route (` + want + `)`},
-		{" \t", `route " \t": empty route (` + want + `)`},
-		{"POST", `route "POST": no path (` + want + `)`},
-		{"/skus", `route "/skus": no method (` + want + `)`},
-		{"POST /a b", `route "POST /a b": 3 words (` + want + `)`},
-		{"post /a", `route "post /a": method "post" is not upper-case (write POST)`},
-		{"Get /a", `route "Get /a": method "Get" is not upper-case (write GET)`},
-		{"FETCH /a", `route "FETCH /a": unknown method "FETCH" (want GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, CONNECT, TRACE)`},
-		{"POST skus", `route "POST skus": path "skus" does not start with "/"`},
-		{"POST example.com/skus", `route "POST example.com/skus": path "example.com/skus" does not start with "/"`},
-		{"POST /a/:", `route "POST /a/:": segment ":": empty parameter name`},
-		{"POST /a/{}", `route "POST /a/{}": segment "{}": empty parameter name`},
-		{"POST /a/{...}", `route "POST /a/{...}": segment "{...}": empty parameter name`},
-		{"POST /a/*", `route "POST /a/*": segment "*": a wildcard needs a name, such as *path`},
-		{"POST /a/:1d", `route "POST /a/:1d": segment ":1d": parameter name "1d" is not a Go identifier`},
-		{"POST /a/{id-x}", `route "POST /a/{id-x}": segment "{id-x}": parameter name "id-x" is not a Go identifier`},
-		{"POST /a/:id.json", `route "POST /a/:id.json": segment ":id.json": parameter name "id.json" is not a Go identifier`},
-		{"POST /a/{id", `route "POST /a/{id": segment "{id": a parameter must be a whole segment, such as {id}`},
-		{"POST /a/x{id}", `route "POST /a/x{id}": segment "x{id}": a parameter must be a whole segment, such as {id}`},
-		{"POST /a/id}", `route "POST /a/id}": segment "id}": a parameter must be a whole segment, such as {id}`},
-		{"POST /a/{id}x", `route "POST /a/{id}x": segment "{id}x": a parameter must be a whole segment, such as {id}`},
-		{"POST /a/\x01", `route "POST /a/\x01": segment "\x01": control character U+0001`},
-		{"POST /a/*rest/b", `route "POST /a/*rest/b": segment "*rest": a rest-of-path parameter must be the last segment`},
-		{"POST /a/{rest...}/", `route "POST /a/{rest...}/": segment "{rest...}": a rest-of-path parameter must be the last segment`},
-		{"POST /{$}/a", `route "POST /{$}/a": {$} must be the last segment`},
-		{"POST /a/{id}/b/:id", `route "POST /a/{id}/b/:id": parameter "id" appears twice`},
-	} {
-		_, err := middleware.ParseRoute(tc.route, "key=a", "routes.go:12")
-		checkErrors(t, "ParseRoute("+tc.route+")", err, "routes.go:12: "+tc.want)
+// TestParseSharedAndLimited: a table takes the mode and limit fields in
+// every route shape (net/http's {id}, gin and echo's :id), and a shared or
+// limited entry that locks several keys is refused naming its line and
+// route.
+func TestParseSharedAndLimited(t *testing.T) {
+	data := []byte(`routes:
+  GET /reports/:id: "@lock key=report:<id> mode=shared"
+  POST /reports/{id}/rebuild: "@lock key=report:<id> mode=exclusive watchdog"
+  POST /exports: "@lock key=tenant:<header:X-Tenant> limit=3"
+`)
+	entries, err := routetable.Parse("routes.yaml", data)
+	if err != nil {
+		t.Fatal(err)
 	}
-
-	// Route and spec problems are both reported; an empty source adds no
-	// prefix.
-	_, err := middleware.ParseRoute("post /a", "@lock key=a wiat=1s", "")
-	checkErrors(t, "ParseRoute(post /a)", err,
-		`route "post /a": method "post" is not upper-case (write POST)`,
-		`post /a: spec column 13: unknown field "wiat" `+knownFields)
+	got := make([]string, len(entries))
+	for i, e := range entries {
+		got[i] = fmt.Sprintf("%s %s shared=%t limit=%d", e.Method, e.Path, e.Spec.Shared, e.Spec.Limit)
+	}
+	want := []string{"GET /reports/{id} shared=true limit=0", "POST /reports/{id}/rebuild shared=false limit=0", "POST /exports shared=false limit=3"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("entries %q, want %q", got, want)
+	}
+	_, err = routetable.Parse("routes.json", []byte(`{"routes": {
+  "GET /a/:id": "@lock key=a:<id> key=b mode=shared",
+  "POST /b": "@lock key=b limit=0"
+}}`))
+	checkErrors(t, "Parse", err,
+		`routes.json:2: GET /a/:id: spec column 24: mode: a shared or limited lock takes one key; this spec has 2 key templates`,
+		`routes.json:3: POST /b: spec column 13: limit: "0" is below 1`)
 }
