@@ -23,22 +23,37 @@ type attempter interface {
 	leave(ctx context.Context, keys []string, token string, background bool)
 }
 
-// plainAttempts take keys whenever they are free.
-type plainAttempts struct{ store stores.Store }
+// plainAttempts take keys whenever they are free. On a stores.SharedStore,
+// writerCap caps the sleeps of an exclusive waiter, so that it retries
+// within the stores.WriterWindow its refusal by shared holders opened (a
+// wait that ends without the key withdraws it: see Locker.withdrawWriter).
+type plainAttempts struct {
+	store     stores.Store
+	writerCap time.Duration
+}
 
 func (p plainAttempts) attempt(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, int, error) {
 	g, err := p.store.Acquire(ctx, keys, token, ttl)
 	return g, 0, err
 }
 
-func (plainAttempts) sleepCap(hint time.Duration) time.Duration { return hint }
+func (p plainAttempts) sleepCap(hint time.Duration) time.Duration {
+	if p.writerCap > 0 && (hint <= 0 || hint > p.writerCap) {
+		return p.writerCap
+	}
+	return hint
+}
 
 func (plainAttempts) leave(context.Context, []string, string, bool) {}
 
-// attempter returns the strategy for a wait on keys: fair mode's for a
-// single key that waits, plain otherwise.
-func (l *Locker) attempter(keys []string, wait time.Duration) attempter {
-	if l.fair != nil && len(keys) == 1 {
+// attempter returns the strategy for a wait on g's keys: a shared or
+// limited grant's own, fair mode's for a single key that waits, plain
+// otherwise.
+func (l *Locker) attempter(g *grant, wait time.Duration) attempter {
+	if g.shared != nil {
+		return plainAttempts{store: g.shared}
+	}
+	if l.fair != nil && len(g.keys) == 1 {
 		return l.fair.attempts(l, wait)
 	}
 	return l.plain
@@ -81,7 +96,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		return waitEnded(seen.by(time.Now()), err)
 	}
 	keys, token := g.keys, g.token
-	strategy := l.attempter(keys, wait)
+	strategy := l.attempter(g, wait)
 	var (
 		schedule  *backoffSchedule
 		released  <-chan struct{}
@@ -93,7 +108,17 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		lastAt    time.Time // when the attempt that answered lastWait began
 		hotUntil  time.Time // until when the key counts as changing hands
 		attempted bool      // an attempt was made
+		writer    bool      // refused by shared holders: the store records a waiting writer
 	)
+	// giveUp ends the wait without a grant: it leaves the store's queue
+	// and withdraws the waiting-writer record of a refusal by shared
+	// holders (in the background when the store may be failing).
+	giveUp := func(background bool) {
+		strategy.leave(ctx, keys, token, background)
+		if writer {
+			l.withdrawWriter(ctx, keys, token, background)
+		}
+	}
 	defer func() {
 		if stop != nil {
 			stop()
@@ -114,7 +139,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			d, p, derr := l.breaker.allow()
 			if derr != nil {
 				if attempted { // the waiter may be in the store's queue
-					strategy.leave(ctx, keys, token, true)
+					giveUp(true)
 				}
 				return derr
 			}
@@ -140,7 +165,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			// answer, or after we stopped listening: release them rather
 			// than leave them to their TTL. In the background, bounded by
 			// the release timeout, so a stalled store delays no answer.
-			go l.releaseAbandoned(keys, token, ttl)
+			go l.releaseAbandoned(g.store(), keys, token, ttl)
 		}
 		cerr := ctx.Err()
 		if cerr == nil && err != nil && deadlinePassed(ctx) {
@@ -148,8 +173,9 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			// a moment before the context reports it: the wait ended.
 			cerr = context.DeadlineExceeded
 		}
+		writer = writer || (err == nil && !grant.OK && grant.SharedHeld && g.shared == nil)
 		if cerr != nil {
-			strategy.leave(ctx, keys, token, err != nil)
+			giveUp(err != nil)
 			return waitEnded(seen.by(time.Now()) || (err == nil && !grant.OK), cerr)
 		}
 		switch {
@@ -157,13 +183,16 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			// The store refused the keys before acting (Redis Cluster keys
 			// in different slots, say): a configuration mistake, not an
 			// outage, so never a reason to run unlocked.
+			if writer {
+				l.withdrawWriter(ctx, keys, token, false)
+			}
 			return err
 		case err != nil:
-			strategy.leave(ctx, keys, token, true)
+			giveUp(true)
 			return wrapStoreError(err)
 		case grant.OK:
 			if len(grant.Fences) != len(keys) {
-				go l.releaseAbandoned(keys, token, ttl)
+				go l.releaseAbandoned(g.store(), keys, token, ttl)
 				return wrapStoreError(errors.New("the store granted a wrong number of fences"))
 			}
 			g.granted(grant.Fences, ttl, start)
@@ -174,6 +203,9 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			}
 			return nil
 		case wait == 0:
+			if writer {
+				l.withdrawWriter(ctx, keys, token, false)
+			}
 			return ErrHeld
 		}
 		seen.held, refused = true, true
@@ -210,7 +242,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			lastWait, lastAt = grant.Wait, start
 		}
 		if !schedule.sleep(ctx, limit, released) {
-			strategy.leave(ctx, keys, token, false)
+			giveUp(false)
 			return waitEnded(true, ctx.Err())
 		}
 	}

@@ -13,6 +13,12 @@
 // number that only grows). Release and refresh act only while the keys still
 // hold the caller's token.
 //
+// A key may also be held by several at once, on a store that implements
+// stores.SharedStore: ObtainShared for readers that run together and never
+// with a writer (Obtain), ObtainLimited for at most N holders. Each is a grant
+// of its own (shared.go) with its own token, TTL and fence; a waiting writer
+// keeps new readers out, so readers do not starve it.
+//
 // Inside, a Locker runs one acquire loop (acquire.go), plain or fair (fair.go);
 // a single key first waits its turn in the process's local queue
 // (internal/localqueue). What the store granted is a grant (grant.go), which

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/internal/localqueue"
+	"github.com/reqlock/reqlock/stores"
 )
 
 // grant is one grant of the store: keys held together under one token, from
@@ -62,6 +63,10 @@ type grant struct {
 	turns   []localqueue.Turn  // each key's local turn, in the order of keys
 	oneTurn [1]localqueue.Turn // turns' storage for a single key
 	started time.Time          // when the attempt that obtained it began
+	// shared acts on the key of a shared or limited grant as one of its
+	// holders (see sharedOps); nil for an exclusive grant, which the
+	// Locker's store acts on.
+	shared *sharedOps
 
 	mu         sync.Mutex
 	epoch      int
@@ -104,6 +109,15 @@ func (l *Locker) newGrant(keys []string) *grant {
 		g.token = newToken()
 	}
 	return g
+}
+
+// store returns what acts on the grant's keys in the store: the Locker's
+// store, or for a shared or limited grant its SharedStore operations.
+func (g *grant) store() stores.Store {
+	if g.shared != nil {
+		return g.shared
+	}
+	return g.locker.store
 }
 
 // granted records what the store granted to an acquire that began at start.
@@ -225,7 +239,7 @@ func (g *grant) refresh(ctx context.Context, epoch int, ttl time.Duration) error
 	g.mu.Unlock()
 
 	start := time.Now()
-	err := g.locker.store.Refresh(ctx, g.keys, g.token, ttl)
+	err := g.store().Refresh(ctx, g.keys, g.token, ttl)
 
 	g.mu.Lock()
 	g.refreshing--
@@ -392,11 +406,19 @@ func (g *grant) end(ctx context.Context, waiting bool) error {
 	start := time.Now()
 	// Owner-checked, also when a key was found lost: the others may still
 	// hold the token.
-	waited, err := g.locker.releaseWaited(ctx, g.keys, g.token, keep)
+	var (
+		waited bool
+		err    error
+	)
+	if g.shared != nil {
+		err = g.locker.release(ctx, g.shared, g.keys, g.token, keep)
+	} else {
+		waited, err = g.locker.releaseWaited(ctx, g.keys, g.token, keep)
+	}
 	if err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrInvalid) {
 		// A store failure: retried in the background until the keys are
 		// free, and shared with the waiters, who answer it at once.
-		g.locker.retryRelease(err, g.keys, g.token, time.Unix(0, keepUntil), time.Unix(0, storeUntil))
+		g.locker.retryRelease(err, g.store(), g.keys, g.token, time.Unix(0, keepUntil), time.Unix(0, storeUntil))
 		passOn(g.turns, err)
 		return err
 	}

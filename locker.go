@@ -35,6 +35,7 @@ type Locker struct {
 	store          stores.Store
 	notifier       stores.Notifier     // nil when the store cannot signal releases
 	waits          stores.WaitReporter // nil when the store does not report waiters
+	sharedStore    stores.SharedStore  // nil when the store has no shared grants
 	bounds         stores.Bounds       // the keys and TTLs the store honours
 	fair           *fairMode           // nil unless WithFairness
 	prefix         string
@@ -197,7 +198,12 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 	if err := l.checkKeyLen(len(l.prefix) + 1); err != nil {
 		return nil, fmt.Errorf("%w (WithKeyPrefix %q)", err, l.prefix)
 	}
-	l.plain = plainAttempts{store}
+	l.sharedStore, _ = store.(stores.SharedStore)
+	plain := plainAttempts{store: store}
+	if l.sharedStore != nil {
+		plain.writerCap = stores.WriterWindow / 2
+	}
+	l.plain = plain
 	l.outage, _ = l.metrics.(OutageMetrics)
 	if l.breakerFailures > 0 {
 		l.breaker = newBreaker(l, l.breakerFailures, l.breakerProbe)
@@ -353,10 +359,16 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl, wait time.Duration
 // its request's context; behind ginlock's middleware, ObtainAll(c, ...)
 // uses the request's context, as if called with c.Request.Context().
 func (l *Locker) ObtainAll(ctx context.Context, keys []string, ttl, wait time.Duration) (*Lock, error) {
+	return l.obtainReported(ctx, keys, mode{}, ttl, wait)
+}
+
+// obtainReported is obtain on the request's context, with the outcome
+// reported to the breaker's and the Locker's metrics.
+func (l *Locker) obtainReported(ctx context.Context, keys []string, m mode, ttl, wait time.Duration) (*Lock, error) {
 	ctx = requestContext(ctx)
 	start := time.Now()
 	label := labelOf(ctx)
-	lock, err := l.obtain(ctx, label, keys, ttl, wait)
+	lock, err := l.obtain(ctx, label, keys, m, ttl, wait)
 	if err != nil && l.breaker != nil && errors.Is(err, ErrStoreDown) {
 		l.breaker.rejected.Add(1)
 		if l.outage != nil {
@@ -369,7 +381,9 @@ func (l *Locker) ObtainAll(ctx context.Context, keys []string, ttl, wait time.Du
 	return lock, err
 }
 
-func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, wait time.Duration) (*Lock, error) {
+// obtain is ObtainAll of keys in mode m: exclusive, or for a single key
+// shared or limited.
+func (l *Locker) obtain(ctx context.Context, label string, keys []string, m mode, ttl, wait time.Duration) (*Lock, error) {
 	switch {
 	case len(keys) == 0:
 		return nil, fmt.Errorf("%w: no keys", ErrInvalid)
@@ -382,6 +396,11 @@ func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, w
 	}
 	if err := l.checkArgs(keys, ttl); err != nil {
 		return nil, err
+	}
+	if m.shared {
+		if err := l.CheckShared(); err != nil {
+			return nil, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
@@ -397,12 +416,20 @@ func (l *Locker) obtain(ctx context.Context, label string, keys []string, ttl, w
 	rest := keys
 	if holdsLocks(ctx) {
 		var err error
-		if holds, rest, err = l.reenter(ctx, keys); err != nil {
+		if holds, rest, err = l.reenter(ctx, keys, m); err != nil {
 			return nil, err
 		}
 	}
 	if len(rest) > 0 {
-		h, err := l.acquire(ctx, label, rest, ttl, wait)
+		var (
+			h   hold
+			err error
+		)
+		if m.shared {
+			h, err = l.acquireShared(ctx, label, rest, m, ttl, wait)
+		} else {
+			h, err = l.acquire(ctx, label, rest, ttl, wait)
+		}
 		if err != nil {
 			l.dropAll(ctx, holds)
 			return nil, err
@@ -640,10 +667,10 @@ func (l *Locker) dropAll(ctx context.Context, holds []hold) {
 // by the release timeout, and retries it in the background while the store
 // fails (see WithPendingReleases). A token that was never granted answers
 // ErrNotHeld, which is the expected case.
-func (l *Locker) releaseAbandoned(storeKeys []string, token string, ttl time.Duration) {
+func (l *Locker) releaseAbandoned(store stores.Store, storeKeys []string, token string, ttl time.Duration) {
 	expires := time.Now().Add(ttl)
-	err := l.release(context.Background(), storeKeys, token, 0)
-	l.retryRelease(err, storeKeys, token, time.Time{}, expires)
+	err := l.release(context.Background(), store, storeKeys, token, 0)
+	l.retryRelease(err, store, storeKeys, token, time.Time{}, expires)
 }
 
 // passOn gives turns, whose owner failed to obtain their keys with err, to
@@ -676,13 +703,13 @@ func passOn(turns []localqueue.Turn, err error) {
 // the Locker's release timeout. While the breaker counts the store down, it
 // answers ErrStoreDown without a store call: the caller hands the release
 // to the pending set.
-func (l *Locker) release(ctx context.Context, storeKeys []string, token string, keep time.Duration) error {
+func (l *Locker) release(ctx context.Context, store stores.Store, storeKeys []string, token string, keep time.Duration) error {
 	if l.breaker != nil && l.breaker.rejecting() {
 		return l.breaker.downError()
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
 	defer cancel()
-	return wrapStoreError(l.store.Release(ctx, storeKeys, token, keep))
+	return wrapStoreError(store.Release(ctx, storeKeys, token, keep))
 }
 
 // releaseWaited is release, reporting also whether the store refused
@@ -690,7 +717,7 @@ func (l *Locker) release(ctx context.Context, storeKeys []string, token string, 
 // not tell (see stores.WaitReporter).
 func (l *Locker) releaseWaited(ctx context.Context, storeKeys []string, token string, keep time.Duration) (bool, error) {
 	if l.waits == nil {
-		return false, l.release(ctx, storeKeys, token, keep)
+		return false, l.release(ctx, l.store, storeKeys, token, keep)
 	}
 	if l.breaker != nil && l.breaker.rejecting() {
 		return false, l.breaker.downError()

@@ -64,7 +64,8 @@ func WithPendingReleases(max int) Option {
 
 // pendingRelease is a release to retry.
 type pendingRelease struct {
-	keys      []string // as stored
+	store     stores.Store // what releases the keys (see grant.store)
+	keys      []string     // as stored
 	token     string
 	keepUntil time.Time // hold-at-least: the keys stay held until then
 	expires   time.Time // the store lets the keys go by then at the latest
@@ -232,7 +233,7 @@ func (p *pendingSet) try(ctx context.Context, r *pendingRelease) (PendingEvent, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, min(p.l.releaseTimeout, pendingCallMax))
 	defer cancel()
-	err := p.l.store.Release(ctx, r.keys, r.token, keep)
+	err := r.store.Release(ctx, r.keys, r.token, keep)
 	switch {
 	case err == nil:
 		return PendingReleased, true
@@ -319,11 +320,11 @@ func (l *Locker) clampKeep(keep time.Duration) time.Duration {
 // retryRelease puts a release that failed with err into the pending set,
 // when err is a store failure. expires is when the store lets the keys go at
 // the latest.
-func (l *Locker) retryRelease(err error, storeKeys []string, token string, keepUntil, expires time.Time) {
+func (l *Locker) retryRelease(err error, store stores.Store, storeKeys []string, token string, keepUntil, expires time.Time) {
 	if err == nil || errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalid) || !time.Now().Before(expires) {
 		return
 	}
-	if !l.pending.add(&pendingRelease{keys: storeKeys, token: token, keepUntil: keepUntil, expires: expires}) {
+	if !l.pending.add(&pendingRelease{store: store, keys: storeKeys, token: token, keepUntil: keepUntil, expires: expires}) {
 		l.logger.Debug("reqlock: release failed and is not retried; the keys expire with their TTL",
 			slog.String("key", stores.KeyForMessage(storeKeys[0])), slog.Any("error", err))
 	}

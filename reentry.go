@@ -106,7 +106,7 @@ func requestContext(ctx context.Context) context.Context {
 // case. When the request's own lock on a key is known lost, or the renewal
 // finds it gone, reenter returns an error wrapping ErrLockLost and
 // ErrNotHeld instead of letting the request wait for its own key.
-func (l *Locker) reenter(ctx context.Context, keys []string) (holds []hold, rest []string, err error) {
+func (l *Locker) reenter(ctx context.Context, keys []string, m mode) (holds []hold, rest []string, err error) {
 	defer func() {
 		if err != nil {
 			l.dropAll(ctx, holds)
@@ -123,7 +123,7 @@ func (l *Locker) reenter(ctx context.Context, keys []string) (holds []hold, rest
 		if covered {
 			continue
 		}
-		h, err := l.reenterKey(ctx, sk)
+		h, err := l.reenterKey(ctx, sk, m)
 		if err != nil {
 			return holds, nil, err
 		}
@@ -138,7 +138,7 @@ func (l *Locker) reenter(ctx context.Context, keys []string) (holds []hold, rest
 
 // reenterKey takes a hold on the grant of the innermost lock in ctx that
 // holds storeKey, if any.
-func (l *Locker) reenterKey(ctx context.Context, storeKey string) (hold, error) {
+func (l *Locker) reenterKey(ctx context.Context, storeKey string, m mode) (hold, error) {
 	for c := heldLocksOf(ctx); c != nil; c = c.outer() {
 		if c.lock.locker != l || c.lock.Released() {
 			// Another Locker's, or on its way out: a lock whose Release
@@ -148,6 +148,12 @@ func (l *Locker) reenterKey(ctx context.Context, storeKey string) (hold, error) 
 		_, h := c.lock.holdOf(storeKey)
 		if h.g == nil {
 			continue
+		}
+		if held := h.g.mode(); !reentrant(held, m) {
+			// Taking the key in m would wait for the request's own
+			// holders, or let it write while it reads.
+			return hold{}, fmt.Errorf("%w: the request holds %q %v and cannot take it %v inside that lock",
+				ErrInvalid, storeKey, held, m)
 		}
 		lost, renew := h.g.check(h.epoch)
 		if lost {

@@ -43,6 +43,22 @@ func (c Checker) CheckAcquireFair(ctx context.Context, key string, ttl, lease ti
 	return nil
 }
 
+// CheckShared checks the key and limit of AcquireShared, RefreshShared and
+// ReleaseShared (pass limit 0 where there is none): it returns ctx.Err()
+// when ctx has ended, and an error for an empty key or a negative limit.
+func (c Checker) CheckShared(ctx context.Context, key string, limit int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: %s: empty key", stores.ErrInvalid, c)
+	case limit < 0:
+		return fmt.Errorf("%w: %s: limit %d is negative", stores.ErrInvalid, c, limit)
+	}
+	return nil
+}
+
 // CheckAcquire checks the arguments of Acquire and Refresh: it returns
 // ctx.Err() when ctx has ended, and an error for a non-positive ttl, no keys,
 // an empty key, or a duplicate or unsorted key, in that order.

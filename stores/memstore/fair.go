@@ -48,9 +48,18 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		q.waiters[i].deadline = now.Add(lease) // heartbeat before the drop
 	}
 	dropped := q.dropExpired(now)
-	holder, held := s.heldByOther(key, token)
+	var (
+		grant      stores.FairGrant
+		holderWait time.Duration
+	)
+	e, held := s.heldByOther(key, token)
+	if held {
+		holderWait = e.expiresAt.Sub(now)
+	} else {
+		holderWait, held = s.sharedHeld(now, key, token)
+		grant.SharedHeld = held
+	}
 	pos := q.index(token)
-	var grant stores.FairGrant
 	switch {
 	case !held && s.entries[key] != nil:
 		// A retry of this token's own grant (see heldByOther): grant it
@@ -71,7 +80,7 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	switch {
 	case grant.OK:
 	case held:
-		grant.Wait = holder.expiresAt.Sub(now)
+		grant.Wait = holderWait
 	default:
 		if dropped {
 			s.signal(key)

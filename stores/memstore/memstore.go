@@ -11,7 +11,8 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// Store is an in-memory stores.Store, stores.Notifier and stores.FairStore.
+// Store is an in-memory stores.Store, stores.Notifier, stores.FairStore and
+// stores.SharedStore.
 // It is safe for concurrent use. The zero value is not usable; call New.
 type Store struct {
 	mu      sync.Mutex
@@ -26,22 +27,27 @@ type Store struct {
 	subsPeak int
 
 	fair map[string]*fairQueue // fair-mode queues by key; see fair.go
+
+	shared  map[string]*sharedKey        // keys held shared; see shared.go
+	writers map[string]map[string]*entry // writers refused by holders, by key and token
 }
 
 // args checks the arguments of Store's methods; its errors start "memstore:".
 const args storeargs.Checker = "memstore"
 
 var (
-	_ stores.Store     = (*Store)(nil)
-	_ stores.Notifier  = (*Store)(nil)
-	_ stores.FairStore = (*Store)(nil)
+	_ stores.Store       = (*Store)(nil)
+	_ stores.Notifier    = (*Store)(nil)
+	_ stores.FairStore   = (*Store)(nil)
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 type entry struct {
 	key       string
 	token     string
 	expiresAt time.Time
-	index     int // position in Store.expiry
+	index     int   // position in Store.expiry
+	kind      uint8 // exclusive, holder or writerWait; see shared.go
 }
 
 // New returns an empty Store.
@@ -72,6 +78,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		if e, held := s.heldByOther(key, token); held {
 			return stores.Grant{Held: i, Wait: e.expiresAt.Sub(now)}, nil
 		}
+		if wait, held := s.sharedHeld(now, key, token); held {
+			return stores.Grant{Held: i, Wait: wait, SharedHeld: true}, nil
+		}
 	}
 	fences := make([]int64, len(keys))
 	for i, key := range keys {
@@ -93,10 +102,12 @@ func (s *Store) heldByOther(key, token string) (*entry, bool) {
 	return e, true
 }
 
-// grantLocked sets key, free or already holding token, to token for ttl and
-// returns its fence: the shared counter, moved on by stores.FenceStride. The
-// caller holds s.mu and has swept expired locks.
+// grantLocked sets key, free or already holding token, to token for ttl,
+// ends token's wait as a writer recorded on it, and returns its fence: the
+// shared counter, moved on by stores.FenceStride. The caller holds s.mu and
+// has swept expired locks and checked that key has no shared holders.
 func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration) int64 {
+	s.dropWriter(key, token, false)
 	if e, ok := s.entries[key]; ok {
 		e.expiresAt = now.Add(ttl)
 		heap.Fix(&s.expiry, e.index)
@@ -105,17 +116,18 @@ func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration)
 		s.entries[key] = e
 		heap.Push(&s.expiry, e)
 	}
-	s.fence += stores.FenceStride
-	return s.fence
+	return s.nextFence()
 }
 
 // Release ends token's grant on every key that holds it, under one hold of
 // the store's mutex. With keep zero or negative it deletes the key and
 // signals its release subscribers (see NotifyRelease); with keep positive it
 // sets the key's TTL to keep instead and signals nothing, since the key stays
-// held (its expiry then signals, as every expiry does). It returns an error
-// wrapping stores.ErrNotHeld, naming the keys, when some keys were absent,
-// expired or held another token, after ending the grant on the others.
+// held (its expiry then signals, as every expiry does). It also withdraws
+// token's waiting-writer record on each key (see stores.SharedStore). It
+// returns an error wrapping stores.ErrNotHeld, naming the keys, when some
+// keys were absent, expired or held another token, after ending the grant
+// on the others.
 //
 // It returns ctx.Err() without acting when ctx has ended, and an error
 // wrapping stores.ErrInvalid for no keys or an empty, duplicate or unsorted
@@ -142,6 +154,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // whether key held token; when it did not, nothing changes. The caller holds
 // s.mu and has swept expired locks.
 func (s *Store) releaseLocked(now time.Time, key, token string, keep time.Duration) bool {
+	s.dropWriter(key, token, true)
 	e, ok := s.entries[key]
 	if !ok || e.token != token {
 		return false
@@ -182,12 +195,17 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	return nil
 }
 
-// Len returns the number of live locks, after freeing the expired ones.
+// Len returns the number of live exclusive locks and shared holders, after
+// freeing the expired ones.
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweep(time.Now())
-	return len(s.entries)
+	n := len(s.entries)
+	for _, k := range s.shared {
+		n += len(k.holders)
+	}
+	return n
 }
 
 // minCompact is the heap capacity below which sweep never compacts.
@@ -209,8 +227,15 @@ func (s *Store) lockSwept() time.Time {
 func (s *Store) sweep(now time.Time) {
 	for len(s.expiry) > 0 && !now.Before(s.expiry[0].expiresAt) {
 		e := heap.Pop(&s.expiry).(*entry)
-		delete(s.entries, e.key)
-		s.signal(e.key)
+		switch e.kind {
+		case exclusive:
+			delete(s.entries, e.key)
+			s.signal(e.key)
+		case holder:
+			s.dropHolder(e)
+		case writerWait:
+			s.forgetWriter(e)
+		}
 	}
 	if c := cap(s.expiry); c > minCompact && len(s.expiry) < c/4 {
 		s.expiry = append(make(expiryHeap, 0, 2*len(s.expiry)), s.expiry...)

@@ -9,7 +9,8 @@
 //
 // The subtests come in groups, named by their first element: Core (one key),
 // Multi (several keys in one call), Keep (releases that keep the keys held),
-// Notify (stores.Notifier), Fair (stores.FairStore), Limits (keys and TTLs
+// Notify (stores.Notifier), Fair (stores.FairStore), Shared and Limit
+// (stores.SharedStore: readers and writers, and at most N holders), Limits (keys and TTLs
 // at the edges of the store's stores.Bounds) and Faults (the promises that
 // must hold while the network or the server fails). A group of an
 // optional interface runs when the Suite declares it; its subtests are
@@ -33,6 +34,19 @@
 // expire during a subtest, 1s for one that outlives a few calls, 500ms for a
 // kept release, 300ms for a fair waiter's short lease) grow with a longer
 // ExpiryTTL, so that none is below it.
+//
+// # Shared and limited grants
+//
+// A store that declares Shared (stores.SharedStore) runs the Shared group
+// (readers together, a writer excluded and excluding, writer preference and
+// its window, a waiting writer's withdrawal by Release, one record per
+// waiting writer, a writer not starved by overlapping readers, owner checks,
+// one fence sequence, retries, keep, signals, bounds, an abandoned acquire)
+// and the Limit group (a full key, a limit never exceeded by 16 goroutines
+// with holders that die and a writer, per-holder expiry, a stale holder that
+// cannot touch its successor's place, a retry counted once, each caller
+// admitted under its own limit). An exclusive probe of a shared key records
+// a waiting writer, so these subtests probe with AcquireShared.
 //
 // # Faults
 //
@@ -115,6 +129,10 @@ type Suite struct {
 	// Fair declares that the store implements stores.FairStore.
 	Fair bool
 
+	// Shared declares that the store implements stores.SharedStore: the
+	// Shared and Limit groups run.
+	Shared bool
+
 	// ExpiryTTL is the TTL the expiry subtests give a lock: the shortest
 	// the store honours. Default 50ms.
 	ExpiryTTL time.Duration
@@ -185,6 +203,7 @@ const (
 	needNotify capability = 1 << iota // stores.Notifier
 	needFair                          // stores.FairStore
 	needProxy                         // Suite.Proxied: a network to fail
+	needShared                        // stores.SharedStore
 )
 
 // String names the interfaces of c.
@@ -195,6 +214,9 @@ func (c capability) String() string {
 	}
 	if c&needFair != 0 {
 		names = append(names, "Fair (stores.FairStore)")
+	}
+	if c&needShared != 0 {
+		names = append(names, "Shared (stores.SharedStore)")
 	}
 	if c&needProxy != 0 {
 		names = append(names, "Proxied (a network between the store and its server; the store is InProcess)")
@@ -212,9 +234,10 @@ type subtest struct {
 // env is what a subtest works with: the store under test as each interface
 // it declares, its keys, and the suite's durations.
 type env struct {
-	s stores.Store
-	n stores.Notifier  // nil unless the Suite declares Notify
-	f stores.FairStore // nil unless the Suite declares Fair
+	s  stores.Store
+	n  stores.Notifier    // nil unless the Suite declares Notify
+	f  stores.FairStore   // nil unless the Suite declares Fair
+	sh stores.SharedStore // nil unless the Suite declares Shared
 
 	prefix string // of every key of the subtest
 
@@ -269,6 +292,8 @@ func Run(t *testing.T, s Suite) {
 		{"Keep", keepTests},
 		{"Notify", notifyTests},
 		{"Fair", fairTests},
+		{"Shared", sharedTests},
+		{"Limit", limitedTests},
 		{"Limits", limitTests},
 		{"Faults", faultTests},
 	}
@@ -310,6 +335,7 @@ func checkCapabilities(t *testing.T, s Suite) (capability, stores.Bounds) {
 	}
 	_, isNotifier := store.(stores.Notifier)
 	_, isFair := store.(stores.FairStore)
+	_, isShared := store.(stores.SharedStore)
 	check := func(declared, implemented bool, field, iface string) {
 		t.Helper()
 		switch {
@@ -321,7 +347,11 @@ func checkCapabilities(t *testing.T, s Suite) (capability, stores.Bounds) {
 	}
 	check(s.Notify, isNotifier, "Notify", "stores.Notifier")
 	check(s.Fair, isFair, "Fair", "stores.FairStore")
+	check(s.Shared, isShared, "Shared", "stores.SharedStore")
 	var c capability
+	if s.Shared {
+		c |= needShared
+	}
 	if s.Notify {
 		c |= needNotify
 	}
@@ -379,6 +409,11 @@ func newEnv(t *testing.T, s Suite, tag string) *env {
 	if s.Fair {
 		if e.f, ok = e.s.(stores.FairStore); !ok {
 			t.Fatalf("%T from Suite.New does not implement stores.FairStore", e.s)
+		}
+	}
+	if s.Shared {
+		if e.sh, ok = e.s.(stores.SharedStore); !ok {
+			t.Fatalf("%T from Suite.New does not implement stores.SharedStore", e.s)
 		}
 	}
 	return e
