@@ -78,9 +78,9 @@
 //     (see above).
 //   - Keys up to MaxKeyBytes, which follows from etcd's request size limit
 //     (--max-request-bytes, 1.5 MiB by default; WithMaxRequestBytes for
-//     another): a fair attempt names its key's directory 11 times in one
+//     another): a fair attempt names its key's directory 14 times in one
 //     transaction, and '%' and '/' take three bytes escaped, so a key may
-//     take a 33rd of a request: 45 KiB by default. Keys that together (or
+//     take a 42nd of a request: 35 KiB by default. Keys that together (or
 //     with a token longer than 1 KiB) would make a request above the limit,
 //     and more than MaxKeys keys, are refused too. etcd's refusal of a
 //     request for its size, the client's refusal to send one (its
@@ -119,7 +119,7 @@
 // attempt is one transaction, and a second one when its caller heads the
 // queue behind other waiters; its reply holds the whole queue of the key,
 // so that it grows with the waiters and the length of the key (100 waiters
-// on a key of 45 KiB, every byte escaped, make a reply of about 14 MB). An
+// on a key of 35 KiB, every byte escaped, make a reply of about 11 MB). An
 // acquire's check that its token was not abandoned (below) is one more
 // comparison in its transaction, not a round trip; abandoned acquires cost
 // their undos, up to 63 of them in one transaction. While etcd does not

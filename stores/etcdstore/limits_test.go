@@ -168,8 +168,8 @@ func TestLongKeys(t *testing.T) {
 	t.Parallel()
 	s := stalledStore(t)
 	maxKey := s.Bounds().MaxKeyBytes
-	if maxKey != 45<<10 {
-		t.Fatalf("MaxKeyBytes %d with the default prefix and request size; want 45 KiB", maxKey)
+	if maxKey != 35<<10 {
+		t.Fatalf("MaxKeyBytes %d with the default prefix and request size; want 35 KiB", maxKey)
 	}
 	base := uniqueKey(t)
 	for _, n := range []int{maxKey + 1, 600 << 10} {
