@@ -1,7 +1,8 @@
 // Package etcdstore is a stores.Store on etcd (3.3 or later) through
-// go.etcd.io/etcd/client/v3. It is also a stores.Notifier and a
-// stores.FairStore: etcd orders waiters by create revision and tells
-// watchers of every delete, so fair waiting costs no polling.
+// go.etcd.io/etcd/client/v3. It is also a stores.Notifier, a
+// stores.FairStore and a stores.SharedStore: etcd orders waiters by create
+// revision and tells watchers of every delete, so fair waiting costs no
+// polling.
 //
 // # What is stored
 //
@@ -14,6 +15,18 @@
 //     refusals report as Wait. One fixed name per lock key, so that etcd's
 //     index does not grow with every acquisition until the next
 //     compaction, and a grant compares one key, not a range.
+//   - holder/<token>: a shared holder (see stores.SharedStore), its value
+//     a holder key's followed by a NUL byte and the limit it was granted
+//     under, on a lease of its own TTL as a holder key's, so that each
+//     expires at its own TTL. The holder key and these are one range of
+//     etcd keys, so that Acquire and AcquireFair compare and read both
+//     kinds with one operation each.
+//   - writer: a writer waiting for the shared holders to drain, its value
+//     the end of its window (stores.WriterWindow) in Unix milliseconds by
+//     the clock of the Store whose Acquire was refused, on a lease of the
+//     window (which etcd raises to its shortest lease, so the record may
+//     outlive its window by a second or so; AcquireShared compares the
+//     end with its own clock). An exclusive grant deletes it.
 //   - q/<token>: a fair waiter, ordered by its create revision (the queue is
 //     etcd's revision order, as in concurrency.Mutex). Its value is the
 //     waiter's lease, in milliseconds. Each waiter leaves a deleted name in
@@ -106,6 +119,26 @@
 // must be restored with etcdutl's --bump-revision (and --mark-compacted), as
 // etcd's own documentation advises, or it could issue revisions again; a
 // cluster that loses every member's data starts again from revision 1.
+//
+// # Shared and limited grants
+//
+// AcquireShared counts a limit without a counter: its first transaction
+// grants when the key has no holder and no writer record; otherwise it
+// reads the holders and the record, and a second transaction grants when
+// they allow it, comparing that no key of the holders' range was created
+// since the read (one range comparison of create revisions), so that the
+// holders are at most those read, all under the same limit, and the
+// record unchanged. A holder that changes under the read costs another
+// round trip; after four it refuses, with a Wait of 10ms. Every grant's
+// fence is its revision, from the one sequence of every grant. Release
+// and Refresh of a shared holder are those of a holder key, owner- and
+// sequence-checked in their transaction, after a read of the holder's
+// limit (RefreshShared, and ReleaseShared with keep). An Acquire or
+// AcquireFair refused by shared holders puts the writer record in a second
+// transaction. A shared holder's delete, by release or expiry, signals
+// the key's NotifyRelease subscribers. Windows are compared on the clocks
+// of the Stores: a skewed clock makes a writer's window longer or shorter,
+// never a limit exceeded.
 //
 // # Round trips and costs
 //

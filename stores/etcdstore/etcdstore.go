@@ -42,8 +42,8 @@ const (
 // those of a retry that found its own grants and lost a race for them.
 const acquireAttempts = 3
 
-// Store is a stores.Store on etcd, and a stores.Notifier and
-// stores.FairStore. It is safe for concurrent use. It owns the leases it
+// Store is a stores.Store on etcd, and a stores.Notifier,
+// stores.FairStore and stores.SharedStore. It is safe for concurrent use. It owns the leases it
 // grants and the watches NotifyRelease starts, until Close.
 type Store struct {
 	client      *clientv3.Client
@@ -392,9 +392,12 @@ func fence(rev int64) int64 { return rev * stores.FenceStride }
 
 // Acquire sets every key to token for at least ttl when none is held by
 // another token, in one transaction (see stores.Store): it compares, per
-// key, that its holder key does not exist (and that token was not
-// abandoned, see the package documentation), and then puts token's holder
-// key on a shared lease that lasts ttl from the call's start. A retry finds keys holding
+// key, that neither its holder key nor a shared holder exists (and that
+// token was not abandoned, see the package documentation), and then puts
+// token's holder key on a shared lease that lasts ttl from the call's
+// start, and deletes the key's writer record. A key refused for its shared
+// holders gets a writer record, in a second transaction, and Wait the
+// longest TTL they were given (see AcquireShared). A retry finds keys holding
 // its own token and puts them again, with a fresh fence and lease, in a
 // second transaction that compares they are unchanged. A refusal names the
 // first key held by another token and, as Wait, the TTL that holder was
