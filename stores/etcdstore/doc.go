@@ -16,17 +16,17 @@
 //     index does not grow with every acquisition until the next
 //     compaction, and a grant compares one key, not a range.
 //   - holder/<token>: a shared holder (see stores.SharedStore), its value
-//     a holder key's followed by a NUL byte and the limit it was granted
-//     under, on a lease of its own TTL as a holder key's, so that each
+//     a holder key's, on a lease of its own TTL as a holder key's, so that each
 //     expires at its own TTL. The holder key and these are one range of
 //     etcd keys, so that Acquire and AcquireFair compare and read both
 //     kinds with one operation each.
-//   - writer: a writer waiting for the shared holders to drain, its value
+//   - writer/<token>: a writer waiting for the shared holders to drain, its value
 //     the end of its window (stores.WriterWindow) in Unix milliseconds by
 //     the clock of the Store whose Acquire was refused, on a lease of the
 //     window (which etcd raises to its shortest lease, so the record may
 //     outlive its window by a second or so; AcquireShared compares the
-//     end with its own clock). An exclusive grant deletes it.
+//     end with its own clock). An exclusive grant to its token, or a
+//     Release by its token, deletes it.
 //   - q/<token>: a fair waiter, ordered by its create revision (the queue is
 //     etcd's revision order, as in concurrency.Mutex). Its value is the
 //     waiter's lease, in milliseconds. Each waiter leaves a deleted name in
@@ -124,18 +124,18 @@
 //
 // AcquireShared counts a limit without a counter: its first transaction
 // grants when the key has no holder and no writer record; otherwise it
-// reads the holders and the record, and a second transaction grants when
-// they allow it, comparing that no key of the holders' range was created
+// reads the holders and the writer records, and a second transaction
+// grants when fewer than the caller's limit hold the key and no writer's
+// window stands, comparing that no key of the holders' range was created
 // since the read (one range comparison of create revisions), so that the
-// holders are at most those read, all under the same limit, and the
-// record unchanged. A holder that changes under the read costs another
+// holders are at most those read, and that no writer record was written
+// since. A holder that changes under the read costs another
 // round trip; after four it refuses, with a Wait of 10ms. Every grant's
 // fence is its revision, from the one sequence of every grant. Release
 // and Refresh of a shared holder are those of a holder key, owner- and
-// sequence-checked in their transaction, after a read of the holder's
-// limit (RefreshShared, and ReleaseShared with keep). An Acquire or
-// AcquireFair refused by shared holders puts the writer record in a second
-// transaction. A shared holder's delete, by release or expiry, signals
+// sequence-checked in their transaction. An Acquire or AcquireFair
+// refused by shared holders puts its token's writer record in a second
+// transaction, and sets Grant.SharedHeld. A shared holder's delete, by release or expiry, signals
 // the key's NotifyRelease subscribers. Windows are compared on the clocks
 // of the Stores: a skewed clock makes a writer's window longer or shorter,
 // never a limit exceeded.

@@ -395,9 +395,9 @@ func fence(rev int64) int64 { return rev * stores.FenceStride }
 // key, that neither its holder key nor a shared holder exists (and that
 // token was not abandoned, see the package documentation), and then puts
 // token's holder key on a shared lease that lasts ttl from the call's
-// start, and deletes the key's writer record. A key refused for its shared
-// holders gets a writer record, in a second transaction, and Wait the
-// longest TTL they were given (see AcquireShared). A retry finds keys holding
+// start, and deletes token's writer record on the key. A key refused for
+// its shared holders gets token's writer record, in a second transaction,
+// SharedHeld and Wait the longest TTL they were given (see AcquireShared). A retry finds keys holding
 // its own token and puts them again, with a fresh fence and lease, in a
 // second transaction that compares they are unchanged. A refusal names the
 // first key held by another token and, as Wait, the TTL that holder was
@@ -475,8 +475,8 @@ func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys [
 			}
 			if string(kvs[0].Key) != holders[i] {
 				// Shared holders: the writer waits, and new ones wait for it.
-				s.writerWaits(ctx, holders[i])
-				return stores.Grant{Held: i, Wait: longestTTL(kvs)}, nil
+				s.writerWaits(ctx, holders[i], token)
+				return stores.Grant{Held: i, Wait: longestTTL(kvs), SharedHeld: true}, nil
 			}
 			if holderToken(kvs[0].Value) != token {
 				return stores.Grant{Held: i, Wait: holderTTL(kvs[0].Value)}, nil
@@ -496,7 +496,7 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 	gets := make([]clientv3.Op, len(holders)+1)
 	val := holderValue(token, seq, ttl)
 	for i, h := range holders {
-		puts = append(puts, clientv3.OpPut(h, val, clientv3.WithLease(lease)), clientv3.OpDelete(writerKey(h)))
+		puts = append(puts, clientv3.OpPut(h, val, clientv3.WithLease(lease)), clientv3.OpDelete(writerKey(h, token)))
 		gets[i] = getHolders(h)
 	}
 	gets[len(holders)] = s.countAbandoned(token)
@@ -508,8 +508,10 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // waiters (see NotifyRelease); with keep positive it moves them to a lease
 // that lasts keep from the call's start instead, so they stay held until
 // it passes and nothing is signalled. A release with keep acts only on
-// keys set by calls of token that started before it (see Refresh). It
-// returns an error wrapping stores.ErrNotHeld when some key did not hold
+// keys set by calls of token that started before it (see Refresh). In the
+// same transaction it deletes token's writer records on the keys, held or
+// not (see AcquireShared). It returns an error wrapping stores.ErrNotHeld
+// when some key did not hold
 // token, after ending the grant on the others, one wrapping
 // stores.ErrInvalid for invalid arguments or arguments out of the Store's
 // Bounds, and ctx.Err() without acting when ctx has ended. While etcd does
@@ -537,7 +539,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		overflow = func() { s.undos.add(s.releaseUndo(keys, token)) }
 	}
 	return s.goOn(ctx, "release", keys, func(ctx context.Context) error {
-		return s.release(ctx, start, seq, keys, s.holderKeys(keys), token, keep, holderValue)
+		return s.release(ctx, start, seq, keys, s.holderKeys(keys), true, token, keep)
 	}, overflow)
 }
 
@@ -551,8 +553,10 @@ func (s *Store) holderKeys(keys []string) []string {
 }
 
 // release is Release as begun at start with sequence seq, of the holder
-// keys holders of keys; with keep, it puts value(seq, keep) on them.
-func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys, holders []string, token string, keep time.Duration, value func(string, uint64, time.Duration) string) error {
+// keys holders of keys (or of shared holder keys); with withdraw, it also
+// deletes token's writer records on the keys (see writerWaits), whatever
+// the keys hold.
+func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys, holders []string, withdraw bool, token string, keep time.Duration) error {
 	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
 		err = s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
 			// One key is the transaction's condition; several each get a
@@ -564,7 +568,7 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys, 
 				ops[i] = clientv3.OpDelete(h)
 				if keep > 0 {
 					held = heldUpTo(h, token, seq)
-					ops[i] = clientv3.OpPut(h, value(token, seq, keep), clientv3.WithLease(lease))
+					ops[i] = clientv3.OpPut(h, holderValue(token, seq, keep), clientv3.WithLease(lease))
 				}
 				if len(keys) == 1 {
 					cmps = held
@@ -572,8 +576,20 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys, 
 					ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
 				}
 			}
+			// A token that waits as a writer (see writerWaits) withdraws,
+			// whatever it holds.
+			var withdrawals []clientv3.Op
+			if withdraw {
+				for _, h := range holders {
+					withdrawals = append(withdrawals, clientv3.OpDelete(writerKey(h, token)))
+				}
+			}
+			txn := s.kv.Txn(ctx).If(cmps...).Then(append(ops, withdrawals...)...)
+			if len(keys) == 1 && withdraw {
+				txn = txn.Else(withdrawals...)
+			}
 			var err error
-			resp, err = s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
+			resp, err = txn.Commit()
 			return err
 		})
 		return resp, err
@@ -639,10 +655,10 @@ func releaseRefused(resp *clientv3.TxnResponse, n int) ([]int, error) {
 		if !resp.Succeeded {
 			refused = []int{0}
 		}
-	case len(resp.Responses) != n:
+	case len(resp.Responses) < n:
 		return nil, fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), n)
 	default:
-		for i, r := range resp.Responses {
+		for i, r := range resp.Responses[:n] { // then the withdrawals
 			if !r.GetResponseTxn().GetSucceeded() {
 				refused = append(refused, i)
 			}
@@ -722,16 +738,16 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.refresh(ctx, start, seq, keys, s.holderKeys(keys), token, ttl, holderValue)
+	return s.refresh(ctx, start, seq, keys, s.holderKeys(keys), token, ttl)
 }
 
 // refresh is Refresh as begun at start with sequence seq, of the holder
-// keys holders of keys, which it sets to value(token, seq, ttl).
-func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys, holders []string, token string, ttl time.Duration, value func(string, uint64, time.Duration) string) error {
+// keys holders of keys (or of shared holder keys).
+func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys, holders []string, token string, ttl time.Duration) error {
 	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
 		err = s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
 			var err error
-			resp, err = s.refreshTxn(ctx, holders, value(token, seq, ttl), token, seq, lease).Commit()
+			resp, err = s.refreshTxn(ctx, holders, holderValue(token, seq, ttl), token, seq, lease).Commit()
 			return err
 		})
 		return resp, err

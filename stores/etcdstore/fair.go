@@ -139,8 +139,8 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 		switch {
 		case len(holder) > 0 && string(holder[0].Key) != h:
 			// Shared holders: the writer waits, and new ones wait for it.
-			s.writerWaits(ctx, h)
-			return stores.FairGrant{Grant: stores.Grant{Wait: longestTTL(holder)}, Ahead: ahead}, nil
+			s.writerWaits(ctx, h, token)
+			return stores.FairGrant{Grant: stores.Grant{Wait: longestTTL(holder), SharedHeld: true}, Ahead: ahead}, nil
 		case len(holder) > 0 && holderToken(holder[0].Value) != token:
 			return stores.FairGrant{Grant: stores.Grant{Wait: holderTTL(holder[0].Value)}, Ahead: ahead}, nil
 		case len(holder) > 0:
@@ -190,10 +190,10 @@ func (s *Store) fairTxn(ctx context.Context, key, token string, seq uint64, ttl,
 }
 
 // holdOps grants key, of holder key h and queue key qk, to token on lease
-// hl: it puts the holder key, takes token out of the queue and ends the
-// wait of a writer (see writerWaits).
+// hl: it puts the holder key, takes token out of the queue and ends its
+// wait as a writer (see writerWaits).
 func holdOps(h, qk, token string, seq uint64, ttl time.Duration, hl clientv3.LeaseID) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, seq, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk), clientv3.OpDelete(writerKey(h))}
+	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, seq, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk), clientv3.OpDelete(writerKey(h, token))}
 }
 
 // place returns how many waiters of queue, in create revision order, are

@@ -24,27 +24,11 @@ func sharedKey(h, token string) string { return h + "/" + token }
 // the byte after '/'.
 func holdersEnd(h string) string { return h + "0" }
 
-// writerKey is the waiting writer's record of the key of holder key h: its
-// value is the end of the writer's window, in Unix milliseconds.
-func writerKey(h string) string { return strings.TrimSuffix(h, "holder") + "writer" }
-
-// sharedValue is the value of a shared holder key: a holderValue, a NUL
-// byte, and the limit the holder was granted under.
-func sharedValue(limit int) func(string, uint64, time.Duration) string {
-	return func(token string, seq uint64, ttl time.Duration) string {
-		return holderValue(token, seq, ttl) + "\x00" + strconv.Itoa(limit)
-	}
-}
-
-// holderLimit reads the limit of a sharedValue; -1 when there is none.
-func holderLimit(v []byte) int {
-	i := strings.LastIndexByte(string(v), 0)
-	n, err := strconv.Atoi(string(v[i+1:]))
-	if err != nil || strings.Count(string(v), "\x00") != 3 {
-		return -1
-	}
-	return n
-}
+// writersDir is the parent of the waiting writers' records of the key of
+// holder key h, and writerKey token's record: its value is the end of the
+// writer's window, in Unix milliseconds.
+func writersDir(h string) string       { return strings.TrimSuffix(h, "holder") + "writer/" }
+func writerKey(h, token string) string { return writersDir(h) + token }
 
 // longestTTL and soonestTTL are the longest and shortest TTL that holders
 // were given (upper bounds of what they have left).
@@ -66,53 +50,57 @@ func soonestTTL(holders []*mvccpb.KeyValue) time.Duration {
 	return max(d, 0)
 }
 
-// writerWaits records a writer waiting for the shared holders of the key of
-// holder key h to drain: its window ends stores.WriterWindow from now, by
-// the local clock, which AcquireShared compares with its own. The record
-// lives on a lease of the window (which etcd rounds up to its shortest
-// lease), so that it goes by itself; an exclusive grant deletes it. The
-// record serves fairness, never safety: a failure to put it is ignored.
-func (s *Store) writerWaits(ctx context.Context, h string) {
+// writerWaits records token as a writer waiting for the shared holders of
+// the key of holder key h to drain: its window ends stores.WriterWindow
+// from now, by the local clock, which AcquireShared compares with its own.
+// The record lives on a lease of the window (which etcd rounds up to its
+// shortest lease), so that it goes by itself; an exclusive grant to token,
+// or a Release by token, deletes it. The record serves fairness, never
+// safety: a failure to put it is ignored.
+func (s *Store) writerWaits(ctx context.Context, h, token string) {
 	until := strconv.FormatInt(time.Now().Add(stores.WriterWindow).UnixMilli(), 10)
 	_ = s.withLease(ctx, time.Now(), stores.WriterWindow, func(lease clientv3.LeaseID) error {
-		_, err := s.kv.Txn(ctx).Then(clientv3.OpPut(writerKey(h), until, clientv3.WithLease(lease))).Commit()
+		_, err := s.kv.Txn(ctx).Then(clientv3.OpPut(writerKey(h, token), until, clientv3.WithLease(lease))).Commit()
 		return err
 	})
 }
 
-// writerLeft returns how long the window of a writer record w has left, by
-// the local clock; zero or less when it has passed.
-func writerLeft(w *mvccpb.KeyValue) time.Duration {
-	ms, err := strconv.ParseInt(string(w.Value), 10, 64)
-	if err != nil {
-		return 0
+// writerLeft returns the longest window among the writer records ws has
+// left, by the local clock; zero or less when all have passed.
+func writerLeft(ws []*mvccpb.KeyValue) time.Duration {
+	var left time.Duration
+	for _, w := range ws {
+		if ms, err := strconv.ParseInt(string(w.Value), 10, 64); err == nil {
+			left = max(left, time.Until(time.UnixMilli(ms)))
+		}
 	}
-	return time.Until(time.UnixMilli(ms))
+	return left
 }
 
 // AcquireShared makes token a holder of key for at least ttl, as
 // stores.SharedStore describes. A holder is an etcd key of its own beside
 // the key's holder key (see sharedKey), on a lease that lasts ttl from the
 // call's start as Acquire's does, so that each expires at its own TTL; its
-// value is a holder key's, with the limit after it.
+// value is a holder key's.
 //
 // The first transaction grants when the key has no holder of either kind
-// and no writer waits; otherwise it reads the holders and the writer's
-// record, and a second transaction grants when the reads allow it,
-// comparing that no holder key was created since the reads (so that the
-// holders are at most those read, all of the same limit: a limit is
-// counted atomically, without a counter) and that the writer's record is
-// unchanged. A token that holds the key is granted again, comparing its
-// place unchanged. When the holders change under each of its transactions
-// (4), it refuses, with a Wait of 10ms. Every grant's fence is its transaction's revision, as
-// for Acquire, and every transaction compares that token was not
-// abandoned; an AcquireShared left in flight is undone as an abandoned
-// Acquire is (see the package documentation).
+// and no writer record; otherwise it reads the holders and the writer
+// records, and a second transaction grants when fewer than limit hold the
+// key and no writer's window stands, comparing that no holder key was
+// created since the reads, so that the holders are at most those read (a
+// limit is counted atomically, without a counter), and that no writer
+// record was written since. A token that holds the key is granted again,
+// comparing its place unchanged. When the holders change under each of
+// its transactions (4), it refuses, with a Wait of 10ms. Every grant's
+// fence is its transaction's revision, as for Acquire, and every
+// transaction compares that token was not abandoned; an AcquireShared left
+// in flight is undone as an abandoned Acquire is (see the package
+// documentation).
 //
-// A refusal's Wait is the TTL the exclusive holder was given, the writer's
-// remaining window, the shortest TTL given to a holder of a full key, or
-// the longest given to holders of another limit. Errors are as Acquire's,
-// and a negative limit is refused with stores.ErrInvalid.
+// A refusal's Wait is the TTL the exclusive holder was given, the longest
+// window left among the writers, or the shortest TTL given to a holder of
+// a full key. Errors are as Acquire's, and a negative limit is refused
+// with stores.ErrInvalid.
 func (s *Store) AcquireShared(ctx context.Context, key, token string, limit int, ttl time.Duration) (stores.Grant, error) {
 	start, seq := s.begin()
 	if err := args.CheckShared(ctx, key, limit); err != nil {
@@ -138,11 +126,16 @@ func (s *Store) AcquireShared(ctx context.Context, key, token string, limit int,
 // the first follows a read that the holders' changes made stale.
 const sharedAttempts = 4
 
+// contendedWait is the Wait of an AcquireShared refused because the
+// holders changed under each of its transactions.
+const contendedWait = 10 * time.Millisecond
+
 func (s *Store) acquireShared(ctx context.Context, start time.Time, seq uint64, key, token string, limit int, ttl time.Duration, fl *flight) (stores.Grant, error) {
 	h := holderKey(s.dir(key))
-	mine, w := sharedKey(h, token), writerKey(h)
-	conds := []clientv3.Cmp{unheld(h), absent(w)}
-	val := sharedValue(limit)(token, seq, ttl)
+	mine, ws := sharedKey(h, token), writersDir(h)
+	wsEnd := clientv3.GetPrefixRangeEnd(ws)
+	conds := []clientv3.Cmp{unheld(h), clientv3.Compare(clientv3.CreateRevision(ws), "=", 0).WithRange(wsEnd)}
+	val := holderValue(token, seq, ttl)
 	for range sharedAttempts {
 		var resp *clientv3.TxnResponse
 		err := s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
@@ -150,7 +143,7 @@ func (s *Store) acquireShared(ctx context.Context, start time.Time, seq uint64, 
 			var err error
 			resp, err = s.kv.Txn(ctx).If(append(conds, s.notAbandoned(token))...).
 				Then(clientv3.OpPut(mine, val, clientv3.WithLease(lease))).
-				Else(getHolders(h), clientv3.OpGet(w), s.countAbandoned(token)).Commit()
+				Else(getHolders(h), clientv3.OpGet(ws, clientv3.WithRange(wsEnd)), s.countAbandoned(token)).Commit()
 			return err
 		})
 		if err != nil {
@@ -166,7 +159,7 @@ func (s *Store) acquireShared(ctx context.Context, start time.Time, seq uint64, 
 			return stores.Grant{}, errTokenAbandoned(token)
 		}
 		holders := resp.Responses[0].GetResponseRange().GetKvs()
-		writer := resp.Responses[1].GetResponseRange().GetKvs()
+		writers := resp.Responses[1].GetResponseRange().GetKvs()
 		if len(holders) > 0 && string(holders[0].Key) == h {
 			return stores.Grant{Wait: holderTTL(holders[0].Value)}, nil // held exclusively
 		}
@@ -176,28 +169,22 @@ func (s *Store) acquireShared(ctx context.Context, start time.Time, seq uint64, 
 				own = kv
 			}
 		}
-		for _, kv := range holders {
-			if holderLimit(kv.Value) != limit {
-				return stores.Grant{Wait: longestTTL(holders)}, nil
-			}
-		}
-		switch {
+		switch left := writerLeft(writers); {
 		case own != nil:
-			// A retry: granted again, whatever the count and the writer.
+			// A retry: granted again, whatever the count and the writers.
 			conds = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(mine), "=", own.ModRevision)}
 			continue
-		case len(writer) > 0 && writerLeft(writer[0]) > 0:
-			return stores.Grant{Wait: min(writerLeft(writer[0]), stores.WriterWindow)}, nil
+		case left > 0:
+			return stores.Grant{Wait: min(left, stores.WriterWindow)}, nil
 		case limit > 0 && len(holders) >= limit:
 			return stores.Grant{Wait: soonestTTL(holders)}, nil
 		}
 		// No holder created since the reads (the holder key neither): the
-		// holders are at most those read.
-		conds = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h), "<", resp.Header.Revision+1).WithRange(holdersEnd(h))}
-		if len(writer) == 0 {
-			conds = append(conds, absent(w))
-		} else {
-			conds = append(conds, clientv3.Compare(clientv3.ModRevision(w), "=", writer[0].ModRevision))
+		// holders are at most those read; no writer record written since.
+		next := resp.Header.Revision + 1
+		conds = []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(h), "<", next).WithRange(holdersEnd(h)),
+			clientv3.Compare(clientv3.ModRevision(ws), "<", next).WithRange(wsEnd),
 		}
 	}
 	// Holders come and go faster than the reads: a refusal, tried again
@@ -205,19 +192,14 @@ func (s *Store) acquireShared(ctx context.Context, start time.Time, seq uint64, 
 	return stores.Grant{Wait: contendedWait}, nil
 }
 
-// contendedWait is the Wait of an AcquireShared refused because the
-// holders changed under each of its transactions.
-const contendedWait = 10 * time.Millisecond
-
 // ReleaseShared ends token's place among key's holders, as Release ends a
 // grant: it deletes token's holder key when it holds token, in one
 // transaction, which signals waiters (see NotifyRelease); with keep
 // positive it moves it to a lease that lasts keep from the call's start
 // instead, acting only on a place set by a call of token that started
-// before it, after a read of its limit. It returns an error wrapping
-// stores.ErrNotHeld when token does not hold key; otherwise its errors, and
-// what it does while etcd does not answer or after its caller left, are
-// Release's.
+// before it. It returns an error wrapping stores.ErrNotHeld when token
+// does not hold key; otherwise its errors, and what it does while etcd
+// does not answer or after its caller left, are Release's.
 func (s *Store) ReleaseShared(ctx context.Context, key, token string, keep time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckShared(ctx, key, 0); err != nil {
@@ -237,24 +219,15 @@ func (s *Store) ReleaseShared(ctx context.Context, key, token string, keep time.
 		overflow = func() { s.undos.add(&pendingUndo{token: token, release: true, keys: mine}) }
 	}
 	return s.goOn(ctx, "shared release", keys, func(ctx context.Context) error {
-		value := holderValue // unused without keep
-		if keep > 0 {
-			limit, err := s.sharedLimit(ctx, mine[0], token)
-			if err != nil {
-				return fmt.Errorf("etcdstore: shared release %s with keep %v: %w", stores.KeyForMessage(key), keep, err)
-			}
-			value = sharedValue(limit)
-		}
-		return s.release(ctx, start, seq, keys, mine, token, keep, value)
+		return s.release(ctx, start, seq, keys, mine, false, token, keep)
 	}, overflow)
 }
 
 // RefreshShared moves token's place among key's holders to a lease that
-// lasts ttl from the call's start, after a read of its limit, as Refresh
-// does a key: only while it holds token and was set by a call of token
-// that started before this one. It returns an error wrapping
-// stores.ErrNotHeld, having changed nothing, when token does not hold key;
-// its other errors are Refresh's.
+// lasts ttl from the call's start, as Refresh does a key: only while it
+// holds token and was set by a call of token that started before this one.
+// It returns an error wrapping stores.ErrNotHeld, having changed nothing,
+// when token does not hold key; its other errors are Refresh's.
 func (s *Store) RefreshShared(ctx context.Context, key, token string, ttl time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckShared(ctx, key, 0); err != nil {
@@ -268,27 +241,5 @@ func (s *Store) RefreshShared(ctx context.Context, key, token string, ttl time.D
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	mine := sharedKey(holderKey(s.dir(key)), token)
-	limit, err := s.sharedLimit(ctx, mine, token)
-	if err != nil {
-		return fmt.Errorf("etcdstore: shared refresh %s: %w", stores.KeyForMessage(key), err)
-	}
-	return s.refresh(ctx, start, seq, []string{key}, []string{mine}, token, ttl, sharedValue(limit))
-}
-
-// sharedLimit reads the limit of token's shared holder key mine; an error
-// wrapping stores.ErrNotHeld when it does not hold token.
-func (s *Store) sharedLimit(ctx context.Context, mine, token string) (int, error) {
-	resp, err := s.kv.Txn(ctx).Then(clientv3.OpGet(mine)).Commit()
-	if err != nil {
-		return 0, s.failed("read", nil, err)
-	}
-	if len(resp.Responses) != 1 {
-		return 0, fmt.Errorf("%w: a read answered %d results", ErrUnexpectedReply, len(resp.Responses))
-	}
-	kvs := resp.Responses[0].GetResponseRange().GetKvs()
-	if len(kvs) == 0 || holderToken(kvs[0].Value) != token || holderLimit(kvs[0].Value) < 0 {
-		return 0, fmt.Errorf("%w: not held shared by the token", stores.ErrNotHeld)
-	}
-	return holderLimit(kvs[0].Value), nil
+	return s.refresh(ctx, start, seq, []string{key}, []string{sharedKey(holderKey(s.dir(key)), token)}, token, ttl)
 }
