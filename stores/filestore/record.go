@@ -65,8 +65,8 @@ import (
 // Store that maps such a file extends it to fileSize, which changes nothing
 // for a Store that maps the first 32 bytes only.
 const (
-	recordMagic   = "RQLK"
-	recordVersion = 1
+	recordMagic    = "RQLK"
+	recordVersion  = 1
 	recordSize     = 32
 	markSize       = 20
 	headerOffset   = recordSize + markSize
