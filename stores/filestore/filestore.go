@@ -46,8 +46,8 @@ var (
 	_ stores.WaitReporter = (*Store)(nil)
 )
 
-// Store is a stores.Store, stores.Notifier, stores.WaitReporter and
-// stores.Bounded on flock(2)ed files in one directory, shared by the
+// Store is a stores.Store, stores.Notifier, stores.WaitReporter,
+// stores.SharedStore and stores.Bounded on flock(2)ed files in one directory, shared by the
 // processes of one host; see the package documentation. It is safe for
 // concurrent use.
 type Store struct {
