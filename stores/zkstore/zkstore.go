@@ -22,8 +22,9 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// Store is a stores.Store, stores.Notifier and stores.FairStore on
-// ZooKeeper; see the package documentation. It is safe for concurrent use.
+// Store is a stores.Store, stores.Notifier, stores.FairStore and
+// stores.SharedStore on ZooKeeper; see the package documentation. It is
+// safe for concurrent use.
 // The zero value is not usable; call New or Open.
 type Store struct {
 	conn     *zk.Conn
