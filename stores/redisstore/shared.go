@@ -65,7 +65,7 @@ func (s *Store) AcquireShared(ctx context.Context, key, token string, limit int,
 		undo: undoShared, undoKeys: []string{key}, undoToken: token, ttl: ttl}
 	r, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, err
+		return stores.Grant{}, s.mapCrossSlot(err, []string{key}, true)
 	}
 	reply := r.Ints
 	switch {
@@ -127,7 +127,7 @@ func (s *Store) onPlace(ctx context.Context, what string, script *Script, key, t
 		r, err = s.run(ctx, script, keys, args...)
 	}
 	if err != nil {
-		return err
+		return s.mapCrossSlot(err, []string{key}, false)
 	}
 	switch {
 	case r.Ints != nil:
