@@ -51,3 +51,18 @@ end
 local function holders_type(k)
   return redis.call('TYPE', k).ok
 end
+
+-- own_place drops the expired places of lock key k (see prune_holders) and
+-- returns the server time in ms when token holds a place among its holders,
+-- else nil: ReleaseShared and RefreshShared act on that place alone.
+local function own_place(k, wk, token)
+  if holders_type(k) ~= 'zset' then
+    return nil
+  end
+  local now = math.floor(now_us() / 1000)
+  prune_holders(k, wk, now)
+  if not redis.call('ZSCORE', k, token) then
+    return nil
+  end
+  return now
+end

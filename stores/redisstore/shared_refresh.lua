@@ -3,12 +3,8 @@
 -- ttl ms.
 -- Returns 1 when the token held the key and its place now lasts ttl ms
 -- from now, else 0, having changed nothing but the places that had expired.
-if holders_type(KEYS[1]) ~= 'zset' then
-  return 0
-end
-local now = math.floor(now_us() / 1000)
-prune_holders(KEYS[1], KEYS[2], now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+local now = own_place(KEYS[1], KEYS[2], ARGV[1])
+if not now then
   return 0
 end
 redis.call('ZADD', KEYS[1], fmt(now + tonumber(ARGV[2])), ARGV[1])

@@ -5,12 +5,8 @@
 -- but the places that had expired. A freed place is published on the lock
 -- key's channel when a caller was refused the key (see signal_freed); with
 -- keep > 0 the place is held until keep ms from now instead.
-if holders_type(KEYS[1]) ~= 'zset' then
-  return 0
-end
-local now = math.floor(now_us() / 1000)
-prune_holders(KEYS[1], KEYS[2], now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+local now = own_place(KEYS[1], KEYS[2], ARGV[1])
+if not now then
   return 0
 end
 local keep = tonumber(ARGV[2])
