@@ -275,7 +275,7 @@ func TestCancelledFairAcquireLeavesNothing(t *testing.T) {
 			t.Fatal("the waiter is queued before Redis answered its attempt")
 		}
 		reply := e.thawAndReply(t)
-		if len(reply) != 3 || reply[0] != 0 || reply[2] != 1 {
+		if len(reply) != 4 || reply[0] != 0 || reply[2] != 1 {
 			t.Fatalf("the abandoned fair script answered %v, want a refusal queued behind one waiter", reply)
 		}
 		waitFor(t, signalWait, func() bool { return !queued(t, e, key, "t") },

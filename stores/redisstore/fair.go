@@ -55,8 +55,10 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		return stores.FairGrant{}, err
 	}
 	call := &scriptCall{store: s, script: fairAcquireScript,
-		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key), abandonKey(key, token)},
-		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit, stores.FenceStride},
+		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key), abandonKey(key, token),
+			writerMarkKey(key, token), writersKey(key)},
+		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit,
+			stores.FenceStride, writerWindowMS},
 		undo: undoFair, undoKeys: []string{key}, undoToken: token, ttl: ttl}
 	r, err := call.run(ctx)
 	if err != nil {
@@ -66,9 +68,9 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 	switch {
 	case len(reply) == 2 && reply[0] == 1:
 		return stores.FairGrant{Grant: stores.Grant{OK: true, Fences: reply[1:]}}, nil
-	case len(reply) == 3 && reply[0] == 0:
+	case len(reply) == 4 && reply[0] == 0:
 		return stores.FairGrant{
-			Grant: stores.Grant{Wait: holderTTL(reply[1])},
+			Grant: stores.Grant{Wait: holderTTL(reply[1]), SharedHeld: reply[3] == 1},
 			Ahead: int(reply[2]),
 		}, nil
 	}

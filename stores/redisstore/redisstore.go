@@ -47,8 +47,8 @@ var (
 
 	acquireScript       = newScript(withLib(acquireSrc))
 	acquireAllScript    = newScript(withLib(acquireAllSrc))
-	releaseScript       = newScript(releaseSrc)
-	releaseAllScript    = newScript(releaseAllSrc)
+	releaseScript       = newScript(withLib(releaseSrc))
+	releaseAllScript    = newScript(withLib(releaseAllSrc))
 	refreshScript       = newScript(refreshSrc)
 	refreshAllScript    = newScript(refreshAllSrc)
 	markAbandonedScript = newScript(markAbandonedSrc)
@@ -66,11 +66,12 @@ func allScripts() []*Script {
 		fairAcquireScript, fairLeaveScript,
 		acquireAllScript, releaseAllScript, refreshAllScript,
 		markAbandonedScript,
+		sharedAcquireScript, sharedReleaseScript, sharedRefreshScript,
 	}
 }
 
-// Store is a stores.Store on Redis, and a stores.Notifier and
-// stores.FairStore. It is safe
+// Store is a stores.Store on Redis, and a stores.Notifier,
+// stores.FairStore and stores.SharedStore. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub
 // connection and a goroutine until Close.
 type Store struct {
@@ -85,9 +86,10 @@ type Store struct {
 }
 
 var (
-	_ stores.Store     = (*Store)(nil)
-	_ stores.Notifier  = (*Store)(nil)
-	_ stores.FairStore = (*Store)(nil)
+	_ stores.Store       = (*Store)(nil)
+	_ stores.Notifier    = (*Store)(nil)
+	_ stores.FairStore   = (*Store)(nil)
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -163,15 +165,18 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]), abandonKey(keys[0], token)}
+	writerMark := func(key string) string { return writerMarkKey(key, token) }
+	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]),
+		abandonKey(keys[0], token), writerMark(keys[0]), writersKey(keys[0])}
 	if len(keys) > 1 {
 		if err := s.checkColocated(keys, true); err != nil {
 			return stores.Grant{}, err
 		}
-		script, scriptKeys = acquireAllScript, append(withSiblingKeys(keys, fenceKey, waitingKey), abandonKey(keys[0], token))
+		script, scriptKeys = acquireAllScript,
+			append(withSiblingKeys(keys, fenceKey, waitingKey, writerMark, writersKey), abandonKey(keys[0], token))
 	}
 	call := &scriptCall{store: s, script: script, keys: scriptKeys,
-		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride},
+		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride, writerWindowMS},
 		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
 	r, err := call.run(ctx)
 	if err != nil {
@@ -181,10 +186,10 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	switch {
 	case len(reply) == len(keys)+1 && reply[0] == 1:
 		return stores.Grant{OK: true, Fences: reply[1:]}, nil
-	case len(keys) == 1 && len(reply) == 2 && reply[0] == 0:
-		return stores.Grant{Wait: holderTTL(reply[1])}, nil
-	case len(keys) > 1 && len(reply) == 3 && reply[0] == 0 && reply[1] >= 0 && reply[1] < int64(len(keys)):
-		return stores.Grant{Held: int(reply[1]), Wait: holderTTL(reply[2])}, nil
+	case len(keys) == 1 && len(reply) == 3 && reply[0] == 0:
+		return stores.Grant{Wait: holderTTL(reply[1]), SharedHeld: reply[2] == 1}, nil
+	case len(keys) > 1 && len(reply) == 4 && reply[0] == 0 && reply[1] >= 0 && reply[1] < int64(len(keys)):
+		return stores.Grant{Held: int(reply[1]), Wait: holderTTL(reply[2]), SharedHeld: reply[3] == 1}, nil
 	}
 	return stores.Grant{}, fmt.Errorf("%w: acquire %q answered %v", ErrUnexpectedReply, keys, reply)
 }
@@ -211,7 +216,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
-		r, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0])}, token)
+		r, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0]), writerMarkKey(keys[0], token), writersKey(keys[0])}, token)
 		if err != nil {
 			return s.mapCrossSlot(err, keys, false)
 		}
@@ -230,7 +235,8 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if keep > 0 {
 		keepMS = milliseconds(keep)
 	}
-	r, err := s.run(ctx, releaseAllScript, withSiblingKeys(keys, waitingKey), token, keepMS)
+	writerMark := func(key string) string { return writerMarkKey(key, token) }
+	r, err := s.run(ctx, releaseAllScript, withSiblingKeys(keys, waitingKey, writerMark, writersKey), token, keepMS)
 	if err != nil {
 		return s.mapCrossSlot(err, keys, false)
 	}

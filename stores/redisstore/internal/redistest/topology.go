@@ -27,6 +27,7 @@ func Conformance[C any](t *testing.T, client C, newStore func(testing.TB, C) sto
 		New:    func(t *testing.T) stores.Store { return newStore(t, client) },
 		Notify: true,
 		Fair:   true,
+		Shared: true,
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
 			c, proxies := proxied(t)
 			return newStore(t, c), proxies
