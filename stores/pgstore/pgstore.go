@@ -33,7 +33,8 @@ const DefaultCallLimit = 5 * time.Second
 // by a schema, each of lower-case letters, digits and underscores.
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
 
-// Store is a stores.Store on PostgreSQL, and a stores.Notifier. It is safe
+// Store is a stores.Store on PostgreSQL, a stores.Notifier and a
+// stores.SharedStore. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a
 // listening connection and a goroutine until Close; while it owes the undo
 // of abandoned acquires, up to two goroutines more.
@@ -66,6 +67,8 @@ var (
 	_ stores.Store    = (*Store)(nil)
 	_ stores.Notifier = (*Store)(nil)
 	_ stores.Bounded  = (*Store)(nil)
+
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -151,7 +154,10 @@ func (s *Store) setup(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
-	if err := s.createTable(ctx); err != nil {
+	if err := s.createTable(ctx, s.table, s.q.create); err != nil {
+		return err
+	}
+	if err := s.createTable(ctx, holdersTable(s.table), s.q.createHolders); err != nil {
 		return err
 	}
 	var blockSize int
@@ -163,16 +169,17 @@ func (s *Store) setup(ctx context.Context) error {
 	return nil
 }
 
-// createTable creates the table unless it exists. Two sessions creating
-// the same table at once may collide in the catalogue (SQLSTATE 23505 or
-// 42P07) although both said IF NOT EXISTS; the loser finds it made.
-func (s *Store) createTable(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, s.q.create)
+// createTable creates a table, named table, with ddl unless it exists. Two
+// sessions creating the same table at once may collide in the catalogue
+// (SQLSTATE 23505 or 42P07) although both said IF NOT EXISTS; the loser
+// finds it made.
+func (s *Store) createTable(ctx context.Context, table, ddl string) error {
+	_, err := s.pool.Exec(ctx, ddl)
 	if err != nil && (sqlState(err) == "23505" || sqlState(err) == "42P07") {
-		_, err = s.pool.Exec(ctx, s.q.create)
+		_, err = s.pool.Exec(ctx, ddl)
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: creating table %s: %w", s.table, classify(err))
+		return fmt.Errorf("pgstore: creating table %s: %w", table, classify(err))
 	}
 	return nil
 }
@@ -268,27 +275,37 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		if a.sess, err = sessionOf(ctx, conn); err != nil {
 			return stores.Grant{}, err // the acquire not sent
 		}
-		var g stores.Grant
+		var (
+			g      stores.Grant
+			shared [][]byte // keys refused by holders
+		)
 		if len(keys) == 1 {
-			g, err = s.acquireOne(ctx, conn, bkeys[0], token, ttl)
+			g, shared, err = s.acquireOne(ctx, conn, bkeys[0], token, ttl)
 		} else {
-			g, err = s.acquireAll(ctx, conn, bkeys, token, ttl)
+			g, shared, err = s.acquireAll(ctx, conn, bkeys, token, ttl)
 		}
 		settled(a, err, conn.Conn().IsClosed())
+		if err == nil && len(shared) > 0 {
+			// A writer waits (see stores.WriterWindow). The record serves
+			// fairness alone: a failure to make it is not the call's.
+			_, _ = conn.Exec(ctx, s.q.writerWaits, shared)
+		}
 		return g, err
-	})
+	}, false)
 }
 
-// acquireOne is Acquire of one key on conn: one upsert.
-func (s *Store) acquireOne(ctx context.Context, conn *pgxpool.Conn, key []byte, token string, ttl time.Duration) (stores.Grant, error) {
-	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+// acquireOne is Acquire of one key on conn: one upsert. It returns the key
+// too when holders refused it (see shared.go).
+func (s *Store) acquireOne(ctx context.Context, conn *pgxpool.Conn, key []byte, token string, ttl time.Duration) (stores.Grant, [][]byte, error) {
+	var shared bool
+	g, err := retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
 		var (
 			granted   bool
 			fence     int64
 			remaining int64
 		)
 		err := conn.QueryRow(ctx, s.q.acquireOne, key, []byte(token), micros(ttl), int64(stores.FenceStride)).
-			Scan(&granted, &fence, &remaining)
+			Scan(&granted, &fence, &remaining, &shared)
 		if err != nil {
 			return stores.Grant{}, err
 		}
@@ -297,15 +314,22 @@ func (s *Store) acquireOne(ctx context.Context, conn *pgxpool.Conn, key []byte, 
 		}
 		return stores.Grant{Wait: waitOf(remaining)}, nil
 	})
+	if err == nil && !g.OK && shared {
+		return g, [][]byte{key}, nil
+	}
+	return g, nil, err
 }
 
 // acquireAll is Acquire of several keys on conn: three statements in one
 // implicit transaction and one round trip. The first locks every row in key
 // order (creating the missing ones) unless a key is seen held; the second
 // takes them all when none is held by another token; the third reads the
-// holders, for a refusal, and marks them watched.
-func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byte, token string, ttl time.Duration) (stores.Grant, error) {
-	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+// holders, for a refusal, and marks them watched. It returns too the keys
+// that holders refused it (see shared.go).
+func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byte, token string, ttl time.Duration) (stores.Grant, [][]byte, error) {
+	var shared [][]byte
+	g, err := retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+		shared = shared[:0]
 		batch := &pgx.Batch{}
 		batch.Queue(s.q.lockAll, keys, []byte(token))
 		batch.Queue(s.q.acquireAll, keys, []byte(token), micros(ttl), int64(stores.FenceStride))
@@ -338,9 +362,13 @@ func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byt
 			holder     []byte // the first key held by another token
 			holderLeft int64  // its remaining lease in microseconds
 		)
-		if _, err := pgx.ForEachRow(rows, []any{&key, &remaining}, func() error {
+		var marked bool
+		if _, err := pgx.ForEachRow(rows, []any{&key, &remaining, &marked}, func() error {
 			if holder == nil {
 				holder, holderLeft = bytes.Clone(key), remaining
+			}
+			if marked {
+				shared = append(shared, bytes.Clone(key))
 			}
 			return nil
 		}); err != nil {
@@ -369,6 +397,10 @@ func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byt
 		return stores.Grant{Held: slices.IndexFunc(keys, func(k []byte) bool { return bytes.Equal(k, holder) }),
 			Wait: waitOf(holderLeft)}, nil
 	})
+	if err != nil || g.OK {
+		return g, nil, err
+	}
+	return g, shared, nil
 }
 
 // Release ends token's grant on every key that still holds it, in one

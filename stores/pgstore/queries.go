@@ -3,9 +3,13 @@ package pgstore
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/reqlock/reqlock/internal/holders"
+	"github.com/reqlock/reqlock/stores"
 )
 
 // queries are the SQL of a Store, for its table.
@@ -21,6 +25,16 @@ type queries struct {
 	releaseKeep string
 	refreshOne  string
 	refreshAll  string
+
+	// The holders of keys held shared (see shared.go), in the holders
+	// table beside the lease table.
+	createHolders string
+	lockKey       string
+	sweepHolders  string
+	acquireShared string
+	releaseShared string
+	refreshShared string
+	writerWaits   string
 }
 
 // Fragments shared by the statements. $3 is a duration in microseconds.
@@ -50,8 +64,15 @@ func newQueries(table string) queries {
 	// judges it alike, since none reads the clock itself.
 	free := `(l.token IS NULL OR l.token = EXCLUDED.token OR
 	          l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')`
+	// isMarker is true of a token that is a marker: the key has holders
+	// (see shared.go); l is the lease row.
+	isMarker := `coalesce(substring(l.token FROM 1 FOR ` + strconv.Itoa(len(holders.MarkerPrefix)) + `) = ` +
+		byteaLiteral(holders.MarkerPrefix) + `, false)`
 	r := strings.NewReplacer("{t}", t, "{free}", free, "{nowMicros}", nowMicros,
-		"{remaining}", remainingMicros, "{clockNow}", clockNow, "{watch}", watchFor)
+		"{remaining}", remainingMicros, "{clockNow}", clockNow, "{watch}", watchFor,
+		"{h}", quoteTable(holdersTable(table)), "{isMarker}", isMarker,
+		"{writer}", byteaLiteral(holders.WriterDigest),
+		"{writerWindow}", strconv.FormatInt(stores.WriterWindow.Microseconds(), 10))
 	return queries{
 		create: r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
 			key        bytea PRIMARY KEY,
@@ -74,7 +95,7 @@ func newQueries(table string) queries {
 				fence      = CASE WHEN {free} THEN greatest(l.fence + $4::bigint, EXCLUDED.fence) ELSE l.fence END,
 				watched_until = CASE WHEN {free} THEN l.watched_until
 				                ELSE greatest(l.watched_until, clock_timestamp() + {watch}) END
-			RETURNING token = $2::bytea, fence, {remaining}`),
+			RETURNING token = $2::bytea, fence, {remaining}, {isMarker}`),
 
 		// Creates the missing rows and locks every row, in key order so
 		// that two calls never wait for each other in a cycle; unless a key
@@ -113,7 +134,7 @@ func newQueries(table string) queries {
 				ON CONFLICT (key) DO UPDATE SET watched_until = greatest(l.watched_until, clock_timestamp() + {watch})
 				WHERE l.token IS NOT NULL AND l.token <> $2::bytea AND l.expires_at > clock_timestamp()
 				RETURNING key, token, {remaining} AS remaining)
-			SELECT key, remaining FROM marked WHERE token IS NOT NULL ORDER BY key`),
+			SELECT key, remaining, {isMarker} FROM marked AS l WHERE token IS NOT NULL ORDER BY key`),
 
 		// Marks keys watched, creating missing rows, in key order.
 		watch: r.Replace(`
@@ -173,7 +194,161 @@ func newQueries(table string) queries {
 			  AND (SELECT count(*) FROM {t} AS h
 			       WHERE h.key = ANY($1::bytea[]) AND h.token = $2::bytea AND h.expires_at > now.ts)
 			      = cardinality($1::bytea[])`),
+
+		// The holders of a key held shared: a row each, named by the
+		// digests of the key and of the token (holders.Digest), and a
+		// waiting writer's record under holders.WriterDigest, whose fence
+		// is the lease row's when it was recorded: an exclusive grant,
+		// which moves the lease row's fence on, voids it.
+		createHolders: r.Replace(`CREATE TABLE IF NOT EXISTS {h} (
+			key_sum    bytea NOT NULL,
+			token_sum  bytea NOT NULL,
+			expires_at timestamptz NOT NULL,
+			fence      bigint NOT NULL,
+			PRIMARY KEY (key_sum, token_sum)
+		)`),
+
+		// Creates the key's lease row if missing, and locks it: every
+		// statement on a key's holders runs after it, in its transaction,
+		// so that they see and change the holders one call at a time.
+		lockKey: r.Replace(`
+			INSERT INTO {t} AS l (key, fence) VALUES ($1::bytea, 0)
+			ON CONFLICT (key) DO UPDATE SET fence = l.fence`),
+
+		// Deletes the key's expired holders and writer record, and
+		// notifies the key's waiters, when it is watched, of the places
+		// that freed. $1 key, $2 its digest, $3 the channel.
+		sweepHolders: r.Replace(`
+			WITH gone AS (
+				DELETE FROM {h} WHERE key_sum = $2::bytea AND expires_at <= clock_timestamp()
+				RETURNING token_sum)
+			SELECT pg_notify($3::text, encode(sha256(l.key), 'hex'))::text FROM {t} AS l
+			WHERE l.key = $1::bytea AND l.watched_until > clock_timestamp()
+			  AND EXISTS (SELECT 1 FROM gone WHERE token_sum <> {writer})`),
+
+		// Grants the token a place, or refuses it with the instant the
+		// refusal may end (see Store.AcquireShared), at one clock reading.
+		// On a grant it upserts the holder, keeps a waiting writer's record
+		// valid (a retry moves the fence on), and sets the lease row to
+		// the marker, the longest holder's expiry and the next fence; on a
+		// refusal it marks the key watched, as acquireOne does. $1 key,
+		// $2 its digest, $3 the token's digest, $4 ttl µs, $5 stride, $6
+		// limit, $7 the marker of limit.
+		acquireShared: r.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			k AS (SELECT l.token, l.expires_at, l.fence, {isMarker} AS marked FROM {t} AS l WHERE l.key = $1::bytea),
+			h AS (
+				SELECT count(*) FILTER (WHERE h.token_sum <> {writer}) AS n,
+				       coalesce(bool_or(h.token_sum = $3::bytea), false) AS mine,
+				       max(h.expires_at) FILTER (WHERE h.token_sum <> {writer} AND h.token_sum <> $3::bytea) AS others,
+				       min(h.expires_at) FILTER (WHERE h.token_sum <> {writer}) AS soonest,
+				       max(h.expires_at) FILTER (WHERE h.token_sum <> {writer}) AS longest,
+				       max(h.expires_at) FILTER (WHERE h.token_sum = {writer} AND h.fence = (SELECT fence FROM k)) AS writer
+				FROM {h} AS h, now WHERE h.key_sum = $2::bytea AND h.expires_at > now.ts),
+			d AS (
+				SELECT now.ts, h.others, greatest(k.fence + $5::bigint, {nowMicros}) AS next,
+				       now.ts + $4::bigint * interval '1 microsecond' AS until,
+				       CASE
+				         WHEN k.token IS NOT NULL AND k.expires_at > now.ts AND NOT k.marked THEN k.expires_at
+				         WHEN h.n > 0 AND k.token IS DISTINCT FROM $7::bytea THEN h.longest
+				         WHEN h.mine THEN NULL
+				         WHEN h.writer IS NOT NULL THEN h.writer
+				         WHEN $6::int > 0 AND h.n >= $6::int THEN h.soonest
+				       END AS refused_until
+				FROM k, h, now),
+			ins AS (
+				INSERT INTO {h} (key_sum, token_sum, expires_at, fence)
+				SELECT $2::bytea, $3::bytea, d.until, d.next FROM d WHERE d.refused_until IS NULL
+				ON CONFLICT (key_sum, token_sum) DO UPDATE SET expires_at = EXCLUDED.expires_at, fence = EXCLUDED.fence),
+			wr AS (
+				UPDATE {h} AS w SET fence = d.next FROM d
+				WHERE d.refused_until IS NULL AND w.key_sum = $2::bytea AND w.token_sum = {writer}
+				  AND w.fence = (SELECT fence FROM k)),
+			upd AS (
+				UPDATE {t} AS l SET
+					token      = CASE WHEN d.refused_until IS NULL THEN $7::bytea ELSE l.token END,
+					expires_at = CASE WHEN d.refused_until IS NULL THEN greatest(d.others, d.until) ELSE l.expires_at END,
+					fence      = CASE WHEN d.refused_until IS NULL THEN d.next ELSE l.fence END,
+					watched_until = CASE WHEN d.refused_until IS NULL THEN l.watched_until
+					                ELSE greatest(l.watched_until, clock_timestamp() + {watch}) END
+				FROM d WHERE l.key = $1::bytea
+				RETURNING l.fence)
+			SELECT d.refused_until IS NULL, (SELECT fence FROM upd),
+			       coalesce((extract(epoch FROM d.refused_until - d.ts) * 1000000)::bigint, 0)
+			FROM d`),
+
+		// Ends the token's place ($4 zero) or sets it to end $4 µs from now
+		// (a kept release), and sets the lease row to the longest place
+		// left, or frees it; a freed place notifies the key's waiters when
+		// it is watched. One row when the token held a place. $1 key, $2
+		// its digest, $3 the token's digest, $5 the channel.
+		releaseShared: r.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			me AS (SELECT 1 FROM {h} AS h, now WHERE h.key_sum = $2::bytea AND h.token_sum = $3::bytea
+			       AND h.token_sum <> {writer} AND h.expires_at > now.ts),
+			o AS (SELECT greatest(max(h.expires_at), CASE WHEN $4::bigint > 0 THEN now.ts + $4::bigint * interval '1 microsecond' END) AS until
+			      FROM now LEFT JOIN {h} AS h ON h.key_sum = $2::bytea AND h.token_sum <> $3::bytea
+			       AND h.token_sum <> {writer} AND h.expires_at > now.ts
+			      GROUP BY now.ts),
+			del AS (DELETE FROM {h} AS h WHERE $4::bigint = 0 AND h.key_sum = $2::bytea AND h.token_sum = $3::bytea
+			        AND EXISTS (SELECT 1 FROM me)),
+			kept AS (UPDATE {h} AS h SET expires_at = now.ts + $4::bigint * interval '1 microsecond' FROM now
+			         WHERE $4::bigint > 0 AND h.key_sum = $2::bytea AND h.token_sum = $3::bytea AND EXISTS (SELECT 1 FROM me)),
+			upd AS (
+				UPDATE {t} AS l SET token = CASE WHEN o.until IS NULL THEN NULL ELSE l.token END, expires_at = o.until
+				FROM o WHERE l.key = $1::bytea AND EXISTS (SELECT 1 FROM me)
+				RETURNING l.watched_until > clock_timestamp() AS watched)
+			SELECT CASE WHEN $4::bigint = 0 AND upd.watched THEN pg_notify($5::text, encode(sha256($1::bytea), 'hex'))::text END
+			FROM upd`),
+
+		// Sets the token's place to end $4 µs from now, and the lease row's
+		// expiry to the longest place's; one row when the token held a
+		// place. $1 key, $2 its digest, $3 the token's digest.
+		refreshShared: r.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			me AS (SELECT 1 FROM {h} AS h, now WHERE h.key_sum = $2::bytea AND h.token_sum = $3::bytea
+			       AND h.token_sum <> {writer} AND h.expires_at > now.ts),
+			o AS (SELECT greatest(max(h.expires_at), now.ts + $4::bigint * interval '1 microsecond') AS until
+			      FROM now LEFT JOIN {h} AS h ON h.key_sum = $2::bytea AND h.token_sum <> $3::bytea
+			       AND h.token_sum <> {writer} AND h.expires_at > now.ts
+			      GROUP BY now.ts),
+			mine AS (UPDATE {h} AS h SET expires_at = now.ts + $4::bigint * interval '1 microsecond' FROM now
+			         WHERE h.key_sum = $2::bytea AND h.token_sum = $3::bytea AND EXISTS (SELECT 1 FROM me))
+			UPDATE {t} AS l SET expires_at = o.until
+			FROM o WHERE l.key = $1::bytea AND EXISTS (SELECT 1 FROM me)`),
+
+		// Records a waiting writer on the keys of $1 that have holders
+		// (see stores.WriterWindow), with the fence of their lease rows.
+		writerWaits: r.Replace(`
+			INSERT INTO {h} (key_sum, token_sum, expires_at, fence)
+			SELECT sha256(l.key), {writer}, clock_timestamp() + {writerWindow} * interval '1 microsecond', l.fence
+			FROM {t} AS l WHERE l.key = ANY($1::bytea[]) AND {isMarker} AND l.expires_at > clock_timestamp()
+			ON CONFLICT (key_sum, token_sum) DO UPDATE SET expires_at = EXCLUDED.expires_at, fence = EXCLUDED.fence`),
 	}
+}
+
+// holdersTable names the holders table of table: table_holders, in the
+// same schema, or, when that name would pass the 63 bytes of an
+// identifier, reqlock_holders_ and a digest of table.
+func holdersTable(table string) string {
+	schema, name, qualified := strings.Cut(table, ".")
+	if !qualified {
+		schema, name = "", table
+	}
+	h := name + "_holders"
+	if len(h) > 63 {
+		sum := sha256.Sum256([]byte(name))
+		h = "reqlock_holders_" + hex.EncodeToString(sum[:16])
+	}
+	if qualified {
+		return schema + "." + h
+	}
+	return h
+}
+
+// byteaLiteral writes b as a bytea literal in hex form.
+func byteaLiteral(b string) string {
+	return `'\x` + hex.EncodeToString([]byte(b)) + `'::bytea`
 }
 
 // quoteTable quotes a table name, qualified or not, for SQL: quoting keeps
