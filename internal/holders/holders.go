@@ -14,7 +14,9 @@ package holders
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
+	"strings"
 )
 
 // MarkerPrefix starts every marker. A NUL byte first: no token a Locker
@@ -43,4 +45,24 @@ const WriterDigest = "\x00reqlock:writer"
 func Digest(s string) []byte {
 	sum := sha256.Sum256([]byte(s))
 	return sum[:]
+}
+
+// Table names the holders table of the lease table table, a name of at
+// most maxLen bytes, optionally qualified by a schema: table_holders in the
+// same schema or, when that is longer than maxLen, reqlock_holders_ and a
+// digest of the table's name.
+func Table(table string, maxLen int) string {
+	schema, name, qualified := strings.Cut(table, ".")
+	if !qualified {
+		name = table
+	}
+	h := name + "_holders"
+	if len(h) > maxLen {
+		sum := sha256.Sum256([]byte(name))
+		h = "reqlock_holders_" + hex.EncodeToString(sum[:16])
+	}
+	if qualified {
+		return schema + "." + h
+	}
+	return h
 }

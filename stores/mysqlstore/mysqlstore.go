@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/internal/storeargs"
+	"github.com/reqlock/reqlock/internal/holders"
 	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
 )
@@ -110,8 +111,9 @@ type Store struct {
 }
 
 var (
-	_ stores.Store   = (*Store)(nil)
-	_ stores.Bounded = (*Store)(nil)
+	_ stores.Store       = (*Store)(nil)
+	_ stores.Bounded     = (*Store)(nil)
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -228,7 +230,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
 		}
 	}
-	s.q = newQueries(quoteTable(s.table))
+	s.q = newQueries(quoteTable(s.table), quoteTable(holdersTable(s.table)))
 	s.undo = undoqueue.New(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
 		go s.purgeLoop()
@@ -327,6 +329,9 @@ func (s *Store) setup(ctx context.Context) error {
 		if _, err := s.db.ExecContext(ctx, ddl); err != nil {
 			return fmt.Errorf("mysqlstore: create table %s: %w", s.table, markUnreachable(err))
 		}
+		if _, err := s.db.ExecContext(ctx, s.q.createHolders); err != nil {
+			return fmt.Errorf("mysqlstore: create table %s: %w", holdersTable(s.table), markUnreachable(err))
+		}
 	}
 	if err := s.checkSchema(ctx); err != nil {
 		return err
@@ -417,20 +422,26 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	r, err := detached(s, ctx, op, func(r acquired, err error) {
 		// The caller left: undo in its stead what may have been granted.
 		if r.g.OK || r.a.unknown || r.a.maybe {
-			s.owe(keys, token, ttl, r.a)
+			s.owe(keys, token, ttl, r.a, false)
 		}
 	})
+	return s.acquiredOutcome(ctx, r, err, keys, token, ttl, false)
+}
+
+// acquiredOutcome returns the outcome of an acquire (an AcquireShared when
+// shared) to a caller that waited for it. No answer, or a lost connection:
+// the statement may still apply. The Store undoes it while the caller
+// waits, so that it cannot apply after the call returned; what is left goes
+// on in the background.
+func (s *Store) acquiredOutcome(ctx context.Context, r acquired, err error, keys []string, token string, ttl time.Duration, shared bool) (stores.Grant, error) {
 	if !r.a.unknown {
 		return r.g, err
 	}
-	// No answer, or a lost connection: the statement may still apply. The
-	// Store undoes it while the caller waits, so that it cannot apply after
-	// the call returned; what is left goes on in the background.
 	cause := fmt.Errorf("mysqlstore: connection lost with the outcome unknown: %w", err)
 	if r.limit {
 		cause = fmt.Errorf("mysqlstore: no answer within the call limit %v: %w", s.callLimit, context.DeadlineExceeded)
 	}
-	d := s.debtOf(keys, token, ttl, r.a)
+	d := s.debtOf(keys, token, ttl, r.a, shared)
 	if undoqueue.SettleNow(ctx, d, s.settle, s.undoLimit()) {
 		return stores.Grant{}, fmt.Errorf("%w: %w; the store ended the session that carried it and released the keys", stores.ErrAbandoned, cause)
 	}
@@ -548,6 +559,9 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64, a 
 	switch {
 	case id > 0 && id < refusedFlag:
 		return stores.Grant{OK: true, Fences: []int64{id}}, nil
+	case id >= refusedFlag+sharedFlag:
+		s.writerWaits(ctx, key) // refused by holders
+		return stores.Grant{Wait: remaining(id - refusedFlag - sharedFlag)}, nil
 	case id > refusedFlag:
 		return stores.Grant{Wait: remaining(id - refusedFlag)}, nil
 	}
@@ -598,11 +612,15 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 	if _, err := insert.exec(ctx, tx, values...); err != nil {
 		return stores.Grant{}, err
 	}
-	fences, held, wait, err := readRows(ctx, tx, read, keys, token)
+	fences, held, wait, shared, err := readRows(ctx, tx, read, keys, token)
 	if err != nil {
 		return stores.Grant{}, err
 	}
 	if held >= 0 {
+		if shared {
+			_ = tx.Rollback()
+			s.writerWaits(ctx, keys[held]) // refused by holders
+		}
 		return stores.Grant{Held: held, Wait: remaining(wait)}, nil // rolled back
 	}
 	if c.left() {
@@ -631,15 +649,20 @@ func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stor
 		return stores.Grant{OK: true}, rows.Err()
 	}
 	var (
-		key  string
-		left int64
+		key    string
+		left   int64
+		shared bool
 	)
-	if err := rows.Scan(&key, &left); err != nil {
+	if err := rows.Scan(&key, &left, &shared); err != nil {
 		return stores.Grant{}, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 	}
 	i := slices.Index(keys, key)
 	if i < 0 {
 		return stores.Grant{}, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
+	}
+	if shared {
+		rows.Close()
+		s.writerWaits(ctx, key) // refused by holders
 	}
 	return stores.Grant{Held: i, Wait: remaining(left)}, nil
 }
@@ -647,11 +670,11 @@ func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stor
 // readRows reads the rows of keys within tx with read, selectManySQL: each
 // one's fence and, when a row holds another token, the index of the first
 // such and its remaining TTL in microseconds (held is -1 when every row
-// holds token).
-func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token string) (fences []int64, held int, wait int64, err error) {
+// holds token), and whether holders hold it (see shared.go).
+func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token string) (fences []int64, held int, wait int64, shared bool, err error) {
 	rows, err := read.rows(ctx, tx, anys(keys)...)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, false, err
 	}
 	defer rows.Close()
 	fences = make([]int64, len(keys))
@@ -663,24 +686,24 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 			fence, left int64
 		)
 		if err := rows.Scan(&key, &holder, &fence, &left); err != nil {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
+			return nil, 0, 0, false, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 		}
 		if i >= len(keys) || key != keys[i] {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
+			return nil, 0, 0, false, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
 		}
 		if holder != token && held < 0 {
-			held, wait = i, left
+			held, wait, shared = i, left, holders.IsMarker([]byte(holder))
 		}
 		fences[i] = fence
 		i++
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, false, err
 	}
 	if i != len(keys) {
-		return nil, 0, 0, fmt.Errorf("%w: acquire %s read %d rows", ErrUnexpectedReply, keysForMessage(keys), i)
+		return nil, 0, 0, false, fmt.Errorf("%w: acquire %s read %d rows", ErrUnexpectedReply, keysForMessage(keys), i)
 	}
-	return fences, held, wait, nil
+	return fences, held, wait, shared, nil
 }
 
 // Release ends token's grant on every key that holds it, in one statement

@@ -327,24 +327,8 @@ func newQueries(table string) queries {
 	}
 }
 
-// holdersTable names the holders table of table: table_holders, in the
-// same schema, or, when that name would pass the 63 bytes of an
-// identifier, reqlock_holders_ and a digest of table.
-func holdersTable(table string) string {
-	schema, name, qualified := strings.Cut(table, ".")
-	if !qualified {
-		schema, name = "", table
-	}
-	h := name + "_holders"
-	if len(h) > 63 {
-		sum := sha256.Sum256([]byte(name))
-		h = "reqlock_holders_" + hex.EncodeToString(sum[:16])
-	}
-	if qualified {
-		return schema + "." + h
-	}
-	return h
-}
+// holdersTable names the holders table of table (see holders.Table).
+func holdersTable(table string) string { return holders.Table(table, 63) }
 
 // byteaLiteral writes b as a bytea literal in hex form.
 func byteaLiteral(b string) string {
