@@ -15,8 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/internal/holders"
+	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
 )
@@ -589,21 +589,11 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	p, err := s.pin(ctx)
+	p, tx, done, err := s.beginPinned(ctx)
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	defer p.conn.Close()
-	tx, err := p.conn.BeginTx(ctx, nil)
-	if err != nil {
-		return stores.Grant{}, err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
+	defer done()
 	values := make([]any, 0, 3*len(keys)+5)
 	for _, k := range keys {
 		values = append(values, k, token, ttl)
@@ -631,8 +621,24 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 		a.sess, a.unknown = p.session, true
 		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %s (outcome unknown): %w", keysForMessage(keys), err)
 	}
-	committed = true
 	return stores.Grant{OK: true, Fences: fences}, nil
+}
+
+// beginPinned pins a connection (see pin) and begins a transaction on it;
+// done rolls the transaction back unless it committed, and gives the
+// connection back.
+func (s *Store) beginPinned(ctx context.Context) (p pinned, tx *sql.Tx, done func(), err error) {
+	if p, err = s.pin(ctx); err != nil {
+		return pinned{}, nil, nil, err
+	}
+	if tx, err = p.conn.BeginTx(ctx, nil); err != nil {
+		_ = p.conn.Close()
+		return pinned{}, nil, nil, err
+	}
+	return p, tx, func() {
+		_ = tx.Rollback() // sql.ErrTxDone after a commit
+		_ = p.conn.Close()
+	}, nil
 }
 
 // findHeld looks, without locking, for a key held by another token, and

@@ -85,22 +85,58 @@ func (s *Store) acquireShared(ctx context.Context, c *call[acquired], key, token
 	return g, err
 }
 
-// keyHolders is what a transaction read of a key's unexpired holders.
+// sharedStmts are the statements of AcquireShared, prepared (see prepare)
+// before its transaction takes its connection.
+type sharedStmts struct {
+	lockKey, selectKey, selectHolders, sweepHolders stmt
+	grantKey, upsertHolder, keepWriter              stmt
+}
+
+// prepareShared prepares the statements of AcquireShared.
+func (s *Store) prepareShared(ctx context.Context) (sharedStmts, error) {
+	var (
+		st  sharedStmts
+		err error
+	)
+	for _, p := range []struct {
+		st    *stmt
+		query string
+	}{
+		{&st.lockKey, s.q.lockKey}, {&st.selectKey, s.q.selectKey}, {&st.selectHolders, s.q.selectHolders},
+		{&st.sweepHolders, s.q.sweepHolders}, {&st.grantKey, s.q.grantKey}, {&st.upsertHolder, s.q.upsertHolder},
+		{&st.keepWriter, s.q.keepWriter},
+	} {
+		if *p.st, err = s.prepare(ctx, p.query); err != nil {
+			return sharedStmts{}, err
+		}
+	}
+	return st, nil
+}
+
+// keyHolders is what an acquire read of a key's holders.
 type keyHolders struct {
-	n                         int   // holders
-	mine                      bool  // the caller's token is one
-	others                    int64 // the longest remaining µs of the others
-	soonest, longest          int64 // remaining µs among all
-	writer                    int64 // the waiting writer's remaining µs, or 0
-	writerWanted              int64 // 1 when a valid writer's record was read
-	expired                   bool  // an expired holder or record was read
+	n                int   // holders
+	mine             bool  // the caller's token is one
+	others           int64 // the longest remaining µs of the others
+	soonest, longest int64 // remaining µs among all
+	writer           int64 // the waiting writer's remaining µs, or 0
+	writerValid      bool  // a waiting writer's record was read
+	expired          bool  // an expired holder or record was read
 }
 
 // acquireSharedTx is one attempt of acquireShared.
 func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, token string, limit int, ttl int64, a *attempt) (stores.Grant, error) {
 	// A look without locking first: under contention most attempts are
 	// refused, and those then hold no row lock and hold up no one.
-	peek, err := s.readKey(ctx, s.db, key, token)
+	peekKey, err := s.prepare(ctx, s.q.peekKey)
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	st, err := s.prepareShared(ctx)
+	if err != nil {
+		return stores.Grant{}, err
+	}
+	peek, err := readKey(ctx, s.dbx, peekKey, st.selectHolders, key, token)
 	switch {
 	case err != nil:
 		return stores.Grant{}, err
@@ -110,32 +146,22 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	if g, refused := decide(peek, limit); refused {
 		return g, nil
 	}
-	p, err := s.pin(ctx)
+	p, tx, done, err := s.beginPinned(ctx)
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	defer p.conn.Close()
-	tx, err := p.conn.BeginTx(ctx, nil)
-	if err != nil {
-		return stores.Grant{}, err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
+	defer done()
 	if !peek.found {
-		if _, err := tx.ExecContext(ctx, s.q.lockKey, key); err != nil {
+		if _, err := st.lockKey.exec(ctx, tx, key); err != nil {
 			return stores.Grant{}, err
 		}
 	}
-	k, err := s.readKey(ctx, tx, key, token)
+	k, err := readKey(ctx, tx, st.selectKey, st.selectHolders, key, token)
 	if err == nil && !k.found { // purged since the look: create it
-		if _, err := tx.ExecContext(ctx, s.q.lockKey, key); err != nil {
+		if _, err := st.lockKey.exec(ctx, tx, key); err != nil {
 			return stores.Grant{}, err
 		}
-		k, err = s.readKey(ctx, tx, key, token)
+		k, err = readKey(ctx, tx, st.selectKey, st.selectHolders, key, token)
 	}
 	switch {
 	case err != nil:
@@ -151,11 +177,11 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 		return g, nil
 	}
 	if h.expired {
-		if _, err := tx.ExecContext(ctx, s.q.sweepHolders, ksum); err != nil {
+		if _, err := st.sweepHolders.exec(ctx, tx, ksum); err != nil {
 			return stores.Grant{}, err
 		}
 	}
-	res, err := tx.ExecContext(ctx, s.q.grantKey, marker, max(ttl, h.others), key)
+	res, err := st.grantKey.exec(ctx, tx, marker, max(ttl, h.others), key)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -163,11 +189,11 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	if err != nil || next <= fence {
 		return stores.Grant{}, fmt.Errorf("%w: shared acquire of %s answered fence %d after %d: %v", ErrUnexpectedReply, stores.KeyForMessage(key), next, fence, err)
 	}
-	if _, err := tx.ExecContext(ctx, s.q.upsertHolder, ksum, tsum, ttl, next, ttl, next); err != nil {
+	if _, err := st.upsertHolder.exec(ctx, tx, ksum, tsum, ttl, next, ttl, next); err != nil {
 		return stores.Grant{}, err
 	}
-	if h.writerWanted != 0 {
-		if _, err := tx.ExecContext(ctx, s.q.keepWriter, next, ksum, fence); err != nil {
+	if h.writerValid {
+		if _, err := st.keepWriter.exec(ctx, tx, next, ksum, fence); err != nil {
 			return stores.Grant{}, err
 		}
 	}
@@ -178,14 +204,7 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 		a.sess, a.unknown = p.session, true
 		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the shared grant of %s (outcome unknown): %w", stores.KeyForMessage(key), err)
 	}
-	committed = true
 	return stores.Grant{OK: true, Fences: []int64{next}}, nil
-}
-
-// querier runs a query: a *sql.DB or a *sql.Tx.
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // keyState is what an acquire read of a key: its lease row and holders.
@@ -198,20 +217,16 @@ type keyState struct {
 	h          keyHolders
 }
 
-// readKey reads key's lease row (locking it, in a transaction that locked
-// it already; selectKeySQL's FOR UPDATE) and its unexpired holders, for the
-// caller with token. A missing row reads as free.
-func (s *Store) readKey(ctx context.Context, q querier, key, token string) (keyState, error) {
+// readKey reads key's lease row on e with row (peekKeySQL, or
+// selectKeySQL in a transaction, which locks it) and its holders with
+// holdersOf, for the caller with token. A missing row reads as free.
+func readKey(ctx context.Context, e execer, row, holdersOf stmt, key, token string) (keyState, error) {
 	k := keyState{ksum: holders.Digest(key), tsum: holders.Digest(token)}
 	var (
 		live, marked bool
 		left         int64
 	)
-	query := s.q.selectKey
-	if _, ok := q.(*sql.DB); ok {
-		query = s.q.peekKey
-	}
-	switch err := q.QueryRowContext(ctx, query, key).Scan(&live, &marked, &k.holder, &left, &k.fence); {
+	switch err := scanOne(ctx, e, row, []any{key}, &live, &marked, &k.holder, &left, &k.fence); {
 	case errors.Is(err, sql.ErrNoRows):
 		return k, nil
 	case err != nil:
@@ -223,8 +238,28 @@ func (s *Store) readKey(ctx context.Context, q querier, key, token string) (keyS
 		return k, nil
 	}
 	var err error
-	k.h, err = readHolders(ctx, q, s.q.selectHolders, k.ksum, k.tsum, k.fence)
+	k.h, err = readHolders(ctx, e, holdersOf, k.ksum, k.tsum, k.fence)
 	return k, err
+}
+
+// scanOne runs st with args on e and scans its first row into dest; it
+// returns sql.ErrNoRows when there is none.
+func scanOne(ctx context.Context, e execer, st stmt, args []any, dest ...any) error {
+	rows, err := st.rows(ctx, e, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
+	}
+	return rows.Close()
 }
 
 // decide returns the refusal of an acquire under limit of a key read as k,
@@ -244,10 +279,10 @@ func decide(k keyState, limit int) (stores.Grant, bool) {
 }
 
 // readHolders reads the unexpired holders of the key whose digest is ksum,
-// for the caller whose token's digest is tsum, in tx; fence is the lease
+// for the caller whose token's digest is tsum, on e with st; fence is the lease
 // row's, which a waiting writer's record must bear to count.
-func readHolders(ctx context.Context, tx querier, query string, ksum, tsum []byte, fence int64) (keyHolders, error) {
-	rows, err := tx.QueryContext(ctx, query, ksum)
+func readHolders(ctx context.Context, e execer, st stmt, ksum, tsum []byte, fence int64) (keyHolders, error) {
+	rows, err := st.rows(ctx, e, ksum)
 	if err != nil {
 		return keyHolders{}, err
 	}
@@ -266,7 +301,7 @@ func readHolders(ctx context.Context, tx querier, query string, ksum, tsum []byt
 			h.expired = true
 		case string(sum) == holders.WriterDigest:
 			if fnce == fence {
-				h.writer, h.writerWanted = max(left, 1), 1
+				h.writer, h.writerValid = max(left, 1), true
 			}
 		default:
 			h.n++
@@ -346,25 +381,28 @@ func (s *Store) onHolder(ctx context.Context, left func() bool, what, key, query
 	if err := s.setup(ctx); err != nil {
 		return err
 	}
+	var sts [3]stmt
+	for i, q := range []string{s.q.lockRow, query, s.q.settleKey} {
+		var err error
+		if sts[i], err = s.prepare(ctx, q); err != nil {
+			return err
+		}
+	}
+	lockRow, change, settleKey := sts[0], sts[1], sts[2]
 	return s.retry(ctx, left, func() error {
 		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
-		committed := false
-		defer func() {
-			if !committed {
-				_ = tx.Rollback()
-			}
-		}()
+		defer func() { _ = tx.Rollback() }() // sql.ErrTxDone after a commit
 		var one int
-		switch err := tx.QueryRowContext(ctx, s.q.lockRow, key).Scan(&one); {
+		switch err := scanOne(ctx, tx, lockRow, []any{key}, &one); {
 		case errors.Is(err, sql.ErrNoRows):
 			return fmt.Errorf("%w: mysqlstore: %s of %s: the token holds no place", stores.ErrNotHeld, what, stores.KeyForMessage(key))
 		case err != nil:
 			return err
 		}
-		res, err := tx.ExecContext(ctx, query, vals...)
+		res, err := change.exec(ctx, tx, vals...)
 		if err != nil {
 			return err
 		}
@@ -374,14 +412,10 @@ func (s *Store) onHolder(ctx context.Context, left func() bool, what, key, query
 			}
 			return fmt.Errorf("%w: mysqlstore: %s of %s: the token holds no place", stores.ErrNotHeld, what, stores.KeyForMessage(key))
 		}
-		if _, err := tx.ExecContext(ctx, s.q.settleKey, holders.Digest(key), key); err != nil {
+		if _, err := settleKey.exec(ctx, tx, holders.Digest(key), key); err != nil {
 			return err
 		}
-		if err := tx.Commit(); err != nil {
-			return err
-		}
-		committed = true
-		return nil
+		return tx.Commit()
 	})
 }
 

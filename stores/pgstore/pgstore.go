@@ -516,19 +516,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 			tag, err := s.pool.Exec(ctx, s.q.refreshOne, bkeys, []byte(token), micros(ttl))
 			return tag.RowsAffected(), err
 		}
-		batch := &pgx.Batch{}
-		batch.Queue(s.q.lockHeld, bkeys)
-		batch.Queue(s.q.refreshAll, bkeys, []byte(token), micros(ttl))
-		res := s.pool.SendBatch(ctx, batch)
-		defer res.Close()
-		if _, err := res.Exec(); err != nil {
-			return 0, err
-		}
-		tag, err := res.Exec()
-		if err != nil {
-			return 0, err
-		}
-		return tag.RowsAffected(), res.Close()
+		return s.lockedExec(ctx, bkeys, s.q.refreshAll, bkeys, []byte(token), micros(ttl))
 	})
 	if err != nil {
 		return endedErr(ctx, err)
@@ -540,6 +528,25 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		return fmt.Errorf("%w: pgstore: %d keys, from %s (none refreshed)", stores.ErrNotHeld, len(keys), stores.KeyForMessage(keys[0]))
 	}
 	return fmt.Errorf("%w: refresh of %d keys changed %d", ErrUnexpectedReply, len(keys), refreshed)
+}
+
+// lockedExec runs query with vals after lockHeld of keys, in one round trip
+// and implicit transaction, and returns the rows query affected (or
+// returned).
+func (s *Store) lockedExec(ctx context.Context, keys [][]byte, query string, vals ...any) (int64, error) {
+	batch := &pgx.Batch{}
+	batch.Queue(s.q.lockHeld, keys)
+	batch.Queue(query, vals...)
+	res := s.pool.SendBatch(ctx, batch)
+	defer res.Close()
+	if _, err := res.Exec(); err != nil {
+		return 0, err
+	}
+	tag, err := res.Exec()
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), res.Close()
 }
 
 // byteKeys returns keys as bytea values: a key may hold any bytes.

@@ -160,19 +160,7 @@ func (s *Store) RefreshShared(ctx context.Context, key, token string, ttl time.D
 // when it found no place of the token.
 func (s *Store) onHolder(ctx context.Context, what, key, query string, vals ...any) error {
 	n, err := retrying(ctx, func(ctx context.Context) (int64, error) {
-		batch := &pgx.Batch{}
-		batch.Queue(s.q.lockHeld, [][]byte{[]byte(key)})
-		batch.Queue(query, vals...)
-		res := s.pool.SendBatch(ctx, batch)
-		defer res.Close()
-		if _, err := res.Exec(); err != nil {
-			return 0, err
-		}
-		tag, err := res.Exec()
-		if err != nil {
-			return 0, err
-		}
-		return tag.RowsAffected(), res.Close()
+		return s.lockedExec(ctx, [][]byte{[]byte(key)}, query, vals...)
 	})
 	if err != nil {
 		return endedErr(ctx, err)

@@ -30,6 +30,9 @@ var faultTests = []subtest{
 	{name: "StaleHolder/PausedPastTTL", needs: needProxy, run: testStalePausedPastTTL},
 	{name: "StaleHolder/PausedPastMaxTTL", needs: needProxy, run: testStalePausedPastMaxTTL},
 	{name: "LateRefreshDoesNotShorten", needs: needProxy, run: testLateRefreshDoesNotShorten},
+	{name: "AbandonedShared/ReplyLost", needs: needProxy | needShared, run: testAbandonedSharedReplyLost},
+	{name: "AbandonedShared/ReplyLate", needs: needProxy | needShared, run: testAbandonedSharedReplyLate},
+	{name: "StaleSharedHolder/PausedPastTTL", needs: needProxy | needShared, run: testStaleSharedPaused},
 	{name: "RefreshRacingRelease", run: testRefreshRacingRelease},
 	{name: "CancelledRefreshThenRelease", run: testCancelledRefreshThenRelease},
 }
