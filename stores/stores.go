@@ -67,22 +67,27 @@
 // rules of the shared ones.
 //
 // Holders. A key is free, held exclusively (by a plain Acquire or
-// AcquireFair) or held shared: by one or more holders, all under one limit.
-// AcquireShared adds token as a holder, for at least ttl, in one atomic
-// step, only when the key is not held exclusively, its holders (if any)
-// were granted under the same limit, fewer than limit hold it (limit 0: any
-// number), and no writer waits (see below). Otherwise it changes nothing and
-// returns a Grant with OK false, Held 0 and Wait the time until the refusal
-// may end: the exclusive holder's remaining TTL, the soonest expiry of a
-// holder of a full key, the writer's remaining window, or the longest
-// remaining TTL of holders of another limit. A token that already holds the
-// key is granted again with a fresh fence and TTL, whatever the count and
-// the writer (a retry after a lost reply, as in Acquire); it still counts
-// once.
+// AcquireFair) or held shared, by one or more holders, each admitted under
+// its own limit. AcquireShared adds token as a holder, for at least ttl, in
+// one atomic step, only when the key is not held exclusively, fewer than
+// the caller's limit hold it (limit 0: any number), whatever limits they
+// were admitted under, and no writer waits (see below). Otherwise it
+// changes nothing and returns a Grant with OK false, Held 0 and Wait the
+// time until the refusal may end: the exclusive holder's remaining TTL,
+// the soonest expiry among the holders of a key that has limit or more,
+// or the longest remaining window among the waiting writers. A token that
+// already holds the key is granted again with a fresh fence and TTL,
+// whatever the count, its limit and the writers (a retry after a lost
+// reply, as in Acquire); it still counts once.
 //
 // Never more than limit. At no instant, as seen by every caller of the
-// store, do more than limit unexpired holders hold a key, under any
-// interleaving of calls, retries, expiries and faults.
+// store, do more unexpired holders hold a key than the largest limit among
+// them (none when one of them holds it under limit 0): each holder got in
+// while fewer than its own limit held the key, under any interleaving of
+// calls, retries, expiries and faults. So when every caller of a key uses
+// one limit N, never more than N hold it; while callers change their limit
+// (a rolling change), a caller under a larger limit gets in without
+// waiting for the key to drain.
 //
 // Exclusion. While a key has a holder, it reads as held to Acquire and
 // AcquireFair of every token: they are refused, with Wait the longest
@@ -91,13 +96,20 @@
 // and so do ReleaseShared and RefreshShared of an exclusive holder's token:
 // each kind of grant is let go and renewed by its own operations.
 //
-// Writer preference. An Acquire or AcquireFair refused a key because it
-// had holders records a waiting writer on the key for WriterWindow from the
-// refusal (each such refusal renews it), until an exclusive grant of the
-// key. While it stands, AcquireShared refuses tokens that do not hold the
-// key yet, so that the holders drain and the writer gets the key; a writer
-// that stops trying frees the key's new holders within WriterWindow. A
-// refusal by an exclusive holder records nothing.
+// Writer preference. An Acquire or AcquireFair of a token refused a key
+// because it had holders records that token as a waiting writer on the key,
+// a record of its own that lasts WriterWindow from the token's last such
+// refusal, and sets Grant.SharedHeld. While an unexpired writer record of
+// any token stands on a key, AcquireShared refuses tokens that do not hold
+// the key yet, so that the holders drain and the writers get the key. A
+// record ends at an exclusive grant of the key to its token (the records of
+// other tokens stay), at its expiry, and when its writer withdraws it: a
+// Release of the key by a token that has a writer record on it but does not
+// hold it removes the record, and still returns an error wrapping
+// ErrNotHeld (the token holds nothing). A refusal by an exclusive holder
+// records nothing. The Locker withdraws the record of a writer that stops
+// trying (its wait ended, a try-once refused, a cancellation), so that new
+// holders come in at once rather than after WriterWindow.
 //
 // Expiry per holder. Each holder keeps its place for its own TTL: a holder
 // that dies frees its place when its TTL has passed, whatever the TTLs of
@@ -183,7 +195,8 @@ type Store interface {
 	// keep positive, leaves the key held until keep has passed and
 	// signals nothing (a hold-at-least release). It returns an error
 	// wrapping ErrNotHeld when some key did not hold token, after ending
-	// the grant on the others.
+	// the grant on the others. On a SharedStore it also withdraws token's
+	// waiting-writer record on each key (see the package documentation).
 	Release(ctx context.Context, keys []string, token string, keep time.Duration) error
 
 	// Refresh resets the TTL of every key to ttl when each still holds
@@ -212,6 +225,13 @@ type Grant struct {
 	// the lease of the waiter ahead; zero when unknown. Waiters cap their
 	// sleep by it.
 	Wait time.Duration
+
+	// SharedHeld is, when an Acquire or AcquireFair of a SharedStore is
+	// refused, whether the refusal was by holders of a shared key, so that
+	// the store recorded the caller as a waiting writer (see the package
+	// documentation): the Locker then withdraws the record, with Release,
+	// when its wait ends without a grant. Other stores leave it false.
+	SharedHeld bool
 }
 
 // Notifier is implemented by stores that signal releases, so that a waiter
@@ -281,8 +301,8 @@ type FairGrant struct {
 }
 
 // WriterWindow is how long a refusal of an exclusive Acquire by a key's
-// shared holders keeps new holders out of the key (see the package
-// documentation). A waiting writer retries within it: the Locker caps the
+// shared holders keeps new holders out of the key, unless its token is
+// granted the key or withdraws (see the package documentation). A waiting writer retries within it: the Locker caps the
 // sleeps of its exclusive waiters on a SharedStore at half of it.
 const WriterWindow = time.Second
 
@@ -291,8 +311,8 @@ const WriterWindow = time.Second
 // documentation for the rules every method keeps.
 type SharedStore interface {
 	// AcquireShared makes token a holder of key for at least ttl when the
-	// key is not held exclusively, its holders were granted under limit,
-	// fewer than limit (limit 0: any number) hold it, and no writer waits;
+	// key is not held exclusively, fewer than limit (limit 0: any number)
+	// hold it under whatever limits, and no writer waits;
 	// otherwise it changes nothing and returns a Grant with OK false. A
 	// granted Grant has one fence.
 	AcquireShared(ctx context.Context, key, token string, limit int, ttl time.Duration) (Grant, error)

@@ -33,7 +33,8 @@
 //
 // Store implements stores.SharedStore: a key held shared keeps its holders
 // beside the exclusive locks, one heap entry each, so each expires at its
-// own TTL; a writer refused by holders is an entry of its own that expires
-// after stores.WriterWindow. Exclusive and shared grants draw their fences
-// from the one counter.
+// own TTL; a writer refused by holders is an entry of its own per token,
+// which expires stores.WriterWindow after its last refusal and ends at the
+// token's exclusive grant or its Release. Exclusive and shared grants draw
+// their fences from the one counter.
 package memstore

@@ -48,15 +48,18 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		q.waiters[i].deadline = now.Add(lease) // heartbeat before the drop
 	}
 	dropped := q.dropExpired(now)
-	var holderWait time.Duration
+	var (
+		grant      stores.FairGrant
+		holderWait time.Duration
+	)
 	e, held := s.heldByOther(key, token)
 	if held {
 		holderWait = e.expiresAt.Sub(now)
 	} else {
-		holderWait, held = s.sharedHeld(now, key)
+		holderWait, held = s.sharedHeld(now, key, token)
+		grant.SharedHeld = held
 	}
 	pos := q.index(token)
-	var grant stores.FairGrant
 	switch {
 	case !held && s.entries[key] != nil:
 		// A retry of this token's own grant (see heldByOther): grant it

@@ -28,8 +28,8 @@ type Store struct {
 
 	fair map[string]*fairQueue // fair-mode queues by key; see fair.go
 
-	shared  map[string]*sharedKey // keys held shared; see shared.go
-	writers map[string]*entry     // writers refused by holders, by key
+	shared  map[string]*sharedKey        // keys held shared; see shared.go
+	writers map[string]map[string]*entry // writers refused by holders, by key and token
 }
 
 // args checks the arguments of Store's methods; its errors start "memstore:".
@@ -78,8 +78,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		if e, held := s.heldByOther(key, token); held {
 			return stores.Grant{Held: i, Wait: e.expiresAt.Sub(now)}, nil
 		}
-		if wait, held := s.sharedHeld(now, key); held {
-			return stores.Grant{Held: i, Wait: wait}, nil
+		if wait, held := s.sharedHeld(now, key, token); held {
+			return stores.Grant{Held: i, Wait: wait, SharedHeld: true}, nil
 		}
 	}
 	fences := make([]int64, len(keys))
@@ -103,11 +103,11 @@ func (s *Store) heldByOther(key, token string) (*entry, bool) {
 }
 
 // grantLocked sets key, free or already holding token, to token for ttl,
-// ends the wait of a writer recorded on it, and returns its fence: the
+// ends token's wait as a writer recorded on it, and returns its fence: the
 // shared counter, moved on by stores.FenceStride. The caller holds s.mu and
 // has swept expired locks and checked that key has no shared holders.
 func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration) int64 {
-	s.writerGranted(key)
+	s.dropWriter(key, token, false)
 	if e, ok := s.entries[key]; ok {
 		e.expiresAt = now.Add(ttl)
 		heap.Fix(&s.expiry, e.index)
@@ -123,9 +123,11 @@ func (s *Store) grantLocked(now time.Time, key, token string, ttl time.Duration)
 // the store's mutex. With keep zero or negative it deletes the key and
 // signals its release subscribers (see NotifyRelease); with keep positive it
 // sets the key's TTL to keep instead and signals nothing, since the key stays
-// held (its expiry then signals, as every expiry does). It returns an error
-// wrapping stores.ErrNotHeld, naming the keys, when some keys were absent,
-// expired or held another token, after ending the grant on the others.
+// held (its expiry then signals, as every expiry does). It also withdraws
+// token's waiting-writer record on each key (see stores.SharedStore). It
+// returns an error wrapping stores.ErrNotHeld, naming the keys, when some
+// keys were absent, expired or held another token, after ending the grant
+// on the others.
 //
 // It returns ctx.Err() without acting when ctx has ended, and an error
 // wrapping stores.ErrInvalid for no keys or an empty, duplicate or unsorted
@@ -152,6 +154,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // whether key held token; when it did not, nothing changes. The caller holds
 // s.mu and has swept expired locks.
 func (s *Store) releaseLocked(now time.Time, key, token string, keep time.Duration) bool {
+	s.dropWriter(key, token, true)
 	e, ok := s.entries[key]
 	if !ok || e.token != token {
 		return false
@@ -231,7 +234,7 @@ func (s *Store) sweep(now time.Time) {
 		case holder:
 			s.dropHolder(e)
 		case writerWait:
-			delete(s.writers, e.key)
+			s.forgetWriter(e)
 		}
 	}
 	if c := cap(s.expiry); c > minCompact && len(s.expiry) < c/4 {

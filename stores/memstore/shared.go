@@ -16,11 +16,10 @@ const (
 	writerWait              // a writer refused by holders, in Store.writers
 )
 
-// sharedKey is the holders of one key held shared, all granted under one
-// limit (0: any number). A key has one only while somebody holds it; it is
-// guarded by Store.mu.
+// sharedKey is the holders of one key held shared, each admitted under its
+// own limit. A key has one only while somebody holds it; it is guarded by
+// Store.mu.
 type sharedKey struct {
-	limit   int
 	holders map[string]*entry // by token
 }
 
@@ -47,9 +46,9 @@ func (k *sharedKey) soonest(now time.Time) time.Duration {
 // AcquireShared makes token a holder of key for ttl, as stores.SharedStore
 // describes, under one hold of the store's mutex, and issues it the next
 // fence of the counter exclusive grants share. A refusal's Wait is the
-// exclusive holder's remaining TTL, the waiting writer's remaining window,
-// the soonest expiry among the holders of a full key, or the longest among
-// holders of another limit.
+// exclusive holder's remaining TTL, the longest remaining window among the
+// waiting writers, or the soonest expiry among the holders of a key that
+// has limit holders or more.
 //
 // It returns ctx.Err() without acting when ctx has ended, and an error
 // wrapping stores.ErrInvalid for an empty key, a negative limit or a
@@ -68,24 +67,25 @@ func (s *Store) AcquireShared(ctx context.Context, key, token string, limit int,
 	}
 	k := s.shared[key]
 	if k != nil {
-		if e, ok := k.holders[token]; ok && k.limit == limit {
+		if e, ok := k.holders[token]; ok {
 			// A retry of this token's own grant: granted again.
 			e.expiresAt = now.Add(ttl)
 			heap.Fix(&s.expiry, e.index)
 			return stores.Grant{OK: true, Fences: []int64{s.nextFence()}}, nil
 		}
-		if k.limit != limit {
-			return stores.Grant{Wait: k.longest(now)}, nil
-		}
 	}
-	if w, ok := s.writers[key]; ok {
-		return stores.Grant{Wait: w.expiresAt.Sub(now)}, nil
+	if ws := s.writers[key]; len(ws) > 0 {
+		var wait time.Duration
+		for _, w := range ws {
+			wait = max(wait, w.expiresAt.Sub(now))
+		}
+		return stores.Grant{Wait: wait}, nil
 	}
 	if k != nil && limit > 0 && len(k.holders) >= limit {
 		return stores.Grant{Wait: k.soonest(now)}, nil
 	}
 	if k == nil {
-		k = &sharedKey{limit: limit, holders: make(map[string]*entry, 1)}
+		k = &sharedKey{holders: make(map[string]*entry, 1)}
 		if s.shared == nil {
 			s.shared = make(map[string]*sharedKey)
 		}
@@ -178,35 +178,59 @@ func (s *Store) dropHolder(e *entry) {
 }
 
 // sharedHeld reports whether key has holders, and if so the longest
-// remaining TTL among them; it then records a waiting writer on key for
-// stores.WriterWindow (see stores.SharedStore): the caller is an exclusive
-// acquire refused by them. The caller holds s.mu and has swept.
-func (s *Store) sharedHeld(now time.Time, key string) (time.Duration, bool) {
+// remaining TTL among them; it then records token as a waiting writer on
+// key for stores.WriterWindow (see stores.SharedStore): the caller is an
+// exclusive acquire of token refused by them. The caller holds s.mu and
+// has swept.
+func (s *Store) sharedHeld(now time.Time, key, token string) (time.Duration, bool) {
 	k := s.shared[key]
 	if k == nil {
 		return 0, false
 	}
 	until := now.Add(stores.WriterWindow)
-	if w, ok := s.writers[key]; ok {
+	if w, ok := s.writers[key][token]; ok {
 		w.expiresAt = until
 		heap.Fix(&s.expiry, w.index)
 	} else {
-		w := &entry{key: key, expiresAt: until, kind: writerWait}
+		w := &entry{key: key, token: token, expiresAt: until, kind: writerWait}
 		if s.writers == nil {
-			s.writers = make(map[string]*entry)
+			s.writers = make(map[string]map[string]*entry)
 		}
-		s.writers[key] = w
+		if s.writers[key] == nil {
+			s.writers[key] = make(map[string]*entry, 1)
+		}
+		s.writers[key][token] = w
 		heap.Push(&s.expiry, w)
 	}
 	return k.longest(now), true
 }
 
-// writerGranted drops key's waiting writer, if any: an exclusive grant
-// ends the wait. The caller holds s.mu.
-func (s *Store) writerGranted(key string) {
-	if w, ok := s.writers[key]; ok {
-		delete(s.writers, key)
-		heap.Remove(&s.expiry, w.index)
+// dropWriter ends token's waiting-writer record on key, if any, and
+// reports whether there was one: an exclusive grant of token ends its
+// wait, and so does its withdrawal (Release). When the last writer of key
+// withdraws, key's release subscribers are signalled, so refused readers
+// come in at once. The caller holds s.mu.
+func (s *Store) dropWriter(key, token string, withdrawn bool) bool {
+	ws := s.writers[key]
+	w, ok := ws[token]
+	if !ok {
+		return false
+	}
+	heap.Remove(&s.expiry, w.index)
+	s.forgetWriter(w)
+	if withdrawn && s.writers[key] == nil {
+		s.signal(key)
+	}
+	return true
+}
+
+// forgetWriter takes w, a writer record already out of the expiry heap, off
+// its key's writers. The caller holds s.mu.
+func (s *Store) forgetWriter(w *entry) {
+	ws := s.writers[w.key]
+	delete(ws, w.token)
+	if len(ws) == 0 {
+		delete(s.writers, w.key)
 	}
 }
 

@@ -24,11 +24,12 @@ var sharedTests = []subtest{
 	{name: "WriterExcludes", needs: needShared, run: testWriterExcludes},
 	{name: "WriterPreference", needs: needShared, run: testWriterPreference},
 	{name: "WriterWindowLapses", needs: needShared, run: testWriterWindowLapses},
+	{name: "WriterWithdraws", needs: needShared, run: testWriterWithdraws},
+	{name: "WritersEachRecorded", needs: needShared, run: testWritersEachRecorded},
 	{name: "WriterNotStarved", needs: needShared, run: testWriterNotStarved},
 	{name: "OwnerChecks", needs: needShared, run: testSharedOwnerChecks},
 	{name: "Fences", needs: needShared, run: testSharedFences},
 	{name: "Retry", needs: needShared, run: testSharedRetry},
-	{name: "OtherLimitRefused", needs: needShared, run: testOtherLimitRefused},
 	{name: "Refresh", needs: needShared, run: testSharedRefresh},
 	{name: "Keep", needs: needShared, run: testSharedKeep},
 	{name: "Notify", needs: needShared | needNotify, run: testSharedNotify},
@@ -43,6 +44,7 @@ var limitedTests = []subtest{
 	{name: "PerHolderExpiry", needs: needShared, run: testLimitPerHolderExpiry},
 	{name: "StaleHolder", needs: needShared, run: testLimitStaleHolder},
 	{name: "RetryCountsOnce", needs: needShared, run: testLimitRetryCountsOnce},
+	{name: "OwnLimit", needs: needShared, run: testLimitOwnLimit},
 }
 
 // acquireShared calls AcquireShared and checks the shape of its grant.
@@ -129,14 +131,16 @@ func testWriterExcluded(t *testing.T, e *env) {
 	e.mustShare(t, k, "r1", 0, e.short)
 	e.mustShare(t, k, "r2", 0, e.long)
 	g := e.acquire(t, []string{k}, "w", e.long)
-	if g.OK || g.Held != 0 || !e.waitIn(g.Wait, e.short, e.long) {
-		t.Fatalf("Acquire of a key with readers: %+v, want refused with Wait in (%v, %v] (the longest reader's)", g, e.short, e.long)
+	if g.OK || g.Held != 0 || !g.SharedHeld || !e.waitIn(g.Wait, e.short, e.long) {
+		t.Fatalf("Acquire of a key with readers: %+v, want refused with SharedHeld and Wait in (%v, %v] (the longest reader's)", g, e.short, e.long)
 	}
 	if e.f != nil {
 		fg, err := e.f.AcquireFair(t.Context(), k, "wf", e.long, 0)
-		if err != nil || fg.OK {
-			t.Fatalf("AcquireFair of a key with readers: %+v, %v, want refused", fg, err)
+		if err != nil || fg.OK || !fg.SharedHeld {
+			t.Fatalf("AcquireFair of a key with readers: %+v, %v, want refused with SharedHeld", fg, err)
 		}
+		// wf's record stands too: withdraw it.
+		expectNotHeld(t, e.s.Release(t.Context(), []string{k}, "wf", 0), "Release of a waiting fair writer")
 	}
 	e.mustUnshare(t, k, "r2")
 	if g := e.acquire(t, []string{k}, "w", e.long); g.OK {
@@ -152,6 +156,9 @@ func testWriterExcluded(t *testing.T, e *env) {
 func testWriterExcludes(t *testing.T, e *env) {
 	k := e.key("k")
 	e.mustAcquire(t, []string{k}, "w", e.short)
+	if g := e.acquire(t, []string{k}, "w2", e.long); g.OK || g.SharedHeld {
+		t.Fatalf("Acquire of a written key: %+v, want refused without SharedHeld", g)
+	}
 	for _, limit := range []int{0, 1, 3} {
 		g := e.refuseShare(t, k, "r", limit, e.short, "a reader of a written key")
 		if g.Held != 0 {
@@ -203,6 +210,65 @@ func testWriterWindowLapses(t *testing.T, e *env) {
 	}
 	e.mustUnshare(t, k, "r1")
 	e.mustUnshare(t, k, "r2")
+}
+
+// testWriterWithdraws: a Release by a writer refused by readers, which
+// holds nothing, answers ErrNotHeld and withdraws its record: new readers
+// come in at once, not after stores.WriterWindow.
+func testWriterWithdraws(t *testing.T, e *env) {
+	k := e.key("k")
+	e.mustShare(t, k, "r1", 0, e.long)
+	if g := e.acquire(t, []string{k}, "w", e.long); g.OK || !g.SharedHeld {
+		t.Fatalf("Acquire over a reader: %+v, want refused with SharedHeld", g)
+	}
+	e.refuseShare(t, k, "r2", 0, stores.WriterWindow, "a new reader while a writer waits")
+	withdrawn := time.Now()
+	expectNotHeld(t, e.s.Release(t.Context(), []string{k}, "w", 0), "Release by a waiting writer")
+	e.mustShare(t, k, "r2", 0, e.long)
+	if took := time.Since(withdrawn); took >= stores.WriterWindow/2 {
+		t.Fatalf("a new reader got in %v after the writer withdrew, want at once", took)
+	}
+	// The reader the writer met still holds: the withdrawal touched no
+	// holder.
+	if err := e.sh.RefreshShared(t.Context(), k, "r1", e.long); err != nil {
+		t.Fatalf("RefreshShared of the reader after the writer withdrew: %v", err)
+	}
+	e.mustUnshare(t, k, "r1")
+	e.mustUnshare(t, k, "r2")
+}
+
+// testWritersEachRecorded: each refused writer has a record of its own. One
+// writer's withdrawal, or grant, leaves the other's standing: new readers
+// stay out until every writer has been granted or withdrawn.
+func testWritersEachRecorded(t *testing.T, e *env) {
+	k := e.key("k")
+	e.mustShare(t, k, "r1", 0, e.long)
+	for _, w := range []string{"w1", "w2"} {
+		if g := e.acquire(t, []string{k}, w, e.long); g.OK || !g.SharedHeld {
+			t.Fatalf("Acquire of %s over a reader: %+v, want refused with SharedHeld", w, g)
+		}
+	}
+	expectNotHeld(t, e.s.Release(t.Context(), []string{k}, "w1", 0), "Release by waiting writer w1")
+	e.refuseShare(t, k, "r2", 0, stores.WriterWindow, "a new reader while w2 still waits")
+	expectNotHeld(t, e.s.Release(t.Context(), []string{k}, "w2", 0), "Release by waiting writer w2")
+	e.mustShare(t, k, "r2", 0, e.long) // no writer waits now
+
+	// w1 and w2 wait again; w1 is granted once the readers leave, and w2's
+	// record still keeps new readers out.
+	for _, w := range []string{"w1", "w2"} {
+		if g := e.acquire(t, []string{k}, w, e.long); g.OK {
+			t.Fatalf("Acquire of %s granted over readers", w)
+		}
+	}
+	e.mustUnshare(t, k, "r1")
+	e.mustUnshare(t, k, "r2")
+	e.mustAcquire(t, []string{k}, "w1", e.long)
+	e.mustRelease(t, []string{k}, "w1")
+	e.refuseShare(t, k, "r3", 0, stores.WriterWindow, "a new reader after w1's grant while w2 waits")
+	e.mustAcquire(t, []string{k}, "w2", e.long)
+	e.mustRelease(t, []string{k}, "w2")
+	e.mustShare(t, k, "r3", 0, e.long) // both writers had the key
+	e.mustUnshare(t, k, "r3")
 }
 
 // sharedRun is how long the concurrent subtests run their holders.
@@ -372,19 +438,6 @@ func testSharedRetry(t *testing.T, e *env) {
 	expectNotHeld(t, e.sh.ReleaseShared(t.Context(), k, "r", 0), "a second release after a retry: the retry counts once")
 	e.mustAcquire(t, []string{k}, "w", e.long)
 	e.mustRelease(t, []string{k}, "w")
-}
-
-// testOtherLimitRefused: holders of a key share one limit; an acquire under
-// another is refused until they have all left.
-func testOtherLimitRefused(t *testing.T, e *env) {
-	k := e.key("k")
-	e.mustShare(t, k, "r", 0, e.short)
-	e.refuseShare(t, k, "l", 2, e.short, "a limit of 2 on a key with readers")
-	e.mustUnshare(t, k, "r")
-	e.mustShare(t, k, "l", 2, e.short)
-	e.refuseShare(t, k, "r", 0, e.short, "a reader on a key with a limit of 2")
-	e.refuseShare(t, k, "l3", 3, e.short, "a limit of 3 on a key with a limit of 2")
-	e.mustUnshare(t, k, "l")
 }
 
 // testSharedRefresh: RefreshShared renews one holder's TTL alone.
@@ -820,4 +873,33 @@ func testStaleSharedPaused(t *testing.T, e *env) {
 	}
 	e.refuseShare(t, k, "other", 1, e.long, "the new holder's place after the stale one's calls")
 	e.mustUnshare(t, k, "t2")
+}
+
+// testLimitOwnLimit: a caller is admitted while fewer than its own limit
+// hold the key, whatever limits they were admitted under: a rolling change
+// of a limit neither locks the new callers out nor lets the old ones past
+// their own limit; a reader (limit 0) is admitted at any count.
+func testLimitOwnLimit(t *testing.T, e *env) {
+	k := e.key("k")
+	for _, h := range []string{"a", "b", "c"} {
+		e.mustShare(t, k, h, 3, e.long)
+	}
+	e.refuseShare(t, k, "old", 3, e.long, "a fourth holder under a limit of 3")
+	e.mustShare(t, k, "new", 4, e.long) // 3 hold it: fewer than 4
+	e.refuseShare(t, k, "new2", 4, e.long, "a fifth holder under a limit of 4")
+	e.refuseShare(t, k, "small", 2, e.long, "a holder under a limit of 2 with 4 in")
+	e.mustUnshare(t, k, "a")
+	e.mustUnshare(t, k, "b")
+	// c and new hold it.
+	e.refuseShare(t, k, "small", 2, e.long, "a holder under a limit of 2 with 2 in")
+	e.mustShare(t, k, "old", 3, e.long)
+	e.refuseShare(t, k, "old2", 3, e.long, "a fourth holder under a limit of 3 again")
+	// A reader is admitted at any count, and counts.
+	e.mustShare(t, k, "reader", 0, e.long)
+	e.refuseShare(t, k, "new2", 4, e.long, "a holder under a limit of 4 with 4 in, a reader among them")
+	for _, h := range []string{"c", "new", "old", "reader"} {
+		e.mustUnshare(t, k, h)
+	}
+	e.mustShare(t, k, "small", 1, e.long) // the key drained
+	e.mustUnshare(t, k, "small")
 }

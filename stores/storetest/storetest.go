@@ -39,12 +39,14 @@
 //
 // A store that declares Shared (stores.SharedStore) runs the Shared group
 // (readers together, a writer excluded and excluding, writer preference and
-// its window, a writer not starved by overlapping readers, owner checks, one
-// fence sequence, retries, keep, signals, bounds, an abandoned acquire) and
-// the Limit group (a full key, a limit never exceeded by 16 goroutines with
-// holders that die and a writer, per-holder expiry, a stale holder that
-// cannot touch its successor's place). An exclusive probe of a shared key
-// records a waiting writer, so these subtests probe with AcquireShared.
+// its window, a waiting writer's withdrawal by Release, one record per
+// waiting writer, a writer not starved by overlapping readers, owner checks,
+// one fence sequence, retries, keep, signals, bounds, an abandoned acquire)
+// and the Limit group (a full key, a limit never exceeded by 16 goroutines
+// with holders that die and a writer, per-holder expiry, a stale holder that
+// cannot touch its successor's place, a retry counted once, each caller
+// admitted under its own limit). An exclusive probe of a shared key records
+// a waiting writer, so these subtests probe with AcquireShared.
 //
 // # Faults
 //
