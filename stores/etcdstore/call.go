@@ -115,9 +115,11 @@ const maxBackgroundReleases = 16
 // is idempotent and owner-checked, so it may land after its caller left:
 // it goes on until etcd answers it, so that a key whose holder's release
 // was caught by a leader change is free as soon as the new leader answers,
-// and not only at its TTL. Up to maxBackgroundReleases go on at once;
-// beyond, op is cancelled as its caller leaves, and unless it was settled
-// meanwhile, overflow (when not nil) hands it to the undo queue.
+// and not only at its TTL. Up to maxBackgroundReleases go on at once, each
+// for up to the request timeout; beyond that number, op is cancelled as
+// its caller leaves. Either way, unless op was settled meanwhile, overflow
+// (when not nil) hands it to the undo queue, which sends it until etcd
+// answers.
 func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(context.Context) error, overflow func()) error {
 	s.lifeMu.RLock()
 	if s.closed {
@@ -143,6 +145,9 @@ func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(co
 			return
 		}
 		s.backgroundReleases.Add(-1)
+		if overflow != nil && !releaseSettled(err) {
+			overflow() // etcd answered none in time: the undo queue goes on
+		}
 	}()
 	select {
 	case err := <-done:
@@ -153,8 +158,8 @@ func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(co
 		s.backgroundReleases.Add(-1)
 		cancel()
 		err := <-done // at once: op ends with opCtx
-		if err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) || errors.Is(err, ErrClosed) {
-			return err // settled
+		if releaseSettled(err) {
+			return err
 		}
 		if overflow == nil {
 			return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered, and %d releases go on already: it was given up: %w",
@@ -169,6 +174,13 @@ func (s *Store) goOn(ctx context.Context, what string, keys []string, op func(co
 		return <-done // it returned as ctx ended
 	}
 	return fmt.Errorf("etcdstore: %s %s: the caller left before etcd answered; it goes on for up to %v: %w", what, keysForMessage(keys), s.timeout, ctx.Err())
+}
+
+// releaseSettled reports whether a release that ended with err needs no
+// more sending: it landed, found nothing to release, was refused, or the
+// Store closed.
+func releaseSettled(err error) bool {
+	return err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) || errors.Is(err, ErrClosed)
 }
 
 // failed wraps the error of a request about keys with the package prefix,

@@ -492,9 +492,10 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // Bounds, and ctx.Err() without acting when ctx has ended. While etcd does
 // not answer, the transaction is sent again (see "Leader changes" in the
 // package documentation); when ctx ends first, Release returns an error
-// wrapping ctx.Err(), its outcome unknown, and goes on until etcd answers
-// or the request timeout has passed (beyond 16 such releases at once, one
-// without keep goes to the undo queue, and one with a keep is given up).
+// wrapping ctx.Err(), its outcome unknown, and goes on for up to the
+// request timeout; one without keep then goes to the undo queue, which
+// sends it until etcd answers (at once beyond 16 such releases), and one
+// with a keep is given up.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {

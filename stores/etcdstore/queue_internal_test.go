@@ -238,8 +238,58 @@ func TestAbandonedReleasesDuringPartitionAreBounded(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
+			left, _ := c.Get(ctx, s.prefix, clientv3.WithPrefix())
+			for _, kv := range left.Kvs {
+				t.Logf("left: %s = %q lease %x", kv.Key, kv.Value, kv.Lease)
+			}
 			t.Fatalf("%d keys left 10s after the partition healed", resp.Count)
 		}
 		time.Sleep(20 * time.Millisecond) // polling etcd
+	}
+}
+
+// TestBackgroundReleaseOutlivingItsTimeoutIsUndone: a release whose caller
+// left goes on in the background for the request timeout; a partition
+// longer than that used to end it unanswered, and its key stayed held
+// until its TTL. It now goes to the undo queue, and the key is free soon
+// after etcd answers again.
+func TestBackgroundReleaseOutlivingItsTimeoutIsUndone(t *testing.T) {
+	const timeout = time.Second
+	s, p, _ := proxiedInternalStore(t, timeout)
+	ctx := t.Context()
+	const n = 4 // below maxBackgroundReleases: each goes on in the background
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+		if g, err := s.Acquire(ctx, keys[i:i+1], "tok", time.Minute); err != nil || !g.OK {
+			t.Fatalf("Acquire: %+v, %v", g, err)
+		}
+	}
+	p.Blackhole(faultproxy.Both)
+	for i := range keys {
+		rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		err := s.Release(rctx, keys[i:i+1], "tok", 0)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Release during the partition: %v (want the outcome unknown)", err)
+		}
+	}
+	// The partition outlasts the background releases' request timeout.
+	deadline := time.Now().Add(10 * time.Second)
+	for s.PendingUndos() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d undos pending %v after the partition began: the background releases that etcd never answered were given up", s.PendingUndos(), 10*time.Second)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the queue
+	}
+	p.Heal()
+	waitUndone(t, s, 20*time.Second)
+	c := newTestClient(t, "http://"+p.Upstream())
+	resp, err := c.Get(ctx, s.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != 0 {
+		t.Fatalf("%d keys still held once the undo queue was empty (their TTL is a minute)", resp.Count)
 	}
 }
