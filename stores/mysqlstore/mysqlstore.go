@@ -94,6 +94,7 @@ type Store struct {
 	attempts  int                     // contentionAttempts, or fewer in tests
 	sessions  sessionCache            // of the connections the Store pinned
 	undo      *undoqueue.Queue[*debt] // the undo of acquires whose callers left
+	writers   holders.Writers         // the waiting-writer records it made; see shared.go
 
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
@@ -488,6 +489,9 @@ func (s *Store) acquire(ctx context.Context, c *call[acquired], keys []string, t
 		// soon.
 		return stores.Grant{Held: 0, Wait: contentionWait}, nil
 	}
+	if err == nil && g.OK {
+		s.withdraw(ctx, keys, token) // the wait, if any, ended
+	}
 	return g, err
 }
 
@@ -560,8 +564,8 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64, a 
 	case id > 0 && id < refusedFlag:
 		return stores.Grant{OK: true, Fences: []int64{id}}, nil
 	case id >= refusedFlag+sharedFlag:
-		s.writerWaits(ctx, key) // refused by holders
-		return stores.Grant{Wait: remaining(id - refusedFlag - sharedFlag)}, nil
+		s.writerRefused(ctx, key, token)
+		return stores.Grant{Wait: remaining(id - refusedFlag - sharedFlag), SharedHeld: true}, nil
 	case id > refusedFlag:
 		return stores.Grant{Wait: remaining(id - refusedFlag)}, nil
 	}
@@ -609,9 +613,9 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 	if held >= 0 {
 		if shared {
 			_ = tx.Rollback()
-			s.writerWaits(ctx, keys[held]) // refused by holders
+			s.writerRefused(ctx, keys[held], token)
 		}
-		return stores.Grant{Held: held, Wait: remaining(wait)}, nil // rolled back
+		return stores.Grant{Held: held, Wait: remaining(wait), SharedHeld: shared}, nil // rolled back
 	}
 	if c.left() {
 		return stores.Grant{}, errLeft // rolled back: nothing to undo
@@ -668,9 +672,9 @@ func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stor
 	}
 	if shared {
 		rows.Close()
-		s.writerWaits(ctx, key) // refused by holders
+		s.writerRefused(ctx, key, token)
 	}
-	return stores.Grant{Held: i, Wait: remaining(left)}, nil
+	return stores.Grant{Held: i, Wait: remaining(left), SharedHeld: shared}, nil
 }
 
 // readRows reads the rows of keys within tx with read, selectManySQL: each
@@ -739,6 +743,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	// A release is owed whether or not its caller waits: it tries again
 	// after a loss to contention when its caller has left too.
 	_, err := detached(s, ctx, func(ctx context.Context, _ *call[struct{}]) (struct{}, error) {
+		s.withdraw(ctx, keys, token)
 		return struct{}{}, markUnreachable(s.release(ctx, nil, keys, token, keep))
 	}, nil)
 	return err

@@ -158,70 +158,69 @@ WHERE lock_key IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND
 
 // The SQL of shared grants (see shared.go). {holders} stands for the quoted
 // holders table, {isMarker} for a test of the lease row's token against
-// holders.MarkerPrefix, {writer} for holders.WriterDigest and {window} for
+// holders.Marker, {marker} for holders.Marker and {window} for
 // stores.WriterWindow in microseconds. Every statement on a key's holders
 // runs in a transaction that has locked the key's lease row first
-// (lockKeySQL, or selectKeySQL on a key that must exist).
+// (lockKeySQL, selectKeySQL or lockRowSQL); the records of waiting writers
+// (writer = 1) are written without it.
 const (
 	// lockKeySQL inserts the key's lease row, free, unless it exists, and
 	// locks it. Arguments: key.
 	lockKeySQL = `INSERT INTO {table} (lock_key, token, expires_at, fence)
-VALUES (?, {writer}, {released}, 0)
+VALUES (?, {marker}, {released}, 0)
 ON DUPLICATE KEY UPDATE fence = fence`
 
 	// selectKeySQL reads the locked lease row: whether it is held, and by
 	// holders, its remaining TTL in microseconds and its fence. Arguments:
 	// key.
-	selectKeySQL = `SELECT expires_at > {now}, {isMarker}, token, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence
+	selectKeySQL = `SELECT expires_at > {now}, {isMarker}, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence
 FROM {table} WHERE lock_key = ? FOR UPDATE`
+
+	// peekKeySQL is selectKeySQL without locking.
+	peekKeySQL = `SELECT expires_at > {now}, {isMarker}, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence
+FROM {table} WHERE lock_key = ?`
 
 	// lockRowSQL locks a key's lease row, when it exists. Arguments: key.
 	lockRowSQL = `SELECT 1 FROM {table} WHERE lock_key = ? FOR UPDATE`
 
-	// peekKeySQL is selectKeySQL without locking.
-	peekKeySQL = `SELECT expires_at > {now}, {isMarker}, token, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence
-FROM {table} WHERE lock_key = ?`
-
-	// selectHoldersSQL reads the key's holders and writer's record: each
-	// one's token digest, remaining TTL in microseconds (zero or less once
-	// expired) and fence. Arguments: key digest.
-	selectHoldersSQL = `SELECT token_sum, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence
+	// selectHoldersSQL reads the key's holders and writer records: each
+	// one's kind, token digest and remaining TTL in microseconds (zero or
+	// less once expired). Arguments: key digest.
+	selectHoldersSQL = `SELECT writer, token_sum, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at)
 FROM {holders} WHERE key_sum = ?`
 
-	// sweepHoldersSQL deletes the key's expired holders and writer's
-	// record. Arguments: key digest.
+	// sweepHoldersSQL deletes the key's expired holders and writer
+	// records. Arguments: key digest.
 	sweepHoldersSQL = `DELETE FROM {holders} WHERE key_sum = ? AND expires_at <= {now}`
 
 	// grantKeySQL sets the lease row of a key granted to a holder: the
 	// marker, the longest expiry of its holders (the new one's ttl, or the
 	// remaining TTL of another, in microseconds) and the next fence, in
-	// LAST_INSERT_ID. Arguments: marker, µs, key.
-	grantKeySQL = `UPDATE {table} SET token = ?, expires_at = {now} + INTERVAL ? MICROSECOND,
+	// LAST_INSERT_ID. Arguments: µs, key.
+	grantKeySQL = `UPDATE {table} SET token = {marker}, expires_at = {now} + INTERVAL ? MICROSECOND,
   fence = LAST_INSERT_ID(GREATEST(fence + {stride}, {micros}))
 WHERE lock_key = ?`
 
 	// upsertHolderSQL sets a holder's place. Arguments: key digest, token
-	// digest, ttl µs, fence, ttl µs, fence.
-	upsertHolderSQL = `INSERT INTO {holders} (key_sum, token_sum, expires_at, fence)
-VALUES (?, ?, {now} + INTERVAL ? MICROSECOND, ?)
-ON DUPLICATE KEY UPDATE expires_at = {now} + INTERVAL ? MICROSECOND, fence = ?`
+	// digest, ttl µs, ttl µs.
+	upsertHolderSQL = `INSERT INTO {holders} (key_sum, writer, token_sum, expires_at)
+VALUES (?, 0, ?, {now} + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE expires_at = {now} + INTERVAL ? MICROSECOND`
 
-	// keepWriterSQL moves a waiting writer's record on to the key's new
-	// fence, so that a holder's retry does not void it. Arguments: fence,
-	// key digest, the old fence.
-	keepWriterSQL = `UPDATE {holders} SET fence = ? WHERE key_sum = ? AND token_sum = {writer} AND fence = ?`
-
-	// writerWaitsSQL records a writer refused by the key's holders, with
-	// the lease row's fence, for stores.WriterWindow. Arguments: key
-	// digest, key.
-	writerWaitsSQL = `INSERT INTO {holders} (key_sum, token_sum, expires_at, fence)
-SELECT ?, {writer}, {now} + INTERVAL {window} MICROSECOND, fence FROM {table}
+	// writerWaitsSQL records a writer refused by the key's holders for
+	// stores.WriterWindow. Arguments: key digest, token digest, key.
+	writerWaitsSQL = `INSERT INTO {holders} (key_sum, writer, token_sum, expires_at)
+SELECT ?, 1, ?, {now} + INTERVAL {window} MICROSECOND FROM {table}
 WHERE lock_key = ? AND {isMarker} AND expires_at > {now}
-ON DUPLICATE KEY UPDATE expires_at = {now} + INTERVAL {window} MICROSECOND, fence = VALUES(fence)`
+ON DUPLICATE KEY UPDATE expires_at = {now} + INTERVAL {window} MICROSECOND`
+
+	// withdrawSQL ends a writer's record. Arguments: key digest, token
+	// digest.
+	withdrawSQL = `DELETE FROM {holders} WHERE key_sum = ? AND writer = 1 AND token_sum = ?`
 
 	// dropHolderSQL ends an unexpired place. Arguments: key digest, token
 	// digest.
-	dropHolderSQL = `DELETE FROM {holders} WHERE key_sum = ? AND token_sum = ? AND token_sum <> {writer} AND expires_at > {now}`
+	dropHolderSQL = `DELETE FROM {holders} WHERE key_sum = ? AND writer = 0 AND token_sum = ? AND expires_at > {now}`
 
 	// expireHolderSQL sets an unexpired place to end in the given
 	// microseconds (one more when that is its expiry already, so that the
@@ -229,13 +228,13 @@ ON DUPLICATE KEY UPDATE expires_at = {now} + INTERVAL {window} MICROSECOND, fenc
 	expireHolderSQL = `UPDATE {holders}
 SET expires_at = IF(expires_at = {now} + INTERVAL ? MICROSECOND,
   expires_at + INTERVAL 1 MICROSECOND, {now} + INTERVAL ? MICROSECOND)
-WHERE key_sum = ? AND token_sum = ? AND token_sum <> {writer} AND expires_at > {now}`
+WHERE key_sum = ? AND writer = 0 AND token_sum = ? AND expires_at > {now}`
 
 	// settleKeySQL sets the lease row of a key whose place changed to the
 	// longest expiry among its holders, or frees it when none is left.
 	// Arguments: key digest, key.
 	settleKeySQL = `UPDATE {table} SET expires_at = COALESCE(
-  (SELECT MAX(expires_at) FROM {holders} WHERE key_sum = ? AND token_sum <> {writer} AND expires_at > {now}),
+  (SELECT MAX(expires_at) FROM {holders} WHERE key_sum = ? AND writer = 0 AND expires_at > {now}),
   {released})
 WHERE lock_key = ?`
 )
@@ -247,11 +246,11 @@ type queries struct {
 	release, expire                     string
 	purgeFirst, purgeAfter, purge       string
 
-	createHolders                                   string
-	lockKey, lockRow, selectKey, peekKey            string
-	selectHolders, sweepHolders                     string
-	grantKey, upsertHolder, keepWriter, writerWaits string
-	dropHolder, expireHolder, settleKey             string
+	createHolders                                 string
+	lockKey, lockRow, selectKey, peekKey          string
+	selectHolders, sweepHolders                   string
+	grantKey, upsertHolder, writerWaits, withdraw string
+	dropHolder, expireHolder, settleKey           string
 }
 
 // newQueries returns the SQL for quoted, a validated and quoted table name,
@@ -259,8 +258,8 @@ type queries struct {
 func newQueries(quoted, holdersTable string) queries {
 	r := strings.NewReplacer(
 		"{holders}", holdersTable,
-		"{isMarker}", "LEFT(token, "+strconv.Itoa(len(holders.MarkerPrefix))+") = X'"+hex.EncodeToString([]byte(holders.MarkerPrefix))+"'",
-		"{writer}", "X'"+hex.EncodeToString([]byte(holders.WriterDigest))+"'",
+		"{isMarker}", "token = X'"+hex.EncodeToString([]byte(holders.Marker))+"'",
+		"{marker}", "X'"+hex.EncodeToString([]byte(holders.Marker))+"'",
 		"{window}", strconv.FormatInt(stores.WriterWindow.Microseconds(), 10),
 		"{sharedFlag}", strconv.FormatInt(sharedFlag, 10),
 		"{table}", quoted,
@@ -291,7 +290,7 @@ func newQueries(quoted, holdersTable string) queries {
 		sweepHolders:  r.Replace(sweepHoldersSQL),
 		grantKey:      r.Replace(grantKeySQL),
 		upsertHolder:  r.Replace(upsertHolderSQL),
-		keepWriter:    r.Replace(keepWriterSQL),
+		withdraw:      r.Replace(withdrawSQL),
 		writerWaits:   r.Replace(writerWaitsSQL),
 		dropHolder:    r.Replace(dropHolderSQL),
 		expireHolder:  r.Replace(expireHolderSQL),

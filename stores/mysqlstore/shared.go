@@ -34,12 +34,11 @@ func holdersTable(table string) string { return holders.Table(table, 64) }
 // describes, in one transaction on a pinned connection: it creates and
 // locks the key's lease row, reads it and the key's unexpired holders, and,
 // on a grant, deletes the expired ones, sets the lease row to
-// holders.Marker(limit), the longest holder's expiry and the next fence of
-// the key's one sequence, upserts the holder, and commits (six round trips
-// and the begin); a refusal rolls back. A refusal's Wait is the exclusive
-// holder's remaining TTL, the waiting writer's remaining window, the
-// soonest expiry among the holders of a full key, or the longest among
-// holders of another limit.
+// holders.Marker, the longest holder's expiry and the next fence of the
+// key's one sequence, upserts the holder, and commits; a refusal rolls
+// back. A refusal's Wait is the exclusive holder's remaining TTL, the
+// longest remaining window among the waiting writers, or the soonest expiry
+// among the holders of a key that has limit holders or more.
 //
 // Its errors are Acquire's; a grant whose caller left, or whose COMMIT's
 // outcome is unknown, is undone with ReleaseShared, owner-checked.
@@ -89,7 +88,7 @@ func (s *Store) acquireShared(ctx context.Context, c *call[acquired], key, token
 // before its transaction takes its connection.
 type sharedStmts struct {
 	lockKey, selectKey, selectHolders, sweepHolders stmt
-	grantKey, upsertHolder, keepWriter              stmt
+	grantKey, upsertHolder                          stmt
 }
 
 // prepareShared prepares the statements of AcquireShared.
@@ -104,7 +103,6 @@ func (s *Store) prepareShared(ctx context.Context) (sharedStmts, error) {
 	}{
 		{&st.lockKey, s.q.lockKey}, {&st.selectKey, s.q.selectKey}, {&st.selectHolders, s.q.selectHolders},
 		{&st.sweepHolders, s.q.sweepHolders}, {&st.grantKey, s.q.grantKey}, {&st.upsertHolder, s.q.upsertHolder},
-		{&st.keepWriter, s.q.keepWriter},
 	} {
 		if *p.st, err = s.prepare(ctx, p.query); err != nil {
 			return sharedStmts{}, err
@@ -115,13 +113,12 @@ func (s *Store) prepareShared(ctx context.Context) (sharedStmts, error) {
 
 // keyHolders is what an acquire read of a key's holders.
 type keyHolders struct {
-	n                int   // holders
-	mine             bool  // the caller's token is one
-	others           int64 // the longest remaining µs of the others
-	soonest, longest int64 // remaining µs among all
-	writer           int64 // the waiting writer's remaining µs, or 0
-	writerValid      bool  // a waiting writer's record was read
-	expired          bool  // an expired holder or record was read
+	n       int   // holders
+	mine    bool  // the caller's token is one
+	others  int64 // the longest remaining µs of the others
+	soonest int64 // the shortest remaining µs among all
+	writer  int64 // the longest remaining µs of the waiting writers, or 0
+	expired bool  // an expired holder or record was read
 }
 
 // acquireSharedTx is one attempt of acquireShared.
@@ -172,7 +169,6 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 		return stores.Grant{}, fmt.Errorf("%w: no lease row for %s after inserting it", ErrUnexpectedReply, stores.KeyForMessage(key))
 	}
 	ksum, tsum, fence, h := k.ksum, k.tsum, k.fence, k.h
-	marker := holders.Marker(limit)
 	if g, refused := decide(k, limit); refused {
 		return g, nil
 	}
@@ -181,7 +177,7 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 			return stores.Grant{}, err
 		}
 	}
-	res, err := st.grantKey.exec(ctx, tx, marker, max(ttl, h.others), key)
+	res, err := st.grantKey.exec(ctx, tx, max(ttl, h.others), key)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -189,13 +185,8 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	if err != nil || next <= fence {
 		return stores.Grant{}, fmt.Errorf("%w: shared acquire of %s answered fence %d after %d: %v", ErrUnexpectedReply, stores.KeyForMessage(key), next, fence, err)
 	}
-	if _, err := st.upsertHolder.exec(ctx, tx, ksum, tsum, ttl, next, ttl, next); err != nil {
+	if _, err := st.upsertHolder.exec(ctx, tx, ksum, tsum, ttl, ttl); err != nil {
 		return stores.Grant{}, err
-	}
-	if h.writerValid {
-		if _, err := st.keepWriter.exec(ctx, tx, next, ksum, fence); err != nil {
-			return stores.Grant{}, err
-		}
 	}
 	if c.left() {
 		return stores.Grant{}, errLeft // rolled back: nothing to undo
@@ -211,7 +202,6 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 type keyState struct {
 	found      bool          // the lease row exists
 	refusal    *stores.Grant // held exclusively: the refusal, and nothing else read
-	holder     []byte        // the lease row's token
 	fence      int64         // the lease row's
 	ksum, tsum []byte        // the digests of the key and of the caller's token
 	h          keyHolders
@@ -226,7 +216,7 @@ func readKey(ctx context.Context, e execer, row, holdersOf stmt, key, token stri
 		live, marked bool
 		left         int64
 	)
-	switch err := scanOne(ctx, e, row, []any{key}, &live, &marked, &k.holder, &left, &k.fence); {
+	switch err := scanOne(ctx, e, row, []any{key}, &live, &marked, &left, &k.fence); {
 	case errors.Is(err, sql.ErrNoRows):
 		return k, nil
 	case err != nil:
@@ -238,7 +228,7 @@ func readKey(ctx context.Context, e execer, row, holdersOf stmt, key, token stri
 		return k, nil
 	}
 	var err error
-	k.h, err = readHolders(ctx, e, holdersOf, k.ksum, k.tsum, k.fence)
+	k.h, err = readHolders(ctx, e, holdersOf, k.ksum, k.tsum)
 	return k, err
 }
 
@@ -267,8 +257,6 @@ func scanOne(ctx context.Context, e execer, st stmt, args []any, dest ...any) er
 func decide(k keyState, limit int) (stores.Grant, bool) {
 	h := k.h
 	switch {
-	case h.n > 0 && !bytes.Equal(k.holder, holders.Marker(limit)):
-		return stores.Grant{Wait: remaining(h.longest)}, true // another limit
 	case h.mine: // a retry: granted again
 	case h.writer > 0:
 		return stores.Grant{Wait: remaining(h.writer)}, true
@@ -278,10 +266,9 @@ func decide(k keyState, limit int) (stores.Grant, bool) {
 	return stores.Grant{}, false
 }
 
-// readHolders reads the unexpired holders of the key whose digest is ksum,
-// for the caller whose token's digest is tsum, on e with st; fence is the lease
-// row's, which a waiting writer's record must bear to count.
-func readHolders(ctx context.Context, e execer, st stmt, ksum, tsum []byte, fence int64) (keyHolders, error) {
+// readHolders reads the holders and writer records of the key whose digest
+// is ksum, for the caller whose token's digest is tsum, on e with st.
+func readHolders(ctx context.Context, e execer, st stmt, ksum, tsum []byte) (keyHolders, error) {
 	rows, err := st.rows(ctx, e, ksum)
 	if err != nil {
 		return keyHolders{}, err
@@ -290,19 +277,18 @@ func readHolders(ctx context.Context, e execer, st stmt, ksum, tsum []byte, fenc
 	h := keyHolders{soonest: -1}
 	for rows.Next() {
 		var (
-			sum        []byte
-			left, fnce int64
+			writer bool
+			sum    []byte
+			left   int64
 		)
-		if err := rows.Scan(&sum, &left, &fnce); err != nil {
+		if err := rows.Scan(&writer, &sum, &left); err != nil {
 			return keyHolders{}, fmt.Errorf("%w: the holders of a key: %w", ErrUnexpectedReply, err)
 		}
 		switch {
 		case left <= 0:
 			h.expired = true
-		case string(sum) == holders.WriterDigest:
-			if fnce == fence {
-				h.writer, h.writerValid = max(left, 1), true
-			}
+		case writer:
+			h.writer = max(h.writer, left)
 		default:
 			h.n++
 			if bytes.Equal(sum, tsum) {
@@ -310,7 +296,6 @@ func readHolders(ctx context.Context, e execer, st stmt, ksum, tsum []byte, fenc
 			} else {
 				h.others = max(h.others, left)
 			}
-			h.longest = max(h.longest, left)
 			if h.soonest < 0 || left < h.soonest {
 				h.soonest = left
 			}
@@ -419,9 +404,22 @@ func (s *Store) onHolder(ctx context.Context, left func() bool, what, key, query
 	})
 }
 
-// writerWaits records a writer refused key by its holders (see
-// stores.WriterWindow). The record serves fairness alone: its failure is
-// not the refused call's.
-func (s *Store) writerWaits(ctx context.Context, key string) {
-	_, _ = s.execDB(ctx, s.q.writerWaits, holders.Digest(key), key)
+// writerRefused records token as a waiting writer on key, which holders
+// refused it, and notes the record (see holders.Writers). The record
+// serves fairness alone: a failure to make it is not the call's.
+func (s *Store) writerRefused(ctx context.Context, key, token string) {
+	if _, err := s.execDB(ctx, s.q.writerWaits, holders.Digest(key), holders.Digest(token), key); err == nil {
+		s.writers.Add(key, token)
+	}
+}
+
+// withdraw ends token's waiting-writer records on those of keys it noted:
+// a Release by token, or a grant to it, ends its wait (see
+// stores.SharedStore). A failure leaves the records to their expiry.
+func (s *Store) withdraw(ctx context.Context, keys []string, token string) {
+	for _, k := range s.writers.Take(keys, token) {
+		if _, err := s.execDB(ctx, s.q.withdraw, holders.Digest(k), holders.Digest(token)); err != nil {
+			return
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/reqlock/reqlock/internal/holders"
 	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
@@ -53,6 +54,8 @@ type Store struct {
 	ready     atomic.Bool   // setup succeeded
 
 	callLimit time.Duration // see WithCallLimit
+
+	writers holders.Writers // the waiting-writer records this Store made; see shared.go
 
 	background sync.WaitGroup          // acquires in flight, detached from their callers
 	undo       *undoqueue.Queue[*debt] // the undo of acquires whose callers left
@@ -285,10 +288,13 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			g, shared, err = s.acquireAll(ctx, conn, bkeys, token, ttl)
 		}
 		settled(a, err, conn.Conn().IsClosed())
-		if err == nil && len(shared) > 0 {
-			// A writer waits (see stores.WriterWindow). The record serves
-			// fairness alone: a failure to make it is not the call's.
-			_, _ = conn.Exec(ctx, s.q.writerWaits, shared)
+		switch {
+		case err != nil:
+		case g.OK:
+			s.withdraw(ctx, keys, token) // the wait, if any, ended
+		case len(shared) > 0:
+			g.SharedHeld = true
+			s.writerRefused(ctx, conn, shared, token)
 		}
 		return g, err
 	}, false)
@@ -435,6 +441,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := s.setup(ctx); err != nil {
 		return err
 	}
+	s.withdraw(ctx, keys, token)
 	return s.release(ctx, keys, token, keep)
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/reqlock/reqlock/internal/holders"
 	"github.com/reqlock/reqlock/stores"
@@ -17,11 +18,11 @@ import (
 // their release when the key is watched), then grants or refuses in one
 // statement at one reading of the server's clock. A grant upserts the
 // holder's row in the holders table and sets the lease row to
-// holders.Marker(limit), the longest holder's expiry and the next fence of
-// the key's one sequence; a refusal's Wait is the exclusive holder's
-// remaining lease, the waiting writer's remaining window, the soonest
-// expiry among the holders of a full key, or the longest among holders of
-// another limit.
+// holders.Marker, the longest holder's expiry and the next fence of the
+// key's one sequence; a refusal's Wait is the exclusive holder's remaining
+// lease, the longest remaining window among the waiting writers, or the
+// soonest expiry among the holders of a key that has limit holders or
+// more.
 //
 // Its errors are Acquire's: ErrInvalid for an empty or too long key, a
 // negative limit or a non-positive ttl, before any statement; ErrAbandoned
@@ -58,7 +59,7 @@ func (s *Store) AcquireShared(ctx context.Context, key, token string, limit int,
 			batch.Queue(s.q.lockKey, []byte(key))
 			batch.Queue(s.q.sweepHolders, []byte(key), holders.Digest(key), s.channel)
 			batch.Queue(s.q.acquireShared, []byte(key), holders.Digest(key), holders.Digest(token),
-				micros(ttl), int64(stores.FenceStride), limit, holders.Marker(limit))
+				micros(ttl), int64(stores.FenceStride), limit)
 			res := conn.SendBatch(ctx, batch)
 			defer res.Close()
 			if _, err := res.Exec(); err != nil {
@@ -169,4 +170,27 @@ func (s *Store) onHolder(ctx context.Context, what, key, query string, vals ...a
 		return fmt.Errorf("%w: pgstore: %s of %s: the token holds no place", stores.ErrNotHeld, what, stores.KeyForMessage(key))
 	}
 	return nil
+}
+
+// writerRefused records token as a waiting writer on keys, which holders
+// refused it, and notes the records (see holders.Writers). The records
+// serve fairness alone: a failure to make them is not the call's.
+func (s *Store) writerRefused(ctx context.Context, conn *pgxpool.Conn, keys [][]byte, token string) {
+	if _, err := conn.Exec(ctx, s.q.writerWaits, keys, holders.Digest(token)); err != nil {
+		return
+	}
+	for _, k := range keys {
+		s.writers.Add(string(k), token)
+	}
+}
+
+// withdraw ends token's waiting-writer records on those of keys it noted:
+// a Release by token, or a grant to it, ends its wait (see
+// stores.SharedStore). A failure leaves the records to their expiry.
+func (s *Store) withdraw(ctx context.Context, keys []string, token string) {
+	taken := s.writers.Take(keys, token)
+	if len(taken) == 0 {
+		return
+	}
+	_, _ = s.pool.Exec(ctx, s.q.withdraw, byteKeys(taken), holders.Digest(token), s.channel)
 }
