@@ -249,11 +249,12 @@
 // (reqlock_locks_holders; a name that would pass 64 bytes becomes
 // reqlock_holders_ and a digest), whose definition HoldersSchema returns:
 // a row per holder, named by the SHA-256 of the key and of the token, with
-// its own expiry by the server's clock. While a key has holders its lease
-// row holds a marker as its token (a NUL byte, "reqlock:shared:" and the
-// limit: tokens that start with a NUL byte are reserved), the longest
-// holder's expiry and the key's fence, so that Acquire, unchanged, reads
-// the key as held and both kinds of grant draw fences from one sequence.
+// its own expiry by the server's clock, and a row per waiting writer. While
+// a key has holders its lease row holds a marker as its token (a NUL byte
+// and "reqlock:shared": tokens that start with a NUL byte are reserved),
+// the longest holder's expiry and the key's fence, so that Acquire,
+// unchanged, reads the key as held and both kinds of grant draw fences
+// from one sequence.
 //
 // AcquireShared first looks without locking (two reads), so that a refusal
 // holds no row lock; a grant then runs a transaction on a pinned
@@ -265,12 +266,17 @@
 // lease row's expiry to the longest place left, commit). This costs about
 // ten times a plain lock's round trips: on the test machine (MariaDB on
 // localhost, -race) an AcquireShared and ReleaseShared pair took 4-5 ms,
-// against 0.4-0.6 ms for Acquire and Release. A waiting writer
-// (stores.WriterWindow) is a row of the holders table, written by an
+// against 0.4-0.6 ms for Acquire and Release.
+//
+// A waiting writer (stores.WriterWindow) is a row per token, written by an
 // Acquire refused by holders (a flag in its LAST_INSERT_ID; one statement
-// more, on such refusals only), bearing the lease row's fence, so that the
-// writer's grant voids it. A key's expired holders are deleted by its next
-// grant; the purge does not visit the holders table.
+// more, on such refusals only). The Store notes the records it made, and
+// ends a token's record, with one statement more, when it grants the key to
+// that token or the token releases it: other grants and releases pay
+// nothing. A record made through another Store, or before a restart, ends
+// at its expiry, at most WriterWindow after the writer's last refusal. A
+// key's expired holders are deleted by its next grant; the purge does not
+// visit the holders table.
 //
 // An existing deployment keeps its lease table as it is: the first call of
 // this version creates the holders table (unless WithoutCreateTable: create

@@ -68,7 +68,8 @@ const (
 )
 
 // Store is a stores.Store on MySQL or MariaDB: a lease row per key in one
-// InnoDB table. It is safe for concurrent use. It owns a purge goroutine
+// InnoDB table; and a stores.SharedStore, whose holders are rows of a
+// second (see HoldersSchema). It is safe for concurrent use. It owns a purge goroutine
 // (unless WithPurge turned it off) and, from Open, its *sql.DB, until Close.
 // It does not implement stores.Notifier or stores.FairStore; see the package
 // documentation.
@@ -136,8 +137,9 @@ func WithTable(name string) Option {
 
 // WithoutCreateTable makes the Store use the table as it finds it: it does
 // not run CREATE TABLE IF NOT EXISTS on first use. For managed schemas:
-// create the table beforehand from Schema (or schema.sql). Default: the
-// Store creates it.
+// create the table beforehand from Schema (or schema.sql), and, for shared
+// grants, its holders table from HoldersSchema (or holders.sql). Default:
+// the Store creates both.
 func WithoutCreateTable() Option {
 	return func(s *Store) error {
 		s.createTable = false
@@ -722,7 +724,9 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 // keep positive it sets the key's TTL to keep instead, so the key stays
 // held until then. It returns an error wrapping stores.ErrNotHeld, saying
 // how many keys, when some keys were absent, expired or held another token,
-// after ending the grant on the others.
+// after ending the grant on the others. It also withdraws token's
+// waiting-writer records on the keys (see Shared and limited grants in the
+// package documentation), with one statement more when it has any.
 //
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
 // error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,

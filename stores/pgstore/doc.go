@@ -213,15 +213,15 @@
 //
 //	CREATE TABLE IF NOT EXISTS reqlock_locks_holders (
 //		key_sum    bytea NOT NULL,        -- SHA-256 of the key
-//		token_sum  bytea NOT NULL,        -- SHA-256 of the holder's token
-//		expires_at timestamptz NOT NULL,  -- the holder's own expiry, server clock
-//		fence      bigint NOT NULL,
-//		PRIMARY KEY (key_sum, token_sum)
+//		writer     boolean NOT NULL,      -- a waiting writer's record, not a holder
+//		token_sum  bytea NOT NULL,        -- SHA-256 of the token
+//		expires_at timestamptz NOT NULL,  -- its own expiry, by the server's clock
+//		PRIMARY KEY (key_sum, writer, token_sum)
 //	)
 //
 // While a key has holders its lease row holds a marker as its token (a NUL
-// byte, "reqlock:shared:" and the limit: tokens that start with a NUL byte
-// are reserved), the longest holder's expiry and the key's fence, so that
+// byte and "reqlock:shared": tokens that start with a NUL byte are
+// reserved), the longest holder's expiry and the key's fence, so that
 // Acquire, unchanged, reads the key as held, and grants of either kind draw
 // their fences from the row's one sequence. AcquireShared is one round trip:
 // an implicit transaction that creates and locks the lease row, deletes the
@@ -229,14 +229,22 @@
 // reading of the clock; ReleaseShared and RefreshShared lock the lease row,
 // change their place and set the row's expiry to the longest place left (or
 // free it), also in one round trip. The limit is thus counted under the
-// lease row's lock. A waiting writer (stores.WriterWindow) is a row of the
-// holders table, written by an Acquire refused by holders (one statement
-// more, on refusals only; acquireOne returns whether the holder is a
-// marker); it carries the lease row's fence, so the writer's own grant,
-// which moves the fence on, voids it. A freed place, by release or by an
-// expiry that AcquireShared cleans up, notifies a watched key as a release
-// does. Expired holders of a key are deleted by its next AcquireShared; a
-// key never acquired again keeps them (a few dozen bytes each).
+// lease row's lock.
+//
+// A waiting writer (stores.WriterWindow) is a row of the holders table per
+// token, written by an Acquire refused by holders (acquireOne returns
+// whether the holder is the marker; one statement more, on such refusals
+// only). The Store notes the records it made, and ends a token's record,
+// with one statement more, when it grants the key to that token or the
+// token releases it (a withdrawal, which also notifies the key's waiters):
+// other grants and releases pay nothing. A record made through another
+// Store, or before a restart, ends at its expiry, at most WriterWindow
+// after the writer's last refusal.
+//
+// A freed place, by release or by an expiry that AcquireShared cleans up,
+// notifies a watched key as a release does. Expired holders of a key are
+// deleted by its next AcquireShared; a key never acquired again keeps them
+// (a few dozen bytes each).
 //
 // An existing deployment keeps its lease table as it is: the first call of
 // this version creates the holders table beside it (the role needs CREATE

@@ -415,7 +415,9 @@ func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byt
 // negative it frees the key and notifies its release (see Release
 // notification in the package documentation); with keep positive it sets
 // the key's lease to end keep from now instead and notifies nothing, since
-// the key stays held.
+// the key stays held. It also withdraws token's waiting-writer records on
+// the keys (see Shared and limited grants in the package documentation),
+// with one statement more when it has any.
 //
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
 // keys were absent, expired or held another token, after ending the grant
