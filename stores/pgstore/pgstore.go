@@ -270,14 +270,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	bkeys := byteKeys(keys)
 	return s.detached(ctx, keys, token, ttl, func(ctx context.Context, a *attempt) (stores.Grant, error) {
-		conn, err := s.pool.Acquire(ctx)
+		conn, err := s.acquireConn(ctx, a)
 		if err != nil {
-			return stores.Grant{}, err // nothing sent
-		}
-		defer conn.Release()
-		if a.sess, err = sessionOf(ctx, conn); err != nil {
 			return stores.Grant{}, err // the acquire not sent
 		}
+		defer conn.Release()
 		var (
 			g      stores.Grant
 			shared [][]byte // keys refused by holders
@@ -298,6 +295,20 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 		return g, err
 	}, false)
+}
+
+// acquireConn takes a connection from the pool for an acquire, and records
+// its session in a (see detached).
+func (s *Store) acquireConn(ctx context.Context, a *attempt) (*pgxpool.Conn, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if a.sess, err = sessionOf(ctx, conn); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return conn, nil
 }
 
 // acquireOne is Acquire of one key on conn: one upsert. It returns the key

@@ -46,14 +46,11 @@ func (s *Store) AcquireShared(ctx context.Context, key, token string, limit int,
 	}
 	keys := []string{key}
 	return s.detached(ctx, keys, token, ttl, func(ctx context.Context, a *attempt) (stores.Grant, error) {
-		conn, err := s.pool.Acquire(ctx)
+		conn, err := s.acquireConn(ctx, a)
 		if err != nil {
 			return stores.Grant{}, err // nothing sent
 		}
 		defer conn.Release()
-		if a.sess, err = sessionOf(ctx, conn); err != nil {
-			return stores.Grant{}, err
-		}
 		g, err := retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
 			batch := &pgx.Batch{}
 			batch.Queue(s.q.lockKey, []byte(key))

@@ -843,31 +843,10 @@ func testStaleSharedPaused(t *testing.T, e *env) {
 	next := e.pollShare(t, k, "t2", 1, e.long, e.expiry+expiryLimit)
 	expectStride(t, g.Fences[0], next.Fences[0], "the place after the paused holder's")
 	b.heal()
-	calls := []struct {
-		name string
-		call func(ctx context.Context) error
-	}{
+	expectStaleCalls(t, []staleCall{
 		{"RefreshShared", func(ctx context.Context) error { return sh.RefreshShared(ctx, k, "t1", e.long) }},
 		{"ReleaseShared", func(ctx context.Context) error { return sh.ReleaseShared(ctx, k, "t1", 0) }},
-	}
-	for _, c := range calls {
-		deadline := time.Now().Add(healLimit)
-		for {
-			ctx, cancel := context.WithTimeout(t.Context(), healLimit)
-			err := c.call(ctx)
-			cancel()
-			if err == nil {
-				t.Fatalf("%s by the stale holder succeeded: it acted on the next holder's place", c.name)
-			}
-			if errors.Is(err, stores.ErrNotHeld) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s by the stale holder: %v, still not ErrNotHeld %v after the fault healed", c.name, err, healLimit)
-			}
-			<-time.After(50 * time.Millisecond) // between retries of a store that reconnects
-		}
-	}
+	})
 	if err := e.sh.RefreshShared(t.Context(), k, "t2", e.long); err != nil {
 		t.Fatalf("RefreshShared by the new holder after the stale one's calls: %v", err)
 	}
