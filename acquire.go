@@ -25,7 +25,8 @@ type attempter interface {
 
 // plainAttempts take keys whenever they are free. On a stores.SharedStore,
 // writerCap caps the sleeps of an exclusive waiter, so that it retries
-// within the stores.WriterWindow its refusal by shared holders opened.
+// within the stores.WriterWindow its refusal by shared holders opened (a
+// wait that ends without the key withdraws it: see Locker.withdrawWriter).
 type plainAttempts struct {
 	store     stores.Store
 	writerCap time.Duration
@@ -107,7 +108,17 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		lastAt    time.Time // when the attempt that answered lastWait began
 		hotUntil  time.Time // until when the key counts as changing hands
 		attempted bool      // an attempt was made
+		writer    bool      // refused by shared holders: the store records a waiting writer
 	)
+	// giveUp ends the wait without a grant: it leaves the store's queue
+	// and withdraws the waiting-writer record of a refusal by shared
+	// holders (in the background when the store may be failing).
+	giveUp := func(background bool) {
+		strategy.leave(ctx, keys, token, background)
+		if writer {
+			l.withdrawWriter(ctx, keys, token, background)
+		}
+	}
 	defer func() {
 		if stop != nil {
 			stop()
@@ -128,7 +139,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			d, p, derr := l.breaker.allow()
 			if derr != nil {
 				if attempted { // the waiter may be in the store's queue
-					strategy.leave(ctx, keys, token, true)
+					giveUp(true)
 				}
 				return derr
 			}
@@ -162,8 +173,9 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			// a moment before the context reports it: the wait ended.
 			cerr = context.DeadlineExceeded
 		}
+		writer = writer || (err == nil && !grant.OK && grant.SharedHeld && g.shared == nil)
 		if cerr != nil {
-			strategy.leave(ctx, keys, token, err != nil)
+			giveUp(err != nil)
 			return waitEnded(seen.by(time.Now()) || (err == nil && !grant.OK), cerr)
 		}
 		switch {
@@ -171,9 +183,12 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			// The store refused the keys before acting (Redis Cluster keys
 			// in different slots, say): a configuration mistake, not an
 			// outage, so never a reason to run unlocked.
+			if writer {
+				l.withdrawWriter(ctx, keys, token, false)
+			}
 			return err
 		case err != nil:
-			strategy.leave(ctx, keys, token, true)
+			giveUp(true)
 			return wrapStoreError(err)
 		case grant.OK:
 			if len(grant.Fences) != len(keys) {
@@ -188,6 +203,9 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			}
 			return nil
 		case wait == 0:
+			if writer {
+				l.withdrawWriter(ctx, keys, token, false)
+			}
 			return ErrHeld
 		}
 		seen.held, refused = true, true
@@ -224,7 +242,7 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 			lastWait, lastAt = grant.Wait, start
 		}
 		if !schedule.sleep(ctx, limit, released) {
-			strategy.leave(ctx, keys, token, false)
+			giveUp(false)
 			return waitEnded(true, ctx.Err())
 		}
 	}

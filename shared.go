@@ -2,7 +2,9 @@ package reqlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/reqlock/reqlock/stores"
@@ -64,7 +66,10 @@ func (o *sharedOps) Refresh(ctx context.Context, keys []string, token string, tt
 // Writers go first: once an exclusive Obtain has been refused by the shared
 // holders, the store refuses new ones (for stores.WriterWindow from each of
 // the writer's refusals) until the writer has had the key, so a stream of
-// readers does not starve it.
+// readers does not starve it. An exclusive Obtain that ends without the key
+// after such a refusal (a try-once, a wait that ended, a cancellation)
+// withdraws its claim before it returns (in the background when the store
+// may be failing), so new readers come in at once.
 //
 // It waits, retries and fails as Obtain does, with these differences:
 // shared locks do not queue in this process and are never handed on
@@ -84,8 +89,11 @@ func (l *Locker) ObtainShared(ctx context.Context, key string, ttl, wait time.Du
 // process of the store, and never with an exclusive holder of key. Each
 // place is a grant of its own, with its own token, TTL, renewals, release
 // and fence, as in ObtainShared; a holder that dies frees its place when
-// its own TTL has passed. Holders of one key must all use one limit: the
-// store refuses a place under another limit while the key has holders.
+// its own TTL has passed. A caller gets a place while fewer than its own
+// limit hold the key, whatever limits they hold it under, so a limit
+// changed in a rolling deployment takes effect at once for the callers
+// that use the new one: never more hold the key than the largest limit
+// among its holders.
 //
 // It waits, retries and fails as ObtainShared does; limit below 1 is
 // refused with ErrInvalid. When all places are taken and the wait ends,
@@ -150,4 +158,28 @@ func (g *grant) mode() mode {
 // exclusive grant serves every mode, a shared or limited one only its own.
 func reentrant(held, m mode) bool {
 	return !held.shared || held == m
+}
+
+// withdrawWriter withdraws the waiting-writer records the store keeps for
+// token on keys after refusals by shared holders (see stores.SharedStore),
+// when the exclusive wait that made them ends without a grant, so that new
+// readers come in at once rather than after stores.WriterWindow: a Release
+// of the token, which holds nothing, on a context the caller's
+// cancellation cannot end, bounded by the release timeout; in the
+// background when the store may be failing, so that it holds up no answer.
+// ErrNotHeld is the answer expected; a failure is logged at Debug: the
+// records lapse after stores.WriterWindow.
+func (l *Locker) withdrawWriter(ctx context.Context, keys []string, token string, background bool) {
+	withdraw := func(ctx context.Context) {
+		err := l.release(ctx, l.store, keys, token, 0)
+		if err != nil && !errors.Is(err, ErrNotHeld) {
+			l.logger.Debug("reqlock: withdrawing a waiting writer failed; its record lapses after stores.WriterWindow",
+				slog.String("key", keys[0]), slog.Any("error", err))
+		}
+	}
+	if background {
+		go withdraw(context.WithoutCancel(ctx))
+		return
+	}
+	withdraw(context.WithoutCancel(ctx))
 }

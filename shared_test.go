@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/filestore"
+	"github.com/reqlock/reqlock/stores/memstore"
 )
 
 // TestSharedLocksRunTogether: shared locks of one key are granted at once,
@@ -293,5 +295,125 @@ func TestSharedNeedsSharedStore(t *testing.T) {
 	}
 	if _, err := mem.ObtainLimited(context.Background(), "k", 0, time.Minute, 0); !errors.Is(err, reqlock.ErrInvalid) {
 		t.Fatalf("ObtainLimited with limit 0: %v, want ErrInvalid", err)
+	}
+}
+
+// writerCounter wraps a memstore and counts Release calls, and tells when an
+// Acquire was refused by shared holders (the store recorded a writer).
+type writerCounter struct {
+	*memstore.Store
+	releases atomic.Int64
+	refused  chan struct{} // receives after each refusal by shared holders
+}
+
+func (c *writerCounter) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+	g, err := c.Store.Acquire(ctx, keys, token, ttl)
+	if g.SharedHeld {
+		select {
+		case c.refused <- struct{}{}:
+		default:
+		}
+	}
+	return g, err
+}
+
+func (c *writerCounter) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
+	c.releases.Add(1)
+	return c.Store.Release(ctx, keys, token, keep)
+}
+
+// TestWriterGivingUpWithdraws: an exclusive Obtain refused by readers that
+// ends without a grant (try-once, wait ended) withdraws its waiting-writer
+// record with one Release before it returns, so a new reader gets in at
+// once; a cancelled one withdraws it too (in the background when the
+// cancellation cut a store call short). An Obtain refused by an exclusive
+// holder, and an uncontended one, make no such call.
+func TestWriterGivingUpWithdraws(t *testing.T) {
+	c := &writerCounter{Store: memstore.New(), refused: make(chan struct{}, 1)}
+	l := reqlock.MustNew(c)
+	ctx := context.Background()
+	calls := func(what string, want int64, f func()) {
+		t.Helper()
+		before := c.releases.Load()
+		f()
+		if n := c.releases.Load() - before; n != want {
+			t.Fatalf("%s: %d Release calls, want %d", what, n, want)
+		}
+	}
+	calls("an uncontended exclusive lock", 1, func() {
+		lock, err := l.Obtain(ctx, "k", time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, lock)
+	})
+	w, err := l.Obtain(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls("a try-once writer refused by a writer", 0, func() {
+		if _, err := l.Obtain(ctx, "k", time.Minute, 0); !errors.Is(err, reqlock.ErrHeld) {
+			t.Fatalf("a try-once writer over a writer: %v, want ErrHeld", err)
+		}
+	})
+	mustRelease(t, w)
+
+	for _, name := range []string{"try-once", "wait ended"} {
+		wait := time.Duration(0)
+		if name == "wait ended" {
+			wait = 50 * time.Millisecond
+		}
+		r, err := l.ObtainShared(ctx, "k", time.Minute, 0)
+		if err != nil {
+			t.Fatalf("%s: a reader: %v", name, err)
+		}
+		calls(name+" writer refused by a reader", 1, func() {
+			if _, err := l.Obtain(ctx, "k", time.Minute, wait); !errors.Is(err, reqlock.ErrHeld) {
+				t.Fatalf("%s writer over a reader: %v, want ErrHeld", name, err)
+			}
+		})
+		mustRelease(t, r)
+		r2, err := l.ObtainShared(ctx, "k", time.Minute, 0)
+		if err != nil {
+			t.Fatalf("a reader of a free key after a %s writer gave up: %v", name, err)
+		}
+		mustRelease(t, r2)
+	}
+
+	r, err := l.ObtainShared(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.refused: // a report of an earlier case
+	default:
+	}
+	before := c.releases.Load()
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Obtain(cctx, "k", time.Minute, time.Minute)
+		done <- err
+	}()
+	within(t, c.refused, 5*time.Second, "the writer refused by the reader")
+	cancel()
+	if err := within(t, done, 5*time.Second, "the cancelled writer returned"); err == nil {
+		t.Fatal("a cancelled writer was granted over a reader")
+	}
+	gaveUp := time.Now()
+	mustRelease(t, r)
+	eventually(t, "a reader of a free key after a cancelled writer", func() bool {
+		r2, err := l.ObtainShared(ctx, "k", time.Minute, 0)
+		if err != nil {
+			return false
+		}
+		mustRelease(t, r2)
+		return true
+	})
+	if took := time.Since(gaveUp); took >= stores.WriterWindow/2 {
+		t.Fatalf("a reader got in %v after the cancelled writer gave up: its record was not withdrawn", took)
+	}
+	if c.releases.Load() == before {
+		t.Fatal("the cancelled writer made no Release call")
 	}
 }

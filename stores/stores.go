@@ -74,9 +74,9 @@
 // were admitted under, and no writer waits (see below). Otherwise it
 // changes nothing and returns a Grant with OK false, Held 0 and Wait the
 // time until the refusal may end: the exclusive holder's remaining TTL,
-// the soonest expiry among the holders of a key that has limit or more,
-// or the longest remaining window among the waiting writers. A token that
-// already holds the key is granted again with a fresh fence and TTL,
+// the soonest expiry among the holders of a key that has limit holders or
+// more, or the longest remaining window among the waiting writers. A token
+// that already holds the key is granted again with a fresh fence and TTL,
 // whatever the count, its limit and the writers (a retry after a lost
 // reply, as in Acquire); it still counts once.
 //
@@ -302,8 +302,9 @@ type FairGrant struct {
 
 // WriterWindow is how long a refusal of an exclusive Acquire by a key's
 // shared holders keeps new holders out of the key, unless its token is
-// granted the key or withdraws (see the package documentation). A waiting writer retries within it: the Locker caps the
-// sleeps of its exclusive waiters on a SharedStore at half of it.
+// granted the key or withdraws (see the package documentation). A waiting
+// writer retries within it: the Locker caps the sleeps of its exclusive
+// waiters on a SharedStore at half of it.
 const WriterWindow = time.Second
 
 // SharedStore is implemented by stores that grant a key to several holders
