@@ -75,6 +75,34 @@ type OutageMetrics interface {
 	PendingRelease(event PendingEvent)
 }
 
+// ModeMetrics is an optional interface of a Metrics, as OutageMetrics is:
+// package middleware reports these events of its routes too when the
+// Locker's Metrics implements it.
+type ModeMetrics interface {
+	// Holding is called with delta +1 when a request of the route label
+	// starts to hold its lock in mode, before its handler runs, and with -1
+	// when the handler is done, so that the sum is the number of this
+	// process's requests that hold the route's lock.
+	Holding(label string, mode HolderMode, delta int)
+	// LimitReached is called when a request to a route with a limit
+	// stopped waiting with every place taken (answered 429 by default).
+	// It is also counted by Obtained, as a timeout.
+	LimitReached(label string)
+}
+
+// HolderMode is how a route's requests hold its key, for ModeMetrics.
+type HolderMode string
+
+// The modes of ModeMetrics.Holding.
+const (
+	// HolderExclusive: Obtain, ObtainAll; one holder at a time.
+	HolderExclusive HolderMode = "exclusive"
+	// HolderShared: ObtainShared.
+	HolderShared HolderMode = "shared"
+	// HolderLimited: ObtainLimited.
+	HolderLimited HolderMode = "limited"
+)
+
 // PendingEvent is what happened to a pending release (see
 // WithPendingReleases).
 type PendingEvent string

@@ -70,7 +70,8 @@ func (m *Registry) WriteTo(w io.Writer) (int64, error) {
 // Prometheus client library orders them. A route's counters appear, at
 // zero, with the route's first event; a histogram appears with its first
 // observation. The families of the store's outages and pending releases
-// (reqlock.OutageMetrics) appear with the first of their events.
+// (reqlock.OutageMetrics) appear with the first of their events, and
+// those of reqlock.ModeMetrics with a route's first event of a mode.
 func (m *Registry) appendText(b []byte) []byte {
 	start := len(b)
 	b = slices.Grow(b, int(m.lastSize.Load())*9/8) // the last size, and some
@@ -102,7 +103,13 @@ func (m *Registry) appendText(b []byte) []byte {
 	})
 
 	for f := range numFamilies {
-		if f == famSuccess {
+		switch f {
+		case famLost:
+			// lock_holders and lock_limit_reached_total fall between
+			// lock_hold_seconds and lock_lost_total.
+			b = m.appendHolders(b, routes)
+			b = m.appendLimitReached(b, routes)
+		case famSuccess:
 			// The outage families' names fall between lock_lost_total
 			// and lock_success_total.
 			b = m.appendOutage(b, routes)

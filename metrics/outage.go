@@ -61,23 +61,7 @@ func (m *Registry) appendOutage(b []byte, routes []*route) []byte {
 	if !o.seen.Load() {
 		return b
 	}
-	name := func(n string) string {
-		if m.namespace != "" {
-			return m.namespace + "_" + n
-		}
-		return n
-	}
-	header := func(b []byte, n, help, typ string) []byte {
-		b = append(b, "# HELP "...)
-		b = append(b, n...)
-		b = append(b, ' ')
-		b = appendEscaped(b, help, false)
-		b = append(b, "\n# TYPE "...)
-		b = append(b, n...)
-		b = append(b, ' ')
-		b = append(b, typ...)
-		return append(b, '\n')
-	}
+	name, header := m.name, appendFamilyHeader
 	plain := func(b []byte, n string, v float64) []byte {
 		b = append(b, n...)
 		b = append(b, ' ')

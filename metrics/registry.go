@@ -26,6 +26,7 @@ type Registry struct {
 
 	namespace string      // the names' prefix, without its underscore
 	outage    outageState // the store's outages and pending releases
+	modesSeen atomic.Bool // a reqlock.ModeMetrics event came
 }
 
 // route holds the series of one route label value. Several event labels
@@ -40,6 +41,8 @@ type route struct {
 	lost         atomic.Uint64
 	handoffs     atomic.Uint64
 	downRejected atomic.Uint64                                          // refused while the store was counted down
+	holders      [metricdefs.NumModes]atomic.Int64                      // by metricdefs.ModeIndex; -1 before the mode's first event
+	limitReached atomic.Int64                                           // -1 before the first limited event
 	wait         [metricdefs.NumKnownOutcomes]atomic.Pointer[histogram] // by metricdefs.OutcomeIndex; set on first use
 	hold         atomic.Pointer[histogram]                              // set on first use
 	other        metricdefs.OtherOutcomes[otherSeries]                  // outcomes beyond metricdefs.KnownOutcomes
@@ -63,7 +66,7 @@ func New(opts ...Option) *Registry {
 		holdBounds: c.holdBuckets,
 		waitLe:     leValues(c.waitBuckets),
 		holdLe:     leValues(c.holdBuckets),
-		routes:     metricdefs.NewRoutes(c.maxRoutes, func(name string) *route { return &route{name: name} }),
+		routes:     metricdefs.NewRoutes(c.maxRoutes, newRoute),
 		namespace:  c.namespace,
 	}
 	for f, d := range families {
@@ -73,6 +76,16 @@ func New(opts ...Option) *Registry {
 			r.names[f] = d.name
 		}
 	}
+	return r
+}
+
+// newRoute returns the series of the route label value name.
+func newRoute(name string) *route {
+	r := &route{name: name}
+	for i := range r.holders {
+		r.holders[i].Store(-1)
+	}
+	r.limitReached.Store(-1)
 	return r
 }
 

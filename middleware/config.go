@@ -85,9 +85,29 @@ type Config struct {
 	// deadline bounds it too. Default 2s; NoWait tries once.
 	Wait time.Duration
 
+	// Shared makes the route's requests hold the key shared
+	// (reqlock.Locker.ObtainShared): they run alongside each other, and
+	// never alongside a request that holds the key exclusively (a route
+	// without Shared and Limit). A waiting exclusive request goes before
+	// new shared ones. A shared route locks one key: one template that
+	// yields one key. Default false: exclusive.
+	Shared bool
+
+	// Limit, above 0, lets at most Limit requests hold the key at once,
+	// across every instance (reqlock.Locker.ObtainLimited), and never
+	// alongside an exclusive holder. A request that finds every place
+	// taken waits like one that finds the key locked; when the wait runs
+	// out it is answered TimeoutStatus (429 by default on such a route)
+	// with reason "limit". A request gets in while fewer than its own
+	// Limit hold the key, whatever the other holders got in under, so a
+	// rolling change of the limit never locks the new instances out. A
+	// limited route locks one key, and goes without Shared. Default 0: no
+	// limit.
+	Limit int
+
 	// TimeoutStatus is the status answered when the wait runs out:
-	// 423 Locked (default), 409 Conflict, 429 Too Many Requests or
-	// 503 Service Unavailable.
+	// 423 Locked (default), 409 Conflict, 429 Too Many Requests (default
+	// on a route with a Limit) or 503 Service Unavailable.
 	TimeoutStatus int
 
 	// RetryAfter is the Retry-After delay sent with timeout and store-failure
@@ -283,6 +303,21 @@ func WithHoldAtLeast(d time.Duration) Option { return func(c *Config) { c.HoldAt
 // WithName sets Config.Name. Default: the key templates.
 func WithName(name string) Option { return func(c *Config) { c.Name = name } }
 
+// WithShared sets Config.Shared: the route's requests hold the key shared.
+func WithShared() Option { return func(c *Config) { c.Shared = true } }
+
+// WithLimit sets Config.Limit, at least 1: at most n requests hold the key
+// at once. Default 0: no limit.
+func WithLimit(n int) Option {
+	return func(c *Config) {
+		if n < 1 {
+			c.optionError("WithLimit", n, "a limit lets at least 1 request in (leave the option out for no limit)")
+			return
+		}
+		c.Limit = n
+	}
+}
+
 // WithWatchdog sets Config.Watchdog: the lock is renewed while the handler
 // runs, and a lost lock cancels the handler's request context with a cause
 // wrapping reqlock.ErrLockLost.
@@ -299,6 +334,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TimeoutStatus == 0 {
 		c.TimeoutStatus = d.TimeoutStatus
+		if c.Limit > 0 {
+			c.TimeoutStatus = http.StatusTooManyRequests
+		}
 	}
 	if c.RetryAfter == 0 {
 		c.RetryAfter = d.RetryAfter
@@ -357,6 +395,12 @@ func (c Config) validate() error {
 		return bad("unknown store failure policy %v", c.OnStoreError)
 	case c.Responder != nil && c.RequestResponder != nil:
 		return bad("both a Responder and a RequestResponder are set; a route answers with one")
+	case c.Limit < 0:
+		return bad("limit %d is below 0", c.Limit)
+	case c.Shared && c.Limit > 0:
+		return bad("both Shared and a Limit are set; a limit is a mode of its own (at most %d holders, never with an exclusive one)", c.Limit)
+	case (c.Shared || c.Limit > 0) && len(c.templates()) > 1:
+		return bad("a %s lock takes one key; this route has %d key templates", c.modeName(), len(c.templates()))
 	}
 	switch c.TimeoutStatus {
 	case http.StatusLocked, http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable:
@@ -364,6 +408,18 @@ func (c Config) validate() error {
 		return bad("timeout status %d is not one of 423, 409, 429, 503", c.TimeoutStatus)
 	}
 	return nil
+}
+
+// modeName names the route's mode in messages: "shared", "limited" or
+// "exclusive".
+func (c Config) modeName() string {
+	switch {
+	case c.Limit > 0:
+		return "limited"
+	case c.Shared:
+		return "shared"
+	}
+	return "exclusive"
 }
 
 // templates returns Key and Keys, without empty ones.

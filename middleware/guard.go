@@ -33,7 +33,9 @@ type Guard struct {
 	cfg       Config
 	wait      time.Duration // cfg.Wait, with NoWait as 0
 	logger    *slog.Logger
-	metrics   reqlock.Metrics // the Locker's, or nil
+	metrics   reqlock.Metrics     // the Locker's, or nil
+	modes     reqlock.ModeMetrics // the Locker's metrics, if they implement it; or nil
+	mode      reqlock.HolderMode  // the route's mode
 	failOpen  *failOpenWarning
 }
 
@@ -87,7 +89,8 @@ func (g *Guard) warnFailOpen(ctx context.Context, key string, err error) {
 // and applying opts. It returns an error wrapping ErrInvalidConfig that names
 // the problem when locker is nil, the template does not parse, an option
 // is invalid, or the locker's store cannot honour the route's TTL or its
-// longest key (see reqlock.Locker.CheckTTL and CheckKeyLen).
+// longest key (see reqlock.Locker.CheckTTL and CheckKeyLen), or a shared or
+// limited route's key (reqlock.Locker.CheckShared).
 func New(locker *reqlock.Locker, key string, opts ...Option) (*Guard, error) {
 	cfg := Config{Key: key}
 	for _, opt := range opts {
@@ -133,6 +136,17 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 		g.needsBody = g.needsBody || tmpl.NeedsBody()
 	}
 	g.multi = g.multi || len(g.templates) > 1
+	if cfg.Shared || cfg.Limit > 0 {
+		if g.multi {
+			return nil, fmt.Errorf("%w: route %q: key template %q may yield several keys, and a %s lock takes one",
+				ErrInvalidConfig, cfg.Name, g.templates[0].String(), cfg.modeName())
+		}
+		if err := locker.CheckShared(); err != nil {
+			return nil, fmt.Errorf("%w: route %q: a %s lock: %w", ErrInvalidConfig, cfg.Name, cfg.modeName(), err)
+		}
+	}
+	g.mode = reqlock.HolderMode(cfg.modeName())
+	g.modes, _ = g.metrics.(reqlock.ModeMetrics)
 	if g.logger == nil {
 		g.logger = locker.Logger()
 	}
@@ -200,14 +214,22 @@ func (g *Guard) Enter(req keyfunc.Request) (*reqlock.Lock, *Rejection) {
 		obtainCtx = reqlock.WithLabel(ctx, g.cfg.Name)
 	}
 	var lock *reqlock.Lock
-	if keys == nil {
-		lock, err = g.locker.Obtain(obtainCtx, key, g.cfg.TTL, g.wait)
-	} else {
+	switch {
+	case keys != nil:
 		lock, err = g.locker.ObtainAll(obtainCtx, keys, g.cfg.TTL, g.wait)
+	case g.cfg.Limit > 0:
+		lock, err = g.locker.ObtainLimited(obtainCtx, key, g.cfg.Limit, g.cfg.TTL, g.wait)
+	case g.cfg.Shared:
+		lock, err = g.locker.ObtainShared(obtainCtx, key, g.cfg.TTL, g.wait)
+	default:
+		lock, err = g.locker.Obtain(obtainCtx, key, g.cfg.TTL, g.wait)
 	}
 	if err == nil {
 		if g.cfg.HoldAtLeast > 0 {
 			lock.HoldAtLeast(g.cfg.HoldAtLeast)
+		}
+		if g.modes != nil {
+			g.modes.Holding(g.cfg.Name, g.mode, 1)
 		}
 		return lock, nil
 	}
@@ -254,6 +276,9 @@ func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 // A nil lock (fail-open run) or a lock the handler released itself is left
 // alone.
 func (g *Guard) Exit(ctx context.Context, lock *reqlock.Lock) {
+	if lock != nil && g.modes != nil {
+		g.modes.Holding(g.cfg.Name, g.mode, -1)
+	}
 	if lock == nil || lock.Released() {
 		return
 	}
@@ -385,6 +410,13 @@ func (g *Guard) obtainRejection(ctx context.Context, key string, err error) *Rej
 		return &Rejection{Status: StatusClientClosedRequest, Reason: ReasonCanceled,
 			Detail: "the request was cancelled while it waited for the lock", Err: err}
 	case reqlock.OutcomeTimeout:
+		if g.cfg.Limit > 0 {
+			if g.modes != nil {
+				g.modes.LimitReached(g.cfg.Name)
+			}
+			return &Rejection{Status: g.cfg.TimeoutStatus, Reason: ReasonLimit, RetryAfter: g.cfg.RetryAfter,
+				Detail: "the limit of concurrent requests for the resource is reached; retry later", Err: err}
+		}
 		return &Rejection{Status: g.cfg.TimeoutStatus, Reason: ReasonTimeout, RetryAfter: g.cfg.RetryAfter,
 			Detail: "the resource is locked by another request; retry later", Err: err}
 	case reqlock.OutcomeStoreError:

@@ -20,6 +20,9 @@ type Reason string
 const (
 	// ReasonTimeout: the wait for a held key ran out (TimeoutStatus).
 	ReasonTimeout Reason = "timeout"
+	// ReasonLimit: on a route with a Limit, the wait for a place ran out
+	// with every place taken (TimeoutStatus, 429 by default).
+	ReasonLimit Reason = "limit"
 	// ReasonStoreError: the lock store failed or timed out (503).
 	ReasonStoreError Reason = "store_error"
 	// ReasonBadKey: the key could not be derived from the request (400).

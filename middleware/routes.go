@@ -155,6 +155,7 @@ func tableConfig(opts []Option) (Config, error) {
 		{"TimeoutStatus", c.TimeoutStatus != 0}, {"RetryAfter", c.RetryAfter != 0},
 		{"OnStoreError", c.OnStoreError != FailClosed}, {"MaxBodyBytes", c.MaxBodyBytes != 0},
 		{"MaxValueLen", c.MaxValueLen != 0}, {"Watchdog", c.Watchdog},
+		{"Shared", c.Shared}, {"Limit", c.Limit != 0},
 	} {
 		if f.set {
 			set = append(set, f.name)

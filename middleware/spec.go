@@ -16,7 +16,7 @@ import (
 //	key              Key, Keys      required (the first is Key)
 //	ttl              TTL            10s
 //	wait             Wait           2s (0 or none: NoWait)
-//	on-timeout       TimeoutStatus  423
+//	on-timeout       TimeoutStatus  423; 429 with a limit
 //	retry-after      RetryAfter     1s
 //	on-store-error   OnStoreError   fail-closed (fail-open or run: FailOpen)
 //	hold-at-least    HoldAtLeast    0 (release at once)
@@ -25,6 +25,8 @@ import (
 //	max-value-len    MaxValueLen    64
 //	watchdog         Watchdog       false
 //	name             Name           the key templates
+//	mode             Shared         exclusive (false)
+//	limit            Limit          0 (no limit)
 //
 // Every error wraps ErrInvalidConfig and routetable.ErrInvalid and names the
 // 1-based column (in characters) of the offending field, the field and the
@@ -69,6 +71,8 @@ func specConfig(s routetable.Spec) Config {
 		MaxValueLen:   s.MaxValueLen,
 		Watchdog:      s.Watchdog,
 		Name:          s.Name,
+		Shared:        s.Shared,
+		Limit:         s.Limit,
 	}
 	if len(s.Keys) > 0 {
 		c.Key = s.Keys[0]

@@ -55,14 +55,21 @@ type Spec struct {
 	Watchdog bool
 	// Name labels the route in metrics and logs (name).
 	Name string
+	// Shared says the route's requests hold the key shared (mode=shared):
+	// they run alongside each other and never with an exclusive holder.
+	// mode=exclusive, the default, leaves it false.
+	Shared bool
+	// Limit lets at most this many requests hold the key at once (limit),
+	// at least 1; 0 means no limit.
+	Limit int
 
 	set uint32 // bit i: specFields[i] is given
 }
 
 // Has reports whether the spec sets field, named as the grammar names it:
 // "key", "ttl", "wait", "on-timeout", "retry-after", "on-store-error",
-// "hold-at-least", "max-keys", "max-body", "max-value-len", "watchdog" or
-// "name".
+// "hold-at-least", "max-keys", "max-body", "max-value-len", "watchdog",
+// "name", "mode" or "limit".
 func (s Spec) Has(field string) bool {
 	i := slices.Index(specFields, field)
 	return i >= 0 && s.set&(1<<i) != 0
@@ -96,13 +103,17 @@ func (s Spec) Has(field string) bool {
 //	max-value-len    MaxValueLen    whole number, at least 16
 //	watchdog         Watchdog       true or false; bare watchdog is true
 //	name             Name           label for metrics and logs
+//	mode             Shared         exclusive: false; shared: true
+//	limit            Limit          whole number, at least 1
 //
 // A duration is a Go duration such as 10s, 500ms or 1m30s, never negative.
 // Key templates follow package keyfunc's grammar; they have no spaces but
 // may be quoted. Each is parsed with the spec's max-body and max-value-len,
 // so a bad template fails here, router syntax such as key=acct:{id} or
 // key=acct::id included (the error shows <id>), as does a watchdog with a
-// ttl below MinWatchdogTTL. A template's escape \{ is written as is
+// ttl below MinWatchdogTTL. A shared or limited spec locks one key: it
+// takes one key template, which yields one key (no [*] JSON path); limit
+// is a mode of its own and goes without mode. A template's escape \{ is written as is
 // unquoted (key=\{stock}:<id>) and doubled in a quoted value
 // (key="\\{stock}:<id>").
 //
@@ -136,6 +147,7 @@ type specParser struct {
 var specFields = []string{
 	"key", "ttl", "wait", "on-timeout", "retry-after", "on-store-error",
 	"hold-at-least", "max-keys", "max-body", "max-value-len", "watchdog", "name",
+	"mode", "limit",
 }
 
 // parseSpec is ParseSpec with a concrete error type.
@@ -385,6 +397,21 @@ func (p *specParser) set(name, value string) string {
 		}
 	case "name":
 		s.Name = value
+	case "mode":
+		switch value {
+		case "exclusive":
+			s.Shared = false
+		case "shared":
+			s.Shared = true
+		default:
+			return fmt.Sprintf("%q is not exclusive or shared", value)
+		}
+	case "limit":
+		n, problem := specInt(value, 1)
+		if problem != "" {
+			return problem
+		}
+		s.Limit = n
 	}
 	return ""
 }
@@ -452,9 +479,27 @@ func (p *specParser) finish() *Error {
 	if p.spec.MaxValueLen != 0 {
 		opts = append(opts, keyfunc.WithMaxValueLen(p.spec.MaxValueLen))
 	}
+	if p.spec.Has("limit") && p.spec.Has("mode") {
+		return errAtColumn(p.seen["mode"], nil, "mode: a limit is a mode of its own (at most %d holders at once, never with an exclusive one); leave mode out",
+			p.spec.Limit)
+	}
+	oneKey := "" // the field that makes the spec lock one key
+	switch {
+	case p.spec.Limit > 0:
+		oneKey = "limit"
+	case p.spec.Shared:
+		oneKey = "mode"
+	}
+	if oneKey != "" && len(p.keys) > 1 {
+		return errAtColumn(p.seen[oneKey], nil, "%s: a shared or limited lock takes one key; this spec has %d key templates", oneKey, len(p.keys))
+	}
 	for _, k := range p.keys {
-		if _, err := keyfunc.Parse(k.template, opts...); err != nil {
+		t, err := keyfunc.Parse(k.template, opts...)
+		if err != nil {
 			return errAtColumn(k.col, err, "key: %v", err)
+		}
+		if oneKey != "" && t.Multi() {
+			return errAtColumn(k.col, nil, "key: %q may yield several keys, and a shared or limited lock takes one", k.template)
 		}
 		p.spec.Keys = append(p.spec.Keys, k.template)
 	}

@@ -29,6 +29,9 @@ func FuzzParseSpec(f *testing.F) {
 		`key=a name="x\n"`,
 		"@locks key=a",
 		"key=a wait=-1s",
+		"key=report:<id> mode=shared watchdog",
+		"key=t:<header:X-Tenant> limit=3 on-timeout=429",
+		"key=a limit=2 mode=shared",
 		"",
 	} {
 		f.Add(s)
@@ -67,7 +70,8 @@ func FuzzParseSpec(f *testing.F) {
 			s.MaxValueLen != 0 && s.MaxValueLen < keyfunc.MinMaxValueLen,
 			s.Watchdog && s.TTL != 0 && s.TTL < routetable.MinWatchdogTTL,
 			!slices.Contains([]int{0, 423, 409, 429, 503}, s.TimeoutStatus),
-			!utf8.ValidString(s.Name):
+			!utf8.ValidString(s.Name),
+			s.Limit < 0, s.Limit > 0 && s.Has("mode"), (s.Shared || s.Limit > 0) && len(s.Keys) != 1:
 			t.Fatalf("ParseSpec(%q) gave a value out of its range: %+v", text, s)
 		}
 	})

@@ -13,15 +13,16 @@ import (
 )
 
 const (
-	allFields   = "key ttl wait on-timeout retry-after on-store-error hold-at-least max-keys max-body max-value-len watchdog name"
-	knownFields = "(known: key, ttl, wait, on-timeout, retry-after, on-store-error, hold-at-least, max-keys, max-body, max-value-len, watchdog, name)"
+	allFields   = "key ttl wait on-timeout retry-after on-store-error hold-at-least max-keys max-body max-value-len watchdog name mode limit"
+	knownFields = "(known: key, ttl, wait, on-timeout, retry-after, on-store-error, hold-at-least, max-keys, max-body, max-value-len, watchdog, name, mode, limit)"
 )
 
 // exported is s without what Has reads, to compare with a Spec literal.
 func exported(s routetable.Spec) routetable.Spec {
 	return routetable.Spec{Text: s.Text, Keys: s.Keys, TTL: s.TTL, Wait: s.Wait, TimeoutStatus: s.TimeoutStatus,
 		RetryAfter: s.RetryAfter, FailOpen: s.FailOpen, HoldAtLeast: s.HoldAtLeast, MaxKeys: s.MaxKeys,
-		MaxBodyBytes: s.MaxBodyBytes, MaxValueLen: s.MaxValueLen, Watchdog: s.Watchdog, Name: s.Name}
+		MaxBodyBytes: s.MaxBodyBytes, MaxValueLen: s.MaxValueLen, Watchdog: s.Watchdog, Name: s.Name,
+		Shared: s.Shared, Limit: s.Limit}
 }
 
 // TestParseSpecFields checks every field's values and the fields Has
@@ -60,6 +61,10 @@ func TestParseSpecFields(t *testing.T) {
 		{"key=a ttl=30ms watchdog=true", routetable.Spec{Keys: keys("a"), TTL: 30 * time.Millisecond, Watchdog: true}, "key ttl watchdog"},
 		{`key=a name="POST /skus/{id}/deduct"`, routetable.Spec{Keys: keys("a"), Name: "POST /skus/{id}/deduct"}, "key name"},
 		{`@lock name="é" key=a`, routetable.Spec{Keys: keys("a"), Name: "é"}, "key name"},
+		{"key=report:<id> mode=shared", routetable.Spec{Keys: keys("report:<id>"), Shared: true}, "key mode"},
+		{"key=a key=b mode=exclusive", routetable.Spec{Keys: keys("a", "b")}, "key mode"},
+		{"key=tenant:<header:X-Tenant> limit=3 on-timeout=423", routetable.Spec{Keys: keys("tenant:<header:X-Tenant>"),
+			Limit: 3, TimeoutStatus: 423}, "key limit on-timeout"},
 		{
 			"@lock name=all key=<json:a> key=b watchdog ttl=1m wait=2s on-timeout=429 retry-after=2s " +
 				"on-store-error=fail-open hold-at-least=1s max-keys=4 max-body=1MiB max-value-len=32",
@@ -134,6 +139,14 @@ func TestParseSpecErrors(t *testing.T) {
 		{`key=a retry-after=0`, `spec column 7: retry-after: "0" is zero (Retry-After is whole seconds, at least 1)`},
 		{`key=a hold-at-least=1`, `spec column 7: hold-at-least: "1" is not a duration (such as 2s or 500ms)`},
 		{`key=a hold-at-least=-1s`, `spec column 7: hold-at-least: "-1s" is negative`},
+		{`key=a mode=read`, `spec column 7: mode: "read" is not exclusive or shared`},
+		{`key=a limit=0`, `spec column 7: limit: "0" is below 1`},
+		{`key=a limit=-2`, `spec column 7: limit: "-2" is not a whole number`},
+		{`key=a limit=3 mode=shared`, `spec column 15: mode: a limit is a mode of its own (at most 3 holders at once, never with an exclusive one); leave mode out`},
+		{`key=a mode=exclusive limit=3`, `spec column 7: mode: a limit is a mode of its own (at most 3 holders at once, never with an exclusive one); leave mode out`},
+		{`key=a key=b mode=shared`, `spec column 13: mode: a shared or limited lock takes one key; this spec has 2 key templates`},
+		{`limit=2 key=a key=b`, `spec column 1: limit: a shared or limited lock takes one key; this spec has 2 key templates`},
+		{`mode=shared key=<json:items[*].sku>`, `spec column 13: key: "<json:items[*].sku>" may yield several keys, and a shared or limited lock takes one`},
 		{`key=a on-timeout=500`, `spec column 7: on-timeout: "500" is not one of 423, 409, 429, 503`},
 		{`key=a on-timeout=locked`, `spec column 7: on-timeout: "locked" is not one of 423, 409, 429, 503`},
 		{`key=a on-store-error=500`, `spec column 7: on-store-error: "500" is not one of 503, fail-closed, fail-open, run`},

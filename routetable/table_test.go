@@ -2,6 +2,7 @@ package routetable_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"reflect"
 	"strings"
@@ -385,4 +386,35 @@ func TestCheck(t *testing.T) {
 	if _, err := routetable.CheckFile("testdata/missing.yaml"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("CheckFile(missing.yaml) error = %v", err)
 	}
+}
+
+// TestParseSharedAndLimited: a table takes the mode and limit fields in
+// every route shape (net/http's {id}, gin and echo's :id), and a shared or
+// limited entry that locks several keys is refused naming its line and
+// route.
+func TestParseSharedAndLimited(t *testing.T) {
+	data := []byte(`routes:
+  GET /reports/:id: "@lock key=report:<id> mode=shared"
+  POST /reports/{id}/rebuild: "@lock key=report:<id> mode=exclusive watchdog"
+  POST /exports: "@lock key=tenant:<header:X-Tenant> limit=3"
+`)
+	entries, err := routetable.Parse("routes.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]string, len(entries))
+	for i, e := range entries {
+		got[i] = fmt.Sprintf("%s %s shared=%t limit=%d", e.Method, e.Path, e.Spec.Shared, e.Spec.Limit)
+	}
+	want := []string{"GET /reports/{id} shared=true limit=0", "POST /reports/{id}/rebuild shared=false limit=0", "POST /exports shared=false limit=3"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("entries %q, want %q", got, want)
+	}
+	_, err = routetable.Parse("routes.json", []byte(`{"routes": {
+  "GET /a/:id": "@lock key=a:<id> key=b mode=shared",
+  "POST /b": "@lock key=b limit=0"
+}}`))
+	checkErrors(t, "Parse", err,
+		`routes.json:2: GET /a/:id: spec column 24: mode: a shared or limited lock takes one key; this spec has 2 key templates`,
+		`routes.json:3: POST /b: spec column 13: limit: "0" is below 1`)
 }

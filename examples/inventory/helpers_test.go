@@ -65,6 +65,9 @@ type answer struct {
 	Reason string      `json:"reason"` // the middleware's problem details
 	Items  []cartLine  `json:"items"`  // a checkout's lines
 	Short  []shortItem `json:"short"`  // a short cart's SKUs
+
+	Version int64 `json:"version"` // a report's
+	Running int   `json:"running"` // exports of the tenant running
 }
 
 // String describes a for failure messages.
@@ -115,6 +118,11 @@ func awaitHook(t *testing.T, hooked <-chan struct{}, request <-chan sent) {
 
 // doCtx is do with a context, which bounds the request.
 func doCtx(ctx context.Context, method, url, body string) (answer, error) {
+	return doHeader(ctx, method, url, body, nil)
+}
+
+// doHeader is doCtx sending the request with header too.
+func doHeader(ctx context.Context, method, url, body string, header http.Header) (answer, error) {
 	var r io.Reader
 	if body != "" {
 		r = strings.NewReader(body)
@@ -122,6 +130,9 @@ func doCtx(ctx context.Context, method, url, body string) (answer, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, r)
 	if err != nil {
 		return answer{}, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")

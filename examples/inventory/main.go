@@ -72,6 +72,14 @@
 //	POST /skus/{id}/deduct   @lock key=sku:<id>                  on-timeout=423 on-store-error=503
 //	POST /orders             @lock key=sku:<json:sku>            on-timeout=423 on-store-error=503
 //	POST /carts/checkout     @lock key=sku:<json:items[*].sku>   on-timeout=423 on-store-error=503
+//	GET  /reports/{id}       @lock key=report:<id> mode=shared   on-timeout=423 on-store-error=503
+//	POST /reports/{id}/rebuild  @lock key=report:<id>            on-timeout=423 on-store-error=503
+//	POST /exports            @lock key=tenant:<header:X-Tenant> limit=3  on-timeout=429 on-store-error=503
+//
+// On a store without shared locks (all but memstore today) the report read
+// and the export lock exclusively instead (mode and limit left out), and a
+// warning says so at start-up; a table file that asks for them there stops
+// the service, naming each entry.
 //
 // routes.yaml, next to this file, is that table with the default wait=2s and
 // ttl=10s: -routes routes.yaml behaves exactly as no
@@ -103,6 +111,14 @@
 //	                         quantities added up. 200 {"items":[{"sku":"…","qty":Q,
 //	                         "stock":remaining,"fence":F},…]}, one line per SKU,
 //	                         sorted by SKU
+//	GET  /reports/{id}       200 {"report":"…","version":V,"fence":F}; reads of one
+//	                         report run together, never during its rebuild
+//	POST /reports/{id}/rebuild  200 {"report":"…","version":V+1,"fence":F}: runs
+//	                         alone; a read and a rebuild that ever see each other
+//	                         answer 500 "overlap: …"
+//	POST /exports            header X-Tenant: 200 {"tenant":"…","running":N}, at
+//	                         most 3 of a tenant at once; the next waits, then 429
+//	                         with Retry-After and reason "limit"
 //	GET  /metrics            the lock metrics in the Prometheus text format
 //	                         (package metrics); not locked
 //
@@ -515,7 +531,7 @@ func buildApp(cfg config) (*app, error) {
 	case lockStore == nil:
 		lockStore, a.lockDesc = memstore.New(), "memstore (in memory)"
 	}
-	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work}
+	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work, reports: newReports()}
 	a.metrics = metrics.New()
 
 	if !cfg.noLock {

@@ -43,6 +43,15 @@ func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (ht
 	e.POST("/carts/checkout", func(c echo.Context) error {
 		return echoReply(c, s.checkoutReply(c.Request().Context(), c.Request().Body, echoHolder(c, checkoutKeys)))
 	})
+	e.Match(getHead, "/reports/:id", func(c echo.Context) error {
+		return echoReply(c, s.readReply(c.Request().Context(), echolock.Param(c, "id"), echoHolder(c, nil)))
+	})
+	e.POST("/reports/:id/rebuild", func(c echo.Context) error {
+		return echoReply(c, s.rebuildReply(c.Request().Context(), echolock.Param(c, "id"), echoHolder(c, nil)))
+	})
+	e.POST("/exports", func(c echo.Context) error {
+		return echoReply(c, s.exportReply(c.Request().Context(), c.Request().Header.Get("X-Tenant")))
+	})
 	e.Match(getHead, "/metrics", echo.WrapHandler(metricsHandler))
 	if rt != nil {
 		if err := echolock.CheckRoutes(rt, e.Routes()); err != nil {

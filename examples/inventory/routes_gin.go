@@ -43,6 +43,15 @@ func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (htt
 	r.POST("/carts/checkout", func(c *gin.Context) {
 		ginReply(c, s.checkoutReply(c.Request.Context(), c.Request.Body, ginHolder(c, checkoutKeys)))
 	})
+	r.Match(getHead, "/reports/:id", func(c *gin.Context) {
+		ginReply(c, s.readReply(c.Request.Context(), c.Param("id"), ginHolder(c, nil)))
+	})
+	r.POST("/reports/:id/rebuild", func(c *gin.Context) {
+		ginReply(c, s.rebuildReply(c.Request.Context(), c.Param("id"), ginHolder(c, nil)))
+	})
+	r.POST("/exports", func(c *gin.Context) {
+		ginReply(c, s.exportReply(c.Request.Context(), c.GetHeader("X-Tenant")))
+	})
 	r.Match(getHead, "/metrics", gin.WrapH(metricsHandler))
 	if rt != nil {
 		if err := ginlock.Verify(r, rt); err != nil {

@@ -32,6 +32,15 @@ func netHTTPRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) 
 	mux.HandleFunc(routeCheckout, func(w http.ResponseWriter, r *http.Request) {
 		writeReply(w, s.checkoutReply(r.Context(), r.Body, httpHolder(r, checkoutKeys)))
 	})
+	mux.HandleFunc(routeReport, func(w http.ResponseWriter, r *http.Request) {
+		writeReply(w, s.readReply(r.Context(), r.PathValue("id"), httpHolder(r, nil)))
+	})
+	mux.HandleFunc(routeRebuild, func(w http.ResponseWriter, r *http.Request) {
+		writeReply(w, s.rebuildReply(r.Context(), r.PathValue("id"), httpHolder(r, nil)))
+	})
+	mux.HandleFunc(routeExports, func(w http.ResponseWriter, r *http.Request) {
+		writeReply(w, s.exportReply(r.Context(), r.Header.Get("X-Tenant")))
+	})
 	mux.Handle(routeMetrics, metricsHandler)
 	if rt == nil {
 		return mux, nil

@@ -457,6 +457,7 @@ type shop struct {
 	store        stockStore
 	defaultStock int64         // stock of a SKU never set
 	work         time.Duration // simulated work between reading and writing
+	reports      *reports      // the report and export routes' state (reports.go)
 
 	// testHookAfterRead, when set, runs in Deduct between the read and the
 	// work. Tests use it as a barrier; it is nil in the service.

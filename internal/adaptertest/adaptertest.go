@@ -147,6 +147,13 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("watchdog cancels the handler's context when the lock is lost", s.testWatchdogLost)
 	t.Run("watchdog keeps a long handler's lock", s.testWatchdogKeeps)
 	t.Run("a lapsed lease cancels the handler's context", s.testLeaseEndsHandlerContext)
+	t.Run("shared: readers together, a writer waits and times out like any wait", s.testSharedReaders)
+	t.Run("limit: the next request answers 429 with Retry-After, or the route's status", s.testLimitAnswers429)
+	t.Run("limit: concurrent requests over two instances never exceed it", s.testLimitConcurrent)
+	t.Run("limit: the watchdog keeps a long handler's place", s.testLimitWatchdogKeeps)
+	t.Run("limit: hold-at-least keeps the place for its window", s.testLimitHoldAtLeast)
+	t.Run("limit: a store failure fails open or answers 503", s.testLimitFailOpen)
+	t.Run("shared and limited routes fail at start-up on stores without them, and in invalid combinations", s.testSharedStartUp)
 
 	if a.ServeRoutes == nil || a.ServeNested == nil || a.InstallRoutes == nil || a.Skipper == nil || a.Responder == nil {
 		t.Fatalf("%s: Adapter.ServeRoutes, ServeNested, InstallRoutes, Skipper and Responder are required", a.Name)

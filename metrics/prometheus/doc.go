@@ -22,6 +22,12 @@
 //	reqlock_lock_lost_total{route}             counter
 //	reqlock_lock_handoffs_total{route}         counter
 //
+// and, from reqlock.ModeMetrics (reported by package middleware for its
+// routes; they appear with a route's first event of a mode):
+//
+//	reqlock_lock_holders{mode,route}           gauge; this process's requests holding the route's lock, mode exclusive, shared or limited
+//	reqlock_lock_limit_reached_total{route}    counter; over-limit answers (429 by default; also counted as timeout)
+//
 // and, from reqlock.OutageMetrics (the Locker's breaker, see
 // reqlock.WithBreaker, and its pending releases, see
 // reqlock.WithPendingReleases):

@@ -10,7 +10,8 @@ import (
 )
 
 // Metrics reports a reqlock.Locker's events to Prometheus. It implements
-// reqlock.Metrics, reqlock.OutageMetrics and prometheus.Collector; create
+// reqlock.Metrics, reqlock.OutageMetrics, reqlock.ModeMetrics and
+// prometheus.Collector; create
 // it with New, register it with a prometheus.Registerer and pass it to
 // reqlock.WithMetrics. It is safe for concurrent use.
 type Metrics struct {
@@ -21,6 +22,7 @@ type Metrics struct {
 	lost     *prometheus.CounterVec   // route
 	handoffs *prometheus.CounterVec   // route
 	outage   *outage                  // the families of reqlock.OutageMetrics
+	modes    *modes                   // the families of reqlock.ModeMetrics
 
 	routes  *metricdefs.Routes[route]
 	reasons metricdefs.Reasons // of the outcomes beyond metricdefs.KnownOutcomes
@@ -41,6 +43,8 @@ type route struct {
 	// downRejected counts lock_store_down_rejected_total; created with
 	// the route, it is collected once an outage event came.
 	downRejected prometheus.Counter
+
+	modes routeModes // the route's series of reqlock.ModeMetrics
 }
 
 type observer struct{ prometheus.Observer }
@@ -79,6 +83,7 @@ func New(opts ...Option) *Metrics {
 		lost:     counter(metricdefs.NameLost, metricdefs.HelpLost, route),
 		handoffs: counter(metricdefs.NameHandoffs, metricdefs.HelpHandoffs, route),
 		outage:   newOutage(c),
+		modes:    newModes(c),
 	}
 	m.routes = metricdefs.NewRoutes(c.maxRoutes, m.newRoute)
 	return m
@@ -96,16 +101,25 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.outage.collectors() {
 		c.Describe(ch)
 	}
+	for _, c := range m.modes.collectors() {
+		c.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector. The families of
-// reqlock.OutageMetrics are collected once the first of their events came.
+// reqlock.OutageMetrics and of reqlock.ModeMetrics are collected once the
+// first of their events came.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.vecs() {
 		c.Collect(ch)
 	}
 	if m.outage.seen.Load() {
 		for _, c := range m.outage.collectors() {
+			c.Collect(ch)
+		}
+	}
+	if m.modes.seen.Load() {
+		for _, c := range m.modes.collectors() {
 			c.Collect(ch)
 		}
 	}

@@ -89,8 +89,61 @@ func TestSameAsCore(t *testing.T) {
 				m.(reqlock.OutageMetrics).StoreDown()
 			}
 			sameText(t, "second outage, still down", reg, cm)
+
+			for _, m := range []reqlock.ModeMetrics{pm, cm} {
+				modeEvents(m)
+			}
+			sameText(t, "modes", reg, cm)
+			for _, m := range []reqlock.ModeMetrics{pm, cm} {
+				modeEvents(m)
+				m.Holding("GET /reports/{id}", reqlock.HolderShared, -1)
+			}
+			sameText(t, "modes again", reg, cm)
 		})
 	}
+}
+
+// TestSameAsCoreModesFirst: mode events before any other show the mode
+// families alone, with their routes, as the core package writes them.
+func TestSameAsCoreModesFirst(t *testing.T) {
+	pm, cm := New(), metrics.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pm)
+	for _, m := range []reqlock.ModeMetrics{pm, cm} {
+		modeEvents(m)
+	}
+	sameText(t, "modes first", reg, cm)
+	text := scrapeText(t, reg)
+	for _, want := range []string{
+		`reqlock_lock_holders{mode="shared",route="GET /reports/{id}"} 2` + "\n",
+		`reqlock_lock_holders{mode="limited",route="POST /exports"} 1` + "\n",
+		`reqlock_lock_limit_reached_total{route="POST /exports"} 3` + "\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, `reqlock_lock_limit_reached_total{route="GET /reports/{id}"}`) {
+		t.Errorf("a route without a limit has lock_limit_reached_total:\n%s", text)
+	}
+}
+
+// modeEvents reports every reqlock.ModeMetrics event: holders of each mode
+// coming and going, one mode package reqlock does not define, over-limit
+// answers of a known and an overflowing route.
+func modeEvents(m reqlock.ModeMetrics) {
+	for range 3 {
+		m.Holding("GET /reports/{id}", reqlock.HolderShared, 1)
+	}
+	m.Holding("GET /reports/{id}", reqlock.HolderShared, -1)
+	m.Holding("POST /reports/{id}/rebuild", reqlock.HolderExclusive, 1)
+	m.Holding("POST /reports/{id}/rebuild", reqlock.HolderExclusive, -1)
+	m.Holding("POST /exports", reqlock.HolderLimited, 1)
+	m.Holding(`POST /a"b`, "later", 1)
+	for range 3 {
+		m.LimitReached("POST /exports")
+	}
+	m.LimitReached(OverflowRoute)
 }
 
 // TestSameAsCoreOutageFirst: outage events before any route's event show
