@@ -170,24 +170,24 @@ const (
 VALUES (?, {marker}, {released}, 0)
 ON DUPLICATE KEY UPDATE fence = fence`
 
-	// selectKeySQL reads the locked lease row: whether it is held, and by
-	// holders, its remaining TTL in microseconds and its fence. Arguments:
-	// key.
-	selectKeySQL = `SELECT expires_at > {now}, {isMarker}, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence
-FROM {table} WHERE lock_key = ? FOR UPDATE`
+	// selectKeySQL reads the key's lease row, locking it, and its holders
+	// and writer records, locking them too, in one join: whether the key is
+	// held, and by holders, its remaining TTL in microseconds and its
+	// fence, on every row; then, on a row each (NULL when none), a holder's
+	// or writer's kind, token digest and remaining TTL in microseconds
+	// (zero or less once expired). The lease row is read first (by its
+	// primary key), as every transaction on a key's holders locks it first.
+	// Arguments: key digest, key.
+	selectKeySQL = peekKeySQL + ` FOR UPDATE`
 
 	// peekKeySQL is selectKeySQL without locking.
-	peekKeySQL = `SELECT expires_at > {now}, {isMarker}, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence
-FROM {table} WHERE lock_key = ?`
+	peekKeySQL = `SELECT l.expires_at > {now}, l.{isMarker}, TIMESTAMPDIFF(MICROSECOND, {now}, l.expires_at), l.fence,
+  h.writer, h.token_sum, TIMESTAMPDIFF(MICROSECOND, {now}, h.expires_at)
+FROM {table} AS l LEFT JOIN {holders} AS h ON h.key_sum = ?
+WHERE l.lock_key = ?`
 
 	// lockRowSQL locks a key's lease row, when it exists. Arguments: key.
 	lockRowSQL = `SELECT 1 FROM {table} WHERE lock_key = ? FOR UPDATE`
-
-	// selectHoldersSQL reads the key's holders and writer records: each
-	// one's kind, token digest and remaining TTL in microseconds (zero or
-	// less once expired). Arguments: key digest.
-	selectHoldersSQL = `SELECT writer, token_sum, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at)
-FROM {holders} WHERE key_sum = ?`
 
 	// sweepHoldersSQL deletes the key's expired holders and writer
 	// records. Arguments: key digest.
@@ -246,11 +246,10 @@ type queries struct {
 	release, expire                     string
 	purgeFirst, purgeAfter, purge       string
 
-	createHolders                                 string
-	lockKey, lockRow, selectKey, peekKey          string
-	selectHolders, sweepHolders                   string
-	grantKey, upsertHolder, writerWaits, withdraw string
-	dropHolder, expireHolder, settleKey           string
+	createHolders                                      string
+	lockKey, lockRow, selectKey, peekKey, sweepHolders string
+	grantKey, upsertHolder, writerWaits, withdraw      string
+	dropHolder, expireHolder, settleKey                string
 }
 
 // newQueries returns the SQL for quoted, a validated and quoted table name,
@@ -286,7 +285,6 @@ func newQueries(quoted, holdersTable string) queries {
 		lockRow:       r.Replace(lockRowSQL),
 		selectKey:     r.Replace(selectKeySQL),
 		peekKey:       r.Replace(peekKeySQL),
-		selectHolders: r.Replace(selectHoldersSQL),
 		sweepHolders:  r.Replace(sweepHoldersSQL),
 		grantKey:      r.Replace(grantKeySQL),
 		upsertHolder:  r.Replace(upsertHolderSQL),

@@ -87,8 +87,8 @@ func (s *Store) acquireShared(ctx context.Context, c *call[acquired], key, token
 // sharedStmts are the statements of AcquireShared, prepared (see prepare)
 // before its transaction takes its connection.
 type sharedStmts struct {
-	lockKey, selectKey, selectHolders, sweepHolders stmt
-	grantKey, upsertHolder                          stmt
+	lockKey, selectKey, sweepHolders stmt
+	grantKey, upsertHolder           stmt
 }
 
 // prepareShared prepares the statements of AcquireShared.
@@ -101,7 +101,7 @@ func (s *Store) prepareShared(ctx context.Context) (sharedStmts, error) {
 		st    *stmt
 		query string
 	}{
-		{&st.lockKey, s.q.lockKey}, {&st.selectKey, s.q.selectKey}, {&st.selectHolders, s.q.selectHolders},
+		{&st.lockKey, s.q.lockKey}, {&st.selectKey, s.q.selectKey},
 		{&st.sweepHolders, s.q.sweepHolders}, {&st.grantKey, s.q.grantKey}, {&st.upsertHolder, s.q.upsertHolder},
 	} {
 		if *p.st, err = s.prepare(ctx, p.query); err != nil {
@@ -133,7 +133,7 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	peek, err := readKey(ctx, s.dbx, peekKey, st.selectHolders, key, token)
+	peek, err := readKey(ctx, s.dbx, peekKey, key, token)
 	switch {
 	case err != nil:
 		return stores.Grant{}, err
@@ -153,12 +153,12 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 			return stores.Grant{}, err
 		}
 	}
-	k, err := readKey(ctx, tx, st.selectKey, st.selectHolders, key, token)
+	k, err := readKey(ctx, tx, st.selectKey, key, token)
 	if err == nil && !k.found { // purged since the look: create it
 		if _, err := st.lockKey.exec(ctx, tx, key); err != nil {
 			return stores.Grant{}, err
 		}
-		k, err = readKey(ctx, tx, st.selectKey, st.selectHolders, key, token)
+		k, err = readKey(ctx, tx, st.selectKey, key, token)
 	}
 	switch {
 	case err != nil:
@@ -171,11 +171,6 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	ksum, tsum, fence, h := k.ksum, k.tsum, k.fence, k.h
 	if g, refused := decide(k, limit); refused {
 		return g, nil
-	}
-	if h.expired {
-		if _, err := st.sweepHolders.exec(ctx, tx, ksum); err != nil {
-			return stores.Grant{}, err
-		}
 	}
 	res, err := st.grantKey.exec(ctx, tx, max(ttl, h.others), key)
 	if err != nil {
@@ -195,6 +190,12 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 		a.sess, a.unknown = p.session, true
 		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the shared grant of %s (outcome unknown): %w", stores.KeyForMessage(key), err)
 	}
+	if h.expired {
+		// Expired places count for nothing: they are deleted after the
+		// commit, so that the lease row's lock is not held for it. A
+		// failure leaves them to the next grant.
+		_, _ = st.sweepHolders.exec(ctx, s.dbx, ksum)
+	}
 	return stores.Grant{OK: true, Fences: []int64{next}}, nil
 }
 
@@ -207,29 +208,38 @@ type keyState struct {
 	h          keyHolders
 }
 
-// readKey reads key's lease row on e with row (peekKeySQL, or
-// selectKeySQL in a transaction, which locks it) and its holders with
-// holdersOf, for the caller with token. A missing row reads as free.
-func readKey(ctx context.Context, e execer, row, holdersOf stmt, key, token string) (keyState, error) {
+// readKey reads key's lease row and its holders and writer records on e
+// with st (peekKeySQL, or selectKeySQL in a transaction, which locks them),
+// for the caller with token. A missing row reads as free.
+func readKey(ctx context.Context, e execer, st stmt, key, token string) (keyState, error) {
 	k := keyState{ksum: holders.Digest(key), tsum: holders.Digest(token)}
-	var (
-		live, marked bool
-		left         int64
-	)
-	switch err := scanOne(ctx, e, row, []any{key}, &live, &marked, &left, &k.fence); {
-	case errors.Is(err, sql.ErrNoRows):
-		return k, nil
-	case err != nil:
+	rows, err := st.rows(ctx, e, k.ksum, key)
+	if err != nil {
 		return k, err
 	}
-	k.found = true
-	if live && !marked {
-		k.refusal = &stores.Grant{Wait: remaining(left)}
-		return k, nil
+	defer rows.Close()
+	k.h.soonest = -1
+	for rows.Next() {
+		var (
+			live, marked bool
+			left         int64
+			writer       sql.NullBool
+			sum          []byte
+			hleft        sql.NullInt64
+		)
+		if err := rows.Scan(&live, &marked, &left, &k.fence, &writer, &sum, &hleft); err != nil {
+			return k, fmt.Errorf("%w: the holders of %s: %w", ErrUnexpectedReply, stores.KeyForMessage(key), err)
+		}
+		k.found = true
+		if live && !marked {
+			k.refusal = &stores.Grant{Wait: remaining(left)}
+			return k, rows.Close()
+		}
+		if writer.Valid {
+			k.h.add(writer.Bool, sum, hleft.Int64, k.tsum)
+		}
 	}
-	var err error
-	k.h, err = readHolders(ctx, e, holdersOf, k.ksum, k.tsum)
-	return k, err
+	return k, rows.Err()
 }
 
 // scanOne runs st with args on e and scans its first row into dest; it
@@ -266,42 +276,26 @@ func decide(k keyState, limit int) (stores.Grant, bool) {
 	return stores.Grant{}, false
 }
 
-// readHolders reads the holders and writer records of the key whose digest
-// is ksum, for the caller whose token's digest is tsum, on e with st.
-func readHolders(ctx context.Context, e execer, st stmt, ksum, tsum []byte) (keyHolders, error) {
-	rows, err := st.rows(ctx, e, ksum)
-	if err != nil {
-		return keyHolders{}, err
-	}
-	defer rows.Close()
-	h := keyHolders{soonest: -1}
-	for rows.Next() {
-		var (
-			writer bool
-			sum    []byte
-			left   int64
-		)
-		if err := rows.Scan(&writer, &sum, &left); err != nil {
-			return keyHolders{}, fmt.Errorf("%w: the holders of a key: %w", ErrUnexpectedReply, err)
+// add counts a row of the key's holders table: a holder's or a writer's
+// (writer), whose token's digest is sum, with left µs remaining (zero or
+// less once expired), for the caller whose token's digest is tsum.
+func (h *keyHolders) add(writer bool, sum []byte, left int64, tsum []byte) {
+	switch {
+	case left <= 0:
+		h.expired = true
+	case writer:
+		h.writer = max(h.writer, left)
+	default:
+		h.n++
+		if bytes.Equal(sum, tsum) {
+			h.mine = true
+		} else {
+			h.others = max(h.others, left)
 		}
-		switch {
-		case left <= 0:
-			h.expired = true
-		case writer:
-			h.writer = max(h.writer, left)
-		default:
-			h.n++
-			if bytes.Equal(sum, tsum) {
-				h.mine = true
-			} else {
-				h.others = max(h.others, left)
-			}
-			if h.soonest < 0 || left < h.soonest {
-				h.soonest = left
-			}
+		if h.soonest < 0 || left < h.soonest {
+			h.soonest = left
 		}
 	}
-	return h, rows.Err()
 }
 
 // ReleaseShared ends token's place among key's holders, as
