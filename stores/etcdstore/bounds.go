@@ -36,15 +36,20 @@ const (
 	// MaxKeyBytes takes; a longer one may make a call too large.
 	tokenAllowance = 1 << 10
 	// keyOccurrences is how many times a request of a plain call names
-	// each of its keys, with the token: Acquire's condition, put and read;
-	// Refresh's two conditions and put; Release's two conditions and
-	// delete or put.
-	keyOccurrences = 3
+	// each of its keys, with the token: Acquire's condition (a range,
+	// which counts twice), put, delete of the writer's record and read (a
+	// range); Refresh's two conditions and put; Release's two conditions
+	// and delete or put.
+	keyOccurrences = 6
 	// fairOccurrences is how many times AcquireFair's first transaction
-	// names its key's directory, with the token: five conditions, a put
-	// and a delete when granted, two reads and a put (the range read
-	// counts twice) when not.
-	fairOccurrences = 11
+	// names its key's directory, with the token: five conditions (one a
+	// range), a put and two deletes when granted, two range reads and a
+	// put when not.
+	fairOccurrences = 14
+	// sharedOccurrences is how many times AcquireShared's transactions
+	// name the key's directory, with the token: two conditions (one a
+	// range) and a put, or a range read and a read.
+	sharedOccurrences = 6
 	// abandonedOccurrences is how many times a request names the
 	// token's abandon marks: a condition and a read (each a range, so
 	// twice), or an undo's marks.
@@ -55,7 +60,7 @@ const (
 // maxRequest bytes with a store prefix of prefixLen bytes, the key's
 // every byte escaped to three and a token of tokenAllowance bytes,
 // rounded down to KiB: fairOccurrences times the key, plus the abandon
-// marks, plus requestReserve. About 45 KiB with the defaults.
+// marks, plus requestReserve. About 35 KiB with the defaults.
 func maxKeyBytes(prefixLen, maxRequest int) int {
 	marks := abandonedOccurrences * (prefixLen + len("/abandoned/") + 3*tokenAllowance + 1 + 16 + opOverhead)
 	perOccurrence := (maxRequest - requestReserve - marks) / fairOccurrences
@@ -71,9 +76,9 @@ func maxKeyBytes(prefixLen, maxRequest int) int {
 //   - MaxKeyBytes follows from etcd's request size limit
 //     (--max-request-bytes, DefaultMaxRequestBytes unless
 //     WithMaxRequestBytes says otherwise): AcquireFair's transaction names
-//     its key's directory 11 times, and a key's every '%' and '/' takes
-//     three bytes escaped, so a key may take up to about a 33rd of a
-//     request: 45 KiB with the defaults. A call whose keys together, or
+//     its key's directory 14 times, and a key's every '%' and '/' takes
+//     three bytes escaped, so a key may take up to about a 42nd of a
+//     request: 35 KiB with the defaults. A call whose keys together, or
 //     with a token longer than 1 KiB, make a request too large for etcd
 //     is refused with stores.ErrInvalid too.
 //   - MaxTTL is MaxTTL (8e9s, about 253 years): its lease, an eighth

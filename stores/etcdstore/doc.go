@@ -1,7 +1,8 @@
 // Package etcdstore is a stores.Store on etcd (3.3 or later) through
-// go.etcd.io/etcd/client/v3. It is also a stores.Notifier and a
-// stores.FairStore: etcd orders waiters by create revision and tells
-// watchers of every delete, so fair waiting costs no polling.
+// go.etcd.io/etcd/client/v3. It is also a stores.Notifier, a
+// stores.FairStore and a stores.SharedStore: etcd orders waiters by create
+// revision and tells watchers of every delete, so fair waiting costs no
+// polling.
 //
 // # What is stored
 //
@@ -14,6 +15,18 @@
 //     refusals report as Wait. One fixed name per lock key, so that etcd's
 //     index does not grow with every acquisition until the next
 //     compaction, and a grant compares one key, not a range.
+//   - holder/<token>: a shared holder (see stores.SharedStore), its value
+//     a holder key's, on a lease of its own TTL as a holder key's, so that each
+//     expires at its own TTL. The holder key and these are one range of
+//     etcd keys, so that Acquire and AcquireFair compare and read both
+//     kinds with one operation each.
+//   - writer/<token>: a writer waiting for the shared holders to drain, its value
+//     the end of its window (stores.WriterWindow) in Unix milliseconds by
+//     the clock of the Store whose Acquire was refused, on a lease of the
+//     window (which etcd raises to its shortest lease, so the record may
+//     outlive its window by a second or so; AcquireShared compares the
+//     end with its own clock). An exclusive grant to its token, or a
+//     Release by its token, deletes it.
 //   - q/<token>: a fair waiter, ordered by its create revision (the queue is
 //     etcd's revision order, as in concurrency.Mutex). Its value is the
 //     waiter's lease, in milliseconds. Each waiter leaves a deleted name in
@@ -78,9 +91,9 @@
 //     (see above).
 //   - Keys up to MaxKeyBytes, which follows from etcd's request size limit
 //     (--max-request-bytes, 1.5 MiB by default; WithMaxRequestBytes for
-//     another): a fair attempt names its key's directory 11 times in one
+//     another): a fair attempt names its key's directory 14 times in one
 //     transaction, and '%' and '/' take three bytes escaped, so a key may
-//     take a 33rd of a request: 45 KiB by default. Keys that together (or
+//     take a 42nd of a request: 35 KiB by default. Keys that together (or
 //     with a token longer than 1 KiB) would make a request above the limit,
 //     and more than MaxKeys keys, are refused too. etcd's refusal of a
 //     request for its size, the client's refusal to send one (its
@@ -107,6 +120,26 @@
 // etcd's own documentation advises, or it could issue revisions again; a
 // cluster that loses every member's data starts again from revision 1.
 //
+// # Shared and limited grants
+//
+// AcquireShared counts a limit without a counter: its first transaction
+// grants when the key has no holder and no writer record; otherwise it
+// reads the holders and the writer records, and a second transaction
+// grants when fewer than the caller's limit hold the key and no writer's
+// window stands, comparing that no key of the holders' range was created
+// since the read (one range comparison of create revisions), so that the
+// holders are at most those read, and that no writer record was written
+// since. A holder that changes under the read costs another
+// round trip; after four it refuses, with a Wait of 10ms. Every grant's
+// fence is its revision, from the one sequence of every grant. Release
+// and Refresh of a shared holder are those of a holder key, owner- and
+// sequence-checked in their transaction. An Acquire or AcquireFair
+// refused by shared holders puts its token's writer record in a second
+// transaction, and sets Grant.SharedHeld. A shared holder's delete, by release or expiry, signals
+// the key's NotifyRelease subscribers. Windows are compared on the clocks
+// of the Stores: a skewed clock makes a writer's window longer or shorter,
+// never a limit exceeded.
+//
 // # Round trips and costs
 //
 // Acquire, Release and Refresh are one transaction each, for any number of
@@ -119,7 +152,7 @@
 // attempt is one transaction, and a second one when its caller heads the
 // queue behind other waiters; its reply holds the whole queue of the key,
 // so that it grows with the waiters and the length of the key (100 waiters
-// on a key of 45 KiB, every byte escaped, make a reply of about 14 MB). An
+// on a key of 35 KiB, every byte escaped, make a reply of about 11 MB). An
 // acquire's check that its token was not abandoned (below) is one more
 // comparison in its transaction, not a round trip; abandoned acquires cost
 // their undos, up to 63 of them in one transaction. While etcd does not

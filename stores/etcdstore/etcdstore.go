@@ -42,8 +42,8 @@ const (
 // those of a retry that found its own grants and lost a race for them.
 const acquireAttempts = 3
 
-// Store is a stores.Store on etcd, and a stores.Notifier and
-// stores.FairStore. It is safe for concurrent use. It owns the leases it
+// Store is a stores.Store on etcd, and a stores.Notifier,
+// stores.FairStore and stores.SharedStore. It is safe for concurrent use. It owns the leases it
 // grants and the watches NotifyRelease starts, until Close.
 type Store struct {
 	client      *clientv3.Client
@@ -321,8 +321,10 @@ func holderSeq(v []byte) uint64 {
 }
 
 func holderTTL(v []byte) time.Duration {
-	i := strings.LastIndexByte(string(v), 0)
-	return parseMillis(v[i+1:])
+	_, rest, _ := strings.Cut(string(v), "\x00")
+	_, rest, _ = strings.Cut(rest, "\x00")
+	ttl, _, _ := strings.Cut(rest, "\x00") // a shared holder's limit follows
+	return parseMillis([]byte(ttl))
 }
 
 // heldBy compares true when key exists and holds token: its value starts
@@ -348,6 +350,18 @@ func heldUpTo(key, token string, seq uint64) []clientv3.Cmp {
 // absent compares true when key does not exist.
 func absent(key string) clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+}
+
+// unheld compares true when neither the holder key h nor a shared holder
+// of it (see sharedKey) exists: the key is free.
+func unheld(h string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(h), "=", 0).WithRange(holdersEnd(h))
+}
+
+// getHolders reads the holder key h and the key's shared holders, in key
+// order: the holder key, when it exists, comes first.
+func getHolders(h string) clientv3.Op {
+	return clientv3.OpGet(h, clientv3.WithRange(holdersEnd(h)))
 }
 
 // othersAbsent compares true when no key under parent other than mine
@@ -378,9 +392,12 @@ func fence(rev int64) int64 { return rev * stores.FenceStride }
 
 // Acquire sets every key to token for at least ttl when none is held by
 // another token, in one transaction (see stores.Store): it compares, per
-// key, that its holder key does not exist (and that token was not
-// abandoned, see the package documentation), and then puts token's holder
-// key on a shared lease that lasts ttl from the call's start. A retry finds keys holding
+// key, that neither its holder key nor a shared holder exists (and that
+// token was not abandoned, see the package documentation), and then puts
+// token's holder key on a shared lease that lasts ttl from the call's
+// start, and deletes token's writer record on the key. A key refused for
+// its shared holders gets token's writer record, in a second transaction,
+// SharedHeld and Wait the longest TTL they were given (see AcquireShared). A retry finds keys holding
 // its own token and puts them again, with a fresh fence and lease, in a
 // second transaction that compares they are unchanged. A refusal names the
 // first key held by another token and, as Wait, the TTL that holder was
@@ -424,7 +441,7 @@ func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys [
 	// in the way (a retry), the keys must be as they were then read.
 	conds := make([]clientv3.Cmp, len(keys))
 	for i, h := range holders {
-		conds[i] = absent(h)
+		conds[i] = unheld(h)
 	}
 	for range acquireAttempts {
 		var resp *clientv3.TxnResponse
@@ -453,8 +470,13 @@ func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys [
 		for i, r := range resp.Responses[:len(keys)] {
 			kvs := r.GetResponseRange().GetKvs()
 			if len(kvs) == 0 {
-				conds[i] = absent(holders[i])
+				conds[i] = unheld(holders[i])
 				continue
+			}
+			if string(kvs[0].Key) != holders[i] {
+				// Shared holders: the writer waits, and new ones wait for it.
+				s.writerWaits(ctx, holders[i], token)
+				return stores.Grant{Held: i, Wait: longestTTL(kvs), SharedHeld: true}, nil
 			}
 			if holderToken(kvs[0].Value) != token {
 				return stores.Grant{Held: i, Wait: holderTTL(kvs[0].Value)}, nil
@@ -466,15 +488,16 @@ func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys [
 }
 
 // acquireTxn is one transaction of acquire: if conds hold for holders and
-// token has no abandon mark, it puts token's holder keys on lease, else it
-// reads them and counts the marks.
+// token has no abandon mark, it puts token's holder keys on lease and ends
+// their writers' waits (see writerWaits), else it reads them with their
+// shared holders and counts the marks.
 func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []clientv3.Cmp, token string, seq uint64, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
-	puts := make([]clientv3.Op, len(holders))
+	puts := make([]clientv3.Op, 0, 2*len(holders))
 	gets := make([]clientv3.Op, len(holders)+1)
 	val := holderValue(token, seq, ttl)
 	for i, h := range holders {
-		puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))
-		gets[i] = clientv3.OpGet(h)
+		puts = append(puts, clientv3.OpPut(h, val, clientv3.WithLease(lease)), clientv3.OpDelete(writerKey(h, token)))
+		gets[i] = getHolders(h)
 	}
 	gets[len(holders)] = s.countAbandoned(token)
 	return s.kv.Txn(ctx).If(append(slices.Clip(conds), s.notAbandoned(token))...).Then(puts...).Else(gets...)
@@ -485,8 +508,10 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // waiters (see NotifyRelease); with keep positive it moves them to a lease
 // that lasts keep from the call's start instead, so they stay held until
 // it passes and nothing is signalled. A release with keep acts only on
-// keys set by calls of token that started before it (see Refresh). It
-// returns an error wrapping stores.ErrNotHeld when some key did not hold
+// keys set by calls of token that started before it (see Refresh). In the
+// same transaction it deletes token's writer records on the keys, held or
+// not (see AcquireShared). It returns an error wrapping stores.ErrNotHeld
+// when some key did not hold
 // token, after ending the grant on the others, one wrapping
 // stores.ErrInvalid for invalid arguments or arguments out of the Store's
 // Bounds, and ctx.Err() without acting when ctx has ended. While etcd does
@@ -514,16 +539,24 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		overflow = func() { s.undos.add(s.releaseUndo(keys, token)) }
 	}
 	return s.goOn(ctx, "release", keys, func(ctx context.Context) error {
-		return s.release(ctx, start, seq, keys, token, keep)
+		return s.release(ctx, start, seq, keys, s.holderKeys(keys), true, token, keep)
 	}, overflow)
 }
 
-// release is Release as begun at start with sequence seq.
-func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys []string, token string, keep time.Duration) error {
+// holderKeys returns the holder keys of keys.
+func (s *Store) holderKeys(keys []string) []string {
 	holders := make([]string, len(keys))
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
 	}
+	return holders
+}
+
+// release is Release as begun at start with sequence seq, of the holder
+// keys holders of keys (or of shared holder keys); with withdraw, it also
+// deletes token's writer records on the keys (see writerWaits), whatever
+// the keys hold.
+func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys, holders []string, withdraw bool, token string, keep time.Duration) error {
 	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
 		err = s.withLease(ctx, start, keep, func(lease clientv3.LeaseID) error {
 			// One key is the transaction's condition; several each get a
@@ -543,8 +576,20 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys [
 					ops[i] = clientv3.OpTxn(held, []clientv3.Op{ops[i]}, nil)
 				}
 			}
+			// A token that waits as a writer (see writerWaits) withdraws,
+			// whatever it holds.
+			var withdrawals []clientv3.Op
+			if withdraw {
+				for _, h := range holders {
+					withdrawals = append(withdrawals, clientv3.OpDelete(writerKey(h, token)))
+				}
+			}
+			txn := s.kv.Txn(ctx).If(cmps...).Then(append(ops, withdrawals...)...)
+			if len(keys) == 1 && withdraw {
+				txn = txn.Else(withdrawals...)
+			}
 			var err error
-			resp, err = s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
+			resp, err = txn.Commit()
 			return err
 		})
 		return resp, err
@@ -610,10 +655,10 @@ func releaseRefused(resp *clientv3.TxnResponse, n int) ([]int, error) {
 		if !resp.Succeeded {
 			refused = []int{0}
 		}
-	case len(resp.Responses) != n:
+	case len(resp.Responses) < n:
 		return nil, fmt.Errorf("%w: release answered %d results for %d keys", ErrUnexpectedReply, len(resp.Responses), n)
 	default:
-		for i, r := range resp.Responses {
+		for i, r := range resp.Responses[:n] { // then the withdrawals
 			if !r.GetResponseTxn().GetSucceeded() {
 				refused = append(refused, i)
 			}
@@ -693,19 +738,16 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.refresh(ctx, start, seq, keys, token, ttl)
+	return s.refresh(ctx, start, seq, keys, s.holderKeys(keys), token, ttl)
 }
 
-// refresh is Refresh as begun at start with sequence seq.
-func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys []string, token string, ttl time.Duration) error {
-	holders := make([]string, len(keys))
-	for i, k := range keys {
-		holders[i] = holderKey(s.dir(k))
-	}
+// refresh is Refresh as begun at start with sequence seq, of the holder
+// keys holders of keys (or of shared holder keys).
+func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys, holders []string, token string, ttl time.Duration) error {
 	send := func(ctx context.Context) (resp *clientv3.TxnResponse, err error) {
 		err = s.withLease(ctx, start, ttl, func(lease clientv3.LeaseID) error {
 			var err error
-			resp, err = s.refreshTxn(ctx, holders, token, seq, ttl, lease).Commit()
+			resp, err = s.refreshTxn(ctx, holders, holderValue(token, seq, ttl), token, seq, lease).Commit()
 			return err
 		})
 		return resp, err
@@ -732,11 +774,11 @@ func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys [
 }
 
 // refreshTxn is Refresh's transaction: when every holder key holds token
-// and was set by a call of sequence seq or earlier, it puts them on lease.
-func (s *Store) refreshTxn(ctx context.Context, holders []string, token string, seq uint64, ttl time.Duration, lease clientv3.LeaseID) clientv3.Txn {
+// and was set by a call of sequence seq or earlier, it puts val on them, on
+// lease.
+func (s *Store) refreshTxn(ctx context.Context, holders []string, val, token string, seq uint64, lease clientv3.LeaseID) clientv3.Txn {
 	cmps := make([]clientv3.Cmp, 0, 2*len(holders))
 	puts := make([]clientv3.Op, len(holders))
-	val := holderValue(token, seq, ttl)
 	for i, h := range holders {
 		cmps = append(cmps, heldUpTo(h, token, seq)...)
 		puts[i] = clientv3.OpPut(h, val, clientv3.WithLease(lease))

@@ -47,6 +47,7 @@ func TestConformance(t *testing.T) {
 		New:    func(t *testing.T) stores.Store { return newStore(t) },
 		Notify: true,
 		Fair:   true,
+		Shared: true,
 		// A key lives at least etcd's shortest lease (2s with the default
 		// election timeout), so the expiry subtests wait that long.
 		ExpiryTTL: minLeaseTTL(t),

@@ -137,6 +137,10 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 		var ok bool
 		var rev int64
 		switch {
+		case len(holder) > 0 && string(holder[0].Key) != h:
+			// Shared holders: the writer waits, and new ones wait for it.
+			s.writerWaits(ctx, h, token)
+			return stores.FairGrant{Grant: stores.Grant{Wait: longestTTL(holder), SharedHeld: true}, Ahead: ahead}, nil
 		case len(holder) > 0 && holderToken(holder[0].Value) != token:
 			return stores.FairGrant{Grant: stores.Grant{Wait: holderTTL(holder[0].Value)}, Ahead: ahead}, nil
 		case len(holder) > 0:
@@ -150,7 +154,7 @@ func (s *Store) acquireFair(ctx context.Context, start time.Time, seq uint64, ke
 		case queued:
 			// The head of the queue of a free key, with waiters behind.
 			myRev := queue[0].CreateRevision
-			ok, rev, err = grant(absent(h),
+			ok, rev, err = grant(unheld(h),
 				clientv3.Compare(clientv3.CreateRevision(qk), "=", myRev),
 				clientv3.Compare(clientv3.CreateRevision(q), ">", myRev-1).WithPrefix())
 		}
@@ -179,16 +183,17 @@ func (s *Store) fairTxn(ctx context.Context, key, token string, seq uint64, ttl,
 	if lease > 0 {
 		orElse = append(orElse, clientv3.OpPut(qk, millis(lease), clientv3.WithLease(ql)))
 	}
-	orElse = append(orElse, clientv3.OpGet(h),
+	orElse = append(orElse, getHolders(h),
 		clientv3.OpGet(q, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
-	attempt := clientv3.OpTxn(append(othersAbsent(q, qk), absent(h)), holdOps(h, qk, token, seq, ttl, hl), orElse)
+	attempt := clientv3.OpTxn(append(othersAbsent(q, qk), unheld(h)), holdOps(h, qk, token, seq, ttl, hl), orElse)
 	return s.kv.Txn(ctx).If(s.notAbandoned(token)).Then(attempt).Else(s.countAbandoned(token))
 }
 
 // holdOps grants key, of holder key h and queue key qk, to token on lease
-// hl: it puts the holder key and takes token out of the queue.
+// hl: it puts the holder key, takes token out of the queue and ends its
+// wait as a writer (see writerWaits).
 func holdOps(h, qk, token string, seq uint64, ttl time.Duration, hl clientv3.LeaseID) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, seq, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk)}
+	return []clientv3.Op{clientv3.OpPut(h, holderValue(token, seq, ttl), clientv3.WithLease(hl)), clientv3.OpDelete(qk), clientv3.OpDelete(writerKey(h, token))}
 }
 
 // place returns how many waiters of queue, in create revision order, are

@@ -168,8 +168,8 @@ func TestLongKeys(t *testing.T) {
 	t.Parallel()
 	s := stalledStore(t)
 	maxKey := s.Bounds().MaxKeyBytes
-	if maxKey != 45<<10 {
-		t.Fatalf("MaxKeyBytes %d with the default prefix and request size; want 45 KiB", maxKey)
+	if maxKey != 35<<10 {
+		t.Fatalf("MaxKeyBytes %d with the default prefix and request size; want 35 KiB", maxKey)
 	}
 	base := uniqueKey(t)
 	for _, n := range []int{maxKey + 1, 600 << 10} {
@@ -252,13 +252,13 @@ func TestLongKeys(t *testing.T) {
 func TestLongKeyFailureMessage(t *testing.T) {
 	t.Parallel()
 	s, p := proxiedStore(t, etcdstore.WithRequestTimeout(time.Second))
-	long := uniqueKey(t) + strings.Repeat("x", 40<<10)
+	long := uniqueKey(t) + strings.Repeat("x", 30<<10)
 	p.Blackhole(faultproxy.Both)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
 	err := s.Refresh(ctx, []string{long}, "t1", time.Minute)
 	if err == nil || errors.Is(err, stores.ErrInvalid) {
-		t.Fatalf("Refresh of a 40 KB key through a blackhole: %v; want a store failure", err)
+		t.Fatalf("Refresh of a 30 KB key through a blackhole: %v; want a store failure", err)
 	}
 	if n := len(err.Error()); n > 1000 {
 		t.Fatalf("Refresh's failure: a message of %d bytes: %.200s...", n, err)

@@ -167,14 +167,19 @@ func (st *keyState) head() (string, bool) {
 	return head, rev != 0
 }
 
-// apply applies a change of name ("holder" or q/<token>) to st and
-// reports whether the key became free or, free, got a new head.
+// apply applies a change of name ("holder", holder/<token> or q/<token>)
+// to st and reports whether the key became free (or a shared holder's
+// place did) or, free, got a new head.
 func (st *keyState) apply(name string, kv *mvccpb.KeyValue, deleted bool) (freed bool) {
 	switch {
 	case name == "holder":
 		was := st.held
 		st.held = !deleted
 		return was && deleted
+	case strings.HasPrefix(name, "holder/"):
+		// A shared holder: each place freed is signalled (see
+		// stores.SharedStore), the key being free of a writer.
+		return deleted && !st.held
 	case strings.HasPrefix(name, "q/"):
 		tok := name[2:]
 		if !deleted {

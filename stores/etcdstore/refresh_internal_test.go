@@ -37,7 +37,7 @@ func TestLateRefreshCannotShortenALaterOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := func(k []string) clientv3.Txn {
-		return s.refreshTxn(ctx, []string{holderKey(s.dir(k[0]))}, "t-"+k[0], seq1, ttl, lease1)
+		return s.refreshTxn(ctx, []string{holderKey(s.dir(k[0]))}, holderValue("t-"+k[0], seq1, ttl), "t-"+k[0], seq1, lease1)
 	}
 	r1Refreshed, r1Kept := late(refreshed), late(kept)
 	<-time.After(ttl / 2) // R1 held up in the network
@@ -87,16 +87,16 @@ func TestOvertakenRefresh(t *testing.T) {
 	if err := s.Refresh(ctx, keys, token, 30*time.Second); err != nil {
 		t.Fatalf("Refresh: %v", err)
 	}
-	if err := s.refresh(ctx, start, older, keys, token, 20*time.Second); err != nil {
+	if err := s.refresh(ctx, start, older, keys, s.holderKeys(keys), token, 20*time.Second); err != nil {
 		t.Errorf("an older Refresh to 20s after a later one to 30s: %v; want nil", err)
 	}
-	if err := s.refresh(ctx, start, older, keys, token, 40*time.Second); !errors.Is(err, ErrOvertaken) || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) {
+	if err := s.refresh(ctx, start, older, keys, s.holderKeys(keys), token, 40*time.Second); !errors.Is(err, ErrOvertaken) || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid) {
 		t.Errorf("an older Refresh to 40s after a later one to 30s: %v; want ErrOvertaken", err)
 	}
 	if err := s.Release(ctx, keys[1:], token, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.refresh(ctx, start, older, keys, token, 20*time.Second); !errors.Is(err, stores.ErrNotHeld) {
+	if err := s.refresh(ctx, start, older, keys, s.holderKeys(keys), token, 20*time.Second); !errors.Is(err, stores.ErrNotHeld) {
 		t.Errorf("an older Refresh with a key released: %v; want stores.ErrNotHeld", err)
 	}
 	// A Release with keep refused by a later call's sequence.
@@ -105,7 +105,7 @@ func TestOvertakenRefresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := func(keep time.Duration) error {
-		return s.release(ctx, time.Now(), oldest, keys[:1], token, keep)
+		return s.release(ctx, time.Now(), oldest, keys[:1], s.holderKeys(keys[:1]), true, token, keep)
 	}
 	if err := release(2 * time.Minute); !errors.Is(err, ErrOvertaken) {
 		t.Errorf("an older Release keeping 2m after a Refresh to 1m: %v; want ErrOvertaken", err)

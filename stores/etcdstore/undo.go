@@ -39,7 +39,7 @@ type pendingUndo struct {
 	token  string
 	leases []clientv3.LeaseID // of the flight, which etcd may still know
 	marks  []clientv3.LeaseID // still without their mark
-	keys   []string           // holder keys still to delete if they hold token
+	keys   []string           // holder keys (or shared holder keys) still to delete if they hold token
 	queue  string             // the queue key still to delete (fair), or ""
 	done   bool               // landed, or every lease gone
 	// release: the undo is a Release whose caller left beyond
@@ -88,6 +88,17 @@ func (s *Store) newUndo(keys []string, token string, fair bool, fl *flight) *pen
 		u.queue = queueDir(s.dir(keys[0])) + token
 	}
 	return u
+}
+
+// newSharedUndo returns the undo of an AcquireShared of key by token that
+// used the leases of fl: the owner-checked delete of token's place; nil
+// when it sent nothing.
+func (s *Store) newSharedUndo(key, token string, fl *flight) *pendingUndo {
+	if len(fl.leases) == 0 {
+		return nil
+	}
+	return &pendingUndo{token: token, leases: slices.Clone(fl.leases), marks: slices.Clone(fl.leases),
+		keys: []string{sharedKey(holderKey(s.dir(key)), token)}}
 }
 
 // releaseUndo returns the owner-checked deletes of a Release of keys by

@@ -2,7 +2,8 @@
 // is an exclusive flock(2) on a file per key in a directory they share, as
 // the PHP services of reqlock's source documents use flock(LOCK_EX|LOCK_NB).
 // Use it for several worker processes on one machine without a lock server;
-// processes of other hosts do not see its locks.
+// processes of other hosts do not see its locks. Shared and limited grants
+// are listed in the key file instead (see Shared and limited grants).
 //
 //	store, err := filestore.New("/run/myapp/locks") // or Open(ctx, "file:///run/myapp/locks")
 //
@@ -37,7 +38,8 @@
 // # Fences
 //
 // Each key file is 64 bytes: a 32-byte record (see record.go) that holds
-// the key's last fence, and a waiter mark (see Hot keys below). Acquire
+// the key's last fence, a waiter mark (see Hot keys below) and the header
+// of the shared table, which follows (see Shared and limited grants). Acquire
 // reads the fence and writes the next one back while it holds the flock,
 // so fences grow by at least stores.FenceStride from grant to grant of a
 // key, whatever process makes them, across release, expiry and the
@@ -58,6 +60,56 @@
 // The record also holds the grant's expiry (wall clock) and process, as a
 // hint: a refusal by another process's grant reads its remaining TTL there
 // for Grant.Wait, or zero when the record does not tell.
+//
+// # Shared and limited grants
+//
+// Store implements stores.SharedStore. A key's holders and its waiting
+// writers' records live in the key file, in a table after the record (see
+// record.go), each with its own expiry (wall clock) and a 16-byte hash of
+// its token. AcquireShared, ReleaseShared and RefreshShared take the file's
+// exclusive flock for a moment (flock, pread of the table, pwrite, flock
+// again to let go), read the table, change it and write it back: one
+// atomic read-modify-write for every process. No flock is kept for a
+// holder, so that holders of any number of processes share the key and a
+// limit counts them all: a holder's place lasts until its expiry or its
+// release, whatever becomes of its process. A process that dies or stops
+// (SIGSTOP) holding a place keeps it until its TTL, no longer (unlike an
+// exclusive grant, which the kernel frees at the death of its process, and
+// a stopped process keeps past its TTL). Close does not end the Store's
+// shared places: they expire.
+//
+// An exclusive grant keeps its flock for the whole hold, as ever, and is
+// made only while the table has no unexpired holder. Acquire reads the
+// table's header in its mapping once it has the flock: a key that never had
+// a holder (or whose header says none is left) costs it no system call
+// more. A key with holders refuses it and records its token as a waiting
+// writer (Grant.SharedHeld), which keeps new holders out for
+// stores.WriterWindow; the token's exclusive grant or its Release (answered
+// ErrNotHeld) ends the record. A Release that finds the flock held by
+// another Store's exclusive grant leaves the record to lapse.
+//
+// Shared and exclusive grants draw their fences from the record's one
+// sequence (see Fences). The record tells whether the latest grant was
+// shared: a call that finds the flock held, and the latest grant shared or
+// a holder unexpired, knows it is held for a moment by another Store's
+// shared call and polls for it, up to 50ms (beyond, AcquireShared and
+// Acquire refuse, and ReleaseShared and RefreshShared fail); else an
+// exclusive grant holds it, and the call is refused at once.
+//
+// ReleaseShared, and any call that finds holders expired, signal the key's
+// waiters: this Store's subscribers, and, on Linux, other processes' by
+// ringing the file (see Release notification) when a refused caller of
+// another Store marked it since the freed place was granted. Refused
+// shared callers mark the file as refused exclusive ones do.
+//
+// Key files of versions without shared grants read as keys without
+// holders: the table's header takes bytes that those versions leave zero,
+// and the record keeps its version and layout (the shared mode is a byte
+// they left reserved), so they read the fences this version writes. They
+// do not read the table, though: a process of such a version would grant a
+// key exclusively over holders. Every process that takes shared or limited
+// grants on a directory must run this version or later, and so must every
+// process that locks those keys.
 //
 // # Limits
 //

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -45,8 +46,8 @@ var (
 	_ stores.WaitReporter = (*Store)(nil)
 )
 
-// Store is a stores.Store, stores.Notifier, stores.WaitReporter and
-// stores.Bounded on flock(2)ed files in one directory, shared by the
+// Store is a stores.Store, stores.Notifier, stores.WaitReporter,
+// stores.SharedStore and stores.Bounded on flock(2)ed files in one directory, shared by the
 // processes of one host; see the package documentation. It is safe for
 // concurrent use.
 type Store struct {
@@ -422,6 +423,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	// Take every key: flock its file, or find it held for token already.
 	now := time.Now()
 	took := make([]bool, len(es))
+	ends := make([]bool, len(es)) // token's writer records to end
 	undo := func(n int) {
 		for i, e := range es[:n] {
 			if took[i] {
@@ -438,26 +440,37 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			h.waited = true
 			return stores.Grant{Held: i, Wait: h.expiry.Sub(now)}, nil
 		}
-		if e.fd < 0 {
-			fd, mem, err := mapKeyFile(e.path, filePerm)
-			if err != nil {
-				undo(i)
-				return stores.Grant{}, fmt.Errorf("filestore: open the file of %s: %w", stores.KeyForMessage(e.key), err)
-			}
-			e.fd, e.mem = fd, mem
+		if err := s.open(e); err != nil {
+			undo(i)
+			return stores.Grant{}, err
 		}
-		switch held, err := tryLock(e.fd); {
+		switch held, err := s.lockKey(e); {
+		case errors.Is(err, errBusy):
+			undo(i)
+			return stores.Grant{Held: i, Wait: spinFor}, nil
 		case err != nil:
 			undo(i)
-			return stores.Grant{}, fmt.Errorf("filestore: flock the file of %s: %w", stores.KeyForMessage(e.key), err)
+			return stores.Grant{}, err
 		case held:
 			undo(i)
 			// Tell the holder that a waiter was refused: a hint, whose
 			// loss costs only fairness.
-			_ = writeMark(e.fd, mark{store: s.id, at: time.Now().UnixNano()})
+			s.refusedBy(e)
 			return stores.Grant{Held: i, Wait: waitHint(e.mem)}, nil
 		}
 		took[i] = true
+		// Holders of the key refuse it, and record token as a waiting
+		// writer (see shared.go).
+		wait, shared, recorded, err := s.holdersOver(e, token, now)
+		if err != nil {
+			undo(i + 1)
+			return stores.Grant{}, err
+		}
+		if shared {
+			undo(i + 1)
+			return stores.Grant{Held: i, Wait: wait, SharedHeld: true}, nil
+		}
+		ends[i] = recorded
 	}
 
 	// Issue the fences, under the flocks.
@@ -469,6 +482,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		if err := writeRecord(e.fd, s.hint(fences[i], expiry)); err != nil {
 			undo(len(es))
 			return stores.Grant{}, fmt.Errorf("filestore: write the fence of %s: %w", stores.KeyForMessage(e.key), err)
+		}
+	}
+	for i, e := range es {
+		if ends[i] {
+			_ = endWriterRecord(e, token) // else the record lapses within stores.WriterWindow
 		}
 	}
 	granted := now.UnixNano()
@@ -552,6 +570,7 @@ func (s *Store) ReleaseWaited(ctx context.Context, keys []string, token string, 
 		switch {
 		case h == nil || h.token != token:
 			notHeld = append(notHeld, e.key)
+			s.withdraw(e, token, h) // a waiting writer's record (see shared.go)
 		case keep > 0:
 			expiry := expiryAfter(now, keep)
 			s.arm(e, h, expiry, keep)

@@ -227,6 +227,7 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return newStore(t, t.TempDir()) },
 		Notify: true,
+		Shared: true,
 		// A refusal by another process's grant reads the holder's expiry
 		// from the key file, which may not tell (see Store.Acquire).
 		WaitUnknown: true,

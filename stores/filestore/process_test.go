@@ -31,6 +31,8 @@ import (
 //
 //	acquire TTL KEY...  ->  granted FENCE...  |  refused HELD WAIT
 //	release KEY...      ->  released
+//	share LIMIT TTL KEY ->  granted FENCE  |  refused WAIT
+//	unshare KEY         ->  released
 //	incr FILE N KEY     ->  done COUNT:FENCE...
 //	hot KEY D           ->  done GRANTS TIMEOUTS LONGEST-GAP
 //
@@ -81,6 +83,29 @@ func TestHelperProcess(t *testing.T) {
 			}
 		case "release":
 			if err := s.Release(ctx, f[1:], token, 0); err != nil {
+				fail(err)
+			}
+			fmt.Println("released")
+		case "share": // share LIMIT TTL KEY
+			limit, err := strconv.Atoi(f[1])
+			if err != nil {
+				fail(err)
+			}
+			ttl, err := time.ParseDuration(f[2])
+			if err != nil {
+				fail(err)
+			}
+			g, err := s.AcquireShared(ctx, f[3], token, limit, ttl)
+			switch {
+			case err != nil:
+				fail(err)
+			case g.OK:
+				fmt.Println("granted", g.Fences[0])
+			default:
+				fmt.Println("refused", g.Wait)
+			}
+		case "unshare":
+			if err := s.ReleaseShared(ctx, f[1], token, 0); err != nil {
 				fail(err)
 			}
 			fmt.Println("released")

@@ -1,6 +1,7 @@
 package filestore
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"hash/crc32"
 )
@@ -18,7 +19,10 @@ import (
 // Layout, little-endian:
 //
 //	 0  magic "RQLK"
-//	 4  version (1), then 3 bytes reserved (0)
+//	 4  version (1)
+//	 5  mode: 0 when the latest grant was exclusive (versions without
+//	    shared grants write 0 here), 1 when it was a shared one
+//	 6  2 bytes reserved (0)
 //	 8  fence, int64: the last fence issued for the key
 //	16  expiry, int64: Unix nanoseconds (wall clock) at which the latest
 //	    grant ends, unless refreshed
@@ -38,17 +42,42 @@ import (
 //	32  store, uint64: the refused Store's random id, never 0
 //	40  at, int64: Unix nanoseconds (wall clock) of the refusal
 //	48  CRC-32C of bytes 32-47
-//	52  reserved (0) up to fileSize
+//
+// Then the header of the shared table (see shared.go), which only the
+// holder of the file's flock writes, with the table, in one pwrite:
+//
+//	52  holders, uint16: the holders in the table
+//	54  writers, uint16: the waiting writers' records in the table
+//	56  until, int64: Unix nanoseconds of the latest holder's expiry
+//
+// Versions without shared grants leave bytes 52-63 zero: no table, which is
+// how their files read. The table follows at fileSize, holders then
+// writers, each tableEntrySize bytes, and a CRC-32C of them all:
+//
+//	 0  token, 16 bytes: the first 16 bytes of the token's SHA-256
+//	16  expiry, int64: Unix nanoseconds at which the place (or record) ends
+//	24  granted, int64: Unix nanoseconds of the grant (or first refusal)
+//
+// A table whose checksum fails (torn by a crash of the host) reads as
+// empty.
 //
 // Files made by versions without the mark are 32 bytes long; the first
 // Store that maps such a file extends it to fileSize, which changes nothing
 // for a Store that maps the first 32 bytes only.
 const (
-	recordMagic   = "RQLK"
-	recordVersion = 1
-	recordSize    = 32
-	markSize      = 20
-	fileSize      = 64
+	recordMagic    = "RQLK"
+	recordVersion  = 1
+	recordSize     = 32
+	markSize       = 20
+	headerOffset   = recordSize + markSize
+	fileSize       = 64
+	tableEntrySize = 32
+)
+
+// The modes of a record: the kind of the key's latest grant.
+const (
+	modeExclusive = 0
+	modeShared    = 1
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -58,6 +87,7 @@ type record struct {
 	fence  int64
 	expiry int64 // Unix nanoseconds
 	pid    uint32
+	mode   byte // modeExclusive or modeShared
 }
 
 // readRecord reads the record in mem, a key file's mapping; ok is false for
@@ -83,6 +113,7 @@ func decodeRecord(buf []byte) (r record, ok bool) {
 		fence:  int64(binary.LittleEndian.Uint64(buf[8:16])),
 		expiry: int64(binary.LittleEndian.Uint64(buf[16:24])),
 		pid:    binary.LittleEndian.Uint32(buf[24:28]),
+		mode:   buf[5],
 	}, true
 }
 
@@ -90,7 +121,7 @@ func decodeRecord(buf []byte) (r record, ok bool) {
 func (r record) encode(buf []byte) {
 	copy(buf[:4], recordMagic)
 	buf[4] = recordVersion
-	buf[5], buf[6], buf[7] = 0, 0, 0
+	buf[5], buf[6], buf[7] = r.mode, 0, 0
 	binary.LittleEndian.PutUint64(buf[8:16], uint64(r.fence))
 	binary.LittleEndian.PutUint64(buf[16:24], uint64(r.expiry))
 	binary.LittleEndian.PutUint32(buf[24:28], r.pid)
@@ -123,4 +154,90 @@ func (m mark) encode(buf []byte) {
 	binary.LittleEndian.PutUint64(buf[0:8], m.store)
 	binary.LittleEndian.PutUint64(buf[8:16], uint64(m.at))
 	binary.LittleEndian.PutUint32(buf[16:20], crc32.Checksum(buf[:16], castagnoli))
+}
+
+// header is the header of a key file's shared table, decoded.
+type header struct {
+	holders, writers uint16
+	until            int64 // Unix nanoseconds of the latest holder's expiry
+}
+
+// readHeader reads the shared table's header in mem, a key file's mapping.
+// Under the file's flock it is exact; without, a hint.
+func readHeader(mem []byte) header {
+	var buf [fileSize - headerOffset]byte
+	copy(buf[:], mem[headerOffset:])
+	return header{
+		holders: binary.LittleEndian.Uint16(buf[0:2]),
+		writers: binary.LittleEndian.Uint16(buf[2:4]),
+		until:   int64(binary.LittleEndian.Uint64(buf[4:12])),
+	}
+}
+
+// liveHolders reports whether the header tells of a holder unexpired at
+// now (Unix nanoseconds).
+func (h header) liveHolders(now int64) bool { return h.holders > 0 && h.until > now }
+
+// place is an entry of the shared table: a holder's place, or a waiting
+// writer's record.
+type place struct {
+	token   [16]byte // tokenID of the token
+	expiry  int64    // Unix nanoseconds
+	granted int64    // Unix nanoseconds
+}
+
+// table is a key file's shared table, decoded.
+type table struct {
+	holders, writers []place
+}
+
+// tokenID returns the identity of token in the shared table.
+func tokenID(token string) (id [16]byte) {
+	sum := sha256.Sum256([]byte(token))
+	copy(id[:], sum[:])
+	return id
+}
+
+// decodeTable decodes buf, the table after the file's first fileSize
+// bytes, as h describes it; a torn or short table reads as empty.
+func decodeTable(h header, buf []byte) table {
+	n := int(h.holders) + int(h.writers)
+	if n == 0 || len(buf) < n*tableEntrySize+4 {
+		return table{}
+	}
+	body := buf[:n*tableEntrySize]
+	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(buf[len(body):]) {
+		return table{}
+	}
+	ps := make([]place, n)
+	for i := range ps {
+		b := body[i*tableEntrySize:]
+		copy(ps[i].token[:], b[:16])
+		ps[i].expiry = int64(binary.LittleEndian.Uint64(b[16:24]))
+		ps[i].granted = int64(binary.LittleEndian.Uint64(b[24:32]))
+	}
+	return table{holders: ps[:h.holders:h.holders], writers: ps[h.holders:]}
+}
+
+// encode returns t's header and the bytes to write at headerOffset: the
+// header, its padding up to fileSize, and the table with its checksum.
+func (t table) encode() (header, []byte) {
+	h := header{holders: uint16(len(t.holders)), writers: uint16(len(t.writers))}
+	for _, p := range t.holders {
+		h.until = max(h.until, p.expiry)
+	}
+	n := len(t.holders) + len(t.writers)
+	buf := make([]byte, fileSize-headerOffset+n*tableEntrySize+4)
+	binary.LittleEndian.PutUint16(buf[0:2], h.holders)
+	binary.LittleEndian.PutUint16(buf[2:4], h.writers)
+	binary.LittleEndian.PutUint64(buf[4:12], uint64(h.until))
+	body := buf[fileSize-headerOffset:]
+	for i, p := range append(append([]place(nil), t.holders...), t.writers...) {
+		b := body[i*tableEntrySize:]
+		copy(b[:16], p.token[:])
+		binary.LittleEndian.PutUint64(b[16:24], uint64(p.expiry))
+		binary.LittleEndian.PutUint64(b[24:32], uint64(p.granted))
+	}
+	binary.LittleEndian.PutUint32(body[n*tableEntrySize:], crc32.Checksum(body[:n*tableEntrySize], castagnoli))
+	return h, buf
 }

@@ -5,6 +5,7 @@ package filestore
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -45,5 +46,45 @@ func TestShortKeyFileExtended(t *testing.T) {
 	}
 	if waited, err := s1.ReleaseWaited(ctx, []string{"k"}, "t1", 0); err != nil || !waited {
 		t.Fatalf("ReleaseWaited after another Store's refusal: %v, %v; want true", waited, err)
+	}
+}
+
+// TestOldKeyFileShared: key files of versions without shared grants (32
+// bytes, before the waiter mark, or 64 with the shared table's header
+// zero) read as keys without holders: a shared grant keeps their fence, and
+// its record still reads as version 1, as those versions read it.
+func TestOldKeyFileShared(t *testing.T) {
+	dir := t.TempDir()
+	const last = int64(1) << 60 // ahead of the clock, so the fence follows it
+	for _, size := range []int{recordSize, fileSize} {
+		key := "k" + strconv.Itoa(size)
+		buf := make([]byte, size)
+		record{fence: last}.encode(buf)
+		if err := os.WriteFile(filepath.Join(dir, fileName(key)), buf, filePerm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, size := range []int{recordSize, fileSize} {
+		key := "k" + strconv.Itoa(size)
+		g, err := s.AcquireShared(t.Context(), key, "r", 1, time.Minute)
+		if err != nil || !g.OK || g.Fences[0] != last+stores.FenceStride {
+			t.Fatalf("AcquireShared of a %d-byte old file: %+v, %v; want granted with fence %d", size, g, err, last+stores.FenceStride)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, fileName(key)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, ok := decodeRecord(b)
+		if !ok || b[4] != 1 || r.fence != g.Fences[0] || r.mode != modeShared {
+			t.Fatalf("record after a shared grant: %+v, %v, version %d; want version 1, fence %d, shared", r, ok, b[4], g.Fences[0])
+		}
+		if g, err := s.AcquireShared(t.Context(), key, "r2", 1, time.Minute); err != nil || g.OK {
+			t.Fatalf("a second holder under a limit of 1: %+v, %v; want refused", g, err)
+		}
 	}
 }

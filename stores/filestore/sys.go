@@ -91,6 +91,33 @@ func writeMark(fd int, m mark) error {
 	return pwriteAll(fd, buf[:], recordSize)
 }
 
+// writeTable writes the shared table's header and table, encoded by
+// table.encode, into the key file fd.
+func writeTable(fd int, b []byte) error { return pwriteAll(fd, b, headerOffset) }
+
+// readTable reads the shared table that h, the file's header, describes
+// from the key file fd.
+func readTable(fd int, h header) (table, error) {
+	n := int(h.holders) + int(h.writers)
+	if n == 0 {
+		return table{}, nil
+	}
+	buf := make([]byte, n*tableEntrySize+4)
+	for off := 0; off < len(buf); {
+		m, err := syscall.Pread(fd, buf[off:], int64(fileSize+off))
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err != nil:
+			return table{}, err
+		case m == 0:
+			return table{}, nil // short: torn by a crash of the host
+		}
+		off += m
+	}
+	return decodeTable(h, buf), nil
+}
+
 // pwriteAll writes b into fd at off.
 func pwriteAll(fd int, b []byte, off int64) error {
 	for len(b) > 0 {

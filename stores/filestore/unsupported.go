@@ -15,6 +15,7 @@ var (
 	_ stores.Store        = (*Store)(nil)
 	_ stores.Notifier     = (*Store)(nil)
 	_ stores.WaitReporter = (*Store)(nil)
+	_ stores.SharedStore  = (*Store)(nil)
 )
 
 // Store is the file store; on this platform, which lacks flock(2), New
@@ -56,3 +57,14 @@ func (*Store) Refresh(context.Context, []string, string, time.Duration) error { 
 
 // NotifyRelease returns a nil channel: no Store exists on this platform.
 func (*Store) NotifyRelease(string, string) (<-chan struct{}, func()) { return nil, func() {} }
+
+// AcquireShared returns ErrClosed: no Store exists on this platform.
+func (*Store) AcquireShared(context.Context, string, string, int, time.Duration) (stores.Grant, error) {
+	return stores.Grant{}, ErrClosed
+}
+
+// ReleaseShared returns ErrClosed: no Store exists on this platform.
+func (*Store) ReleaseShared(context.Context, string, string, time.Duration) error { return ErrClosed }
+
+// RefreshShared returns ErrClosed: no Store exists on this platform.
+func (*Store) RefreshShared(context.Context, string, string, time.Duration) error { return ErrClosed }
