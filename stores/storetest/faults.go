@@ -32,6 +32,7 @@ var faultTests = []subtest{
 	{name: "LateRefreshDoesNotShorten", needs: needProxy, run: testLateRefreshDoesNotShorten},
 	{name: "AbandonedShared/ReplyLost", needs: needProxy | needShared, run: testAbandonedSharedReplyLost},
 	{name: "AbandonedShared/ReplyLate", needs: needProxy | needShared, run: testAbandonedSharedReplyLate},
+	{name: "AbandonedShared/ReplyCut", needs: needProxy | needShared, run: testAbandonedSharedReplyCut},
 	{name: "StaleSharedHolder/PausedPastTTL", needs: needProxy | needShared, run: testStaleSharedPaused},
 	{name: "RefreshRacingRelease", run: testRefreshRacingRelease},
 	{name: "CancelledRefreshThenRelease", run: testCancelledRefreshThenRelease},
