@@ -98,9 +98,11 @@
 //
 // ReleaseShared, and any call that finds holders expired, signal the key's
 // waiters: this Store's subscribers, and, on Linux, other processes' by
-// ringing the file (see Release notification) when a refused caller of
-// another Store marked it since the freed place was granted. Refused
-// shared callers mark the file as refused exclusive ones do.
+// ringing the file (see Release notification) when a refused caller
+// marked it since the freed place was granted: of any Store, the
+// releasing one included, whose own refusal may have overwritten another
+// Store's mark (the mark is one slot). Refused shared callers mark the
+// file as refused exclusive ones do.
 //
 // Key files of versions without shared grants read as keys without
 // holders: the table's header takes bytes that those versions leave zero,

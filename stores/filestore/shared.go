@@ -140,12 +140,15 @@ func find(ps []place, id [16]byte) int {
 
 // freed signals the waiters of e's key that places were freed, the
 // earliest of them granted at since (Unix nanoseconds): this Store's
-// subscribers, and every process's (see ring) when another Store marked
-// the key waited for since then. The caller holds e.mu, and no longer the
-// flock, so that a signalled waiter finds the key free.
+// subscribers, and every process's (see ring) when a Store marked the key
+// waited for since then. The mark is one slot: a refusal of this Store's
+// own (with a limit, a process both holds and waits) may have overwritten
+// another Store's, so a mark of this Store rings too. The caller holds
+// e.mu, and no longer the flock, so that a signalled waiter finds the key
+// free.
 func (s *Store) freed(e *entry, since int64) {
 	s.notify.signal(e.key)
-	if m, ok := readMark(e.mem); ok && m.store != s.id && m.at >= since && e.fd >= 0 {
+	if m, ok := readMark(e.mem); ok && m.at >= since && e.fd >= 0 {
 		ring(e.fd)
 	}
 }
