@@ -135,8 +135,10 @@
 // and Refresh of a shared holder are those of a holder key, owner- and
 // sequence-checked in their transaction. An Acquire or AcquireFair
 // refused by shared holders puts its token's writer record in a second
-// transaction, and sets Grant.SharedHeld. A shared holder's delete, by release or expiry, signals
-// the key's NotifyRelease subscribers. Windows are compared on the clocks
+// transaction, and sets Grant.SharedHeld. A shared holder's delete, by
+// release or expiry, signals the key's NotifyRelease subscribers, and so
+// does the delete of a key's last writer record (a withdrawal, or its
+// lease's end), so that the readers it refused come in at once. Windows are compared on the clocks
 // of the Stores: a skewed clock makes a writer's window longer or shorter,
 // never a limit exceeded.
 //
