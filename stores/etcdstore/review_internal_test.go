@@ -2,7 +2,10 @@ package etcdstore
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,4 +86,62 @@ func TestWriterWithdrawalSignals(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no signal within 5s of the waiting writer's withdrawal")
 	}
+}
+
+// TestReadersNeverRefusedByReaders (issue 22 review): readers (limit 0) of
+// a key that no writer holds or waits for are never refused, however many
+// come and go at once. AcquireShared compared, for every limit, that no
+// holder was created since its read; with limit 0 that count serves
+// nothing, and readers streaming in made each other fail it four times
+// over, answering a refusal (Wait 10ms): 423 for a try-once reader.
+func TestReadersNeverRefusedByReaders(t *testing.T) {
+	t.Parallel()
+	const stores, perStore = 3, 6
+	ss := []*Store{newInternalStore(t)}
+	for range stores - 1 {
+		s, err := New(ss[0].client, WithPrefix(ss[0].prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		ss = append(ss, s)
+	}
+	var (
+		wg               sync.WaitGroup
+		refused, granted atomic.Int64
+		firstErr         atomic.Value
+	)
+	end := time.Now().Add(2 * time.Second)
+	for i := range stores * perStore {
+		s := ss[i%stores]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; time.Now().Before(end); n++ {
+				token := fmt.Sprintf("r%d-%d", i, n)
+				g, err := s.AcquireShared(t.Context(), "k", token, 0, time.Minute)
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				if !g.OK {
+					refused.Add(1)
+					continue
+				}
+				granted.Add(1)
+				if err := s.ReleaseShared(t.Context(), "k", token, 0); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := firstErr.Load(); err != nil {
+		t.Fatal(err)
+	}
+	if n := refused.Load(); n > 0 {
+		t.Fatalf("%d readers refused (%d granted) with no writer: readers refused each other", n, granted.Load())
+	}
+	t.Logf("%d readers granted", granted.Load())
 }
