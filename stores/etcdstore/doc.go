@@ -129,7 +129,9 @@
 // window stands, comparing that no key of the holders' range was created
 // since the read (one range comparison of create revisions), so that the
 // holders are at most those read, and that no writer record was written
-// since. A holder that changes under the read costs another
+// since. A reader (limit 0) compares only that the key has no exclusive
+// holder, in either transaction: readers that come and go never fail each
+// other's. A holder that changes under the read costs another
 // round trip; after four it refuses, with a Wait of 10ms. Every grant's
 // fence is its revision, from the one sequence of every grant. Release
 // and Refresh of a shared holder are those of a holder key, owner- and

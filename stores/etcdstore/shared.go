@@ -84,12 +84,13 @@ func writerLeft(ws []*mvccpb.KeyValue) time.Duration {
 // value is a holder key's.
 //
 // The first transaction grants when the key has no holder of either kind
-// and no writer record; otherwise it reads the holders and the writer
-// records, and a second transaction grants when fewer than limit hold the
-// key and no writer's window stands, comparing that no holder key was
-// created since the reads, so that the holders are at most those read (a
-// limit is counted atomically, without a counter), and that no writer
-// record was written since. A token that holds the key is granted again,
+// (with limit 0, no exclusive holder) and no writer record; otherwise it
+// reads the holders and the writer records, and a second transaction
+// grants when fewer than limit hold the key and no writer's window stands,
+// comparing that no holder key was created since the reads, so that the
+// holders are at most those read (a limit is counted atomically, without
+// a counter; with limit 0, that the key has no exclusive holder), and that
+// no writer record was written since. A token that holds the key is granted again,
 // comparing its place unchanged. When the holders change under each of
 // its transactions (4), it refuses, with a Wait of 10ms. Every grant's
 // fence is its transaction's revision, as for Acquire, and every
@@ -134,7 +135,13 @@ func (s *Store) acquireShared(ctx context.Context, start time.Time, seq uint64, 
 	h := holderKey(s.dir(key))
 	mine, ws := sharedKey(h, token), writersDir(h)
 	wsEnd := clientv3.GetPrefixRangeEnd(ws)
-	conds := []clientv3.Cmp{unheld(h), clientv3.Compare(clientv3.CreateRevision(ws), "=", 0).WithRange(wsEnd)}
+	// A reader (limit 0) needs no count: the key not held exclusively is
+	// enough, whatever holders come and go meanwhile.
+	free := unheld(h)
+	if limit == 0 {
+		free = absent(h)
+	}
+	conds := []clientv3.Cmp{free, clientv3.Compare(clientv3.CreateRevision(ws), "=", 0).WithRange(wsEnd)}
 	val := holderValue(token, seq, ttl)
 	for range sharedAttempts {
 		var resp *clientv3.TxnResponse
@@ -181,11 +188,13 @@ func (s *Store) acquireShared(ctx context.Context, start time.Time, seq uint64, 
 		}
 		// No holder created since the reads (the holder key neither): the
 		// holders are at most those read; no writer record written since.
+		// A reader only compares that the holder key is still absent.
 		next := resp.Header.Revision + 1
-		conds = []clientv3.Cmp{
-			clientv3.Compare(clientv3.CreateRevision(h), "<", next).WithRange(holdersEnd(h)),
-			clientv3.Compare(clientv3.ModRevision(ws), "<", next).WithRange(wsEnd),
+		free = clientv3.Compare(clientv3.CreateRevision(h), "<", next).WithRange(holdersEnd(h))
+		if limit == 0 {
+			free = absent(h)
 		}
+		conds = []clientv3.Cmp{free, clientv3.Compare(clientv3.ModRevision(ws), "<", next).WithRange(wsEnd)}
 	}
 	// Holders come and go faster than the reads: a refusal, tried again
 	// by the caller as any other.
