@@ -92,8 +92,10 @@
 // sequence (see Fences). The record tells whether the latest grant was
 // shared: a call that finds the flock held, and the latest grant shared or
 // a holder unexpired, knows it is held for a moment by another Store's
-// shared call and polls for it, up to 50ms (beyond, AcquireShared and
-// Acquire refuse, and ReleaseShared and RefreshShared fail); else an
+// shared call and polls for it, up to 50ms while the file stays the same
+// (a stalled call), up to 1s while other Stores' calls go on getting it in
+// turn (beyond, AcquireShared and Acquire refuse, and ReleaseShared and
+// RefreshShared fail); else an
 // exclusive grant holds it, and the call is refused at once.
 //
 // ReleaseShared, and any call that finds holders expired, signal the key's
