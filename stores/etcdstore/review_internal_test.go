@@ -88,13 +88,27 @@ func TestWriterWithdrawalSignals(t *testing.T) {
 	}
 }
 
+// TestLimitNotReachedNeverRefuses (issue 22 review): callers of a limit of
+// 100, never more than 18 at once, are refused nonetheless: each grant
+// compares that no holder was created since its read, and callers coming
+// and going fail each other's comparison four times over.
 // TestReadersNeverRefusedByReaders (issue 22 review): readers (limit 0) of
 // a key that no writer holds or waits for are never refused, however many
 // come and go at once. AcquireShared compared, for every limit, that no
 // holder was created since its read; with limit 0 that count serves
 // nothing, and readers streaming in made each other fail it four times
 // over, answering a refusal (Wait 10ms): 423 for a try-once reader.
+func TestLimitNotReachedNeverRefuses(t *testing.T) {
+	refusedBelowLimit(t, 100)
+}
+
 func TestReadersNeverRefusedByReaders(t *testing.T) {
+	refusedBelowLimit(t, 0)
+}
+
+// refusedBelowLimit runs 18 callers of limit (0: readers) that come and go,
+// never more than 18 at once, and fails on any refusal.
+func refusedBelowLimit(t *testing.T, limit int) {
 	t.Parallel()
 	const stores, perStore = 3, 6
 	ss := []*Store{newInternalStore(t)}
@@ -119,7 +133,7 @@ func TestReadersNeverRefusedByReaders(t *testing.T) {
 			defer wg.Done()
 			for n := 0; time.Now().Before(end); n++ {
 				token := fmt.Sprintf("r%d-%d", i, n)
-				g, err := s.AcquireShared(t.Context(), "k", token, 0, time.Minute)
+				g, err := s.AcquireShared(t.Context(), "k", token, limit, time.Minute)
 				if err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
@@ -141,7 +155,7 @@ func TestReadersNeverRefusedByReaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := refused.Load(); n > 0 {
-		t.Fatalf("%d readers refused (%d granted) with no writer: readers refused each other", n, granted.Load())
+		t.Fatalf("%d refused (%d granted) under limit %d with no writer and never more than %d holders", n, granted.Load(), limit, stores*perStore)
 	}
 	t.Logf("%d readers granted", granted.Load())
 }
