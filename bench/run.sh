@@ -30,7 +30,8 @@ if [[ -n ${REQLOCK_REF:-} ]]; then
 	cp "$bench_dir/go.sum" "$tmp/go.sum"
 	(
 		cd "$bench_dir"
-		go mod edit -modfile="$tmp/go.mod" -replace "github.com/reqlock/reqlock=$tmp/core"
+		go mod edit -modfile="$tmp/go.mod" -replace "github.com/reqlock/reqlock=$tmp/core" \
+			-replace "github.com/reqlock/reqlock/stores/redisstore/rueidisstore=$tmp/core/stores/redisstore/rueidisstore"
 		# -mod=mod lets the build add go.sum lines the snapshot needs, to the copies only.
 		go build -mod=mod -modfile="$tmp/go.mod" -o "$tmp/lockbench" ./cmd/lockbench
 	)

@@ -113,6 +113,8 @@ var docImports = map[string]string{
 	"stores":       "github.com/reqlock/reqlock/stores",
 	"memstore":     "github.com/reqlock/reqlock/stores/memstore",
 	"redisstore":   "github.com/reqlock/reqlock/stores/redisstore",
+	"rueidisstore": "github.com/reqlock/reqlock/stores/redisstore/rueidisstore",
+	"rueidis":      "github.com/redis/rueidis",
 	"redlockstore": "github.com/reqlock/reqlock/stores/redlockstore",
 	"filestore":    "github.com/reqlock/reqlock/stores/filestore",
 	"etcdstore":    "github.com/reqlock/reqlock/stores/etcdstore",

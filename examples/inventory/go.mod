@@ -15,6 +15,8 @@ require (
 	github.com/reqlock/reqlock/stores/zkstore v0.0.0-00010101000000-000000000000
 )
 
+require github.com/redis/rueidis v1.0.79 // indirect
+
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/bytedance/gopkg v0.1.3 // indirect
@@ -51,6 +53,7 @@ require (
 	github.com/pelletier/go-toml/v2 v2.2.4 // indirect
 	github.com/quic-go/qpack v0.6.0 // indirect
 	github.com/quic-go/quic-go v0.59.0 // indirect
+	github.com/reqlock/reqlock/stores/redisstore/rueidisstore v0.0.0-00010101000000-000000000000
 	github.com/sony/gobreaker/v2 v2.4.0 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect
 	github.com/ugorji/go/codec v1.3.1 // indirect
@@ -82,3 +85,5 @@ replace github.com/reqlock/reqlock/stores/zkstore => ../../stores/zkstore
 replace github.com/reqlock/reqlock/stores/etcdstore => ../../stores/etcdstore
 
 replace github.com/reqlock/reqlock/stores/pgstore => ../../stores/pgstore
+
+replace github.com/reqlock/reqlock/stores/redisstore/rueidisstore => ../../stores/redisstore/rueidisstore

@@ -17,7 +17,7 @@ import (
 	"github.com/reqlock/reqlock/stores/memstore"
 	"github.com/reqlock/reqlock/stores/mysqlstore"
 	"github.com/reqlock/reqlock/stores/pgstore"
-	"github.com/reqlock/reqlock/stores/redisstore"
+	"github.com/reqlock/reqlock/stores/redisstore/rueidisstore"
 	"github.com/reqlock/reqlock/stores/redlockstore"
 	"github.com/reqlock/reqlock/stores/zkstore"
 )
@@ -108,10 +108,11 @@ func openMemory(ctx context.Context, _ *url.URL, raw string) (openedStore, error
 	return openedStore{store: s, desc: "memstore (in memory)"}, nil
 }
 
-// openRedisLocks is redis:// and rediss://: redisstore on that Redis, with
-// a client of its own with the service's timeouts (those the URL does not
-// set). redisstore.Open fails unless Redis answers, or the URL says
-// connect=lazy.
+// openRedisLocks is redis:// and rediss://: redisstore's Store on rueidis
+// (rueidisstore, which pipelines the lock calls of concurrent requests onto
+// shared connections) on that Redis, with a client of its own with the
+// service's timeouts (those the URL does not set). rueidisstore.Open fails
+// unless Redis answers, or the URL says connect=lazy.
 func openRedisLocks(ctx context.Context, u *url.URL, _ string) (openedStore, error) {
 	withGrace := *u
 	q := withGrace.Query()
@@ -121,11 +122,27 @@ func openRedisLocks(ctx context.Context, u *url.URL, _ string) (openedStore, err
 		}
 	}
 	withGrace.RawQuery = q.Encode()
-	rs, err := redisstore.Open(ctx, withGrace.String())
+	rs, err := rueidisstore.Open(ctx, withGrace.String())
 	if err != nil {
 		return openedStore{}, err
 	}
-	return openedStore{store: rs, desc: "redisstore (" + redisWhere(u) + ")", close: rs.Close}, nil
+	return openedStore{store: rs, desc: "rueidisstore (" + redisWhere(u) + ")", close: rs.Close}, nil
+}
+
+// lockParamsOnly returns the -redis URL u without the parameters that
+// configure the stock's go-redis client only (pool_size, max_retries, ...),
+// which the lock store's rueidis client has not: rueidisstore.Open refuses
+// them in a -store URL, where they can only be a mistake.
+func lockParamsOnly(u *url.URL) *url.URL {
+	q := u.Query()
+	for name := range q {
+		if !slices.Contains(rueidisstore.URLParams(), name) {
+			q.Del(name)
+		}
+	}
+	only := *u
+	only.RawQuery = q.Encode()
+	return &only
 }
 
 // newRedisClient returns a client of the Redis a URL names, with the
@@ -161,7 +178,7 @@ func redisWhere(u *url.URL) string {
 }
 
 // withoutConnect returns a Redis URL without its connect parameter, which is
-// the lock store's (redisstore.Open) and which go-redis does not know.
+// the lock store's (rueidisstore.Open) and which go-redis does not know.
 func withoutConnect(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || !u.Query().Has("connect") {

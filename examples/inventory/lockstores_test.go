@@ -39,7 +39,7 @@ func withParam(u, param string) string {
 
 // storePackages names the store package each scheme of storeURLs opens.
 var storePackages = map[string]string{
-	"memory": "memstore", "redis": "redisstore", "redlock": "redlockstore", "etcd": "etcdstore",
+	"memory": "memstore", "redis": "rueidisstore", "redlock": "redlockstore", "etcd": "etcdstore",
 	"zk": "zkstore", "mysql": "mysqlstore", "postgres": "pgstore", "file": "filestore",
 }
 
@@ -174,7 +174,7 @@ func TestStoreURLRefusesUnknownOption(t *testing.T) {
 			t.Errorf("-store scheme %s is not in the table", scheme)
 		}
 	}
-	packages := map[string]string{"rediss": "redisstore", "mariadb": "mysqlstore", "postgresql": "pgstore"}
+	packages := map[string]string{"rediss": "rueidisstore", "mariadb": "mysqlstore", "postgresql": "pgstore"}
 	for scheme, base := range urls {
 		pkg := packages[scheme]
 		if pkg == "" {
@@ -217,7 +217,7 @@ func TestStoreURLsOfTheTestServers(t *testing.T) {
 		env, pkg string
 		url      func(testing.TB) string
 	}{
-		{testservers.EnvStoreRedis, "redisstore", testservers.StoreRedisURL},
+		{testservers.EnvStoreRedis, "rueidisstore", testservers.StoreRedisURL},
 		{testservers.EnvStoreRedlock, "redlockstore", testservers.StoreRedlockURL},
 		{testservers.EnvStoreEtcd, "etcdstore", testservers.StoreEtcdURL},
 		{testservers.EnvStoreEtcdCluster, "etcdstore", testservers.StoreEtcdClusterURL},

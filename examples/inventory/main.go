@@ -36,11 +36,11 @@
 //	-redis URL        keep the stock in this Redis, such as
 //	                  redis://127.0.0.1:6379/0 (default $REDIS_URL; without
 //	                  either, it lives in memory), and the locks too
-//	                  (redisstore) unless -store says otherwise
+//	                  (rueidisstore) unless -store says otherwise
 //	-store URL        keep the locks in this store (default $REQLOCK_STORE;
 //	                  without either, where -redis says, else in memory):
 //	                    memory://                                  memstore, this process only
-//	                    redis://host:6379/0                        redisstore (rediss:// for TLS)
+//	                    redis://host:6379/0                        rueidisstore: redisstore on rueidis (rediss:// for TLS)
 //	                    redlock://h1:6379,h2:6379,h3:6379          redlockstore, a Redlock over independent nodes
 //	                    etcd://h1:2379,h2:2379/prefix              etcdstore
 //	                    zk://h1:2181,h2:2181/root?session=10s      zkstore
@@ -504,7 +504,7 @@ func buildApp(cfg config) (*app, error) {
 			u, err := url.Parse(cfg.redisURL)
 			var opened openedStore
 			if err == nil {
-				opened, err = openRedisLocks(ctx, u, cfg.redisURL)
+				opened, err = openRedisLocks(ctx, lockParamsOnly(u), cfg.redisURL)
 			}
 			cancel()
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/reqlock/reqlock/internal/holders"
 	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
@@ -67,7 +68,8 @@ const (
 )
 
 // Store is a stores.Store on MySQL or MariaDB: a lease row per key in one
-// InnoDB table. It is safe for concurrent use. It owns a purge goroutine
+// InnoDB table; and a stores.SharedStore, whose holders are rows of a
+// second (see HoldersSchema). It is safe for concurrent use. It owns a purge goroutine
 // (unless WithPurge turned it off) and, from Open, its *sql.DB, until Close.
 // It does not implement stores.Notifier or stores.FairStore; see the package
 // documentation.
@@ -93,6 +95,7 @@ type Store struct {
 	attempts  int                     // contentionAttempts, or fewer in tests
 	sessions  sessionCache            // of the connections the Store pinned
 	undo      *undoqueue.Queue[*debt] // the undo of acquires whose callers left
+	writers   holders.Writers         // the waiting-writer records it made; see shared.go
 
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
@@ -110,8 +113,9 @@ type Store struct {
 }
 
 var (
-	_ stores.Store   = (*Store)(nil)
-	_ stores.Bounded = (*Store)(nil)
+	_ stores.Store       = (*Store)(nil)
+	_ stores.Bounded     = (*Store)(nil)
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -133,8 +137,9 @@ func WithTable(name string) Option {
 
 // WithoutCreateTable makes the Store use the table as it finds it: it does
 // not run CREATE TABLE IF NOT EXISTS on first use. For managed schemas:
-// create the table beforehand from Schema (or schema.sql). Default: the
-// Store creates it.
+// create the table beforehand from Schema (or schema.sql), and, for shared
+// grants, its holders table from HoldersSchema (or holders.sql). Default:
+// the Store creates both.
 func WithoutCreateTable() Option {
 	return func(s *Store) error {
 		s.createTable = false
@@ -228,7 +233,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
 		}
 	}
-	s.q = newQueries(quoteTable(s.table))
+	s.q = newQueries(quoteTable(s.table), quoteTable(holdersTable(s.table)))
 	s.undo = undoqueue.New(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
 		go s.purgeLoop()
@@ -327,6 +332,9 @@ func (s *Store) setup(ctx context.Context) error {
 		if _, err := s.db.ExecContext(ctx, ddl); err != nil {
 			return fmt.Errorf("mysqlstore: create table %s: %w", s.table, markUnreachable(err))
 		}
+		if _, err := s.db.ExecContext(ctx, s.q.createHolders); err != nil {
+			return fmt.Errorf("mysqlstore: create table %s: %w", holdersTable(s.table), markUnreachable(err))
+		}
 	}
 	if err := s.checkSchema(ctx); err != nil {
 		return err
@@ -417,20 +425,26 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	r, err := detached(s, ctx, op, func(r acquired, err error) {
 		// The caller left: undo in its stead what may have been granted.
 		if r.g.OK || r.a.unknown || r.a.maybe {
-			s.owe(keys, token, ttl, r.a)
+			s.owe(keys, token, ttl, r.a, false)
 		}
 	})
+	return s.acquiredOutcome(ctx, r, err, keys, token, ttl, false)
+}
+
+// acquiredOutcome returns the outcome of an acquire (an AcquireShared when
+// shared) to a caller that waited for it. No answer, or a lost connection:
+// the statement may still apply. The Store undoes it while the caller
+// waits, so that it cannot apply after the call returned; what is left goes
+// on in the background.
+func (s *Store) acquiredOutcome(ctx context.Context, r acquired, err error, keys []string, token string, ttl time.Duration, shared bool) (stores.Grant, error) {
 	if !r.a.unknown {
 		return r.g, err
 	}
-	// No answer, or a lost connection: the statement may still apply. The
-	// Store undoes it while the caller waits, so that it cannot apply after
-	// the call returned; what is left goes on in the background.
 	cause := fmt.Errorf("mysqlstore: connection lost with the outcome unknown: %w", err)
 	if r.limit {
 		cause = fmt.Errorf("mysqlstore: no answer within the call limit %v: %w", s.callLimit, context.DeadlineExceeded)
 	}
-	d := s.debtOf(keys, token, ttl, r.a)
+	d := s.debtOf(keys, token, ttl, r.a, shared)
 	if undoqueue.SettleNow(ctx, d, s.settle, s.undoLimit()) {
 		return stores.Grant{}, fmt.Errorf("%w: %w; the store ended the session that carried it and released the keys", stores.ErrAbandoned, cause)
 	}
@@ -476,6 +490,9 @@ func (s *Store) acquire(ctx context.Context, c *call[acquired], keys []string, t
 		// Nothing changed: the keys are busy, and the caller may try again
 		// soon.
 		return stores.Grant{Held: 0, Wait: contentionWait}, nil
+	}
+	if err == nil && g.OK {
+		s.withdraw(ctx, keys, token) // the wait, if any, ended
 	}
 	return g, err
 }
@@ -548,6 +565,9 @@ func (s *Store) acquireOne(ctx context.Context, key, token string, ttl int64, a 
 	switch {
 	case id > 0 && id < refusedFlag:
 		return stores.Grant{OK: true, Fences: []int64{id}}, nil
+	case id >= refusedFlag+sharedFlag:
+		s.writerRefused(ctx, key, token)
+		return stores.Grant{Wait: remaining(id - refusedFlag - sharedFlag), SharedHeld: true}, nil
 	case id > refusedFlag:
 		return stores.Grant{Wait: remaining(id - refusedFlag)}, nil
 	}
@@ -575,21 +595,11 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	p, err := s.pin(ctx)
+	p, tx, done, err := s.beginPinned(ctx)
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	defer p.conn.Close()
-	tx, err := p.conn.BeginTx(ctx, nil)
-	if err != nil {
-		return stores.Grant{}, err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
+	defer done()
 	values := make([]any, 0, 3*len(keys)+5)
 	for _, k := range keys {
 		values = append(values, k, token, ttl)
@@ -598,12 +608,16 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 	if _, err := insert.exec(ctx, tx, values...); err != nil {
 		return stores.Grant{}, err
 	}
-	fences, held, wait, err := readRows(ctx, tx, read, keys, token)
+	fences, held, wait, shared, err := readRows(ctx, tx, read, keys, token)
 	if err != nil {
 		return stores.Grant{}, err
 	}
 	if held >= 0 {
-		return stores.Grant{Held: held, Wait: remaining(wait)}, nil // rolled back
+		if shared {
+			_ = tx.Rollback()
+			s.writerRefused(ctx, keys[held], token)
+		}
+		return stores.Grant{Held: held, Wait: remaining(wait), SharedHeld: shared}, nil // rolled back
 	}
 	if c.left() {
 		return stores.Grant{}, errLeft // rolled back: nothing to undo
@@ -613,8 +627,24 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 		a.sess, a.unknown = p.session, true
 		return stores.Grant{}, fmt.Errorf("mysqlstore: commit of the grant of %s (outcome unknown): %w", keysForMessage(keys), err)
 	}
-	committed = true
 	return stores.Grant{OK: true, Fences: fences}, nil
+}
+
+// beginPinned pins a connection (see pin) and begins a transaction on it;
+// done rolls the transaction back unless it committed, and gives the
+// connection back.
+func (s *Store) beginPinned(ctx context.Context) (p pinned, tx *sql.Tx, done func(), err error) {
+	if p, err = s.pin(ctx); err != nil {
+		return pinned{}, nil, nil, err
+	}
+	if tx, err = p.conn.BeginTx(ctx, nil); err != nil {
+		_ = p.conn.Close()
+		return pinned{}, nil, nil, err
+	}
+	return p, tx, func() {
+		_ = tx.Rollback() // sql.ErrTxDone after a commit
+		_ = p.conn.Close()
+	}, nil
 }
 
 // findHeld looks, without locking, for a key held by another token, and
@@ -631,27 +661,32 @@ func (s *Store) findHeld(ctx context.Context, keys []string, token string) (stor
 		return stores.Grant{OK: true}, rows.Err()
 	}
 	var (
-		key  string
-		left int64
+		key    string
+		left   int64
+		shared bool
 	)
-	if err := rows.Scan(&key, &left); err != nil {
+	if err := rows.Scan(&key, &left, &shared); err != nil {
 		return stores.Grant{}, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 	}
 	i := slices.Index(keys, key)
 	if i < 0 {
 		return stores.Grant{}, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
 	}
-	return stores.Grant{Held: i, Wait: remaining(left)}, nil
+	if shared {
+		rows.Close()
+		s.writerRefused(ctx, key, token)
+	}
+	return stores.Grant{Held: i, Wait: remaining(left), SharedHeld: shared}, nil
 }
 
 // readRows reads the rows of keys within tx with read, selectManySQL: each
 // one's fence and, when a row holds another token, the index of the first
 // such and its remaining TTL in microseconds (held is -1 when every row
-// holds token).
-func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token string) (fences []int64, held int, wait int64, err error) {
+// holds token), and whether holders hold it (see shared.go).
+func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token string) (fences []int64, held int, wait int64, shared bool, err error) {
 	rows, err := read.rows(ctx, tx, anys(keys)...)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, false, err
 	}
 	defer rows.Close()
 	fences = make([]int64, len(keys))
@@ -663,24 +698,24 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 			fence, left int64
 		)
 		if err := rows.Scan(&key, &holder, &fence, &left); err != nil {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
+			return nil, 0, 0, false, fmt.Errorf("%w: acquire %s: %w", ErrUnexpectedReply, keysForMessage(keys), err)
 		}
 		if i >= len(keys) || key != keys[i] {
-			return nil, 0, 0, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
+			return nil, 0, 0, false, fmt.Errorf("%w: acquire %s read row %s", ErrUnexpectedReply, keysForMessage(keys), stores.KeyForMessage(key))
 		}
 		if holder != token && held < 0 {
-			held, wait = i, left
+			held, wait, shared = i, left, holders.IsMarker([]byte(holder))
 		}
 		fences[i] = fence
 		i++
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, false, err
 	}
 	if i != len(keys) {
-		return nil, 0, 0, fmt.Errorf("%w: acquire %s read %d rows", ErrUnexpectedReply, keysForMessage(keys), i)
+		return nil, 0, 0, false, fmt.Errorf("%w: acquire %s read %d rows", ErrUnexpectedReply, keysForMessage(keys), i)
 	}
-	return fences, held, wait, nil
+	return fences, held, wait, shared, nil
 }
 
 // Release ends token's grant on every key that holds it, in one statement
@@ -689,7 +724,9 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 // keep positive it sets the key's TTL to keep instead, so the key stays
 // held until then. It returns an error wrapping stores.ErrNotHeld, saying
 // how many keys, when some keys were absent, expired or held another token,
-// after ending the grant on the others.
+// after ending the grant on the others. It also withdraws token's
+// waiting-writer records on the keys (see Shared and limited grants in the
+// package documentation), with one statement more when it has any.
 //
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
 // error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
@@ -710,6 +747,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	// A release is owed whether or not its caller waits: it tries again
 	// after a loss to contention when its caller has left too.
 	_, err := detached(s, ctx, func(ctx context.Context, _ *call[struct{}]) (struct{}, error) {
+		s.withdraw(ctx, keys, token)
 		return struct{}{}, markUnreachable(s.release(ctx, nil, keys, token, keep))
 	}, nil)
 	return err

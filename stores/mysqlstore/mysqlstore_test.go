@@ -76,6 +76,7 @@ func TestConformance(t *testing.T) {
 			})
 			return s
 		},
+		Shared: true,
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
 			p, db := proxiedDB(t)
 			return newStore(t, db, WithCallLimit(proxiedCallLimit)), []*faultproxy.Proxy{p}

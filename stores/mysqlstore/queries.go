@@ -2,9 +2,11 @@ package mysqlstore
 
 import (
 	_ "embed"
+	"encoding/hex"
 	"strconv"
 	"strings"
 
+	"github.com/reqlock/reqlock/internal/holders"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -33,6 +35,11 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
+// holdersSchemaSQL is the holders table's definition; see HoldersSchema.
+//
+//go:embed holders.sql
+var holdersSchemaSQL string
+
 const (
 	nowSQL    = "UTC_TIMESTAMP(6)"
 	microsSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
@@ -46,6 +53,11 @@ const (
 	// the holder's remaining TTL in microseconds is added to it. Fences stay
 	// far below it (2^62 microseconds is about 146,000 years).
 	refusedFlag = 1 << 62
+
+	// sharedFlag is added to refusedFlag when the key's holders refused it
+	// (see shared.go). A remaining TTL stays below it: DATETIME ends in the
+	// year 9999, 2^61 microseconds after about 73,000 years.
+	sharedFlag = 1 << 61
 
 	// acquireOneSQL takes one key in one statement and one round trip. A
 	// new key is inserted; an existing one is taken when it has expired (or
@@ -66,7 +78,7 @@ VALUES (?, ?, {now} + INTERVAL ? MICROSECOND, LAST_INSERT_ID(GREATEST({stride}, 
 ON DUPLICATE KEY UPDATE
   fence = IF(token = ? OR expires_at <= {now},
     LAST_INSERT_ID(GREATEST(fence + {stride}, {micros})),
-    fence + 0 * LAST_INSERT_ID({refused} + TIMESTAMPDIFF(MICROSECOND, {now}, expires_at))),
+    fence + 0 * LAST_INSERT_ID({refused} + IF({isMarker}, {sharedFlag}, 0) + TIMESTAMPDIFF(MICROSECOND, {now}, expires_at))),
   token = IF(token = ? OR expires_at <= {now}, ?, token),
   expires_at = IF(token = ? OR expires_at <= {now}, {now} + INTERVAL ? MICROSECOND, expires_at)`
 
@@ -90,7 +102,7 @@ ON DUPLICATE KEY UPDATE
 	// held by another token, and its remaining TTL in microseconds: a
 	// multi-key acquire that finds one refuses without taking any row lock.
 	// Arguments: the keys, token.
-	heldSQL = `SELECT lock_key, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at) FROM {table}
+	heldSQL = `SELECT lock_key, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), {isMarker} FROM {table}
 WHERE lock_key IN ({keys}) AND token <> ? AND expires_at > {now}
 ORDER BY lock_key LIMIT 1`
 
@@ -144,17 +156,111 @@ WHERE lock_key IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND
   AND fence + {stride} <= {micros} - ?`
 )
 
+// The SQL of shared grants (see shared.go). {holders} stands for the quoted
+// holders table, {isMarker} for a test of the lease row's token against
+// holders.Marker, {marker} for holders.Marker and {window} for
+// stores.WriterWindow in microseconds. Every statement on a key's holders
+// runs in a transaction that has locked the key's lease row first
+// (lockKeySQL, selectKeySQL or lockRowSQL); the records of waiting writers
+// (writer = 1) are written without it.
+const (
+	// lockKeySQL inserts the key's lease row, free, unless it exists, and
+	// locks it. Arguments: key.
+	lockKeySQL = `INSERT INTO {table} (lock_key, token, expires_at, fence)
+VALUES (?, {marker}, {released}, 0)
+ON DUPLICATE KEY UPDATE fence = fence`
+
+	// selectKeySQL reads the key's lease row, locking it, and its holders
+	// and writer records, locking them too, in one join: whether the key is
+	// held, and by holders, its remaining TTL in microseconds and its
+	// fence, on every row; then, on a row each (NULL when none), a holder's
+	// or writer's kind, token digest and remaining TTL in microseconds
+	// (zero or less once expired). The lease row is read first (by its
+	// primary key), as every transaction on a key's holders locks it first.
+	// Arguments: key digest, key.
+	selectKeySQL = peekKeySQL + ` FOR UPDATE`
+
+	// peekKeySQL is selectKeySQL without locking.
+	peekKeySQL = `SELECT l.expires_at > {now}, l.{isMarker}, TIMESTAMPDIFF(MICROSECOND, {now}, l.expires_at), l.fence,
+  h.writer, h.token_sum, TIMESTAMPDIFF(MICROSECOND, {now}, h.expires_at)
+FROM {table} AS l LEFT JOIN {holders} AS h ON h.key_sum = ?
+WHERE l.lock_key = ?`
+
+	// lockRowSQL locks a key's lease row, when it exists. Arguments: key.
+	lockRowSQL = `SELECT 1 FROM {table} WHERE lock_key = ? FOR UPDATE`
+
+	// sweepHoldersSQL deletes the key's expired holders and writer
+	// records. Arguments: key digest.
+	sweepHoldersSQL = `DELETE FROM {holders} WHERE key_sum = ? AND expires_at <= {now}`
+
+	// grantKeySQL sets the lease row of a key granted to a holder: the
+	// marker, the longest expiry of its holders (the new one's ttl, or the
+	// remaining TTL of another, in microseconds) and the next fence, in
+	// LAST_INSERT_ID. Arguments: µs, key.
+	grantKeySQL = `UPDATE {table} SET token = {marker}, expires_at = {now} + INTERVAL ? MICROSECOND,
+  fence = LAST_INSERT_ID(GREATEST(fence + {stride}, {micros}))
+WHERE lock_key = ?`
+
+	// upsertHolderSQL sets a holder's place. Arguments: key digest, token
+	// digest, ttl µs, ttl µs.
+	upsertHolderSQL = `INSERT INTO {holders} (key_sum, writer, token_sum, expires_at)
+VALUES (?, 0, ?, {now} + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE expires_at = {now} + INTERVAL ? MICROSECOND`
+
+	// writerWaitsSQL records a writer refused by the key's holders for
+	// stores.WriterWindow. Arguments: key digest, token digest, key.
+	writerWaitsSQL = `INSERT INTO {holders} (key_sum, writer, token_sum, expires_at)
+SELECT ?, 1, ?, {now} + INTERVAL {window} MICROSECOND FROM {table}
+WHERE lock_key = ? AND {isMarker} AND expires_at > {now}
+ON DUPLICATE KEY UPDATE expires_at = {now} + INTERVAL {window} MICROSECOND`
+
+	// withdrawSQL ends a writer's record. Arguments: key digest, token
+	// digest.
+	withdrawSQL = `DELETE FROM {holders} WHERE key_sum = ? AND writer = 1 AND token_sum = ?`
+
+	// dropHolderSQL ends an unexpired place. Arguments: key digest, token
+	// digest.
+	dropHolderSQL = `DELETE FROM {holders} WHERE key_sum = ? AND writer = 0 AND token_sum = ? AND expires_at > {now}`
+
+	// expireHolderSQL sets an unexpired place to end in the given
+	// microseconds (one more when that is its expiry already, so that the
+	// row changes and counts). Arguments: µs, µs, key digest, token digest.
+	expireHolderSQL = `UPDATE {holders}
+SET expires_at = IF(expires_at = {now} + INTERVAL ? MICROSECOND,
+  expires_at + INTERVAL 1 MICROSECOND, {now} + INTERVAL ? MICROSECOND)
+WHERE key_sum = ? AND writer = 0 AND token_sum = ? AND expires_at > {now}`
+
+	// settleKeySQL sets the lease row of a key whose place changed to the
+	// longest expiry among its holders, or frees it when none is left.
+	// Arguments: key digest, key.
+	settleKeySQL = `UPDATE {table} SET expires_at = COALESCE(
+  (SELECT MAX(expires_at) FROM {holders} WHERE key_sum = ? AND writer = 0 AND expires_at > {now}),
+  {released})
+WHERE lock_key = ?`
+)
+
 // queries holds the store's SQL for one table.
 type queries struct {
 	acquireOne, acquireMany, acquireRow string
 	held, selectMany                    string
 	release, expire                     string
 	purgeFirst, purgeAfter, purge       string
+
+	createHolders                                      string
+	lockKey, lockRow, selectKey, peekKey, sweepHolders string
+	grantKey, upsertHolder, writerWaits, withdraw      string
+	dropHolder, expireHolder, settleKey                string
 }
 
-// newQueries returns the SQL for quoted, a validated and quoted table name.
-func newQueries(quoted string) queries {
+// newQueries returns the SQL for quoted, a validated and quoted table name,
+// and holders, its holders table's.
+func newQueries(quoted, holdersTable string) queries {
 	r := strings.NewReplacer(
+		"{holders}", holdersTable,
+		"{isMarker}", "token = X'"+hex.EncodeToString([]byte(holders.Marker))+"'",
+		"{marker}", "X'"+hex.EncodeToString([]byte(holders.Marker))+"'",
+		"{window}", strconv.FormatInt(stores.WriterWindow.Microseconds(), 10),
+		"{sharedFlag}", strconv.FormatInt(sharedFlag, 10),
 		"{table}", quoted,
 		"{stride}", strconv.Itoa(stores.FenceStride),
 		"{now}", nowSQL,
@@ -173,6 +279,20 @@ func newQueries(quoted string) queries {
 		purgeFirst:  strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "", 1),
 		purgeAfter:  strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "lock_key > ? AND", 1),
 		purge:       r.Replace(purgeSQL),
+
+		createHolders: r.Replace(holdersSchemaSQL),
+		lockKey:       r.Replace(lockKeySQL),
+		lockRow:       r.Replace(lockRowSQL),
+		selectKey:     r.Replace(selectKeySQL),
+		peekKey:       r.Replace(peekKeySQL),
+		sweepHolders:  r.Replace(sweepHoldersSQL),
+		grantKey:      r.Replace(grantKeySQL),
+		upsertHolder:  r.Replace(upsertHolderSQL),
+		withdraw:      r.Replace(withdrawSQL),
+		writerWaits:   r.Replace(writerWaitsSQL),
+		dropHolder:    r.Replace(dropHolderSQL),
+		expireHolder:  r.Replace(expireHolderSQL),
+		settleKey:     r.Replace(settleKeySQL),
 	}
 }
 

@@ -143,6 +143,46 @@ func checkSQLMode(t *testing.T, db *sql.DB) {
 	if g, err := s.Acquire(t.Context(), two, "t3", time.Minute); err != nil || g.OK {
 		t.Fatalf("Acquire of the kept keys after a purge: %+v, %v; want refused", g, err)
 	}
+	checkSharedSQLMode(t, s, keys[2]+":shared")
+}
+
+// checkSharedSQLMode runs the shared grants' statements on s with key:
+// holders up to a limit, a writer recorded and withdrawn, a refresh, kept
+// and plain releases.
+func checkSharedSQLMode(t *testing.T, s *Store, key string) {
+	ctx := t.Context()
+	for _, h := range []string{"a", "b"} {
+		if g, err := s.AcquireShared(ctx, key, h, 2, time.Minute); err != nil || !g.OK {
+			t.Fatalf("AcquireShared(%s): %+v, %v", h, g, err)
+		}
+	}
+	if g, err := s.AcquireShared(ctx, key, "c", 2, time.Minute); err != nil || g.OK || g.Wait < 50*time.Second {
+		t.Fatalf("a third holder under a limit of 2: %+v, %v; want refused with about a minute", g, err)
+	}
+	if g, err := s.Acquire(ctx, []string{key}, "w", time.Minute); err != nil || g.OK || !g.SharedHeld {
+		t.Fatalf("Acquire over holders: %+v, %v; want refused with SharedHeld", g, err)
+	}
+	if err := s.ReleaseShared(ctx, key, "b", 0); err != nil {
+		t.Fatalf("ReleaseShared(b): %v", err)
+	}
+	if g, err := s.AcquireShared(ctx, key, "c", 2, time.Minute); err != nil || g.OK {
+		t.Fatalf("a new holder while a writer waits: %+v, %v; want refused", g, err)
+	}
+	if err := s.Release(ctx, []string{key}, "w", 0); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("the writer's withdrawal: %v, want ErrNotHeld", err)
+	}
+	if g, err := s.AcquireShared(ctx, key, "c", 2, time.Minute); err != nil || !g.OK {
+		t.Fatalf("a new holder after the writer withdrew: %+v, %v", g, err)
+	}
+	if err := s.RefreshShared(ctx, key, "a", 2*time.Minute); err != nil {
+		t.Fatalf("RefreshShared(a): %v", err)
+	}
+	if err := s.ReleaseShared(ctx, key, "a", time.Millisecond); err != nil {
+		t.Fatalf("ReleaseShared(a) with keep: %v", err)
+	}
+	if err := s.ReleaseShared(ctx, key, "c", 0); err != nil {
+		t.Fatalf("ReleaseShared(c): %v", err)
+	}
 }
 
 // TestSimultaneousAssignment: with MariaDB's sql_mode

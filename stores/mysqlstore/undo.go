@@ -15,6 +15,10 @@ type debt struct {
 	token string
 	ttl   time.Duration
 
+	// shared: the acquire was an AcquireShared of keys[0], undone by a
+	// ReleaseShared.
+	shared bool
+
 	// sess carried a statement that may still apply; end is true until
 	// the session has been seen ended.
 	sess session
@@ -43,7 +47,12 @@ func (s *Store) settle(ctx context.Context, d *debt) bool {
 	if time.Since(d.since) >= d.ttl {
 		return true
 	}
-	err := s.release(ctx, nil, d.keys, d.token, 0)
+	var err error
+	if d.shared {
+		err = s.releaseShared(ctx, nil, d.keys[0], d.token, 0)
+	} else {
+		err = s.release(ctx, nil, d.keys, d.token, 0)
+	}
 	return err == nil || errors.Is(err, stores.ErrNotHeld) || errors.Is(err, stores.ErrInvalid)
 }
 
@@ -52,15 +61,15 @@ func (s *Store) settle(ctx context.Context, d *debt) bool {
 const undoTryLimit = 5 * time.Second
 
 // owe queues the undo of an acquire of keys by token whose caller left.
-func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt) {
-	s.undo.Add(s.debtOf(keys, token, ttl, a))
+func (s *Store) owe(keys []string, token string, ttl time.Duration, a attempt, shared bool) {
+	s.undo.Add(s.debtOf(keys, token, ttl, a, shared))
 }
 
 // debtOf returns the undo of an acquire of keys by token that left a: its
 // session must end first when its statement may still apply.
-func (s *Store) debtOf(keys []string, token string, ttl time.Duration, a attempt) *debt {
+func (s *Store) debtOf(keys []string, token string, ttl time.Duration, a attempt, shared bool) *debt {
 	s.undos.Add(1)
-	return &debt{keys: keys, token: token, ttl: ttl, sess: a.sess, end: a.unknown, since: time.Now()}
+	return &debt{keys: keys, token: token, ttl: ttl, shared: shared, sess: a.sess, end: a.unknown, since: time.Now()}
 }
 
 // undoLimit bounds each try of an undo.

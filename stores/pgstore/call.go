@@ -97,8 +97,10 @@ type result struct {
 // it can apply any more, then releases the keys, owner-checked.
 //
 // It returns ErrClosed once Close has begun; Close waits for every call.
+//
+// shared says the call is an AcquireShared, whose undo is a ReleaseShared.
 func (s *Store) detached(ctx context.Context, keys []string, token string, ttl time.Duration,
-	call func(context.Context, *attempt) (stores.Grant, error)) (stores.Grant, error) {
+	call func(context.Context, *attempt) (stores.Grant, error), shared bool) (stores.Grant, error) {
 	if !s.begin() {
 		return stores.Grant{}, ErrClosed
 	}
@@ -113,7 +115,7 @@ func (s *Store) detached(ctx context.Context, keys []string, token string, ttl t
 	}
 	if ctx.Done() == nil { // never ends
 		defer s.background.Done()
-		return s.answer(ctx, run(ctx), keys, token, ttl)
+		return s.answer(ctx, run(ctx), keys, token, ttl, shared)
 	}
 	var state atomic.Int32
 	done := make(chan result, 1)
@@ -126,17 +128,17 @@ func (s *Store) detached(ctx context.Context, keys []string, token string, ttl t
 		}
 		// The caller left: undo in its stead what may have been granted.
 		if r.g.OK || r.a.maybe || r.a.unknown {
-			s.owe(keys, token, ttl, r.a)
+			s.owe(keys, token, ttl, r.a, shared)
 		}
 	}()
 	select {
 	case r := <-done:
-		return s.answer(ctx, r, keys, token, ttl)
+		return s.answer(ctx, r, keys, token, ttl, shared)
 	case <-ctx.Done():
 		if state.CompareAndSwap(callRunning, callAbandoned) {
 			return stores.Grant{}, fmt.Errorf("%w: %w", stores.ErrAbandoned, ctx.Err())
 		}
-		return s.answer(ctx, <-done, keys, token, ttl) // it returned as ctx ended
+		return s.answer(ctx, <-done, keys, token, ttl, shared) // it returned as ctx ended
 	}
 }
 
@@ -147,7 +149,7 @@ func (s *Store) detached(ctx context.Context, keys []string, token string, ttl t
 // statement). The Store undoes it while the caller waits, until ctx ends,
 // so that the statement cannot apply after the call returned; what is left
 // then goes on in the background.
-func (s *Store) answer(ctx context.Context, r result, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
+func (s *Store) answer(ctx context.Context, r result, keys []string, token string, ttl time.Duration, shared bool) (stores.Grant, error) {
 	if !r.a.unknown {
 		return r.g, r.err
 	}
@@ -155,7 +157,7 @@ func (s *Store) answer(ctx context.Context, r result, keys []string, token strin
 	if r.own != nil {
 		cause = fmt.Errorf("pgstore: no answer within the call limit %v: %w", s.callLimit, r.own)
 	}
-	d := s.debtOf(keys, token, ttl, r.a)
+	d := s.debtOf(keys, token, ttl, r.a, shared)
 	if undoqueue.SettleNow(ctx, d, s.settle, s.callLimit) {
 		return stores.Grant{}, fmt.Errorf("%w: %w; the store ended the session that carried it and released the keys", stores.ErrAbandoned, cause)
 	}

@@ -1,5 +1,6 @@
 // Package pgstore is a stores.Store on PostgreSQL (11 or later) through
-// pgx v5 (github.com/jackc/pgx/v5), and a stores.Notifier.
+// pgx v5 (github.com/jackc/pgx/v5), a stores.Notifier and a
+// stores.SharedStore.
 //
 // # Mechanism: a lease row per key
 //
@@ -203,6 +204,56 @@
 // stores.ErrUnreachable: it changed nothing. Calls after Close return
 // ErrClosed; Close waits for the acquires in flight and gives each undo
 // still owed one more try, both within the call limit.
+//
+// # Shared and limited grants
+//
+// The holders of a key held shared (stores.SharedStore) are rows of a second
+// table beside the lease table, named after it (reqlock_locks_holders; a
+// name that would pass 63 bytes becomes reqlock_holders_ and a digest):
+//
+//	CREATE TABLE IF NOT EXISTS reqlock_locks_holders (
+//		key_sum    bytea NOT NULL,        -- SHA-256 of the key
+//		writer     boolean NOT NULL,      -- a waiting writer's record, not a holder
+//		token_sum  bytea NOT NULL,        -- SHA-256 of the token
+//		expires_at timestamptz NOT NULL,  -- its own expiry, by the server's clock
+//		PRIMARY KEY (key_sum, writer, token_sum)
+//	)
+//
+// While a key has holders its lease row holds a marker as its token (a NUL
+// byte and "reqlock:shared": tokens that start with a NUL byte are
+// reserved), the longest holder's expiry and the key's fence, so that
+// Acquire, unchanged, reads the key as held, and grants of either kind draw
+// their fences from the row's one sequence. AcquireShared is one round trip:
+// an implicit transaction that creates and locks the lease row, deletes the
+// key's expired holders, and grants or refuses in one statement at one
+// reading of the clock; ReleaseShared and RefreshShared lock the lease row,
+// change their place and set the row's expiry to the longest place left (or
+// free it), also in one round trip. The limit is thus counted under the
+// lease row's lock. On the test machine (PostgreSQL on localhost, one
+// caller, a loaded 2-core machine) an AcquireShared and ReleaseShared pair
+// took 1.3-1.8 ms, against 0.8 ms for Acquire and Release.
+//
+// A waiting writer (stores.WriterWindow) is a row of the holders table per
+// token, written by an Acquire refused by holders (acquireOne returns
+// whether the holder is the marker; one statement more, on such refusals
+// only). The Store notes the records it made, and ends a token's record,
+// with one statement more, when it grants the key to that token or the
+// token releases it (a withdrawal, which also notifies the key's waiters):
+// other grants and releases pay nothing. A record made through another
+// Store, or before a restart, ends at its expiry, at most WriterWindow
+// after the writer's last refusal.
+//
+// A freed place, by release or by an expiry that AcquireShared cleans up,
+// notifies a watched key as a release does. Expired holders of a key are
+// deleted by its next AcquireShared; a key never acquired again keeps them
+// (a few dozen bytes each).
+//
+// An existing deployment keeps its lease table as it is: the first call of
+// this version creates the holders table beside it (the role needs CREATE
+// on the schema again, and SELECT, INSERT, UPDATE and DELETE on the new
+// table). A process of an older version reads a key held shared as held by
+// a token it does not know, so mixed versions exclude each other; it just
+// records no waiting writer.
 //
 // # The table
 //

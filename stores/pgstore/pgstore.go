@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/reqlock/reqlock/internal/holders"
 	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/internal/undoqueue"
 	"github.com/reqlock/reqlock/stores"
@@ -33,7 +34,8 @@ const DefaultCallLimit = 5 * time.Second
 // by a schema, each of lower-case letters, digits and underscores.
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
 
-// Store is a stores.Store on PostgreSQL, and a stores.Notifier. It is safe
+// Store is a stores.Store on PostgreSQL, a stores.Notifier and a
+// stores.SharedStore. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a
 // listening connection and a goroutine until Close; while it owes the undo
 // of abandoned acquires, up to two goroutines more.
@@ -53,6 +55,8 @@ type Store struct {
 
 	callLimit time.Duration // see WithCallLimit
 
+	writers holders.Writers // the waiting-writer records this Store made; see shared.go
+
 	background sync.WaitGroup          // acquires in flight, detached from their callers
 	undo       *undoqueue.Queue[*debt] // the undo of acquires whose callers left
 	abandoned  atomic.Int64            // undos owed so far, for tests
@@ -66,6 +70,8 @@ var (
 	_ stores.Store    = (*Store)(nil)
 	_ stores.Notifier = (*Store)(nil)
 	_ stores.Bounded  = (*Store)(nil)
+
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -151,7 +157,10 @@ func (s *Store) setup(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
-	if err := s.createTable(ctx); err != nil {
+	if err := s.createTable(ctx, s.table, s.q.create); err != nil {
+		return err
+	}
+	if err := s.createTable(ctx, holdersTable(s.table), s.q.createHolders); err != nil {
 		return err
 	}
 	var blockSize int
@@ -163,16 +172,17 @@ func (s *Store) setup(ctx context.Context) error {
 	return nil
 }
 
-// createTable creates the table unless it exists. Two sessions creating
-// the same table at once may collide in the catalogue (SQLSTATE 23505 or
-// 42P07) although both said IF NOT EXISTS; the loser finds it made.
-func (s *Store) createTable(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, s.q.create)
+// createTable creates a table, named table, with ddl unless it exists. Two
+// sessions creating the same table at once may collide in the catalogue
+// (SQLSTATE 23505 or 42P07) although both said IF NOT EXISTS; the loser
+// finds it made.
+func (s *Store) createTable(ctx context.Context, table, ddl string) error {
+	_, err := s.pool.Exec(ctx, ddl)
 	if err != nil && (sqlState(err) == "23505" || sqlState(err) == "42P07") {
-		_, err = s.pool.Exec(ctx, s.q.create)
+		_, err = s.pool.Exec(ctx, ddl)
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: creating table %s: %w", s.table, classify(err))
+		return fmt.Errorf("pgstore: creating table %s: %w", table, classify(err))
 	}
 	return nil
 }
@@ -260,35 +270,59 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	bkeys := byteKeys(keys)
 	return s.detached(ctx, keys, token, ttl, func(ctx context.Context, a *attempt) (stores.Grant, error) {
-		conn, err := s.pool.Acquire(ctx)
+		conn, err := s.acquireConn(ctx, a)
 		if err != nil {
-			return stores.Grant{}, err // nothing sent
-		}
-		defer conn.Release()
-		if a.sess, err = sessionOf(ctx, conn); err != nil {
 			return stores.Grant{}, err // the acquire not sent
 		}
-		var g stores.Grant
+		defer conn.Release()
+		var (
+			g      stores.Grant
+			shared [][]byte // keys refused by holders
+		)
 		if len(keys) == 1 {
-			g, err = s.acquireOne(ctx, conn, bkeys[0], token, ttl)
+			g, shared, err = s.acquireOne(ctx, conn, bkeys[0], token, ttl)
 		} else {
-			g, err = s.acquireAll(ctx, conn, bkeys, token, ttl)
+			g, shared, err = s.acquireAll(ctx, conn, bkeys, token, ttl)
 		}
 		settled(a, err, conn.Conn().IsClosed())
+		switch {
+		case err != nil:
+		case g.OK:
+			s.withdraw(ctx, keys, token) // the wait, if any, ended
+		case len(shared) > 0:
+			g.SharedHeld = true
+			s.writerRefused(ctx, conn, shared, token)
+		}
 		return g, err
-	})
+	}, false)
 }
 
-// acquireOne is Acquire of one key on conn: one upsert.
-func (s *Store) acquireOne(ctx context.Context, conn *pgxpool.Conn, key []byte, token string, ttl time.Duration) (stores.Grant, error) {
-	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+// acquireConn takes a connection from the pool for an acquire, and records
+// its session in a (see detached).
+func (s *Store) acquireConn(ctx context.Context, a *attempt) (*pgxpool.Conn, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if a.sess, err = sessionOf(ctx, conn); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// acquireOne is Acquire of one key on conn: one upsert. It returns the key
+// too when holders refused it (see shared.go).
+func (s *Store) acquireOne(ctx context.Context, conn *pgxpool.Conn, key []byte, token string, ttl time.Duration) (stores.Grant, [][]byte, error) {
+	var shared bool
+	g, err := retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
 		var (
 			granted   bool
 			fence     int64
 			remaining int64
 		)
 		err := conn.QueryRow(ctx, s.q.acquireOne, key, []byte(token), micros(ttl), int64(stores.FenceStride)).
-			Scan(&granted, &fence, &remaining)
+			Scan(&granted, &fence, &remaining, &shared)
 		if err != nil {
 			return stores.Grant{}, err
 		}
@@ -297,15 +331,22 @@ func (s *Store) acquireOne(ctx context.Context, conn *pgxpool.Conn, key []byte, 
 		}
 		return stores.Grant{Wait: waitOf(remaining)}, nil
 	})
+	if err == nil && !g.OK && shared {
+		return g, [][]byte{key}, nil
+	}
+	return g, nil, err
 }
 
 // acquireAll is Acquire of several keys on conn: three statements in one
 // implicit transaction and one round trip. The first locks every row in key
 // order (creating the missing ones) unless a key is seen held; the second
 // takes them all when none is held by another token; the third reads the
-// holders, for a refusal, and marks them watched.
-func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byte, token string, ttl time.Duration) (stores.Grant, error) {
-	return retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+// holders, for a refusal, and marks them watched. It returns too the keys
+// that holders refused it (see shared.go).
+func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byte, token string, ttl time.Duration) (stores.Grant, [][]byte, error) {
+	var shared [][]byte
+	g, err := retrying(ctx, func(ctx context.Context) (stores.Grant, error) {
+		shared = shared[:0]
 		batch := &pgx.Batch{}
 		batch.Queue(s.q.lockAll, keys, []byte(token))
 		batch.Queue(s.q.acquireAll, keys, []byte(token), micros(ttl), int64(stores.FenceStride))
@@ -338,9 +379,13 @@ func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byt
 			holder     []byte // the first key held by another token
 			holderLeft int64  // its remaining lease in microseconds
 		)
-		if _, err := pgx.ForEachRow(rows, []any{&key, &remaining}, func() error {
+		var marked bool
+		if _, err := pgx.ForEachRow(rows, []any{&key, &remaining, &marked}, func() error {
 			if holder == nil {
 				holder, holderLeft = bytes.Clone(key), remaining
+			}
+			if marked {
+				shared = append(shared, bytes.Clone(key))
 			}
 			return nil
 		}); err != nil {
@@ -369,6 +414,10 @@ func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byt
 		return stores.Grant{Held: slices.IndexFunc(keys, func(k []byte) bool { return bytes.Equal(k, holder) }),
 			Wait: waitOf(holderLeft)}, nil
 	})
+	if err != nil || g.OK {
+		return g, nil, err
+	}
+	return g, shared, nil
 }
 
 // Release ends token's grant on every key that still holds it, in one
@@ -377,7 +426,9 @@ func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byt
 // negative it frees the key and notifies its release (see Release
 // notification in the package documentation); with keep positive it sets
 // the key's lease to end keep from now instead and notifies nothing, since
-// the key stays held.
+// the key stays held. It also withdraws token's waiting-writer records on
+// the keys (see Shared and limited grants in the package documentation),
+// with one statement more when it has any.
 //
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
 // keys were absent, expired or held another token, after ending the grant
@@ -403,6 +454,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := s.setup(ctx); err != nil {
 		return err
 	}
+	s.withdraw(ctx, keys, token)
 	return s.release(ctx, keys, token, keep)
 }
 
@@ -484,19 +536,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 			tag, err := s.pool.Exec(ctx, s.q.refreshOne, bkeys, []byte(token), micros(ttl))
 			return tag.RowsAffected(), err
 		}
-		batch := &pgx.Batch{}
-		batch.Queue(s.q.lockHeld, bkeys)
-		batch.Queue(s.q.refreshAll, bkeys, []byte(token), micros(ttl))
-		res := s.pool.SendBatch(ctx, batch)
-		defer res.Close()
-		if _, err := res.Exec(); err != nil {
-			return 0, err
-		}
-		tag, err := res.Exec()
-		if err != nil {
-			return 0, err
-		}
-		return tag.RowsAffected(), res.Close()
+		return s.lockedExec(ctx, bkeys, s.q.refreshAll, bkeys, []byte(token), micros(ttl))
 	})
 	if err != nil {
 		return endedErr(ctx, err)
@@ -508,6 +548,25 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		return fmt.Errorf("%w: pgstore: %d keys, from %s (none refreshed)", stores.ErrNotHeld, len(keys), stores.KeyForMessage(keys[0]))
 	}
 	return fmt.Errorf("%w: refresh of %d keys changed %d", ErrUnexpectedReply, len(keys), refreshed)
+}
+
+// lockedExec runs query with vals after lockHeld of keys, in one round trip
+// and implicit transaction, and returns the rows query affected (or
+// returned).
+func (s *Store) lockedExec(ctx context.Context, keys [][]byte, query string, vals ...any) (int64, error) {
+	batch := &pgx.Batch{}
+	batch.Queue(s.q.lockHeld, keys)
+	batch.Queue(query, vals...)
+	res := s.pool.SendBatch(ctx, batch)
+	defer res.Close()
+	if _, err := res.Exec(); err != nil {
+		return 0, err
+	}
+	tag, err := res.Exec()
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), res.Close()
 }
 
 // byteKeys returns keys as bytea values: a key may hold any bytes.

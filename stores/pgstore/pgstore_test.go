@@ -74,6 +74,7 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Suite{
 		New:    func(t *testing.T) stores.Store { return open(t, "") },
 		Notify: true,
+		Shared: true,
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
 			p, s := openProxiedLimited(t, proxiedCallLimit)
 			return s, []*faultproxy.Proxy{p}

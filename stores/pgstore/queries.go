@@ -3,9 +3,13 @@ package pgstore
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/reqlock/reqlock/internal/holders"
+	"github.com/reqlock/reqlock/stores"
 )
 
 // queries are the SQL of a Store, for its table.
@@ -21,6 +25,17 @@ type queries struct {
 	releaseKeep string
 	refreshOne  string
 	refreshAll  string
+
+	// The holders of keys held shared (see shared.go), in the holders
+	// table beside the lease table.
+	createHolders string
+	lockKey       string
+	sweepHolders  string
+	acquireShared string
+	releaseShared string
+	refreshShared string
+	writerWaits   string
+	withdraw      string
 }
 
 // Fragments shared by the statements. $3 is a duration in microseconds.
@@ -50,8 +65,14 @@ func newQueries(table string) queries {
 	// judges it alike, since none reads the clock itself.
 	free := `(l.token IS NULL OR l.token = EXCLUDED.token OR
 	          l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')`
+	// isMarker is true of a token that is a marker: the key has holders
+	// (see shared.go); l is the lease row.
+	isMarker := `coalesce(l.token = ` + byteaLiteral(holders.Marker) + `, false)`
 	r := strings.NewReplacer("{t}", t, "{free}", free, "{nowMicros}", nowMicros,
-		"{remaining}", remainingMicros, "{clockNow}", clockNow, "{watch}", watchFor)
+		"{remaining}", remainingMicros, "{clockNow}", clockNow, "{watch}", watchFor,
+		"{h}", quoteTable(holdersTable(table)), "{isMarker}", isMarker,
+		"{marker}", byteaLiteral(holders.Marker),
+		"{writerWindow}", strconv.FormatInt(stores.WriterWindow.Microseconds(), 10))
 	return queries{
 		create: r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
 			key        bytea PRIMARY KEY,
@@ -74,7 +95,7 @@ func newQueries(table string) queries {
 				fence      = CASE WHEN {free} THEN greatest(l.fence + $4::bigint, EXCLUDED.fence) ELSE l.fence END,
 				watched_until = CASE WHEN {free} THEN l.watched_until
 				                ELSE greatest(l.watched_until, clock_timestamp() + {watch}) END
-			RETURNING token = $2::bytea, fence, {remaining}`),
+			RETURNING token = $2::bytea, fence, {remaining}, {isMarker}`),
 
 		// Creates the missing rows and locks every row, in key order so
 		// that two calls never wait for each other in a cycle; unless a key
@@ -113,7 +134,7 @@ func newQueries(table string) queries {
 				ON CONFLICT (key) DO UPDATE SET watched_until = greatest(l.watched_until, clock_timestamp() + {watch})
 				WHERE l.token IS NOT NULL AND l.token <> $2::bytea AND l.expires_at > clock_timestamp()
 				RETURNING key, token, {remaining} AS remaining)
-			SELECT key, remaining FROM marked WHERE token IS NOT NULL ORDER BY key`),
+			SELECT key, remaining, {isMarker} FROM marked AS l WHERE token IS NOT NULL ORDER BY key`),
 
 		// Marks keys watched, creating missing rows, in key order.
 		watch: r.Replace(`
@@ -173,7 +194,149 @@ func newQueries(table string) queries {
 			  AND (SELECT count(*) FROM {t} AS h
 			       WHERE h.key = ANY($1::bytea[]) AND h.token = $2::bytea AND h.expires_at > now.ts)
 			      = cardinality($1::bytea[])`),
+
+		// The holders of a key held shared: a row each, named by the
+		// digests of the key and of the token (holders.Digest), and the
+		// records of its waiting writers, a row each too (writer true).
+		createHolders: r.Replace(`CREATE TABLE IF NOT EXISTS {h} (
+			key_sum    bytea NOT NULL,
+			writer     boolean NOT NULL,
+			token_sum  bytea NOT NULL,
+			expires_at timestamptz NOT NULL,
+			PRIMARY KEY (key_sum, writer, token_sum)
+		)`),
+
+		// Creates the key's lease row if missing, and locks it: every
+		// statement on a key's holders runs after it, in its transaction,
+		// so that they see and change the holders one call at a time.
+		lockKey: r.Replace(`
+			INSERT INTO {t} AS l (key, fence) VALUES ($1::bytea, 0)
+			ON CONFLICT (key) DO UPDATE SET fence = l.fence`),
+
+		// Deletes the key's expired holders and writer records, and
+		// notifies the key's waiters, when it is watched, of the places
+		// that freed. $1 key, $2 its digest, $3 the channel.
+		sweepHolders: r.Replace(`
+			WITH gone AS (
+				DELETE FROM {h} WHERE key_sum = $2::bytea AND expires_at <= clock_timestamp()
+				RETURNING writer)
+			SELECT pg_notify($3::text, encode(sha256(l.key), 'hex'))::text FROM {t} AS l
+			WHERE l.key = $1::bytea AND l.watched_until > clock_timestamp()
+			  AND EXISTS (SELECT 1 FROM gone WHERE NOT writer)`),
+
+		// Grants the token a place, or refuses it with the instant the
+		// refusal may end (see Store.AcquireShared), at one clock reading.
+		// On a grant it upserts the holder and sets the lease row to the
+		// marker, the longest holder's expiry and the next fence; on a
+		// refusal it marks the key watched, as acquireOne does. $1 key, $2
+		// its digest, $3 the token's digest, $4 ttl µs, $5 stride, $6
+		// limit.
+		acquireShared: r.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			k AS (SELECT l.token, l.expires_at, l.fence, {isMarker} AS marked FROM {t} AS l WHERE l.key = $1::bytea),
+			h AS (
+				SELECT count(*) FILTER (WHERE NOT h.writer) AS n,
+				       coalesce(bool_or(NOT h.writer AND h.token_sum = $3::bytea), false) AS mine,
+				       max(h.expires_at) FILTER (WHERE NOT h.writer AND h.token_sum <> $3::bytea) AS others,
+				       min(h.expires_at) FILTER (WHERE NOT h.writer) AS soonest,
+				       max(h.expires_at) FILTER (WHERE h.writer) AS writers
+				FROM {h} AS h, now WHERE h.key_sum = $2::bytea AND h.expires_at > now.ts),
+			d AS (
+				SELECT now.ts, h.others, greatest(k.fence + $5::bigint, {nowMicros}) AS next,
+				       now.ts + $4::bigint * interval '1 microsecond' AS until,
+				       CASE
+				         WHEN k.token IS NOT NULL AND k.expires_at > now.ts AND NOT k.marked THEN k.expires_at
+				         WHEN h.mine THEN NULL
+				         WHEN h.writers IS NOT NULL THEN h.writers
+				         WHEN $6::int > 0 AND h.n >= $6::int THEN h.soonest
+				       END AS refused_until
+				FROM k, h, now),
+			ins AS (
+				INSERT INTO {h} (key_sum, writer, token_sum, expires_at)
+				SELECT $2::bytea, false, $3::bytea, d.until FROM d WHERE d.refused_until IS NULL
+				ON CONFLICT (key_sum, writer, token_sum) DO UPDATE SET expires_at = EXCLUDED.expires_at),
+			upd AS (
+				UPDATE {t} AS l SET
+					token      = CASE WHEN d.refused_until IS NULL THEN {marker} ELSE l.token END,
+					expires_at = CASE WHEN d.refused_until IS NULL THEN greatest(d.others, d.until) ELSE l.expires_at END,
+					fence      = CASE WHEN d.refused_until IS NULL THEN d.next ELSE l.fence END,
+					watched_until = CASE WHEN d.refused_until IS NULL THEN l.watched_until
+					                ELSE greatest(l.watched_until, clock_timestamp() + {watch}) END
+				FROM d WHERE l.key = $1::bytea
+				RETURNING l.fence)
+			SELECT d.refused_until IS NULL, (SELECT fence FROM upd),
+			       coalesce((extract(epoch FROM d.refused_until - d.ts) * 1000000)::bigint, 0)
+			FROM d`),
+
+		// Ends the token's place ($4 zero) or sets it to end $4 µs from now
+		// (a kept release), and sets the lease row to the longest place
+		// left, or frees it; a freed place notifies the key's waiters when
+		// it is watched. One row when the token held a place. $1 key, $2
+		// its digest, $3 the token's digest, $5 the channel.
+		releaseShared: r.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			me AS (SELECT 1 FROM {h} AS h, now WHERE h.key_sum = $2::bytea AND NOT h.writer
+			       AND h.token_sum = $3::bytea AND h.expires_at > now.ts),
+			o AS (SELECT greatest(max(h.expires_at), CASE WHEN $4::bigint > 0 THEN now.ts + $4::bigint * interval '1 microsecond' END) AS until
+			      FROM now LEFT JOIN {h} AS h ON h.key_sum = $2::bytea AND NOT h.writer
+			       AND h.token_sum <> $3::bytea AND h.expires_at > now.ts
+			      GROUP BY now.ts),
+			del AS (DELETE FROM {h} AS h WHERE $4::bigint = 0 AND h.key_sum = $2::bytea AND NOT h.writer
+			        AND h.token_sum = $3::bytea AND EXISTS (SELECT 1 FROM me)),
+			kept AS (UPDATE {h} AS h SET expires_at = now.ts + $4::bigint * interval '1 microsecond' FROM now
+			         WHERE $4::bigint > 0 AND h.key_sum = $2::bytea AND NOT h.writer AND h.token_sum = $3::bytea
+			           AND EXISTS (SELECT 1 FROM me)),
+			upd AS (
+				UPDATE {t} AS l SET token = CASE WHEN o.until IS NULL THEN NULL ELSE l.token END, expires_at = o.until
+				FROM o WHERE l.key = $1::bytea AND EXISTS (SELECT 1 FROM me)
+				RETURNING l.watched_until > clock_timestamp() AS watched)
+			SELECT CASE WHEN $4::bigint = 0 AND upd.watched THEN pg_notify($5::text, encode(sha256($1::bytea), 'hex'))::text END
+			FROM upd`),
+
+		// Sets the token's place to end $4 µs from now, and the lease row's
+		// expiry to the longest place's; one row when the token held a
+		// place. $1 key, $2 its digest, $3 the token's digest.
+		refreshShared: r.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			me AS (SELECT 1 FROM {h} AS h, now WHERE h.key_sum = $2::bytea AND NOT h.writer
+			       AND h.token_sum = $3::bytea AND h.expires_at > now.ts),
+			o AS (SELECT greatest(max(h.expires_at), now.ts + $4::bigint * interval '1 microsecond') AS until
+			      FROM now LEFT JOIN {h} AS h ON h.key_sum = $2::bytea AND NOT h.writer
+			       AND h.token_sum <> $3::bytea AND h.expires_at > now.ts
+			      GROUP BY now.ts),
+			mine AS (UPDATE {h} AS h SET expires_at = now.ts + $4::bigint * interval '1 microsecond' FROM now
+			         WHERE h.key_sum = $2::bytea AND NOT h.writer AND h.token_sum = $3::bytea AND EXISTS (SELECT 1 FROM me))
+			UPDATE {t} AS l SET expires_at = o.until
+			FROM o WHERE l.key = $1::bytea AND EXISTS (SELECT 1 FROM me)`),
+
+		// Records the token ($2, its digest) as a waiting writer on the keys
+		// of $1 that have holders, for stores.WriterWindow.
+		writerWaits: r.Replace(`
+			INSERT INTO {h} (key_sum, writer, token_sum, expires_at)
+			SELECT sha256(l.key), true, $2::bytea, clock_timestamp() + {writerWindow} * interval '1 microsecond'
+			FROM {t} AS l WHERE l.key = ANY($1::bytea[]) AND {isMarker} AND l.expires_at > clock_timestamp()
+			ON CONFLICT (key_sum, writer, token_sum) DO UPDATE SET expires_at = EXCLUDED.expires_at`),
+
+		// Ends the waiting-writer records of the token ($2, its digest) on
+		// the keys of $1, and notifies the waiters of a key whose last
+		// writer it was: its refused holders may come in.
+		withdraw: r.Replace(`
+			WITH gone AS (
+				DELETE FROM {h} WHERE key_sum IN (SELECT sha256(k) FROM unnest($1::bytea[]) AS k)
+				  AND writer AND token_sum = $2::bytea
+				RETURNING key_sum)
+			SELECT pg_notify($3::text, encode(g.key_sum, 'hex'))::text FROM gone AS g
+			WHERE NOT EXISTS (SELECT 1 FROM {h} AS h WHERE h.key_sum = g.key_sum AND h.writer
+			                  AND h.token_sum <> $2::bytea AND h.expires_at > clock_timestamp())`),
 	}
+}
+
+// holdersTable names the holders table of table (see holders.Table).
+func holdersTable(table string) string { return holders.Table(table, 63) }
+
+// byteaLiteral writes b as a bytea literal in hex form.
+func byteaLiteral(b string) string {
+	return `'\x` + hex.EncodeToString([]byte(b)) + `'::bytea`
 }
 
 // quoteTable quotes a table name, qualified or not, for SQL: quoting keeps

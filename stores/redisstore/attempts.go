@@ -140,19 +140,18 @@ var _ redis.Scripter = oneAttempt{}
 // reached Redis. On a client that cannot run a single attempt, the client
 // retries by itself, and an attempt before the last may have reached Redis
 // whatever the last one's error: reached is then true for every failure.
-func (s *Store) attempts(ctx context.Context, script *redis.Script, keys []string, args []any) (cmd *redis.Cmd, reached bool) {
-	if s.single == nil {
-		cmd = script.Run(ctx, s.client, keys, args...)
-		return cmd, true
+func (g *goRedis) attempts(ctx context.Context, script *Script, keys []string, args []any) (cmd *redis.Cmd, reached bool) {
+	if g.single == nil {
+		return runScript(ctx, g.client, script, keys, args), true
 	}
 	for n := 0; ; n++ {
-		cmd = script.Run(ctx, s.single, keys, args...)
+		cmd = runScript(ctx, g.single, script, keys, args)
 		err := cmd.Err()
 		reached = reached || !neverSent(err)
-		if err == nil || n >= s.retry.max || !retryable(err) || ctx.Err() != nil {
+		if err == nil || n >= g.retry.max || !retryable(err) || ctx.Err() != nil {
 			return cmd, reached
 		}
-		if d := s.retry.backoff(n); d > 0 {
+		if d := g.retry.backoff(n); d > 0 {
 			t := time.NewTimer(d)
 			select {
 			case <-t.C:
@@ -162,6 +161,17 @@ func (s *Store) attempts(ctx context.Context, script *redis.Script, keys []strin
 			}
 		}
 	}
+}
+
+// runScript runs script on c as redis.Script.Run does: EVALSHA, then EVAL
+// when Redis has not cached the script.
+func runScript(ctx context.Context, c redis.Scripter, script *Script, keys []string, args []any) *redis.Cmd {
+	cmd := c.EvalSha(ctx, script.sha, keys, args...)
+	// HasErrorPrefix allocates even for a nil error: check that first.
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return c.Eval(ctx, script.src, keys, args...)
+	}
+	return cmd
 }
 
 // neverSent reports whether err says that the attempt never reached Redis:

@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -24,11 +22,10 @@ type scriptCall struct {
 	state  atomic.Int32
 	done   chan struct{} // closed once reply and err are set, unless abandoned
 	store  *Store
-	script *redis.Script
+	script *Script
 	keys   []string // the script's keys
 	args   []any
-	scalar bool // the script answers an integer, not an array
-	reply  []int64
+	reply  Reply
 	err    error
 
 	// undo, unless nil, releases what the script may have granted once it
@@ -42,15 +39,25 @@ type scriptCall struct {
 }
 
 // run runs the script and returns its reply, or ctx.Err() as soon as ctx is
-// cancelled, even while the script is in flight: go-redis bounds a call by
-// its context's deadline but not by its cancellation, so a waiter whose
-// client left would otherwise sit out a stalled Redis until its deadline.
-// The script goes on in the background, bounded by that deadline, and once
-// it returns undo releases what it may have granted: never before, or the
-// release could reach Redis ahead of the grant it undoes.
-func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
-	if ctx.Done() == nil {
-		return c.call(ctx) // never cancelled
+// cancelled, even while the script is in flight.
+//
+// On a Driver that honours cancellation, the script runs on the caller's
+// goroutine: a call whose context ended before it returned has an unknown
+// outcome, and undo runs in the background. undo first marks the token
+// abandoned, which every acquire script refuses, so it may run while the
+// script is still on its way: the script then grants nothing, or grants
+// before the mark and undo releases it.
+//
+// go-redis bounds a call by its context's deadline but not by its
+// cancellation, so a waiter whose client left would otherwise sit out a
+// stalled Redis until its deadline. On such a Driver the script runs on a
+// goroutine of its own, bounded by that deadline, and once it returns undo
+// releases what it may have granted (when it says so, or its reply was
+// lost).
+func (c *scriptCall) run(ctx context.Context) (Reply, error) {
+	if ctx.Done() == nil || c.store.driver.HonoursCancel() {
+		c.reply, c.err = c.call(ctx)
+		return c.result(ctx)
 	}
 	c.done = make(chan struct{})
 	go c.inBackground(ctx)
@@ -59,32 +66,33 @@ func (c *scriptCall) run(ctx context.Context) ([]int64, error) {
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(callRunning, callAbandoned) {
 			// inBackground undoes what the script may grant.
-			return nil, abandoned(ctx, c.undo != nil)
+			return Reply{}, abandoned(ctx, c.undo != nil)
 		}
 		<-c.done // it returned as ctx ended
 	}
+	return c.result(ctx)
+}
+
+// result returns the call's reply once it returned to a caller that waited.
+func (c *scriptCall) result(ctx context.Context) (Reply, error) {
 	if c.err != nil && ctxEnded(ctx) && c.undo != nil && !errors.Is(c.err, stores.ErrUnreachable) {
 		// It failed as its context ended (go-redis times a call out by the
-		// deadline a moment before the context reports it): its outcome
-		// is as unknown as an abandoned call's, and undone alike.
+		// deadline a moment before the context reports it; a Driver that
+		// honours cancellation returns at once): its outcome is as unknown
+		// as an abandoned call's, and undone alike.
 		go c.cleanUp()
-		return nil, abandoned(ctx, true)
+		return Reply{}, abandoned(ctx, true)
 	}
 	return c.reply, c.err
 }
 
-// call runs the script and returns its reply as integers.
-func (c *scriptCall) call(ctx context.Context) ([]int64, error) {
-	cmd := c.store.run(ctx, c.script, c.keys, c.args...)
-	if c.scalar {
-		n, err := cmd.Int64()
-		if err != nil {
-			return nil, err
-		}
-		return []int64{n}, nil
-	}
-	return cmd.Int64Slice()
+// call runs the script and returns its reply.
+func (c *scriptCall) call(ctx context.Context) (Reply, error) {
+	return c.store.run(ctx, c.script, c.keys, c.args...)
 }
+
+// granted reports whether the call's reply says it granted.
+func (c *scriptCall) granted() bool { return len(c.reply.Ints) > 0 && c.reply.Ints[0] == 1 }
 
 func (c *scriptCall) inBackground(ctx context.Context) {
 	c.reply, c.err = c.call(ctx)
@@ -96,7 +104,7 @@ func (c *scriptCall) inBackground(ctx context.Context) {
 	if c.undo == nil || errors.Is(c.err, stores.ErrUnreachable) {
 		return // it never reached Redis: nothing to undo
 	}
-	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) || c.isFair() {
+	if c.err != nil || c.granted() || c.isFair() {
 		c.cleanUp()
 	}
 }

@@ -84,7 +84,7 @@ type cancelEnv struct {
 // newCancelEnv returns a cancelEnv whose store has its scripts cached and a
 // connection open, so that an acquire is one EVALSHA on that connection.
 // replies gets the replies of script.
-func newCancelEnv(t *testing.T, script *redis.Script) *cancelEnv {
+func newCancelEnv(t *testing.T, script *Script) *cancelEnv {
 	t.Helper()
 	proxy := testredis.NewProxy(t)
 	written := make(chan struct{}, 1)
@@ -101,7 +101,7 @@ func newCancelEnv(t *testing.T, script *redis.Script) *cancelEnv {
 		},
 	})
 	t.Cleanup(func() { _ = client.Close() })
-	replies := &replyLog{hash: script.Hash(), replies: make(chan scriptReply, 1)}
+	replies := &replyLog{hash: script.SHA1(), replies: make(chan scriptReply, 1)}
 	client.AddHook(replies)
 	s := newStore(t, client)
 	if err := s.Load(context.Background()); err != nil {
@@ -275,7 +275,7 @@ func TestCancelledFairAcquireLeavesNothing(t *testing.T) {
 			t.Fatal("the waiter is queued before Redis answered its attempt")
 		}
 		reply := e.thawAndReply(t)
-		if len(reply) != 3 || reply[0] != 0 || reply[2] != 1 {
+		if len(reply) != 4 || reply[0] != 0 || reply[2] != 1 {
 			t.Fatalf("the abandoned fair script answered %v, want a refusal queued behind one waiter", reply)
 		}
 		waitFor(t, signalWait, func() bool { return !queued(t, e, key, "t") },

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -15,26 +14,17 @@ const crossSlotFix = "Redis Cluster hashes only the part of a key between its fi
 	"the same hash tag, such as the key template \"cart:{<json:cart>}:sku:<json:items[*].sku>\", " +
 	"whose keys all hash to the slot of their cart"
 
-// routing is how a client spreads keys over servers.
-type routing int
-
-const (
-	routeOne   routing = iota // one server (or a failover pair) holds every key
-	routeSlot                 // Redis Cluster: by hash slot
-	routeShard                // Ring: by the hash of the hash tag, or of the whole key
-)
-
 // routingOf returns how client spreads keys, when its type tells. A client
 // hidden behind a wrapper is taken as one server; a Cluster then still
 // answers CROSSSLOT, which the multi-key calls map to ErrCrossSlot.
-func routingOf(client redis.Scripter) routing {
+func routingOf(client redis.Scripter) Routing {
 	switch client.(type) {
 	case *redis.ClusterClient:
-		return routeSlot
+		return RouteSlot
 	case *redis.Ring:
-		return routeShard
+		return RouteShard
 	}
-	return routeOne
+	return RouteOne
 }
 
 // hashPart is the part of key that Redis Cluster hashes, and that a Ring
@@ -74,7 +64,7 @@ func slot(key string) uint16 {
 // spreads keys over servers and keys, with their fence keys when withFences
 // is set, would not all land on one. It does no I/O.
 func (s *Store) checkColocated(keys []string, withFences bool) error {
-	if s.routing == routeOne {
+	if s.routing == RouteOne {
 		return nil
 	}
 	return colocationError(s.routing, keys, withFences)
@@ -82,9 +72,9 @@ func (s *Store) checkColocated(keys []string, withFences bool) error {
 
 // colocationError returns the ErrCrossSlot error for the first pair of keys
 // that route apart under r, or nil when they all route together.
-func colocationError(r routing, keys []string, withFences bool) error {
+func colocationError(r Routing, keys []string, withFences bool) error {
 	where := func(key string) string { return hashPart(key) }
-	if r == routeSlot {
+	if r == RouteSlot {
 		where = func(key string) string { return fmt.Sprint(slot(key)) }
 	}
 	first := where(keys[0])
@@ -106,8 +96,8 @@ func colocationError(r routing, keys []string, withFences bool) error {
 }
 
 // crossError names two keys of one call that route apart under r.
-func crossError(r routing, a, b string) error {
-	if r == routeShard {
+func crossError(r Routing, a, b string) error {
+	if r == RouteShard {
 		return fmt.Errorf("%w: keys %q and %q may live on different Ring shards (a Ring picks the shard by "+
 			"the same part of a key that Redis Cluster hashes); %s", ErrCrossSlot, a, b, crossSlotFix)
 	}
@@ -117,8 +107,8 @@ func crossError(r routing, a, b string) error {
 
 // placeOf says how fence key fk routes apart from its key k, for an error
 // message.
-func placeOf(r routing, fk, k string) string {
-	if r == routeShard {
+func placeOf(r Routing, fk, k string) string {
+	if r == RouteShard {
 		return fmt.Sprintf("is placed by %q, the key by %q", hashPart(fk), hashPart(k))
 	}
 	return fmt.Sprintf("is in slot %d, the key in slot %d", slot(fk), slot(k))
@@ -126,20 +116,20 @@ func placeOf(r routing, fk, k string) string {
 
 // isCrossSlot reports whether err is Redis refusing a command whose keys
 // hash to different slots.
-func isCrossSlot(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "CROSSSLOT")
+func (s *Store) isCrossSlot(err error) bool {
+	msg, ok := s.driver.ReplyError(err)
+	return ok && strings.HasPrefix(msg, "CROSSSLOT")
 }
 
 // mapCrossSlot returns err as is, unless it is the server's CROSSSLOT
 // refusal: then an error wrapping both ErrCrossSlot and err that names two
 // keys of the call in different slots (computed here), or, should the
 // server hash differently, the first and last key sent.
-func mapCrossSlot(err error, keys []string, withFences bool) error {
-	if !isCrossSlot(err) {
+func (s *Store) mapCrossSlot(err error, keys []string, withFences bool) error {
+	if !s.isCrossSlot(err) {
 		return err
 	}
-	if named := colocationError(routeSlot, keys, withFences); named != nil {
+	if named := colocationError(RouteSlot, keys, withFences); named != nil {
 		return fmt.Errorf("%w (Redis answered: %w)", named, err)
 	}
 	last := keys[len(keys)-1]
@@ -150,34 +140,7 @@ func mapCrossSlot(err error, keys []string, withFences bool) error {
 		ErrCrossSlot, keys[0], last, err, crossSlotFix)
 }
 
-// run runs script on the Store's client; every script call goes through it,
-// so that a failed one reaches noteFailure, and one that never reached
-// Redis, on any attempt, fails with an error wrapping stores.ErrUnreachable
-// (see attempts).
-func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	cmd, reached := s.attempts(ctx, script, keys, args)
-	if err := cmd.Err(); err != nil && !reached {
-		cmd.SetErr(unreachable(err))
-	}
-	s.noteFailure(cmd.Err())
-	return cmd
-}
-
-// noteFailure has a Cluster client reload its slot map after a call failed
-// without a reply from Redis (a refused connection, a timeout). go-redis
-// reloads it on a MOVED reply, which a dead master never sends, and
-// otherwise only every ClusterStateReloadInterval (60s by default): until
-// then it keeps sending the slots of a master that died to that master,
-// while its replica has taken over. The reload runs in the background, at
-// most once per go-redis's own minimum interval, so calling it on every
-// failure costs nothing while a node is down.
-func (s *Store) noteFailure(err error) {
-	if s.cluster == nil || err == nil {
-		return
-	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
-		return // Redis answered: the map is not what failed
-	}
-	s.cluster.ReloadState(context.Background())
+// run runs script on the Store's Driver; every script call goes through it.
+func (s *Store) run(ctx context.Context, script *Script, keys []string, args ...any) (Reply, error) {
+	return s.driver.Eval(ctx, script, keys, args)
 }

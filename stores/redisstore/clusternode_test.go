@@ -17,6 +17,7 @@ import (
 
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore/internal/redistest"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
@@ -131,7 +132,7 @@ func TestOnOneNodeCluster(t *testing.T) {
 	client := clusterClient(t, addr)
 	t.Run("Conformance", func(t *testing.T) {
 		runConformance(t, client, func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy) {
-			dial, proxies := proxiedDialer(t, []string{addr})
+			dial, proxies := redistest.ProxiedDialer(t, []string{addr})
 			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, Dialer: dial, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = c.Close() })
 			return c, proxies
@@ -143,7 +144,7 @@ func TestOnOneNodeCluster(t *testing.T) {
 		// so the keys reach Redis, which refuses them.
 		s := newStore(t, client)
 		hidden := newStore(t, scripterOnly{client})
-		if hidden.routing != routeOne {
+		if hidden.routing != RouteOne {
 			t.Fatal("the wrapper did not hide the Cluster")
 		}
 		ctx := context.Background()

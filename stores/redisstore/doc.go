@@ -1,5 +1,9 @@
 // Package redisstore is a stores.Store on Redis (6.2 or later, or Valkey)
-// through go-redis v9.
+// through go-redis v9, or through another client under a Driver: package
+// rueidisstore (github.com/reqlock/reqlock/stores/redisstore/rueidisstore,
+// a module of its own) runs this same Store on rueidis, which pipelines the
+// commands of concurrent calls onto shared connections. What follows holds
+// for both; where it names go-redis, see rueidisstore for rueidis.
 //
 // # What is stored
 //
@@ -10,10 +14,11 @@
 // (see Release notification). Release deletes the lock key, and Refresh
 // resets its TTL, only while it holds the caller's token.
 //
-// An uncontended lock costs Redis 8 commands: the acquire's EVALSHA, EXISTS
-// of the token's abandon mark (see Timeouts), SET NX PX, TIME and SET ... GET
-// of the fence key (a second SET only when the fence runs ahead of the
-// clock), and the release's EVALSHA, GET and DEL.
+// An uncontended lock costs Redis 8 commands: the acquire's EVALSHA, one
+// EXISTS of the token's abandon mark (see Timeouts) and of its writer mark
+// (see Shared and limited grants), SET NX PX, TIME and SET ... GET of the
+// fence key (a second SET only when the fence runs ahead of the clock), and
+// the release's EVALSHA, GET and DEL.
 // A refusal adds PTTL and the SET of the waiting key; the release of a lock
 // someone waited for adds its PUBLISH.
 //
@@ -62,7 +67,9 @@
 // another slot, so such keys are not Cluster-safe (a multi-key call refuses
 // them on a Cluster). Keys built by package keyfunc escape braces in request
 // values, so they contain only the braces the template author wrote. The
-// waiting key follows the same rules with ":waiting" for ":fence". So a
+// waiting key follows the same rules with ":waiting" for ":fence", and so do
+// the keys of fair mode and of shared grants (":fair:queue", ":fair:lease",
+// ":writers", ":writer:<token>", ":abandoned:<token>"). So a
 // template must not make one lock's key another's fence or waiting key
 // (sku:<id> next to sku:<id>:fence); keyfunc escapes ':' in request values,
 // so only a template can.
@@ -99,13 +106,13 @@
 //
 // Each Store uses one pub/sub connection, multiplexed over every key its
 // process waits on. The first NotifyRelease opens it and starts one
-// goroutine, which hands each message to the subscribers of its channel and
-// sends SUBSCRIBE when a key gets its first subscriber and UNSUBSCRIBE when
-// its last one stops (go-redis adds two goroutines of its own for reading
-// and health checks). A Store that never calls NotifyRelease starts nothing
-// and opens no connection: uncontended locks cost no pub/sub. The Store owns
-// that connection and goroutine and Close stops them; the caller still owns
-// the client, and closes it after the Store.
+// goroutine, which sends SUBSCRIBE when a key gets its first subscriber and
+// UNSUBSCRIBE when its last one stops, and one that hands each message to
+// the subscribers of its channel (go-redis adds two goroutines of its own
+// for reading and health checks). A Store that never calls NotifyRelease
+// starts nothing and opens no connection: uncontended locks cost no
+// pub/sub. The Store owns that connection and goroutines and Close stops
+// them; the caller still owns the client, and closes it after the Store.
 //
 // Signals are hints and can be lost: a release published before the
 // SUBSCRIBE reaches Redis, and every release while the pub/sub connection is
@@ -126,6 +133,45 @@
 // Store implements stores.FairStore: a key in fair use gets a FIFO queue
 // and a set of waiter leases, two sorted sets in the lock key's slot that
 // expire when abandoned. See Store.AcquireFair.
+//
+// # Shared and limited grants
+//
+// Store implements stores.SharedStore (readers, and at most N holders of a
+// key; see Locker.ObtainShared and Locker.ObtainLimited in package
+// reqlock). While a key is held shared, the lock key itself is a sorted set
+// of its holders' tokens, each scored by its own expiry (server time in
+// milliseconds), with a TTL at the latest of them. Nothing else changes for
+// Acquire: its SET NX finds the key held, its GET fails on a sorted set so
+// no token owns it (Release and Refresh of a holder's token answer
+// stores.ErrNotHeld), and its PTTL is the longest remaining TTL among the
+// holders. Each shared call first drops the places whose expiry has passed
+// (so a holder that dies frees its place at its own TTL) and then counts
+// the others against the caller's limit, in the script. Shared and
+// exclusive grants draw their fences from the one fence key.
+//
+// Writer preference: an Acquire or AcquireFair refused by holders (its GET
+// failed, and only then is the key's TYPE read) records its token in a
+// sorted set beside the key (":writers", token -> end of its window of
+// stores.WriterWindow, server milliseconds) and sets a writer mark for the
+// token (":writer:" and the token), both in the key's slot, and sets
+// Grant.SharedHeld. AcquireShared refuses new holders while a window
+// stands. The token's exclusive grant ends its record, found with the one
+// EXISTS the acquire makes of its abandon mark anyway, and a Release by a
+// token that does not hold the key withdraws it (one DEL of the mark on
+// that path), publishing a release when no other writer waits, so that the
+// refused readers come in at once. A holder's ReleaseShared publishes like
+// a release when a caller was refused the key; a place freed by expiry is
+// published by the next shared call that finds it, since Redis publishes
+// no expiry.
+//
+// An AcquireShared costs EVALSHA, EXISTS of the abandon mark, TIME, TYPE,
+// a ZRANGE of the writers, then ZADD, ZRANGE and PEXPIREAT of the holders
+// and the fence's SET ... GET (a first holder adds a DEL of the waiting
+// key; a later one ZREMRANGEBYSCORE and ZSCORE, and ZCARD under a limit); a
+// ReleaseShared or RefreshShared costs EVALSHA, TYPE, TIME,
+// ZREMRANGEBYSCORE, ZSCORE, the ZREM or ZADD and the ZRANGE and PEXPIREAT
+// of the new latest expiry. Redlock (package redlockstore) does not offer
+// shared grants.
 //
 // # Timeouts
 //

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -23,8 +21,8 @@ var (
 	//go:embed fair_leave.lua
 	fairLeaveSrc string
 
-	fairAcquireScript = redis.NewScript(withLib(fairAcquireSrc))
-	fairLeaveScript   = redis.NewScript(fairLeaveSrc)
+	fairAcquireScript = newScript(withLib(fairAcquireSrc))
+	fairLeaveScript   = newScript(fairLeaveSrc)
 )
 
 // AcquireFair is one attempt of a fair waiter (see stores.FairStore and
@@ -57,19 +55,22 @@ func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease t
 		return stores.FairGrant{}, err
 	}
 	call := &scriptCall{store: s, script: fairAcquireScript,
-		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key), abandonKey(key, token)},
-		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit, stores.FenceStride},
+		keys: []string{key, fenceKey(key), fairQueueKey(key), fairLeaseKey(key), waitingKey(key), abandonKey(key, token),
+			writerMarkKey(key, token), writersKey(key)},
+		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), milliseconds(lease), fairDropLimit,
+			stores.FenceStride, writerWindowMS},
 		undo: undoFair, undoKeys: []string{key}, undoToken: token, ttl: ttl}
-	reply, err := call.run(ctx)
+	r, err := call.run(ctx)
 	if err != nil {
 		return stores.FairGrant{}, err
 	}
+	reply := r.Ints
 	switch {
 	case len(reply) == 2 && reply[0] == 1:
 		return stores.FairGrant{Grant: stores.Grant{OK: true, Fences: reply[1:]}}, nil
-	case len(reply) == 3 && reply[0] == 0:
+	case len(reply) == 4 && reply[0] == 0:
 		return stores.FairGrant{
-			Grant: stores.Grant{Wait: holderTTL(reply[1])},
+			Grant: stores.Grant{Wait: holderTTL(reply[1]), SharedHeld: reply[3] == 1},
 			Ahead: int(reply[2]),
 		}, nil
 	}
@@ -85,7 +86,8 @@ func (s *Store) LeaveFair(ctx context.Context, key, token string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.run(ctx, fairLeaveScript, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token).Err()
+	_, err := s.run(ctx, fairLeaveScript, []string{key, fairQueueKey(key), fairLeaseKey(key)}, token)
+	return err
 }
 
 // waitingKey names the key that marks key waited for, in the slot of key

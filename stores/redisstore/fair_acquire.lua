@@ -2,15 +2,18 @@
 -- KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue (ZSET: token -> arrival
 -- ticket, server microseconds), KEYS[4] leases (ZSET: token -> lease deadline,
 -- server milliseconds), KEYS[5] waiting key, KEYS[6] the token's abandon mark
--- (see refuse_abandoned); all six in one slot.
+-- (see refuse_abandoned), KEYS[7] its writer mark, KEYS[8] the key's writers
+-- (see writer_waits); all eight in one slot.
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] lease ms
 -- (0: try once without joining the queue), ARGV[5] most waiters dropped per call,
--- ARGV[6] fence stride.
--- Returns {1, fence} when granted, else {0, hint ms, ahead}: the hint is the
--- holder's PTTL, or, when the key is free but another waiter heads the queue,
--- that waiter's remaining lease (0 when unknown); ahead is the number of
--- waiters queued before the token (-1 when it is not queued).
-local abandoned = refuse_abandoned(KEYS[6])
+-- ARGV[6] fence stride, ARGV[7] writer window ms (stores.WriterWindow).
+-- Returns {1, fence} when granted, else {0, hint ms, ahead, shared}: the hint
+-- is the holder's PTTL, or, when the key is free but another waiter heads
+-- the queue, that waiter's remaining lease (0 when unknown); ahead is the
+-- number of waiters queued before the token (-1 when it is not queued);
+-- shared is 1 when shared holders hold the key (the token is then recorded
+-- as a waiting writer), else 0.
+local abandoned, writer = check_marks(KEYS[6], KEYS[7])
 if abandoned then
   return abandoned
 end
@@ -32,10 +35,14 @@ local function grant()
     redis.call('DEL', KEYS[1])
     return err
   end
+  if writer then
+    writer_granted(KEYS[8], KEYS[7], token)
+  end
   return {1, fence}
 end
 
-if own_retry(KEYS[1], token, ARGV[2]) then
+local retried, cur = own_retry(KEYS[1], token, ARGV[2])
+if retried then
   return grant()
 end
 
@@ -121,18 +128,23 @@ elseif queued then
   ahead = redis.call('ZRANK', KEYS[3], token)
 end
 local pttl = redis.call('PTTL', KEYS[1])
+local shared = 0
+if pttl ~= -2 and held_shared(KEYS[1], cur) then
+  writer_waits(KEYS[8], KEYS[7], token, tonumber(ARGV[7]))
+  shared = 1
+end
 if pttl > 0 or queued then
   -- The release of the key, or of the one the head takes next, publishes.
   mark_waiting(KEYS[5], math.max(pttl, lease))
 end
 if pttl > 0 then
-  return {0, pttl, ahead}
+  return {0, pttl, ahead, shared}
 end
 if pttl == -2 and dropped > 0 then
   -- The key is free and dead waiters left: wake the new head now.
   redis.call('PUBLISH', KEYS[1], 'dequeued')
 end
 if head and head ~= token then
-  return {0, headDeadline - now, ahead}
+  return {0, headDeadline - now, ahead, shared}
 end
-return {0, 0, ahead}
+return {0, 0, ahead, shared}

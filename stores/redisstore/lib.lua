@@ -48,14 +48,16 @@ end
 
 -- own_retry reports whether lock key k already holds token (a retried call
 -- of the acquisition that set it, whose reply was lost) and then resets its
--- TTL to ttl ms, as a fresh grant would. A key of another type than a string
--- does not hold the token.
+-- TTL to ttl ms, as a fresh grant would; else false and what GET answered
+-- (see held_shared). A key of another type than a string does not hold the
+-- token.
 local function own_retry(k, token, ttl)
-  if redis.pcall('GET', k) == token then
+  local cur = redis.pcall('GET', k)
+  if cur == token then
     redis.call('PEXPIRE', k, ttl)
-    return true
+    return true, cur
   end
-  return false
+  return false, cur
 end
 
 -- refuse_abandoned returns an error reply when the abandon mark am exists:
@@ -76,4 +78,62 @@ end
 -- a refused waiter polls again within the holder's TTL.
 local function mark_waiting(wk, pttl)
   redis.call('SET', wk, '1', 'PX', math.max(pttl, 0) + 1000)
+end
+
+-- check_marks returns an error reply when the token's abandon mark am
+-- exists (see refuse_abandoned), else nil and whether its writer mark wm
+-- exists (see writer_waits): one EXISTS of both, so that an acquire of a
+-- token that neither was abandoned nor waits as a writer pays nothing more
+-- than refuse_abandoned did.
+local function check_marks(am, wm)
+  if redis.call('EXISTS', am, wm) == 0 then
+    return nil, false
+  end
+  local abandoned = refuse_abandoned(am)
+  if abandoned then
+    return abandoned, false
+  end
+  return nil, true
+end
+
+-- held_shared reports whether lock key k, whose GET answered cur, is held
+-- by shared holders: such a key is a sorted set (see shared_lib.lua), so
+-- GET failed on it, and only then is its TYPE read.
+local function held_shared(k, cur)
+  return type(cur) == 'table' and redis.call('TYPE', k).ok == 'zset'
+end
+
+-- writer_waits records token as a writer waiting for the shared holders of
+-- a key to drain (stores.SharedStore's writer preference): in the key's
+-- writers set ws (token -> end of its window, server ms), and in its own
+-- writer mark wm, both kept for window ms, the newest record's window being
+-- the longest. The mark lets a grant or a release find the record with the
+-- EXISTS or GET it makes anyway (see check_marks, writer_withdraws).
+local function writer_waits(ws, wm, token, window)
+  local now = math.floor(now_us() / 1000)
+  redis.call('ZADD', ws, string.format('%.0f', now + window), token)
+  redis.call('PEXPIRE', ws, window)
+  redis.call('SET', wm, '1', 'PX', window)
+end
+
+-- writer_granted ends token's writer record: its exclusive grant ended its
+-- wait. The caller knows that the writer mark wm exists (check_marks).
+local function writer_granted(ws, wm, token)
+  redis.call('DEL', wm)
+  redis.call('ZREM', ws, token)
+end
+
+-- writer_withdraws ends token's writer record, if it has one, on the
+-- release by a token that does not hold lock key k: the writer stopped
+-- waiting. When no other writer's window stands, the key's waiters (readers
+-- the writers kept out) are signalled, if any was refused (waiting key wk).
+local function writer_withdraws(k, ws, wm, wk, token)
+  if redis.call('DEL', wm) == 0 then
+    return
+  end
+  redis.call('ZREM', ws, token)
+  local now = math.floor(now_us() / 1000)
+  if redis.call('ZCOUNT', ws, string.format('(%.0f', now), '+inf') == 0 and redis.call('DEL', wk) == 1 then
+    redis.call('PUBLISH', k, 'released')
+  end
 end

@@ -447,9 +447,10 @@ func (e redisError) Error() string { return string(e) }
 func (redisError) RedisError()     {}
 
 func TestCrossSlotReplyMapped(t *testing.T) {
+	goRedisStore := &Store{driver: newGoRedis(testredis.Client(t))}
 	reply := redisError("CROSSSLOT Keys in request don't hash to the same slot")
 	keys := []string{"cart:1:sku:a", "cart:1:sku:b"}
-	err := mapCrossSlot(reply, keys, true)
+	err := goRedisStore.mapCrossSlot(reply, keys, true)
 	if !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) || !errors.Is(err, reply) {
 		t.Fatalf("mapped CROSSSLOT: got %v, want ErrCrossSlot and ErrInvalid wrapping the reply", err)
 	}
@@ -460,13 +461,13 @@ func TestCrossSlotReplyMapped(t *testing.T) {
 	// Keys that share a slot here (a proxy hashing otherwise): the error
 	// still names keys of the call.
 	tagged := []string{"cart:{1}:sku:a", "cart:{1}:sku:b"}
-	if err := mapCrossSlot(reply, tagged, true); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) ||
+	if err := goRedisStore.mapCrossSlot(reply, tagged, true); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, stores.ErrInvalid) ||
 		!errors.Is(err, reply) || !strings.Contains(err.Error(), tagged[0]) {
 		t.Fatalf("mapped CROSSSLOT for one-slot keys: got %v", err)
 	}
 	// Other errors pass through as they are.
 	for _, other := range []error{redisError("ERR something"), errors.New("CROSSSLOT but not from Redis"), context.Canceled} {
-		if got := mapCrossSlot(other, keys, true); got != other {
+		if got := goRedisStore.mapCrossSlot(other, keys, true); got != other {
 			t.Fatalf("mapCrossSlot(%v) = %v, want it unchanged", other, got)
 		}
 	}
@@ -488,10 +489,10 @@ func TestColocatedKeys(t *testing.T) {
 		{[]string{"{{a}", "{{a}:b"}, true, true}, // tag "{a"
 	}
 	for _, tt := range tests {
-		if err := colocationError(routeSlot, tt.keys, true); (err == nil) != tt.slot {
+		if err := colocationError(RouteSlot, tt.keys, true); (err == nil) != tt.slot {
 			t.Errorf("%q in one slot: got %v, want ok %v", tt.keys, err, tt.slot)
 		}
-		if err := colocationError(routeShard, tt.keys, true); (err == nil) != tt.shards {
+		if err := colocationError(RouteShard, tt.keys, true); (err == nil) != tt.shards {
 			t.Errorf("%q on one shard: got %v, want ok %v", tt.keys, err, tt.shards)
 		}
 	}
@@ -507,10 +508,10 @@ func FuzzColocatedTaggedKeys(f *testing.F) {
 		keys := []string{"cart:{" + tag + "}:" + a, "cart:{" + tag + "}:" + b}
 		slices.Sort(keys)
 		keys = slices.Compact(keys)
-		if err := colocationError(routeSlot, keys, true); err != nil {
+		if err := colocationError(RouteSlot, keys, true); err != nil {
 			t.Fatalf("keys with one tag: %v", err)
 		}
-		if err := colocationError(routeShard, keys, true); err != nil {
+		if err := colocationError(RouteShard, keys, true); err != nil {
 			t.Fatalf("keys with one tag: %v", err)
 		}
 	})

@@ -3,20 +3,12 @@ package redisstore
 import (
 	"context"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
-
-// subscriber is what a client needs for release notifications. *redis.Client
-// (also a Sentinel failover client) and *redis.ClusterClient have it.
-type subscriber interface {
-	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
-}
 
 const (
 	// subscribeTimeout bounds one SUBSCRIBE or UNSUBSCRIBE call. A call
-	// that fails is not retried by this package: go-redis keeps the channel
-	// in its own set and subscribes it again when it reconnects.
+	// that fails is not retried by this package: the Driver keeps the
+	// channel in its own set and subscribes it again when it reconnects.
 	subscribeTimeout = time.Second
 
 	// subscribeBatch is the most channels sent in one SUBSCRIBE or
@@ -33,7 +25,7 @@ type notifier struct {
 	// since the dispatcher last reconciled the Redis subscription.
 	dirty map[string]struct{}
 
-	pubsub *redis.PubSub // nil until the first NotifyRelease
+	pubsub PubSub        // nil until the first NotifyRelease
 	kick   chan struct{} // buffer 1: dirty has keys to reconcile
 	done   chan struct{} // closed by Close to stop the dispatcher
 	exited chan struct{} // closed when the dispatcher has returned
@@ -61,7 +53,7 @@ func (s *Store) NotifyRelease(key, _ string) (released <-chan struct{}, stop fun
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := &s.notify
-	if s.sub == nil || n.closed || n.broken {
+	if n.closed || n.broken {
 		return nil, func() {}
 	}
 	if n.pubsub == nil && !s.startLocked() {
@@ -112,7 +104,7 @@ func (s *Store) markDirtyLocked(key string) {
 // false, and marks notifications broken, when the client cannot subscribe.
 // The caller holds s.mu.
 func (s *Store) startLocked() bool {
-	ps := subscribeNone(s.sub)
+	ps := s.driver.PubSub(s.signal, s.markBroken)
 	if ps == nil {
 		s.notify.broken = true
 		return false
@@ -124,29 +116,24 @@ func (s *Store) startLocked() bool {
 	n.kick = make(chan struct{}, 1)
 	n.done = make(chan struct{})
 	n.exited = make(chan struct{})
-	go s.dispatch(ps, ps.Channel(), n.kick, n.done, n.exited)
+	go s.dispatch(ps, n.kick, n.done, n.exited)
 	return true
 }
 
-// subscribeNone returns a pub/sub of client subscribed to no channel, or nil
-// when client refuses. A client that cannot subscribe without a channel
-// panics (a *redis.Ring, and a wrapper around one): that is caught here, and
-// the Store's waiters poll.
-func subscribeNone(client subscriber) (ps *redis.PubSub) {
-	defer func() {
-		if recover() != nil {
-			ps = nil
-		}
-	}()
-	return client.Subscribe(context.Background())
+// markBroken records that the pub/sub stopped receiving for good, though
+// not by Close (the client was closed, say): from now on waiters poll.
+func (s *Store) markBroken() {
+	s.mu.Lock()
+	s.notify.broken = true
+	s.mu.Unlock()
 }
 
-// dispatch is the Store's one notification goroutine. It hands each message
-// to the subscribers of its channel and, when kicked, brings the Redis
-// subscription in line with the keys that have subscribers. All SUBSCRIBE and
-// UNSUBSCRIBE calls are made here, one at a time, so they reach Redis in the
-// order of the decisions.
-func (s *Store) dispatch(ps *redis.PubSub, msgs <-chan *redis.Message, kick, done <-chan struct{}, exited chan<- struct{}) {
+// dispatch is the Store's one notification goroutine: when kicked, it
+// brings the Redis subscription in line with the keys that have
+// subscribers. All SUBSCRIBE and UNSUBSCRIBE calls are made here, one at a
+// time, so they reach Redis in the order of the decisions. The Driver's
+// pub/sub hands each message to signal.
+func (s *Store) dispatch(ps PubSub, kick, done <-chan struct{}, exited chan<- struct{}) {
 	defer close(exited)
 	// sent holds the channels this goroutine last asked Redis to subscribe.
 	sent := make(map[string]struct{})
@@ -154,16 +141,6 @@ func (s *Store) dispatch(ps *redis.PubSub, msgs <-chan *redis.Message, kick, don
 		select {
 		case <-done:
 			return
-		case msg, ok := <-msgs:
-			if !ok {
-				// The pub/sub was closed, though not by Close (the
-				// client was closed, say): from now on waiters poll.
-				s.mu.Lock()
-				s.notify.broken = true
-				s.mu.Unlock()
-				return
-			}
-			s.signal(msg.Channel)
 		case <-kick:
 			s.reconcile(ps, sent)
 		}
@@ -186,7 +163,7 @@ func (s *Store) signal(key string) {
 // sent, and unsubscribes those that have none and are in sent. A key that
 // changes again meanwhile is marked dirty with a new kick, so the last state
 // always gets reconciled.
-func (s *Store) reconcile(ps *redis.PubSub, sent map[string]struct{}) {
+func (s *Store) reconcile(ps PubSub, sent map[string]struct{}) {
 	var add, drop []string
 	s.mu.Lock()
 	n := &s.notify
@@ -205,9 +182,10 @@ func (s *Store) reconcile(ps *redis.PubSub, sent map[string]struct{}) {
 	clear(n.dirty)
 	s.mu.Unlock()
 
-	// An error is not retried: go-redis has recorded the change in its own
-	// channel set (Subscribe adds before it writes, Unsubscribe removes),
-	// and a failed write makes it reconnect and resubscribe from that set.
+	// An error is not retried: the Driver has recorded the change in its
+	// own channel set (go-redis's Subscribe adds before it writes,
+	// Unsubscribe removes), and a failed write makes it reconnect and
+	// resubscribe from that set.
 	// Until then the waiters' fallback poll covers the key.
 	for batch := range chunks(add) {
 		ctx, cancel := context.WithTimeout(context.Background(), subscribeTimeout)

@@ -13,12 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores/redisstore/internal/redistest"
 )
 
-const (
-	signalWait = 5 * time.Second
-	primeRound = 50 * time.Millisecond
-)
+const signalWait = redistest.SignalWait
 
 func TestNotifyStartsNothingUntilUsed(t *testing.T) {
 	s := newStore(t, testredis.Client(t))
@@ -371,41 +369,17 @@ func waitNumSub(t *testing.T, client *redis.Client, channel string, want int64) 
 	}, func() string { return fmt.Sprintf("PUBSUB NUMSUB %s is %d, want %d", channel, got, want) })
 }
 
-// prime releases key until ch gets a signal, which shows that the
-// subscription is live.
+// prime releases key until ch gets a signal (see redistest.Prime).
 func prime(t *testing.T, s *Store, key string, ch <-chan struct{}) {
 	t.Helper()
-	deadline := time.Now().Add(signalWait)
-	timer := time.NewTimer(primeRound)
-	defer timer.Stop()
-	for i := 0; ; i++ {
-		cycle(t, s, key, "prime"+strconv.Itoa(i))
-		timer.Reset(primeRound)
-		select {
-		case <-ch:
-			return
-		case <-timer.C:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no signal on %q within %v of releasing it every %v", key, signalWait, primeRound)
-		}
-	}
+	redistest.Prime(t, s, key, ch)
 }
 
-// cycle acquires key with token, has a waiter refused it (so that the
-// release publishes) and releases it.
+// cycle acquires key, has a waiter refused it and releases it (see
+// redistest.Cycle).
 func cycle(t *testing.T, s *Store, key, token string) {
 	t.Helper()
-	ctx := context.Background()
-	if g, err := s.Acquire(ctx, []string{key}, token, time.Minute); err != nil || !g.OK {
-		t.Fatalf("Acquire(%q, %q): %+v, %v", key, token, g, err)
-	}
-	if g, err := s.Acquire(ctx, []string{key}, "waiter", time.Minute); err != nil || g.OK {
-		t.Fatalf("Acquire(%q) of a waiter: %+v, %v; want a refusal", key, g, err)
-	}
-	if err := s.Release(ctx, []string{key}, token, 0); err != nil {
-		t.Fatalf("Release(%q, %q): %v", key, token, err)
-	}
+	redistest.Cycle(t, s, key, token)
 }
 
 func drain(ch <-chan struct{}) {
@@ -426,18 +400,10 @@ func expectSignal(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
-// waitFor polls cond until it holds or limit passes, then fails with msg().
+// waitFor polls cond until it holds (see redistest.WaitFor).
 func waitFor(t *testing.T, limit time.Duration, cond func() bool, msg func() string) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	ticker := time.NewTicker(5 * time.Millisecond)
-	defer ticker.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal(msg())
-		}
-		<-ticker.C
-	}
+	redistest.WaitFor(t, limit, cond, msg)
 }
 
 // TestReleasePublishesOnlyWhenWaitedFor: a release publishes only for the

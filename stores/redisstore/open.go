@@ -33,47 +33,70 @@ import (
 // that names the problem for a URL it cannot use, also wrapping
 // stores.ErrUnknownOption for a parameter neither Open nor go-redis knows.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
+	o, lazy, err := ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	o.ContextTimeoutEnabled = true
+	o.DialerRetries = 1
+	client := redis.NewClient(o)
+	s, err := New(client, append(opts, WithClientClose(client.Close))...)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	if !lazy {
+		ping := func(ctx context.Context) error { return client.Ping(ctx).Err() }
+		if err := CheckConnect(ctx, []string{o.Network + " " + o.Addr}, ping); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// ParseURL parses a URL of the form Open takes into go-redis options, and
+// reports whether it asks connect=lazy. Open builds its client from them,
+// and other drivers' Open (such as rueidisstore's) theirs. It returns
+// Open's errors for a URL it cannot use.
+func ParseURL(rawURL string) (o *redis.Options, lazy bool, err error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		var uerr *url.Error
 		if errors.As(err, &uerr) {
 			err = uerr.Err // without the URL, which may hold a password
 		}
-		return nil, fmt.Errorf("%w: redisstore: URL: %v", stores.ErrInvalid, err)
+		return nil, false, fmt.Errorf("%w: redisstore: URL: %v", stores.ErrInvalid, err)
 	}
 	q := u.Query()
 	connect, err := args.ParseConnect(q)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	u.RawQuery = q.Encode()
-	o, err := redis.ParseURL(u.String())
+	o, err = redis.ParseURL(u.String())
 	if names, ok := strings.CutPrefix(fmt.Sprint(err), goRedisUnknown); ok {
 		name, _, _ := strings.Cut(names, ", ")
-		return nil, args.UnknownOption(name, storeargs.ConnectParam, "go-redis's (see redis.ParseURL)")
+		return nil, false, args.UnknownOption(name, storeargs.ConnectParam, "go-redis's (see redis.ParseURL)")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: redisstore: URL %s: %s", stores.ErrInvalid, u.Redacted(),
+		return nil, false, fmt.Errorf("%w: redisstore: URL %s: %s", stores.ErrInvalid, u.Redacted(),
 			strings.ReplaceAll(err.Error(), rawURL, u.Redacted()))
 	}
-	o.ContextTimeoutEnabled = true
-	o.DialerRetries = 1
-	client := redis.NewClient(o)
-	s, err := New(client, opts...)
-	if err != nil {
-		_ = client.Close()
-		return nil, err
+	return o, connect == storeargs.ConnectLazy, nil
+}
+
+// CheckConnect is Open's start-up check for connect=check, for other
+// drivers' Open to share: it calls ping and returns an error wrapping
+// stores.ErrUnreachable that names addrs unless ping succeeds within ctx,
+// or DefaultConnectTimeout when ctx has no deadline.
+func CheckConnect(ctx context.Context, addrs []string, ping func(context.Context) error) error {
+	checkCtx, cancel := storeargs.ConnectContext(ctx)
+	defer cancel()
+	if err := ping(checkCtx); err != nil {
+		return args.Unreachable(addrs, err)
 	}
-	s.owned = client
-	if connect == storeargs.ConnectCheck {
-		checkCtx, cancel := storeargs.ConnectContext(ctx)
-		defer cancel()
-		if err := client.Ping(checkCtx).Err(); err != nil {
-			_ = s.Close()
-			return nil, args.Unreachable([]string{o.Network + " " + o.Addr}, err)
-		}
-	}
-	return s, nil
+	return nil
 }
 
 // goRedisUnknown starts go-redis's error for URL parameters it does not

@@ -45,13 +45,13 @@ var (
 	//go:embed refresh_all.lua
 	refreshAllSrc string
 
-	acquireScript       = redis.NewScript(withLib(acquireSrc))
-	acquireAllScript    = redis.NewScript(withLib(acquireAllSrc))
-	releaseScript       = redis.NewScript(releaseSrc)
-	releaseAllScript    = redis.NewScript(releaseAllSrc)
-	refreshScript       = redis.NewScript(refreshSrc)
-	refreshAllScript    = redis.NewScript(refreshAllSrc)
-	markAbandonedScript = redis.NewScript(markAbandonedSrc)
+	acquireScript       = newScript(withLib(acquireSrc))
+	acquireAllScript    = newScript(withLib(acquireAllSrc))
+	releaseScript       = newScript(withLib(releaseSrc))
+	releaseAllScript    = newScript(withLib(releaseAllSrc))
+	refreshScript       = newScript(refreshSrc)
+	refreshAllScript    = newScript(refreshAllSrc)
+	markAbandonedScript = newScript(markAbandonedSrc)
 )
 
 // withLib prepends the helpers of lib.lua to a script's source: Redis has no
@@ -60,39 +60,36 @@ var (
 func withLib(src string) string { return libSrc + src }
 
 // allScripts lists every script of the package, for Load.
-func allScripts() []*redis.Script {
-	return []*redis.Script{
+func allScripts() []*Script {
+	return []*Script{
 		acquireScript, releaseScript, refreshScript,
 		fairAcquireScript, fairLeaveScript,
 		acquireAllScript, releaseAllScript, refreshAllScript,
 		markAbandonedScript,
+		sharedAcquireScript, sharedReleaseScript, sharedRefreshScript,
 	}
 }
 
-// Store is a stores.Store on Redis, and a stores.Notifier and
-// stores.FairStore. It is safe
+// Store is a stores.Store on Redis, and a stores.Notifier,
+// stores.FairStore and stores.SharedStore. It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub
 // connection and a goroutine until Close.
 type Store struct {
-	client             redis.Scripter
-	routing            routing              // how client spreads keys; see checkColocated
-	cluster            *redis.ClusterClient // client, when it is one; see noteFailure
+	driver             Driver
+	routing            Routing // how the client spreads keys; see checkColocated
 	fenceRetention     time.Duration
 	clientTimeoutsOnly bool
-	owned              *redis.Client // the client Open made, which Close closes
+	closeClient        func() error // closes the client Open made, last in Close
 
-	single redis.Scripter // client, sending each command once; nil when it cannot (see attempts)
-	retry  retryPolicy    // the client's retries, which the Store makes through single
-
-	sub    subscriber // nil when the client cannot notify releases
 	mu     sync.Mutex // guards notify
 	notify notifier
 }
 
 var (
-	_ stores.Store     = (*Store)(nil)
-	_ stores.Notifier  = (*Store)(nil)
-	_ stores.FairStore = (*Store)(nil)
+	_ stores.Store       = (*Store)(nil)
+	_ stores.Notifier    = (*Store)(nil)
+	_ stores.FairStore   = (*Store)(nil)
+	_ stores.SharedStore = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -122,24 +119,9 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if isNil(client) {
 		return nil, fmt.Errorf("%w: redisstore: client is nil", stores.ErrInvalid)
 	}
-	s := &Store{client: client, routing: routingOf(client), fenceRetention: DefaultFenceRetention}
-	s.cluster, _ = client.(*redis.ClusterClient)
-	if p, ok := client.(processor); ok {
-		s.single, s.retry = oneAttempt{p}, retryPolicyOf(client)
-	}
-	if sub, ok := client.(subscriber); ok {
-		// A Ring routes a channel to one shard, so one pub/sub cannot hear
-		// the releases of keys on the other shards.
-		if _, ring := client.(*redis.Ring); !ring {
-			s.sub = sub
-		}
-	}
-	for _, opt := range opts {
-		opt(s)
-	}
-	if s.fenceRetention < MinFenceRetention {
-		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
-			stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
+	s, err := NewWithDriver(newGoRedis(client), opts...)
+	if err != nil {
+		return nil, err
 	}
 	if enabled, known := contextTimeoutEnabled(client); known && !enabled && !s.clientTimeoutsOnly {
 		return nil, fmt.Errorf("%w: redisstore: the go-redis client ignores context deadlines, so a stalled Redis "+
@@ -149,31 +131,12 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// contextTimeoutEnabled reports whether client honours context deadlines,
-// when its type tells.
-func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, true
-	}
-	return false, false
-}
-
 // Load caches the store's scripts in Redis with SCRIPT LOAD, so that even the
 // first operation after start-up takes one round trip. It is optional: an
 // uncached script costs one extra round trip (EVALSHA, then EVAL). A cluster
 // client loads them on every node. It returns the client's error.
 func (s *Store) Load(ctx context.Context) error {
-	for _, script := range allScripts() {
-		if err := script.Load(ctx, s.client).Err(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.driver.Load(ctx, allScripts())
 }
 
 // Acquire sets every key to token for ttl when none is held by another
@@ -202,27 +165,31 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]), abandonKey(keys[0], token)}
+	writerMark := func(key string) string { return writerMarkKey(key, token) }
+	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]),
+		abandonKey(keys[0], token), writerMark(keys[0]), writersKey(keys[0])}
 	if len(keys) > 1 {
 		if err := s.checkColocated(keys, true); err != nil {
 			return stores.Grant{}, err
 		}
-		script, scriptKeys = acquireAllScript, append(withSiblingKeys(keys, fenceKey, waitingKey), abandonKey(keys[0], token))
+		script, scriptKeys = acquireAllScript,
+			append(withSiblingKeys(keys, fenceKey, waitingKey, writerMark, writersKey), abandonKey(keys[0], token))
 	}
 	call := &scriptCall{store: s, script: script, keys: scriptKeys,
-		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride},
+		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride, writerWindowMS},
 		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
-	reply, err := call.run(ctx)
+	r, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, mapCrossSlot(err, keys, true)
+		return stores.Grant{}, s.mapCrossSlot(err, keys, true)
 	}
+	reply := r.Ints
 	switch {
 	case len(reply) == len(keys)+1 && reply[0] == 1:
 		return stores.Grant{OK: true, Fences: reply[1:]}, nil
-	case len(keys) == 1 && len(reply) == 2 && reply[0] == 0:
-		return stores.Grant{Wait: holderTTL(reply[1])}, nil
-	case len(keys) > 1 && len(reply) == 3 && reply[0] == 0 && reply[1] >= 0 && reply[1] < int64(len(keys)):
-		return stores.Grant{Held: int(reply[1]), Wait: holderTTL(reply[2])}, nil
+	case len(keys) == 1 && len(reply) == 3 && reply[0] == 0:
+		return stores.Grant{Wait: holderTTL(reply[1]), SharedHeld: reply[2] == 1}, nil
+	case len(keys) > 1 && len(reply) == 4 && reply[0] == 0 && reply[1] >= 0 && reply[1] < int64(len(keys)):
+		return stores.Grant{Held: int(reply[1]), Wait: holderTTL(reply[2]), SharedHeld: reply[3] == 1}, nil
 	}
 	return stores.Grant{}, fmt.Errorf("%w: acquire %q answered %v", ErrUnexpectedReply, keys, reply)
 }
@@ -249,11 +216,14 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
-		n, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0])}, token).Int64()
+		r, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0]), writerMarkKey(keys[0], token), writersKey(keys[0])}, token)
 		if err != nil {
-			return mapCrossSlot(err, keys, false)
+			return s.mapCrossSlot(err, keys, false)
 		}
-		if n == 0 {
+		if r.Ints != nil {
+			return fmt.Errorf("%w: release %q answered %v", ErrUnexpectedReply, keys, r.Ints)
+		}
+		if r.Int == 0 {
 			return fmt.Errorf("%w: %q", stores.ErrNotHeld, keys[0])
 		}
 		return nil
@@ -265,10 +235,12 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if keep > 0 {
 		keepMS = milliseconds(keep)
 	}
-	reply, err := s.run(ctx, releaseAllScript, withSiblingKeys(keys, waitingKey), token, keepMS).Int64Slice()
+	writerMark := func(key string) string { return writerMarkKey(key, token) }
+	r, err := s.run(ctx, releaseAllScript, withSiblingKeys(keys, waitingKey, writerMark, writersKey), token, keepMS)
 	if err != nil {
-		return mapCrossSlot(err, keys, false)
+		return s.mapCrossSlot(err, keys, false)
 	}
+	reply := r.Ints
 	if len(reply) != len(keys) {
 		return fmt.Errorf("%w: release %q answered %v", ErrUnexpectedReply, keys, reply)
 	}
@@ -302,14 +274,17 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	// grant stops when its client leaves. A renewal left in flight needs
 	// no undo: its outcome is unknown to the Locker, which trusts the
 	// shorter of the two validities.
-	refresh := func(script *redis.Script, keys []string) (int64, error) {
+	refresh := func(script *Script, keys []string) (int64, error) {
 		call := &scriptCall{store: s, script: script, keys: keys,
-			args: []any{token, milliseconds(ttl)}, scalar: true}
+			args: []any{token, milliseconds(ttl)}}
 		reply, err := call.run(ctx)
 		if err != nil {
 			return 0, err
 		}
-		return reply[0], nil
+		if reply.Ints != nil {
+			return 0, fmt.Errorf("%w: refresh %q answered %v", ErrUnexpectedReply, keys, reply.Ints)
+		}
+		return reply.Int, nil
 	}
 	if len(keys) == 1 {
 		n, err := refresh(refreshScript, keys)
@@ -326,7 +301,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	}
 	n, err := refresh(refreshAllScript, keys)
 	if err != nil {
-		return mapCrossSlot(err, keys, false)
+		return s.mapCrossSlot(err, keys, false)
 	}
 	switch {
 	case n == 0:
@@ -431,8 +406,8 @@ func (s *Store) Close() error {
 		err = ps.Close()
 		<-exited
 	}
-	if s.owned != nil {
-		err = errors.Join(err, s.owned.Close())
+	if s.closeClient != nil {
+		err = errors.Join(err, s.closeClient())
 	}
 	return err
 }

@@ -16,13 +16,13 @@ import (
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/stores"
-	"github.com/reqlock/reqlock/stores/storetest"
+	"github.com/reqlock/reqlock/stores/redisstore/internal/redistest"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testredis.Main(m)) }
 
-func newStore(t *testing.T, client redis.Scripter, opts ...Option) *Store {
+func newStore(t testing.TB, client redis.Scripter, opts ...Option) *Store {
 	t.Helper()
 	s, err := New(client, opts...)
 	if err != nil {
@@ -45,19 +45,10 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// runConformance runs the conformance suite on stores of client, with every
-// capability a redisstore.Store declares; proxied returns a client of the
-// same servers through fault proxies, one per server.
+// runConformance runs the conformance suite on stores of client (see
+// redistest.Conformance).
 func runConformance(t *testing.T, client redis.Scripter, proxied func(t *testing.T) (redis.Scripter, []*faultproxy.Proxy)) {
-	storetest.Run(t, storetest.Suite{
-		New:    func(t *testing.T) stores.Store { return newStore(t, client) },
-		Notify: true,
-		Fair:   true,
-		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
-			c, proxies := proxied(t)
-			return newStore(t, c), proxies
-		},
-	})
+	redistest.Conformance(t, client, func(t testing.TB, c redis.Scripter) stores.Store { return newStore(t, c) }, proxied)
 }
 
 func TestNewRejectsInvalid(t *testing.T) {
@@ -427,15 +418,15 @@ func TestLoadCachesScripts(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	scripts := allScripts()
-	if len(scripts) != 9 {
-		t.Fatalf("allScripts lists %d scripts, want 9", len(scripts))
+	if len(scripts) != 12 {
+		t.Fatalf("allScripts lists %d scripts, want 12", len(scripts))
 	}
 	if got, want := log.take(), slices.Repeat([]string{"script load"}, len(scripts)); !slices.Equal(got, want) {
 		t.Fatalf("Load sent %v, want %v", got, want)
 	}
 	hashes := make([]string, len(scripts))
 	for i, script := range scripts {
-		hashes[i] = script.Hash()
+		hashes[i] = script.SHA1()
 	}
 	exists, err := client.ScriptExists(ctx, hashes...).Result()
 	if err != nil {

@@ -32,8 +32,8 @@ func BenchmarkTopology(b *testing.B) {
 	b.Cleanup(func() { _ = singleClient.Close() })
 	topologies := []*benchTopology{
 		{name: "single", client: singleClient},
-		{name: "sentinel", client: newFailoverClient(b, testservers.SentinelSet(b))},
-		{name: "cluster", client: newClusterClient(b, testservers.RedisCluster(b))},
+		{name: "sentinel", client: newFailoverClient(b, testservers.SentinelSet(b), nil)},
+		{name: "cluster", client: newClusterClient(b, testservers.RedisCluster(b), nil)},
 	}
 	keys := make([]string, 1000)
 	for i := range keys {

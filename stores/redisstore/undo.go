@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -32,7 +30,7 @@ func (c *scriptCall) cleanUp() {
 		ctx, cancel := context.WithTimeout(context.Background(), abandonedCleanupTimeout)
 		err := c.undo(c, ctx)
 		cancel()
-		if err == nil || errors.Is(err, stores.ErrInvalid) || errors.Is(err, redis.ErrClosed) ||
+		if err == nil || errors.Is(err, stores.ErrInvalid) || c.store.driver.Closed(err) ||
 			c.store.closed() || time.Now().Add(backoff).After(deadline) {
 			return
 		}
@@ -57,7 +55,7 @@ func undoFair(c *scriptCall, ctx context.Context) error {
 	if err := c.store.markAbandoned(ctx, c); err != nil {
 		return err
 	}
-	if c.err != nil || (len(c.reply) > 0 && c.reply[0] == 1) {
+	if c.err != nil || c.granted() {
 		if err := landed(c.store.Release(ctx, c.undoKeys, c.undoToken, 0)); err != nil {
 			return err
 		}
@@ -78,5 +76,6 @@ func landed(err error) error {
 // abandonMarkMargin (see refuse_abandoned in lib.lua).
 func (s *Store) markAbandoned(ctx context.Context, c *scriptCall) error {
 	keep := milliseconds(c.ttl) + abandonMarkMargin.Milliseconds()
-	return s.run(ctx, markAbandonedScript, []string{abandonKey(c.undoKeys[0], c.undoToken)}, keep).Err()
+	_, err := s.run(ctx, markAbandonedScript, []string{abandonKey(c.undoKeys[0], c.undoToken)}, keep)
+	return err
 }

@@ -30,6 +30,10 @@ var faultTests = []subtest{
 	{name: "StaleHolder/PausedPastTTL", needs: needProxy, run: testStalePausedPastTTL},
 	{name: "StaleHolder/PausedPastMaxTTL", needs: needProxy, run: testStalePausedPastMaxTTL},
 	{name: "LateRefreshDoesNotShorten", needs: needProxy, run: testLateRefreshDoesNotShorten},
+	{name: "AbandonedShared/ReplyLost", needs: needProxy | needShared, run: testAbandonedSharedReplyLost},
+	{name: "AbandonedShared/ReplyLate", needs: needProxy | needShared, run: testAbandonedSharedReplyLate},
+	{name: "AbandonedShared/ReplyCut", needs: needProxy | needShared, run: testAbandonedSharedReplyCut},
+	{name: "StaleSharedHolder/PausedPastTTL", needs: needProxy | needShared, run: testStaleSharedPaused},
 	{name: "RefreshRacingRelease", run: testRefreshRacingRelease},
 	{name: "CancelledRefreshThenRelease", run: testCancelledRefreshThenRelease},
 }
@@ -485,13 +489,23 @@ func (e *env) stalePaused(t *testing.T, ttl time.Duration) {
 // otherwise (a store may need to reconnect first), and never succeed.
 func (e *env) expectStaleRefused(t *testing.T, s stores.Store, keys []string, token string) {
 	t.Helper()
-	calls := []struct {
-		name string
-		call func(ctx context.Context) error
-	}{
+	expectStaleCalls(t, []staleCall{
 		{"Refresh", func(ctx context.Context) error { return s.Refresh(ctx, keys, token, e.long) }},
 		{"Release", func(ctx context.Context) error { return s.Release(ctx, keys, token, 0) }},
-	}
+	})
+}
+
+// staleCall is a call of a stale holder, named for messages.
+type staleCall struct {
+	name string
+	call func(ctx context.Context) error
+}
+
+// expectStaleCalls fails the test unless each call answers ErrNotHeld,
+// retried while it fails otherwise (a store may need to reconnect first),
+// and never succeeds.
+func expectStaleCalls(t *testing.T, calls []staleCall) {
+	t.Helper()
 	for _, c := range calls {
 		deadline := time.Now().Add(healLimit)
 		for {

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
 // sharedTests are the Shared subtests: readers (limit 0) together, a writer
@@ -750,6 +752,133 @@ func testLimitRetryCountsOnce(t *testing.T, e *env) {
 	e.mustShare(t, k, "c", 2, e.long)
 	e.mustUnshare(t, k, "b")
 	e.mustUnshare(t, k, "c")
+}
+
+// proxiedShared is proxied for the shared fault subtests: the proxied
+// store as a stores.SharedStore, warmed up by a shared grant too.
+func (e *env) proxiedShared(t *testing.T) (stores.SharedStore, backend) {
+	t.Helper()
+	p, b := e.proxied(t)
+	sh, ok := p.(stores.SharedStore)
+	if !ok {
+		t.Fatalf("%T from Suite.Proxied does not implement stores.SharedStore", p)
+	}
+	warm := "storetest:{" + e.tag + "}:warm:" + randomHex(8)
+	if g, err := sh.AcquireShared(t.Context(), warm, "warm", 1, e.short); err != nil || !g.OK {
+		t.Fatalf("warming up the proxied store: AcquireShared: %+v, %v", g, err)
+	}
+	if err := sh.ReleaseShared(t.Context(), warm, "warm", 0); err != nil {
+		t.Fatalf("warming up the proxied store: ReleaseShared: %v", err)
+	}
+	return sh, b
+}
+
+// abandonShared runs an AcquireShared of key by token on sh under a fault
+// that keeps it unanswered, as abandon does for Acquire, and releases the
+// place as the Locker does after a failure other than ErrAbandoned and
+// ErrUnreachable; it returns whether that release is still owed.
+func (e *env) abandonShared(t *testing.T, sh stores.SharedStore, key, token string) (release func() bool, owed bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), abandonWait)
+	defer cancel()
+	start := time.Now()
+	g, err := sh.AcquireShared(ctx, key, token, 1, e.maxTTLOr(minFaultTTL))
+	if took := time.Since(start); took > abandonWait+returnSlack {
+		t.Errorf("AcquireShared under the fault returned after %v, %v past its context's end", took, took-abandonWait)
+	}
+	switch {
+	case err == nil:
+		t.Fatalf("AcquireShared under the fault: %+v with no error, want a failure", g)
+	case g.OK:
+		t.Fatalf("AcquireShared under the fault failed (%v) but reports a grant", err)
+	}
+	expectNotUnreachable(t, err, "AcquireShared under a fault, which may have reached the server")
+	release = func() bool {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), healLimit)
+		defer cancel()
+		err := sh.ReleaseShared(ctx, key, token, 0)
+		return err == nil || errors.Is(err, stores.ErrNotHeld)
+	}
+	if !errors.Is(err, stores.ErrAbandoned) {
+		owed = !release()
+	}
+	t.Logf("the abandoned AcquireShared failed with %v; a release is still owed: %v", err, owed)
+	return release, owed
+}
+
+// abandonedShared: an AcquireShared that the fault set by fault leaves
+// unanswered leaves no holder once the network heals: the key's one place
+// is free within healLimit and stays free.
+//
+// The check that the fault caught a call counts every request that reached
+// a server once it was armed, not only one carrying the key: a store may
+// send a request without it first (etcdstore grants each holder a lease),
+// which the fault then catches. AbandonedShared/ReplyCut catches the
+// request carrying the key itself.
+func (e *env) abandonedShared(t *testing.T, fault func(backend), what string) {
+	k := e.key("k")
+	sh, b := e.proxiedShared(t)
+	reached := b.count("")
+	fault(b)
+	release, owed := e.abandonShared(t, sh, k, "t1")
+	<-time.After(faultHold) // the fault outlasts the call
+	reachedServer(t, reached, what)
+	b.heal()
+	deadline := time.Now().Add(healLimit)
+	for owed && !release() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the release owed after the abandoned AcquireShared did not land within %v of the heal", healLimit)
+		}
+		<-time.After(50 * time.Millisecond) // between retries of a store that reconnects
+	}
+	e.expectFreeForGood(t, []string{k}, healLimit, "after "+what+" of an AcquireShared")
+}
+
+// testAbandonedSharedReplyLost: an AcquireShared whose reply is lost leaves
+// no holder once the network heals.
+func testAbandonedSharedReplyLost(t *testing.T, e *env) {
+	e.abandonedShared(t, func(b backend) { b.blackhole(faultproxy.ToClient) }, "a lost reply")
+}
+
+// testAbandonedSharedReplyCut: an AcquireShared whose request carrying the
+// key reached the server, and whose connection was then cut, leaves no
+// holder.
+func testAbandonedSharedReplyCut(t *testing.T, e *env) {
+	needle := []byte(e.needle())
+	e.abandonedShared(t, func(b backend) {
+		b.cutWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, needle) }, true)
+	}, "a reply cut off")
+}
+
+// testAbandonedSharedReplyLate: an AcquireShared whose reply arrives after
+// the call gave up leaves no holder.
+func testAbandonedSharedReplyLate(t *testing.T, e *env) {
+	e.abandonedShared(t, func(b backend) { b.stall(faultproxy.ToClient) }, "a late reply")
+}
+
+// testStaleSharedPaused: a holder whose server connection pauses past its
+// TTL, while another takes the key's one place, can neither release nor
+// renew the new holder's place once it resumes.
+func testStaleSharedPaused(t *testing.T, e *env) {
+	k := e.key("k")
+	sh, b := e.proxiedShared(t)
+	g, err := sh.AcquireShared(t.Context(), k, "t1", 1, e.expiry)
+	if err != nil || !g.OK {
+		t.Fatalf("AcquireShared through the proxy: %+v, %v", g, err)
+	}
+	b.stall(faultproxy.Both)
+	next := e.pollShare(t, k, "t2", 1, e.long, e.expiry+expiryLimit)
+	expectStride(t, g.Fences[0], next.Fences[0], "the place after the paused holder's")
+	b.heal()
+	expectStaleCalls(t, []staleCall{
+		{"RefreshShared", func(ctx context.Context) error { return sh.RefreshShared(ctx, k, "t1", e.long) }},
+		{"ReleaseShared", func(ctx context.Context) error { return sh.ReleaseShared(ctx, k, "t1", 0) }},
+	})
+	if err := e.sh.RefreshShared(t.Context(), k, "t2", e.long); err != nil {
+		t.Fatalf("RefreshShared by the new holder after the stale one's calls: %v", err)
+	}
+	e.refuseShare(t, k, "other", 1, e.long, "the new holder's place after the stale one's calls")
+	e.mustUnshare(t, k, "t2")
 }
 
 // testLimitOwnLimit: a caller is admitted while fewer than its own limit

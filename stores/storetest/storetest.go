@@ -80,6 +80,12 @@
 //   - a Refresh held up in the network that lands after a later Refresh of
 //     the grant does not shorten the TTL the later one gave the key.
 //
+// A store that declares Shared too runs the shared cases: an abandoned
+// AcquireShared (its reply lost, late, or its connection cut after the
+// request that carries the key) leaves no holder once the fault heals, and
+// a holder paused past its TTL can neither release nor renew the place of
+// the holder that took it since.
+//
 // A store with no network (InProcess) runs the race subtests alone. The
 // Limits group runs on every store: long random keys (1 KB and 600 KB, alone
 // and with a short key) and TTLs, keeps and fair leases of 1ns and

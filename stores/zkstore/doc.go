@@ -1,6 +1,7 @@
 // Package zkstore is a reqlock store on Apache ZooKeeper (3.5 or later), with
-// release notification (stores.Notifier) and fair queues
-// (stores.FairStore), through github.com/go-zookeeper/zk.
+// release notification (stores.Notifier), fair queues (stores.FairStore)
+// and shared and limited grants (stores.SharedStore), through
+// github.com/go-zookeeper/zk.
 //
 //	store, err := zkstore.Open(ctx, "zk://zk1:2181,zk2:2181,zk3:2181/reqlock?session=10s")
 //	...
@@ -15,6 +16,11 @@
 //	<root>/<key>/lock               the grant: ephemeral, data "<ttl ms>\n<token>"
 //	<root>/<key>/h-<token hash>     the grant's holder: ephemeral, empty
 //	<root>/<key>/q-<token>-<seq>    a fair waiter: ephemeral sequential, data "<lease ms>"
+//	<root>/<key>/s-<token>          a shared holder: ephemeral, data "<ttl ms>"
+//	<root>/<key>/w-<token>          a waiting writer's record: ephemeral, data "<window ms>"
+//
+// While a key has shared holders, its lock node is a persistent marker
+// (data "shared") instead of a grant (see Shared and limited grants).
 //
 // Keys and tokens are escaped into valid node names (bytes outside
 // printable ASCII, '/' and '%' as %XX).
@@ -187,6 +193,52 @@
 // call for ZooKeeper's removeWatches).
 // It costs a few dozen bytes per key on each side, and is sent again on
 // every reconnection.
+//
+// # Shared and limited grants
+//
+// AcquireShared makes a token a holder of a key with a node of its own,
+// s-<token>, aged as a lock node is, so that each holder expires at its own
+// TTL and is released, kept and refreshed alone; the node's name is the
+// owner check (no other token's operation names it), and it goes with its
+// session like a grant. While holders stand, the key's lock node is a
+// persistent marker: plain Acquire's first transaction, which creates the
+// lock node, therefore fails on a shared key as on an exclusive one, and a
+// free key still costs it one round trip. The marker is persistent because
+// the holders belong to several sessions; the last holder's release deletes
+// it, and otherwise (its holders died) the next grant of either kind takes
+// it over once every holder has expired.
+//
+// Every grant of a key, of either kind, sets the key's parent, and so
+// changes its version. AcquireShared reads the parent's children and
+// version, then the lock node, holders and writer records (two round trips,
+// the second in parallel), and grants in a transaction that sets the
+// parent at the version read: it fails, and the Store reads again, should
+// any grant, or a writer's refusal, have been made since. So the holders a
+// grant counts against its limit are exactly those that stand when it is
+// made (ZooKeeper cannot check "no more than N children" in a transaction;
+// the parent's version stands in for it). Expired holders are deleted at
+// the versions read, in a transaction that checks the parent's version,
+// before anything is granted over them, so that a late refresh of one fails
+// rather than bringing it back. After ten attempts that lost such races,
+// AcquireShared refuses with a Wait of 10ms.
+//
+// An exclusive Acquire or AcquireFair that meets the marker reads the
+// holders the same way: it takes the key over when none is live (guarded by
+// the parent's version), or refuses with SharedHeld and writes its writer
+// record, w-<token>, in a transaction that also sets the parent, so that a
+// shared grant racing it fails. The record lasts stores.WriterWindow from
+// the refusal, aged as a holder, and while any stands AcquireShared refuses
+// new tokens. The writer's exclusive grant deletes its record (one more
+// round trip, only for a writer this Store recorded), as does a Release by a
+// token that does not hold the key. Writer preference: a waiting writer is
+// not starved by a stream of readers.
+//
+// A release of a holder deletes its node and, in the same transaction,
+// deletes and creates again the marker, so that the subscriptions watching
+// the lock node are signalled while nobody sees the key without its marker;
+// the clean-up of an expired holder does the same. Shared fences come from
+// the same zxids as exclusive ones: every grant is a transaction that sets
+// the parent.
 //
 // # Limits
 //

@@ -69,7 +69,13 @@ func (s *Store) acquireFair(e *effects, key, token string, ttl, lease time.Durat
 		if err != nil {
 			return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
 		}
-		if lock.exists && lock.free(token) {
+		var ownWriter bool
+		if lock.shared {
+			if ownWriter, err = s.inspect(e, p.lock, token, &lock); err != nil {
+				return stores.FairGrant{}, fmt.Errorf("acquire fair: %w", err)
+			}
+		}
+		if lock.exists && lock.free(token) && !lock.guarded {
 			// A grant this attempt may take over: named by its parent's
 			// version (see guard), so that the takeover fails should
 			// another grant be made meanwhile.
@@ -136,6 +142,9 @@ func (s *Store) acquireFair(e *effects, key, token string, ttl, lease time.Durat
 				s.setPlace(id, nil)
 			}
 			g, err := s.granted(e, []string{p.lock}, token, ttl, start, resp, stamps)
+			if err == nil {
+				s.dropWriter(e, p.lock, token, ownWriter)
+			}
 			return stores.FairGrant{Grant: g}, err
 		}
 		if mine < 0 && lease > 0 {
@@ -174,6 +183,10 @@ func (s *Store) acquireFair(e *effects, key, token string, ttl, lease time.Durat
 		}
 		if !lock.free(token) {
 			g.Wait = lock.wait()
+			if lock.shared {
+				g.SharedHeld = true
+				s.writerWaits(e, p.lock, token)
+			}
 		} else if head != nil {
 			g.Wait = head.left
 		}

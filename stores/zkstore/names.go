@@ -18,6 +18,8 @@ import (
 //	h-<token hash>     the grant's holder: ephemeral, empty; created and
 //	                   deleted with lock, in the same transactions
 //	q-<token>-<seq>    a fair waiter: ephemeral sequential; data "<lease ms>"
+//
+// and the shared holders and writer records of shared.go.
 const (
 	lockName     = "lock"
 	holderPrefix = "h-"

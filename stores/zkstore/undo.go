@@ -18,6 +18,19 @@ import (
 // or on an error that trying again would not cure (logged: the grant then
 // stands until its TTL passes or the session ends).
 func (s *Store) undo(keys []string, token string, fair bool) {
+	s.retryUndo(keys[0], len(keys), func() error {
+		err := s.release(keys, token, 0)
+		if (err == nil || errors.Is(err, stores.ErrNotHeld)) && fair {
+			err = s.leaveFair(nil, keys[0], token)
+		}
+		return err
+	})
+}
+
+// retryUndo runs release, the clean-up of an abandoned call on key (of
+// keys keys), as undo describes: until it succeeds or answers
+// stores.ErrNotHeld, or trying again would not help.
+func (s *Store) retryUndo(key string, keys int, release func() error) {
 	// The call's requests, all returned, went out in this session or an
 	// earlier one: once it has ended, every node they made is gone.
 	session := s.conn.SessionID()
@@ -26,21 +39,16 @@ func (s *Store) undo(keys []string, token string, fair bool) {
 		if session == 0 || s.conn.SessionID() != session {
 			return
 		}
-		err := s.release(keys, token, 0)
+		err := release()
 		if err == nil || errors.Is(err, stores.ErrNotHeld) {
-			if !fair {
-				return
-			}
-			if err = s.leaveFair(nil, keys[0], token); err == nil {
-				return
-			}
+			return
 		}
 		if !transient(err) {
 			if s.isClosed() {
 				return // the session is closed: the server deleted every node of it
 			}
 			s.log.Warn("zkstore: the clean-up of an abandoned call failed; what it made stands until its TTL passes or the session ends",
-				slog.String("key", stores.KeyForMessage(keys[0])), slog.Int("keys", len(keys)), slog.Any("error", err))
+				slog.String("key", stores.KeyForMessage(key)), slog.Int("keys", keys), slog.Any("error", err))
 			return
 		}
 		select {

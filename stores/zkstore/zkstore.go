@@ -22,8 +22,9 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// Store is a stores.Store, stores.Notifier and stores.FairStore on
-// ZooKeeper; see the package documentation. It is safe for concurrent use.
+// Store is a stores.Store, stores.Notifier, stores.FairStore and
+// stores.SharedStore on ZooKeeper; see the package documentation. It is
+// safe for concurrent use.
 // The zero value is not usable; call New or Open.
 type Store struct {
 	conn     *zk.Conn
@@ -477,7 +478,14 @@ type lockNode struct {
 	version  int32  // the node's data version
 	czxid    int64  // the transaction that created it, which names one grant
 	left     time.Duration
-	noHolder bool // it has no holder node (another version's grant): a takeover deletes none
+	noHolder bool // it has no holder node (another version's grant, or a marker): a takeover deletes none
+
+	// shared is set for the marker of a key held shared (see shared.go);
+	// inspected once its holders were read, holders of them live, and left
+	// the longest time one has left.
+	shared    bool
+	inspected bool
+	holders   int
 
 	// guarded is set once pver names the node's grant for a takeover: the
 	// data version of the key's parent node (see guard).
@@ -486,14 +494,18 @@ type lockNode struct {
 }
 
 // free reports whether a grant to token may take the node: it is absent,
-// expired, or token's own (a retried acquire).
+// expired, or token's own (a retried acquire); or a shared marker whose
+// holders were read and none is live.
 func (n lockNode) free(token string) bool {
+	if n.shared {
+		return n.inspected && n.holders == 0
+	}
 	return !n.exists || (n.readable && (n.token == token || n.left <= 0))
 }
 
 // heldBy reports whether the node holds token's grant, not expired.
 func (n lockNode) heldBy(token string) bool {
-	return n.exists && n.readable && n.token == token && n.left > 0
+	return n.exists && n.readable && !n.shared && n.token == token && n.left > 0
 }
 
 // wait is a refusal's Wait for the node: its holder's remaining TTL, or
@@ -551,9 +563,16 @@ func (s *Store) acquire(e *effects, paths []string, token string, ttl time.Durat
 		if err := s.guardAll(e, paths, nodes, token); err != nil {
 			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
 		}
+		writers, err := s.inspectAll(e, paths, nodes, token)
+		if err != nil {
+			return stores.Grant{}, fmt.Errorf("acquire: %w", err)
+		}
 		for i, n := range nodes {
 			if !n.free(token) {
-				return stores.Grant{Held: i, Wait: n.wait()}, nil
+				if n.shared {
+					s.writerWaits(e, paths[i], token)
+				}
+				return stores.Grant{Held: i, Wait: n.wait(), SharedHeld: n.shared}, nil
 			}
 		}
 		ops, stamps, holders, err := s.grantOps(paths, nodes, token, data)
@@ -562,7 +581,13 @@ func (s *Store) acquire(e *effects, paths []string, token string, ttl time.Durat
 		}
 		resp, err := s.multi(e, ops...)
 		if err == nil {
-			return s.granted(e, paths, token, ttl, start, resp, stamps)
+			g, err := s.granted(e, paths, token, ttl, start, resp, stamps)
+			if err == nil {
+				for i, p := range paths {
+					s.dropWriter(e, p, token, writers != nil && writers[i])
+				}
+			}
+			return g, err
 		}
 		if k, ok := missingHolder(ops, resp, holders); ok && attempt < maxAttempts {
 			// The grant read has no holder node: another version's grant.
@@ -799,6 +824,10 @@ func (s *Store) readLock(path string, n *lockNode) error {
 	case err != nil:
 		return err
 	}
+	if isMarker(data) {
+		*n = lockNode{exists: true, readable: true, shared: true, version: stat.Version, czxid: stat.Czxid}
+		return nil
+	}
 	ttl, token, ok := parseLockData(data)
 	*n = lockNode{exists: true, readable: ok, token: token, version: stat.Version, czxid: stat.Czxid,
 		left: s.ages.remaining(path, stat.Mzxid, ttl, time.Now())}
@@ -895,14 +924,14 @@ func (s *Store) releasePaths(e *effects, paths []string, token string, keep time
 		var (
 			ops     []any
 			touched []string
-			notHeld int
+			notHeld []string
 		)
 		for i, n := range nodes {
 			switch {
-			case !n.exists || !n.readable || n.token != token:
-				notHeld++
+			case !n.exists || !n.readable || n.shared || n.token != token:
+				notHeld = append(notHeld, paths[i])
 			case n.left <= 0: // expired, not yet taken over: cleaned up
-				notHeld++
+				notHeld = append(notHeld, paths[i])
 				ops = append(ops, ownerChecked(paths[i], token, &zk.DeleteRequest{Path: paths[i], Version: n.version})...)
 				ops = append(ops, &zk.DeleteRequest{Path: holderOf(paths[i], token), Version: -1})
 				touched = append(touched, paths[i])
@@ -921,8 +950,12 @@ func (s *Store) releasePaths(e *effects, paths []string, token string, keep time
 			}
 			s.released(touched, ops, resp, token, keep, start)
 		}
-		if notHeld > 0 {
-			return fmt.Errorf("%w: zkstore: release: %d of %d keys not held by the token", stores.ErrNotHeld, notHeld, len(paths))
+		if len(notHeld) > 0 {
+			// A waiting writer withdraws its records (see shared.go).
+			if err := s.withdraw(e, notHeld, token); err != nil {
+				return fmt.Errorf("release: withdraw the writer's records: %w", err)
+			}
+			return fmt.Errorf("%w: zkstore: release: %d of %d keys not held by the token", stores.ErrNotHeld, len(notHeld), len(paths))
 		}
 		return nil
 	}

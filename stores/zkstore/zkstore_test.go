@@ -57,5 +57,6 @@ func TestConformance(t *testing.T) {
 		},
 		Notify: true,
 		Fair:   true,
+		Shared: true,
 	})
 }

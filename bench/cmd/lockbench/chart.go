@@ -107,6 +107,7 @@ var libStyles = map[string]struct {
 	dashes []vg.Length
 }{
 	libReqlock:   {color.RGBA{R: 0x00, G: 0x72, B: 0xb2, A: 0xff}, nil},
+	libRueidis:   {color.RGBA{R: 0xcc, G: 0x79, B: 0xa7, A: 0xff}, []vg.Length{vg.Points(8), vg.Points(2), vg.Points(2), vg.Points(2)}},
 	libRedislock: {color.RGBA{R: 0xd5, G: 0x5e, B: 0x00, A: 0xff}, []vg.Length{vg.Points(6), vg.Points(3)}},
 	libRedsync:   {color.RGBA{R: 0x00, G: 0x9e, B: 0x73, A: 0xff}, []vg.Length{vg.Points(2), vg.Points(2)}},
 }

@@ -150,6 +150,7 @@ func runChild(ctx context.Context, cfg config, stdin io.Reader, stdout io.Writer
 	if err != nil {
 		return err
 	}
+	defer closeLocker(lk)
 	if err := warmPool(ctx, client, cfg.childWaiters); err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 // Workload and library names, in the order they run and print.
 var (
 	allWorkloads = []string{"hot", "spread", "multi"}
-	allLibs      = []string{libReqlock, libRedislock, libRedsync}
+	allLibs      = []string{libReqlock, libRueidis, libRedislock, libRedsync}
 )
 
 // config is one run's settings. JSON names end in _ns for durations.
@@ -60,7 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis `host:port` to run against (required); use one nobody else uses meanwhile")
 	fs.StringVar(&workloads, "workload", "all", "workloads to run: all, or a comma list of hot, spread, multi")
-	fs.StringVar(&libsArg, "lib", "all", "libraries to run: all, or a comma list of reqlock, redislock, redsync")
+	fs.StringVar(&libsArg, "lib", "all", "libraries to run: all, or a comma list of reqlock, reqlock-rueidis, redislock, redsync")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long each workload runs per library")
 	fs.DurationVar(&cfg.Hold, "hold", time.Millisecond, "critical section of the hot and multi workloads (spread holds nothing)")
 	fs.DurationVar(&cfg.Wait, "wait", 5*time.Second, "wait limit of each acquisition; a wait that reaches it counts as a timeout")

@@ -14,11 +14,13 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/stores/redisstore"
+	"github.com/reqlock/reqlock/stores/redisstore/rueidisstore"
 )
 
 // Library names, as -lib takes them.
 const (
 	libReqlock   = "reqlock"
+	libRueidis   = "reqlock-rueidis" // reqlock on rueidisstore
 	libRedislock = "redislock"
 	libRedsync   = "redsync"
 )
@@ -37,11 +39,18 @@ type locker interface {
 	lock(ctx context.Context, key string) (unlock func() error, err error)
 }
 
-// newLocker returns the adapter of lib over client.
+// newLocker returns the adapter of lib over client; reqlock-rueidis opens a
+// rueidis client of its own (to cfg.Redis), which closeLocker closes.
 func newLocker(lib string, client *redis.Client, cfg config) (locker, error) {
 	switch lib {
-	case libReqlock:
-		store, err := redisstore.New(client)
+	case libReqlock, libRueidis:
+		var store *redisstore.Store
+		var err error
+		if lib == libRueidis {
+			store, err = rueidisstore.Open(context.Background(), "redis://"+cfg.Redis)
+		} else {
+			store, err = redisstore.New(client)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -51,9 +60,10 @@ func newLocker(lib string, client *redis.Client, cfg config) (locker, error) {
 		}
 		l, err := reqlock.New(store, opts...)
 		if err != nil {
+			_ = store.Close()
 			return nil, err
 		}
-		return reqlockLocker{locker: l, ttl: cfg.TTL, wait: cfg.Wait}, nil
+		return reqlockLocker{locker: l, ttl: cfg.TTL, wait: cfg.Wait, store: store}, nil
 	case libRedislock:
 		return redislockLocker{client: redislock.New(client), ttl: cfg.TTL,
 			min: cfg.RedislockMin, max: cfg.RedislockMax}, nil
@@ -74,6 +84,9 @@ func libSettings(lib string, cfg config) string {
 		}
 		return fmt.Sprintf("reqlock.New(redisstore.New(client)), %s (backoff 5ms..200ms x2, jitter ±0.5); "+
 			"Obtain(ctx, key, ttl %v, wait %v); Release", mode, cfg.TTL, cfg.Wait)
+	case libRueidis:
+		return "as reqlock, on rueidisstore.Open(\"redis://" + cfg.Redis + "\") (a rueidis client of its own: " +
+			"one Redis, auto-pipelining, no client-side cache); its round trips are not counted"
 	case libRedislock:
 		return fmt.Sprintf("redislock.New(client).Obtain(ctx with %v deadline, key, ttl %v, "+
 			"RetryStrategy: ExponentialBackoff(%v, %v), a new one per Obtain); Release",
@@ -89,6 +102,15 @@ func libSettings(lib string, cfg config) string {
 type reqlockLocker struct {
 	locker    *reqlock.Locker
 	ttl, wait time.Duration
+	store     *redisstore.Store
+}
+
+// closeLocker closes what newLocker opened for lk: the Store of reqlock
+// and reqlock-rueidis (and with it the rueidis client).
+func closeLocker(lk locker) {
+	if r, ok := lk.(reqlockLocker); ok {
+		_ = r.store.Close()
+	}
 }
 
 func (r reqlockLocker) lock(ctx context.Context, key string) (func() error, error) {

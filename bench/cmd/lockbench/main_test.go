@@ -95,8 +95,11 @@ func TestAllWorkloads(t *testing.T) {
 			t.Errorf("%s: waits p50 %v, p99 %v, max %v are not ordered", name, r.WaitP50, r.WaitP99, r.WaitMax)
 		case r.HandoverP50 > r.HandoverP99:
 			t.Errorf("%s: handover p50 %v > p99 %v", name, r.HandoverP50, r.HandoverP99)
-		case r.Commands <= 0 || r.RoundTrips <= 0:
-			t.Errorf("%s: %d commands (commandstats), %d round trips; want both above 0", name, r.Commands, r.RoundTrips)
+		case r.Commands <= 0 || (r.RoundTrips <= 0) != (r.Lib == libRueidis):
+			// reqlock-rueidis runs on a rueidis client, which the go-redis
+			// hook does not see.
+			t.Errorf("%s: %d commands (commandstats), %d round trips; want commands, and round trips "+
+				"but on rueidis", name, r.Commands, r.RoundTrips)
 		case r.CommandDelta["info"] == 0:
 			t.Errorf("%s: commandstats delta %v lacks the harness's own INFO", name, r.CommandDelta)
 		case r.ScriptCPUPerAcq <= 0:
@@ -114,7 +117,7 @@ func TestAllWorkloads(t *testing.T) {
 		}
 		// 8 workers own 5 keys each: every spread cycle is uncontended, and
 		// every library takes exactly one round trip to lock and one to unlock.
-		if r.Workload == "spread" && r.RoundTrips != 2*r.Acquisitions {
+		if r.Workload == "spread" && r.Lib != libRueidis && r.RoundTrips != 2*r.Acquisitions {
 			t.Errorf("spread/%s: %d round trips for %d acquisitions, want exactly 2 each", r.Lib, r.RoundTrips, r.Acquisitions)
 		}
 	}

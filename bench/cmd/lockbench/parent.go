@@ -234,6 +234,7 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 	if err != nil {
 		return nil, err
 	}
+	defer closeLocker(lk)
 	// One cycle outside the window: caches the library's scripts in Redis
 	// (go-redis falls back from EVALSHA to EVAL once), for every library alike.
 	if err := warmUp(ctx, lk, prefix+"warmup", cfg.Wait); err != nil {

@@ -17,6 +17,10 @@ type comparison struct {
 	ThroughputRatio float64  `json:"throughput_ratio"`
 	WaitP99Ratio    float64  `json:"wait_p99_ratio"`
 	Targets         []target `json:"targets"`
+	// RueidisThroughputRatio and RueidisWaitP99Ratio are the same ratios
+	// for reqlock-rueidis; zero when either library did not run.
+	RueidisThroughputRatio float64 `json:"rueidis_throughput_ratio,omitempty"`
+	RueidisWaitP99Ratio    float64 `json:"rueidis_wait_p99_ratio,omitempty"`
 }
 
 // target is one goal and whether the measurement meets it.
@@ -29,19 +33,28 @@ type target struct {
 // compare evaluates reqlock against redislock in workload. It returns nil
 // when reqlock did not run.
 func compare(workload string, results []*libResult) *comparison {
-	var mine, theirs *libResult
+	var mine, rueidis, theirs *libResult
 	for _, r := range results {
 		switch r.Lib {
 		case libReqlock:
 			mine = r
+		case libRueidis:
+			rueidis = r
 		case libRedislock:
 			theirs = r
 		}
 	}
-	if mine == nil {
+	if mine == nil && rueidis == nil {
 		return nil
 	}
 	c := &comparison{}
+	if rueidis != nil && theirs != nil {
+		c.RueidisThroughputRatio = ratio(rueidis.AcqPerSec, theirs.AcqPerSec)
+		c.RueidisWaitP99Ratio = ratio(float64(rueidis.WaitP99), float64(theirs.WaitP99))
+	}
+	if mine == nil {
+		return c
+	}
 	if theirs != nil {
 		c.ThroughputRatio = ratio(mine.AcqPerSec, theirs.AcqPerSec)
 		c.WaitP99Ratio = ratio(float64(mine.WaitP99), float64(theirs.WaitP99))
@@ -165,6 +178,10 @@ func printWorkload(w io.Writer, cfg config, workload string, results []*libResul
 	}
 	if c.ThroughputRatio > 0 {
 		fmt.Fprintf(w, "reqlock / bsm/redislock: throughput %.2fx, wait p99 %.3fx\n", c.ThroughputRatio, c.WaitP99Ratio)
+	}
+	if c.RueidisThroughputRatio > 0 {
+		fmt.Fprintf(w, "reqlock-rueidis / bsm/redislock: throughput %.2fx, wait p99 %.3fx\n",
+			c.RueidisThroughputRatio, c.RueidisWaitP99Ratio)
 	}
 	fmt.Fprintln(w, "targets (reqlock):")
 	for _, t := range c.Targets {

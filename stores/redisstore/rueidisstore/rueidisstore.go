@@ -1,0 +1,220 @@
+// Package rueidisstore runs redisstore's Store on rueidis
+// (github.com/redis/rueidis), a Redis client that pipelines the commands of
+// concurrent calls onto shared connections: the commands of many requests
+// go out in one write and their replies come back in one read, where
+// go-redis spends a round trip and a pooled connection on each.
+//
+// It is a Driver under the same *redisstore.Store, so everything the
+// redisstore package documentation says of the store holds here: the
+// scripts, fences, release notification, fair mode, multi-key calls, Redis
+// Cluster hash tags and Sentinel. Only the client differs:
+//
+//   - New takes a rueidis.Client of any mode: one Redis, a Cluster
+//     (several InitAddress, or one node of a Cluster) or Sentinel
+//     (ClientOption.Sentinel). Open builds one from a redis:// URL.
+//   - A call returns as soon as its context is cancelled, on the caller's
+//     goroutine: rueidis abandons the reply. An acquire so left is undone in
+//     the background, as with go-redis. rueidis honours cancellation on a
+//     connection that pipelines (its default with client-side caching on,
+//     and always with ClientOption.AlwaysPipelining, which Open sets); on a
+//     connection that does not, an idle call with a deadline returns by
+//     that deadline only.
+//   - rueidis does not retry a script (EVALSHA is not read-only), so each
+//     call is one attempt; it fails with an error wrapping
+//     stores.ErrUnreachable when no connection could be dialled.
+//   - Release signals come through one dedicated rueidis connection per
+//     Store with pub/sub hooks, opened by the first NotifyRelease. When that
+//     connection breaks, the Store dials a new one (on a Sentinel client, to
+//     the current master; on a Cluster, to any node, since classic pub/sub
+//     reaches every node) and subscribes every key again: releases while it
+//     is down are lost, and the waiters' fallback poll covers them, as with
+//     go-redis. rueidis does not close a dedicated connection with its
+//     client: a Store whose client is closed first keeps its pub/sub until
+//     Close or until Redis drops it, and stops notifying then.
+//
+// This package is a Go module of its own, so that users of reqlock who do
+// not use rueidis do not inherit it.
+package rueidisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore"
+)
+
+// New returns a Store over client. It starts nothing: the pub/sub
+// connection for NotifyRelease opens on first use. The caller owns client
+// and closes it after the Store. It returns an error wrapping
+// stores.ErrInvalid when client is nil or an option is invalid.
+func New(client rueidis.Client, opts ...redisstore.Option) (*redisstore.Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: rueidisstore: client is nil", stores.ErrInvalid)
+	}
+	return redisstore.NewWithDriver(NewDriver(client), opts...)
+}
+
+// NewDriver returns the redisstore.Driver over client, for
+// redisstore.NewWithDriver.
+func NewDriver(client rueidis.Client) redisstore.Driver {
+	return &driver{client: client, cluster: client.Mode() == rueidis.ClientModeCluster}
+}
+
+// driver is the redisstore.Driver over a rueidis client.
+type driver struct {
+	client  rueidis.Client
+	cluster bool
+}
+
+// errCrossSlot is what Eval returns for keys that a Cluster client refuses
+// to send together, in the words of Redis's own CROSSSLOT reply, which
+// ReplyError reports, so that the Store maps it to redisstore.ErrCrossSlot.
+var errCrossSlot = errors.New("CROSSSLOT Keys in request don't hash to the same slot (refused by rueidis before sending)")
+
+// Eval sends EVALSHA, then EVAL when Redis has not cached the script.
+func (d *driver) Eval(ctx context.Context, script *redisstore.Script, keys []string, args []any) (redisstore.Reply, error) {
+	strs, err := strArgs(args)
+	if err != nil {
+		return redisstore.Reply{}, err
+	}
+	cmd, err := d.build(false, script, keys, strs)
+	if err != nil {
+		return redisstore.Reply{}, err
+	}
+	resp := d.client.Do(ctx, cmd)
+	if re, ok := rueidis.IsRedisErr(resp.Error()); ok && re.IsNoScript() {
+		if cmd, err = d.build(true, script, keys, strs); err != nil {
+			return redisstore.Reply{}, err
+		}
+		resp = d.client.Do(ctx, cmd)
+	}
+	msg, err := resp.ToMessage()
+	if err != nil {
+		if neverSent(err) {
+			err = fmt.Errorf("%w: %w", stores.ErrUnreachable, err)
+		}
+		return redisstore.Reply{}, err
+	}
+	if msg.IsInt64() {
+		n, _ := msg.AsInt64()
+		return redisstore.Reply{Int: n}, nil
+	}
+	if msg.IsArray() {
+		ints, err := msg.AsIntSlice()
+		if err != nil {
+			return redisstore.Reply{}, fmt.Errorf("%w: %w", redisstore.ErrUnexpectedReply, err)
+		}
+		return redisstore.Reply{Ints: ints}, nil
+	}
+	return redisstore.Reply{}, fmt.Errorf("%w: %s", redisstore.ErrUnexpectedReply, msg.String())
+}
+
+// build returns the EVALSHA (or, with eval, EVAL) command of script. A
+// Cluster client's builder panics on keys of different slots, which build
+// returns as errCrossSlot.
+func (d *driver) build(eval bool, script *redisstore.Script, keys, args []string) (cmd rueidis.Completed, err error) {
+	if d.cluster {
+		defer func() {
+			if r := recover(); r != nil {
+				if s, ok := r.(string); ok && strings.Contains(s, "slot") {
+					err = errCrossSlot
+					return
+				}
+				panic(r)
+			}
+		}()
+	}
+	b := d.client.B()
+	if eval {
+		return b.Eval().Script(script.Source()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), nil
+	}
+	return b.Evalsha().Sha1(script.SHA1()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), nil
+}
+
+// strArgs returns the script arguments as Redis takes them: each a string
+// or an int64.
+func strArgs(args []any) ([]string, error) {
+	strs := make([]string, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			strs[i] = v
+		case int64:
+			strs[i] = strconv.FormatInt(v, 10)
+		case int:
+			strs[i] = strconv.Itoa(v)
+		default:
+			return nil, fmt.Errorf("%w: rueidisstore: script argument %v of type %T", stores.ErrInvalid, a, a)
+		}
+	}
+	return strs, nil
+}
+
+// neverSent reports whether err says that the call never reached Redis: no
+// connection could be dialled.
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// Load sends SCRIPT LOAD of every script to every node.
+func (d *driver) Load(ctx context.Context, scripts []*redisstore.Script) error {
+	for _, node := range d.client.Nodes() {
+		for _, script := range scripts {
+			if err := node.Do(ctx, node.B().ScriptLoad().Script(script.Source()).Build()).Error(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Routing is by slot on a Cluster client, else one server.
+func (d *driver) Routing() redisstore.Routing {
+	if d.cluster {
+		return redisstore.RouteSlot
+	}
+	return redisstore.RouteOne
+}
+
+// HonoursCancel is true: rueidis returns at once when a call's context is
+// cancelled (see the package documentation).
+func (d *driver) HonoursCancel() bool { return true }
+
+func (d *driver) ReplyError(err error) (string, bool) {
+	if errors.Is(err, errCrossSlot) {
+		return errCrossSlot.Error(), true
+	}
+	var re *rueidis.RedisError
+	if errors.As(err, &re) {
+		return re.Error(), true
+	}
+	return "", false
+}
+
+// Closed reports whether err is rueidis.ErrClosing and the client is
+// closed: rueidis also answers ErrClosing for a call on a connection that
+// broke meanwhile, which a retry may get through.
+func (d *driver) Closed(err error) bool {
+	return errors.Is(err, rueidis.ErrClosing) && clientClosed(d.client)
+}
+
+// clientClosed reports whether client was closed: a closed rueidis client
+// answers every command with ErrClosing at once, where a Redis it cannot
+// reach gets a dial error.
+func clientClosed(client rueidis.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), closedCheckTimeout)
+	defer cancel()
+	return errors.Is(client.Do(ctx, client.B().Ping().Build()).Error(), rueidis.ErrClosing)
+}
+
+// closedCheckTimeout bounds clientClosed's PING.
+const closedCheckTimeout = time.Second
