@@ -92,15 +92,19 @@
 // sequence (see Fences). The record tells whether the latest grant was
 // shared: a call that finds the flock held, and the latest grant shared or
 // a holder unexpired, knows it is held for a moment by another Store's
-// shared call and polls for it, up to 50ms (beyond, AcquireShared and
-// Acquire refuse, and ReleaseShared and RefreshShared fail); else an
+// shared call and polls for it, up to 50ms while the file stays the same
+// (a stalled call), up to 1s while other Stores' calls go on getting it in
+// turn (beyond, AcquireShared and Acquire refuse, and ReleaseShared and
+// RefreshShared fail); else an
 // exclusive grant holds it, and the call is refused at once.
 //
 // ReleaseShared, and any call that finds holders expired, signal the key's
 // waiters: this Store's subscribers, and, on Linux, other processes' by
-// ringing the file (see Release notification) when a refused caller of
-// another Store marked it since the freed place was granted. Refused
-// shared callers mark the file as refused exclusive ones do.
+// ringing the file (see Release notification) when a refused caller
+// marked it since the freed place was granted: of any Store, the
+// releasing one included, whose own refusal may have overwritten another
+// Store's mark (the mark is one slot). Refused shared callers mark the
+// file as refused exclusive ones do.
 //
 // Key files of versions without shared grants read as keys without
 // holders: the table's header takes bytes that those versions leave zero,

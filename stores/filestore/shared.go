@@ -27,8 +27,13 @@ var _ stores.SharedStore = (*Store)(nil)
 const maxPlaces = math.MaxUint16
 
 // spinFor bounds how long a call waits for a key file's flock that another
-// Store holds for a moment, to read and write the shared table.
-const spinFor = 50 * time.Millisecond
+// Store holds for a moment, to read and write the shared table, while the
+// file does not change: calls of other Stores that take the flock in turn
+// (and change the record or the table) restart it, up to spinMax in all.
+const (
+	spinFor = 50 * time.Millisecond
+	spinMax = 20 * spinFor
+)
 
 // errBusy is the failure of a call that found a key file's flock held for
 // longer than spinFor by a shared call of another Store.
@@ -51,10 +56,14 @@ func (s *Store) open(e *entry) error {
 // lockKey takes the flock of e's open file without waiting for an
 // exclusive grant: held reports one (of another Store). A flock that
 // another Store holds for a moment, to read and write the shared table
-// (see transient), it waits for, polling, up to spinFor, and then fails
-// with errBusy. The caller holds e.mu, and this Store holds no grant on e.
+// (see transient), it waits for, polling, up to spinFor while the file's
+// record and table header stay the same (a stalled holder), and up to
+// spinMax while other Stores' calls go on taking it in turn, and then
+// fails with errBusy. The caller holds e.mu, and this Store holds no
+// grant on e.
 func (s *Store) lockKey(e *entry) (held bool, err error) {
-	var deadline time.Time
+	var deadline, giveUp time.Time
+	var seen [fileSize]byte
 	pause := 20 * time.Microsecond
 	for {
 		held, err := tryLock(e.fd)
@@ -67,10 +76,15 @@ func (s *Store) lockKey(e *entry) (held bool, err error) {
 			return true, nil
 		}
 		now := time.Now()
-		if deadline.IsZero() {
-			deadline = now.Add(spinFor)
-		} else if now.After(deadline) {
+		var cur [fileSize]byte
+		copy(cur[:], e.mem)
+		switch {
+		case giveUp.IsZero():
+			deadline, giveUp, seen = now.Add(spinFor), now.Add(spinMax), cur
+		case now.After(giveUp) || (now.After(deadline) && cur == seen):
 			return false, fmt.Errorf("%w: %s, for over %v", errBusy, stores.KeyForMessage(e.key), spinFor)
+		case cur != seen:
+			deadline, seen = now.Add(spinFor), cur // another call got through
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, time.Millisecond)
@@ -140,12 +154,15 @@ func find(ps []place, id [16]byte) int {
 
 // freed signals the waiters of e's key that places were freed, the
 // earliest of them granted at since (Unix nanoseconds): this Store's
-// subscribers, and every process's (see ring) when another Store marked
-// the key waited for since then. The caller holds e.mu, and no longer the
-// flock, so that a signalled waiter finds the key free.
+// subscribers, and every process's (see ring) when a Store marked the key
+// waited for since then. The mark is one slot: a refusal of this Store's
+// own (with a limit, a process both holds and waits) may have overwritten
+// another Store's, so a mark of this Store rings too. The caller holds
+// e.mu, and no longer the flock, so that a signalled waiter finds the key
+// free.
 func (s *Store) freed(e *entry, since int64) {
 	s.notify.signal(e.key)
-	if m, ok := readMark(e.mem); ok && m.store != s.id && m.at >= since && e.fd >= 0 {
+	if m, ok := readMark(e.mem); ok && m.at >= since && e.fd >= 0 {
 		ring(e.fd)
 	}
 }
