@@ -11,7 +11,6 @@ import (
 
 	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/stores"
-	"github.com/reqlock/reqlock/stores/filestore"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
@@ -267,27 +266,27 @@ func TestSharedReentry(t *testing.T) {
 	mustRelease(t, s)
 }
 
+// exclusiveOnly is a real store seen through the plain stores.Store
+// interface alone: a store without shared locks (as redlockstore).
+type exclusiveOnly struct{ stores.Store }
+
 // TestSharedNeedsSharedStore: a Locker on a store without stores.SharedStore
-// (the file store, real files) refuses shared and limited locks with
-// ErrInvalid naming the store, before any store call; bad limits too.
+// refuses shared and limited locks with ErrInvalid naming the store, before
+// any store call; bad limits too.
 func TestSharedNeedsSharedStore(t *testing.T) {
-	fs, err := filestore.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := reqlock.New(fs)
+	l, err := reqlock.New(exclusiveOnly{memstore.New()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = l.CheckShared()
-	if !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "filestore") {
-		t.Fatalf("CheckShared on a file store: %v, want ErrInvalid naming the store", err)
+	if !errors.Is(err, reqlock.ErrInvalid) || !strings.Contains(err.Error(), "exclusiveOnly") {
+		t.Fatalf("CheckShared on a store without shared locks: %v, want ErrInvalid naming the store", err)
 	}
 	if _, err := l.ObtainShared(context.Background(), "k", time.Minute, 0); !errors.Is(err, reqlock.ErrInvalid) {
-		t.Fatalf("ObtainShared on a file store: %v, want ErrInvalid", err)
+		t.Fatalf("ObtainShared on a store without shared locks: %v, want ErrInvalid", err)
 	}
 	if _, err := l.ObtainLimited(context.Background(), "k", 2, time.Minute, 0); !errors.Is(err, reqlock.ErrInvalid) {
-		t.Fatalf("ObtainLimited on a file store: %v, want ErrInvalid", err)
+		t.Fatalf("ObtainLimited on a store without shared locks: %v, want ErrInvalid", err)
 	}
 	mem, _ := newLocker(t)
 	if err := mem.CheckShared(); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/reqlock/reqlock/metrics"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/routetable"
-	"github.com/reqlock/reqlock/stores/filestore"
+	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/memstore"
 )
 
@@ -101,23 +101,23 @@ func TestSharedAndLimitedMetrics(t *testing.T) {
 	}
 }
 
+// exclusiveOnly is a real store seen through the plain stores.Store
+// interface alone: a store without shared locks (as redlockstore).
+type exclusiveOnly struct{ stores.Store }
+
 // TestSharedTableStartUp: a table's shared or limited entry fails at
 // start-up naming its file, line and route when the store lacks shared
-// locks (filestore), and when its spec is invalid.
+// locks, and when its spec is invalid.
 func TestSharedTableStartUp(t *testing.T) {
-	files, err := filestore.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = middleware.NewRoutes(reqlock.MustNew(files), mustEntries(t, `routes:
+	_, err := middleware.NewRoutes(reqlock.MustNew(exclusiveOnly{memstore.New()}), mustEntries(t, `routes:
   GET /reports/:id: "@lock key=report:<id> mode=shared"
   POST /exports: "@lock key=tenant:<header:X-Tenant> limit=3"
 `))
 	for _, want := range []string{
 		`reqlock/middleware: invalid configuration: routes.yaml:2: GET /reports/{id}: a shared lock: reqlock: invalid argument: ` +
-			`shared and limited locks need a store that implements stores.SharedStore; *filestore.Store does not`,
+			`shared and limited locks need a store that implements stores.SharedStore; middleware_test.exclusiveOnly does not`,
 		`reqlock/middleware: invalid configuration: routes.yaml:3: POST /exports: a limited lock: reqlock: invalid argument: ` +
-			`shared and limited locks need a store that implements stores.SharedStore; *filestore.Store does not`,
+			`shared and limited locks need a store that implements stores.SharedStore; middleware_test.exclusiveOnly does not`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v\nwant it to say %s", err, want)

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/reqlock/reqlock/internal/testservers"
 )
 
 // tenant is the X-Tenant header of an export.
@@ -198,13 +200,13 @@ func TestExportLimit(t *testing.T) {
 }
 
 // TestReportsOnStoreWithoutSharedLocks: on a store without shared locks
-// (filestore) the built-in table locks the report reads and the exports
+// (Redlock) the built-in table locks the report reads and the exports
 // exclusively and says so, and a table that asks for shared or limited
 // locks stops start-up naming each entry.
 func TestReportsOnStoreWithoutSharedLocks(t *testing.T) {
 	var logs syncBuffer
 	cfg := testConfig(frameworkNetHTTP)
-	cfg.storeURL = "file://" + t.TempDir()
+	cfg.storeURL = testservers.StoreRedlockURL(t)
 	cfg.logger = slog.New(slog.NewTextHandler(&logs, nil))
 	a, srv := startApp(t, cfg)
 	if c := a.routes.Guard(http.MethodGet, "/reports/{id}").Config(); c.Shared || c.Limit != 0 {
@@ -223,11 +225,11 @@ func TestReportsOnStoreWithoutSharedLocks(t *testing.T) {
 	cfg.routesFile = shippedRoutes
 	_, err := buildApp(cfg)
 	for _, want := range []string{
-		`routes.yaml:19: GET /reports/{id}: a shared lock: reqlock: invalid argument: shared and limited locks need a store that implements stores.SharedStore; *filestore.Store does not`,
-		`routes.yaml:21: POST /exports: a limited lock: reqlock: invalid argument: shared and limited locks need a store that implements stores.SharedStore; *filestore.Store does not`,
+		`routes.yaml:19: GET /reports/{id}: a shared lock: reqlock: invalid argument: shared and limited locks need a store that implements stores.SharedStore; *redlockstore.Store does not`,
+		`routes.yaml:21: POST /exports: a limited lock: reqlock: invalid argument: shared and limited locks need a store that implements stores.SharedStore; *redlockstore.Store does not`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("start-up with %s on filestore: %v\nwant it to say %s", shippedRoutes, err, want)
+			t.Errorf("start-up with %s on Redlock: %v\nwant it to say %s", shippedRoutes, err, want)
 		}
 	}
 }

@@ -664,7 +664,12 @@ func testLimitNeverExceeded(t *testing.T, e *env) {
 				if writing.Load() {
 					fail(fmt.Errorf("holder %s granted while the writer holds the key", token))
 				}
-				<-time.After(10 * time.Millisecond) // the holder's work: longer than a round trip of a networked store, so that holders overlap
+				// The holder's work: until the limit is reached or 50ms
+				// have passed, so that holders overlap even on a store
+				// whose grants take a few round trips each.
+				for worked := time.Now(); active.Load() < limit && time.Since(worked) < 50*time.Millisecond; {
+					<-time.After(time.Millisecond)
+				}
 				active.Add(-1)
 				if err := e.sh.ReleaseShared(context.Background(), k, token, 0); err != nil {
 					fail(fmt.Errorf("ReleaseShared of %s: %w", token, err))
