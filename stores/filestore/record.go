@@ -20,8 +20,13 @@ import (
 //
 //	 0  magic "RQLK"
 //	 4  version (1)
-//	 5  mode: 0 when the latest grant was exclusive (versions without
-//	    shared grants write 0 here), 1 when it was a shared one
+//	 5  mode: 0 while an exclusive grant holds the file's flock (versions
+//	    without shared grants write 0 here, and leave it when they let
+//	    go), 1 when the latest grant was a shared one, 2 when the latest
+//	    exclusive grant has ended: its end writes 2 before it lets go of
+//	    the flock, and a call that takes the flock and finds 0 (a grant
+//	    whose process died) writes 2 too. Other Stores read it to tell an
+//	    exclusive grant from a call that holds the flock for a moment
 //	 6  2 bytes reserved (0)
 //	 8  fence, int64: the last fence issued for the key
 //	16  expiry, int64: Unix nanoseconds (wall clock) at which the latest
@@ -74,10 +79,12 @@ const (
 	tableEntrySize = 32
 )
 
-// The modes of a record: the kind of the key's latest grant.
+// The modes of a record: whether an exclusive grant holds the key file's
+// flock, else the kind of the key's latest grant.
 const (
 	modeExclusive = 0
 	modeShared    = 1
+	modeFree      = 2
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -87,7 +94,7 @@ type record struct {
 	fence  int64
 	expiry int64 // Unix nanoseconds
 	pid    uint32
-	mode   byte // modeExclusive or modeShared
+	mode   byte // modeExclusive, modeShared or modeFree
 }
 
 // readRecord reads the record in mem, a key file's mapping; ok is false for
