@@ -110,6 +110,15 @@
 // in between is refused as by an exclusive grant, with a Wait of that
 // grant's remaining TTL.
 //
+// A table written in part (its process killed in the middle of its
+// pwrite, possible for a table beyond the file's first page, over 125
+// holders and writers' records; or a crash of the host) fails its checksum
+// and reads as the header written with it tells: that many holders, until
+// the latest expiry among them, of tokens forgotten, so a limit still
+// counts them and an exclusive grant still waits for them; their
+// ReleaseShared and RefreshShared answer ErrNotHeld, and the waiting
+// writers' records are lost (see record.go).
+//
 // ReleaseShared, and any call that finds holders expired, signal the key's
 // waiters: this Store's subscribers, and, on Linux, other processes' by
 // ringing the file (see Release notification) when a refused caller

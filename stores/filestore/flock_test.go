@@ -150,6 +150,58 @@ func TestExclusiveGrantRefusesAtOnce(t *testing.T) {
 	}
 }
 
+// TestTornTableKeepsHolders (issue 22 review): a shared table whose
+// checksum fails (a write torn by SIGKILL or a crash of the host) reads as
+// the header's count of holders, until its latest expiry: a limit still
+// counts them and an exclusive grant still waits for them; only their
+// tokens are forgotten.
+func TestTornTableKeepsHolders(t *testing.T) {
+	dir := t.TempDir()
+	s := newInternalStore(t, dir)
+	ctx := t.Context()
+	for _, token := range []string{"a", "b"} {
+		if g, err := s.AcquireShared(ctx, "k", token, 3, time.Minute); err != nil || !g.OK {
+			t.Fatalf("AcquireShared %s: %+v, %v", token, g, err)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, fileName("k")), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt([]byte{0xff, 0xee, 0xdd}, fileSize+3) // the first place's token
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if g, err := s.Acquire(ctx, []string{"k"}, "w", time.Minute); err != nil || g.OK || !g.SharedHeld || g.Wait < 50*time.Second {
+		t.Fatalf("Acquire over a torn table of 2 holders: %+v, %v; want refused, SharedHeld, Wait about a minute", g, err)
+	}
+	if err := s.Release(ctx, []string{"k"}, "w", 0); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("Release of the refused writer (withdraws its record): %v", err)
+	}
+	if g, err := s.AcquireShared(ctx, "k", "c", 3, time.Minute); err != nil || !g.OK {
+		t.Fatalf("AcquireShared c, the third under a limit of 3: %+v, %v", g, err)
+	}
+	if g, err := s.AcquireShared(ctx, "k", "d", 3, time.Minute); err != nil || g.OK {
+		t.Fatalf("AcquireShared d, a fourth under a limit of 3: %+v, %v; want refused", g, err)
+	}
+	if err := s.ReleaseShared(ctx, "k", "a", 0); !errors.Is(err, stores.ErrNotHeld) {
+		t.Fatalf("ReleaseShared of a holder the torn table forgot: %v; want ErrNotHeld", err)
+	}
+	if err := s.ReleaseShared(ctx, "k", "c", 0); err != nil {
+		t.Fatalf("ReleaseShared c: %v", err)
+	}
+
+	h := header{holders: 2, writers: 1, until: 42}
+	for _, buf := range [][]byte{nil, make([]byte, 3*tableEntrySize+4)} {
+		tt := decodeTable(h, buf)
+		if len(tt.holders) != 2 || len(tt.writers) != 0 || tt.holders[0].expiry != 42 || tt.holders[1].expiry != 42 {
+			t.Fatalf("decodeTable of a torn table (%d bytes): %+v; want 2 holders until 42", len(buf), tt)
+		}
+	}
+}
+
 // newInternalStore returns a Store on dir, closed at the end of the test.
 func newInternalStore(t *testing.T, dir string) *Store {
 	t.Helper()
