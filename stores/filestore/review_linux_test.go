@@ -59,11 +59,12 @@ func TestSharedReleaseRingsAfterOwnRefusal(t *testing.T) {
 // TestSharedNeverRefusesAFreeKey (issue 22 review): readers (limit 0) of
 // several Stores on one directory, with no writer, are never refused:
 // nothing in the contract refuses them. Each call takes the key file's
-// flock for a moment, and a call that finds it taken by another Store's
-// call polls for it for 50ms (spinFor) and then answers a refusal, which
-// a try-once route turns into 423 for a key nobody holds exclusively; a
-// ReleaseShared (or RefreshShared) fails instead, with errBusy, leaving
-// the place held until its TTL (or the Locker's lease in doubt).
+// flock for a moment; a call that finds it taken by another Store's call
+// must wait for it, however long that call is descheduled, rather than
+// answer a refusal (a try-once route's 423 for a key nobody holds
+// exclusively) or, in ReleaseShared (or RefreshShared), fail and leave the
+// place held until its TTL. The calls used to poll for 50ms, and then up
+// to 1s while the file changed, and failed so under load.
 func TestSharedNeverRefusesAFreeKey(t *testing.T) {
 	dir := t.TempDir()
 	const stores, perStore = 8, 2
