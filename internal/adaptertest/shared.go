@@ -14,12 +14,9 @@ import (
 	"time"
 
 	"github.com/reqlock/reqlock"
-	"github.com/reqlock/reqlock/internal/testredis"
 	"github.com/reqlock/reqlock/middleware"
 	"github.com/reqlock/reqlock/stores"
-	"github.com/reqlock/reqlock/stores/filestore"
 	"github.com/reqlock/reqlock/stores/memstore"
-	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // blocking is a handler that signals each entry on entered and returns once
@@ -257,19 +254,14 @@ func (s *suite) testLimitFailOpen(t *testing.T) {
 	s.expectRejection(t, do(closed, post("/items/1", "")), http.StatusServiceUnavailable, middleware.ReasonStoreError, true)
 }
 
+// exclusiveOnly is a real store seen through the plain stores.Store
+// interface alone: a store without shared locks.
+type exclusiveOnly struct{ stores.Store }
+
 // testSharedStartUp: a shared or limited route on a store without the
-// capability (filestore, redisstore today), and invalid combinations, fail
-// at start-up naming the route.
+// capability, and invalid combinations, fail at start-up naming the route.
 func (s *suite) testSharedStartUp(t *testing.T) {
-	redis, err := redisstore.New(testredis.DownClient(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := filestore.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, store := range []stores.Store{redis, files} {
+	for _, store := range []stores.Store{exclusiveOnly{memstore.New()}} {
 		locker := reqlock.MustNew(store)
 		for mode, opt := range map[string]middleware.Option{"shared": middleware.WithShared(), "limited": middleware.WithLimit(3)} {
 			_, err := s.a.Serve(locker, "item:<id>", []middleware.Option{opt, middleware.WithName("reports")}, func(http.ResponseWriter, *http.Request) {})

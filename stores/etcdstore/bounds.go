@@ -47,9 +47,9 @@ const (
 	// put when not.
 	fairOccurrences = 14
 	// sharedOccurrences is how many times AcquireShared's transactions
-	// name the key's directory, with the token: two conditions (one a
-	// range) and a put, or a range read and a read.
-	sharedOccurrences = 6
+	// name the key's directory, with the token: four conditions (two of
+	// them ranges), a put, and two range reads.
+	sharedOccurrences = 11
 	// abandonedOccurrences is how many times a request names the
 	// token's abandon marks: a condition and a read (each a range, so
 	// twice), or an undo's marks.

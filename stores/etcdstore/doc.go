@@ -15,18 +15,24 @@
 //     refusals report as Wait. One fixed name per lock key, so that etcd's
 //     index does not grow with every acquisition until the next
 //     compaction, and a grant compares one key, not a range.
-//   - holder/<token>: a shared holder (see stores.SharedStore), its value
-//     a holder key's, on a lease of its own TTL as a holder key's, so that each
+//   - holder/<token>: a reader, a shared holder under no limit (see
+//     stores.SharedStore), and holder/NUL<slot>, a holder under a limit N,
+//     in slot 0 to N-1 (16 hex digits, so that slots sort by number, before
+//     every reader: a token has no NUL byte). Each has a holder key's
+//     value, on a lease of its own TTL as a holder key's, so that each
 //     expires at its own TTL. The holder key and these are one range of
 //     etcd keys, so that Acquire and AcquireFair compare and read both
 //     kinds with one operation each.
-//   - writer/<token>: a writer waiting for the shared holders to drain, its value
-//     the end of its window (stores.WriterWindow) in Unix milliseconds by
-//     the clock of the Store whose Acquire was refused, on a lease of the
-//     window (which etcd raises to its shortest lease, so the record may
-//     outlive its window by a second or so; AcquireShared compares the
-//     end with its own clock). An exclusive grant to its token, or a
-//     Release by its token, deletes it.
+//   - writer/<token>: a writer waiting for the shared holders to drain. It
+//     stands as long as it exists, on a lease that lasts at least
+//     stores.WriterWindow from the refusal that wrote it, which etcd raises
+//     to its shortest lease: it goes by itself between WriterWindow and
+//     about 2.5s after the writer's last refusal with etcd's default
+//     election timeout (a lease's bounds, see below), whatever the clocks of
+//     the Stores. An exclusive grant to its token, or a Release by its
+//     token, deletes it at once, as the Locker's withdrawal of a writer that
+//     stops trying does. Its value, the window's end in Unix milliseconds,
+//     serves Stores of earlier versions only.
 //   - q/<token>: a fair waiter, ordered by its create revision (the queue is
 //     etcd's revision order, as in concurrency.Mutex). Its value is the
 //     waiter's lease, in milliseconds. Each waiter leaves a deleted name in
@@ -122,23 +128,40 @@
 //
 // # Shared and limited grants
 //
-// AcquireShared counts a limit without a counter: its first transaction
-// grants when the key has no holder and no writer record; otherwise it
-// reads the holders and the writer records, and a second transaction
-// grants when fewer than the caller's limit hold the key and no writer's
-// window stands, comparing that no key of the holders' range was created
-// since the read (one range comparison of create revisions), so that the
-// holders are at most those read, and that no writer record was written
-// since. A holder that changes under the read costs another
-// round trip; after four it refuses, with a Wait of 10ms. Every grant's
-// fence is its revision, from the one sequence of every grant. Release
-// and Refresh of a shared holder are those of a holder key, owner- and
-// sequence-checked in their transaction. An Acquire or AcquireFair
-// refused by shared holders puts its token's writer record in a second
-// transaction, and sets Grant.SharedHeld. A shared holder's delete, by release or expiry, signals
-// the key's NotifyRelease subscribers. Windows are compared on the clocks
-// of the Stores: a skewed clock makes a writer's window longer or shorter,
-// never a limit exceeded.
+// AcquireShared counts a limit without a counter, with one slot key per
+// place: a caller under a limit N takes a slot below N. Its first
+// transaction tries a slot picked at random (or the one this Store last
+// tried for the token, so that a retry finds its own place), granted when
+// that slot is free, no holder stands outside the slots below N (readers,
+// holders under a larger limit) and no writer record stands. Otherwise
+// the transaction reads the holders and the writer records, and the next
+// tries a free slot i below k, k the largest number such that k plus the
+// holders read from slot k on (readers included) is at most N, comparing
+// that slot i is still free and that no holder from slot k on, or reader,
+// was created since the read: at most k-1 others hold the slots below k,
+// at most N-k the rest, so fewer than N hold the key at the grant, and
+// each holder got in under its own limit. When every caller of a key uses
+// one limit and none reads it, k is N: callers collide only when they
+// take the same slot, and the one that lost reads again and tries another;
+// a caller is refused only when the key has N holders or more, an
+// exclusive holder or a writer record. A caller tries again until then or
+// its context ends (the request timeout bounds it too). A reader (limit 0)
+// compares only that the key has no exclusive holder and no writer record:
+// readers that come and go never fail each other's transactions.
+// ReleaseShared and RefreshShared of a limited holder act on the slot this
+// Store sent for the token; when it does not hold the token (a slot set
+// through another Store), they read the holders once to find the token's
+// place. Every grant's fence is its revision, from the one sequence of
+// every grant. Release and Refresh of a shared holder are those of a holder
+// key, owner- and sequence-checked in their transaction. An Acquire or
+// AcquireFair refused by shared holders puts its token's writer record in
+// a second transaction, and sets Grant.SharedHeld. While a writer record
+// exists, AcquireShared refuses new tokens with a Wait of WriterWindow: no
+// clock is read, so a skewed clock changes nothing. A shared holder's
+// delete, by release or expiry, signals the key's NotifyRelease
+// subscribers, and so does the delete of a key's last writer record (a
+// withdrawal, or its lease's end), so that the readers it refused come in
+// at once.
 //
 // # Round trips and costs
 //

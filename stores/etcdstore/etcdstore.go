@@ -67,6 +67,8 @@ type Store struct {
 
 	backgroundReleases atomic.Int64 // releases going on after their caller left (see goOn)
 
+	places places // the slots of this Store's limited holders (see AcquireShared)
+
 	seqMu   sync.Mutex
 	lastSeq uint64 // the sequence of the latest call (see begin)
 }

@@ -151,8 +151,9 @@ func signal(ch chan struct{}) {
 
 // keyState is the watch's copy of a key's holder and queue.
 type keyState struct {
-	held  bool
-	queue map[string]int64 // token to create revision
+	held    bool
+	queue   map[string]int64    // token to create revision
+	writers map[string]struct{} // waiting writers' records (see writerWaits)
 }
 
 // head returns the token at the head of the queue, if any.
@@ -167,9 +168,10 @@ func (st *keyState) head() (string, bool) {
 	return head, rev != 0
 }
 
-// apply applies a change of name ("holder", holder/<token> or q/<token>)
-// to st and reports whether the key became free (or a shared holder's
-// place did) or, free, got a new head.
+// apply applies a change of name ("holder", holder/<token>, writer/<token>
+// or q/<token>) to st and reports whether the key became free (or a shared
+// holder's place did, or its last waiting writer's record went) or, free,
+// got a new head.
 func (st *keyState) apply(name string, kv *mvccpb.KeyValue, deleted bool) (freed bool) {
 	switch {
 	case name == "holder":
@@ -180,6 +182,17 @@ func (st *keyState) apply(name string, kv *mvccpb.KeyValue, deleted bool) (freed
 		// A shared holder: each place freed is signalled (see
 		// stores.SharedStore), the key being free of a writer.
 		return deleted && !st.held
+	case strings.HasPrefix(name, "writer/"):
+		// The last writer's withdrawal (or lapse) lets refused readers in
+		// at once (see stores.SharedStore).
+		tok := name[len("writer/"):]
+		if !deleted {
+			st.writers[tok] = struct{}{}
+			return false
+		}
+		_, was := st.writers[tok]
+		delete(st.writers, tok)
+		return was && len(st.writers) == 0 && !st.held
 	case strings.HasPrefix(name, "q/"):
 		tok := name[2:]
 		if !deleted {
@@ -213,7 +226,7 @@ func (n *notifier) watch(ctx context.Context, w *keyWatch) {
 		if err != nil {
 			continue
 		}
-		st := &keyState{queue: map[string]int64{}}
+		st := &keyState{queue: map[string]int64{}, writers: map[string]struct{}{}}
 		for _, kv := range resp.Kvs {
 			st.apply(string(kv.Key[len(dir):]), kv, false)
 		}

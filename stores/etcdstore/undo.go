@@ -90,15 +90,15 @@ func (s *Store) newUndo(keys []string, token string, fair bool, fl *flight) *pen
 	return u
 }
 
-// newSharedUndo returns the undo of an AcquireShared of key by token that
-// used the leases of fl: the owner-checked delete of token's place; nil
-// when it sent nothing.
-func (s *Store) newSharedUndo(key, token string, fl *flight) *pendingUndo {
+// newSharedUndo returns the undo of an AcquireShared by token that used
+// the leases of fl and sent places: the owner-checked deletes of those
+// places; nil when it sent nothing.
+func newSharedUndo(token string, places []string, fl *flight) *pendingUndo {
 	if len(fl.leases) == 0 {
 		return nil
 	}
 	return &pendingUndo{token: token, leases: slices.Clone(fl.leases), marks: slices.Clone(fl.leases),
-		keys: []string{sharedKey(holderKey(s.dir(key)), token)}}
+		keys: slices.Clone(places)}
 }
 
 // releaseUndo returns the owner-checked deletes of a Release of keys by

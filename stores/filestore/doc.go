@@ -23,8 +23,9 @@
 // A Store keeps the files of keys it no longer holds open, up to 1024 of
 // them (the least recently used are closed beyond that), with their record
 // mapped into memory for reading, so an uncontended grant and its release
-// cost three system calls: flock(LOCK_EX|LOCK_NB), pwrite of the fence, and
-// flock(LOCK_UN).
+// cost four system calls: flock(LOCK_EX|LOCK_NB), pwrite of the fence,
+// pwrite of the record's mark that the grant ended (see Shared and limited
+// grants), and flock(LOCK_UN).
 //
 // The TTL is enforced by the holding process: a timer ends a grant that was
 // neither released nor refreshed in time, closing its files. A flock cannot
@@ -89,18 +90,42 @@
 // another Store's exclusive grant leaves the record to lapse.
 //
 // Shared and exclusive grants draw their fences from the record's one
-// sequence (see Fences). The record tells whether the latest grant was
-// shared: a call that finds the flock held, and the latest grant shared or
-// a holder unexpired, knows it is held for a moment by another Store's
-// shared call and polls for it, up to 50ms (beyond, AcquireShared and
-// Acquire refuse, and ReleaseShared and RefreshShared fail); else an
-// exclusive grant holds it, and the call is refused at once.
+// sequence (see Fences). The record also tells other Stores whether an
+// exclusive grant holds the flock: a grant writes so as soon as it has the
+// flocks of its keys, and its end writes the opposite before it lets go.
+// A call that finds the flock held reads it: held by an exclusive grant
+// (and no holder unexpired), it is refused at once (ReleaseShared and
+// RefreshShared answer ErrNotHeld); held otherwise, for a moment, by
+// another Store's call (a shared call, or an exclusive Acquire before its
+// grant or refused), it waits for the flock, polling (every 20µs, doubling
+// up to 1ms), as long as its context lasts, and returns an error wrapping
+// ctx.Err() when it ends. So a refusal always names an exclusive grant, a
+// holder, a limit or a writer, never a busy file, and the release of a
+// holder (whose place no exclusive grant coexists with) never fails because
+// another Store is slow. A process stopped (SIGSTOP) in the middle of such a
+// call holds up the key's callers until their contexts end. The one
+// exception: an exclusive grant whose process died (SIGKILL) leaves its
+// record telling of it, until the first call to take the flock after
+// corrects it (one pwrite): a call that finds the flock held by that call
+// in between is refused as by an exclusive grant, with a Wait of that
+// grant's remaining TTL.
+//
+// A table written in part (its process killed in the middle of its
+// pwrite, possible for a table beyond the file's first page, over 125
+// holders and writers' records; or a crash of the host) fails its checksum
+// and reads as the header written with it tells: that many holders, until
+// the latest expiry among them, of tokens forgotten, so a limit still
+// counts them and an exclusive grant still waits for them; their
+// ReleaseShared and RefreshShared answer ErrNotHeld, and the waiting
+// writers' records are lost (see record.go).
 //
 // ReleaseShared, and any call that finds holders expired, signal the key's
 // waiters: this Store's subscribers, and, on Linux, other processes' by
-// ringing the file (see Release notification) when a refused caller of
-// another Store marked it since the freed place was granted. Refused
-// shared callers mark the file as refused exclusive ones do.
+// ringing the file (see Release notification) when a refused caller
+// marked it since the freed place was granted: of any Store, the
+// releasing one included, whose own refusal may have overwritten another
+// Store's mark (the mark is one slot). Refused shared callers mark the
+// file as refused exclusive ones do.
 //
 // Key files of versions without shared grants read as keys without
 // holders: the table's header takes bytes that those versions leave zero,
@@ -182,8 +207,10 @@
 // Every call does its work in a few non-blocking system calls on local
 // files (flock with LOCK_NB or LOCK_UN, pwrite; for a key whose file is not
 // open, open, fstat, ftruncate and mmap) and checks its context before it
-// starts. It does not watch the context during them: a file system that
-// hangs a system call holds the call up with it.
+// starts. Between them, a call that finds a key file's flock held for a
+// moment by another Store's call polls for it until its context ends (see
+// Shared and limited grants). It does not watch the context during a
+// system call: a file system that hangs one holds the call up with it.
 //
 // # Start-up
 //

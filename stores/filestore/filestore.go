@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -308,8 +307,9 @@ func (s *Store) live(e *entry, now time.Time) *hold {
 	return h
 }
 
-// drop ends e's grant: it stops the timer and drops the flock, which frees
-// the key for every other process, and signals the key's release: to this
+// drop ends e's grant: it stops the timer, marks the record free (see
+// exclusive) and drops the flock, which frees the key for every other
+// process, and signals the key's release: to this
 // Store's subscribers, and, when another Store marked the key waited for
 // during the grant, to every process's (see ring). The caller holds e.mu.
 func (s *Store) drop(e *entry) {
@@ -317,6 +317,10 @@ func (s *Store) drop(e *entry) {
 	e.h = nil
 	h.timer.Stop()
 	foreign := s.markedByOther(e, h)
+	// Tell other Stores that the flock is no longer an exclusive grant's
+	// (see exclusive): a failure leaves that to the next call that takes it.
+	last, _ := readRecord(e.mem)
+	_ = writeRecord(e.fd, record{fence: max(last.fence, h.fence), pid: s.pid, mode: modeFree})
 	s.unlockOrClose(e)
 	s.notify.signal(e.key)
 	if foreign && e.fd >= 0 {
@@ -389,9 +393,10 @@ func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 
 // Acquire takes every key for token when none is held by another token,
 // and issues each its fence: it takes the keys in order, each by an
-// exclusive flock of its file without waiting (opening and mapping the
-// file unless it is open already), and undoes what it took when one is
-// held. A key held by a grant of this Store refuses another token without
+// exclusive flock of its file without waiting for a grant (opening and
+// mapping the file unless it is open already), and undoes what it took when
+// one is held. A flock held for a moment by another Store's call it waits
+// for, as long as ctx lasts (see the package documentation). A key held by a grant of this Store refuses another token without
 // a system call; a key this Store holds for token (a retried Acquire) is
 // granted again with a fresh fence and TTL. A refusal names the first held
 // key and, in Wait, its holder's remaining TTL: exact for a grant of this
@@ -403,10 +408,12 @@ func expiryAfter(now time.Time, ttl time.Duration) time.Time {
 // at the first of: Release; its TTL, by a timer of this Store; Close; the
 // end of the process.
 //
-// It returns ctx.Err() without acting when ctx has ended; an error
-// wrapping stores.ErrInvalid for invalid keys, or a ttl out of Bounds;
-// ErrClosed after Close; and the file system's error when a key file
-// cannot be opened, mapped, locked or written, having taken nothing.
+// It returns ctx.Err() without acting when ctx has ended, and an error
+// wrapping it, having taken nothing, when ctx ends while it waits for a
+// flock; an error wrapping stores.ErrInvalid for invalid keys, or a ttl
+// out of Bounds; ErrClosed after Close; and the file system's error when a
+// key file cannot be opened, mapped, locked or written, having taken
+// nothing.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -444,10 +451,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			undo(i)
 			return stores.Grant{}, err
 		}
-		switch held, err := s.lockKey(e); {
-		case errors.Is(err, errBusy):
-			undo(i)
-			return stores.Grant{Held: i, Wait: spinFor}, nil
+		switch held, err := s.lockKey(ctx, e); {
 		case err != nil:
 			undo(i)
 			return stores.Grant{}, err
@@ -570,7 +574,7 @@ func (s *Store) ReleaseWaited(ctx context.Context, keys []string, token string, 
 		switch {
 		case h == nil || h.token != token:
 			notHeld = append(notHeld, e.key)
-			s.withdraw(e, token, h) // a waiting writer's record (see shared.go)
+			s.withdraw(ctx, e, token, h) // a waiting writer's record (see shared.go)
 		case keep > 0:
 			expiry := expiryAfter(now, keep)
 			s.arm(e, h, expiry, keep)

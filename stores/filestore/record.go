@@ -20,8 +20,13 @@ import (
 //
 //	 0  magic "RQLK"
 //	 4  version (1)
-//	 5  mode: 0 when the latest grant was exclusive (versions without
-//	    shared grants write 0 here), 1 when it was a shared one
+//	 5  mode: 0 while an exclusive grant holds the file's flock (versions
+//	    without shared grants write 0 here, and leave it when they let
+//	    go), 1 when the latest grant was a shared one, 2 when the latest
+//	    exclusive grant has ended: its end writes 2 before it lets go of
+//	    the flock, and a call that takes the flock and finds 0 (a grant
+//	    whose process died) writes 2 too. Other Stores read it to tell an
+//	    exclusive grant from a call that holds the flock for a moment
 //	 6  2 bytes reserved (0)
 //	 8  fence, int64: the last fence issued for the key
 //	16  expiry, int64: Unix nanoseconds (wall clock) at which the latest
@@ -58,8 +63,18 @@ import (
 //	16  expiry, int64: Unix nanoseconds at which the place (or record) ends
 //	24  granted, int64: Unix nanoseconds of the grant (or first refusal)
 //
-// A table whose checksum fails (torn by a crash of the host) reads as
-// empty.
+// The header and the table are written in one pwrite, which the kernel
+// copies in order, page by page: a process killed in the middle (SIGKILL)
+// leaves the header and a first part of the table new, and the rest as it
+// was, and a crash of the host may lose any part of it. A table of up to
+// 125 entries lies in the file's first page with the header, and a pwrite
+// within one page is whole or not at all. A table whose checksum fails, or
+// that is short, reads as the header tells: that many holders, of tokens
+// it no longer knows, each until the header's until (the latest expiry
+// among them), and no writers' records. So a torn table forgets no holder
+// for a limit or an exclusive grant; its holders' ReleaseShared and
+// RefreshShared answer ErrNotHeld, and their places last until until, at
+// most the longest TTL among them; the writers lose their precedence.
 //
 // Files made by versions without the mark are 32 bytes long; the first
 // Store that maps such a file extends it to fileSize, which changes nothing
@@ -74,10 +89,12 @@ const (
 	tableEntrySize = 32
 )
 
-// The modes of a record: the kind of the key's latest grant.
+// The modes of a record: whether an exclusive grant holds the key file's
+// flock, else the kind of the key's latest grant.
 const (
 	modeExclusive = 0
 	modeShared    = 1
+	modeFree      = 2
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -87,7 +104,7 @@ type record struct {
 	fence  int64
 	expiry int64 // Unix nanoseconds
 	pid    uint32
-	mode   byte // modeExclusive or modeShared
+	mode   byte // modeExclusive, modeShared or modeFree
 }
 
 // readRecord reads the record in mem, a key file's mapping; ok is false for
@@ -199,16 +216,17 @@ func tokenID(token string) (id [16]byte) {
 }
 
 // decodeTable decodes buf, the table after the file's first fileSize
-// bytes, as h describes it; a torn or short table reads as empty.
+// bytes, as h describes it; a torn or short table reads as h.holders
+// holders of unknown tokens until h.until (see the layout above).
 func decodeTable(h header, buf []byte) table {
 	n := int(h.holders) + int(h.writers)
-	if n == 0 || len(buf) < n*tableEntrySize+4 {
+	if n == 0 {
 		return table{}
+	}
+	if len(buf) < n*tableEntrySize+4 || crc32.Checksum(buf[:n*tableEntrySize], castagnoli) != binary.LittleEndian.Uint32(buf[n*tableEntrySize:]) {
+		return tornTable(h)
 	}
 	body := buf[:n*tableEntrySize]
-	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(buf[len(body):]) {
-		return table{}
-	}
 	ps := make([]place, n)
 	for i := range ps {
 		b := body[i*tableEntrySize:]
@@ -217,6 +235,18 @@ func decodeTable(h header, buf []byte) table {
 		ps[i].granted = int64(binary.LittleEndian.Uint64(b[24:32]))
 	}
 	return table{holders: ps[:h.holders:h.holders], writers: ps[h.holders:]}
+}
+
+// tornTable is the table that a torn table with header h reads as:
+// h.holders places of no token (no tokenID is zero but by a 2⁻¹²⁸ chance),
+// each until h.until, granted at the earliest time (so their expiry
+// signals every marked waiter), and no writers.
+func tornTable(h header) table {
+	ps := make([]place, h.holders)
+	for i := range ps {
+		ps[i] = place{expiry: h.until, granted: 1}
+	}
+	return table{holders: ps}
 }
 
 // encode returns t's header and the bytes to write at headerOffset: the

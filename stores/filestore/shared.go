@@ -4,7 +4,6 @@ package filestore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -26,14 +25,6 @@ var _ stores.SharedStore = (*Store)(nil)
 // header counts them in a uint16.
 const maxPlaces = math.MaxUint16
 
-// spinFor bounds how long a call waits for a key file's flock that another
-// Store holds for a moment, to read and write the shared table.
-const spinFor = 50 * time.Millisecond
-
-// errBusy is the failure of a call that found a key file's flock held for
-// longer than spinFor by a shared call of another Store.
-var errBusy = errors.New("filestore: the key file stayed locked by another Store's shared call")
-
 // open opens and maps e's key file unless it is open already. The caller
 // holds e.mu.
 func (s *Store) open(e *entry) error {
@@ -49,12 +40,16 @@ func (s *Store) open(e *entry) error {
 }
 
 // lockKey takes the flock of e's open file without waiting for an
-// exclusive grant: held reports one (of another Store). A flock that
-// another Store holds for a moment, to read and write the shared table
-// (see transient), it waits for, polling, up to spinFor, and then fails
-// with errBusy. The caller holds e.mu, and this Store holds no grant on e.
-func (s *Store) lockKey(e *entry) (held bool, err error) {
-	var deadline time.Time
+// exclusive grant: held reports one (of another Store). A flock held
+// otherwise, for a moment, by another Store's call that reads and writes
+// the shared table or makes a grant, it waits for, polling, until ctx
+// ends: then it returns an error wrapping ctx.Err(). Which of the two holds
+// the flock it reads from the key file (see exclusive), again at every
+// poll. Once it has the flock, it corrects a record that still tells of an
+// exclusive grant (see settle). The caller holds e.mu, and this Store
+// holds no grant on e.
+func (s *Store) lockKey(ctx context.Context, e *entry) (held bool, err error) {
+	var timer *time.Timer
 	pause := 20 * time.Microsecond
 	for {
 		held, err := tryLock(e.fd)
@@ -62,32 +57,52 @@ func (s *Store) lockKey(e *entry) (held bool, err error) {
 		case err != nil:
 			return false, fmt.Errorf("filestore: flock the file of %s: %w", stores.KeyForMessage(e.key), err)
 		case !held:
+			s.settle(e)
 			return false, nil
-		case !transient(e.mem):
+		case exclusive(e.mem, time.Now().UnixNano()):
 			return true, nil
 		}
-		now := time.Now()
-		if deadline.IsZero() {
-			deadline = now.Add(spinFor)
-		} else if now.After(deadline) {
-			return false, fmt.Errorf("%w: %s, for over %v", errBusy, stores.KeyForMessage(e.key), spinFor)
+		if timer == nil {
+			timer = time.NewTimer(pause)
+			defer timer.Stop()
+		} else {
+			timer.Reset(pause)
 		}
-		time.Sleep(pause)
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("filestore: %s: waiting for another Store's call to let go of the key file: %w", stores.KeyForMessage(e.key), ctx.Err())
+		case <-timer.C:
+		}
 		pause = min(2*pause, time.Millisecond)
 	}
 }
 
-// transient reports whether the held flock of the key file mapped at mem is
-// held for a moment, by a shared call, rather than by an exclusive grant:
-// the key's latest grant was a shared one (an exclusive grant writes its
-// record as soon as it has the flocks of its keys), or the key has an
-// unexpired holder, which no exclusive grant coexists with. Read without
-// the flock, the answer is a hint.
-func transient(mem []byte) bool {
-	if r, ok := readRecord(mem); ok && r.mode == modeShared {
-		return true
+// exclusive reports whether the held flock of the key file mapped at mem is
+// held by an exclusive grant, rather than for a moment by a call of another
+// Store: whether the record tells of an exclusive grant (every exclusive
+// grant writes its record as soon as it has the flocks of its keys, and
+// its end, before it lets go of the flock, writes modeFree) and the header
+// of no holder unexpired at now (Unix nanoseconds), which no exclusive
+// grant coexists with. A record being written (which fails its checksum)
+// or never written (a new file) tells nothing: not an exclusive grant, so
+// the caller polls and reads it again. Read without the flock, the record
+// is exact but for a grant whose process died holding it (the kernel let
+// go of the flock, and the record still tells of it) until the next call
+// that takes the flock corrects it (see settle).
+func exclusive(mem []byte, now int64) bool {
+	r, ok := readRecord(mem)
+	return ok && r.mode == modeExclusive && !readHeader(mem).liveHolders(now)
+}
+
+// settle corrects e's record, under e's flock, when it tells of an
+// exclusive grant: that grant ended without writing modeFree (its process
+// died, or ran a version that does not write it), since this Store holds
+// the flock. The correction is a hint for exclusive; its failure leaves
+// the record as it was.
+func (s *Store) settle(e *entry) {
+	if r, ok := readRecord(e.mem); ok && r.mode == modeExclusive {
+		_ = writeRecord(e.fd, record{fence: r.fence, pid: s.pid, mode: modeFree})
 	}
-	return readHeader(mem).liveHolders(time.Now().UnixNano())
 }
 
 // loadTable reads e's shared table, leaving out the places and records
@@ -140,12 +155,15 @@ func find(ps []place, id [16]byte) int {
 
 // freed signals the waiters of e's key that places were freed, the
 // earliest of them granted at since (Unix nanoseconds): this Store's
-// subscribers, and every process's (see ring) when another Store marked
-// the key waited for since then. The caller holds e.mu, and no longer the
-// flock, so that a signalled waiter finds the key free.
+// subscribers, and every process's (see ring) when a Store marked the key
+// waited for since then. The mark is one slot: a refusal of this Store's
+// own (with a limit, a process both holds and waits) may have overwritten
+// another Store's, so a mark of this Store rings too. The caller holds
+// e.mu, and no longer the flock, so that a signalled waiter finds the key
+// free.
 func (s *Store) freed(e *entry, since int64) {
 	s.notify.signal(e.key)
-	if m, ok := readMark(e.mem); ok && m.store != s.id && m.at >= since && e.fd >= 0 {
+	if m, ok := readMark(e.mem); ok && m.at >= since && e.fd >= 0 {
 		ring(e.fd)
 	}
 }
@@ -168,7 +186,9 @@ func (s *Store) refusedBy(e *entry) {
 // longest remaining window among the waiting writers, or the soonest
 // expiry among the holders.
 //
-// It returns ctx.Err() without acting when ctx has ended; an error
+// It returns ctx.Err() without acting when ctx has ended, and an error
+// wrapping it, having changed nothing, when ctx ends while it waits for
+// the key file's flock, held for a moment by another Store's call; an error
 // wrapping stores.ErrInvalid for an empty key, a negative limit or a ttl
 // out of Bounds; ErrClosed after Close; and the file system's error when
 // the key file cannot be opened, locked, read or written.
@@ -196,9 +216,7 @@ func (s *Store) AcquireShared(ctx context.Context, key, token string, limit int,
 	if err := s.open(e); err != nil {
 		return stores.Grant{}, err
 	}
-	switch held, err := s.lockKey(e); {
-	case errors.Is(err, errBusy):
-		return stores.Grant{Wait: spinFor}, nil
+	switch held, err := s.lockKey(ctx, e); {
 	case err != nil:
 		return stores.Grant{}, err
 	case held:
@@ -270,7 +288,9 @@ func (s *Store) share(e *entry, token string, limit int, ttl time.Duration) (g s
 // stores.ErrNotHeld when token holds no unexpired place on key, having
 // changed nothing.
 //
-// It returns ctx.Err() without acting when ctx has ended; an error
+// It returns ctx.Err() without acting when ctx has ended, and an error
+// wrapping it, having changed nothing, when ctx ends while it waits for
+// the key file's flock, held for a moment by another Store's call; an error
 // wrapping stores.ErrInvalid for an empty key or a keep out of Bounds;
 // ErrClosed after Close; and the file system's error when the key file
 // cannot be opened, locked, read or written.
@@ -283,7 +303,7 @@ func (s *Store) ReleaseShared(ctx context.Context, key, token string, keep time.
 			return err
 		}
 	}
-	return s.updatePlace(key, token, func(now time.Time) int64 {
+	return s.updatePlace(ctx, key, token, func(now time.Time) int64 {
 		if keep > 0 {
 			return expiryAfter(now, keep).UnixNano()
 		}
@@ -295,7 +315,9 @@ func (s *Store) ReleaseShared(ctx context.Context, key, token string, keep time.
 // It returns an error wrapping stores.ErrNotHeld when token holds no
 // unexpired place on key, having changed nothing.
 //
-// It returns ctx.Err() without acting when ctx has ended; an error
+// It returns ctx.Err() without acting when ctx has ended, and an error
+// wrapping it, having changed nothing, when ctx ends while it waits for
+// the key file's flock, held for a moment by another Store's call; an error
 // wrapping stores.ErrInvalid for an empty key or a ttl out of Bounds;
 // ErrClosed after Close; and the file system's error when the key file
 // cannot be opened, locked, read or written.
@@ -309,13 +331,13 @@ func (s *Store) RefreshShared(ctx context.Context, key, token string, ttl time.D
 	if err := args.CheckBounds(bounds, nil, ttl); err != nil {
 		return err
 	}
-	return s.updatePlace(key, token, func(now time.Time) int64 { return expiryAfter(now, ttl).UnixNano() })
+	return s.updatePlace(ctx, key, token, func(now time.Time) int64 { return expiryAfter(now, ttl).UnixNano() })
 }
 
 // updatePlace sets the expiry of token's place on key to expiry(now), or,
 // when that is 0, frees it; it returns an error wrapping stores.ErrNotHeld
 // when token holds no unexpired place.
-func (s *Store) updatePlace(key, token string, expiry func(now time.Time) int64) error {
+func (s *Store) updatePlace(ctx context.Context, key, token string, expiry func(now time.Time) int64) error {
 	es, err := s.enter([]string{key})
 	if err != nil {
 		return err
@@ -329,7 +351,7 @@ func (s *Store) updatePlace(key, token string, expiry func(now time.Time) int64)
 	if err := s.open(e); err != nil {
 		return err
 	}
-	switch held, err := s.lockKey(e); {
+	switch held, err := s.lockKey(ctx, e); {
 	case err != nil:
 		return err
 	case held:
@@ -416,12 +438,12 @@ func (s *Store) holdersOver(e *entry, token string, now time.Time) (wait time.Du
 // grant holds the flock) is left to lapse within stores.WriterWindow.
 // The caller holds e.mu; h is this Store's live grant on e, of another
 // token, or nil.
-func (s *Store) withdraw(e *entry, token string, h *hold) {
+func (s *Store) withdraw(ctx context.Context, e *entry, token string, h *hold) {
 	if e.fd < 0 || readHeader(e.mem).writers == 0 {
 		return
 	}
 	if h == nil {
-		if held, err := s.lockKey(e); err != nil || held {
+		if held, err := s.lockKey(ctx, e); err != nil || held {
 			return
 		}
 	}

@@ -111,7 +111,7 @@ func readTable(fd int, h header) (table, error) {
 		case err != nil:
 			return table{}, err
 		case m == 0:
-			return table{}, nil // short: torn by a crash of the host
+			return decodeTable(h, buf[:off]), nil // short: torn by a crash of the host
 		}
 		off += m
 	}

@@ -846,11 +846,13 @@ func testAbandonedSharedReplyLost(t *testing.T, e *env) {
 }
 
 // testAbandonedSharedReplyCut: an AcquireShared whose request carrying the
-// key reached the server, and whose connection was then cut, leaves no
-// holder.
+// key reached the server, and whose connection was then cut while the
+// server refuses new connections (so that a client's retry, which would
+// answer the call, cannot get through), leaves no holder.
 func testAbandonedSharedReplyCut(t *testing.T, e *env) {
 	needle := []byte(e.needle())
 	e.abandonedShared(t, func(b backend) {
+		b.refuse()
 		b.cutWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, needle) }, true)
 	}, "a reply cut off")
 }
