@@ -538,7 +538,7 @@ func testSharedBounds(t *testing.T, e *env) {
 		e.mustUnshare(t, long, "t")
 	}
 	for _, ttl := range e.extremeTTLs() {
-		g, err := e.sh.AcquireShared(ctx, k, "x", 1, ttl)
+		g, err := retryShort(ttl, func() (stores.Grant, error) { return e.sh.AcquireShared(ctx, k, "x", 1, ttl) })
 		if !e.ttlFits(ttl) {
 			expectInvalid(t, err, "AcquireShared with ttl "+ttl.String())
 			continue
