@@ -259,9 +259,11 @@
 // AcquireShared first looks without locking (one read, the lease row
 // joined with the holders), so that a refusal holds no row lock; a grant
 // then runs a transaction on a pinned connection that locks the lease row
-// and the holders (the same join, FOR UPDATE), sets the lease row (the
-// next fence in LAST_INSERT_ID), upserts the holder and commits: the limit
-// is counted under the lease row's lock, held for three round trips.
+// and the holders (the same join, FOR UPDATE), upserts the holder, sets
+// the lease row (the next fence in LAST_INSERT_ID; its expiry from a later
+// reading of the clock than the place's, so that it ends no sooner) and
+// commits: the limit is counted under the lease row's lock, held for three
+// round trips.
 // Expired places it saw are deleted after the commit. ReleaseShared and
 // RefreshShared are a transaction each (lock, change the place, set the
 // lease row's expiry to the longest place left, commit). This costs several

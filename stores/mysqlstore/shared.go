@@ -33,10 +33,10 @@ func holdersTable(table string) string { return holders.Table(table, 64) }
 // AcquireShared makes token a holder of key for ttl, as stores.SharedStore
 // describes, in one transaction on a pinned connection: it creates and
 // locks the key's lease row, reads it and the key's unexpired holders, and,
-// on a grant, deletes the expired ones, sets the lease row to
+// on a grant, upserts the holder, then sets the lease row to
 // holders.Marker, the longest holder's expiry and the next fence of the
-// key's one sequence, upserts the holder, and commits; a refusal rolls
-// back. A refusal's Wait is the exclusive holder's remaining TTL, the
+// key's one sequence, commits, and deletes the expired places; a refusal
+// rolls back. A refusal's Wait is the exclusive holder's remaining TTL, the
 // longest remaining window among the waiting writers, or the soonest expiry
 // among the holders of a key that has limit holders or more.
 //
@@ -172,6 +172,13 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	if g, refused := decide(k, limit); refused {
 		return g, nil
 	}
+	// The place first, then the lease row: each statement reads the clock
+	// anew, so that the lease row, set from a later reading, ends no
+	// sooner than the place (and the others, whose remaining TTL was read
+	// earlier still).
+	if _, err := st.upsertHolder.exec(ctx, tx, ksum, tsum, ttl, ttl); err != nil {
+		return stores.Grant{}, err
+	}
 	res, err := st.grantKey.exec(ctx, tx, max(ttl, h.others), key)
 	if err != nil {
 		return stores.Grant{}, err
@@ -179,9 +186,6 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	next, err := res.LastInsertId()
 	if err != nil || next <= fence {
 		return stores.Grant{}, fmt.Errorf("%w: shared acquire of %s answered fence %d after %d: %v", ErrUnexpectedReply, stores.KeyForMessage(key), next, fence, err)
-	}
-	if _, err := st.upsertHolder.exec(ctx, tx, ksum, tsum, ttl, ttl); err != nil {
-		return stores.Grant{}, err
 	}
 	if c.left() {
 		return stores.Grant{}, errLeft // rolled back: nothing to undo
