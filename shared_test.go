@@ -267,7 +267,7 @@ func TestSharedReentry(t *testing.T) {
 }
 
 // exclusiveOnly is a real store seen through the plain stores.Store
-// interface alone: a store without shared locks (as redlockstore).
+// interface alone: a store without shared locks (a store of your own).
 type exclusiveOnly struct{ stores.Store }
 
 // TestSharedNeedsSharedStore: a Locker on a store without stores.SharedStore

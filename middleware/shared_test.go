@@ -102,7 +102,7 @@ func TestSharedAndLimitedMetrics(t *testing.T) {
 }
 
 // exclusiveOnly is a real store seen through the plain stores.Store
-// interface alone: a store without shared locks (as redlockstore).
+// interface alone: a store without shared locks (a store of your own).
 type exclusiveOnly struct{ stores.Store }
 
 // TestSharedTableStartUp: a table's shared or limited entry fails at

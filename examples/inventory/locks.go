@@ -42,32 +42,24 @@ var getHead = []string{http.MethodGet, http.MethodHead}
 // exclude each other on it; the report routes share report:<id>, read
 // shared and rebuilt exclusively; exports have a limit per tenant.
 // routes.yaml holds the same table with the default -wait and -ttl; a test
-// keeps the two equal.
-//
-// A store without shared locks (stores.SharedStore; see the store table in
-// the README) would refuse the shared and limited specs at start-up, so on
-// such a store the built-in table takes exclusive, the spec that serves the
-// route safely with an exclusive lock: reads of a report one at a time, one
-// export per tenant at a time.
-var lockTable = []struct{ route, spec, exclusive string }{
-	{routeSet, "@lock key=sku:<id> on-timeout=423 on-store-error=503", ""},
-	{routeDeduct, "@lock key=sku:<id> on-timeout=423 on-store-error=503", ""},
-	{routeOrders, "@lock key=sku:<json:sku> on-timeout=423 on-store-error=503", ""},
-	{routeCheckout, "@lock key=sku:<json:items[*].sku> on-timeout=423 on-store-error=503", ""},
-	{routeReport, "@lock key=report:<id> mode=shared on-timeout=423 on-store-error=503",
-		"@lock key=report:<id> on-timeout=423 on-store-error=503"},
-	{routeRebuild, "@lock key=report:<id> on-timeout=423 on-store-error=503", ""},
-	{routeExports, "@lock key=tenant:<header:X-Tenant> limit=3 on-timeout=429 on-store-error=503",
-		"@lock key=tenant:<header:X-Tenant> on-timeout=429 on-store-error=503"},
+// keeps the two equal. Every store of reqlock has shared locks
+// (stores.SharedStore), which the report and export specs need.
+var lockTable = []struct{ route, spec string }{
+	{routeSet, "@lock key=sku:<id> on-timeout=423 on-store-error=503"},
+	{routeDeduct, "@lock key=sku:<id> on-timeout=423 on-store-error=503"},
+	{routeOrders, "@lock key=sku:<json:sku> on-timeout=423 on-store-error=503"},
+	{routeCheckout, "@lock key=sku:<json:items[*].sku> on-timeout=423 on-store-error=503"},
+	{routeReport, "@lock key=report:<id> mode=shared on-timeout=423 on-store-error=503"},
+	{routeRebuild, "@lock key=report:<id> on-timeout=423 on-store-error=503"},
+	{routeExports, "@lock key=tenant:<header:X-Tenant> limit=3 on-timeout=429 on-store-error=503"},
 }
 
 // codeSource labels the entries of lockTable in errors and Entry.Source.
 const codeSource = "inventory's built-in lock table"
 
 // codeEntries returns lockTable as route table entries, each with wait and
-// ttl (wait 0: try once); exclusive takes each entry's exclusive spec where
-// it has one.
-func codeEntries(wait, ttl time.Duration, exclusive bool) ([]routetable.Entry, error) {
+// ttl (wait 0: try once).
+func codeEntries(wait, ttl time.Duration) ([]routetable.Entry, error) {
 	w := "none"
 	if wait > 0 {
 		w = wait.String()
@@ -75,11 +67,7 @@ func codeEntries(wait, ttl time.Duration, exclusive bool) ([]routetable.Entry, e
 	entries := make([]routetable.Entry, 0, len(lockTable))
 	var errs []error
 	for _, e := range lockTable {
-		spec := e.spec
-		if exclusive && e.exclusive != "" {
-			spec = e.exclusive
-		}
-		entry, err := routetable.ParseEntry(e.route, fmt.Sprintf("%s wait=%s ttl=%s", spec, w, ttl), codeSource)
+		entry, err := routetable.ParseEntry(e.route, fmt.Sprintf("%s wait=%s ttl=%s", e.spec, w, ttl), codeSource)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -90,20 +78,13 @@ func codeEntries(wait, ttl time.Duration, exclusive bool) ([]routetable.Entry, e
 }
 
 // lockRoutes builds the service's route table for cfg: from the file
-// cfg.routesFile when set, else from lockTable with cfg.wait and cfg.ttl,
-// exclusive where the locker's store has no shared locks (logged once).
-// Errors of a file name its path and line: a shared or limited entry on a
-// store without shared locks is one.
+// cfg.routesFile when set, else from lockTable with cfg.wait and cfg.ttl.
+// Errors of a file name its path and line.
 func lockRoutes(cfg config, locker *reqlock.Locker) (*middleware.Routes, error) {
 	if cfg.routesFile != "" {
 		return middleware.LoadRoutes(locker, cfg.routesFile)
 	}
-	exclusive := locker.CheckShared() != nil
-	if exclusive {
-		locker.Logger().Warn("inventory: the lock store has no shared locks; " + routeReport + " and " + routeExports +
-			" lock exclusively (one read of a report, one export of a tenant at a time)")
-	}
-	entries, err := codeEntries(cfg.wait, cfg.ttl, exclusive)
+	entries, err := codeEntries(cfg.wait, cfg.ttl)
 	if err != nil {
 		return nil, err
 	}

@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/reqlock/reqlock/internal/testservers"
 )
 
 // tenant is the X-Tenant header of an export.
@@ -196,40 +193,5 @@ func TestExportLimit(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestReportsOnStoreWithoutSharedLocks: on a store without shared locks
-// (Redlock) the built-in table locks the report reads and the exports
-// exclusively and says so, and a table that asks for shared or limited
-// locks stops start-up naming each entry.
-func TestReportsOnStoreWithoutSharedLocks(t *testing.T) {
-	var logs syncBuffer
-	cfg := testConfig(frameworkNetHTTP)
-	cfg.storeURL = testservers.StoreRedlockURL(t)
-	cfg.logger = slog.New(slog.NewTextHandler(&logs, nil))
-	a, srv := startApp(t, cfg)
-	if c := a.routes.Guard(http.MethodGet, "/reports/{id}").Config(); c.Shared || c.Limit != 0 {
-		t.Errorf("GET /reports/{id}: shared %v limit %d, want exclusive", c.Shared, c.Limit)
-	}
-	if c := a.routes.Guard(http.MethodPost, "/exports").Config(); c.Limit != 0 || c.TimeoutStatus != http.StatusTooManyRequests {
-		t.Errorf("POST /exports: limit %d, status %d; want exclusive, 429", c.Limit, c.TimeoutStatus)
-	}
-	if !strings.Contains(logs.String(), "the lock store has no shared locks") {
-		t.Errorf("no warning of the exclusive fallback: %s", logs.String())
-	}
-	if ans := mustDoHeader(t, http.MethodPost, srv.URL+"/exports", tenant("acme")); ans.status != http.StatusOK {
-		t.Errorf("export: %v", ans)
-	}
-
-	cfg.routesFile = shippedRoutes
-	_, err := buildApp(cfg)
-	for _, want := range []string{
-		`routes.yaml:19: GET /reports/{id}: a shared lock: reqlock: invalid argument: shared and limited locks need a store that implements stores.SharedStore; *redlockstore.Store does not`,
-		`routes.yaml:21: POST /exports: a limited lock: reqlock: invalid argument: shared and limited locks need a store that implements stores.SharedStore; *redlockstore.Store does not`,
-	} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("start-up with %s on Redlock: %v\nwant it to say %s", shippedRoutes, err, want)
-		}
 	}
 }

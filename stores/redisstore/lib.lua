@@ -103,26 +103,6 @@ local function held_shared(k, cur)
   return type(cur) == 'table' and redis.call('TYPE', k).ok == 'zset'
 end
 
--- writer_waits records token as a writer waiting for the shared holders of
--- a key to drain (stores.SharedStore's writer preference): in the key's
--- writers set ws (token -> end of its window, server ms), and in its own
--- writer mark wm, both kept for window ms, the newest record's window being
--- the longest. The mark lets a grant or a release find the record with the
--- EXISTS or GET it makes anyway (see check_marks, writer_withdraws).
-local function writer_waits(ws, wm, token, window)
-  local now = math.floor(now_us() / 1000)
-  redis.call('ZADD', ws, string.format('%.0f', now + window), token)
-  redis.call('PEXPIRE', ws, window)
-  redis.call('SET', wm, '1', 'PX', window)
-end
-
--- writer_granted ends token's writer record: its exclusive grant ended its
--- wait. The caller knows that the writer mark wm exists (check_marks).
-local function writer_granted(ws, wm, token)
-  redis.call('DEL', wm)
-  redis.call('ZREM', ws, token)
-end
-
 -- writer_withdraws ends token's writer record, if it has one, on the
 -- release by a token that does not hold lock key k: the writer stopped
 -- waiting. When no other writer's window stands, the key's waiters (readers

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/reqlock/internal/redislua"
 	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
 )
@@ -54,10 +55,11 @@ var (
 	markAbandonedScript = newScript(markAbandonedSrc)
 )
 
-// withLib prepends the helpers of lib.lua to a script's source: Redis has no
+// withLib prepends the helpers of lib.lua, and the waiting writers' of
+// internal/redislua, to a script's source: Redis has no
 // include, and one definition keeps every script's fences and waiting marks
 // alike.
-func withLib(src string) string { return libSrc + src }
+func withLib(src string) string { return libSrc + redislua.Writers + src }
 
 // allScripts lists every script of the package, for Load.
 func allScripts() []*Script {

@@ -24,9 +24,9 @@ var (
 	sharedRefreshScript = newScript(withSharedLib(sharedRefreshSrc))
 )
 
-// withSharedLib prepends the helpers of lib.lua and shared_lib.lua to a
+// withSharedLib prepends the helpers of withLib and shared_lib.lua to a
 // shared script's source.
-func withSharedLib(src string) string { return libSrc + sharedLibSrc + src }
+func withSharedLib(src string) string { return withLib(sharedLibSrc + src) }
 
 // writerWindowMS is stores.WriterWindow as the scripts take it.
 var writerWindowMS = stores.WriterWindow.Milliseconds()

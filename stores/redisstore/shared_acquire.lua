@@ -50,13 +50,9 @@ if kind == 'zset' then
     return grant(true, false) -- a retry: whatever the count and the writers
   end
 end
-local writers = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-if #writers == 2 then
-  local left = tonumber(writers[2]) - now
-  if left > 0 then
-    return refuse(left)
-  end
-  redis.call('DEL', KEYS[3]) -- every writer's window has passed
+local left = writer_window_left(KEYS[3], now)
+if left > 0 then
+  return refuse(left)
 end
 if kind == 'zset' and limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
   local soonest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

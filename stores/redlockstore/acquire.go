@@ -75,6 +75,10 @@ var errClosed = errors.New("redlockstore: the call arrived after its undo or rel
 // late; and, when ctx ends while calls are in flight, an error wrapping
 // stores.ErrAbandoned and ctx's error, the store releasing what the calls
 // granted once they answer (see Clean-up in the package documentation).
+//
+// A refusal by shared holders (see AcquireShared) on a node records token
+// as a waiting writer there, and sets Grant.SharedHeld when any node that
+// answered did so: Release withdraws the records on every node.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
@@ -82,6 +86,12 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkArgs(keys, "ttl", ttl); err != nil {
 		return stores.Grant{}, err
 	}
+	return s.acquire(ctx, keys, token, ttl, plain)
+}
+
+// acquire is Acquire of a plain lock or of a shared place (kind), with
+// checked arguments.
+func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl time.Duration, kind grantKind) (stores.Grant, error) {
 	if err := s.identify(ctx, s.nodeTimeout); err != nil {
 		return stores.Grant{}, err
 	}
@@ -95,7 +105,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	// nothing, and the undo releases only what this attempt (or an earlier
 	// one) wrote.
 	attempt := s.attempts.Add(1)
-	a := attemptOf{keys: keys, token: token, attempt: attempt, ttl: ttl}
+	a := attemptOf{keys: keys, token: token, attempt: attempt, ttl: ttl, shared: kind.shared}
 	start := time.Now()
 	n := len(keys)
 	scriptKeys := make([]string, 0, 2*n+1)
@@ -105,13 +115,20 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	scriptKeys = append(scriptKeys, MarkerKey)
 	argv := []any{token, milliseconds(ttl + s.drift(ttl)), s.fenceRetention.Milliseconds(),
-		stores.FenceStride, s.maxTTL.Milliseconds(), time.Now().Add(firstFenceMargin).UnixMicro(), attempt}
+		stores.FenceStride, s.maxTTL.Milliseconds(), time.Now().Add(firstFenceMargin).UnixMicro(), attempt, writerWindowMS}
+	script := acquireScript
+	if kind.shared {
+		script, argv[len(argv)-1] = sharedAcquireScript, kind.limit
+	}
 	timeout := s.callTimeout(ttl)
 	call := func(ctx context.Context, i int) ([]int64, error) {
-		return acquireScript.Run(ctx, s.nodes[i].client, scriptKeys, argv...).Int64Slice()
+		return script.Run(ctx, s.nodes[i].client, scriptKeys, argv...).Int64Slice()
 	}
 
-	total, q := len(s.nodes), s.quorum
+	// q grants make the lock; a refusal needs answers of a majority (a
+	// busy key is never a store failure, and a store failure never a busy
+	// key).
+	total, q := len(s.nodes), s.quorumOf(kind)
 	var granted, refused, failed, unverified []reply
 	votes := 0 // grants of nodes whose identity is known: one per server
 	classify := func(r reply) {
@@ -127,7 +144,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 				// grant counts once its run_id is known.
 				unverified = append(unverified, r)
 			}
-		case len(r.vals) == 4 && r.vals[0] == 0 && r.vals[1] >= 0 && r.vals[1] < int64(n):
+		case len(r.vals) == 5 && r.vals[0] == 0 && r.vals[1] >= 0 && r.vals[1] < int64(n):
 			refused = append(refused, r)
 		case len(r.vals) == 1 && r.vals[0] == -2:
 			r.err = errClosed
@@ -194,9 +211,12 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 			return stores.Grant{}, abandoned(ctx, true)
 		}
 		patience.Stop()
-		if len(refused) == 1 && refused[0].vals[3] != lastHolder {
+		// A gate that refuses a writer for shared holders is not trusted
+		// alone either: the writer's record must stand on the others too,
+		// or new holders would keep a majority and starve it.
+		if len(refused) == 1 && refused[0].vals[3] != lastHolder && refused[0].vals[4] == 0 {
 			s.settle(a, nil, nil, nil, nil, true)
-			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2]), refused[0].vals[3]), nil
+			return s.refusal(token, refused[0].vals[1], s.refusalWait(refused[0].vals[2]), refused[0].vals[3], false), nil
 		}
 	}
 	for i := range total {
@@ -207,7 +227,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	phase2 := time.Now()
 	send(others)
 	for pending > 0 && votes < q && len(failed) <= total-q {
-		if len(refused)+len(failed) > total-q && (len(granted)+len(refused) >= q || !s.waitFor(flying)) {
+		if len(refused)+len(failed) > total-q && (len(granted)+len(refused) >= s.quorum || !s.waitFor(flying)) {
 			// No quorum possible: a refusal when a quorum of nodes
 			// answered, a store failure when the nodes that failed, or
 			// are still out and failing, leave too few to tell.
@@ -287,7 +307,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 
 	if votes >= q {
-		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout)
+		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout, q)
 		if err != nil {
 			s.settle(a, replies, flying, granted, failed, true)
 			if ctxEnded(ctx) {
@@ -301,7 +321,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 
 	s.settle(a, replies, flying, granted, failed, true)
-	if len(failed) <= total-q && len(refused) > 0 && len(granted)+len(refused) >= q {
+	if len(refused) > 0 && len(granted)+len(refused) >= s.quorum {
 		// A quorum of nodes answered (a busy key is never a store
 		// failure, and a store failure never a busy key: with fewer,
 		// the nodes that failed or did not answer decided).
@@ -313,12 +333,14 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 		slices.Sort(waits)
 		holder := refused[0]
+		shared := false
 		for _, r := range refused {
 			if r.node == gate {
 				holder = r
 			}
+			shared = shared || r.vals[4] == 1
 		}
-		return s.refusal(token, heldKey(refused, holder.vals[1]), waits[max(0, len(refused)-(total-q)-1)], holder.vals[3]), nil
+		return s.refusal(token, heldKey(refused, holder.vals[1]), waits[max(0, len(refused)-(total-q)-1)], holder.vals[3], shared), nil
 	}
 	if ctxEnded(ctx) {
 		return stores.Grant{}, abandoned(ctx, true)
@@ -335,7 +357,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if len(unverified) > 0 {
 		s.probe(ctx, s.nodeTimeout, false)
 	}
-	return stores.Grant{}, s.noQuorum("acquire "+keysForMessage(keys), votes+len(refused), failed, unreachable)
+	return stores.Grant{}, s.noQuorumOf("acquire "+keysForMessage(keys), votes+len(refused), q, failed, unreachable)
 }
 
 // heldKey returns the index of the key a refusal names: the first held key
@@ -379,7 +401,7 @@ type refusedBy struct {
 // refusal returns the Grant of a refusal, and remembers that token was
 // refused, and by which holder: its next attempt, a waiter's retry, asks
 // the gate first.
-func (s *Store) refusal(token string, held int64, wait time.Duration, holder int64) stores.Grant {
+func (s *Store) refusal(token string, held int64, wait time.Duration, holder int64, shared bool) stores.Grant {
 	s.mu.Lock()
 	if len(s.refused) >= maxRefusedTokens {
 		// Waiters that gave up never come back: drop the old entries.
@@ -394,7 +416,7 @@ func (s *Store) refusal(token string, held int64, wait time.Duration, holder int
 	}
 	s.refused[token] = refusedBy{at: time.Now(), holder: holder}
 	s.mu.Unlock()
-	return stores.Grant{Held: int(held), Wait: wait}
+	return stores.Grant{Held: int(held), Wait: wait, SharedHeld: shared}
 }
 
 // enter counts an Acquire of key in flight and reports whether the key is
@@ -499,7 +521,7 @@ func mix64(x uint64) uint64 {
 // grantFences returns the fences of a grant by the nodes of granted: per
 // key the largest they issued, once a quorum stores it (raising the fence
 // keys of nodes that lag, when fewer do), and within the TTL.
-func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply, start time.Time, ttl, timeout time.Duration) ([]int64, error) {
+func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply, start time.Time, ttl, timeout time.Duration, q int) ([]int64, error) {
 	n := len(keys)
 	fences := make([]int64, n)
 	for _, r := range granted {
@@ -516,7 +538,7 @@ func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply,
 				count++
 			}
 		}
-		agree = agree && count >= s.quorum
+		agree = agree && count >= q
 	}
 	for _, r := range granted {
 		for k := range n {
@@ -549,8 +571,8 @@ func (s *Store) grantFences(ctx context.Context, keys []string, granted []reply,
 					return nil, ctx.Err()
 				}
 			}
-			if stored < s.quorum {
-				return nil, s.noQuorum(fmt.Sprintf("store the fences of %q", keys), stored, failed, false)
+			if stored < q {
+				return nil, s.noQuorumOf(fmt.Sprintf("store the fences of %q", keys), stored, q, failed, false)
 			}
 		}
 	}
@@ -618,6 +640,7 @@ type attemptOf struct {
 	token   string
 	attempt int64
 	ttl     time.Duration
+	shared  bool // the attempt of an AcquireShared
 }
 
 // settle records the outcome of attempt a: released when it did not grant
@@ -630,11 +653,11 @@ type attemptOf struct {
 // unknown, closing the attempt there. Until a node's reply is in, a
 // Release of the token closes the token on it (see endToken).
 func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted, failed []reply, released bool) {
-	plain, closing := undoNodes(granted, failed)
+	plainNodes, closing := undoNodes(granted, failed)
 	if !released {
-		plain = nil
+		plainNodes = nil
 	}
-	s.oweUndo(a, plain, closing)
+	s.oweUndo(a, plainNodes, closing)
 	pending := 0
 	for _, f := range flying {
 		if f {

@@ -148,12 +148,17 @@ func (s *Store) all() []int {
 // it wraps ErrNoQuorum and every node's error, and stores.ErrUnreachable
 // when unreachable says no node may have changed.
 func (s *Store) noQuorum(op string, ok int, failed []reply, unreachable bool) error {
+	return s.noQuorumOf(op, ok, s.quorum, failed, unreachable)
+}
+
+// noQuorumOf is noQuorum of an operation that needed q nodes.
+func (s *Store) noQuorumOf(op string, ok, q int, failed []reply, unreachable bool) error {
 	errs := make([]error, 0, len(failed))
 	for _, r := range failed {
 		errs = append(errs, &NodeError{Node: s.nodes[r.node].name, Err: r.err})
 	}
 	err := fmt.Errorf("%w: %s: %d of %d nodes answered, quorum %d: %w",
-		ErrNoQuorum, op, ok, len(s.nodes), s.quorum, errors.Join(errs...))
+		ErrNoQuorum, op, ok, len(s.nodes), q, errors.Join(errs...))
 	if unreachable {
 		return fmt.Errorf("%w: %w", stores.ErrUnreachable, err)
 	}

@@ -246,6 +246,70 @@
 // tombstones of abandoned acquires and lost renewals that long. The first Acquire of a Store costs one
 // more round trip (run_ids).
 //
+// # Shared and limited grants
+//
+// Store is a stores.SharedStore. On a node, a key held shared is a sorted
+// set of its holders' tokens scored by the expiry of each one's place (node
+// ms), beside a hash KEY:places of each place's attempt and limit; the
+// plain scripts find the key held (no token owns it), with the latest place
+// as its PTTL. Each node applies the contract to its own holders in one
+// script: it drops the expired places, refuses a key held exclusively, a
+// new holder while a waiting writer's window stands, and one under limit L
+// while L or more hold the key (under whatever limits), and grants again a
+// token that holds a place. AcquireShared then runs Acquire's algorithm:
+// the gate, the grace, the fence (the largest its quorum issued, stored on
+// a quorum), the validity (the TTL from the call's start, the node TTL
+// carrying the drift allowance), the undo, owner-checked by attempt, of a
+// place that missed its quorum on the nodes that admitted it, Late calls
+// and Clean-up. RefreshShared renews the place on the nodes that kept it,
+// within the quorum of its limit, and never takes it again where it was
+// lost: that would admit a holder past a node's count. ReleaseShared frees
+// it on every node; a node publishes each freed place, by release or
+// expiry.
+//
+// Quorums. A reader (limit 0) and a holder under limit 1 need a majority,
+// as a lock does: a reader and a writer, or two holders under limit 1,
+// would share a node that admitted both, which its script forbids. A limit
+// of 2 or more needs every node, for the grant and for each renewal (a
+// node that fails or restarted fails them: such routes do not survive a
+// node's loss, unlike readers and plain locks). A majority is not enough:
+// with 3 nodes and limit 3, holders on nodes {1,2}, {2,3}, {1,3} and {1,2}
+// leave at most 3 places on each node, yet 4 hold a majority each. Counting
+// places, L+1 holders of Q nodes each force a node past L only when
+// (L+1)·Q > N·L, which a majority meets for L = 1 alone; and under the
+// own-limit rule (a rolling change of a key's limit) holders under smaller
+// limits need fewer nodes, so on 3 nodes (and 5, past limit 2) only every
+// node serves every mix of limits.
+//
+// Claim: at no instant do more holders hold a key (none of them a reader)
+// than the largest limit L among them. On a node, order the holders present
+// by their admission there: the k-th found the k-1 before it, so its limit
+// is at least k, and the node holds at most L of them. Two holders under
+// limit 1 hold a majority each, so a node holds both, each first there:
+// at most one holds under limit 1, and every other holder holds every node.
+// So with more than L holders, a node of the limit-1 holder (any node if
+// there is none) holds them all, more than L. This needs: every node
+// applies the same rules to the limit each caller sends; a place lasts on
+// its nodes at least as long as the grant is valid (the node TTL includes
+// the drift allowance, and no place is evicted: noeviction); and a node that
+// lost its places (restarted empty) stays out of quorums for the max TTL
+// (see Restarts), and fails limited renewals meanwhile, so a holder under a
+// limit of 2 or more loses its grant rather than keeping one with a node
+// that forgot it.
+//
+// Writer preference. A plain Acquire refused on a node by holders records
+// its token as a waiting writer there (a sorted set KEY:writers and a mark
+// KEY:writer:TOKEN, for stores.WriterWindow; the helpers are redisstore's,
+// from internal/redislua), and a grant of the key to the token on a node
+// ends its record there. Grant.SharedHeld is set when any node that
+// answered recorded the token, so that the Locker withdraws it: Release
+// withdraws the token's records on every node it reaches (and owes the
+// ones that failed), answering ErrNotHeld. A gate that refuses a writer for
+// holders is not trusted alone: the writer's retry asks every node, so its
+// records stand on all that have holders, and new holders, which need a
+// majority without a standing record, stay out until the writer gets the
+// key, withdraws or its window lapses.
+//
 // # Fair mode
 //
 // Store does not implement stores.FairStore. A FIFO queue needs every node

@@ -64,3 +64,30 @@ local function digest(v)
   end
   return tonumber(string.sub(redis.sha1hex(t), 1, 12), 16)
 end
+
+-- last_fence returns the fence fence key fk holds (nil when absent), or
+-- false and an error reply when it holds something else.
+local function last_fence(fk)
+  local v = redis.call('GET', fk)
+  if not v then
+    return nil
+  end
+  local l = tonumber(v)
+  if l == nil or l >= 9007199254740992 then
+    return false, redis.error_reply('reqlock: fence key ' .. fk .. ' does not hold a fence')
+  end
+  return l
+end
+
+-- issue_fence stores and returns the fence of a grant in fence key fk,
+-- which held last (see last_fence): last + stride while fk lives, else the
+-- client's proposal clamped to [node clock, node clock + 2s], so that nodes
+-- that saw the same grants issue the same fence.
+local function issue_fence(fk, last, nowus, proposal, stride, retention)
+  local fence = math.max(nowus, math.min(tonumber(proposal), nowus + 2000000))
+  if last then
+    fence = last + tonumber(stride)
+  end
+  redis.call('SET', fk, string.format('%.0f', fence), 'PX', fence_keep(fence, nowus, retention))
+  return fence
+end

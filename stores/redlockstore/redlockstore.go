@@ -59,8 +59,8 @@ var (
 	_ stores.Notifier = (*Store)(nil)
 )
 
-// Store is a stores.Store on Redlock over N independent Redis masters, and a
-// stores.Notifier. It is safe for concurrent use. Close stops its pub/sub
+// Store is a stores.Store on Redlock over N independent Redis masters, a
+// stores.Notifier and a stores.SharedStore. It is safe for concurrent use. Close stops its pub/sub
 // connection and waits for its background calls.
 type Store struct {
 	nodes  []*node

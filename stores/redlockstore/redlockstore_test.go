@@ -76,6 +76,7 @@ func TestConformance(t *testing.T) {
 			return newStore(t, clients(t, paddrs), redlockstore.WithNodeTimeout(time.Second)), proxies
 		},
 		Notify:    true,
+		Shared:    true,
 		ExpiryTTL: 300 * time.Millisecond,
 	})
 }

@@ -40,6 +40,14 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.checkArgs(keys, "ttl", ttl); err != nil {
 		return err
 	}
+	return s.refresh(ctx, keys, token, ttl, plain)
+}
+
+// refresh is Refresh of a plain lock or of a shared place (kind.shared),
+// with checked arguments. A shared place is never re-taken where it was
+// lost: that would admit a holder past a node's count. Its renewal needs
+// the quorum of its limit (see quorumOf), which the nodes tell.
+func (s *Store) refresh(ctx context.Context, keys []string, token string, ttl time.Duration, kind grantKind) error {
 	if err := s.identify(ctx, s.nodeTimeout); err != nil {
 		return err
 	}
@@ -55,7 +63,8 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	attempt := s.attempts.Add(1)
 	run := func(indexes []int, retake int) (<-chan reply, bool) {
 		return s.writes(ctx, token, st, ttl, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
-			return refreshScript.Run(ctx, s.nodes[i].client, scriptKeys, token, ttlMS, retake, s.maxTTL.Milliseconds(), attempt).Int64Slice()
+			return refreshScript.Run(ctx, s.nodes[i].client, scriptKeys, token, ttlMS, retake, s.maxTTL.Milliseconds(), attempt,
+				flag(kind.shared)).Int64Slice()
 		})
 	}
 
@@ -64,7 +73,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		return fmt.Errorf("%w: refresh %s: the lock is being released", stores.ErrNotHeld, keysForMessage(keys))
 	}
 	var refreshed, absent, other, failed []reply
-	total, q := len(s.nodes), s.quorum
+	total, q := len(s.nodes), s.quorum // q grows to a limited place's quorum as its nodes tell its limit
 	// Only nodes whose identity is known count: one vote per server.
 	votes := 0
 	flying := make([]bool, total)
@@ -76,7 +85,11 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		switch {
 		case r.err != nil:
 			failed = append(failed, r)
-		case len(r.vals) == 1 && r.vals[0] == 0:
+		case !kind.shared && len(r.vals) == 1 && r.vals[0] == 0,
+			kind.shared && len(r.vals) == 2 && r.vals[0] == 0 && r.vals[1] >= 0:
+			if kind.shared {
+				q = max(q, s.quorumOf(grantKind{shared: true, limit: int(r.vals[1])}))
+			}
 			refreshed = append(refreshed, r)
 			if s.known(r.node) {
 				votes++
@@ -115,7 +128,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	// node's timeout. The rest land in the background.
 	s.linger(ctx, replies, flying, slowest, receive)
 
-	if votes >= s.quorum && len(absent) > 0 {
+	if !kind.shared && votes >= q && len(absent) > 0 {
 		// The lock stands on a quorum: nodes that lost it (and answered)
 		// take it again. Nodes still out are not waited for: the next
 		// Refresh re-takes where they lost it.
@@ -139,20 +152,20 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 
 	notHeld := len(other) + len(absent)
 	switch {
-	case votes >= s.quorum:
+	case votes >= q:
 		if elapsed := time.Since(start); elapsed >= ttl {
 			return fmt.Errorf("%w: refresh %s: a quorum renewed after %v, not within the TTL %v",
 				ErrNoQuorum, keysForMessage(keys), elapsed, ttl)
 		}
 		return nil
-	case len(other) > len(s.nodes)-s.quorum:
+	case len(other) > len(s.nodes)-q:
 		return fmt.Errorf("%w: %s is held by another token on %d of %d nodes",
 			stores.ErrNotHeld, stores.KeyForMessage(keys[other[0].vals[1]-1]), len(other), len(s.nodes))
-	case notHeld > len(s.nodes)-s.quorum:
+	case notHeld > len(s.nodes)-q:
 		return fmt.Errorf("%w: %s: held by the token on %d of %d nodes, not held on %d, quorum %d",
-			stores.ErrNotHeld, keysForMessage(keys), len(refreshed), len(s.nodes), notHeld, s.quorum)
+			stores.ErrNotHeld, keysForMessage(keys), len(refreshed), len(s.nodes), notHeld, q)
 	}
-	return s.noQuorum("refresh "+keysForMessage(keys), len(refreshed)+notHeld, failed, false)
+	return s.noQuorumOf("refresh "+keysForMessage(keys), len(refreshed)+notHeld, q, failed, false)
 }
 
 // beginRefresh counts a Refresh of token running, so that a Release that

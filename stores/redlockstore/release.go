@@ -35,6 +35,9 @@ import (
 // (the calls go on, bounded by the node timeout). The Store owes, and sends
 // again, the release on every node whose call failed, whatever it returned
 // (see Clean-up in the package documentation).
+//
+// A key that does not hold token withdraws token's waiting-writer record
+// there, if it has one (see Acquire).
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
@@ -46,6 +49,12 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	} else if err := s.checkKeys(keys); err != nil {
 		return err
 	}
+	return s.release(ctx, keys, token, keep, plain)
+}
+
+// release is Release of a plain lock or of a shared place (kind), with
+// checked arguments.
+func (s *Store) release(ctx context.Context, keys []string, token string, keep time.Duration, kind grantKind) error {
 	s.forgetRefusal(token)
 	tombs, st := s.endToken(token, keep)
 	inFlight := false // the calls outlive the Release: the token stays ended until they are in
@@ -56,7 +65,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}()
 	// What the Store owes when a node's call fails: the same release, of
 	// every attempt so far (not of a later reuse of the token).
-	owed := owedRelease{keys: keys, token: token, upTo: s.attempts.Load(), tombs: tombs}
+	owed := owedRelease{keys: keys, token: token, shared: kind.shared, upTo: s.attempts.Load(), tombs: tombs}
 	if keep > 0 {
 		owed.keepTill = time.Now().Add(keep + s.drift(keep))
 	}
@@ -73,7 +82,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	}
 	s.closeAcquiring(token, tombs)
 	sent := time.Now()
-	replies := s.releaseOn(ctx, keys, token, keep, closeAll, s.all(), s.nodeTimeout, tombs)
+	replies := s.releaseOn(ctx, keys, token, kind.shared, keep, closeAll, s.all(), s.nodeTimeout, tombs)
 	released := make([]int, len(keys))
 	answered := 0
 	var failed []reply
@@ -186,6 +195,7 @@ func (s *Store) releaseRest(token string, st *tokenState, owed owedRelease, repl
 type owedRelease struct {
 	keys     []string
 	token    string
+	shared   bool
 	upTo     int64
 	tombs    map[int]tombstone
 	keepTill time.Time
@@ -202,7 +212,7 @@ func (s *Store) oweRelease(r owedRelease, indexes []int) {
 		t := r.tombs[i]
 		calls[i] = owedCall{upTo: r.upTo, close: t.attempt, closeTTL: t.ttl, keepTill: r.keepTill}
 	}
-	s.owe(r.keys, r.token, time.Now().Add(s.tombstoneTTL()), calls)
+	s.owe(r.keys, r.token, r.shared, time.Now().Add(s.tombstoneTTL()), calls)
 }
 
 // replyNodes returns the nodes of replies.
@@ -327,9 +337,9 @@ func (s *Store) markReleased(token string) {
 // releaseOn sends the release script to the nodes of indexes, each call
 // bounded by timeout, releasing what the attempts of token up to upTo wrote
 // (a later attempt's grant is not theirs to release) and leaving the
-// tombstones of tombs (by node). Every node publishes the releases of the
-// keys it deletes.
-func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep time.Duration, upTo int64, indexes []int,
+// tombstones of tombs (by node); with shared, the token's shared places.
+// Every node publishes the releases of the keys it deletes.
+func (s *Store) releaseOn(ctx context.Context, keys []string, token string, shared bool, keep time.Duration, upTo int64, indexes []int,
 	timeout time.Duration, tombs map[int]tombstone) <-chan reply {
 	var keepMS int64
 	if keep > 0 {
@@ -337,6 +347,7 @@ func (s *Store) releaseOn(ctx context.Context, keys []string, token string, keep
 	}
 	return s.fanOut(ctx, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
 		t := tombs[i]
-		return releaseScript.Run(ctx, s.nodes[i].client, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl), upTo).Int64Slice()
+		return releaseScript.Run(ctx, s.nodes[i].client, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl), upTo,
+			flag(shared)).Int64Slice()
 	})
 }

@@ -5,13 +5,20 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/internal/redislua"
+	"github.com/reqlock/reqlock/stores"
 )
 
 var (
 	//go:embed lib.lua
 	libSrc string
+	//go:embed shared_lib.lua
+	sharedLibSrc string
 	//go:embed acquire.lua
 	acquireSrc string
+	//go:embed shared_acquire.lua
+	sharedAcquireSrc string
 	//go:embed raise.lua
 	raiseSrc string
 	//go:embed release.lua
@@ -19,11 +26,22 @@ var (
 	//go:embed refresh.lua
 	refreshSrc string
 
-	acquireScript = redis.NewScript(libSrc + acquireSrc)
-	raiseScript   = redis.NewScript(libSrc + raiseSrc)
-	releaseScript = redis.NewScript(libSrc + releaseSrc)
-	refreshScript = redis.NewScript(libSrc + refreshSrc)
+	acquireScript       = newScript(acquireSrc)
+	sharedAcquireScript = newScript(sharedAcquireSrc)
+	raiseScript         = newScript(raiseSrc)
+	releaseScript       = newScript(releaseSrc)
+	refreshScript       = newScript(refreshSrc)
 )
+
+// newScript prepends to src the helpers every script may use: lib.lua, the
+// waiting writers' of internal/redislua (shared with redisstore) and
+// shared_lib.lua. Redis has no include.
+func newScript(src string) *redis.Script {
+	return redis.NewScript(libSrc + redislua.Writers + sharedLibSrc + src)
+}
+
+// writerWindowMS is stores.WriterWindow as the scripts take it.
+var writerWindowMS = milliseconds(stores.WriterWindow)
 
 // fenceKey names the fence key of a lock key on every node.
 func fenceKey(key string) string { return key + ":fence" }

@@ -50,12 +50,13 @@ func (c *owedCall) merge(o owedCall) {
 
 // debt is what the Store owes for keys of token, per node.
 type debt struct {
-	keys  []string
-	token string
-	until time.Time // after it, nothing it releases can still hold the keys
-	calls map[int]*owedCall
-	size  int
-	gone  bool // paid or given up: its entries in the queues are stale
+	keys   []string
+	token  string
+	shared bool      // releases the token's shared place (see AcquireShared)
+	until  time.Time // after it, nothing it releases can still hold the keys
+	calls  map[int]*owedCall
+	size   int
+	gone   bool // paid or given up: its entries in the queues are stale
 }
 
 // nodeCleanup is a node's share of the owed clean-up, guarded by Store.mu.
@@ -91,12 +92,12 @@ func (s *Store) oweUndo(a attemptOf, plain, closing []int) {
 	for _, i := range closing {
 		calls[i] = owedCall{upTo: a.attempt, close: a.attempt, closeTTL: s.tombstoneTTL()}
 	}
-	s.owe(a.keys, a.token, time.Now().Add(a.ttl+2*s.drift(a.ttl)), calls)
+	s.owe(a.keys, a.token, a.shared, time.Now().Add(a.ttl+2*s.drift(a.ttl)), calls)
 }
 
-// owe records calls as owed releases of keys by token, until until, and
-// wakes the janitor.
-func (s *Store) owe(keys []string, token string, until time.Time, calls map[int]owedCall) {
+// owe records calls as owed releases of keys by token (of its shared place
+// when shared), until until, and wakes the janitor.
+func (s *Store) owe(keys []string, token string, shared bool, until time.Time, calls map[int]owedCall) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -107,7 +108,7 @@ func (s *Store) owe(keys []string, token string, until time.Time, calls map[int]
 	}
 	var d *debt
 	for _, o := range s.debts[token] {
-		if slices.Equal(o.keys, keys) {
+		if o.shared == shared && slices.Equal(o.keys, keys) {
 			d = o
 			break
 		}
@@ -123,7 +124,7 @@ func (s *Store) owe(keys []string, token string, until time.Time, calls map[int]
 			}
 			return
 		}
-		d = &debt{keys: slices.Clone(keys), token: token, calls: make(map[int]*owedCall, len(calls)), size: size}
+		d = &debt{keys: slices.Clone(keys), token: token, shared: shared, calls: make(map[int]*owedCall, len(calls)), size: size}
 		s.debts[token] = append(s.debts[token], d)
 		s.debtCount++
 		s.debtBytes += size
@@ -332,7 +333,7 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 	start := time.Now()
 	s.nodes[i].calls.Add(1)
 	vals, err := releaseScript.Run(ctx, s.nodes[i].client, d.keys, d.token, keepMS, 1, c.close,
-		milliseconds(c.closeTTL), c.upTo).Int64Slice()
+		milliseconds(c.closeTTL), c.upTo, flag(d.shared)).Int64Slice()
 	took := time.Since(start)
 	cancel()
 	if err == nil && len(vals) != len(d.keys) {
