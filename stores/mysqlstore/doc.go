@@ -259,9 +259,16 @@
 // AcquireShared first looks without locking (one read, the lease row
 // joined with the holders), so that a refusal holds no row lock; a grant
 // then runs a transaction on a pinned connection that locks the lease row
-// and the holders (the same join, FOR UPDATE), sets the lease row (the
-// next fence in LAST_INSERT_ID), upserts the holder and commits: the limit
-// is counted under the lease row's lock, held for three round trips.
+// and the holders (the same join, FOR UPDATE), upserts the holder, sets
+// the lease row (the next fence in LAST_INSERT_ID; its expiry from a later
+// reading of the clock than the place's, so that it ends no sooner) and
+// commits: the limit is counted under the lease row's lock, held for three
+// round trips. These transactions, and ReleaseShared's and RefreshShared's,
+// run under READ COMMITTED (unless the server writes a statement-based
+// binary log, which refuses it), so that they lock the rows they read and
+// no gap between keys: under REPEATABLE READ the grants of two keys next
+// to each other in the holders table deadlocked on the gap between their
+// places.
 // Expired places it saw are deleted after the commit. ReleaseShared and
 // RefreshShared are a transaction each (lock, change the place, set the
 // lease row's expiry to the longest place left, commit). This costs several

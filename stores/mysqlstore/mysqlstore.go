@@ -96,6 +96,7 @@ type Store struct {
 	sessions  sessionCache            // of the connections the Store pinned
 	undo      *undoqueue.Queue[*debt] // the undo of acquires whose callers left
 	writers   holders.Writers         // the waiting-writer records it made; see shared.go
+	holdersTx *sql.TxOptions          // of the transactions on holders (see holdersIsolation), set by setup
 
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
@@ -323,6 +324,10 @@ func (s *Store) setup(ctx context.Context) error {
 	}
 	if autocommit != 1 {
 		return errAutocommitOff
+	}
+	var err error
+	if s.holdersTx, err = s.holdersIsolation(ctx); err != nil {
+		return err
 	}
 	if s.createTable {
 		ddl, err := Schema(s.table)
@@ -595,7 +600,7 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 	if err != nil {
 		return stores.Grant{}, err
 	}
-	p, tx, done, err := s.beginPinned(ctx)
+	p, tx, done, err := s.beginPinned(ctx, nil)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -633,11 +638,11 @@ func (s *Store) acquireMany(ctx context.Context, c *call[acquired], keys []strin
 // beginPinned pins a connection (see pin) and begins a transaction on it;
 // done rolls the transaction back unless it committed, and gives the
 // connection back.
-func (s *Store) beginPinned(ctx context.Context) (p pinned, tx *sql.Tx, done func(), err error) {
+func (s *Store) beginPinned(ctx context.Context, opts *sql.TxOptions) (p pinned, tx *sql.Tx, done func(), err error) {
 	if p, err = s.pin(ctx); err != nil {
 		return pinned{}, nil, nil, err
 	}
-	if tx, err = p.conn.BeginTx(ctx, nil); err != nil {
+	if tx, err = p.conn.BeginTx(ctx, opts); err != nil {
 		_ = p.conn.Close()
 		return pinned{}, nil, nil, err
 	}

@@ -196,7 +196,9 @@ WHERE l.lock_key = ?`
 	// grantKeySQL sets the lease row of a key granted to a holder: the
 	// marker, the longest expiry of its holders (the new one's ttl, or the
 	// remaining TTL of another, in microseconds) and the next fence, in
-	// LAST_INSERT_ID. Arguments: µs, key.
+	// LAST_INSERT_ID. It runs after upsertHolderSQL: its later reading of
+	// the clock ends the lease row no sooner than the place. Arguments:
+	// µs, key.
 	grantKeySQL = `UPDATE {table} SET token = {marker}, expires_at = {now} + INTERVAL ? MICROSECOND,
   fence = LAST_INSERT_ID(GREATEST(fence + {stride}, {micros}))
 WHERE lock_key = ?`

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock/internal/holders"
@@ -33,10 +34,10 @@ func holdersTable(table string) string { return holders.Table(table, 64) }
 // AcquireShared makes token a holder of key for ttl, as stores.SharedStore
 // describes, in one transaction on a pinned connection: it creates and
 // locks the key's lease row, reads it and the key's unexpired holders, and,
-// on a grant, deletes the expired ones, sets the lease row to
+// on a grant, upserts the holder, then sets the lease row to
 // holders.Marker, the longest holder's expiry and the next fence of the
-// key's one sequence, upserts the holder, and commits; a refusal rolls
-// back. A refusal's Wait is the exclusive holder's remaining TTL, the
+// key's one sequence, commits, and deletes the expired places; a refusal
+// rolls back. A refusal's Wait is the exclusive holder's remaining TTL, the
 // longest remaining window among the waiting writers, or the soonest expiry
 // among the holders of a key that has limit holders or more.
 //
@@ -111,6 +112,31 @@ func (s *Store) prepareShared(ctx context.Context) (sharedStmts, error) {
 	return st, nil
 }
 
+// holdersIsolation returns the options of the transactions on a key's
+// holders: READ COMMITTED, unless the server logs statements to its binary
+// log (log_bin on, binlog_format STATEMENT), which refuses writes to InnoDB
+// under it, and then the session's own (usually REPEATABLE READ). Under
+// REPEATABLE READ the FOR UPDATE read of a key's places locks the gap
+// before the next key's places too, and two keys' grants, each inserting a
+// place into that gap, deadlock, again and again under load (each is tried
+// again, up to contentionAttempts, then refused); READ COMMITTED locks the
+// rows read alone. Both count the places alike: the lease row's lock, which
+// every change of a key's places takes first, serializes them, and a
+// locking read reads the latest committed rows.
+func (s *Store) holdersIsolation(ctx context.Context) (*sql.TxOptions, error) {
+	var (
+		logBin int
+		format string
+	)
+	if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.log_bin, @@SESSION.binlog_format").Scan(&logBin, &format); err != nil {
+		return nil, fmt.Errorf("mysqlstore: reading log_bin and binlog_format: %w", markUnreachable(err))
+	}
+	if logBin == 1 && strings.EqualFold(format, "STATEMENT") {
+		return nil, nil
+	}
+	return &sql.TxOptions{Isolation: sql.LevelReadCommitted}, nil
+}
+
 // keyHolders is what an acquire read of a key's holders.
 type keyHolders struct {
 	n       int   // holders
@@ -143,7 +169,7 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	if g, refused := decide(peek, limit); refused {
 		return g, nil
 	}
-	p, tx, done, err := s.beginPinned(ctx)
+	p, tx, done, err := s.beginPinned(ctx, s.holdersTx)
 	if err != nil {
 		return stores.Grant{}, err
 	}
@@ -172,6 +198,13 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	if g, refused := decide(k, limit); refused {
 		return g, nil
 	}
+	// The place first, then the lease row: each statement reads the clock
+	// anew, so that the lease row, set from a later reading, ends no
+	// sooner than the place (and the others, whose remaining TTL was read
+	// earlier still).
+	if _, err := st.upsertHolder.exec(ctx, tx, ksum, tsum, ttl, ttl); err != nil {
+		return stores.Grant{}, err
+	}
 	res, err := st.grantKey.exec(ctx, tx, max(ttl, h.others), key)
 	if err != nil {
 		return stores.Grant{}, err
@@ -179,9 +212,6 @@ func (s *Store) acquireSharedTx(ctx context.Context, c *call[acquired], key, tok
 	next, err := res.LastInsertId()
 	if err != nil || next <= fence {
 		return stores.Grant{}, fmt.Errorf("%w: shared acquire of %s answered fence %d after %d: %v", ErrUnexpectedReply, stores.KeyForMessage(key), next, fence, err)
-	}
-	if _, err := st.upsertHolder.exec(ctx, tx, ksum, tsum, ttl, ttl); err != nil {
-		return stores.Grant{}, err
 	}
 	if c.left() {
 		return stores.Grant{}, errLeft // rolled back: nothing to undo
@@ -369,7 +399,7 @@ func (s *Store) onHolder(ctx context.Context, left func() bool, what, key, query
 	}
 	lockRow, change, settleKey := sts[0], sts[1], sts[2]
 	return s.retry(ctx, left, func() error {
-		tx, err := s.db.BeginTx(ctx, nil)
+		tx, err := s.db.BeginTx(ctx, s.holdersTx)
 		if err != nil {
 			return err
 		}
