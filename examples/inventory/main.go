@@ -61,6 +61,11 @@
 //	                  table sets each route's wait and ttl, so -wait and -ttl
 //	                  are refused with -routes, and so is -nolock
 //	-nolock           no lock middleware and no fences: shows overselling
+//	-worklog FILE     append a line per report, rebuild and export handler's
+//	                  work to FILE: its start and end (Unix nanoseconds),
+//	                  whether it ran to its end, its key and route; load
+//	                  programs (bench/cmd/httpbench) check the locks across
+//	                  instances with it
 //
 // Lock configuration:
 //
@@ -316,6 +321,7 @@ type config struct {
 	ttl          time.Duration
 	noLock       bool
 	routesFile   string // empty: the lock table in code, with wait and ttl
+	workLog      string // empty: no work log
 
 	// logger receives the lock middleware's warnings; nil means
 	// slog.Default(). Not a flag: tests silence it.
@@ -351,6 +357,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.DurationVar(&cfg.ttl, "ttl", cfg.ttl, "lease of each lock")
 	fs.BoolVar(&cfg.noLock, "nolock", false, "no lock and no fences: shows overselling")
 	fs.StringVar(&cfg.routesFile, "routes", "", "lock configuration from this route table `file` (.yaml, .yml or .json) instead of the built-in one")
+	fs.StringVar(&cfg.workLog, "worklog", "", "append a line per report, rebuild and export handler's work to this `file` (start, end, key, route)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -532,6 +539,15 @@ func buildApp(cfg config) (*app, error) {
 		lockStore, a.lockDesc = memstore.New(), "memstore (in memory)"
 	}
 	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work, reports: newReports()}
+	if cfg.workLog != "" {
+		f, err := os.OpenFile(cfg.workLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("-worklog: %w", err)
+		}
+		a.closers = append(a.closers, f.Close)
+		a.shop.reports.workLog = f
+	}
 	a.metrics = metrics.New()
 
 	if !cfg.noLock {

@@ -11,6 +11,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -25,6 +27,13 @@ type reports struct {
 	byID     map[string]*report
 	exports  map[string]int // running exports by tenant
 	overlaps int            // reads and rebuilds that saw each other
+
+	// workLog, when set (-worklog), gets a line per handler's work: start
+	// and end (Unix nanoseconds), whether it ran to its end, the key (the
+	// report or the tenant, quoted) and the route (quoted). Load programs
+	// read the logs of all instances to check the locks across them.
+	workLog   io.Writer
+	workLogMu sync.Mutex
 
 	// testHookWork, when set, runs in each handler's work with the route
 	// ("GET /reports/{id}", ...). Tests use it as a barrier; it is nil in
@@ -66,12 +75,21 @@ type exportBody struct {
 	Running int    `json:"running"` // exports of the tenant running with this one, itself included
 }
 
-// work runs the route's simulated work and the test hook.
-func (r *reports) work(ctx context.Context, route string, d time.Duration) error {
+// work runs the route's simulated work for key and the test hook, and
+// logs it to workLog.
+func (r *reports) work(ctx context.Context, route, key string, d time.Duration) error {
+	start := time.Now()
 	if r.testHookWork != nil {
 		r.testHookWork(ctx, route)
 	}
-	return simulateWork(ctx, d)
+	err := simulateWork(ctx, d)
+	if r.workLog != nil {
+		line := fmt.Sprintf("%d %d %t %q %q\n", start.UnixNano(), time.Now().UnixNano(), err == nil, key, route)
+		r.workLogMu.Lock()
+		_, _ = io.WriteString(r.workLog, line)
+		r.workLogMu.Unlock()
+	}
+	return err
 }
 
 // overlapReply counts an overlap and answers 500.
@@ -92,7 +110,7 @@ func (s *shop) readReply(ctx context.Context, id string, h holder) reply {
 	}
 	rep.readers++
 	r.mu.Unlock()
-	err := r.work(ctx, routeReport, s.work)
+	err := r.work(ctx, routeReport, id, s.work)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rep.readers--
@@ -117,7 +135,7 @@ func (s *shop) rebuildReply(ctx context.Context, id string, h holder) reply {
 	}
 	rep.rebuilding = true
 	r.mu.Unlock()
-	err := r.work(ctx, routeRebuild, s.work)
+	err := r.work(ctx, routeRebuild, id, s.work)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rep.rebuilding = false
@@ -138,7 +156,7 @@ func (s *shop) exportReply(ctx context.Context, tenant string) reply {
 	r.exports[tenant]++
 	running := r.exports[tenant]
 	r.mu.Unlock()
-	err := r.work(ctx, routeExports, s.work)
+	err := r.work(ctx, routeExports, tenant, s.work)
 	r.mu.Lock()
 	r.exports[tenant]--
 	r.mu.Unlock()

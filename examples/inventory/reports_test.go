@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,5 +196,38 @@ func TestExportLimit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWorkLog: with -worklog, a read, a rebuild and an export each append
+// one line with their start and end, whether their work ran to its end,
+// their key and their route.
+func TestWorkLog(t *testing.T) {
+	cfg := testConfig(frameworkGin)
+	cfg.workLog = filepath.Join(t.TempDir(), "work.log")
+	cfg.work = 5 * time.Millisecond
+	_, srv := startApp(t, cfg)
+	mustDo(t, http.MethodGet, srv.URL+"/reports/r 1", "")
+	mustDo(t, http.MethodPost, srv.URL+"/reports/r 1/rebuild", "")
+	mustDoHeader(t, http.MethodPost, srv.URL+"/exports", tenant("t1"))
+	data, err := os.ReadFile(cfg.workLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][2]string{{"r 1", routeReport}, {"r 1", routeRebuild}, {"t1", routeExports}}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("work log:\n%s\nwant %d lines", data, len(want))
+	}
+	for i, line := range lines {
+		var start, end int64
+		var ok bool
+		var key, route string
+		if _, err := fmt.Sscanf(line, "%d %d %t %q %q", &start, &end, &ok, &key, &route); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if !ok || key != want[i][0] || route != want[i][1] || end-start < int64(cfg.work) {
+			t.Errorf("line %q: want ok, key %q, route %q, end at least %v after start", line, want[i][0], want[i][1], cfg.work)
+		}
 	}
 }
