@@ -49,30 +49,15 @@ func Start() (*Server, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, errors.New("redis-server is not on PATH (apt-get install redis-server)")
 	}
-	type result struct {
-		s   *Server
-		err error
-	}
-	res := make(chan result)
-	// The server gets SIGKILL when the thread that started it dies
-	// (pdeathsig.Set): start it on a thread of its own, which this
-	// goroutine keeps until the server exits.
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the server
-		var errs []error
-		for range attempts {
-			s, err := tryStart()
-			if err == nil {
-				res <- result{s: s}
-				<-s.exited
-				return
-			}
-			errs = append(errs, err)
+	var errs []error
+	for range attempts {
+		s, err := tryStart()
+		if err == nil {
+			return s, nil
 		}
-		res <- result{err: errors.Join(errs...)}
-	}()
-	r := <-res
-	return r.s, r.err
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
 }
 
 func tryStart() (*Server, error) {
@@ -82,36 +67,63 @@ func tryStart() (*Server, error) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	_, port, _ := net.SplitHostPort(addr)
 	dir, err := os.MkdirTemp("", "reqlock-bench-redis-")
 	if err != nil {
 		return nil, err
 	}
-	log, err := os.Create(dir + "/redis.log")
-	if err != nil {
+	s := &Server{addr: addr, dir: dir}
+	if err := s.spawn(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
+	}
+	return s, nil
+}
+
+// spawn runs redis-server on s.addr in s.dir and waits until it answers.
+func (s *Server) spawn() error {
+	_, port, _ := net.SplitHostPort(s.addr)
+	log, err := os.Create(s.dir + "/redis.log")
+	if err != nil {
+		return err
 	}
 	defer log.Close()
 	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir)
+		"--save", "", "--appendonly", "no", "--dir", s.dir)
 	cmd.Stdout, cmd.Stderr = log, log
 	pdeathsig.Set(cmd)
-	if err := cmd.Start(); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	s := &Server{addr: addr, dir: dir, cmd: cmd, exited: make(chan struct{})}
+	exited := make(chan struct{})
+	started := make(chan error)
+	// The server gets SIGKILL when the thread that started it dies
+	// (pdeathsig.Set): start it on a thread of its own, which this
+	// goroutine keeps until the server exits.
 	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the server
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		_ = cmd.Wait()
-		close(s.exited)
+		close(exited)
 	}()
-	if err := s.waitReady(); err != nil {
-		out, _ := os.ReadFile(dir + "/redis.log")
-		s.Stop()
-		return nil, fmt.Errorf("redis-server on %s: %w; its log: %s", addr, err, lastLines(string(out), 5))
+	if err := <-started; err != nil {
+		return err
 	}
-	return s, nil
+	s.cmd, s.exited = cmd, exited
+	if err := s.waitReady(); err != nil {
+		out, _ := os.ReadFile(s.dir + "/redis.log")
+		s.kill()
+		return fmt.Errorf("redis-server on %s: %w; its log: %s", s.addr, err, lastLines(string(out), 5))
+	}
+	return nil
+}
+
+// Restart stops the server as Stop does and starts a new one on the same
+// address, which it returns once that one answers PING. The new server
+// starts empty: the server keeps nothing on disk.
+func (s *Server) Restart() error {
+	s.kill()
+	return s.spawn()
 }
 
 // waitReady polls the server with PING until it answers PONG, it exits, or
@@ -137,6 +149,12 @@ func (s *Server) waitReady() error {
 // Stop stops the server with SIGTERM, or SIGKILL when it has not exited
 // stopTimeout later, and removes its directory.
 func (s *Server) Stop() {
+	s.kill()
+	_ = os.RemoveAll(s.dir)
+}
+
+// kill stops the server process as Stop does, keeping its directory.
+func (s *Server) kill() {
 	select {
 	case <-s.exited:
 	default:
@@ -148,7 +166,6 @@ func (s *Server) Stop() {
 			<-s.exited
 		}
 	}
-	_ = os.RemoveAll(s.dir)
 }
 
 // ping sends PING over a connection of its own and wants +PONG.

@@ -29,3 +29,24 @@ func TestStartStop(t *testing.T) {
 	}
 	s.Stop() // a second Stop does nothing
 }
+
+// Restart gives an empty server on the same address.
+func TestRestart(t *testing.T) {
+	s, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS k after Restart: %d, %v; want 0 (an empty server)", n, err)
+	}
+}
