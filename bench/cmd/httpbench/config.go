@@ -22,7 +22,17 @@ type config struct {
 	wait, ttl  time.Duration
 	stock      int64
 	note       string
+	scenario   string        // deduct (the default), reads or limit
+	work       time.Duration // reads and limit: the example's -work
+	pause      time.Duration // limit: how long one instance stays stopped
 }
+
+// The scenarios (-scenario).
+const (
+	scenarioDeduct = "deduct"
+	scenarioReads  = "reads"
+	scenarioLimit  = "limit"
+)
 
 // parseFlags parses httpbench's arguments; usage and flag errors go to out.
 func parseFlags(args []string, out io.Writer) (config, error) {
@@ -40,6 +50,10 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&cfg.wait, "wait", 2*time.Second, "lock wait of both services (the example's -wait)")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock TTL of both services (the example's -ttl)")
 	fs.Int64Var(&cfg.stock, "stock", 1_000_000_000_000, "initial stock of every SKU (the example's -stock): enough that no deduction runs out")
+	fs.StringVar(&cfg.scenario, "scenario", scenarioDeduct, "deduct: the example against the bsm/redislock service; "+
+		"reads: report reads shared against exclusive; limit: an export limit of 3 through a stopped instance and a Redis restart (see the package doc)")
+	fs.DurationVar(&cfg.work, "work", 20*time.Millisecond, "reads and limit: each handler's work (the example's -work)")
+	fs.DurationVar(&cfg.pause, "pause", 12*time.Second, "limit: how long one instance stays stopped (SIGSTOP); longer than -ttl")
 	fs.StringVar(&cfg.note, "note", "", "a line for the report's header (httpbench.sh says which reqlock was built)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -52,6 +66,30 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 
 // validate reports the first invalid setting, naming its flag.
 func (cfg config) validate() error {
+	switch cfg.scenario {
+	case scenarioDeduct:
+	case scenarioReads, scenarioLimit:
+		if cfg.redisAddr != "" {
+			return fmt.Errorf("-redis with -scenario %s: it starts a redis-server of its own (which limit restarts); drop -redis", cfg.scenario)
+		}
+		switch {
+		case cfg.clients < 2:
+			return fmt.Errorf("-clients %d: want at least 2, one per instance", cfg.clients)
+		case cfg.work <= 0:
+			return fmt.Errorf("-work %v: must be positive", cfg.work)
+		case cfg.duration <= 0:
+			return fmt.Errorf("-duration %v: must be positive", cfg.duration)
+		case cfg.rounds < 1:
+			return fmt.Errorf("-rounds %d: want at least 1", cfg.rounds)
+		case cfg.ttl < time.Millisecond:
+			return fmt.Errorf("-ttl %v: must be at least 1ms", cfg.ttl)
+		case cfg.scenario == scenarioLimit && cfg.pause <= cfg.ttl:
+			return fmt.Errorf("-pause %v: must exceed -ttl %v, so that the stopped holder's lease expires", cfg.pause, cfg.ttl)
+		}
+		return nil
+	default:
+		return fmt.Errorf("-scenario %q: want deduct, reads or limit", cfg.scenario)
+	}
 	if cfg.redisAddr == "" {
 		return errors.New("-redis is required (bench/httpbench.sh starts a private redis-server and passes it)")
 	}

@@ -31,8 +31,45 @@
 //	httpbench -redis 127.0.0.1:6379 [-inventory bin | -reqlock-dir ..]
 //	          [-clients 50] [-skus 1000] [-duration 5s] [-rounds 3] [-warmup 1s]
 //
-// It writes only keys whose names hold "hb<run id>", deletes them at the
-// end, and flushes nothing. Point it at a Redis nobody else uses while it
+// # Scenarios reads and limit
+//
+// -scenario reads and -scenario limit measure the example's lock modes
+// (issue 22) on a redis-server httpbench starts itself (-redis is refused),
+// each through two instances of the example, client c of -clients on
+// instance c%2, each handler working -work (the example's -work) and logging
+// its work to a file of its instance (the example's -worklog), which
+// httpbench reads to check the locks across both instances.
+//
+// reads: one report; request i of client c is POST /reports/{id}/rebuild
+// when (i+c)%10 == 0, else GET /reports/{id}. Two pairs of instances, one
+// with the read shared (the example's table), one with the read exclusive
+// (the same table without mode=shared), loaded in turn as the deduct
+// scenario's services are. Per round and variant: 200 answers per second,
+// read and rebuild latency p50 and p99, other answers, and the handlers'
+// own 500 "overlap" answers (one instance's overlaps); then the medians of
+// the per-round ratios shared/exclusive of 200s per second and of the
+// rebuilds' p99 wait (p99 latency less -work), and the rebuilds whose work
+// overlapped any other work on the report in the logs of both instances.
+//
+// limit: every client sends POST /exports for one tenant (limit=3, the
+// example's -wait and -ttl from -wait and -ttl). After -warmup plus
+// -duration, once instance 1's holders gauge shows an export holder (2s at
+// most), instance 1 is stopped with SIGSTOP for -pause (longer than -ttl),
+// then resumed; -duration later Redis is restarted (empty: no persistence);
+// -duration later the load ends. From the work logs, with instance 1's
+// stopped time cut out of its spans (it ran nothing then): the most export
+// handlers running at once, and the utilization of the 3 slots (work time
+// over 3 × elapsed) per phase and over the run from -warmup on, the Redis
+// downtime (from its stop to its answering PING) left out. From the
+// answers: counts by status, and 429s without Retry-After.
+//
+// Usage:
+//
+//	httpbench -scenario reads [-rounds 3] [-duration 5s] [-work 20ms] [-clients 50]
+//	httpbench -scenario limit [-pause 12s] [-ttl 10s] [-duration 5s] [-work 20ms]
+//
+// The deduct scenario writes only keys whose names hold "hb<run id>",
+// deletes them at the end, and flushes nothing. Point it at a Redis nobody else uses while it
 // runs: INFO commandstats counts every client's commands. bench/httpbench.sh
 // starts a private redis-server on a free loopback port, builds both
 // programs and runs httpbench against it.

@@ -289,6 +289,10 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"-redis", "127.0.0.1:1", "-skus", "3", "-clients", "4"}, 2, "-skus 3"},
 		{[]string{"-redis", "127.0.0.1:1", "-duration", "0s"}, 2, "-duration 0s"},
 		{[]string{"-redis", "127.0.0.1:1", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"-scenario", "writes"}, 2, `-scenario "writes"`},
+		{[]string{"-scenario", "reads", "-redis", "127.0.0.1:1"}, 2, "drop -redis"},
+		{[]string{"-scenario", "limit", "-pause", "10s", "-ttl", "10s"}, 2, "-pause 10s"},
+		{[]string{"-scenario", "reads", "-clients", "1"}, 2, "-clients 1"},
 		{[]string{"-redis", redisAddr, "-inventory", "/nonexistent/inventory", "-duration", "10ms"}, 1, "/nonexistent/inventory"},
 	} {
 		var stderr bytes.Buffer

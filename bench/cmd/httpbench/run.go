@@ -33,7 +33,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "httpbench:", err)
 		return 2
 	}
-	if _, err := bench(ctx, cfg, stdout); err != nil {
+	switch cfg.scenario {
+	case scenarioReads:
+		_, err = benchReads(ctx, cfg, stdout)
+	case scenarioLimit:
+		_, err = benchLimit(ctx, cfg, stdout)
+	default:
+		_, err = bench(ctx, cfg, stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(stderr, "httpbench:", err)
 		return 1
 	}
