@@ -757,15 +757,18 @@ func TestFullPendingSetDropsExpiredFirst(t *testing.T) {
 	l := reqlock.MustNew(r.spy, reqlock.WithReleaseTimeout(100*time.Millisecond), reqlock.WithMetrics(m),
 		reqlock.WithPendingReleases(2), reqlock.WithBreaker(0, 0))
 	const short = 300 * time.Millisecond
-	oldest, err := l.Obtain(context.Background(), "live:0", 10*time.Second, 0)
+	// The keys are free: a wait lets a loaded machine's first calls (a
+	// fresh connection, the scripts loaded) take longer than a try-once's
+	// bound.
+	oldest, err := l.Obtain(context.Background(), "live:0", 10*time.Second, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	expiring, err := l.Obtain(context.Background(), "expiring", short, 0)
+	expiring, err := l.Obtain(context.Background(), "expiring", short, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	newest, err := l.Obtain(context.Background(), "live:1", 10*time.Second, 0)
+	newest, err := l.Obtain(context.Background(), "live:1", 10*time.Second, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

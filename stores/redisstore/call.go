@@ -3,10 +3,10 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 
+	"github.com/reqlock/reqlock/internal/callctx"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -66,7 +66,7 @@ func (c *scriptCall) run(ctx context.Context) (Reply, error) {
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(callRunning, callAbandoned) {
 			// inBackground undoes what the script may grant.
-			return Reply{}, abandoned(ctx, c.undo != nil)
+			return Reply{}, callctx.Abandoned(ctx, c.undo != nil)
 		}
 		<-c.done // it returned as ctx ended
 	}
@@ -75,13 +75,13 @@ func (c *scriptCall) run(ctx context.Context) (Reply, error) {
 
 // result returns the call's reply once it returned to a caller that waited.
 func (c *scriptCall) result(ctx context.Context) (Reply, error) {
-	if c.err != nil && ctxEnded(ctx) && c.undo != nil && !errors.Is(c.err, stores.ErrUnreachable) {
+	if c.err != nil && callctx.Ended(ctx) && c.undo != nil && !errors.Is(c.err, stores.ErrUnreachable) {
 		// It failed as its context ended (go-redis times a call out by the
 		// deadline a moment before the context reports it; a Driver that
 		// honours cancellation returns at once): its outcome is as unknown
 		// as an abandoned call's, and undone alike.
 		go c.cleanUp()
-		return Reply{}, abandoned(ctx, true)
+		return Reply{}, callctx.Abandoned(ctx, true)
 	}
 	return c.reply, c.err
 }
@@ -107,28 +107,6 @@ func (c *scriptCall) inBackground(ctx context.Context) {
 	if c.err != nil || c.granted() || c.isFair() {
 		c.cleanUp()
 	}
-}
-
-// ctxEnded reports whether ctx has ended, or its deadline has passed.
-func ctxEnded(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
-}
-
-// abandoned returns the error of a call left in flight when ctx ended:
-// ctx's error, marked stores.ErrAbandoned when the store undoes the call.
-func abandoned(ctx context.Context, undone bool) error {
-	err := ctx.Err()
-	if err == nil {
-		err = context.DeadlineExceeded // the deadline passed; ctx reports it a moment later
-	}
-	if undone {
-		return fmt.Errorf("%w: %w", stores.ErrAbandoned, err)
-	}
-	return err
 }
 
 // isFair reports whether the call was a fair attempt, which may have queued

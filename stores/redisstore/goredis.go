@@ -111,20 +111,6 @@ func (g *goRedis) noteFailure(err error) {
 	g.cluster.ReloadState(context.Background())
 }
 
-// contextTimeoutEnabled reports whether client honours context deadlines,
-// when its type tells.
-func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, true
-	}
-	return false, false
-}
-
 // subscriber is what a client needs for release notifications. *redis.Client
 // (also a Sentinel failover client) and *redis.ClusterClient have it.
 type subscriber interface {

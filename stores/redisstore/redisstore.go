@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/reqlock/internal/callctx"
 	"github.com/reqlock/reqlock/internal/redislua"
 	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
@@ -125,7 +126,7 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if enabled, known := contextTimeoutEnabled(client); known && !enabled && !s.clientTimeoutsOnly {
+	if enabled, known := callctx.ContextTimeoutEnabled(client); known && !enabled && !s.clientTimeoutsOnly {
 		return nil, fmt.Errorf("%w: redisstore: the go-redis client ignores context deadlines, so a stalled Redis "+
 			"would hold requests past their lock wait; set ContextTimeoutEnabled: true in its options "+
 			"(or pass redisstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid)

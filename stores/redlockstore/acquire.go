@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/reqlock/internal/callctx"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -95,10 +96,10 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.identify(ctx, s.nodeTimeout); err != nil {
 		return stores.Grant{}, err
 	}
-	if ctxEnded(ctx) {
+	if callctx.Ended(ctx) {
 		// It ended while the first Acquire waited for the nodes'
 		// identities: nothing sent, nothing to undo.
-		return stores.Grant{}, abandoned(ctx, false)
+		return stores.Grant{}, callctx.Abandoned(ctx, false)
 	}
 	// Every write carries its attempt, which the undo of the attempt
 	// closes on the node: a call that arrives after its undo writes
@@ -208,7 +209,7 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 			// Undo the grant the gate may make, once it answers.
 			patience.Stop()
 			s.settle(a, replies, flying, nil, nil, true)
-			return stores.Grant{}, abandoned(ctx, true)
+			return stores.Grant{}, callctx.Abandoned(ctx, true)
 		}
 		patience.Stop()
 		// A gate that refuses a writer for shared holders is not trusted
@@ -238,7 +239,7 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 			receive(r)
 		case <-ctx.Done():
 			s.settle(a, replies, flying, granted, failed, true)
-			return stores.Grant{}, abandoned(ctx, true)
+			return stores.Grant{}, callctx.Abandoned(ctx, true)
 		}
 	}
 
@@ -251,7 +252,7 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 				receive(r)
 			case <-ctx.Done():
 				s.settle(a, replies, flying, granted, failed, true)
-				return stores.Grant{}, abandoned(ctx, true)
+				return stores.Grant{}, callctx.Abandoned(ctx, true)
 			}
 		}
 		backoff := time.Millisecond
@@ -265,7 +266,7 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 			case <-ctx.Done():
 				timer.Stop()
 				s.settle(a, nil, nil, granted, failed, true)
-				return stores.Grant{}, abandoned(ctx, true)
+				return stores.Grant{}, callctx.Abandoned(ctx, true)
 			}
 			backoff *= 2
 			again := make([]int, len(refused))
@@ -280,7 +281,7 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 					receive(r)
 				case <-ctx.Done():
 					s.settle(a, replies, flying, granted, failed, true)
-					return stores.Grant{}, abandoned(ctx, true)
+					return stores.Grant{}, callctx.Abandoned(ctx, true)
 				}
 			}
 		}
@@ -310,8 +311,8 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 		fences, err := s.grantFences(ctx, keys, granted, start, ttl, timeout, q)
 		if err != nil {
 			s.settle(a, replies, flying, granted, failed, true)
-			if ctxEnded(ctx) {
-				return stores.Grant{}, abandoned(ctx, true)
+			if callctx.Ended(ctx) {
+				return stores.Grant{}, callctx.Abandoned(ctx, true)
 			}
 			return stores.Grant{}, err
 		}
@@ -342,8 +343,8 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 		}
 		return s.refusal(token, heldKey(refused, holder.vals[1]), waits[max(0, len(refused)-(total-q)-1)], holder.vals[3], shared), nil
 	}
-	if ctxEnded(ctx) {
-		return stores.Grant{}, abandoned(ctx, true)
+	if callctx.Ended(ctx) {
+		return stores.Grant{}, callctx.Abandoned(ctx, true)
 	}
 	// Unreachable only when no node was reached: not one that refused.
 	unreachable := len(granted) == 0 && len(refused) == 0 && pending == 0

@@ -165,28 +165,6 @@ func (s *Store) noQuorumOf(op string, ok, q int, failed []reply, unreachable boo
 	return err
 }
 
-// abandoned returns the error of a call left in flight when ctx ended:
-// ctx's error, marked stores.ErrAbandoned when the store undoes the call.
-func abandoned(ctx context.Context, undone bool) error {
-	err := ctx.Err()
-	if err == nil {
-		err = context.DeadlineExceeded // the deadline passed; ctx reports it a moment later
-	}
-	if undone {
-		return fmt.Errorf("%w: %w", stores.ErrAbandoned, err)
-	}
-	return err
-}
-
-// ctxEnded reports whether ctx has ended, or its deadline has passed.
-func ctxEnded(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
-}
-
 // Bounds of the grace a Release or a Refresh gives the nodes still out once
 // a quorum decided it (see linger).
 const (

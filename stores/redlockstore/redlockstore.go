@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/reqlock/internal/callctx"
 	"github.com/reqlock/reqlock/internal/storeargs"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/redisstore"
@@ -207,7 +208,7 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		if isNil(c) {
 			return nil, fmt.Errorf("%w: redlockstore: node %d is nil", stores.ErrInvalid, i)
 		}
-		if enabled, known := contextTimeoutEnabled(c); known && !enabled && !s.clientTimeouts {
+		if enabled, known := callctx.ContextTimeoutEnabled(c); known && !enabled && !s.clientTimeouts {
 			return nil, fmt.Errorf("%w: redlockstore: the go-redis client of node %d ignores context deadlines, so a "+
 				"stalled node would hold calls past the node timeout; set ContextTimeoutEnabled: true in its options "+
 				"(or pass redlockstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid, i)
@@ -334,20 +335,6 @@ func canonicalAddr(c redis.Scripter, i int) string {
 		host = "loopback"
 	}
 	return net.JoinHostPort(host, port)
-}
-
-// contextTimeoutEnabled reports whether client honours context deadlines,
-// when its type tells.
-func contextTimeoutEnabled(client redis.Scripter) (enabled, known bool) {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, true
-	}
-	return false, false
 }
 
 // isNil reports whether client is nil or a nil pointer in an interface.

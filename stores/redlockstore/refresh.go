@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/reqlock/reqlock/internal/callctx"
 	"github.com/reqlock/reqlock/stores"
 )
 
@@ -51,8 +52,8 @@ func (s *Store) refresh(ctx context.Context, keys []string, token string, ttl ti
 	if err := s.identify(ctx, s.nodeTimeout); err != nil {
 		return err
 	}
-	if ctxEnded(ctx) {
-		return abandoned(ctx, false)
+	if callctx.Ended(ctx) {
+		return callctx.Abandoned(ctx, false)
 	}
 	st := s.beginRefresh(token)
 	defer s.endRefresh(token, st)
