@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -76,13 +77,20 @@ type exportBody struct {
 }
 
 // work runs the route's simulated work for key and the test hook, and
-// logs it to workLog.
-func (r *reports) work(ctx context.Context, route, key string, d time.Duration) error {
+// logs it to workLog. Work that ends after the lock's validity (h's) has
+// passed fails as interrupted: the lock's context ends on a timer, which a
+// process paused past the lock's TTL (SIGSTOP, a long GC) may not have run
+// yet when the work's own timer wakes it, so the handler checks the
+// validity by the clock before it counts its work as done under the lock.
+func (r *reports) work(ctx context.Context, route, key string, d time.Duration, h holder) error {
 	start := time.Now()
 	if r.testHookWork != nil {
 		r.testHookWork(ctx, route)
 	}
 	err := simulateWork(ctx, d)
+	if err == nil && h.lock != nil && !time.Now().Before(h.lock.ValidUntil()) {
+		err = errors.New("work interrupted: the lock's validity passed during the work")
+	}
 	if r.workLog != nil {
 		line := fmt.Sprintf("%d %d %t %q %q\n", start.UnixNano(), time.Now().UnixNano(), err == nil, key, route)
 		r.workLogMu.Lock()
@@ -110,7 +118,7 @@ func (s *shop) readReply(ctx context.Context, id string, h holder) reply {
 	}
 	rep.readers++
 	r.mu.Unlock()
-	err := r.work(ctx, routeReport, id, s.work)
+	err := r.work(ctx, routeReport, id, s.work, h)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rep.readers--
@@ -135,7 +143,7 @@ func (s *shop) rebuildReply(ctx context.Context, id string, h holder) reply {
 	}
 	rep.rebuilding = true
 	r.mu.Unlock()
-	err := r.work(ctx, routeRebuild, id, s.work)
+	err := r.work(ctx, routeRebuild, id, s.work, h)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rep.rebuilding = false
@@ -147,7 +155,7 @@ func (s *shop) rebuildReply(ctx context.Context, id string, h holder) reply {
 }
 
 // exportReply answers POST /exports for tenant, the X-Tenant header.
-func (s *shop) exportReply(ctx context.Context, tenant string) reply {
+func (s *shop) exportReply(ctx context.Context, tenant string, h holder) reply {
 	if tenant == "" {
 		return badRequest("the X-Tenant header is missing")
 	}
@@ -156,7 +164,7 @@ func (s *shop) exportReply(ctx context.Context, tenant string) reply {
 	r.exports[tenant]++
 	running := r.exports[tenant]
 	r.mu.Unlock()
-	err := r.work(ctx, routeExports, tenant, s.work)
+	err := r.work(ctx, routeExports, tenant, s.work, h)
 	r.mu.Lock()
 	r.exports[tenant]--
 	r.mu.Unlock()

@@ -50,7 +50,7 @@ func echoRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (ht
 		return echoReply(c, s.rebuildReply(c.Request().Context(), echolock.Param(c, "id"), echoHolder(c, nil)))
 	})
 	e.POST("/exports", func(c echo.Context) error {
-		return echoReply(c, s.exportReply(c.Request().Context(), c.Request().Header.Get("X-Tenant")))
+		return echoReply(c, s.exportReply(c.Request().Context(), c.Request().Header.Get("X-Tenant"), echoHolder(c, nil)))
 	})
 	e.Match(getHead, "/metrics", echo.WrapHandler(metricsHandler))
 	if rt != nil {

@@ -50,7 +50,7 @@ func ginRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) (htt
 		ginReply(c, s.rebuildReply(c.Request.Context(), c.Param("id"), ginHolder(c, nil)))
 	})
 	r.POST("/exports", func(c *gin.Context) {
-		ginReply(c, s.exportReply(c.Request.Context(), c.GetHeader("X-Tenant")))
+		ginReply(c, s.exportReply(c.Request.Context(), c.GetHeader("X-Tenant"), ginHolder(c, nil)))
 	})
 	r.Match(getHead, "/metrics", gin.WrapH(metricsHandler))
 	if rt != nil {

@@ -39,7 +39,7 @@ func netHTTPRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) 
 		writeReply(w, s.rebuildReply(r.Context(), r.PathValue("id"), httpHolder(r, nil)))
 	})
 	mux.HandleFunc(routeExports, func(w http.ResponseWriter, r *http.Request) {
-		writeReply(w, s.exportReply(r.Context(), r.Header.Get("X-Tenant")))
+		writeReply(w, s.exportReply(r.Context(), r.Header.Get("X-Tenant"), httpHolder(r, nil)))
 	})
 	mux.Handle(routeMetrics, metricsHandler)
 	if rt == nil {

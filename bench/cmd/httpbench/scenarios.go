@@ -282,6 +282,7 @@ func benchReads(ctx context.Context, cfg config, out io.Writer) (*readsReport, e
 // limitReport is what benchLimit printed, for tests.
 type limitReport struct {
 	maxRunning   int
+	maxDone      int // the most at once of the handlers whose work ran to its end
 	frozen       int // the stopped instance's spans running when it stopped
 	util         float64
 	statuses     map[int]int64
@@ -388,6 +389,7 @@ func benchLimit(ctx context.Context, cfg config, out io.Writer) (*limitReport, e
 	spans = withoutStop(spans, 1, stopAt, contAt)
 	var mostAt int64
 	rep.maxRunning, mostAt = maxRunning(spans)
+	rep.maxDone, _ = maxRunning(slices.DeleteFunc(slices.Clone(spans), func(s span) bool { return !s.ok }))
 	first := int64(0)
 	for _, s := range spans {
 		if s.start >= upAt && (first == 0 || s.start < first) {
@@ -436,6 +438,7 @@ func benchLimit(ctx context.Context, cfg config, out io.Writer) (*limitReport, e
 			fmt.Fprintf(out, " [instance %d, %v to %v, ran to its end %t]", s.inst, round(time.Duration(s.start-start.UnixNano())), round(time.Duration(s.end-start.UnixNano())), s.ok)
 		}
 	}
+	fmt.Fprintf(out, "\nmost export handlers at once whose work ran to its end (done under a valid lock, as each handler checks): %d", rep.maxDone)
 	fmt.Fprintf(out, "\n  (stop at %v, resume at %v, Redis down at %v, up at %v)\n", round(time.Duration(stopAt-start.UnixNano())),
 		round(time.Duration(contAt-start.UnixNano())), round(time.Duration(downAt-start.UnixNano())), round(time.Duration(upAt-start.UnixNano())))
 	fmt.Fprintf(out, "answers: %s; 429 without Retry-After: %d\n", statusList(rep.statuses), rep.noRetryAfter)

@@ -105,8 +105,12 @@ func TestAllWorkloads(t *testing.T) {
 		case r.ScriptCPUPerAcq <= 0:
 			// Every library releases through a script.
 			t.Errorf("%s: script CPU %v per acquisition, want above 0 (commandstats usec)", name, r.ScriptCPUPerAcq)
-		case r.RedisCPUPerAcq < r.ScriptCPUPerAcq:
-			t.Errorf("%s: Redis CPU %v per acquisition below its scripts' %v", name, r.RedisCPUPerAcq, r.ScriptCPUPerAcq)
+		case r.RedisCPUPerAcq < r.ScriptCPUPerAcq/4:
+			// Redis's CPU (its rusage) covers its scripts, but commandstats
+			// times a script by the clock, which counts the moments a loaded
+			// machine took Redis off the CPU mid-script: the two may differ
+			// by some tens of percent, never by a unit.
+			t.Errorf("%s: Redis CPU %v per acquisition far below its scripts' %v", name, r.RedisCPUPerAcq, r.ScriptCPUPerAcq)
 		}
 		wantProcs := 1
 		if r.Workload == "multi" {
