@@ -38,7 +38,11 @@
 // backend has not answered; an acquire it leaves in flight must not leave a
 // grant behind: the store releases it, owner-checked, once the call returns,
 // and says so by returning an error that wraps ErrAbandoned and the
-// context's error, so that the Locker does not release it a second time.
+// context's error, so that the Locker does not release it a second time. A
+// store may take on the same clean-up after other failures of unknown
+// outcome (a connection that broke once the request was sent, which the
+// server may still run after the caller's own release); it then returns an
+// error wrapping ErrAbandoned and that failure.
 // A store that refuses its arguments returns an error wrapping ErrInvalid
 // before it acts.
 //

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -74,16 +75,33 @@ func (c *scriptCall) run(ctx context.Context) (Reply, error) {
 }
 
 // result returns the call's reply once it returned to a caller that waited.
+//
+// A call that failed after it may have reached Redis is undone by the store
+// (its token marked abandoned, then released), not left to the caller:
+//   - it failed as its context ended (go-redis times a call out by the
+//     deadline a moment before the context reports it; a Driver that
+//     honours cancellation returns at once);
+//   - its connection broke (EOF, a reset), or any failure other than an
+//     error reply of Redis: Redis may still run the request it had read,
+//     after the caller's own release of the token found nothing, and the
+//     grant would stand for its TTL with no owner; the mark makes such a
+//     late run grant nothing.
 func (c *scriptCall) result(ctx context.Context) (Reply, error) {
-	if c.err != nil && callctx.Ended(ctx) && c.undo != nil && !errors.Is(c.err, stores.ErrUnreachable) {
-		// It failed as its context ended (go-redis times a call out by the
-		// deadline a moment before the context reports it; a Driver that
-		// honours cancellation returns at once): its outcome is as unknown
-		// as an abandoned call's, and undone alike.
+	if c.err == nil || c.undo == nil || errors.Is(c.err, stores.ErrUnreachable) || errors.Is(c.err, stores.ErrInvalid) {
+		return c.reply, c.err
+	}
+	if callctx.Ended(ctx) {
 		go c.cleanUp()
 		return Reply{}, callctx.Abandoned(ctx, true)
 	}
-	return c.reply, c.err
+	if _, reply := c.store.driver.ReplyError(c.err); reply || c.store.driver.Closed(c.err) {
+		// Redis answered (a script error, CROSSSLOT): the request ran and
+		// will not run again; or the client is closed: no clean-up can be
+		// sent.
+		return c.reply, c.err
+	}
+	go c.cleanUp()
+	return Reply{}, fmt.Errorf("%w: %w", stores.ErrAbandoned, c.err)
 }
 
 // call runs the script and returns its reply.
