@@ -516,7 +516,27 @@ func (e *env) proxiedRecords(t *testing.T) (stores.Store, stores.RecordStore, ba
 	if !ok {
 		t.Fatalf("storetest: %T from Suite.Proxied does not implement stores.RecordStore", p)
 	}
+	e.warmRecords(t, rs)
 	return p, rs, b
+}
+
+// warmRecords claims, finishes and claims again (reading the record) a key
+// of its own in the subtest keys' hash slot through rs, as warm does for
+// locks, so that a fault armed next catches the request that carries the
+// keys, not a statement's preparation.
+func (e *env) warmRecords(t *testing.T, rs stores.RecordStore) {
+	t.Helper()
+	k := "storetest:{" + e.tag + "}:warm:" + randomHex(8)
+	g, _, err := rs.ClaimRecord(t.Context(), k, "warm", e.short)
+	if err != nil || !g.OK {
+		t.Fatalf("warming up the proxied store: ClaimRecord: %+v, %v", g, err)
+	}
+	if err := rs.FinishRecord(t.Context(), k, "warm", recordOf(g, "warm"), e.short); err != nil {
+		t.Fatalf("warming up the proxied store: FinishRecord: %v", err)
+	}
+	if _, rec, err := rs.ClaimRecord(t.Context(), k, "warm2", e.short); err != nil || rec == nil {
+		t.Fatalf("warming up the proxied store: ClaimRecord of the finished key: %+v, %v", rec, err)
+	}
 }
 
 // abandonedClaim: a ClaimRecord that the fault set by fault leaves
