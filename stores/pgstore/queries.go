@@ -357,10 +357,13 @@ func newQueries(table string) queries {
 		createRecordsIndex: r.Replace(`CREATE INDEX IF NOT EXISTS {rIndex} ON {r} (expires_at)`),
 
 		// Reads the key's record while its lease row holds a record's
-		// owner, unexpired; no row otherwise. $1 key.
+		// owner; no row otherwise. Run after acquireOne, which locked the
+		// row and would have taken an expired record's, it reads the record
+		// that refused the claim, even when its retention ended in between.
+		// $1 key.
 		readRecord: r.Replace(`
 			SELECT r.fingerprint, r.response, r.fence FROM {r} AS r JOIN {t} AS l ON l.key = r.key
-			WHERE r.key = $1::bytea AND {isRecord} AND l.expires_at > clock_timestamp()`),
+			WHERE r.key = $1::bytea AND {isRecord}`),
 
 		// Replaces the token's unexpired claim on the key by the record:
 		// the row takes the owner $3 and the end of the retention $4 µs,
