@@ -24,10 +24,12 @@ type target struct {
 	client    *http.Client
 	ok        []int64 // per SKU index; client c writes only its own indexes
 	next      []int   // per client: how many of its SKUs it has sent so far
+	stock     stockCmd
 }
 
-// newTarget prepares the load on svc over skus with n clients.
-func newTarget(svc *service, skus []string, clients int) *target {
+// newTarget prepares the load on svc over skus with n clients; stock reads
+// a SKU's stock from svc's Redis data.
+func newTarget(svc *service, skus []string, clients int, stock stockCmd) *target {
 	tr := &http.Transport{
 		MaxIdleConns:        clients,
 		MaxIdleConnsPerHost: clients,
@@ -36,7 +38,7 @@ func newTarget(svc *service, skus []string, clients int) *target {
 	}
 	return &target{
 		svc: svc, skus: skus, transport: tr, client: &http.Client{Transport: tr},
-		ok: make([]int64, len(skus)), next: make([]int, clients),
+		ok: make([]int64, len(skus)), next: make([]int, clients), stock: stock,
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/reqlock/bench/internal/plainshop"
 	"github.com/reqlock/reqlock/bench/internal/redislockshop"
 	"github.com/reqlock/reqlock/bench/internal/redisstats"
 )
@@ -30,13 +31,28 @@ func commandCount(d map[string]int64) int64 {
 	return n
 }
 
+// stockCmd queues on c (a client or a pipeline) the read of the stock of sku, as a service keeps it.
+type stockCmd func(ctx context.Context, c redis.Cmdable, sku string) *redis.StringCmd
+
+// hashStock reads the stock where the example and redislockshop keep it:
+// the field stock of the hash inventory:sku:<id>.
+func hashStock(ctx context.Context, c redis.Cmdable, sku string) *redis.StringCmd {
+	return c.HGet(ctx, redislockshop.StockPrefix+sku, "stock")
+}
+
+// plainStock reads the stock where plainshop keeps it: the string
+// plain:stock:<id>.
+func plainStock(ctx context.Context, c redis.Cmdable, sku string) *redis.StringCmd {
+	return c.Get(ctx, plainshop.StockPrefix+sku)
+}
+
 // stockMismatches reads the stock of every SKU of t and returns those that
 // differ from initial less their 200 answers, as "sku: got N, want M".
 func stockMismatches(ctx context.Context, c *redis.Client, t *target, initial int64) ([]string, error) {
 	cmds := make([]*redis.StringCmd, len(t.skus))
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, sku := range t.skus {
-			cmds[i] = p.HGet(ctx, redislockshop.StockPrefix+sku, "stock")
+			cmds[i] = t.stock(ctx, p, sku)
 		}
 		return nil
 	})
