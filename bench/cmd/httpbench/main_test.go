@@ -315,6 +315,22 @@ func checkAllOK(t *testing.T, cfg config, rep *report) {
 		if rep.deductions[i] < rep.requests[i] {
 			t.Errorf("%s: %d deductions in all, fewer than the %d requests of the rounds", name, rep.deductions[i], rep.requests[i])
 		}
+		// Hundreds of requests take some CPU of the service and of Redis.
+		if rep.svcCPU[i] <= 0 || rep.redisCPU[i] <= 0 || rep.svcCPU[i] > time.Second || rep.redisCPU[i] > time.Second {
+			t.Errorf("%s: CPU per request: service %v, Redis %v; want each above 0 and below 1s", name, rep.svcCPU[i], rep.redisCPU[i])
+		}
+	}
+}
+
+// TestParseProcCPU reads utime + stime from a /proc/<pid>/stat line whose
+// command name holds spaces and a ')', and refuses a short one.
+func TestParseProcCPU(t *testing.T) {
+	stat := "27679 (a b) c) R 27630 27630 3858 0 -1 4194304 97 0 0 0 150 25 0 0 20 0 1 0 4302457 3133440 394"
+	if got, err := parseProcCPU(stat); err != nil || got != 1750*time.Millisecond {
+		t.Errorf("got %v, %v; want 1.75s", got, err)
+	}
+	if _, err := parseProcCPU("27679 (cat) R 1 2 3"); err == nil {
+		t.Error("a short line: no error")
 	}
 }
 
@@ -381,6 +397,7 @@ func TestLibraryRun(t *testing.T) {
 		fmt.Sprintf("median ginlock-rueidis/redislock over 2 rounds: req/s %.3fx", rep.medians[0]),
 		fmt.Sprintf("median ginlock-goredis/redislock over 2 rounds: req/s %.3fx", rep.medians[1]),
 		"  redislock        7.00 commands, 2.00 script calls",
+		"CPU per request over all rounds",
 		"  ginlock-goredis  40 of 40 SKUs exact after " + strconv.FormatInt(rep.deductions[1], 10) + " deductions",
 	} {
 		if !strings.Contains(text, line) {

@@ -52,6 +52,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 type roundResult struct {
 	w     window
 	delta map[string]int64 // INFO commandstats, after minus before
+	// The CPU time the service's process and the Redis server used in
+	// the window.
+	svcCPU, redisCPU time.Duration
 }
 
 // report is what bench printed, for tests.
@@ -68,6 +71,8 @@ type report struct {
 	// stock did not match them.
 	commands   []map[string]int64
 	requests   []int64
+	svcCPU     []time.Duration // per request
+	redisCPU   []time.Duration // per request
 	deductions []int64
 	mismatches [][]string
 }
@@ -197,8 +202,9 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 		}
 	}
 
-	fmt.Fprintf(out, "\n%-5s  %-*s  %8s  %8s  %8s  %8s  %8s  %11s  %13s  %s\n",
-		"round", nw, "service", "requests", "req/s", "p50", "p99", "cmds/req", "scripts/req", "redis µs/req", "other answers")
+	fmt.Fprintf(out, "\n%-5s  %-*s  %8s  %8s  %8s  %8s  %8s  %11s  %13s  %14s  %16s  %s\n",
+		"round", nw, "service", "requests", "req/s", "p50", "p99", "cmds/req", "scripts/req", "script µs/req",
+		"svc cpu µs/req", "redis cpu µs/req", "other answers")
 	results := rep.rounds
 	rep.ratios, rep.p99Ratios = make([][]float64, baseline), make([][]float64, baseline)
 	for r := 1; r <= cfg.rounds; r++ {
@@ -217,9 +223,17 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 			if err != nil {
 				return nil, err
 			}
+			svcBefore, redisBefore, err := cpuTimes(ctx, t.svc, rdb)
+			if err != nil {
+				return nil, err
+			}
 			w, err := t.load(ctx, cfg.duration)
 			if err != nil {
 				return nil, fmt.Errorf("round %d: %w", r, err)
+			}
+			svcAfter, redisAfter, err := cpuTimes(ctx, t.svc, rdb)
+			if err != nil {
+				return nil, err
 			}
 			after, err := redisstats.CommandStats(ctx, rdb)
 			if err != nil {
@@ -227,13 +241,14 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 			}
 			// Without the overhead commands: neither set-up nor INFO nor the
 			// example's start-up PING serves a request.
-			res := roundResult{w: w, delta: redisstats.WithoutOverhead(redisstats.Delta(before, after))}
+			res := roundResult{w: w, delta: redisstats.WithoutOverhead(redisstats.Delta(before, after)),
+				svcCPU: svcAfter - svcBefore, redisCPU: redisAfter - redisBefore}
 			results[i] = append(results[i], res)
 			n := float64(max(w.requests, 1))
-			fmt.Fprintf(out, "%-5d  %-*s  %8d  %8.0f  %8s  %8s  %8.2f  %11.2f  %12.1f  %s\n",
+			fmt.Fprintf(out, "%-5d  %-*s  %8d  %8.0f  %8s  %8s  %8.2f  %11.2f  %13.1f  %14.1f  %16.1f  %s\n",
 				r, nw, t.svc.name, w.requests, w.rate(), round(percentile(w.latency, 0.50)), round(percentile(w.latency, 0.99)),
 				float64(commandCount(res.delta))/n, float64(redisstats.ScriptCalls(res.delta))/n, float64(redisstats.ScriptMicros(res.delta))/n,
-				otherAnswers(w.status))
+				micros(res.svcCPU)/n, micros(res.redisCPU)/n, otherAnswers(w.status))
 		}
 		base := results[baseline][r-1].w
 		for i := range baseline {
@@ -256,13 +271,32 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 	for i, t := range targets {
 		total := map[string]int64{}
 		var requests int64
+		var svcCPU, redisCPU time.Duration
 		for _, res := range results[i] {
 			addDelta(total, res.delta)
 			requests += res.w.requests
+			svcCPU, redisCPU = svcCPU+res.svcCPU, redisCPU+res.redisCPU
 		}
 		rep.commands = append(rep.commands, total)
 		rep.requests = append(rep.requests, requests)
+		rep.svcCPU = append(rep.svcCPU, svcCPU/time.Duration(max(requests, 1)))
+		rep.redisCPU = append(rep.redisCPU, redisCPU/time.Duration(max(requests, 1)))
 		fmt.Fprintf(out, "  %-*s  %s\n", nw, t.svc.name, perRequest(total, requests))
+	}
+
+	// CPU per request does not depend on how much CPU the machine's other
+	// work left the run, as throughput does (but a busy machine's caches
+	// and context switches still raise it).
+	fmt.Fprintf(out, "\nCPU per request over all rounds (the service's process from /proc, Redis from INFO cpu; the load generator left out):\n")
+	for i, name := range rep.services {
+		both := rep.svcCPU[i] + rep.redisCPU[i]
+		fmt.Fprintf(out, "  %-*s  service %6.1f µs, Redis %5.1f µs, both %6.1f µs", nw, name,
+			micros(rep.svcCPU[i]), micros(rep.redisCPU[i]), micros(both))
+		if i != baseline {
+			fmt.Fprintf(out, " (%.3fx %s's; Redis %.3fx)", float64(both)/float64(rep.svcCPU[baseline]+rep.redisCPU[baseline]), baseName,
+				float64(rep.redisCPU[i])/float64(rep.redisCPU[baseline]))
+		}
+		fmt.Fprintln(out)
 	}
 
 	fmt.Fprintf(out, "\nstock check (initial stock less one per 200 answer, warm-up included):\n")
@@ -289,6 +323,18 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 	}
 	return rep, nil
 }
+
+// cpuTimes returns the CPU time used so far by svc's process and by Redis.
+func cpuTimes(ctx context.Context, svc *service, rdb *redis.Client) (svcCPU, redisCPU time.Duration, err error) {
+	if svcCPU, err = svc.cpu(); err != nil {
+		return 0, 0, err
+	}
+	redisCPU, err = redisstats.ServerCPU(ctx, rdb)
+	return svcCPU, redisCPU, err
+}
+
+// micros is d in microseconds.
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // round rounds a latency for printing.
 func round(d time.Duration) time.Duration {

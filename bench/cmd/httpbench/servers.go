@@ -198,6 +198,39 @@ type service struct {
 	out    *syncBuffer // its stdout after the listening line, and its stderr
 }
 
+// clockTick is the unit of utime and stime in /proc/<pid>/stat: USER_HZ,
+// 100 per second on Linux (getconf CLK_TCK).
+const clockTick = 10 * time.Millisecond
+
+// cpu returns the CPU time the service's process has used so far, user
+// plus system, from /proc/<pid>/stat (Linux; 10ms steps).
+func (s *service) cpu() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("%s's CPU time: %w", s.name, err)
+	}
+	return parseProcCPU(string(b))
+}
+
+// parseProcCPU returns utime + stime of a /proc/<pid>/stat line: the 12th
+// and 13th fields after the command name, which ends at the last ')'.
+func parseProcCPU(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	f := strings.Fields(stat[i+1:])
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/<pid>/stat %.60q: too short", stat)
+	}
+	var ticks int64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/<pid>/stat: %w", err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * clockTick, nil
+}
+
 // startService runs cmd and waits for the line that starts with listening
 // and names the service's base URL.
 func startService(name string, cmd *exec.Cmd, listening string) (*service, error) {
