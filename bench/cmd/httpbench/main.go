@@ -26,7 +26,8 @@
 // included, connection set-up and INFO left out) with the calls of each
 // command, and the time Redis spent in script calls per request. Last, it
 // checks the stock of every SKU against the 200 answers it got: the initial
-// stock less one per 200.
+// stock less one per 200, and less up to one more per 5xx answer (a
+// deduction whose write landed before its answer timed out).
 //
 // Usage:
 //

@@ -12,6 +12,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -443,5 +444,30 @@ func TestRunExitCodes(t *testing.T) {
 		if code := run(t.Context(), tc.args, io.Discard, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
 		}
+	}
+}
+
+// TestStockMismatches: a SKU's stock must be the initial stock less its 200
+// answers, or less up to its 5xx answers more (a deduction that landed
+// after its answer timed out); anything else is a mismatch.
+func TestStockMismatches(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	skus := []string{testSKU("exact"), testSKU("unsure"), testSKU("below"), testSKU("lost"), testSKU("never")}
+	tg := &target{skus: skus, stock: plainStock,
+		ok:     []int64{2, 2, 2, 2, 0},
+		unsure: []int64{1, 1, 1, 0, 0}}
+	for i, stock := range []int64{8, 7, 6, 9} { // initial 10
+		if err := rdb.Set(t.Context(), "plain:stock:"+skus[i], stock, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad, unsure, err := stockMismatches(t.Context(), rdb, tg, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{skus[2] + ": stock 6, want 7 to 8 (1 answers 5xx)", skus[3] + ": stock 9, want 8"}
+	if unsure != 1 || !slices.Equal(bad, want) {
+		t.Errorf("got %q and %d unsure; want %q and 1", bad, unsure, want)
 	}
 }
