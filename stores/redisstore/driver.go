@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 
 	"github.com/reqlock/reqlock/stores"
 )
@@ -121,6 +122,7 @@ func NewWithDriver(d Driver, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
 			stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
 	}
+	s.retentionArg = strconv.FormatInt(s.fenceRetention.Milliseconds(), 10)
 	return s, nil
 }
 

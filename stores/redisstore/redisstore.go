@@ -81,6 +81,7 @@ type Store struct {
 	driver             Driver
 	routing            Routing // how the client spreads keys; see checkColocated
 	fenceRetention     time.Duration
+	retentionArg       any // fenceRetention in ms, as the scripts take it, boxed once
 	clientTimeoutsOnly bool
 	closeClient        func() error // closes the client Open made, last in Close
 
@@ -168,19 +169,23 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	writerMark := func(key string) string { return writerMarkKey(key, token) }
-	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]),
-		abandonKey(keys[0], token), writerMark(keys[0]), writersKey(keys[0])}
-	if len(keys) > 1 {
+	call := &scriptCall{store: s, script: acquireScript,
+		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
+	if len(keys) == 1 {
+		// The five sibling names in one allocation, the key and argument
+		// lists in the call's own arrays: see siblingNames.
+		call.keys = siblingNames(append(call.keyBuf[:0], keys[0]), keys[0], token,
+			":fence", ":waiting", ":abandoned:", ":writer:", ":writers")
+	} else {
 		if err := s.checkColocated(keys, true); err != nil {
 			return stores.Grant{}, err
 		}
-		script, scriptKeys = acquireAllScript,
+		writerMark := func(key string) string { return writerMarkKey(key, token) }
+		call.script, call.keys = acquireAllScript,
 			append(withSiblingKeys(keys, fenceKey, waitingKey, writerMark, writersKey), abandonKey(keys[0], token))
 	}
-	call := &scriptCall{store: s, script: script, keys: scriptKeys,
-		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride, writerWindowMS},
-		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
+	call.argBuf = [len(call.argBuf)]any{token, milliseconds(ttl), s.retentionArg, strideArg, writerWindowArg}
+	call.args = call.argBuf[:]
 	r, err := call.run(ctx)
 	if err != nil {
 		return stores.Grant{}, s.mapCrossSlot(err, keys, true)
@@ -219,7 +224,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
-		r, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0]), writerMarkKey(keys[0], token), writersKey(keys[0])}, token)
+		var keyBuf [4]string
+		scriptKeys := siblingNames(append(keyBuf[:0], keys[0]), keys[0], token, ":waiting", ":writer:", ":writers")
+		r, err := s.run(ctx, releaseScript, scriptKeys, token)
 		if err != nil {
 			return s.mapCrossSlot(err, keys, false)
 		}
@@ -326,6 +333,44 @@ func withSiblingKeys(keys []string, names ...func(string) string) []string {
 		}
 	}
 	return all
+}
+
+// siblingNames appends to dst the sibling keys of key (see siblingKey)
+// with each of suffixes, a suffix that ends in ':' followed by token:
+// what abandonKey, writerMarkKey, fenceKey and the other names of this
+// package give, with one allocation for all of them where each would take
+// one or two.
+func siblingNames(dst []string, key, token string, suffixes ...string) []string {
+	open, closed := "{", "}"
+	if hasHashTag(key) || strings.IndexByte(key, '}') >= 0 {
+		open, closed = "", ""
+	}
+	size := 0
+	for _, suffix := range suffixes {
+		size += len(open) + len(key) + len(closed) + len(suffix)
+		if strings.HasSuffix(suffix, ":") {
+			size += len(token)
+		}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	ends := make([]int, 0, 8)
+	for _, suffix := range suffixes {
+		b.WriteString(open)
+		b.WriteString(key)
+		b.WriteString(closed)
+		b.WriteString(suffix)
+		if strings.HasSuffix(suffix, ":") {
+			b.WriteString(token)
+		}
+		ends = append(ends, b.Len())
+	}
+	all, start := b.String(), 0
+	for _, end := range ends {
+		dst = append(dst, all[start:end])
+		start = end
+	}
+	return dst
 }
 
 // abandonKey names the mark that the Store abandoned token's acquisition of
