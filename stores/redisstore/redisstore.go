@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -59,8 +60,84 @@ var (
 // withLib prepends the helpers of lib.lua, and the waiting writers' of
 // internal/redislua, to a script's source: Redis has no
 // include, and one definition keeps every script's fences and waiting marks
-// alike.
-func withLib(src string) string { return libSrc + redislua.Writers + src }
+// alike. It prepends only the helpers that src calls, and those they call:
+// Redis runs the whole source on every call, and each helper defined costs
+// the call a closure.
+func withLib(src string) string { return helpers.usedBy(src) + src }
+
+// helpers are the helpers of withLib.
+var helpers = parseHelpers(libSrc + redislua.Writers)
+
+// luaHelpers are the helper functions of a Lua library, in their order.
+type luaHelpers []luaHelper
+
+// luaHelper is one function of a Lua library: its name and its source, with
+// the comment above it.
+type luaHelper struct {
+	name, src string
+	call      *regexp.Regexp // matches a call of it
+}
+
+// parseHelpers splits src, a sequence of top-level "local function name("
+// definitions each ending with a line "end", into its helpers. Lines
+// outside a definition and its comment are left out.
+func parseHelpers(src string) luaHelpers {
+	var (
+		hs      luaHelpers
+		comment []string
+		cur     *luaHelper
+		body    []string
+	)
+	for _, line := range strings.SplitAfter(src, "\n") {
+		switch {
+		case cur != nil:
+			body = append(body, line)
+			if strings.TrimRight(line, "\r\n") == "end" {
+				cur.src = strings.Join(body, "")
+				hs = append(hs, *cur)
+				cur, body = nil, nil
+			}
+		case strings.HasPrefix(line, "local function "):
+			name := strings.TrimPrefix(line, "local function ")
+			name = name[:strings.IndexByte(name, '(')]
+			cur = &luaHelper{name: name, call: regexp.MustCompile(`(^|[^A-Za-z0-9_])` + name + `\(`)}
+			body = append(comment, line)
+			comment = nil
+		case strings.HasPrefix(line, "--"):
+			comment = append(comment, line)
+		default:
+			comment = nil
+		}
+	}
+	if cur != nil {
+		panic("redisstore: Lua helper " + cur.name + " has no closing end")
+	}
+	return hs
+}
+
+// usedBy returns the sources of the helpers that src calls, and of those they
+// call, in the library's order.
+func (hs luaHelpers) usedBy(src string) string {
+	need := make([]bool, len(hs))
+	callers := []string{src}
+	for len(callers) > 0 {
+		caller := callers[0]
+		callers = callers[1:]
+		for i, h := range hs {
+			if !need[i] && h.call.MatchString(caller) {
+				need[i] = true
+				callers = append(callers, h.src)
+			}
+		}
+	}
+	var b strings.Builder
+	for i, h := range hs {
+		if need[i] {
+			b.WriteString(h.src)
+		}
+	}
+	return b.String()
+}
 
 // allScripts lists every script of the package, for Load.
 func allScripts() []*Script {
