@@ -10,7 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock"
@@ -150,18 +150,15 @@ func (i Idempotency) problem() string {
 	return ""
 }
 
-// validHeaderName reports whether name is an HTTP field name (a token).
+// validHeaderName reports whether name is an HTTP field name (a token), as
+// routetable checks idempotency-header.
 func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
 	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if c <= ' ' || c >= 0x7f || slices.Contains([]byte(`"(),/:;<=>?@[\]{}`), c) {
+		if c := name[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
 			return false
 		}
 	}
-	return true
+	return name != ""
 }
 
 // idempotentRoute is a Guard's idempotency, checked and parsed.
@@ -186,7 +183,7 @@ func newIdempotentRoute(locker *reqlock.Locker, cfg Config) (*idempotentRoute, e
 		return nil, bad("a fail-open route would run a retry again while the store is down; idempotency needs fail-closed")
 	}
 	if err := locker.CheckRecords(); err != nil {
-		return nil, bad("%v", err)
+		return nil, fmt.Errorf("%w: route %q: idempotency: %w", ErrInvalidConfig, cfg.Name, err)
 	}
 	largest := recordOverhead + MaxRecordedHeaderBytes + idem.MaxBodyBytes
 	if err := locker.CheckRecord(int(min(largest, 1<<62)), idem.Retention); err != nil {
@@ -195,13 +192,14 @@ func newIdempotentRoute(locker *reqlock.Locker, cfg Config) (*idempotentRoute, e
 			idem.Retention, err)
 	}
 	if err := locker.CheckKeyLen(len(reqlock.RecordKeyPrefix) + len(cfg.Name) + 1 + sha256.Size*2); err != nil {
-		return nil, bad("the record keys of the route (its name and a hash): %v (shorten the route's name)", err)
+		return nil, fmt.Errorf("%w: route %q: idempotency: the record keys of the route (its name and a hash): %w (shorten the route's name)",
+			ErrInvalidConfig, cfg.Name, err)
 	}
 	r := &idempotentRoute{cfg: idem, header: http.CanonicalHeaderKey(idem.Header)}
 	if idem.Scope != "" {
 		t, err := keyfunc.Parse(idem.Scope, keyfunc.WithMaxBodyBytes(cfg.MaxBodyBytes))
 		if err != nil {
-			return nil, bad("scope: %v", err)
+			return nil, fmt.Errorf("%w: route %q: idempotency: scope: %w", ErrInvalidConfig, cfg.Name, err)
 		}
 		if t.Multi() {
 			return nil, bad("scope %q may yield several values; a scope is one value", idem.Scope)
