@@ -70,17 +70,20 @@ func allScripts() []*Script {
 		acquireAllScript, releaseAllScript, refreshAllScript,
 		markAbandonedScript,
 		sharedAcquireScript, sharedReleaseScript, sharedRefreshScript,
+		claimRecordScript, finishRecordScript,
 	}
 }
 
 // Store is a stores.Store on Redis, and a stores.Notifier,
-// stores.FairStore and stores.SharedStore. It is safe
+// stores.FairStore, stores.SharedStore, stores.RecordStore and
+// stores.Bounded (for its records' size). It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub
 // connection and a goroutine until Close.
 type Store struct {
 	driver             Driver
 	routing            Routing // how the client spreads keys; see checkColocated
 	fenceRetention     time.Duration
+	maxRecordBytes     int // see WithMaxRecordBytes
 	clientTimeoutsOnly bool
 	closeClient        func() error // closes the client Open made, last in Close
 
@@ -93,6 +96,8 @@ var (
 	_ stores.Notifier    = (*Store)(nil)
 	_ stores.FairStore   = (*Store)(nil)
 	_ stores.SharedStore = (*Store)(nil)
+	_ stores.RecordStore = (*Store)(nil)
+	_ stores.Bounded     = (*Store)(nil)
 )
 
 // Option configures a Store.

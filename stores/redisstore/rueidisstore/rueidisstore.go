@@ -107,6 +107,16 @@ func (d *driver) Eval(ctx context.Context, script *redisstore.Script, keys []str
 		n, _ := msg.AsInt64()
 		return redisstore.Reply{Int: n}, nil
 	}
+	if msg.IsString() {
+		b, err := msg.AsBytes()
+		if err != nil {
+			return redisstore.Reply{}, fmt.Errorf("%w: %w", redisstore.ErrUnexpectedReply, err)
+		}
+		if b == nil {
+			b = []byte{}
+		}
+		return redisstore.Reply{Bulk: b}, nil
+	}
 	if msg.IsArray() {
 		ints, err := msg.AsIntSlice()
 		if err != nil {
