@@ -13,36 +13,25 @@ import (
 // outageState holds the Registry's store and pending-release series. They
 // are exported once the first of their events came.
 type outageState struct {
-	seen      atomic.Bool
-	down      atomic.Bool
-	outages   atomic.Uint64
-	downNanos atomic.Int64
-	pending   [len(metricdefs.PendingEvents)]atomic.Uint64
+	metricdefs.Outage
+	pending [len(metricdefs.PendingEvents)]atomic.Uint64
 }
 
 var _ reqlock.OutageMetrics = (*Registry)(nil)
 
 // StoreDown implements reqlock.OutageMetrics: it counts
 // lock_store_outages_total and sets lock_store_down.
-func (m *Registry) StoreDown() {
-	m.outage.outages.Add(1)
-	m.outage.down.Store(true)
-	m.outage.seen.Store(true)
-}
+func (m *Registry) StoreDown() { m.outage.StoreDown() }
 
 // StoreBack implements reqlock.OutageMetrics: it clears lock_store_down and
 // adds downFor to lock_store_down_seconds_total.
-func (m *Registry) StoreBack(downFor time.Duration, _ int64) {
-	m.outage.downNanos.Add(int64(max(downFor, 0)))
-	m.outage.down.Store(false)
-	m.outage.seen.Store(true)
-}
+func (m *Registry) StoreBack(downFor time.Duration, _ int64) { m.outage.StoreBack(downFor) }
 
 // RejectedStoreDown implements reqlock.OutageMetrics: it counts
 // lock_store_down_rejected_total.
 func (m *Registry) RejectedStoreDown(label string) {
 	m.routes.Get(label).downRejected.Add(1)
-	m.outage.seen.Store(true)
+	m.outage.MarkSeen()
 }
 
 // PendingRelease implements reqlock.OutageMetrics: it counts
@@ -50,7 +39,7 @@ func (m *Registry) RejectedStoreDown(label string) {
 func (m *Registry) PendingRelease(event reqlock.PendingEvent) {
 	if i := slices.Index(metricdefs.PendingEvents[:], event); i >= 0 {
 		m.outage.pending[i].Add(1)
-		m.outage.seen.Store(true)
+		m.outage.MarkSeen()
 	}
 }
 
@@ -58,7 +47,7 @@ func (m *Registry) PendingRelease(event reqlock.PendingEvent) {
 // once an outage event came; routes are sorted.
 func (m *Registry) appendOutage(b []byte, routes []*route) []byte {
 	o := &m.outage
-	if !o.seen.Load() {
+	if !o.Seen() {
 		return b
 	}
 	name, header := m.name, appendFamilyHeader
@@ -82,11 +71,7 @@ func (m *Registry) appendOutage(b []byte, routes []*route) []byte {
 	}
 	n = name(metricdefs.NameStoreDown)
 	b = header(b, n, metricdefs.HelpStoreDown, "gauge")
-	down := 0.0
-	if o.down.Load() {
-		down = 1
-	}
-	b = plain(b, n, down)
+	b = plain(b, n, o.Down())
 	if len(routes) > 0 {
 		n = name(metricdefs.NameStoreRejected)
 		b = header(b, n, metricdefs.HelpStoreRejected, "counter")
@@ -96,10 +81,10 @@ func (m *Registry) appendOutage(b []byte, routes []*route) []byte {
 	}
 	n = name(metricdefs.NameStoreDownFor)
 	b = header(b, n, metricdefs.HelpStoreDownFor, "counter")
-	b = plain(b, n, time.Duration(o.downNanos.Load()).Seconds())
+	b = plain(b, n, o.DownSeconds())
 	n = name(metricdefs.NameStoreOutages)
 	b = header(b, n, metricdefs.HelpStoreOutages, "counter")
-	return plain(b, n, float64(o.outages.Load()))
+	return plain(b, n, o.Outages())
 }
 
 // outageNamesSorted reports whether the outage families are in the order

@@ -117,7 +117,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.vecs() {
 		c.Collect(ch)
 	}
-	if m.outage.seen.Load() {
+	if m.outage.Seen() {
 		for _, c := range m.outage.collectors() {
 			c.Collect(ch)
 		}

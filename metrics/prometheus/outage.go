@@ -2,7 +2,6 @@ package reqlockprom
 
 import (
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,10 +13,7 @@ import (
 // They are collected once the first of their events came, as the core
 // package's Registry writes them.
 type outage struct {
-	seen      atomic.Bool
-	down      atomic.Bool
-	outages   atomic.Uint64
-	downNanos atomic.Int64
+	metricdefs.Outage
 
 	downGauge prometheus.GaugeFunc   // lock_store_down
 	downFor   prometheus.CounterFunc // lock_store_down_seconds_total
@@ -36,16 +32,11 @@ func newOutage(c config) *outage {
 		return prometheus.Opts{Namespace: c.namespace, Name: name, Help: help, ConstLabels: c.constLabels}
 	}
 	o.downGauge = prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts(metricdefs.NameStoreDown, metricdefs.HelpStoreDown)),
-		func() float64 {
-			if o.down.Load() {
-				return 1
-			}
-			return 0
-		})
+		o.Down)
 	o.downFor = prometheus.NewCounterFunc(prometheus.CounterOpts(opts(metricdefs.NameStoreDownFor, metricdefs.HelpStoreDownFor)),
-		func() float64 { return time.Duration(o.downNanos.Load()).Seconds() })
+		o.DownSeconds)
 	o.outagesC = prometheus.NewCounterFunc(prometheus.CounterOpts(opts(metricdefs.NameStoreOutages, metricdefs.HelpStoreOutages)),
-		func() float64 { return float64(o.outages.Load()) })
+		o.Outages)
 	o.rejected = prometheus.NewCounterVec(prometheus.CounterOpts(opts(metricdefs.NameStoreRejected, metricdefs.HelpStoreRejected)),
 		[]string{metricdefs.LabelRoute})
 	o.pendingV = prometheus.NewCounterVec(prometheus.CounterOpts(opts(metricdefs.NamePendingReleases, metricdefs.HelpPendingReleases)),
@@ -62,25 +53,17 @@ func (o *outage) collectors() [5]prometheus.Collector {
 
 // StoreDown implements reqlock.OutageMetrics: it counts
 // lock_store_outages_total and sets lock_store_down.
-func (m *Metrics) StoreDown() {
-	m.outage.outages.Add(1)
-	m.outage.down.Store(true)
-	m.outage.seen.Store(true)
-}
+func (m *Metrics) StoreDown() { m.outage.StoreDown() }
 
 // StoreBack implements reqlock.OutageMetrics: it clears lock_store_down and
 // adds downFor to lock_store_down_seconds_total.
-func (m *Metrics) StoreBack(downFor time.Duration, _ int64) {
-	m.outage.downNanos.Add(int64(max(downFor, 0)))
-	m.outage.down.Store(false)
-	m.outage.seen.Store(true)
-}
+func (m *Metrics) StoreBack(downFor time.Duration, _ int64) { m.outage.StoreBack(downFor) }
 
 // RejectedStoreDown implements reqlock.OutageMetrics: it counts
 // lock_store_down_rejected_total.
 func (m *Metrics) RejectedStoreDown(label string) {
 	m.routes.Get(label).downRejected.Inc()
-	m.outage.seen.Store(true)
+	m.outage.MarkSeen()
 }
 
 // PendingRelease implements reqlock.OutageMetrics: it counts
@@ -89,6 +72,6 @@ func (m *Metrics) RejectedStoreDown(label string) {
 func (m *Metrics) PendingRelease(event reqlock.PendingEvent) {
 	if i := slices.Index(metricdefs.PendingEvents[:], event); i >= 0 {
 		m.outage.pending[i].Inc()
-		m.outage.seen.Store(true)
+		m.outage.MarkSeen()
 	}
 }
