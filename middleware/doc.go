@@ -35,8 +35,8 @@
 // (ReasonIdempotencyConflict) when the wait ends first. A key used for
 // another request is 422 (ReasonIdempotencyMismatch); a key missing on a
 // required route, or malformed, is 400 (ReasonIdempotencyKeyMissing,
-// ReasonIdempotencyKeyInvalid). Answers of 500 and above, 408, 423, 425 and
-// 429, reqlock's own rejections, answers over the size limits and handler
+// ReasonIdempotencyKeyInvalid). Answers of 500 and above, 401, 408, 423,
+// 425 and 429, reqlock's own rejections, answers over the size limits and handler
 // panics are not recorded: the claim is released, and a retry runs again.
 // The store must implement stores.RecordStore; a route that cannot work is
 // refused at start-up. docs/idempotency.md has the whole behaviour.

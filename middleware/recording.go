@@ -164,11 +164,12 @@ func (rc *Recording) result() ([]byte, string) {
 }
 
 // recordedStatus reports whether a response with status is recorded: below
-// 500 (a retry after a server fault runs again), except 408, 423, 425 and
-// 429, which tell the client to retry later, whoever answers them.
+// 500 (a retry after a server fault runs again), except 401, 408, 423, 425
+// and 429, which tell the client to retry (with credentials, or later),
+// whoever answers them.
 func recordedStatus(status int) bool {
 	switch status {
-	case http.StatusRequestTimeout, http.StatusLocked, http.StatusTooEarly, http.StatusTooManyRequests:
+	case http.StatusUnauthorized, http.StatusRequestTimeout, http.StatusLocked, http.StatusTooEarly, http.StatusTooManyRequests:
 		return false
 	}
 	return status >= 200 && status < 500

@@ -151,7 +151,8 @@ func (s *suite) testIdempotencyConcurrent(t *testing.T) {
 
 // testIdempotencyNotRecorded: a 5xx answer, a response over the max body and
 // a handler panic are not recorded: the claim is released, and a retry runs
-// the handler again; so are 429 and reqlock's own rejections.
+// the handler again; nor are 401 and 429, nor the 409 of a guard inside the
+// route (reqlock's own rejection).
 func (s *suite) testIdempotencyNotRecorded(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -159,6 +160,7 @@ func (s *suite) testIdempotencyNotRecorded(t *testing.T) {
 	}{
 		{"503", func(w http.ResponseWriter, run int32) { w.WriteHeader(http.StatusServiceUnavailable) }},
 		{"429", func(w http.ResponseWriter, run int32) { w.WriteHeader(http.StatusTooManyRequests) }},
+		{"401", func(w http.ResponseWriter, run int32) { w.WriteHeader(http.StatusUnauthorized) }},
 		{"over max body", func(w http.ResponseWriter, run int32) { _, _ = w.Write([]byte(strings.Repeat("x", 65))) }},
 		{"panic", func(w http.ResponseWriter, run int32) {
 			if run == 1 {
@@ -195,6 +197,31 @@ func (s *suite) testIdempotencyNotRecorded(t *testing.T) {
 				t.Fatalf("%s: the store holds %d entries, want none", s.a.Name, n)
 			}
 		})
+	}
+}
+
+// testIdempotencyInnerRejection: a rejection by a guard inside an
+// idempotent route (its 409 on a held key) is not recorded: once the key
+// is free, a retry runs the handler.
+func (s *suite) testIdempotencyInnerRejection(t *testing.T) {
+	locker, store := newMemLocker(t)
+	outer := mustGuard(t, locker, "order:<id>", middleware.WithIdempotency(middleware.Idempotency{Mode: middleware.IdempotencyRequired}))
+	inner := mustGuard(t, locker, "stock:<id>", middleware.WithWait(0), middleware.WithTimeoutStatus(http.StatusConflict))
+	var runs atomic.Int32
+	srv := s.a.ServeNested(outer, inner, func(r *http.Request, next func()) { next() }, idemHandler(&runs))
+	release := hold(t, locker, "stock:6")
+	if rec := do(srv, idemRequest("6", "k-6", "x")); rec.Code != http.StatusConflict || runs.Load() != 0 {
+		t.Fatalf("%s: with the inner key held: %d (runs %d), want the inner guard's 409", s.a.Name, rec.Code, runs.Load())
+	}
+	release()
+	if rec := do(srv, idemRequest("6", "k-6", "x")); rec.Code != http.StatusCreated || rec.Header().Get(middleware.ReplayedHeader) != "" {
+		t.Fatalf("%s: the retry got %d %v, want the handler's 201: the 409 was recorded", s.a.Name, rec.Code, rec.Header())
+	}
+	if rec := do(srv, idemRequest("6", "k-6", "x")); rec.Header().Get(middleware.ReplayedHeader) != "true" || runs.Load() != 1 {
+		t.Fatalf("%s: the third request got %d %v (runs %d), want the replay", s.a.Name, rec.Code, rec.Header(), runs.Load())
+	}
+	if n := store.Len(); n != 1 {
+		t.Fatalf("%s: the store holds %d entries, want the record alone", s.a.Name, n)
 	}
 }
 
