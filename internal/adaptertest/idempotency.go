@@ -113,9 +113,9 @@ func (s *suite) testIdempotencyReplay(t *testing.T) {
 // request runs waits for it and gets the replay; one whose wait runs out
 // first is answered 409 with Retry-After, the same bytes on every adapter.
 func (s *suite) testIdempotencyConcurrent(t *testing.T) {
-	for _, backend := range []string{"memstore"} {
+	for backend, newLocker := range map[string]func(*testing.T) *reqlock.Locker{"memstore": memLockerFor, "redis": redisLockerFor} {
 		t.Run(backend, func(t *testing.T) {
-			locker, _ := newMemLocker(t)
+			locker := newLocker(t)
 			var runs atomic.Int32
 			entered, release := make(chan struct{}), make(chan struct{})
 			var once sync.Once
@@ -134,6 +134,11 @@ func (s *suite) testIdempotencyConcurrent(t *testing.T) {
 			go func() { waiterDone <- do(long, idemRequest("3", "k-3", "x")) }()
 			s.expectProblem(t, do(short, idemRequest("3", "k-3", "x")), http.StatusConflict, "1",
 				`{"type":"about:blank","title":"Conflict","status":409,"detail":"a request with the same idempotency key is still being processed; retry later","reason":"idempotency_conflict"}`+"\n")
+			select {
+			case rec := <-waiterDone:
+				t.Fatalf("%s: the duplicate answered %d while the first still ran", s.a.Name, rec.Code)
+			default:
+			}
 			close(release)
 			if rec := <-firstDone; rec.Code != http.StatusCreated || rec.Header().Get(middleware.ReplayedHeader) != "" {
 				t.Fatalf("%s: first %d %v", s.a.Name, rec.Code, rec.Header())
