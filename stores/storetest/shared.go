@@ -781,8 +781,12 @@ func (e *env) proxiedShared(t *testing.T) (stores.SharedStore, backend) {
 // abandonShared runs an AcquireShared of key by token on sh under a fault
 // that keeps it unanswered, as abandon does for Acquire, and releases the
 // place as the Locker does after a failure other than ErrAbandoned and
-// ErrUnreachable; it returns whether that release is still owed.
-func (e *env) abandonShared(t *testing.T, sh stores.SharedStore, key, token string, retryMayAnswer bool) (release func() bool, owed bool) {
+// ErrUnreachable; it returns whether that release is still owed. When
+// restage is set and the call failed with ErrUnreachable while carried
+// counts no request carrying the key at the server, the call never left
+// (its connection broke, or could not be made, before the fault could
+// catch it): it returns unsent, for the caller to stage the fault again.
+func (e *env) abandonShared(t *testing.T, sh stores.SharedStore, key, token string, carried func() int, restage bool) (release func() bool, owed, unsent bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), abandonWait)
 	defer cancel()
@@ -792,14 +796,13 @@ func (e *env) abandonShared(t *testing.T, sh stores.SharedStore, key, token stri
 		t.Errorf("AcquireShared under the fault returned after %v, %v past its context's end", took, took-abandonWait)
 	}
 	switch {
-	case err == nil && g.OK && retryMayAnswer:
-		// The client sent the call again once the fault let it through,
-		// and was answered: the caller holds the place, and releases it.
-		t.Logf("AcquireShared under the fault was granted (a client retry got through): %+v", g)
 	case err == nil:
-		t.Fatalf("AcquireShared under the fault: %+v with no error, want a failure or a grant", g)
+		t.Fatalf("AcquireShared under the fault: %+v with no error, want a failure", g)
 	case g.OK:
 		t.Fatalf("AcquireShared under the fault failed (%v) but reports a grant", err)
+	}
+	if restage && errors.Is(err, stores.ErrUnreachable) && carried() == 0 {
+		return nil, false, true
 	}
 	expectNotUnreachable(t, err, "AcquireShared under a fault, which may have reached the server")
 	release = func() bool {
@@ -812,7 +815,7 @@ func (e *env) abandonShared(t *testing.T, sh stores.SharedStore, key, token stri
 		owed = !release()
 	}
 	t.Logf("the abandoned AcquireShared failed with %v; a release is still owed: %v", err, owed)
-	return release, owed
+	return release, owed, false
 }
 
 // abandonedShared: an AcquireShared that the fault set by fault leaves
@@ -823,13 +826,29 @@ func (e *env) abandonShared(t *testing.T, sh stores.SharedStore, key, token stri
 // a server once it was armed, not only one carrying the key: a store may
 // send a request without it first (etcdstore grants each holder a lease),
 // which the fault then catches. AbandonedShared/ReplyCut catches the
-// request carrying the key itself.
-func (e *env) abandonedShared(t *testing.T, fault func(backend), what string, retryMayAnswer bool) {
+// request carrying the key itself. A call that provably never left (see
+// abandonShared) is staged again, up to stagingTries times.
+func (e *env) abandonedShared(t *testing.T, fault func(backend), what string) {
 	k := e.key("k")
-	sh, b := e.proxiedShared(t)
-	reached := b.count("")
-	fault(b)
-	release, owed := e.abandonShared(t, sh, k, "t1", retryMayAnswer)
+	var (
+		sh           stores.SharedStore
+		b            backend
+		reached      func() int
+		release      func() bool
+		owed, unsent bool
+	)
+	for try := 1; ; try++ {
+		sh, b = e.proxiedShared(t)
+		reached = b.count("")
+		carried := b.count(e.needle())
+		fault(b)
+		release, owed, unsent = e.abandonShared(t, sh, k, "t1", carried, try < stagingTries)
+		if !unsent {
+			break
+		}
+		b.heal()
+		t.Logf("try %d: the AcquireShared never left (ErrUnreachable, no request carrying the key reached the server); staging the fault again", try)
+	}
 	<-time.After(faultHold) // the fault outlasts the call
 	reachedServer(t, reached, what)
 	b.heal()
@@ -846,24 +865,25 @@ func (e *env) abandonedShared(t *testing.T, fault func(backend), what string, re
 // testAbandonedSharedReplyLost: an AcquireShared whose reply is lost leaves
 // no holder once the network heals.
 func testAbandonedSharedReplyLost(t *testing.T, e *env) {
-	e.abandonedShared(t, func(b backend) { b.blackhole(faultproxy.ToClient) }, "a lost reply", false)
+	e.abandonedShared(t, func(b backend) { b.blackhole(faultproxy.ToClient) }, "a lost reply")
 }
 
 // testAbandonedSharedReplyCut: an AcquireShared whose request carrying the
-// key reached the server, and whose connection was then cut, leaves no
-// holder. A client that sends the call again on a new connection may get
-// its answer (a grant, which the caller then owns and releases).
+// key reached the server, and whose connection was then cut while the
+// server refuses new connections (so that a client's retry, which would
+// answer the call, cannot get through), leaves no holder.
 func testAbandonedSharedReplyCut(t *testing.T, e *env) {
 	needle := []byte(e.needle())
 	e.abandonedShared(t, func(b backend) {
+		b.refuse()
 		b.cutWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, needle) }, true)
-	}, "a reply cut off", true)
+	}, "a reply cut off")
 }
 
 // testAbandonedSharedReplyLate: an AcquireShared whose reply arrives after
 // the call gave up leaves no holder.
 func testAbandonedSharedReplyLate(t *testing.T, e *env) {
-	e.abandonedShared(t, func(b backend) { b.stall(faultproxy.ToClient) }, "a late reply", false)
+	e.abandonedShared(t, func(b backend) { b.stall(faultproxy.ToClient) }, "a late reply")
 }
 
 // testStaleSharedPaused: a holder whose server connection pauses past its

@@ -21,7 +21,14 @@
 //     that deadline only.
 //   - rueidis does not retry a script (EVALSHA is not read-only), so each
 //     call is one attempt; it fails with an error wrapping
-//     stores.ErrUnreachable when no connection could be dialled.
+//     stores.ErrUnreachable when no connection could be dialled for it.
+//     rueidis answers a call that it wrote with its connection's error
+//     (EOF, a reset, a timeout): the Store undoes such an acquire and
+//     answers stores.ErrAbandoned. The exception is
+//     ClientOption.ConnLifetime: rueidis sends a call whose expired
+//     connection broke before the reply again on a new connection, and
+//     answers the dial error when that cannot be made, for a call Redis may
+//     have run. Wrap such a client with ExpiringConns.
 //   - Release signals come through one dedicated rueidis connection per
 //     Store with pub/sub hooks, opened by the first NotifyRelease. When that
 //     connection breaks, the Store dials a new one (on a Sentinel client, to
@@ -53,25 +60,45 @@ import (
 
 // New returns a Store over client. It starts nothing: the pub/sub
 // connection for NotifyRelease opens on first use. The caller owns client
-// and closes it after the Store. It returns an error wrapping
+// and closes it after the Store. A client with ClientOption.ConnLifetime
+// set must come wrapped by ExpiringConns. It returns an error wrapping
 // stores.ErrInvalid when client is nil or an option is invalid.
 func New(client rueidis.Client, opts ...redisstore.Option) (*redisstore.Store, error) {
-	if client == nil {
+	if e, ok := client.(expiring); client == nil || ok && e.Client == nil {
 		return nil, fmt.Errorf("%w: rueidisstore: client is nil", stores.ErrInvalid)
 	}
 	return redisstore.NewWithDriver(NewDriver(client), opts...)
 }
 
 // NewDriver returns the redisstore.Driver over client, for
-// redisstore.NewWithDriver.
+// redisstore.NewWithDriver. A client with ClientOption.ConnLifetime set must
+// come wrapped by ExpiringConns.
 func NewDriver(client rueidis.Client) redisstore.Driver {
-	return &driver{client: client, cluster: client.Mode() == rueidis.ClientModeCluster}
+	e, resends := client.(expiring)
+	if resends {
+		client = e.Client
+	}
+	return &driver{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, resends: resends}
 }
+
+// ExpiringConns marks client, for New and NewDriver, as one whose
+// ClientOption.ConnLifetime is set. rueidis then sends a call whose expired
+// connection broke before the reply again, on a new connection, and answers
+// the dial error when that cannot be made: the error no longer says that
+// Redis never saw the call. The Store then treats a dial error as any other
+// failure of unknown outcome: it undoes an acquire that failed so, in the
+// background until it lands or the acquisition's TTL has passed, and
+// answers stores.ErrAbandoned, not stores.ErrUnreachable.
+func ExpiringConns(client rueidis.Client) rueidis.Client { return expiring{client} }
+
+// expiring is a client marked by ExpiringConns.
+type expiring struct{ rueidis.Client }
 
 // driver is the redisstore.Driver over a rueidis client.
 type driver struct {
 	client  rueidis.Client
 	cluster bool
+	resends bool // the client has ConnLifetime: see ExpiringConns
 }
 
 // errCrossSlot is what Eval returns for keys that a Cluster client refuses
@@ -98,7 +125,7 @@ func (d *driver) Eval(ctx context.Context, script *redisstore.Script, keys []str
 	}
 	msg, err := resp.ToMessage()
 	if err != nil {
-		if neverSent(err) {
+		if !d.resends && neverSent(err) {
 			err = fmt.Errorf("%w: %w", stores.ErrUnreachable, err)
 		}
 		return redisstore.Reply{}, err
@@ -169,7 +196,16 @@ func strArgs(args []any) ([]string, error) {
 }
 
 // neverSent reports whether err says that the call never reached Redis: no
-// connection could be dialled.
+// connection could be dialled for it.
+//
+// rueidis (v1.0.79) sends a command on a connection of its own mux, dialled
+// when the command needs it; when the dial fails, the command goes to a
+// dead connection that answers the dial error at once, unsent. A command
+// that it wrote gets its connection's first error (a read or write error,
+// ErrClosing) or its context's. rueidis sends a script once (it is not
+// read-only), again only after a MOVED or ASK reply (which ran nothing) or
+// after its connection expired (ConnLifetime, see ExpiringConns). So, but
+// with ConnLifetime, a dial error says that Redis never saw the call.
 func neverSent(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"

@@ -104,4 +104,7 @@ func TestNewRejectsNil(t *testing.T) {
 	if _, err := New(nil); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("New(nil): got %v, want ErrInvalid", err)
 	}
+	if _, err := New(ExpiringConns(nil)); !errors.Is(err, stores.ErrInvalid) {
+		t.Fatalf("New(ExpiringConns(nil)): got %v, want ErrInvalid", err)
+	}
 }
