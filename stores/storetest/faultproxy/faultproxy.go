@@ -518,11 +518,23 @@ func (p *Proxy) pump(l *link, way int) {
 		p.forget(l)
 		l.close()
 	}()
-	buf := make([]byte, 64<<10)
+	// A reader of its own notes when each chunk arrived, while earlier
+	// ones wait out their delay: a delay is latency, d after arrival, not
+	// d after the chunk before was passed (which made a reply behind
+	// another, a keep-alive's say, take twice the link's delay).
+	arrivals := make(chan arrival, 16)
+	p.wg.Add(1)
+	go p.read(l, src, arrivals)
 	for {
-		n, err := src.Read(buf)
+		var a arrival
+		select {
+		case a = <-arrivals:
+		case <-l.done:
+			return
+		}
+		n, err := len(a.chunk), a.err
 		if n > 0 {
-			chunk := buf[:n]
+			chunk := a.chunk
 			v := p.judge(l, way, chunk)
 			if v.stalled != nil {
 				select {
@@ -540,7 +552,7 @@ func (p *Proxy) pump(l *link, way int) {
 			if p.blackholed(l, way) {
 				continue
 			}
-			if v.delay > 0 && !sleep(v.delay, v.healed, l.done) {
+			if d := time.Until(a.at.Add(v.delay)); v.delay > 0 && d > 0 && !sleep(d, v.healed, l.done) {
 				return
 			}
 			if v.held != nil {
@@ -579,6 +591,32 @@ func (p *Proxy) forget(l *link) {
 
 // sleep waits for d, or until healed is closed; it reports false, at once,
 // when done is closed.
+// arrival is a chunk read from one side of a link, or the error that
+// ended the reads, and when it came.
+type arrival struct {
+	chunk []byte
+	err   error
+	at    time.Time
+}
+
+// read reads src into arrivals until a read fails or l closes.
+func (p *Proxy) read(l *link, src net.Conn, arrivals chan<- arrival) {
+	defer p.wg.Done()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		a := arrival{chunk: bytes.Clone(buf[:n]), err: err, at: time.Now()}
+		select {
+		case arrivals <- a:
+		case <-l.done:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 func sleep(d time.Duration, healed, done <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -211,6 +211,38 @@ func TestDelay(t *testing.T) {
 	}
 }
 
+// TestDelayIsLatency: a reply that comes while an earlier one waits out
+// the delay is passed d after it came, not d after the earlier one was
+// passed: on a connection that carries several calls' replies (gRPC), a
+// serial delay made a round trip take twice the link's delay or more.
+func TestDelayIsLatency(t *testing.T) {
+	const d = time.Second
+	s := newEchoServer(t)
+	p := faultproxy.New(t, s.ln.Addr().String())
+	c := dial(t, p)
+	c.roundTrip("warm")
+	<-s.got
+	p.Delay(faultproxy.ToClient, d)
+	sent := time.Now()
+	c.send("a")
+	s.received(t, "a")
+	c.send("b")
+	s.received(t, "b")
+	answeredB := time.Now() // the echo of b is on its way to the proxy
+	for _, want := range []string{"a", "b"} {
+		if got, err := c.recv(5 * time.Second); err != nil || got != want {
+			t.Fatalf("reply %q, %v; want %q", got, err, want)
+		}
+	}
+	if el := time.Since(sent); el < d {
+		t.Errorf("the replies came after %v, within the %v delay", el, d)
+	}
+	// Serially, b would come d after a was passed: at 2d from a's echo.
+	if late := time.Since(answeredB); late > d+d/2 {
+		t.Errorf("b's reply came %v after its echo, want about the %v delay", late, d)
+	}
+}
+
 // TestDelayNextRequest: a held request reaches the server after a later
 // connection's, and the channel tells when it was answered.
 func TestDelayNextRequest(t *testing.T) {
