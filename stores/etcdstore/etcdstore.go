@@ -618,6 +618,7 @@ func (s *Store) release(ctx context.Context, start time.Time, seq uint64, keys, 
 	}
 	// Sent again while etcd does not answer: a copy deletes (or moves)
 	// only keys that hold token, set by a call no later than this one.
+	s.leaseAhead(ctx, start, keep)
 	answers, unsure, err := s.resendUnsure(ctx, send, func(resp *clientv3.TxnResponse) bool {
 		refused, err := releaseRefused(resp, len(keys))
 		return err == nil && len(refused) == 0
@@ -776,6 +777,7 @@ func (s *Store) refresh(ctx context.Context, start time.Time, seq uint64, keys, 
 	}
 	// Sent again while etcd does not answer: every copy compares the same
 	// owner and sequence, and puts the same value.
+	s.leaseAhead(ctx, start, ttl)
 	answers, err := s.resend(ctx, send, func(resp *clientv3.TxnResponse) bool { return resp.Succeeded })
 	if err != nil {
 		return s.failed("refresh", keys, err)

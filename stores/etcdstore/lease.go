@@ -377,6 +377,18 @@ func (s *Store) withPoolLeases(ctx context.Context, pool *leasePool, start time.
 	}
 }
 
+// leaseAhead gets the lease of d (none for d not positive) that the copies
+// of a call sent again while etcd does not answer (see resend) will use,
+// before the first copy: a copy's bound is for one round trip, and a copy
+// that waited for a grant as well took two, so another copy (another raft
+// proposal) was sent whenever the call needed a new lease. An error is
+// left to the copies, which get the lease again.
+func (s *Store) leaseAhead(ctx context.Context, start time.Time, d time.Duration) {
+	if d > 0 {
+		_, _ = s.leases.get(ctx, start, d)
+	}
+}
+
 // withLease is withLeases for one lease.
 func (s *Store) withLease(ctx context.Context, start time.Time, d time.Duration, f func(clientv3.LeaseID) error) error {
 	return s.withLeases(ctx, start, []time.Duration{d}, func(ids []clientv3.LeaseID) error { return f(ids[0]) })
