@@ -285,8 +285,9 @@
 // take whichever answers first (a grant answered after another took its
 // place is revoked at once); a Release or a Refresh, which compares the
 // owner (and the sequence) in its transaction and so may land twice with
-// no other effect, is sent again on the same bound while etcd does not answer,
-// the earlier copies still counting, and at once after a transient failure
+// no other effect, is sent again on the same bound while etcd does not answer
+// (its lease, when it needs one, is got before its first copy: the bound is
+// for the transaction alone), the earlier copies still counting, and at once after a transient failure
 // (no leader yet). A refusal settles such a call only once its earlier
 // copies have answered too, since one of them may have ended the grant
 // first. A Release goes on after its caller left, up to the request
