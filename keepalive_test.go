@@ -23,6 +23,11 @@ const (
 	wdRetry    = wdTTL / 10
 	// wdSlack absorbs scheduling delays of a loaded -race run.
 	wdSlack = 150 * time.Millisecond
+	// renewTTL is the TTL of the tests that a renewal late by a TTL's
+	// two thirds fails (a key another token may take): renewals every
+	// 333ms, late by up to 667ms on a loaded machine. At wdTTL, a loaded
+	// -race run delays one by 200ms now and then.
+	renewTTL = time.Second
 )
 
 var errInjected = errors.New("injected store failure")
@@ -128,7 +133,13 @@ func newWDFixture(t *testing.T, e *storeEnv, opts ...reqlock.Option) *wdFixture 
 
 func (f *wdFixture) obtain(t *testing.T, key string) *reqlock.Lock {
 	t.Helper()
-	lock, err := f.locker.Obtain(context.Background(), key, wdTTL, 0)
+	return f.obtainFor(t, key, wdTTL)
+}
+
+// obtainFor is obtain with a TTL of ttl.
+func (f *wdFixture) obtainFor(t *testing.T, key string, ttl time.Duration) *reqlock.Lock {
+	t.Helper()
+	lock, err := f.locker.Obtain(context.Background(), key, ttl, 0)
 	if err != nil {
 		t.Fatalf("obtain %q: %v", key, err)
 	}
@@ -160,9 +171,9 @@ func expectLost(t *testing.T, ctx context.Context, also error) {
 func TestKeepAliveRenews(t *testing.T) {
 	forEachEnv(t, func(t *testing.T, e *storeEnv) {
 		f := newWDFixture(t, e)
-		lock := f.obtain(t, "sku:renew")
+		lock := f.obtainFor(t, "sku:renew", renewTTL)
 		ctx := lock.KeepAlive(context.Background())
-		end := time.Now().Add(4 * wdTTL)
+		end := time.Now().Add(4 * renewTTL)
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
 		for time.Now().Before(end) {
@@ -525,13 +536,13 @@ func TestObtainAllKeepAliveRenewsEveryKey(t *testing.T) {
 		l := e.locker(t)
 		ctx := context.Background()
 		keys := []string{"a", "b", "c"}
-		lock, err := l.ObtainAll(ctx, keys, wdTTL, 0)
+		lock, err := l.ObtainAll(ctx, keys, renewTTL, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = lock.Release(context.Background()) })
 		kctx := lock.KeepAlive(ctx)
-		end := time.Now().Add(4 * wdTTL)
+		end := time.Now().Add(4 * renewTTL)
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
 		for time.Now().Before(end) {
