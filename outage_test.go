@@ -756,7 +756,11 @@ func TestFullPendingSetDropsExpiredFirst(t *testing.T) {
 	m := new(outageMetrics)
 	l := reqlock.MustNew(r.spy, reqlock.WithReleaseTimeout(100*time.Millisecond), reqlock.WithMetrics(m),
 		reqlock.WithPendingReleases(2), reqlock.WithBreaker(0, 0))
-	const short = 300 * time.Millisecond
+	// The expiring grant must still be live when its release fails, or
+	// the release is not queued: it is obtained last, just before the
+	// pause, with a TTL that outlasts the pause and the failed release
+	// before it on a loaded machine (300ms did not, now and then).
+	const short = time.Second
 	// The keys are free: a wait lets a loaded machine's first calls (a
 	// fresh connection, the scripts loaded) take longer than a try-once's
 	// bound.
@@ -764,18 +768,19 @@ func TestFullPendingSetDropsExpiredFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expiring, err := l.Obtain(context.Background(), "expiring", short, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	newest, err := l.Obtain(context.Background(), "live:1", 10*time.Second, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
+	expiring, err := l.Obtain(context.Background(), "expiring", short, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obtained := time.Now()
 	r.pause(t)
 	_ = oldest.Release(context.Background())
 	_ = expiring.Release(context.Background())
-	time.Sleep(short) // the expiring grant's TTL passes in the store
+	time.Sleep(time.Until(obtained.Add(short))) // the expiring grant's TTL passes in the store
 	_ = newest.Release(context.Background())
 	if q, d, e := m.events(reqlock.PendingQueued), m.events(reqlock.PendingDropped), m.events(reqlock.PendingExpired); q != 3 || d != 0 || e != 1 {
 		t.Fatalf("queued %d, dropped %d, expired %d; want 3, 0 (no live release dropped) and 1", q, d, e)
