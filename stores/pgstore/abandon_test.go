@@ -141,7 +141,10 @@ func TestAcquireRacingClose(t *testing.T) {
 						return
 					default:
 					}
-					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					// Bounded as the Store bounds a call, with room: eight
+					// callers share the pool's few connections, and on a
+					// loaded machine one waited past 1s for its turn.
+					ctx, cancel := context.WithTimeout(context.Background(), 2*pgstore.DefaultCallLimit)
 					k := []string{fmt.Sprintf("close:%d:%d:%d:%d", time.Now().UnixNano(), i, g, n)}
 					_, err := s.Acquire(ctx, k, "t", time.Second)
 					cancel()
