@@ -619,13 +619,14 @@ func (e *env) raceStore(t *testing.T, delay time.Duration) stores.Store {
 
 // testRefreshRacingRelease: a Refresh that runs alongside the Release of
 // the same grant never sets the key again once the Release has returned.
+// The grant's TTL is long, as in testCancelledRefreshThenRelease.
 func testRefreshRacingRelease(t *testing.T, e *env) {
 	s := e.raceStore(t, 20*time.Millisecond)
 	var released []string
 	for i := range raceTries {
 		k := e.keys("k" + strconv.Itoa(i))
 		token := "t" + strconv.Itoa(i)
-		if g, err := s.Acquire(t.Context(), k, token, e.short); err != nil || !g.OK {
+		if g, err := s.Acquire(t.Context(), k, token, e.long); err != nil || !g.OK {
 			t.Fatalf("Acquire: %+v, %v", g, err)
 		}
 		var wg sync.WaitGroup
@@ -646,6 +647,10 @@ func testRefreshRacingRelease(t *testing.T, e *env) {
 
 // testCancelledRefreshThenRelease: a Refresh abandoned when its context
 // ends, followed at once by the grant's Release, never sets the key again.
+// The grant's TTL is long: the Release must find it held, and with the
+// short one, 1s, a loaded machine's Acquire, Refresh and Release through
+// the delay now and then outlasted it ("lock not held"). Whether the
+// Refresh set the key again is expectFreeForGood's to see, not the TTL's.
 func testCancelledRefreshThenRelease(t *testing.T, e *env) {
 	const delay = 50 * time.Millisecond
 	s := e.raceStore(t, delay)
@@ -653,7 +658,7 @@ func testCancelledRefreshThenRelease(t *testing.T, e *env) {
 	for i := range raceTries {
 		k := e.keys("k" + strconv.Itoa(i))
 		token := "t" + strconv.Itoa(i)
-		if g, err := s.Acquire(t.Context(), k, token, e.short); err != nil || !g.OK {
+		if g, err := s.Acquire(t.Context(), k, token, e.long); err != nil || !g.OK {
 			t.Fatalf("Acquire: %+v, %v", g, err)
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), delay/2)
