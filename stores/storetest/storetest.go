@@ -217,6 +217,10 @@ const (
 	// calling is dropped.
 	shortLease = 300 * time.Millisecond
 
+	// heartbeatLease is the lease of a waiter that keeps its place by
+	// calling again: each call must come within it, on a loaded machine.
+	heartbeatLease = time.Second
+
 	// expiryLimit bounds every wait for a lock or lease to expire, past its
 	// TTL.
 	expiryLimit = 5 * time.Second
