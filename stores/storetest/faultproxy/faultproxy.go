@@ -171,7 +171,9 @@ func (p *Proxy) Addr() string { return p.addr }
 func (p *Proxy) Upstream() string { return p.upstream }
 
 // Delay adds d to every chunk in dir from now until Heal: a slow network
-// or a slow server. Chunks keep their order.
+// or a slow server. Each chunk passes d after it arrived (a latency, not a
+// queue: a chunk that arrives while another waits is not held d more), and
+// chunks keep their order.
 func (p *Proxy) Delay(dir Direction, d time.Duration) {
 	p.each(dir, func(f *faults) { f.delay = d })
 }
