@@ -68,7 +68,10 @@ func (s *Store) Bounds() stores.Bounds {
 // are Acquire's: a claim it may have made is released, owner-checked. It
 // returns an error wrapping stores.ErrInvalid for an empty key, a
 // non-positive ttl or a token that starts with the prefix of a record's
-// value (a NUL byte, then "reqlock:record:").
+// value (a NUL byte, then "reqlock:record:"), and one wrapping
+// ErrCrossSlot, and so stores.ErrInvalid, when a Cluster refuses the key
+// because its sibling keys hash to another slot (a key with a '}' and no
+// hash tag; see fenceKey).
 func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Duration) (stores.Grant, *stores.Record, error) {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return stores.Grant{}, nil, err
@@ -82,7 +85,7 @@ func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Dur
 		undo: undoRelease, undoKeys: []string{key}, undoToken: token, ttl: ttl}
 	r, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, nil, err
+		return stores.Grant{}, nil, s.mapCrossSlot(err, []string{key}, true)
 	}
 	reply := r.Ints
 	switch {
@@ -111,7 +114,7 @@ func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Dur
 // either replaced the claim or will change nothing. It returns an error
 // wrapping stores.ErrInvalid for an empty key, a non-positive retention,
 // a record larger than the Store's MaxRecordBytes or a token refused as
-// in ClaimRecord; the client's error, wrapped with stores.ErrUnreachable
+// in ClaimRecord; one wrapping ErrCrossSlot as in ClaimRecord; the client's error, wrapped with stores.ErrUnreachable
 // when the call never reached Redis; and ctx.Err() without acting when ctx
 // has ended.
 func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.Record, retention time.Duration) error {
@@ -126,7 +129,7 @@ func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.
 		args: []any{token, encodeRecord(owner, rec), owner, milliseconds(retention)}}
 	r, err := call.run(ctx)
 	if err != nil {
-		return err
+		return s.mapCrossSlot(err, []string{key}, true)
 	}
 	switch {
 	case r.Ints != nil || r.Bulk != nil || r.Int < 0 || r.Int > 2:
