@@ -114,9 +114,9 @@ func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Dur
 // either replaced the claim or will change nothing. It returns an error
 // wrapping stores.ErrInvalid for an empty key, a non-positive retention,
 // a record larger than the Store's MaxRecordBytes or a token refused as
-// in ClaimRecord; one wrapping ErrCrossSlot as in ClaimRecord; the client's error, wrapped with stores.ErrUnreachable
-// when the call never reached Redis; and ctx.Err() without acting when ctx
-// has ended.
+// in ClaimRecord; one wrapping ErrCrossSlot as in ClaimRecord; the
+// client's error, wrapped with stores.ErrUnreachable when the call never
+// reached Redis; and ctx.Err() without acting when ctx has ended.
 func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.Record, retention time.Duration) error {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return err
