@@ -40,6 +40,43 @@ func TestReview23RecordCallsMapCrossSlot(t *testing.T) {
 	}
 }
 
+// TestReview23RecordTokenEqualToValue: Release, Refresh and Acquire of a
+// token equal to a record's stored value (it starts like one) leave the
+// record as it is: the package documentation says no token equals a record,
+// and stores.RecordStore that Release and Refresh of any token answer
+// ErrNotHeld over a record (issue 23).
+func TestReview23RecordTokenEqualToValue(t *testing.T) {
+	client := testredis.Client(t)
+	s := newStore(t, client)
+	ctx := context.Background()
+	k := testredis.Prefix(t) + "k"
+	g, _, err := s.ClaimRecord(ctx, k, "a", time.Minute)
+	if err != nil || !g.OK {
+		t.Fatalf("claim: %+v, %v", g, err)
+	}
+	rec := stores.Record{Fingerprint: "fp", Response: []byte("body"), Fence: g.Fences[0]}
+	if err := s.FinishRecord(ctx, k, "a", rec, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	value := client.Get(ctx, k).Val()
+	if err := s.Refresh(ctx, []string{k}, value, time.Hour); err == nil {
+		t.Errorf("Refresh of a token equal to the record's value: nil, want an error (it extended the record's retention)")
+	}
+	if g, err := s.Acquire(ctx, []string{k}, value, time.Minute); err == nil && g.OK {
+		t.Errorf("Acquire of a token equal to the record's value: granted over the record")
+	}
+	if err := s.Release(ctx, []string{k}, value, 0); err == nil {
+		t.Errorf("Release of a token equal to the record's value: nil, want an error (it deleted the record)")
+	}
+	_, got, err := s.ClaimRecord(ctx, k, "b", time.Minute)
+	if err != nil || got == nil || got.Fingerprint != "fp" {
+		t.Fatalf("the record after Refresh, Acquire and Release of a token equal to its value: %+v, %v; want it kept", got, err)
+	}
+	if ttl := client.PTTL(ctx, k).Val(); ttl > time.Minute {
+		t.Fatalf("the record's retention is %v after the calls, want at most 1m", ttl)
+	}
+}
+
 // TestReview23LongestRetention: a record kept for math.MaxInt64 (about 292
 // years) is kept, not refused by Redis nor overflowed.
 func TestReview23LongestRetention(t *testing.T) {
