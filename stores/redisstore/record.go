@@ -145,8 +145,27 @@ func checkRecordArgs(ctx context.Context, key, token string) error {
 	if err := args.CheckShared(ctx, key, 0); err != nil {
 		return err
 	}
+	return checkGrantToken(token)
+}
+
+// checkGrantToken returns an error wrapping stores.ErrInvalid when token
+// starts like a record's value (see recordPrefix): no claim or lock is
+// granted to such a token, so that no record is taken for a grant of its
+// value, nor a grant for a record.
+func checkGrantToken(token string) error {
 	if strings.HasPrefix(token, recordPrefix) {
 		return fmt.Errorf("%w: redisstore: a token that starts like a record's value (%q)", stores.ErrInvalid, recordPrefix)
+	}
+	return nil
+}
+
+// notHeldByRecordToken returns an error wrapping stores.ErrNotHeld when
+// token starts like a record's value: it holds no key (see
+// checkGrantToken), and a Release or Refresh of it must not act on a
+// record whose value it equals.
+func notHeldByRecordToken(keys []string, token string) error {
+	if strings.HasPrefix(token, recordPrefix) {
+		return fmt.Errorf("%w: %q: a token that starts like a record's value holds no key", stores.ErrNotHeld, keys)
 	}
 	return nil
 }
