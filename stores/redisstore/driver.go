@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 
 	"github.com/reqlock/reqlock/stores"
 )
@@ -127,6 +128,7 @@ func NewWithDriver(d Driver, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: max record bytes %d is out of [1, %d]",
 			stores.ErrInvalid, s.maxRecordBytes, DefaultMaxRecordBytes)
 	}
+	s.retentionArg = strconv.FormatInt(s.fenceRetention.Milliseconds(), 10)
 	return s, nil
 }
 

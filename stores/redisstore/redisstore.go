@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -59,8 +60,84 @@ var (
 // withLib prepends the helpers of lib.lua, and the waiting writers' of
 // internal/redislua, to a script's source: Redis has no
 // include, and one definition keeps every script's fences and waiting marks
-// alike.
-func withLib(src string) string { return libSrc + redislua.Writers + src }
+// alike. It prepends only the helpers that src calls, and those they call:
+// Redis runs the whole source on every call, and each helper defined costs
+// the call a closure.
+func withLib(src string) string { return helpers.usedBy(src) + src }
+
+// helpers are the helpers of withLib.
+var helpers = parseHelpers(libSrc + redislua.Writers)
+
+// luaHelpers are the helper functions of a Lua library, in their order.
+type luaHelpers []luaHelper
+
+// luaHelper is one function of a Lua library: its name and its source, with
+// the comment above it.
+type luaHelper struct {
+	name, src string
+	call      *regexp.Regexp // matches a call of it
+}
+
+// parseHelpers splits src, a sequence of top-level "local function name("
+// definitions each ending with a line "end", into its helpers. Lines
+// outside a definition and its comment are left out.
+func parseHelpers(src string) luaHelpers {
+	var (
+		hs      luaHelpers
+		comment []string
+		cur     *luaHelper
+		body    []string
+	)
+	for _, line := range strings.SplitAfter(src, "\n") {
+		switch {
+		case cur != nil:
+			body = append(body, line)
+			if strings.TrimRight(line, "\r\n") == "end" {
+				cur.src = strings.Join(body, "")
+				hs = append(hs, *cur)
+				cur, body = nil, nil
+			}
+		case strings.HasPrefix(line, "local function "):
+			name := strings.TrimPrefix(line, "local function ")
+			name = name[:strings.IndexByte(name, '(')]
+			cur = &luaHelper{name: name, call: regexp.MustCompile(`(^|[^A-Za-z0-9_])` + name + `\(`)}
+			body = append(comment, line)
+			comment = nil
+		case strings.HasPrefix(line, "--"):
+			comment = append(comment, line)
+		default:
+			comment = nil
+		}
+	}
+	if cur != nil {
+		panic("redisstore: Lua helper " + cur.name + " has no closing end")
+	}
+	return hs
+}
+
+// usedBy returns the sources of the helpers that src calls, and of those they
+// call, in the library's order.
+func (hs luaHelpers) usedBy(src string) string {
+	need := make([]bool, len(hs))
+	callers := []string{src}
+	for len(callers) > 0 {
+		caller := callers[0]
+		callers = callers[1:]
+		for i, h := range hs {
+			if !need[i] && h.call.MatchString(caller) {
+				need[i] = true
+				callers = append(callers, h.src)
+			}
+		}
+	}
+	var b strings.Builder
+	for i, h := range hs {
+		if need[i] {
+			b.WriteString(h.src)
+		}
+	}
+	return b.String()
+}
 
 // allScripts lists every script of the package, for Load.
 func allScripts() []*Script {
@@ -84,6 +161,7 @@ type Store struct {
 	routing            Routing // how the client spreads keys; see checkColocated
 	fenceRetention     time.Duration
 	maxRecordBytes     int // see WithMaxRecordBytes
+	retentionArg       any // fenceRetention in ms, as the scripts take it, boxed once
 	clientTimeoutsOnly bool
 	closeClient        func() error // closes the client Open made, last in Close
 
@@ -178,19 +256,23 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := checkGrantToken(token); err != nil {
 		return stores.Grant{}, err
 	}
-	writerMark := func(key string) string { return writerMarkKey(key, token) }
-	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]),
-		abandonKey(keys[0], token), writerMark(keys[0]), writersKey(keys[0])}
-	if len(keys) > 1 {
+	call := &scriptCall{store: s, script: acquireScript,
+		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
+	if len(keys) == 1 {
+		// The five sibling names in one allocation, the key and argument
+		// lists in the call's own arrays: see siblingNames.
+		call.keys = siblingNames(append(call.keyBuf[:0], keys[0]), keys[0], token,
+			":fence", ":waiting", ":abandoned:", ":writer:", ":writers")
+	} else {
 		if err := s.checkColocated(keys, true); err != nil {
 			return stores.Grant{}, err
 		}
-		script, scriptKeys = acquireAllScript,
+		writerMark := func(key string) string { return writerMarkKey(key, token) }
+		call.script, call.keys = acquireAllScript,
 			append(withSiblingKeys(keys, fenceKey, waitingKey, writerMark, writersKey), abandonKey(keys[0], token))
 	}
-	call := &scriptCall{store: s, script: script, keys: scriptKeys,
-		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride, writerWindowMS},
-		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
+	call.argBuf = [len(call.argBuf)]any{token, milliseconds(ttl), s.retentionArg, strideArg, writerWindowArg}
+	call.args = call.argBuf[:]
 	r, err := call.run(ctx)
 	if err != nil {
 		return stores.Grant{}, s.mapCrossSlot(err, keys, true)
@@ -233,7 +315,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
-		r, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0]), writerMarkKey(keys[0], token), writersKey(keys[0])}, token)
+		var keyBuf [4]string
+		scriptKeys := siblingNames(append(keyBuf[:0], keys[0]), keys[0], token, ":waiting", ":writer:", ":writers")
+		r, err := s.run(ctx, releaseScript, scriptKeys, token)
 		if err != nil {
 			return s.mapCrossSlot(err, keys, false)
 		}
@@ -344,6 +428,44 @@ func withSiblingKeys(keys []string, names ...func(string) string) []string {
 		}
 	}
 	return all
+}
+
+// siblingNames appends to dst the sibling keys of key (see siblingKey)
+// with each of suffixes, a suffix that ends in ':' followed by token:
+// what abandonKey, writerMarkKey, fenceKey and the other names of this
+// package give, with one allocation for all of them where each would take
+// one or two.
+func siblingNames(dst []string, key, token string, suffixes ...string) []string {
+	open, closed := "{", "}"
+	if hasHashTag(key) || strings.IndexByte(key, '}') >= 0 {
+		open, closed = "", ""
+	}
+	size := 0
+	for _, suffix := range suffixes {
+		size += len(open) + len(key) + len(closed) + len(suffix)
+		if strings.HasSuffix(suffix, ":") {
+			size += len(token)
+		}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	ends := make([]int, 0, 8)
+	for _, suffix := range suffixes {
+		b.WriteString(open)
+		b.WriteString(key)
+		b.WriteString(closed)
+		b.WriteString(suffix)
+		if strings.HasSuffix(suffix, ":") {
+			b.WriteString(token)
+		}
+		ends = append(ends, b.Len())
+	}
+	all, start := b.String(), 0
+	for _, end := range ends {
+		dst = append(dst, all[start:end])
+		start = end
+	}
+	return dst
 }
 
 // abandonKey names the mark that the Store abandoned token's acquisition of
