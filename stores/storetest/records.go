@@ -510,33 +510,36 @@ func testRecordFinishSignals(t *testing.T, e *env) {
 }
 
 // proxiedRecords returns a store from Suite.Proxied as a RecordStore, and
-// its backend, warmed up as proxied describes.
-func (e *env) proxiedRecords(t *testing.T) (stores.Store, stores.RecordStore, backend) {
+// its backend, warmed up as proxied describes with claims of ttl and a
+// record of retention, the durations the subtest's calls use.
+func (e *env) proxiedRecords(t *testing.T, ttl, retention time.Duration) (stores.Store, stores.RecordStore, backend) {
 	t.Helper()
 	p, b := e.proxied(t)
 	rs, ok := p.(stores.RecordStore)
 	if !ok {
 		t.Fatalf("storetest: %T from Suite.Proxied does not implement stores.RecordStore", p)
 	}
-	e.warmRecords(t, rs)
+	e.warmRecords(t, rs, ttl, retention)
 	return p, rs, b
 }
 
-// warmRecords claims, finishes and claims again (reading the record) a key
-// of its own in the subtest keys' hash slot through rs, as warm does for
-// locks, so that a fault armed next catches the request that carries the
-// keys, not a statement's preparation.
-func (e *env) warmRecords(t *testing.T, rs stores.RecordStore) {
+// warmRecords claims for ttl, finishes for retention and claims again
+// (reading the record) a key of its own in the subtest keys' hash slot
+// through rs, as warm does for locks, so that a fault armed next catches
+// the request that carries the keys, not a statement's preparation or a
+// lease for the durations the subtest's calls use (etcdstore shares a
+// lease per duration between calls).
+func (e *env) warmRecords(t *testing.T, rs stores.RecordStore, ttl, retention time.Duration) {
 	t.Helper()
 	k := "storetest:{" + e.tag + "}:warm:" + randomHex(8)
-	g, _, err := rs.ClaimRecord(t.Context(), k, "warm", e.short)
+	g, _, err := rs.ClaimRecord(t.Context(), k, "warm", ttl)
 	if err != nil || !g.OK {
 		t.Fatalf("warming up the proxied store: ClaimRecord: %+v, %v", g, err)
 	}
-	if err := rs.FinishRecord(t.Context(), k, "warm", recordOf(g, "warm"), e.short); err != nil {
+	if err := rs.FinishRecord(t.Context(), k, "warm", recordOf(g, "warm"), retention); err != nil {
 		t.Fatalf("warming up the proxied store: FinishRecord: %v", err)
 	}
-	if _, rec, err := rs.ClaimRecord(t.Context(), k, "warm2", e.short); err != nil || rec == nil {
+	if _, rec, err := rs.ClaimRecord(t.Context(), k, "warm2", ttl); err != nil || rec == nil {
 		t.Fatalf("warming up the proxied store: ClaimRecord of the finished key: %+v, %v", rec, err)
 	}
 }
@@ -547,12 +550,13 @@ func (e *env) warmRecords(t *testing.T, rs stores.RecordStore) {
 // Locker does.
 func (e *env) abandonedClaim(t *testing.T, fault func(backend), what string) {
 	k := e.key("k")
-	p, rs, b := e.proxiedRecords(t)
+	ttl := e.maxTTLOr(minFaultTTL)
+	p, rs, b := e.proxiedRecords(t, ttl, e.short)
 	reached := b.count(e.needle())
 	fault(b)
 	ctx, cancel := context.WithTimeout(t.Context(), abandonWait)
 	start := time.Now()
-	g, rec, err := rs.ClaimRecord(ctx, k, "t1", e.maxTTLOr(minFaultTTL))
+	g, rec, err := rs.ClaimRecord(ctx, k, "t1", ttl)
 	cancel()
 	if took := time.Since(start); took > abandonWait+returnSlack {
 		t.Errorf("ClaimRecord under the fault returned after %v, %v past its context's end", took, took-abandonWait)
@@ -598,7 +602,7 @@ func testRecordAbandonedReplyLate(t *testing.T, e *env) {
 // claims read that record, or are granted the free key, for good.
 func testRecordFinishReplyLost(t *testing.T, e *env) {
 	k := e.key("k")
-	_, rs, b := e.proxiedRecords(t)
+	_, rs, b := e.proxiedRecords(t, e.long, e.long)
 	g, _, err := rs.ClaimRecord(t.Context(), k, "t1", e.long)
 	if err != nil || !g.OK {
 		t.Fatalf("ClaimRecord through the proxy: %+v, %v", g, err)
@@ -651,7 +655,7 @@ func testRecordFinishReplyLost(t *testing.T, e *env) {
 func testRecordFinishLate(t *testing.T, e *env) {
 	hold := max(e.callLimit, abandonWait) + faultHold + time.Second
 	k := e.key("k")
-	_, rs, b := e.proxiedRecords(t)
+	_, rs, b := e.proxiedRecords(t, e.long, e.long)
 	g, _, err := rs.ClaimRecord(t.Context(), k, "t1", e.long)
 	if err != nil || !g.OK {
 		t.Fatalf("ClaimRecord through the proxy: %+v, %v", g, err)
@@ -697,7 +701,7 @@ func testRecordFinishLate(t *testing.T, e *env) {
 // once it resumes: its FinishRecord answers ErrNotHeld, never nil.
 func testRecordStaleClaimer(t *testing.T, e *env) {
 	k := e.key("k")
-	_, rs, b := e.proxiedRecords(t)
+	_, rs, b := e.proxiedRecords(t, e.expiry, e.long)
 	g, _, err := rs.ClaimRecord(t.Context(), k, "t1", e.expiry)
 	if err != nil || !g.OK {
 		t.Fatalf("ClaimRecord through the proxy: %+v, %v", g, err)
