@@ -189,7 +189,8 @@
 // token that finished the record, and is not undone after a failure of unknown outcome: it replaced
 // the claim or changes nothing. Redis removes a record when its PX expires.
 // Bounds states the largest record (stores.Record.Size) the Store keeps:
-// DefaultMaxRecordBytes, 256 MiB, or less with WithMaxRecordBytes; keys,
+// DefaultMaxRecordBytes, 16 MiB (what a replica's link carries safely), or
+// up to MaxRecordBytesLimit with WithMaxRecordBytes; keys,
 // TTLs and retentions have no bound but Redis's own. A Driver returns a
 // record's value in Reply.Bulk.
 //

@@ -33,14 +33,22 @@ var (
 const recordPrefix = "\x00reqlock:record:1\x00"
 
 // DefaultMaxRecordBytes is the largest record (stores.Record.Size) a Store
-// keeps unless WithMaxRecordBytes says otherwise: half of Redis's 512 MB
-// limit on a string value (proto-max-bulk-len), which leaves room for the
-// token and the encoding.
-const DefaultMaxRecordBytes = 256 << 20
+// keeps unless WithMaxRecordBytes says otherwise: 16 MiB, far below what
+// Redis's default client-output-buffer-limit lets through a replica's link
+// (64mb soft for 60 s, 256mb hard). A larger record makes the master drop
+// its replicas and resync them in full, and a failover meanwhile loses the
+// record.
+const DefaultMaxRecordBytes = 16 << 20
+
+// MaxRecordBytesLimit is the most WithMaxRecordBytes takes: half of Redis's
+// 512 MB limit on a string value (proto-max-bulk-len), which leaves room
+// for the token and the encoding. Above 16 MiB, raise the replicas'
+// client-output-buffer-limit first.
+const MaxRecordBytesLimit = 256 << 20
 
 // WithMaxRecordBytes sets the largest record (stores.Record.Size) the Store
 // keeps, stated in its Bounds; FinishRecord refuses a larger one with
-// stores.ErrInvalid. Between 1 and DefaultMaxRecordBytes; default
+// stores.ErrInvalid. Between 1 and MaxRecordBytesLimit; default
 // DefaultMaxRecordBytes.
 func WithMaxRecordBytes(n int) Option {
 	return func(s *Store) { s.maxRecordBytes = n }
@@ -49,7 +57,7 @@ func WithMaxRecordBytes(n int) Option {
 // Bounds states the largest record the Store keeps (see WithMaxRecordBytes).
 // Keys, TTLs and retentions have no bound but Redis's own.
 func (s *Store) Bounds() stores.Bounds {
-	reason := "redisstore's record limit (default: half of Redis's 512 MB string limit)"
+	reason := "redisstore's default record limit (DefaultMaxRecordBytes: what a replica's link carries safely)"
 	if s.maxRecordBytes != DefaultMaxRecordBytes {
 		reason = "redisstore.WithMaxRecordBytes(" + strconv.Itoa(s.maxRecordBytes) + ")"
 	}

@@ -1,8 +1,5 @@
 package redisstore
 
-// Findings of the review of issue 23 that are left to the lead: each test
-// here fails on the code as it is, for the reason its comment gives.
-
 import (
 	"context"
 	"net"
@@ -17,18 +14,13 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// TestReview23MaxRecordKeepsReplica: a record of DefaultMaxRecordBytes, the
-// largest the Store keeps by default, reaches the master's replica over the
-// replication link. It fails: Redis's default client-output-buffer-limit
-// for replicas is 256mb (hard), which one such record exceeds, so the
-// master closes the replica's link and the replica needs a full resync
-// (its dataset sent again as an RDB); a failover meanwhile loses the record
-// and every write since. A record stays below that limit only when
-// DefaultMaxRecordBytes (or the operator's WithMaxRecordBytes) leaves room
-// for the other writes in the buffer; the soft limit (64mb for 60 s) is
-// crossed by a few records of tens of MiB as well. What the default should
-// be is the lead's call (issue 23 review).
-func TestReview23MaxRecordKeepsReplica(t *testing.T) {
+// TestMaxRecordKeepsReplica: a record of DefaultMaxRecordBytes, the largest
+// the Store keeps by default, reaches the master's replica without breaking
+// the replication link (found in the issue 23 review with a 256 MiB
+// default): Redis's default client-output-buffer-limit for replicas (64mb
+// soft, 256mb hard) would close the link and force a full resync, during
+// which a failover loses the record.
+func TestMaxRecordKeepsReplica(t *testing.T) {
 	nodes := testservers.RedisNodes(t, 2)
 	ctx := context.Background()
 	master := redis.NewClient(&redis.Options{Addr: nodes[0].Addr(), ReadTimeout: time.Minute, WriteTimeout: time.Minute, ContextTimeoutEnabled: true})
