@@ -94,7 +94,7 @@ func TestIdempotencyOf(t *testing.T) {
 		t.Fatalf("without a key: IdempotencyOf gave %+v", got)
 	}
 	first := do("k1", false)
-	if got == nil || !strings.HasPrefix(got.Key, "shop:"+reqlock.RecordKeyPrefix+"buy:") || got.Token == "" || got.Fence == 0 ||
+	if got == nil || !strings.HasPrefix(got.Key, "shop:"+reqlock.RecordKeyPrefix+"{") || !strings.HasSuffix(got.Key, "}:buy") || got.Token == "" || got.Fence == 0 ||
 		len(got.Fingerprint) != 64 || got.Retention != middleware.DefaultIdempotencyRetention {
 		t.Fatalf("IdempotentRequest %+v", got)
 	}

@@ -266,11 +266,11 @@ end
 // Token, Value and RetentionMS among its ARGV.
 //
 // On Redis Cluster every key of a script must be in one slot: WaitingKey
-// is in Key's, and the script's own keys must carry Key's hash tag. Put a
-// hash tag in the Locker's key prefix (reqlock.WithKeyPrefix("{shop}:"))
-// or in the route's name, and the same tag in the application's keys
-// ("{shop}:stock:A-1"): the route's records and those keys then share one
-// slot, and one shard.
+// is in Key's, and the script's own keys must be too. A key's first hash
+// tag decides its slot, so with a hash tag in the Locker's key prefix
+// (reqlock.WithKeyPrefix("{shop}:")) and the same tag in the application's
+// keys ("{shop}:stock:A-1") the records (whose own tag comes later) and
+// those keys share one slot, and one shard.
 type RecordWrite struct {
 	Key         string // the record key, as the store holds it
 	WaitingKey  string // the key of its waiters, in Key's slot
@@ -284,12 +284,13 @@ type RecordWrite struct {
 // middleware.IdempotentRequest's Key), kept for retention. It returns an
 // error wrapping stores.ErrInvalid as FinishRecord does for an empty key, a
 // token refused by ClaimRecord, a non-positive retention or a record over
-// DefaultMaxRecordBytes.
+// MaxRecordBytesLimit (the middleware checks its routes' records against
+// the Store's own limit at start-up).
 func NewRecordWrite(key, token string, rec stores.Record, retention time.Duration) (RecordWrite, error) {
 	if err := checkRecordArgs(context.Background(), key, token); err != nil {
 		return RecordWrite{}, err
 	}
-	if err := args.CheckRecord(stores.Bounds{MaxRecordBytes: DefaultMaxRecordBytes, Reason: "redisstore's record limit"},
+	if err := args.CheckRecord(stores.Bounds{MaxRecordBytes: MaxRecordBytesLimit, Reason: "redisstore's MaxRecordBytesLimit"},
 		rec, retention); err != nil {
 		return RecordWrite{}, err
 	}
