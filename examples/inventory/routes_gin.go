@@ -97,11 +97,15 @@ func renderGin(rep reply) rendered {
 	return rendered{rep.status, "application/json; charset=utf-8", b}
 }
 
-// ginReply writes rep as JSON, the bytes of c.JSON.
+// ginReply writes rep as JSON, the bytes and header fields of c.JSON (not
+// c.Data's, which adds Content-Length: a handler that records its answer
+// itself records these fields).
 func ginReply(c *gin.Context, rep reply) {
 	out := renderGin(rep)
 	if v := rep.retryAfter(); v != "" {
 		c.Header("Retry-After", v)
 	}
-	c.Data(out.status, out.contentType, out.body)
+	c.Header("Content-Type", out.contentType)
+	c.Status(out.status)
+	_, _ = c.Writer.Write(out.body)
 }
