@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -191,8 +192,8 @@ func newIdempotentRoute(locker *reqlock.Locker, cfg Config) (*idempotentRoute, e
 			"with retention %v: %w", ErrInvalidConfig, cfg.Name, idem.MaxBodyBytes, MaxRecordedHeaderBytes, recordOverhead,
 			idem.Retention, err)
 	}
-	if err := locker.CheckKeyLen(len(reqlock.RecordKeyPrefix) + len(cfg.Name) + 1 + sha256.Size*2); err != nil {
-		return nil, fmt.Errorf("%w: route %q: idempotency: the record keys of the route (its name and a hash): %w (shorten the route's name)",
+	if err := locker.CheckKeyLen(len(reqlock.RecordKeyPrefix) + len(recordKey(cfg.Name, "", ""))); err != nil {
+		return nil, fmt.Errorf("%w: route %q: idempotency: the record keys of the route (a hash and its name): %w (shorten the route's name)",
 			ErrInvalidConfig, cfg.Name, err)
 	}
 	r := &idempotentRoute{cfg: idem, header: http.CanonicalHeaderKey(idem.Header)}
@@ -242,16 +243,19 @@ func (ir *idempotentRoute) malformed(why string) *Rejection {
 		Detail: fmt.Sprintf("the header %q %s", ir.header, why)}
 }
 
-// recordKey is the record key of key in scope on the route name: the
-// route's name and a hash of scope and key, so that long or odd keys never
-// reach the store raw.
+// recordKey is the record key of key in scope on the route name: a hash of
+// scope and key, so that long or odd keys never reach the store raw, then
+// the route's name. The hash comes first, in braces: a Redis Cluster hash
+// tag (the first one in the key, whatever braces the name has), so that
+// the records of a route spread over the slots and a store's sibling keys
+// of a record key share its slot.
 func recordKey(name, scope, key string) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	h.Write(binary.AppendUvarint(n[:0], uint64(len(scope))))
 	io.WriteString(h, scope)
 	io.WriteString(h, key)
-	return name + ":" + hex.EncodeToString(h.Sum(nil))
+	return "{" + hex.EncodeToString(h.Sum(nil)) + "}:" + name
 }
 
 // fingerprint identifies a request for its idempotency key: a SHA-256,
@@ -327,6 +331,7 @@ func (g *Guard) serveIdempotent(w http.ResponseWriter, req keyfunc.Request,
 		return reject(rej)
 	}
 	rc := newRecording(g, w.Header())
+	rc.idem = newIdempotentRequest(rc, claim, fp)
 	hctx := reqlock.NewContext(context.WithValue(ctx, recordingKey{}, rc), claim)
 	if g.cfg.Watchdog {
 		hctx = claim.KeepAlive(hctx)
@@ -428,7 +433,20 @@ func (g *Guard) finish(ctx context.Context, claim *reqlock.Lock, lock *reqlock.L
 			g.releaseClaim(ctx, claim)
 			return
 		}
+		if declared := rc.recorded(); declared != nil && !bytes.Equal(declared, resp) {
+			g.logger.WarnContext(ctx, "reqlock: the handler recorded a response for its idempotency key that differs from the one it wrote; a replay gives the recorded one",
+				slog.String("route", g.cfg.Name))
+		}
+		// When the handler recorded the response itself, FinishRecord of
+		// the same token answers nil and leaves the handler's record.
 		err := claim.FinishRecord(ctx, stores.Record{Fingerprint: fp, Response: resp}, g.idem.cfg.Retention)
+		if err != nil && rc.recorded() != nil && errors.Is(err, reqlock.ErrNotHeld) {
+			// The handler's own record replaced the claim, and the claim's
+			// watchdog saw it as lost before FinishRecord: the record stands.
+			g.logger.DebugContext(ctx, "reqlock: the claim of an idempotency key the handler recorded was no longer held",
+				slog.String("route", g.cfg.Name), slog.Any("error", err))
+			return
+		}
 		if err != nil {
 			g.logger.WarnContext(ctx, "reqlock: recording a response for its idempotency key failed; a retry may run the handler again",
 				slog.String("route", g.cfg.Name), slog.Any("error", err))

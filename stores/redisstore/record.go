@@ -33,14 +33,22 @@ var (
 const recordPrefix = "\x00reqlock:record:1\x00"
 
 // DefaultMaxRecordBytes is the largest record (stores.Record.Size) a Store
-// keeps unless WithMaxRecordBytes says otherwise: half of Redis's 512 MB
-// limit on a string value (proto-max-bulk-len), which leaves room for the
-// token and the encoding.
-const DefaultMaxRecordBytes = 256 << 20
+// keeps unless WithMaxRecordBytes says otherwise: 16 MiB, far below what
+// Redis's default client-output-buffer-limit lets through a replica's link
+// (64mb soft for 60 s, 256mb hard). A larger record makes the master drop
+// its replicas and resync them in full, and a failover meanwhile loses the
+// record.
+const DefaultMaxRecordBytes = 16 << 20
+
+// MaxRecordBytesLimit is the most WithMaxRecordBytes takes: half of Redis's
+// 512 MB limit on a string value (proto-max-bulk-len), which leaves room
+// for the token and the encoding. Above 16 MiB, raise the replicas'
+// client-output-buffer-limit first.
+const MaxRecordBytesLimit = 256 << 20
 
 // WithMaxRecordBytes sets the largest record (stores.Record.Size) the Store
 // keeps, stated in its Bounds; FinishRecord refuses a larger one with
-// stores.ErrInvalid. Between 1 and DefaultMaxRecordBytes; default
+// stores.ErrInvalid. Between 1 and MaxRecordBytesLimit; default
 // DefaultMaxRecordBytes.
 func WithMaxRecordBytes(n int) Option {
 	return func(s *Store) { s.maxRecordBytes = n }
@@ -49,7 +57,7 @@ func WithMaxRecordBytes(n int) Option {
 // Bounds states the largest record the Store keeps (see WithMaxRecordBytes).
 // Keys, TTLs and retentions have no bound but Redis's own.
 func (s *Store) Bounds() stores.Bounds {
-	reason := "redisstore's record limit (default: half of Redis's 512 MB string limit)"
+	reason := "redisstore's default record limit (DefaultMaxRecordBytes: what a replica's link carries safely)"
 	if s.maxRecordBytes != DefaultMaxRecordBytes {
 		reason = "redisstore.WithMaxRecordBytes(" + strconv.Itoa(s.maxRecordBytes) + ")"
 	}
@@ -68,7 +76,10 @@ func (s *Store) Bounds() stores.Bounds {
 // are Acquire's: a claim it may have made is released, owner-checked. It
 // returns an error wrapping stores.ErrInvalid for an empty key, a
 // non-positive ttl or a token that starts with the prefix of a record's
-// value (a NUL byte, then "reqlock:record:").
+// value (a NUL byte, then "reqlock:record:"), and one wrapping
+// ErrCrossSlot, and so stores.ErrInvalid, when a Cluster refuses the key
+// because its sibling keys hash to another slot (a key with a '}' and no
+// hash tag; see fenceKey).
 func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Duration) (stores.Grant, *stores.Record, error) {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return stores.Grant{}, nil, err
@@ -82,7 +93,7 @@ func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Dur
 		undo: undoRelease, undoKeys: []string{key}, undoToken: token, ttl: ttl}
 	r, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, nil, err
+		return stores.Grant{}, nil, s.mapCrossSlot(err, []string{key}, true)
 	}
 	reply := r.Ints
 	switch {
@@ -111,9 +122,9 @@ func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Dur
 // either replaced the claim or will change nothing. It returns an error
 // wrapping stores.ErrInvalid for an empty key, a non-positive retention,
 // a record larger than the Store's MaxRecordBytes or a token refused as
-// in ClaimRecord; the client's error, wrapped with stores.ErrUnreachable
-// when the call never reached Redis; and ctx.Err() without acting when ctx
-// has ended.
+// in ClaimRecord; one wrapping ErrCrossSlot as in ClaimRecord; the
+// client's error, wrapped with stores.ErrUnreachable when the call never
+// reached Redis; and ctx.Err() without acting when ctx has ended.
 func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.Record, retention time.Duration) error {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return err
@@ -126,7 +137,7 @@ func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.
 		args: []any{token, encodeRecord(owner, rec), owner, milliseconds(retention)}}
 	r, err := call.run(ctx)
 	if err != nil {
-		return err
+		return s.mapCrossSlot(err, []string{key}, true)
 	}
 	switch {
 	case r.Ints != nil || r.Bulk != nil || r.Int < 0 || r.Int > 2:
@@ -142,8 +153,27 @@ func checkRecordArgs(ctx context.Context, key, token string) error {
 	if err := args.CheckShared(ctx, key, 0); err != nil {
 		return err
 	}
+	return checkGrantToken(token)
+}
+
+// checkGrantToken returns an error wrapping stores.ErrInvalid when token
+// starts like a record's value (see recordPrefix): no claim or lock is
+// granted to such a token, so that no record is taken for a grant of its
+// value, nor a grant for a record.
+func checkGrantToken(token string) error {
 	if strings.HasPrefix(token, recordPrefix) {
 		return fmt.Errorf("%w: redisstore: a token that starts like a record's value (%q)", stores.ErrInvalid, recordPrefix)
+	}
+	return nil
+}
+
+// notHeldByRecordToken returns an error wrapping stores.ErrNotHeld when
+// token starts like a record's value: it holds no key (see
+// checkGrantToken), and a Release or Refresh of it must not act on a
+// record whose value it equals.
+func notHeldByRecordToken(keys []string, token string) error {
+	if strings.HasPrefix(token, recordPrefix) {
+		return fmt.Errorf("%w: %q: a token that starts like a record's value holds no key", stores.ErrNotHeld, keys)
 	}
 	return nil
 }
@@ -200,4 +230,70 @@ func cutNumber(s string) (int64, string, error) {
 	}
 	n, err := strconv.ParseInt(num, 10, 64)
 	return n, rest, err
+}
+
+// RecordLua defines two Lua functions for a script of the application that
+// writes an idempotency record in the same atomic step as its own writes
+// (see RecordWrite): prepend it to the script's source.
+//
+//	reqlock_claimed(key, token)
+//	    true when key holds token's claim: check it before changing anything.
+//	reqlock_record(key, waiting, token, value, retention_ms)
+//	    replaces token's claim on key by the record value, kept for
+//	    retention_ms, and wakes the key's waiters, as FinishRecord does;
+//	    false, changing nothing, when key does not hold token's claim.
+//
+// FinishRecord of the same token afterwards answers nil and changes
+// nothing, so the record stays the script's.
+const RecordLua = `
+local function reqlock_claimed(key, token)
+  return redis.pcall('GET', key) == token
+end
+local function reqlock_record(key, waiting, token, value, retention_ms)
+  if redis.pcall('GET', key) ~= token then
+    return false
+  end
+  redis.call('SET', key, value, 'PX', retention_ms)
+  if redis.call('DEL', waiting) == 1 then
+    redis.call('PUBLISH', key, 'released')
+  end
+  return true
+end
+`
+
+// RecordWrite is what a script (see RecordLua) needs to write a record in
+// its own atomic step: pass Key and WaitingKey among the script's KEYS and
+// Token, Value and RetentionMS among its ARGV.
+//
+// On Redis Cluster every key of a script must be in one slot: WaitingKey
+// is in Key's, and the script's own keys must be too. A key's first hash
+// tag decides its slot, so with a hash tag in the Locker's key prefix
+// (reqlock.WithKeyPrefix("{shop}:")) and the same tag in the application's
+// keys ("{shop}:stock:A-1") the records (whose own tag comes later) and
+// those keys share one slot, and one shard.
+type RecordWrite struct {
+	Key         string // the record key, as the store holds it
+	WaitingKey  string // the key of its waiters, in Key's slot
+	Token       string // the claim's token: Key's value while the claim holds it
+	Value       string // the record, encoded as FinishRecord stores it
+	RetentionMS int64  // the record's retention, in milliseconds
+}
+
+// NewRecordWrite returns the RecordWrite of rec, finished by the claim of
+// token on key (the record key as the store holds it, such as
+// middleware.IdempotentRequest's Key), kept for retention. It returns an
+// error wrapping stores.ErrInvalid as FinishRecord does for an empty key, a
+// token refused by ClaimRecord, a non-positive retention or a record over
+// MaxRecordBytesLimit (the middleware checks its routes' records against
+// the Store's own limit at start-up).
+func NewRecordWrite(key, token string, rec stores.Record, retention time.Duration) (RecordWrite, error) {
+	if err := checkRecordArgs(context.Background(), key, token); err != nil {
+		return RecordWrite{}, err
+	}
+	if err := args.CheckRecord(stores.Bounds{MaxRecordBytes: MaxRecordBytesLimit, Reason: "redisstore's MaxRecordBytesLimit"},
+		rec, retention); err != nil {
+		return RecordWrite{}, err
+	}
+	return RecordWrite{Key: key, WaitingKey: waitingKey(key), Token: token,
+		Value: encodeRecord(recordOwner(token), rec), RetentionMS: milliseconds(retention)}, nil
 }
