@@ -302,7 +302,9 @@
 // longer (its holders' validity has run out before the server frees their
 // keys, and its Refresh and Release answer stores.ErrNotHeld); a process
 // crash (its locks are free after the session timeout); the loss of a
-// minority of an ensemble. Fences stay increasing across leader elections
+// minority of an ensemble; a server that takes a connection and never
+// answers it (a ZooKeeper starting up may: the Store connects again after
+// two thirds of the session timeout, not go-zookeeper's ten times that). Fences stay increasing across leader elections
 // and restarts, not across a wiped data directory (see Fences).
 //
 // # Start-up

@@ -314,12 +314,51 @@ func New(ctx context.Context, servers []string, opts ...Option) (*Store, error) 
 // that refuses an expired session has a zero timeout, and is ignored.
 // go-zookeeper writes a connection from one goroutine at a time, and reads
 // it from one goroutine at a time.
+//
+// Until that answer has come, sessionConn also bounds the connection's
+// deadlines to two thirds of the session timeout asked, the bound
+// go-zookeeper keeps for every later read: go-zookeeper waits for the
+// answer ten times as long (67s for a 10s session), and a server that
+// accepted the connection while it started and then neither answered nor
+// closed it (ZooKeeper 3.8 fails to close such a connection when it is
+// not running yet: a NullPointerException) left the Store without a
+// session, every call failing, for that long.
 type sessionConn struct {
 	net.Conn
-	s     *Store
-	wrote bool
-	head  [12]byte
-	n     int
+	s        *Store
+	wrote    bool
+	head     [12]byte
+	n        int
+	answered atomic.Bool // the server's answer came: deadlines pass as set
+}
+
+// SetDeadline bounds t while the server has not answered (see
+// sessionConn).
+func (c *sessionConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(c.bound(t)) }
+
+// SetReadDeadline bounds t while the server has not answered (see
+// sessionConn).
+func (c *sessionConn) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(c.bound(t))
+}
+
+// SetWriteDeadline bounds t while the server has not answered (see
+// sessionConn).
+func (c *sessionConn) SetWriteDeadline(t time.Time) error {
+	return c.Conn.SetWriteDeadline(c.bound(t))
+}
+
+// bound returns t, or two thirds of the session timeout asked from now
+// when t is later or none and the server has not answered yet.
+func (c *sessionConn) bound(t time.Time) time.Time {
+	if c.answered.Load() {
+		return t
+	}
+	limit := time.Now().Add(time.Duration(c.s.askedMs) * time.Millisecond * 2 / 3)
+	if t.IsZero() || t.After(limit) {
+		return limit
+	}
+	return t
 }
 
 func (c *sessionConn) Write(b []byte) (int, error) {
@@ -341,6 +380,7 @@ func (c *sessionConn) Read(b []byte) (int, error) {
 			if ms := int32(binary.BigEndian.Uint32(c.head[8:])); ms > 0 {
 				c.s.sessionMs.Store(int64(ms))
 			}
+			c.answered.Store(true)
 		}
 	}
 	return n, err
