@@ -47,9 +47,12 @@ func (p plainAttempts) sleepCap(hint time.Duration) time.Duration {
 func (plainAttempts) leave(context.Context, []string, string, bool) {}
 
 // attempter returns the strategy for a wait on g's keys: a shared or
-// limited grant's own, fair mode's for a single key that waits, plain
-// otherwise.
+// limited grant's own, a claim's (see ClaimRecord), fair mode's for a
+// single key that waits, plain otherwise.
 func (l *Locker) attempter(g *grant, wait time.Duration) attempter {
+	if g.claim {
+		return l.claims
+	}
 	if g.shared != nil {
 		return plainAttempts{store: g.shared}
 	}
@@ -159,6 +162,9 @@ func (l *Locker) contend(outer, ctx context.Context, g *grant, turns []localqueu
 		attempted = true
 		if l.breaker != nil {
 			l.breaker.report(done, breakerOutcome(outer, ctx, err, seen.by(time.Now())))
+		}
+		if errors.Is(err, errRecorded) {
+			return err // a claim found the key's finished record
 		}
 		if mayHaveGranted(err) || (grant.OK && ctx.Err() != nil) {
 			// The store may have granted the keys although we got no
@@ -296,7 +302,7 @@ func changedHands(lastWait time.Duration, lastAt time.Time, wait time.Duration, 
 // ended mid-call).
 func breakerOutcome(outer, ctx context.Context, err error, sawHeld bool) error {
 	switch {
-	case err == nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrNotHeld):
+	case err == nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrNotHeld) || errors.Is(err, errRecorded):
 		return nil
 	case outer.Err() != nil || deadlinePassed(outer):
 		return errExcluded

@@ -52,6 +52,13 @@ var (
 	// stores.ErrInvalid.
 	ErrInvalid = stores.ErrInvalid
 
+	// ErrRecordInProgress means a ClaimRecord found the record key claimed
+	// by another request, which had not finished when the wait ended (or,
+	// with no wait, at once). It is joined with ErrHeld and, for a wait
+	// that ran out, with ErrWaitEnded and the context's error; the
+	// middleware answers it 409 Conflict.
+	ErrRecordInProgress = errors.New("reqlock: idempotency record in progress: another request with the key still runs")
+
 	// ErrLockLost is the cause with which a lock's contexts (NewContext,
 	// KeepAlive) end when the lock can no longer be trusted: a renewal
 	// found another owner's token or none, or the lock's validity ran out

@@ -78,6 +78,7 @@ type grant struct {
 	unknownTTL time.Duration // the shortest TTL of a renewal of unknown outcome; 0 if none
 	lost       bool
 	ended      bool // released in the store, or on its way there
+	claim      bool // a claim of a record key (see Locker.ClaimRecord)
 	// In unix nanoseconds, so that a grant and its first lock stay one
 	// allocation of 704 bytes:
 	keepUntil  int64     // hold-at-least: the keys stay held until then; 0 if not
@@ -351,7 +352,7 @@ func (g *grant) drop(ctx context.Context, epoch int) error {
 		return nil
 	}
 	l := g.locker
-	if l.metrics != nil {
+	if l.metrics != nil && !g.claim {
 		l.metrics.Held(label, time.Since(since))
 	}
 	var waiting bool

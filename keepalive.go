@@ -160,7 +160,7 @@ func (l *Lock) lose(cause error) {
 	}
 	// Counted and logged before the contexts end, so that whoever sees a
 	// context end sees the loss reported.
-	if m := l.locker.metrics; m != nil {
+	if m := l.locker.metrics; m != nil && !l.isClaim() {
 		m.Lost(l.label)
 	}
 	l.locker.logger.Warn("reqlock: lock lost while its holder was working; its contexts are cancelled",

@@ -36,6 +36,7 @@ type Locker struct {
 	notifier       stores.Notifier     // nil when the store cannot signal releases
 	waits          stores.WaitReporter // nil when the store does not report waiters
 	sharedStore    stores.SharedStore  // nil when the store has no shared grants
+	records        stores.RecordStore  // nil when the store keeps no idempotency records
 	bounds         stores.Bounds       // the keys and TTLs the store honours
 	fair           *fairMode           // nil unless WithFairness
 	prefix         string
@@ -48,6 +49,7 @@ type Locker struct {
 	metrics        Metrics // nil unless WithMetrics
 	queues         *localqueue.Queues
 	plain          attempter // plain attempts on the store
+	claims         attempter // claims of record keys (see ClaimRecord); nil without records
 	expiries       expiries  // the validity of every lock with a context
 
 	breakerFailures int           // WithBreaker; 0: off
@@ -204,6 +206,9 @@ func New(store stores.Store, opts ...Option) (*Locker, error) {
 		plain.writerCap = stores.WriterWindow / 2
 	}
 	l.plain = plain
+	if l.records, _ = store.(stores.RecordStore); l.records != nil {
+		l.claims = plainAttempts{store: recordOps{Store: store, records: l.records}}
+	}
 	l.outage, _ = l.metrics.(OutageMetrics)
 	if l.breakerFailures > 0 {
 		l.breaker = newBreaker(l, l.breakerFailures, l.breakerProbe)

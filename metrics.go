@@ -90,6 +90,34 @@ type ModeMetrics interface {
 	LimitReached(label string)
 }
 
+// IdempotencyMetrics is an optional interface of a Metrics, as ModeMetrics
+// is: package middleware reports the events of its idempotent routes (see
+// middleware.Idempotency) when the Locker's Metrics implements it.
+type IdempotencyMetrics interface {
+	// Idempotency is called once for each event of a request to the
+	// idempotent route label.
+	Idempotency(label string, event IdempotencyEvent)
+}
+
+// IdempotencyEvent is what happened to a request with an idempotency key.
+type IdempotencyEvent string
+
+// The events of IdempotencyMetrics.
+const (
+	// IdempotencyReplayed: the request was answered with the response
+	// recorded for its key; its handler did not run.
+	IdempotencyReplayed IdempotencyEvent = "replayed"
+	// IdempotencyConflict: a request with the key was still running when
+	// the wait ended (409 Conflict).
+	IdempotencyConflict IdempotencyEvent = "conflict"
+	// IdempotencyMismatch: the key's record answers a different request
+	// (422 Unprocessable Content).
+	IdempotencyMismatch IdempotencyEvent = "mismatch"
+	// IdempotencyRecorded: the handler's response was recorded for the
+	// key.
+	IdempotencyRecorded IdempotencyEvent = "recorded"
+)
+
 // HolderMode is how a route's requests hold its key, for ModeMetrics.
 type HolderMode string
 

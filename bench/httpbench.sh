@@ -8,6 +8,7 @@
 #
 #   bench/httpbench.sh                                  # 3 rounds of 5s per service, 50 clients, 1000 SKUs
 #   bench/httpbench.sh -duration 10s -rounds 5 -clients 20
+#   bench/httpbench.sh -scenario library                # the lock alone: ginlock on rueidis and go-redis, bsm/redislock
 #
 # By default examples/inventory is built from the working tree (../ of this
 # module). REQLOCK_REF=<git ref> builds it from a clean snapshot of that

@@ -151,7 +151,7 @@ func tableMiddleware(rt *middleware.Routes, by string) echo.MiddlewareFunc {
 			if path != "" && !afterRouting.Load() {
 				afterRouting.Store(true)
 			}
-			return in.Serve(request{c}, c.Request().Method, path, func(r *http.Request) error {
+			return in.ServeResponse(c.Response(), request{c}, c.Request().Method, path, func(r *http.Request, rec *middleware.Recording) error {
 				// A request without a route path has no entry. If it
 				// matches a route all the same, routing has not happened
 				// yet: the table is in e.Pre, and would lock nothing.
@@ -160,7 +160,7 @@ func tableMiddleware(rt *middleware.Routes, by string) echo.MiddlewareFunc {
 						"with no route path: it is installed with e.Pre; install it with e.Use or echolock.Install")))
 				}
 				c.SetRequest(r)
-				err := next(c)
+				err := run(c, next, rec)
 				if path == "" && c.Path() != "" {
 					// Routed after the table ran: it is in e.Pre, ahead of
 					// a middleware that rewrote the path (Rewrite,
@@ -243,12 +243,30 @@ func WithResponder(respond func(c echo.Context, rej *middleware.Rejection) error
 }
 
 func serve(g *middleware.Guard, c echo.Context, next echo.HandlerFunc) error {
-	return g.Serve(request{c}, func(r *http.Request) error {
+	return g.ServeResponse(c.Response(), request{c}, func(r *http.Request, rec *middleware.Recording) error {
 		c.SetRequest(r)
-		return next(c)
+		return run(c, next, rec)
 	}, func(rej *middleware.Rejection) error {
 		return reject(g, c, rej)
 	})
+}
+
+// run runs next, its writes going through rec when the response is recorded
+// (a route with idempotency): then an error it returns is rendered by echo's
+// error handler at once, as echo's own body-dumping middleware does, so that
+// the response is complete when the Recording takes it.
+func run(c echo.Context, next echo.HandlerFunc, rec *middleware.Recording) error {
+	if rec == nil {
+		return next(c)
+	}
+	resp := c.Response()
+	orig := resp.Writer
+	resp.Writer = rec.Writer(orig)
+	defer func() { resp.Writer = orig }()
+	if err := next(c); err != nil {
+		c.Error(err)
+	}
+	return nil
 }
 
 // Param returns the path parameter name of c's request as the lock's key

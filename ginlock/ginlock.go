@@ -80,8 +80,14 @@ func Must(h gin.HandlerFunc, err error) gin.HandlerFunc {
 // the lock is held, and the lock is released when it returns or panics.
 func Handler(g *middleware.Guard) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		_ = g.Serve(request{c}, func(r *http.Request) error { return next(c, r) },
-			func(rej *middleware.Rejection) error { return reject(c, g, rej) })
+		ran := false
+		_ = g.ServeResponse(c.Writer, request{c}, func(r *http.Request, rec *middleware.Recording) error {
+			ran = true
+			return next(c, r, rec)
+		}, func(rej *middleware.Rejection) error { return reject(c, g, rej) })
+		if !ran {
+			c.Abort() // rejected, or answered with a replay
+		}
 	}
 }
 
@@ -134,8 +140,16 @@ func Install(r *gin.Engine, rt *middleware.Routes) error {
 //go:noinline
 func tableHandler(in *middleware.Installation) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		_ = in.Serve(request{c}, c.Request.Method, c.FullPath(), func(r *http.Request) error { return next(c, r) },
+		ran := false
+		_ = in.ServeResponse(c.Writer, request{c}, c.Request.Method, c.FullPath(),
+			func(r *http.Request, rec *middleware.Recording) error {
+				ran = true
+				return next(c, r, rec)
+			},
 			func(a middleware.Answerer, rej *middleware.Rejection) error { return reject(c, a, rej) })
+		if !ran {
+			c.Abort() // rejected, or answered with a replay
+		}
 	}
 }
 
@@ -173,10 +187,16 @@ func WithResponder(respond func(c *gin.Context, rej *middleware.Rejection)) midd
 	})
 }
 
-// next runs the rest of c's chain with the request r a Guard hands on.
-// Callers wrap it in a function literal at the call: a returned closure
-// would cost every locked request an allocation.
-func next(c *gin.Context, r *http.Request) error {
+// next runs the rest of c's chain with the request r a Guard hands on,
+// its writes going through rec when the response is recorded (a route with
+// idempotency). Callers wrap it in a function literal at the call: a
+// returned closure would cost every locked request an allocation.
+func next(c *gin.Context, r *http.Request, rec *middleware.Recording) error {
+	if rec != nil {
+		orig := c.Writer
+		c.Writer = &recordedWriter{ResponseWriter: orig, rec: rec.Writer(orig)}
+		defer func() { c.Writer = orig }()
+	}
 	if r == c.Request {
 		c.Next() // skipped, unlisted, or a fail-open run: nothing to hand on
 		return nil
@@ -210,6 +230,20 @@ func reject(c *gin.Context, a middleware.Answerer, rej *middleware.Rejection) er
 	c.Abort()
 	return nil
 }
+
+// recordedWriter is gin's writer with the body and status the handler
+// writes going through a middleware.Recording's writer (which passes them
+// on to gin's); the rest is gin's own, Status included, from which the
+// Recording takes the status gin sends.
+type recordedWriter struct {
+	gin.ResponseWriter
+	rec http.ResponseWriter
+}
+
+func (w *recordedWriter) WriteHeader(code int)              { w.rec.WriteHeader(code) }
+func (w *recordedWriter) Write(b []byte) (int, error)       { return w.rec.Write(b) }
+func (w *recordedWriter) WriteString(s string) (int, error) { return w.rec.Write([]byte(s)) }
+func (w *recordedWriter) Unwrap() http.ResponseWriter       { return w.rec }
 
 // Lock returns the lock the middleware holds for c's request.
 func Lock(c *gin.Context) (*reqlock.Lock, bool) {

@@ -71,7 +71,9 @@ func (m *Registry) WriteTo(w io.Writer) (int64, error) {
 // zero, with the route's first event; a histogram appears with its first
 // observation. The families of the store's outages and pending releases
 // (reqlock.OutageMetrics) appear with the first of their events, and
-// those of reqlock.ModeMetrics with a route's first event of a mode.
+// those of reqlock.ModeMetrics with a route's first event of a mode, and
+// lock_idempotency_total with a route's first reqlock.IdempotencyMetrics
+// event, every event's series at once.
 func (m *Registry) appendText(b []byte) []byte {
 	start := len(b)
 	b = slices.Grow(b, int(m.lastSize.Load())*9/8) // the last size, and some
@@ -105,9 +107,11 @@ func (m *Registry) appendText(b []byte) []byte {
 	for f := range numFamilies {
 		switch f {
 		case famLost:
-			// lock_holders and lock_limit_reached_total fall between
-			// lock_hold_seconds and lock_lost_total.
+			// lock_holders, lock_idempotency_total and
+			// lock_limit_reached_total fall between lock_hold_seconds
+			// and lock_lost_total.
 			b = m.appendHolders(b, routes)
+			b = m.appendIdempotency(b, routes)
 			b = m.appendLimitReached(b, routes)
 		case famSuccess:
 			// The outage families' names fall between lock_lost_total

@@ -27,6 +27,7 @@ type Registry struct {
 	namespace string      // the names' prefix, without its underscore
 	outage    outageState // the store's outages and pending releases
 	modesSeen atomic.Bool // a reqlock.ModeMetrics event came
+	idemSeen  atomic.Bool // a reqlock.IdempotencyMetrics event came
 }
 
 // route holds the series of one route label value. Several event labels
@@ -43,6 +44,8 @@ type route struct {
 	downRejected atomic.Uint64                                          // refused while the store was counted down
 	holders      [metricdefs.NumModes]atomic.Int64                      // by metricdefs.ModeIndex; -1 before the mode's first event
 	limitReached atomic.Int64                                           // -1 before the first limited event
+	idem         [metricdefs.NumIdempotencyEvents]atomic.Uint64         // by metricdefs.IdempotencyIndex
+	idemSeen     atomic.Bool                                            // an idempotency event of the route came
 	wait         [metricdefs.NumKnownOutcomes]atomic.Pointer[histogram] // by metricdefs.OutcomeIndex; set on first use
 	hold         atomic.Pointer[histogram]                              // set on first use
 	other        metricdefs.OtherOutcomes[otherSeries]                  // outcomes beyond metricdefs.KnownOutcomes

@@ -166,6 +166,10 @@ type Config struct {
 	// Default false.
 	Watchdog bool
 
+	// Idempotency records the route's responses by idempotency key and
+	// replays them to retries (see Idempotency). Default off.
+	Idempotency Idempotency
+
 	// optionProblems are the problems of the options that built this
 	// Config (an explicit option given a meaningless value), such as
 	// "WithTTL(0s): ..."; NewWithConfig reports them. Only options write
@@ -353,6 +357,7 @@ func (c Config) withDefaults() Config {
 	if c.Name == "" {
 		c.Name = strings.Join(c.templates(), " ")
 	}
+	c.Idempotency = c.Idempotency.withDefaults()
 	return c
 }
 
@@ -401,6 +406,8 @@ func (c Config) validate() error {
 		return bad("both Shared and a Limit are set; a limit is a mode of its own (at most %d holders, never with an exclusive one)", c.Limit)
 	case (c.Shared || c.Limit > 0) && len(c.templates()) > 1:
 		return bad("a %s lock takes one key; this route has %d key templates", c.modeName(), len(c.templates()))
+	case c.Idempotency.problem() != "":
+		return bad("%s", c.Idempotency.problem())
 	}
 	switch c.TimeoutStatus {
 	case http.StatusLocked, http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable:

@@ -13,4 +13,35 @@
 // Configs, under its own error prefix:
 //
 //	reqlock/middleware: invalid configuration: spec column 20: wait: "2x" is not a duration (such as 2s or 500ms)
+//
+// # Idempotency keys
+//
+// A route with idempotency (Config.Idempotency, WithIdempotency, or the
+// spec words idempotency=required|optional, idempotency-header,
+// idempotency-retention, idempotency-scope and idempotency-max-body)
+// records its answers by the request's idempotency key in the Locker's
+// store and replays them to retries:
+//
+//	@lock key=sku:<id> idempotency=required idempotency-scope=<header:Authorization>
+//
+// The first request with a key claims the key's record (one store call),
+// takes the route's lock, runs the handler and records its answer as it is
+// written (a Recording); the record is written at the same time as the
+// lock is released. A retry with the same key and the same method, path,
+// query and body gets the recorded status, headers and body, byte for
+// byte, with the header Idempotent-Replayed: true, in one store call and
+// without running the handler. A duplicate that arrives while the first
+// runs waits for it like a lock waiter, and gets the replay, or 409
+// (ReasonIdempotencyConflict) when the wait ends first. A key used for
+// another request is 422 (ReasonIdempotencyMismatch); a key missing on a
+// required route, or malformed, is 400 (ReasonIdempotencyKeyMissing,
+// ReasonIdempotencyKeyInvalid). Answers of 500 and above, 401, 408, 423,
+// 425 and 429, reqlock's own rejections, answers over the size limits and handler
+// panics are not recorded: the claim is released, and a retry runs again.
+// The store must implement stores.RecordStore; a route that cannot work is
+// refused at start-up. docs/idempotency.md has the whole behaviour.
+//
+// An adapter serves a request with Guard.ServeResponse (or
+// Installation.ServeResponse), which can replay and record; Serve cannot,
+// and answers an idempotent route's requests 500.
 package middleware

@@ -37,6 +37,7 @@ type Guard struct {
 	modes     reqlock.ModeMetrics // the Locker's metrics, if they implement it; or nil
 	mode      reqlock.HolderMode  // the route's mode
 	failOpen  *failOpenWarning
+	idem      *idempotentRoute // nil unless the route has idempotency
 }
 
 // failOpenWarning is when a Guard last warned that it ran a handler
@@ -145,6 +146,13 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 			return nil, fmt.Errorf("%w: route %q: a %s lock: %w", ErrInvalidConfig, cfg.Name, cfg.modeName(), err)
 		}
 	}
+	if cfg.Idempotency.Mode != IdempotencyOff {
+		idem, err := newIdempotentRoute(locker, cfg)
+		if err != nil {
+			return nil, err
+		}
+		g.idem = idem
+	}
 	g.mode = reqlock.HolderMode(cfg.modeName())
 	g.modes, _ = g.metrics.(reqlock.ModeMetrics)
 	if g.logger == nil {
@@ -194,15 +202,31 @@ func (g *Guard) SkipRequest(req keyfunc.Request) bool {
 // rejection means the store failed on a FailOpen route: run the handler
 // unlocked (the warning is already logged).
 func (g *Guard) Enter(req keyfunc.Request) (*reqlock.Lock, *Rejection) {
-	r := req.HTTPRequest()
+	key, keys, rej := g.requestKeys(req)
+	if rej != nil {
+		return nil, rej
+	}
+	return g.enterKeys(req.HTTPRequest(), key, keys)
+}
+
+// requestKeys derives the request's key or keys (see keys), or the
+// rejection of a request whose keys cannot be derived, counted as such.
+func (g *Guard) requestKeys(req keyfunc.Request) (string, []string, *Rejection) {
 	key, keys, err := g.keys(req)
 	if err != nil {
 		rej := g.keyRejection(err)
 		if g.metrics != nil {
 			g.metrics.Obtained(g.cfg.Name, reqlock.OutcomeBadKey, 0)
 		}
-		return nil, rej
+		return "", nil, rej
 	}
+	return key, keys, nil
+}
+
+// enterKeys is Enter once the request's key (or keys, when not nil) are
+// derived.
+func (g *Guard) enterKeys(r *http.Request, key string, keys []string) (*reqlock.Lock, *Rejection) {
+	var err error
 	if g.wait > 0 && !g.needsBody {
 		// net/http notices a client that leaves only once the body has been
 		// read: buffer it so a waiter stops as soon as its client is gone.
@@ -329,17 +353,57 @@ func (g *Guard) WithLock(r *http.Request, lock *reqlock.Lock) *http.Request {
 // next runs the rest of the chain with the request it is given; reject
 // answers the rejection, usually with Respond (Reject on net/http). Serve
 // keeps neither.
+//
+// A route with idempotency (Config.Idempotency) records responses, which
+// Serve cannot see: it answers every request of such a route 500 (reason
+// internal), and its adapter calls ServeResponse instead.
 func (g *Guard) Serve(req keyfunc.Request, next func(*http.Request) error, reject func(*Rejection) error) error {
 	r := req.HTTPRequest()
 	if g.SkipRequest(req) {
 		return next(r)
 	}
+	if g.idem != nil {
+		return reject(g.internalRejection(errServeIdempotent))
+	}
 	lock, rej := g.Enter(req)
 	if rej != nil {
+		g.rejected(r)
 		return reject(rej)
 	}
 	defer g.Exit(r.Context(), lock)
 	return next(g.WithLock(r, lock))
+}
+
+// ServeResponse is Serve for an adapter that lets the Guard see the
+// response: every adapter of this module calls it, so that a route with
+// idempotency (Config.Idempotency) can record and replay responses.
+//
+// w is the adapter's response writer, to which the Guard writes a replay
+// itself (the recorded response, with the header Idempotent-Replayed:
+// true) without calling next; rejections still go to reject. next runs the
+// rest of the chain with the request it is given and, on a request whose
+// response is recorded, a non-nil *Recording: the adapter then routes
+// everything the handler writes through rec.Writer (see Recording), and
+// next returns once the response is complete (echo: after the handler's
+// error, if any, was rendered). On every other request rec is nil and next
+// is Serve's. ServeResponse returns what next or reject returns, or nil
+// after a replay.
+func (g *Guard) ServeResponse(w http.ResponseWriter, req keyfunc.Request,
+	next func(r *http.Request, rec *Recording) error, reject func(*Rejection) error) error {
+	r := req.HTTPRequest()
+	if g.SkipRequest(req) {
+		return next(r, nil)
+	}
+	if g.idem != nil {
+		return g.serveIdempotent(w, req, next, reject)
+	}
+	lock, rej := g.Enter(req)
+	if rej != nil {
+		g.rejected(r)
+		return reject(rej)
+	}
+	defer g.Exit(r.Context(), lock)
+	return next(g.WithLock(r, lock), nil)
 }
 
 // Reject writes rej with the route's Responder or RequestResponder
@@ -471,12 +535,18 @@ func bufferBody(r *http.Request, limit int64) {
 		// Unread or partly read: hand the handler what we read plus the rest.
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), r.Body}
 	default:
-		r.Body = bufferedBody{bytes.NewReader(buf.Bytes())}
+		r.Body = bufferedBody{bytes.NewReader(buf.Bytes()), buf.Bytes()}
 	}
 }
 
-// bufferedBody is a request body held in memory.
-type bufferedBody struct{ *bytes.Reader }
+// bufferedBody is a request body held in memory: a reader of bytes.
+type bufferedBody struct {
+	*bytes.Reader
+	bytes []byte
+}
+
+// bytesReader returns a reader of b.
+func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
 func (bufferedBody) Close() error { return nil }
 

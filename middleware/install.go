@@ -85,6 +85,28 @@ func (in *Installation) Serve(req keyfunc.Request, method, path string,
 	return g.Serve(req, next, func(rej *Rejection) error { return reject(g, rej) })
 }
 
+// ServeResponse is Serve for an adapter that lets the Guards see the
+// response (see Guard.ServeResponse): every adapter of this module calls
+// it, so that routes with idempotency record and replay responses. w is
+// the adapter's response writer; next gets a non-nil *Recording on a
+// request whose response is recorded.
+func (in *Installation) ServeResponse(w http.ResponseWriter, req keyfunc.Request, method, path string,
+	next func(r *http.Request, rec *Recording) error, reject func(Answerer, *Rejection) error) error {
+	in.checked.Do(func() {
+		if err := in.check(req); err != nil {
+			in.Fail(fmt.Errorf("the route table does not match the router's routes: %w", err))
+		}
+	})
+	if rej := in.broken.Load(); rej != nil {
+		return reject(in.rt, rej)
+	}
+	g := in.rt.Guard(method, path)
+	if g == nil {
+		return next(req.HTTPRequest(), nil)
+	}
+	return g.ServeResponse(w, req, next, func(rej *Rejection) error { return reject(g, rej) })
+}
+
 // Fail breaks the install with err, which says what is wrong: the first
 // failure is logged, and from now on Serve answers every request with the
 // returned Rejection (500).

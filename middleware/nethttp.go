@@ -17,7 +17,11 @@ import (
 // request was cancelled.
 func (g *Guard) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = g.Serve(keyfunc.HTTPRequest(r), func(r *http.Request) error {
+		_ = g.ServeResponse(w, keyfunc.HTTPRequest(r), func(r *http.Request, rec *Recording) error {
+			if rec != nil {
+				next.ServeHTTP(rec.Writer(w), r)
+				return nil
+			}
 			next.ServeHTTP(w, r)
 			return nil
 		}, func(rej *Rejection) error {

@@ -39,6 +39,18 @@ const (
 	ReasonLockLost Reason = "lock_lost"
 	// ReasonInternal: anything else (500).
 	ReasonInternal Reason = "internal"
+	// ReasonIdempotencyKeyMissing: a route with idempotency required got
+	// no idempotency key (400).
+	ReasonIdempotencyKeyMissing Reason = "idempotency_key_missing"
+	// ReasonIdempotencyKeyInvalid: the idempotency key is empty, longer
+	// than MaxIdempotencyKeyLen, not visible ASCII, or given twice (400).
+	ReasonIdempotencyKeyInvalid Reason = "idempotency_key_invalid"
+	// ReasonIdempotencyConflict: a request with the same idempotency key
+	// was still running when the wait ended (409).
+	ReasonIdempotencyConflict Reason = "idempotency_conflict"
+	// ReasonIdempotencyMismatch: the idempotency key was used for a
+	// different request (422).
+	ReasonIdempotencyMismatch Reason = "idempotency_mismatch"
 )
 
 // Rejection describes a request that will not reach its handler.
@@ -121,6 +133,8 @@ func statusTitle(status int) string {
 		return "Client Closed Request"
 	case http.StatusRequestEntityTooLarge:
 		return "Content Too Large"
+	case http.StatusUnprocessableEntity:
+		return "Unprocessable Content"
 	}
 	return http.StatusText(status)
 }

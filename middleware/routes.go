@@ -155,7 +155,7 @@ func tableConfig(opts []Option) (Config, error) {
 		{"TimeoutStatus", c.TimeoutStatus != 0}, {"RetryAfter", c.RetryAfter != 0},
 		{"OnStoreError", c.OnStoreError != FailClosed}, {"MaxBodyBytes", c.MaxBodyBytes != 0},
 		{"MaxValueLen", c.MaxValueLen != 0}, {"Watchdog", c.Watchdog},
-		{"Shared", c.Shared}, {"Limit", c.Limit != 0},
+		{"Shared", c.Shared}, {"Limit", c.Limit != 0}, {"Idempotency", c.Idempotency != (Idempotency{})},
 	} {
 		if f.set {
 			set = append(set, f.name)
@@ -491,7 +491,11 @@ func (rt *Routes) Handler(mux *http.ServeMux) (http.Handler, error) {
 			return
 		}
 		req := patternRequest{r: r, pg: pg}
-		_ = pg.guard.Serve(req, func(r *http.Request) error {
+		_ = pg.guard.ServeResponse(w, req, func(r *http.Request, rec *Recording) error {
+			if rec != nil {
+				mux.ServeHTTP(rec.Writer(w), r)
+				return nil
+			}
 			mux.ServeHTTP(w, r)
 			return nil
 		}, func(rej *Rejection) error {

@@ -27,6 +27,11 @@ import (
 //	name             Name           the key templates
 //	mode             Shared         exclusive (false)
 //	limit            Limit          0 (no limit)
+//	idempotency            Idempotency.Mode          off (required or optional)
+//	idempotency-header     Idempotency.Header        Idempotency-Key
+//	idempotency-retention  Idempotency.Retention     24h
+//	idempotency-scope      Idempotency.Scope         none
+//	idempotency-max-body   Idempotency.MaxBodyBytes  64KiB
 //
 // Every error wraps ErrInvalidConfig and routetable.ErrInvalid and names the
 // 1-based column (in characters) of the offending field, the field and the
@@ -85,6 +90,18 @@ func specConfig(s routetable.Spec) Config {
 	}
 	if s.FailOpen {
 		c.OnStoreError = FailOpen
+	}
+	switch s.Idempotency {
+	case "required":
+		c.Idempotency.Mode = IdempotencyRequired
+	case "optional":
+		c.Idempotency.Mode = IdempotencyOptional
+	}
+	if c.Idempotency.Mode != IdempotencyOff {
+		c.Idempotency.Header = s.IdempotencyHeader
+		c.Idempotency.Retention = s.IdempotencyRetention
+		c.Idempotency.Scope = s.IdempotencyScope
+		c.Idempotency.MaxBodyBytes = s.IdempotencyMaxBody
 	}
 	return c
 }

@@ -120,7 +120,7 @@ func TestParseSpecDefaults(t *testing.T) {
 // the cause.
 func TestParseSpecErrors(t *testing.T) {
 	for _, tc := range []struct{ spec, want string }{
-		{"@lock key=sku:1 wiat=2s", `spec column 17: unknown field "wiat" (known: key, ttl, wait, on-timeout, retry-after, on-store-error, hold-at-least, max-keys, max-body, max-value-len, watchdog, name, mode, limit)`},
+		{"@lock key=sku:1 wiat=2s", `spec column 17: unknown field "wiat" (known: key, ttl, wait, on-timeout, retry-after, on-store-error, hold-at-least, max-keys, max-body, max-value-len, watchdog, name, mode, limit, idempotency, idempotency-header, idempotency-retention, idempotency-scope, idempotency-max-body)`},
 		{`key=abcd wait="2x"`, `spec column 10: wait: "2x" is not a duration (such as 2s or 500ms)`},
 		{`key=a ttl=20ms watchdog`, `spec column 16: watchdog: needs a ttl of at least 30ms, not 20ms`},
 		{`key=sku:<id`, `spec column 1: key: keyfunc: invalid template: "sku:<id": unclosed placeholder at offset 4`},

@@ -62,6 +62,21 @@ type Spec struct {
 	// Limit lets at most this many requests hold the key at once (limit),
 	// at least 1; 0 means no limit.
 	Limit int
+	// Idempotency is the route's idempotency mode (idempotency):
+	// "required" or "optional"; "" when the spec has none.
+	Idempotency string
+	// IdempotencyHeader is the header of the idempotency key
+	// (idempotency-header), a valid header name.
+	IdempotencyHeader string
+	// IdempotencyRetention is how long a response stays recorded
+	// (idempotency-retention), above 0.
+	IdempotencyRetention time.Duration
+	// IdempotencyScope is the key template whose value sets clients' keys
+	// apart (idempotency-scope); it yields one value.
+	IdempotencyScope string
+	// IdempotencyMaxBody is the largest response body recorded
+	// (idempotency-max-body), at least 1.
+	IdempotencyMaxBody int64
 
 	set uint32 // bit i: specFields[i] is given
 }
@@ -69,7 +84,8 @@ type Spec struct {
 // Has reports whether the spec sets field, named as the grammar names it:
 // "key", "ttl", "wait", "on-timeout", "retry-after", "on-store-error",
 // "hold-at-least", "max-keys", "max-body", "max-value-len", "watchdog",
-// "name", "mode" or "limit".
+// "name", "mode", "limit", "idempotency", "idempotency-header",
+// "idempotency-retention", "idempotency-scope" or "idempotency-max-body".
 func (s Spec) Has(field string) bool {
 	i := slices.Index(specFields, field)
 	return i >= 0 && s.set&(1<<i) != 0
@@ -105,6 +121,11 @@ func (s Spec) Has(field string) bool {
 //	name             Name           label for metrics and logs
 //	mode             Shared         exclusive: false; shared: true
 //	limit            Limit          whole number, at least 1
+//	idempotency      Idempotency    required or optional
+//	idempotency-header     IdempotencyHeader     header name
+//	idempotency-retention  IdempotencyRetention  duration, above 0
+//	idempotency-scope      IdempotencyScope      key template that yields one value
+//	idempotency-max-body   IdempotencyMaxBody    bytes: 65536, 64KiB, 1MiB; at least 1
 //
 // A duration is a Go duration such as 10s, 500ms or 1m30s, never negative.
 // Key templates follow package keyfunc's grammar; they have no spaces but
@@ -113,7 +134,9 @@ func (s Spec) Has(field string) bool {
 // key=acct::id included (the error shows <id>), as does a watchdog with a
 // ttl below MinWatchdogTTL. A shared or limited spec locks one key: it
 // takes one key template, which yields one key (no [*] JSON path); limit
-// is a mode of its own and goes without mode. A template's escape \{ is written as is
+// is a mode of its own and goes without mode. The idempotency-* fields
+// need idempotency, which does not go with on-store-error=fail-open (see
+// middleware.Idempotency). A template's escape \{ is written as is
 // unquoted (key=\{stock}:<id>) and doubled in a quoted value
 // (key="\\{stock}:<id>").
 //
@@ -147,7 +170,8 @@ type specParser struct {
 var specFields = []string{
 	"key", "ttl", "wait", "on-timeout", "retry-after", "on-store-error",
 	"hold-at-least", "max-keys", "max-body", "max-value-len", "watchdog", "name",
-	"mode", "limit",
+	"mode", "limit", "idempotency", "idempotency-header", "idempotency-retention", "idempotency-scope",
+	"idempotency-max-body",
 }
 
 // parseSpec is ParseSpec with a concrete error type.
@@ -412,8 +436,47 @@ func (p *specParser) set(name, value string) string {
 			return problem
 		}
 		s.Limit = n
+	case "idempotency":
+		switch value {
+		case "required", "optional":
+			s.Idempotency = value
+		default:
+			return fmt.Sprintf("%q is not required or optional", value)
+		}
+	case "idempotency-header":
+		if !validHeaderName(value) {
+			return fmt.Sprintf("%q is not a header name", value)
+		}
+		s.IdempotencyHeader = value
+	case "idempotency-retention":
+		d, problem := specDuration(value)
+		switch {
+		case problem != "":
+			return problem
+		case d == 0:
+			return fmt.Sprintf("%q is zero", value)
+		}
+		s.IdempotencyRetention = d
+	case "idempotency-scope":
+		s.IdempotencyScope = value // a template: checked with the keys
+	case "idempotency-max-body":
+		n, problem := specSize(value)
+		if problem != "" {
+			return problem
+		}
+		s.IdempotencyMaxBody = n
 	}
 	return ""
+}
+
+// validHeaderName reports whether name is an HTTP field name (a token).
+func validHeaderName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return name != ""
 }
 
 // specDuration parses a non-negative duration.
@@ -506,6 +569,26 @@ func (p *specParser) finish() *Error {
 	if p.spec.MaxKeys != 0 && p.spec.MaxKeys < len(p.keys) {
 		return errAtColumn(p.seen["max-keys"], nil, "max-keys: %d is below the %d key templates, each of which yields at least one key",
 			p.spec.MaxKeys, len(p.keys))
+	}
+	if p.spec.Idempotency == "" {
+		for _, f := range []string{"idempotency-header", "idempotency-retention", "idempotency-scope", "idempotency-max-body"} {
+			if p.spec.Has(f) {
+				return errAtColumn(p.seen[f], nil, "%s: needs idempotency=required or idempotency=optional", f)
+			}
+		}
+	} else if p.spec.FailOpen {
+		return errAtColumn(p.seen["idempotency"], nil, "idempotency: does not go with on-store-error=fail-open, "+
+			"which would run a retry again while the store is down")
+	}
+	if p.spec.IdempotencyScope != "" {
+		t, err := keyfunc.Parse(p.spec.IdempotencyScope, opts...)
+		if err != nil {
+			return errAtColumn(p.seen["idempotency-scope"], err, "idempotency-scope: %v", err)
+		}
+		if t.Multi() {
+			return errAtColumn(p.seen["idempotency-scope"], nil, "idempotency-scope: %q may yield several values; a scope is one value",
+				p.spec.IdempotencyScope)
+		}
 	}
 	if p.spec.Watchdog && p.spec.TTL != 0 && p.spec.TTL < MinWatchdogTTL {
 		return errAtColumn(p.seen["watchdog"], nil, "watchdog: needs a ttl of at least %v, not %v", MinWatchdogTTL, p.spec.TTL)

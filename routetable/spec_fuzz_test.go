@@ -32,6 +32,8 @@ func FuzzParseSpec(f *testing.F) {
 		"key=report:<id> mode=shared watchdog",
 		"key=t:<header:X-Tenant> limit=3 on-timeout=429",
 		"key=a limit=2 mode=shared",
+		"key=sku:<id> idempotency=required idempotency-header=X-Key idempotency-retention=1h idempotency-scope=<header:A> idempotency-max-body=1KiB",
+		"key=a idempotency-scope=<json:b>",
 		"",
 	} {
 		f.Add(s)
@@ -71,7 +73,11 @@ func FuzzParseSpec(f *testing.F) {
 			s.Watchdog && s.TTL != 0 && s.TTL < routetable.MinWatchdogTTL,
 			!slices.Contains([]int{0, 423, 409, 429, 503}, s.TimeoutStatus),
 			!utf8.ValidString(s.Name),
-			s.Limit < 0, s.Limit > 0 && s.Has("mode"), (s.Shared || s.Limit > 0) && len(s.Keys) != 1:
+			s.Limit < 0, s.Limit > 0 && s.Has("mode"), (s.Shared || s.Limit > 0) && len(s.Keys) != 1,
+			!slices.Contains([]string{"", "required", "optional"}, s.Idempotency),
+			s.Idempotency == "" && (s.IdempotencyHeader != "" || s.IdempotencyRetention != 0 || s.IdempotencyScope != "" || s.IdempotencyMaxBody != 0),
+			s.Idempotency != "" && s.FailOpen, s.IdempotencyRetention < 0, s.IdempotencyMaxBody < 0,
+			s.Has("idempotency-header") && s.IdempotencyHeader == "":
 			t.Fatalf("ParseSpec(%q) gave a value out of its range: %+v", text, s)
 		}
 	})

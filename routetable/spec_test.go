@@ -13,8 +13,8 @@ import (
 )
 
 const (
-	allFields   = "key ttl wait on-timeout retry-after on-store-error hold-at-least max-keys max-body max-value-len watchdog name mode limit"
-	knownFields = "(known: key, ttl, wait, on-timeout, retry-after, on-store-error, hold-at-least, max-keys, max-body, max-value-len, watchdog, name, mode, limit)"
+	allFields   = "key ttl wait on-timeout retry-after on-store-error hold-at-least max-keys max-body max-value-len watchdog name mode limit idempotency idempotency-header idempotency-retention idempotency-scope idempotency-max-body"
+	knownFields = "(known: key, ttl, wait, on-timeout, retry-after, on-store-error, hold-at-least, max-keys, max-body, max-value-len, watchdog, name, mode, limit, idempotency, idempotency-header, idempotency-retention, idempotency-scope, idempotency-max-body)"
 )
 
 // exported is s without what Has reads, to compare with a Spec literal.
@@ -22,7 +22,8 @@ func exported(s routetable.Spec) routetable.Spec {
 	return routetable.Spec{Text: s.Text, Keys: s.Keys, TTL: s.TTL, Wait: s.Wait, TimeoutStatus: s.TimeoutStatus,
 		RetryAfter: s.RetryAfter, FailOpen: s.FailOpen, HoldAtLeast: s.HoldAtLeast, MaxKeys: s.MaxKeys,
 		MaxBodyBytes: s.MaxBodyBytes, MaxValueLen: s.MaxValueLen, Watchdog: s.Watchdog, Name: s.Name,
-		Shared: s.Shared, Limit: s.Limit}
+		Shared: s.Shared, Limit: s.Limit, Idempotency: s.Idempotency, IdempotencyHeader: s.IdempotencyHeader,
+		IdempotencyRetention: s.IdempotencyRetention, IdempotencyScope: s.IdempotencyScope, IdempotencyMaxBody: s.IdempotencyMaxBody}
 }
 
 // TestParseSpecFields checks every field's values and the fields Has
@@ -65,6 +66,14 @@ func TestParseSpecFields(t *testing.T) {
 		{"key=a key=b mode=exclusive", routetable.Spec{Keys: keys("a", "b")}, "key mode"},
 		{"key=tenant:<header:X-Tenant> limit=3 on-timeout=423", routetable.Spec{Keys: keys("tenant:<header:X-Tenant>"),
 			Limit: 3, TimeoutStatus: 423}, "key limit on-timeout"},
+		{"key=a idempotency=optional", routetable.Spec{Keys: keys("a"), Idempotency: "optional"}, "key idempotency"},
+		{
+			"key=sku:<id> idempotency=required idempotency-header=X-Request-Key idempotency-retention=1h " +
+				"idempotency-scope=<header:Authorization> idempotency-max-body=1KiB",
+			routetable.Spec{Keys: keys("sku:<id>"), Idempotency: "required", IdempotencyHeader: "X-Request-Key",
+				IdempotencyRetention: time.Hour, IdempotencyScope: "<header:Authorization>", IdempotencyMaxBody: 1 << 10},
+			"key idempotency idempotency-header idempotency-retention idempotency-scope idempotency-max-body",
+		},
 		{
 			"@lock name=all key=<json:a> key=b watchdog ttl=1m wait=2s on-timeout=429 retry-after=2s " +
 				"on-store-error=fail-open hold-at-least=1s max-keys=4 max-body=1MiB max-value-len=32",
@@ -167,6 +176,16 @@ func TestParseSpecErrors(t *testing.T) {
 		{`key=a watchdog=yes`, `spec column 7: watchdog: "yes" is not true or false`},
 		{`key=a ttl=20ms watchdog`, `spec column 16: watchdog: needs a ttl of at least 30ms, not 20ms`},
 		{`key=sku:<id`, `spec column 1: key: keyfunc: invalid template: "sku:<id": unclosed placeholder at offset 4`},
+		{`key=a idempotency=yes`, `spec column 7: idempotency: "yes" is not required or optional`},
+		{`key=a idempotency-header=X-Key`, `spec column 7: idempotency-header: needs idempotency=required or idempotency=optional`},
+		{`key=a idempotency-max-body=1KiB`, `spec column 7: idempotency-max-body: needs idempotency=required or idempotency=optional`},
+		{`key=a idempotency=required idempotency-header=X:Key`, `spec column 28: idempotency-header: "X:Key" is not a header name`},
+		{`key=a idempotency=required idempotency-retention=0`, `spec column 28: idempotency-retention: "0" is zero`},
+		{`key=a idempotency=required idempotency-retention=1d`, `spec column 28: idempotency-retention: "1d" is not a duration (such as 2s or 500ms)`},
+		{`key=a idempotency=required idempotency-max-body=0`, `spec column 28: idempotency-max-body: "0" is below 1 byte`},
+		{`key=a idempotency=optional on-store-error=fail-open`, `spec column 7: idempotency: does not go with on-store-error=fail-open, which would run a retry again while the store is down`},
+		{`key=a idempotency=required idempotency-scope=<json:a[*]>`, `spec column 28: idempotency-scope: "<json:a[*]>" may yield several values; a scope is one value`},
+		{`key=a idempotency=required idempotency-scope=<header:A`, `spec column 28: idempotency-scope: keyfunc: invalid template: "<header:A": unclosed placeholder at offset 0`},
 		// Router syntax, quoted or not, shows the reqlock spelling.
 		{"@lock key=acct:{id} wait=1s", `spec column 7: key: keyfunc: invalid template: "acct:{id}": router syntax {id} at offset 5 (write <id> for a path parameter, or \{id} for literal text)`},
 		{`@lock key="acct::id"`, `spec column 7: key: keyfunc: invalid template: "acct::id": router syntax :id at offset 5 (write <id> for a path parameter, or \:id for literal text)`},

@@ -60,7 +60,8 @@
 // keys and TTLs it honours; a WaitReporter tells a releasing holder that
 // another token was refused meanwhile, so that a hot key goes to other
 // processes in turn without each having to poll for it often; a
-// SharedStore grants one key to several holders at once.
+// SharedStore grants one key to several holders at once; a RecordStore
+// keeps idempotency records beside the locks.
 //
 // # Shared and limited grants
 //
@@ -142,6 +143,61 @@
 // wrapping ErrAbandoned; after any other failure the caller releases it
 // with ReleaseShared), and arguments out of Bounds or a negative limit are
 // refused with ErrInvalid before the store acts.
+//
+// # Idempotency records
+//
+// A RecordStore keeps, beside the locks, the recorded answers of finished
+// requests (for Idempotency-Key): one record key goes from free to claimed
+// (a lock of one token) to finished (a record, for its retention) and back to
+// free. The Locker keeps record keys apart from its lock keys (they have a
+// prefix of their own); on a record key it calls ClaimRecord, FinishRecord,
+// and Release, ReleaseWaited, Refresh and NotifyRelease for the claim. What
+// the other operations do on a key that holds a record is up to the store.
+//
+// Claims. ClaimRecord is Acquire of its single key, with Acquire's rules
+// (one atomic step, a fence that follows the fence rules, a key held by
+// another token refused with Wait its holder's remaining TTL, a key that
+// already holds token granted again with a fresh fence and TTL), unless the
+// key holds a finished record: then it claims nothing and returns a copy of
+// the record with a Grant whose OK is false (Wait zero). A claim is a lock:
+// Release and Refresh of the Store end and extend it (Release of a claim
+// leaves no record), and its expiry frees the key. A Notifier store signals
+// the key's waiters on the release or expiry of a claim, as for any lock.
+//
+// Finishing. FinishRecord replaces token's claim on its key by a record, in
+// one atomic step, and signals the key's waiters as a Release does, so that
+// a waiter refused by the claim claims again and reads the record. It acts
+// only while the key holds token's claim; otherwise (the claim expired, was
+// released, or the key is another token's) it changes nothing and returns an
+// error wrapping ErrNotHeld. A key that already holds the record token
+// finished (a client retry after a lost reply) answers nil and changes
+// nothing: a record is never written twice.
+//
+// Retention. A record is kept for at least its retention from FinishRecord
+// (a store may keep it longer, up to its granularity, and says so); within
+// it, the record is never replaced: ClaimRecord returns it, FinishRecord of
+// any other token answers ErrNotHeld, and Release and Refresh of any token
+// answer ErrNotHeld and leave it as it is. Once the retention has passed the
+// store removes it by its own means (a TTL, an expiry, a purge), so that
+// records do not grow without bound, and the key is free again.
+//
+// Contents. Fingerprint and Response are opaque bytes, kept and returned byte
+// for byte (any bytes, not only UTF-8). Fence is the fence of the claim the
+// record finished: the caller sets it to the fence ClaimRecord granted, and
+// the store keeps it as given. A record's size is Record.Size; a Bounded
+// store states the largest size and the longest retention it keeps
+// (Bounds.MaxRecordBytes, Bounds.MaxRetention), and FinishRecord refuses a
+// record or retention out of them with ErrInvalid before it acts.
+//
+// Unknown outcomes. ClaimRecord follows Acquire's rules: it returns once its
+// context ends, and a claim it leaves in flight leaves no claim behind (the
+// store releases it, owner-checked, and returns an error wrapping
+// ErrAbandoned); after any other failure the caller releases the claim. A
+// FinishRecord that fails with an unknown outcome leaves either the record or
+// the claim, never both nor two records; the caller may then Release the
+// claim, which answers ErrNotHeld when the record stands (and leaves it), and
+// a FinishRecord that lands after that Release, or after another token's
+// claim, changes nothing.
 package stores
 
 import (
@@ -334,6 +390,46 @@ type SharedStore interface {
 	RefreshShared(ctx context.Context, key, token string, ttl time.Duration) error
 }
 
+// RecordStore is implemented by stores that keep idempotency records beside
+// the locks. See Idempotency records in the package documentation for the
+// rules every method keeps.
+type RecordStore interface {
+	// ClaimRecord is Acquire of the single key for token (ttl, fence;
+	// Release and Refresh of the Store end and extend the claim; a key
+	// already claimed by token is granted again, as in Acquire), unless
+	// key holds a finished record: then it claims nothing and returns a
+	// copy of the record, with a Grant whose OK is false.
+	ClaimRecord(ctx context.Context, key, token string, ttl time.Duration) (Grant, *Record, error)
+
+	// FinishRecord replaces token's claim on key by rec, kept for
+	// retention, and signals the key's waiters as a Release does. It
+	// returns an error wrapping ErrNotHeld, changing nothing, when token
+	// does not hold the claim (it expired, was released, or is another's),
+	// and nil, changing nothing, when key already holds the record token
+	// finished. A record or retention out of the store's Bounds is refused
+	// with ErrInvalid before the store acts.
+	FinishRecord(ctx context.Context, key, token string, rec Record, retention time.Duration) error
+}
+
+// Record is a finished request's recorded answer.
+type Record struct {
+	// Fingerprint identifies the request that the record answers; opaque
+	// to the store.
+	Fingerprint string
+
+	// Response is the recorded answer, in the caller's encoding; opaque
+	// to the store.
+	Response []byte
+
+	// Fence is the fence of the claim the record finished, as the caller
+	// set it.
+	Fence int64
+}
+
+// Size is the size of r that Bounds.MaxRecordBytes bounds: the bytes of its
+// fingerprint and response.
+func (r Record) Size() int { return len(r.Fingerprint) + len(r.Response) }
+
 // Bounds are the keys and durations a store honours. The zero value is no
 // bound at all.
 type Bounds struct {
@@ -351,6 +447,15 @@ type Bounds struct {
 	// lease granularity, and says so in its documentation); a grant's
 	// validity never outlives what the backend keeps.
 	MinTTL, MaxTTL time.Duration
+
+	// MaxRecordBytes is the largest Record.Size a RecordStore keeps; zero
+	// means no limit.
+	MaxRecordBytes int
+
+	// MaxRetention is the longest retention of a record a RecordStore
+	// keeps; zero means no upper bound. A retention is also at least
+	// MinTTL.
+	MaxRetention time.Duration
 
 	// Reason says what sets the bounds, for the messages that refuse an
 	// argument or a route, such as "the ZooKeeper session timeout
@@ -379,6 +484,25 @@ func (b Bounds) CheckKey(key string) error {
 			ErrInvalid, KeyForMessage(key), len(key), b.MaxKeyBytes, b.because())
 	}
 	return nil
+}
+
+// CheckRecord returns an error wrapping ErrInvalid, naming the limit and
+// b.Reason, when rec is larger than b.MaxRecordBytes or retention is out of
+// the range [max(b.MinTTL, 1ns), b.MaxRetention].
+func (b Bounds) CheckRecord(rec Record, retention time.Duration) error {
+	if b.MaxRecordBytes > 0 && rec.Size() > b.MaxRecordBytes {
+		return fmt.Errorf("%w: record of %d bytes is larger than the store's limit of %d bytes%s",
+			ErrInvalid, rec.Size(), b.MaxRecordBytes, b.because())
+	}
+	if retention >= max(b.MinTTL, 1) && (b.MaxRetention == 0 || retention <= b.MaxRetention) {
+		return nil
+	}
+	hi := "no upper bound"
+	if b.MaxRetention > 0 {
+		hi = b.MaxRetention.String()
+	}
+	return fmt.Errorf("%w: retention %v is out of the store's range [%v, %s]%s",
+		ErrInvalid, retention, max(b.MinTTL, 1), hi, b.because())
 }
 
 // KeyForMessage returns key quoted for an error message or a log line:

@@ -184,6 +184,11 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("multi-key: overlapping carts on redis neither deadlock nor lose updates", s.testMultiKeyConcurrentRedis)
 	t.Run("metrics: table routes are labelled by route", s.testMetricsRoutes)
 	t.Run("metrics: code-built guards are labelled by template or name", s.testMetricsGuards)
+	t.Run("idempotency: a retry replays the first answer byte for byte; 422 and 400 alike on every adapter", s.testIdempotencyReplay)
+	t.Run("idempotency: a duplicate waits for the first and replays it, or gets 409", s.testIdempotencyConcurrent)
+	t.Run("idempotency: 5xx, 401, 429, an oversized body and a panic are not recorded", s.testIdempotencyNotRecorded)
+	t.Run("idempotency: scope, optional keys, and stores without records", s.testIdempotencyScopeAndOptional)
+	t.Run("idempotency: a guard's rejection inside the route is not recorded", s.testIdempotencyInnerRejection)
 }
 
 type suite struct{ a Adapter }

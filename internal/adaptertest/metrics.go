@@ -22,6 +22,7 @@ type recordingMetrics struct {
 	held      map[string]int
 	lost      map[string]int
 	handedOff map[string]int
+	idem      map[string]map[reqlock.IdempotencyEvent]int
 }
 
 func newRecordingMetrics() *recordingMetrics {
@@ -30,7 +31,36 @@ func newRecordingMetrics() *recordingMetrics {
 		held:      map[string]int{},
 		lost:      map[string]int{},
 		handedOff: map[string]int{},
+		idem:      map[string]map[reqlock.IdempotencyEvent]int{},
 	}
+}
+
+// Idempotency implements reqlock.IdempotencyMetrics.
+func (m *recordingMetrics) Idempotency(label string, event reqlock.IdempotencyEvent) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.idem[label] == nil {
+		m.idem[label] = map[reqlock.IdempotencyEvent]int{}
+	}
+	m.idem[label][event]++
+}
+
+// idemString renders the idempotency events: "label: event=n ...", labels
+// and events sorted, one label a line.
+func (m *recordingMetrics) idemString() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var lines []string
+	for label, events := range m.idem {
+		var parts []string
+		for e, n := range events {
+			parts = append(parts, fmt.Sprintf("%s=%d", e, n))
+		}
+		sort.Strings(parts)
+		lines = append(lines, label+": "+strings.Join(parts, " "))
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
 }
 
 func (m *recordingMetrics) Obtained(label string, result reqlock.Outcome, wait time.Duration) {

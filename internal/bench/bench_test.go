@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -71,18 +72,30 @@ var adapters = []adapter{
 }
 
 // commandCounter counts the commands a go-redis client sends, scripts
-// included; a pipeline counts as one round trip.
+// included; a pipeline counts as one round trip. The handshake of a new
+// pooled connection (HELLO, CLIENT SETINFO) is not a round trip of a
+// request, and is not counted: the client opens a connection whenever more
+// calls overlap than it has connections idle.
 type commandCounter struct{ n atomic.Int64 }
+
+// handshake reports whether cmd is a command of a new connection's
+// handshake.
+func handshake(cmd redis.Cmder) bool { return cmd.Name() == "hello" || cmd.Name() == "client" }
 
 func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
+		if !handshake(cmd) {
+			c.n.Add(1)
+		}
 		return next(ctx, cmd)
 	}
 }
 func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !slices.ContainsFunc(cmds, func(cmd redis.Cmder) bool { return !handshake(cmd) }) {
+			return next(ctx, cmds)
+		}
 		c.n.Add(1)
 		return next(ctx, cmds)
 	}

@@ -2,7 +2,9 @@
 // a key's shared or limited holders (stores.SharedStore) beside its lease
 // row: the marker that the key's row holds while it has holders, the
 // digests that name keys and tokens in the holders table, the table's name,
-// and the Store's note of the writer records it made.
+// and the Store's note of the writer records it made; and the same for a
+// key's idempotency record (stores.RecordStore): the owner marker its row
+// holds while it holds a record, and the records table's name.
 //
 // While a key has holders its lease row holds Marker as its token, with the
 // expiry of the longest holder, so that a plain Acquire, which takes a row
@@ -29,6 +31,17 @@ const Marker = "\x00reqlock:shared"
 // IsMarker reports whether token is Marker.
 func IsMarker(token []byte) bool { return bytes.Equal(token, []byte(Marker)) }
 
+// RecordPrefix starts the token of the lease row of a key that holds a
+// finished idempotency record: the row is then held, for the record's
+// retention, by a token no caller has, so that Acquire, Release and
+// Refresh, unchanged, leave it alone.
+const RecordPrefix = "\x00reqlock:record:"
+
+// RecordOwner returns the token of the lease row of a record that token
+// finished: RecordPrefix and the token's digest (48 bytes, whatever the
+// token's length), so that a retried finish knows its own record.
+func RecordOwner(token string) string { return RecordPrefix + string(Digest(token)) }
+
 // Digest is the 32-byte SHA-256 of a key or a token, as the holders table
 // stores them: fixed-length, whatever the key's or token's length, so that
 // the table's primary key fits any key the lease table takes.
@@ -41,15 +54,22 @@ func Digest(s string) []byte {
 // most maxLen bytes, optionally qualified by a schema: table_holders in the
 // same schema or, when that is longer than maxLen, reqlock_holders_ and a
 // digest of the table's name.
-func Table(table string, maxLen int) string {
+func Table(table string, maxLen int) string { return sibling(table, "holders", maxLen) }
+
+// RecordsTable names the records table of the lease table table, as Table
+// names its holders table: table_records, or reqlock_records_ and a digest.
+func RecordsTable(table string, maxLen int) string { return sibling(table, "records", maxLen) }
+
+// sibling names the table of kind beside the lease table table.
+func sibling(table, kind string, maxLen int) string {
 	schema, name, qualified := strings.Cut(table, ".")
 	if !qualified {
 		name = table
 	}
-	h := name + "_holders"
+	h := name + "_" + kind
 	if len(h) > maxLen {
 		sum := sha256.Sum256([]byte(name))
-		h = "reqlock_holders_" + hex.EncodeToString(sum[:16])
+		h = "reqlock_" + kind + "_" + hex.EncodeToString(sum[:16])
 	}
 	if qualified {
 		return schema + "." + h

@@ -124,6 +124,17 @@ func (c Checker) CheckBounds(b stores.Bounds, keys []string, durations ...time.D
 	return nil
 }
 
+// CheckRecord returns an error unless rec and retention are within b (see
+// stores.Bounds.CheckRecord): the check a stores.RecordStore makes before
+// FinishRecord acts. The zero Bounds still refuses a non-positive
+// retention.
+func (c Checker) CheckRecord(b stores.Bounds, rec stores.Record, retention time.Duration) error {
+	if err := b.CheckRecord(rec, retention); err != nil {
+		return c.rewrap(err)
+	}
+	return nil
+}
+
 // rewrap puts the store's name after ErrInvalid in err's message, as in the
 // Checker's other errors.
 func (c Checker) rewrap(err error) error {

@@ -28,6 +28,12 @@
 //	reqlock_lock_holders{mode,route}           gauge; this process's requests holding the route's lock, mode exclusive, shared or limited
 //	reqlock_lock_limit_reached_total{route}    counter; over-limit answers (429 by default; also counted as timeout)
 //
+// and, from reqlock.IdempotencyMetrics (reported by package middleware for
+// its routes with idempotency; a route's series of every event appear, at
+// zero, with its first event):
+//
+//	reqlock_lock_idempotency_total{event,route}  counter; event is replayed, conflict (409), mismatch (422) or recorded
+//
 // and, from reqlock.OutageMetrics (the Locker's breaker, see
 // reqlock.WithBreaker, and its pending releases, see
 // reqlock.WithPendingReleases):

@@ -10,8 +10,8 @@ import (
 )
 
 // Metrics reports a reqlock.Locker's events to Prometheus. It implements
-// reqlock.Metrics, reqlock.OutageMetrics, reqlock.ModeMetrics and
-// prometheus.Collector; create
+// reqlock.Metrics, reqlock.OutageMetrics, reqlock.ModeMetrics,
+// reqlock.IdempotencyMetrics and prometheus.Collector; create
 // it with New, register it with a prometheus.Registerer and pass it to
 // reqlock.WithMetrics. It is safe for concurrent use.
 type Metrics struct {
@@ -23,6 +23,7 @@ type Metrics struct {
 	handoffs *prometheus.CounterVec   // route
 	outage   *outage                  // the families of reqlock.OutageMetrics
 	modes    *modes                   // the families of reqlock.ModeMetrics
+	idem     *idempotency             // the family of reqlock.IdempotencyMetrics
 
 	routes  *metricdefs.Routes[route]
 	reasons metricdefs.Reasons // of the outcomes beyond metricdefs.KnownOutcomes
@@ -44,7 +45,8 @@ type route struct {
 	// the route, it is collected once an outage event came.
 	downRejected prometheus.Counter
 
-	modes routeModes // the route's series of reqlock.ModeMetrics
+	modes routeModes                       // the route's series of reqlock.ModeMetrics
+	idem  atomic.Pointer[routeIdempotency] // the route's series of reqlock.IdempotencyMetrics; set with its first event
 }
 
 type observer struct{ prometheus.Observer }
@@ -84,6 +86,7 @@ func New(opts ...Option) *Metrics {
 		handoffs: counter(metricdefs.NameHandoffs, metricdefs.HelpHandoffs, route),
 		outage:   newOutage(c),
 		modes:    newModes(c),
+		idem:     newIdempotency(c),
 	}
 	m.routes = metricdefs.NewRoutes(c.maxRoutes, m.newRoute)
 	return m
@@ -104,11 +107,12 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.modes.collectors() {
 		c.Describe(ch)
 	}
+	m.idem.events.Describe(ch)
 }
 
 // Collect implements prometheus.Collector. The families of
-// reqlock.OutageMetrics and of reqlock.ModeMetrics are collected once the
-// first of their events came.
+// reqlock.OutageMetrics, reqlock.ModeMetrics and reqlock.IdempotencyMetrics
+// are collected once the first of their events came.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.vecs() {
 		c.Collect(ch)
@@ -122,6 +126,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		for _, c := range m.modes.collectors() {
 			c.Collect(ch)
 		}
+	}
+	if m.idem.seen.Load() {
+		m.idem.events.Collect(ch)
 	}
 }
 

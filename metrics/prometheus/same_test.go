@@ -99,8 +99,50 @@ func TestSameAsCore(t *testing.T) {
 				m.Holding("GET /reports/{id}", reqlock.HolderShared, -1)
 			}
 			sameText(t, "modes again", reg, cm)
+
+			for _, m := range []reqlock.IdempotencyMetrics{pm, cm} {
+				idempotencyEvents(m)
+			}
+			sameText(t, "idempotency", reg, cm)
 		})
 	}
+}
+
+// TestSameAsCoreIdempotencyFirst: idempotency events before any other show
+// lock_idempotency_total alone, every event's series of a route at once,
+// as the core package writes them.
+func TestSameAsCoreIdempotencyFirst(t *testing.T) {
+	pm, cm := New(), metrics.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pm)
+	for _, m := range []reqlock.IdempotencyMetrics{pm, cm} {
+		idempotencyEvents(m)
+	}
+	sameText(t, "idempotency first", reg, cm)
+	text := scrapeText(t, reg)
+	for _, want := range []string{
+		`reqlock_lock_idempotency_total{event="conflict",route="POST /orders"} 0` + "\n",
+		`reqlock_lock_idempotency_total{event="recorded",route="POST /orders"} 1` + "\n",
+		`reqlock_lock_idempotency_total{event="replayed",route="POST /orders"} 2` + "\n",
+		`reqlock_lock_idempotency_total{event="mismatch",route="POST /pay"} 1` + "\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "later") {
+		t.Errorf("an event package reqlock does not define was counted:\n%s", text)
+	}
+}
+
+// idempotencyEvents reports reqlock.IdempotencyMetrics events of two
+// routes, and one event package reqlock does not define.
+func idempotencyEvents(m reqlock.IdempotencyMetrics) {
+	m.Idempotency("POST /orders", reqlock.IdempotencyRecorded)
+	m.Idempotency("POST /orders", reqlock.IdempotencyReplayed)
+	m.Idempotency("POST /orders", reqlock.IdempotencyReplayed)
+	m.Idempotency("POST /pay", reqlock.IdempotencyMismatch)
+	m.Idempotency("POST /pay", "later")
 }
 
 // TestSameAsCoreModesFirst: mode events before any other show the mode

@@ -1,8 +1,8 @@
 // Package etcdstore is a stores.Store on etcd (3.3 or later) through
 // go.etcd.io/etcd/client/v3. It is also a stores.Notifier, a
-// stores.FairStore and a stores.SharedStore: etcd orders waiters by create
-// revision and tells watchers of every delete, so fair waiting costs no
-// polling.
+// stores.FairStore, a stores.SharedStore and a stores.RecordStore: etcd
+// orders waiters by create revision and tells watchers of every delete, so
+// fair waiting costs no polling.
 //
 // # What is stored
 //
@@ -14,7 +14,9 @@
 //     below), a NUL byte, and the TTL it was given in milliseconds, which
 //     refusals report as Wait. One fixed name per lock key, so that etcd's
 //     index does not grow with every acquisition until the next
-//     compaction, and a grant compares one key, not a range.
+//     compaction, and a grant compares one key, not a range. A record key
+//     (see Idempotency records) keeps its claim here as a lock, and then
+//     its finished record, a value that starts with a NUL byte.
 //   - holder/<token>: a reader, a shared holder under no limit (see
 //     stores.SharedStore), and holder/NUL<slot>, a holder under a limit N,
 //     in slot 0 to N-1 (16 hex digits, so that slots sort by number, before
@@ -125,6 +127,47 @@
 // must be restored with etcdutl's --bump-revision (and --mark-compacted), as
 // etcd's own documentation advises, or it could issue revisions again; a
 // cluster that loses every member's data starts again from revision 1.
+//
+// # Idempotency records
+//
+// A record key is a lock key (stores.RecordStore): ClaimRecord is
+// Acquire's transaction on its one key, with Acquire's lease, fence,
+// abandon marks, undo and errors, and Release and Refresh end and extend
+// the claim. FinishRecord replaces the claim by the record in one
+// transaction, owner-checked as Release is: the holder key's value
+// becomes a NUL byte, the token that finished it, a NUL byte, the
+// retention in milliseconds, and the record's fence, fingerprint and
+// response. No token starts with a NUL byte, so no owner check of a lock
+// matches a record, and a plain Acquire or AcquireShared of the key is
+// refused (Wait: the retention) while it stands. A ClaimRecord refused by
+// the record reads it in the same transaction: a replay is one round
+// trip, a new key one for the claim and one for the finish.
+//
+// The record is on a lease of its retention plus an eighth of it, at most
+// a minute, rounded up to seconds: records of one retention finished
+// within that time share a lease, granted by a pool of its own, and etcd
+// deletes them when it ends, whatever becomes of the Store that wrote
+// them (Close does not revoke records' leases: they outlive it). So
+// records take what the finishes of one retention put, and no more; etcd
+// frees the space of deleted ones at its next compaction (etcd's
+// --auto-compaction-retention), and all of them count against its
+// database quota (--quota-backend-bytes, 2 GiB by default): a retention's
+// worth of records, times their size, must fit it. A leader change renews
+// every lease, so that a record may then stand up to once more its lease.
+//
+// The put of the record is a change of the holder key that the watches of
+// NotifyRelease take for the claim's release: waiters claim again and
+// read the record. A FinishRecord is sent again while etcd does not answer
+// (see "Leader changes"); a copy that finds the record of its own token
+// answers nil, as a retry does, and one that lands after its claim's
+// release, expiry or another token's claim changes nothing.
+//
+// A record (fingerprint and response) is at most Bounds().MaxRecordBytes,
+// which follows from --max-request-bytes: the request less its framing,
+// for keys and tokens of up to 1 KiB each, 1498 KiB with the defaults. A
+// longer key or token takes a smaller record: a FinishRecord whose request
+// would exceed the limit is refused with stores.ErrInvalid before it acts.
+// The longest retention is MaxTTL.
 //
 // # Shared and limited grants
 //

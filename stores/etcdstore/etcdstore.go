@@ -43,8 +43,10 @@ const (
 const acquireAttempts = 3
 
 // Store is a stores.Store on etcd, and a stores.Notifier,
-// stores.FairStore and stores.SharedStore. It is safe for concurrent use. It owns the leases it
-// grants and the watches NotifyRelease starts, until Close.
+// stores.FairStore, stores.SharedStore and stores.RecordStore. It is safe
+// for concurrent use. It owns the leases it grants for locks and the
+// watches NotifyRelease starts, until Close; the leases of its records
+// outlive it (see FinishRecord).
 type Store struct {
 	client      *clientv3.Client
 	ownsClient  bool // Open made the client; Close closes it
@@ -54,7 +56,8 @@ type Store struct {
 	maxRequest  int // etcd's --max-request-bytes
 	bounds      stores.Bounds
 	leases      *leasePool
-	rtt         roundTrip // of the latest request etcd answered
+	records     *leasePool // of finished records, which Close does not revoke
+	rtt         roundTrip  // of the latest request etcd answered
 	notify      *notifier
 	undos       *undoQueue
 	bg          context.Context // of the undo queue; Close ends it
@@ -143,16 +146,20 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 		}
 	}
 	s.bounds = stores.Bounds{
-		MaxKeyBytes: maxKeyBytes(len(s.prefix), s.maxRequest),
-		MaxTTL:      MaxTTL,
-		Reason:      fmt.Sprintf("etcd's longest lease (9e9s, less the Store's margin of an eighth) and its request size limit (--max-request-bytes=%d)", s.maxRequest),
+		MaxKeyBytes:    maxKeyBytes(len(s.prefix), s.maxRequest),
+		MaxTTL:         MaxTTL,
+		MaxRecordBytes: maxRecordBytes(len(s.prefix), s.maxRequest),
+		MaxRetention:   MaxTTL,
+		Reason:         fmt.Sprintf("etcd's longest lease (9e9s, less the Store's margin of an eighth) and its request size limit (--max-request-bytes=%d)", s.maxRequest),
 	}
 	if s.bounds.MaxKeyBytes < 1 {
 		return nil, fmt.Errorf("%w: etcdstore: a prefix of %d bytes leaves no room for a key in a request of %d bytes", stores.ErrInvalid, len(s.prefix), s.maxRequest)
 	}
 	s.bg, s.stopBG = context.WithCancel(context.Background())
 	s.undos = newUndoQueue(s)
-	s.leases = newLeasePool(clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout), s.timeout, s.attemptBound(), &s.rtt, s.undos.leasesGone)
+	lease := clientv3.NewLeaseFromLeaseClient(failFastLease{pb.NewLeaseClient(conn)}, client, s.timeout)
+	s.leases = newLeasePool(lease, s.timeout, s.attemptBound(), &s.rtt, leaseSeconds, s.undos.leasesGone)
+	s.records = newLeasePool(lease, s.timeout, s.attemptBound(), &s.rtt, recordLeaseSeconds, nil)
 	s.notify = newNotifier(s)
 	return s, nil
 }
@@ -219,6 +226,7 @@ func (s *Store) close() error {
 	// The undo queue goes on meanwhile, and an undo whose every lease is
 	// revoked is over.
 	_, revokeErr := s.leases.close(ctx)
+	revokeErr = errors.Join(revokeErr, s.records.stop(ctx))
 	left := s.undos.finish(ctx, s.stopBG)
 	var undoErr error
 	if left > 0 {
@@ -425,7 +433,7 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	var fl flight
 	err := s.detached(ctx, func(ctx context.Context) error {
 		var err error
-		g, err = s.acquire(ctx, start, seq, keys, token, ttl, &fl)
+		g, err = s.acquire(ctx, start, seq, keys, token, ttl, &fl, nil)
 		return err
 	}, func() *pendingUndo { return s.newUndo(keys, token, false, &fl) })
 	if err != nil {
@@ -434,7 +442,11 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	return g, nil
 }
 
-func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys []string, token string, ttl time.Duration, fl *flight) (stores.Grant, error) {
+// acquire is Acquire as begun at start with sequence seq, recording the
+// leases of its transactions in fl. With found not nil (ClaimRecord of one
+// key), a key that holds a finished record sets *found to a copy of it,
+// and acquire returns a Grant with OK false and Wait zero.
+func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys []string, token string, ttl time.Duration, fl *flight, found **stores.Record) (stores.Grant, error) {
 	holders := make([]string, len(keys))
 	for i, k := range keys {
 		holders[i] = holderKey(s.dir(k))
@@ -479,6 +491,14 @@ func (s *Store) acquire(ctx context.Context, start time.Time, seq uint64, keys [
 				// Shared holders: the writer waits, and new ones wait for it.
 				s.writerWaits(ctx, holders[i], token)
 				return stores.Grant{Held: i, Wait: longestTTL(kvs), SharedHeld: true}, nil
+			}
+			if found != nil && isRecord(kvs[0].Value) {
+				rec, err := decodeRecord(kvs[0].Value)
+				if err != nil {
+					return stores.Grant{}, fmt.Errorf("%w: claim of %s: %w", ErrUnexpectedReply, stores.KeyForMessage(keys[i]), err)
+				}
+				*found = rec
+				return stores.Grant{}, nil
 			}
 			if holderToken(kvs[0].Value) != token {
 				return stores.Grant{Held: i, Wait: holderTTL(kvs[0].Value)}, nil

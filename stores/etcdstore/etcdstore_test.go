@@ -44,10 +44,11 @@ func newStore(t testing.TB, opts ...etcdstore.Option) *etcdstore.Store {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Suite{
-		New:    func(t *testing.T) stores.Store { return newStore(t) },
-		Notify: true,
-		Fair:   true,
-		Shared: true,
+		New:     func(t *testing.T) stores.Store { return newStore(t) },
+		Notify:  true,
+		Fair:    true,
+		Shared:  true,
+		Records: true,
 		// A key lives at least etcd's shortest lease (2s with the default
 		// election timeout), so the expiry subtests wait that long.
 		ExpiryTTL: minLeaseTTL(t),

@@ -139,7 +139,7 @@ func TestUndoRidesOutLeaderKill(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	keys, token, ttl := []string{"k"}, "t-abandoned", 20*time.Second
 	var fl flight
-	if g, err := s.acquire(t.Context(), time.Now(), 1, keys, token, ttl, &fl); err != nil || !g.OK {
+	if g, err := s.acquire(t.Context(), time.Now(), 1, keys, token, ttl, &fl, nil); err != nil || !g.OK {
 		t.Fatalf("acquire: %+v, %v", g, err)
 	}
 	members[leader].Kill()

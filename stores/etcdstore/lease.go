@@ -35,6 +35,7 @@ type leasePool struct {
 	bound   time.Duration // after which a grant unanswered is joined by another, at the least
 	rtt     *roundTrip    // of the latest request answered, shared with the Store
 	gone    func([]clientv3.LeaseID)
+	seconds func(time.Duration) int64 // the lease's TTL for keys of a duration (leaseSeconds, recordLeaseSeconds)
 
 	mu      sync.Mutex
 	buckets map[int64]*pooledLease         // by requested seconds
@@ -55,10 +56,12 @@ type pooledLease struct {
 	err        error
 }
 
-// newLeasePool returns a pool that grants leases through lease, and tells
-// gone of the leases it saw revoked or found gone.
-func newLeasePool(lease clientv3.Lease, timeout, bound time.Duration, rtt *roundTrip, gone func([]clientv3.LeaseID)) *leasePool {
-	return &leasePool{lease: lease, timeout: timeout, bound: bound, rtt: rtt, gone: gone, buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
+// newLeasePool returns a pool that grants leases through lease, of
+// seconds(d) for keys of d, and tells gone (when not nil) of the leases it
+// saw revoked or found gone.
+func newLeasePool(lease clientv3.Lease, timeout, bound time.Duration, rtt *roundTrip, seconds func(time.Duration) int64, gone func([]clientv3.LeaseID)) *leasePool {
+	return &leasePool{lease: lease, timeout: timeout, bound: bound, rtt: rtt, seconds: seconds, gone: gone,
+		buckets: map[int64]*pooledLease{}, granted: map[clientv3.LeaseID]time.Time{}}
 }
 
 // maxLeaseSeconds is the longest lease etcd grants (its MaxLeaseTTL, 9e9
@@ -106,7 +109,7 @@ const leaseGets = 3
 // is sent again after a short pause, so calls are served as soon as the
 // cluster has a leader again.
 func (p *leasePool) get(ctx context.Context, start time.Time, d time.Duration) (clientv3.LeaseID, error) {
-	secs := leaseSeconds(d)
+	secs := p.seconds(d)
 	pause := retryPauseMin
 	for stale := 0; ; {
 		p.mu.Lock()
@@ -321,17 +324,42 @@ func (p *leasePool) close(ctx context.Context) ([]clientv3.LeaseID, error) {
 	return gone, errors.Join(errInFlight, err)
 }
 
+// stop stops new grants and waits until the grants in flight have ended or
+// ctx has, revoking nothing: the pool of records' leases, whose records
+// outlive the Store (see FinishRecord).
+func (p *leasePool) stop(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	granting := make(chan struct{})
+	go func() {
+		p.grants.Wait()
+		close(granting)
+	}()
+	select {
+	case <-granting:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("etcdstore: close: a record lease's grant still in flight after %v", p.timeout)
+	}
+}
+
 // withLeases calls f with a lease for each of ds, that lasts until at
 // least start plus d (NoLease for d not positive) and, when etcd no longer
 // knows one of them (it expired while the request travelled, or was
 // revoked), once more with new ones.
 func (s *Store) withLeases(ctx context.Context, start time.Time, ds []time.Duration, f func([]clientv3.LeaseID) error) error {
+	return s.withPoolLeases(ctx, s.leases, start, ds, f)
+}
+
+// withPoolLeases is withLeases with leases of pool.
+func (s *Store) withPoolLeases(ctx context.Context, pool *leasePool, start time.Time, ds []time.Duration, f func([]clientv3.LeaseID) error) error {
 	ids := make([]clientv3.LeaseID, len(ds))
 	for attempt := 0; ; attempt++ {
 		for i, d := range ds {
 			ids[i] = clientv3.NoLease
 			if d > 0 {
-				id, err := s.leases.get(ctx, start, d)
+				id, err := pool.get(ctx, start, d)
 				if err != nil {
 					return err
 				}
@@ -341,7 +369,7 @@ func (s *Store) withLeases(ctx context.Context, start time.Time, ds []time.Durat
 		err := f(ids)
 		if attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			for _, id := range ids {
-				s.leases.dropID(id)
+				pool.dropID(id)
 			}
 			continue
 		}

@@ -18,7 +18,8 @@ const (
 
 // NotifyRelease returns a channel that receives when key becomes free for
 // the waiter with token: when its holder key is deleted (a release, or its
-// lease expired) and nobody is queued, or, while fair waiters queue, only
+// lease expired), or a claim of it is replaced by a finished record (see
+// FinishRecord), and nobody is queued, or, while fair waiters queue, only
 // when token is the one whose turn came: the head of the queue of a free
 // key, after a release or after the waiter ahead left or lapsed.
 //
@@ -175,9 +176,12 @@ func (st *keyState) head() (string, bool) {
 func (st *keyState) apply(name string, kv *mvccpb.KeyValue, deleted bool) (freed bool) {
 	switch {
 	case name == "holder":
+		// A finished record (see FinishRecord) holds no lock: its put
+		// over a claim is the claim's release, so that waiters claim
+		// again and read it.
 		was := st.held
-		st.held = !deleted
-		return was && deleted
+		st.held = !deleted && !isRecord(kv.Value)
+		return was && !st.held
 	case strings.HasPrefix(name, "holder/"):
 		// A shared holder: each place freed is signalled (see
 		// stores.SharedStore), the key being free of a writer.

@@ -217,4 +217,11 @@
 // There is no server: Open and New fail when the directory cannot be
 // created or used, whatever the URL's connect parameter (check or lazy)
 // says.
+//
+// # No idempotency records
+//
+// The Store does not implement stores.RecordStore (yet): a record file
+// beside the lock file fits the locking, but its removal once expired needs
+// a sweep of the directory of its own, which the Store does not have (a
+// lock file is taken over, not removed, by the next grant).
 package filestore

@@ -37,4 +37,12 @@
 // which expires stores.WriterWindow after its last refusal and ends at the
 // token's exclusive grant or its Release. Exclusive and shared grants draw
 // their fences from the one counter.
+//
+// # Idempotency records
+//
+// Store implements stores.RecordStore: a claim is an exclusive lock of its
+// key; FinishRecord turns that entry into a record, a copy of the caller's,
+// which expires with the heap at the end of its retention like any lock,
+// and which no lock operation grants, releases or refreshes. Records have
+// no size or retention bound but memory; they count in Len.
 package memstore

@@ -11,8 +11,8 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// Store is an in-memory stores.Store, stores.Notifier, stores.FairStore and
-// stores.SharedStore.
+// Store is an in-memory stores.Store, stores.Notifier, stores.FairStore,
+// stores.SharedStore and stores.RecordStore.
 // It is safe for concurrent use. The zero value is not usable; call New.
 type Store struct {
 	mu      sync.Mutex
@@ -40,14 +40,16 @@ var (
 	_ stores.Notifier    = (*Store)(nil)
 	_ stores.FairStore   = (*Store)(nil)
 	_ stores.SharedStore = (*Store)(nil)
+	_ stores.RecordStore = (*Store)(nil)
 )
 
 type entry struct {
 	key       string
 	token     string
 	expiresAt time.Time
-	index     int   // position in Store.expiry
-	kind      uint8 // exclusive, holder or writerWait; see shared.go
+	index     int            // position in Store.expiry
+	kind      uint8          // exclusive, holder, writerWait or record; see shared.go
+	rec       *stores.Record // the finished record, for kind record
 }
 
 // New returns an empty Store.
@@ -96,10 +98,10 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 // caller asked for. The caller holds s.mu and has swept expired locks.
 func (s *Store) heldByOther(key, token string) (*entry, bool) {
 	e, ok := s.entries[key]
-	if !ok || e.token == token {
+	if !ok || (e.token == token && e.kind == exclusive) {
 		return nil, false
 	}
-	return e, true
+	return e, true // a record holds its key against every token
 }
 
 // grantLocked sets key, free or already holding token, to token for ttl,
@@ -156,7 +158,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 func (s *Store) releaseLocked(now time.Time, key, token string, keep time.Duration) bool {
 	s.dropWriter(key, token, true)
 	e, ok := s.entries[key]
-	if !ok || e.token != token {
+	if !ok || e.token != token || e.kind != exclusive {
 		return false
 	}
 	if keep > 0 {
@@ -183,7 +185,7 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	now := s.lockSwept()
 	defer s.mu.Unlock()
 	for _, key := range keys {
-		if e, ok := s.entries[key]; !ok || e.token != token {
+		if e, ok := s.entries[key]; !ok || e.token != token || e.kind != exclusive {
 			return fmt.Errorf("%w: %q (none of the %d keys refreshed)", stores.ErrNotHeld, key, len(keys))
 		}
 	}
@@ -195,8 +197,8 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 	return nil
 }
 
-// Len returns the number of live exclusive locks and shared holders, after
-// freeing the expired ones.
+// Len returns the number of live exclusive locks (claims included), shared
+// holders and records, after freeing the expired ones.
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -228,7 +230,7 @@ func (s *Store) sweep(now time.Time) {
 	for len(s.expiry) > 0 && !now.Before(s.expiry[0].expiresAt) {
 		e := heap.Pop(&s.expiry).(*entry)
 		switch e.kind {
-		case exclusive:
+		case exclusive, record:
 			delete(s.entries, e.key)
 			s.signal(e.key)
 		case holder:

@@ -14,7 +14,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, storetest.Suite{New: func(t *testing.T) stores.Store { return New() }, Notify: true, Fair: true, Shared: true, InProcess: true})
+	storetest.Run(t, storetest.Suite{New: func(t *testing.T) stores.Store { return New() }, Notify: true, Fair: true, Shared: true, Records: true, InProcess: true})
 }
 
 // one returns key as the keys of a one-key call.

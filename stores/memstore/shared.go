@@ -14,6 +14,7 @@ const (
 	exclusive  uint8 = iota // a plain or fair grant, in Store.entries
 	holder                  // one holder of a shared key, in Store.shared
 	writerWait              // a writer refused by holders, in Store.writers
+	record                  // a finished idempotency record, in Store.entries
 )
 
 // sharedKey is the holders of one key held shared, each admitted under its

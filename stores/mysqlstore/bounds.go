@@ -12,9 +12,12 @@ import (
 // 1ns, rounded up to the microsecond of DATETIME(6), to math.MaxInt64, 292
 // years, which the server's clock plus the duration keeps far within
 // DATETIME's range (to the year 9999) and TIMESTAMPDIFF's microseconds
-// within a BIGINT. It implements stores.Bounded.
+// within a BIGINT; records of up to MaxRecordBytes, kept for any such
+// duration. It implements stores.Bounded.
 func (s *Store) Bounds() stores.Bounds {
-	return stores.Bounds{MaxKeyBytes: MaxKeyLen, Reason: "mysqlstore's key column (lock_key VARBINARY(512), its primary key)"}
+	return stores.Bounds{MaxKeyBytes: MaxKeyLen, MaxRecordBytes: MaxRecordBytes,
+		Reason: "mysqlstore's key column (lock_key VARBINARY(512), its primary key); records: mysqlstore.MaxRecordBytes, " +
+			"within MySQL 5.7's default max_allowed_packet (4 MB)"}
 }
 
 // checkArgs returns an error wrapping stores.ErrInvalid when a key is longer

@@ -296,6 +296,45 @@
 // as held, so mixed versions exclude each other; it records no waiting
 // writer.
 //
+// # Idempotency records
+//
+// The Store is a stores.RecordStore. A record key's claim is a plain lease
+// row: ClaimRecord runs Acquire's one-key statement, as Acquire runs it
+// (its fence, its retries under contention, the undo of a claim whose
+// caller left or whose outcome is unknown), with one more flag in its
+// LAST_INSERT_ID, set when a finished record refused it; the record is then
+// read by a second statement (a statement that writes returns no rows on
+// MySQL), so that a new key's claim takes one round trip and a replay two.
+// A finished record lives in two places: the key's lease row, whose token
+// becomes the record's owner (a NUL byte, "reqlock:record:" and the SHA-256
+// of the finishing token: 48 bytes; tokens that start so are refused) and
+// whose expiry becomes the end of the retention, so that Acquire, Release
+// and Refresh, unchanged, leave it alone; and a row of a third table beside
+// the lease table, named after it (reqlock_locks_records; a name past 64
+// bytes becomes reqlock_records_ and a digest), which keeps the lease
+// table's schema and its rows' size as they were (see RecordsSchema, or
+// records.sql):
+//
+//	lock_key   VARBINARY(512) PRIMARY KEY  the record's key
+//	record     MEDIUMBLOB                  a byte, the fingerprint, then the response
+//	fp_len     INT                         the fingerprint's length
+//	fence      BIGINT                      the fence of the claim it finished
+//	expires_at DATETIME(6)                 the end of the retention (indexed)
+//
+// FinishRecord takes two statements, each of which checks the token's
+// unexpired claim itself: the first writes the fields, the second replaces
+// the claim by the owner, which makes the record. Fields written without
+// the owner (the claim ended in between, or the second statement was
+// lost) are never read, and the next finish of the key overwrites them; a
+// finish that lands late changes nothing. Records are kept up to
+// MaxRecordBytes (4 MiB less 64 KiB: FinishRecord's statement then fits
+// MySQL 5.7's default max_allowed_packet; the column holds 16 MiB), for any
+// retention the TTLs allow. The purge (WithPurge, Purge) deletes expired
+// records, and, like any row's, their lease rows once expired for the
+// purge's retention; a purged key's next claim draws its fence from the
+// clock. With WithoutCreateTable, create the records table from
+// RecordsSchema too.
+//
 // # No release notification, no fair mode
 //
 // MySQL has no publish/subscribe: a stores.Notifier could only poll the

@@ -68,8 +68,9 @@ const (
 )
 
 // Store is a stores.Store on MySQL or MariaDB: a lease row per key in one
-// InnoDB table; and a stores.SharedStore, whose holders are rows of a
-// second (see HoldersSchema). It is safe for concurrent use. It owns a purge goroutine
+// InnoDB table; a stores.SharedStore, whose holders are rows of a second
+// (see HoldersSchema); and a stores.RecordStore, whose records' fields are
+// rows of a third (see RecordsSchema). It is safe for concurrent use. It owns a purge goroutine
 // (unless WithPurge turned it off) and, from Open, its *sql.DB, until Close.
 // It does not implement stores.Notifier or stores.FairStore; see the package
 // documentation.
@@ -139,8 +140,9 @@ func WithTable(name string) Option {
 // WithoutCreateTable makes the Store use the table as it finds it: it does
 // not run CREATE TABLE IF NOT EXISTS on first use. For managed schemas:
 // create the table beforehand from Schema (or schema.sql), and, for shared
-// grants, its holders table from HoldersSchema (or holders.sql). Default:
-// the Store creates both.
+// grants, its holders table from HoldersSchema (or holders.sql), and, for
+// idempotency records, its records table from RecordsSchema (or
+// records.sql). Default: the Store creates all three.
 func WithoutCreateTable() Option {
 	return func(s *Store) error {
 		s.createTable = false
@@ -234,7 +236,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
 		}
 	}
-	s.q = newQueries(quoteTable(s.table), quoteTable(holdersTable(s.table)))
+	s.q = newQueries(quoteTable(s.table), quoteTable(holdersTable(s.table)), quoteTable(recordsTable(s.table)))
 	s.undo = undoqueue.New(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
 		go s.purgeLoop()
@@ -339,6 +341,9 @@ func (s *Store) setup(ctx context.Context) error {
 		}
 		if _, err := s.db.ExecContext(ctx, s.q.createHolders); err != nil {
 			return fmt.Errorf("mysqlstore: create table %s: %w", holdersTable(s.table), markUnreachable(err))
+		}
+		if _, err := s.db.ExecContext(ctx, s.q.createRecords); err != nil {
+			return fmt.Errorf("mysqlstore: create table %s: %w", recordsTable(s.table), markUnreachable(err))
 		}
 	}
 	if err := s.checkSchema(ctx); err != nil {
@@ -459,9 +464,10 @@ func (s *Store) acquiredOutcome(ctx context.Context, r acquired, err error, keys
 
 // acquired is the outcome of Acquire's operation.
 type acquired struct {
-	g     stores.Grant
-	a     attempt
-	limit bool // the call limit ended the operation
+	g      stores.Grant
+	a      attempt
+	limit  bool // the call limit ended the operation
+	record bool // ClaimRecord's claim was refused by a finished record
 }
 
 // contentionWait is the Wait of a refusal after every attempt lost to row

@@ -76,7 +76,8 @@ func TestConformance(t *testing.T) {
 			})
 			return s
 		},
-		Shared: true,
+		Shared:  true,
+		Records: true,
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
 			p, db := proxiedDB(t)
 			return newStore(t, db, WithCallLimit(proxiedCallLimit)), []*faultproxy.Proxy{p}

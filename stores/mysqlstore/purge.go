@@ -11,7 +11,9 @@ import (
 // purgeTimeout bounds one purge run of the purge goroutine.
 const purgeTimeout = time.Minute
 
-// Purge deletes the rows that were released or have been expired for
+// Purge deletes the expired idempotency records (see Idempotency records
+// in the package documentation), and the rows that were released or have
+// been expired for
 // retention, and whose fence the server clock has passed by retention (the
 // key was last granted more than retention ago), in batches of purgeBatch
 // keys, and returns how many it deleted. A row that is held, expired less
@@ -41,10 +43,13 @@ func (s *Store) purge(ctx context.Context, retention time.Duration) (int64, erro
 	if err := s.setup(ctx); err != nil {
 		return 0, err
 	}
+	deleted, err := s.purgeRecords(ctx)
+	if err != nil {
+		return deleted, err
+	}
 	ret := micros(retention)
 	var (
-		deleted int64
-		after   []any // none: from the first key
+		after []any // none: from the first key
 	)
 	for {
 		keys, err := s.purgeCandidates(ctx, after, ret)

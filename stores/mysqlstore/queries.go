@@ -40,6 +40,11 @@ var schemaSQL string
 //go:embed holders.sql
 var holdersSchemaSQL string
 
+// recordsSchemaSQL is the records table's definition; see RecordsSchema.
+//
+//go:embed records.sql
+var recordsSchemaSQL string
+
 const (
 	nowSQL    = "UTC_TIMESTAMP(6)"
 	microsSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
@@ -58,6 +63,11 @@ const (
 	// (see shared.go). A remaining TTL stays below it: DATETIME ends in the
 	// year 9999, 2^61 microseconds after about 73,000 years.
 	sharedFlag = 1 << 61
+
+	// recordFlag is added to refusedFlag by claimOneSQL when the key holds
+	// a finished record (see record.go). A remaining TTL stays below it:
+	// DATETIME ends in the year 9999, less than 2^60 microseconds from now.
+	recordFlag = 1 << 60
 
 	// acquireOneSQL takes one key in one statement and one round trip. A
 	// new key is inserted; an existing one is taken when it has expired (or
@@ -156,6 +166,43 @@ WHERE lock_key IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND
   AND fence + {stride} <= {micros} - ?`
 )
 
+// The SQL of idempotency records (see record.go). {records} stands for the
+// quoted records table, {isRecord} for a test of the lease row's token
+// against holders.RecordPrefix ({lIsRecord} of the row l's). ClaimRecord runs claimOneSQL, acquireOneSQL
+// with recordFlag added to a refusal by a record.
+const (
+	// readRecordSQL reads the key's record while its lease row holds a
+	// record's owner: run after a claim that a record refused, it reads the
+	// record even when its retention ended in between (no claim took the
+	// key since). Arguments: key.
+	readRecordSQL = `SELECT r.record, r.fp_len, r.fence FROM {records} AS r JOIN {table} AS l ON l.lock_key = r.lock_key
+WHERE r.lock_key = ? AND {lIsRecord}`
+
+	// finishInsertSQL writes the record's fields while the key's lease row
+	// holds the token's unexpired claim, and nothing otherwise: the first
+	// statement of FinishRecord. Arguments: record, fingerprint length,
+	// fence, retention µs, key, token.
+	finishInsertSQL = `INSERT INTO {records} (lock_key, record, fp_len, fence, expires_at)
+SELECT lock_key, ?, ?, ?, {now} + INTERVAL ? MICROSECOND FROM {table}
+WHERE lock_key = ? AND token = ? AND expires_at > {now}
+ON DUPLICATE KEY UPDATE record = VALUES(record), fp_len = VALUES(fp_len), fence = VALUES(fence), expires_at = VALUES(expires_at)`
+
+	// finishUpdateSQL replaces the token's unexpired claim by the record's
+	// owner, held until the end of the retention: the second statement of
+	// FinishRecord, which makes the record. Arguments: owner, retention µs,
+	// key, token.
+	finishUpdateSQL = `UPDATE {table} SET token = ?, expires_at = {now} + INTERVAL ? MICROSECOND
+WHERE lock_key = ? AND token = ? AND expires_at > {now}`
+
+	// ownRecordSQL counts the key's lease row when it holds the record of
+	// an owner, unexpired. Arguments: key, owner.
+	ownRecordSQL = `SELECT COUNT(*) FROM {table} WHERE lock_key = ? AND token = ? AND expires_at > {now}`
+
+	// purgeRecordsSQL deletes expired records, the earliest first; their
+	// lease rows are the lease purge's. Arguments: limit.
+	purgeRecordsSQL = `DELETE FROM {records} WHERE expires_at <= {now} ORDER BY expires_at LIMIT ?`
+)
+
 // The SQL of shared grants (see shared.go). {holders} stands for the quoted
 // holders table, {isMarker} for a test of the lease row's token against
 // holders.Marker, {marker} for holders.Marker and {window} for
@@ -248,6 +295,8 @@ type queries struct {
 	release, expire                     string
 	purgeFirst, purgeAfter, purge       string
 
+	claimOne, readRecord, finishInsert, finishUpdate   string
+	ownRecord, purgeRecords, createRecords             string
 	createHolders                                      string
 	lockKey, lockRow, selectKey, peekKey, sweepHolders string
 	grantKey, upsertHolder, writerWaits, withdraw      string
@@ -256,9 +305,13 @@ type queries struct {
 
 // newQueries returns the SQL for quoted, a validated and quoted table name,
 // and holders, its holders table's.
-func newQueries(quoted, holdersTable string) queries {
+func newQueries(quoted, holdersTable, recordsTable string) queries {
 	r := strings.NewReplacer(
 		"{holders}", holdersTable,
+		"{records}", recordsTable,
+		"{isRecord}", "LEFT(token, "+strconv.Itoa(len(holders.RecordPrefix))+") = X'"+hex.EncodeToString([]byte(holders.RecordPrefix))+"'",
+		"{lIsRecord}", "LEFT(l.token, "+strconv.Itoa(len(holders.RecordPrefix))+") = X'"+hex.EncodeToString([]byte(holders.RecordPrefix))+"'",
+		"{recordFlag}", strconv.FormatInt(recordFlag, 10),
 		"{isMarker}", "token = X'"+hex.EncodeToString([]byte(holders.Marker))+"'",
 		"{marker}", "X'"+hex.EncodeToString([]byte(holders.Marker))+"'",
 		"{window}", strconv.FormatInt(stores.WriterWindow.Microseconds(), 10),
@@ -282,6 +335,13 @@ func newQueries(quoted, holdersTable string) queries {
 		purgeAfter:  strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "lock_key > ? AND", 1),
 		purge:       r.Replace(purgeSQL),
 
+		claimOne:      r.Replace(strings.Replace(acquireOneSQL, "IF({isMarker}, {sharedFlag}, 0)", "IF({isMarker}, {sharedFlag}, IF({isRecord}, {recordFlag}, 0))", 1)),
+		readRecord:    r.Replace(readRecordSQL),
+		finishInsert:  r.Replace(finishInsertSQL),
+		finishUpdate:  r.Replace(finishUpdateSQL),
+		ownRecord:     r.Replace(ownRecordSQL),
+		purgeRecords:  r.Replace(purgeRecordsSQL),
+		createRecords: r.Replace(recordsSchemaSQL),
 		createHolders: r.Replace(holdersSchemaSQL),
 		lockKey:       r.Replace(lockKeySQL),
 		lockRow:       r.Replace(lockRowSQL),

@@ -25,7 +25,7 @@ func HoldersSchema(table string) (string, error) {
 	if err := checkTable(table); err != nil {
 		return "", fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
 	}
-	return newQueries(quoteTable(table), quoteTable(holdersTable(table))).createHolders, nil
+	return newQueries(quoteTable(table), quoteTable(holdersTable(table)), quoteTable(recordsTable(table))).createHolders, nil
 }
 
 // holdersTable names the holders table of table (see holders.Table).

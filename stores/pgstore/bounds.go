@@ -13,8 +13,10 @@ const defaultBlockSize = 8192
 // setBounds sets Bounds for pages of blockSize bytes.
 func (s *Store) setBounds(blockSize int) {
 	s.bounds.Store(&stores.Bounds{
-		MaxKeyBytes: maxKeyBytes(blockSize),
-		Reason:      fmt.Sprintf("PostgreSQL's btree entry limit for pgstore's primary key on the key (a third of a %d-byte page)", blockSize),
+		MaxKeyBytes:    maxKeyBytes(blockSize),
+		MaxRecordBytes: MaxRecordBytes,
+		Reason: fmt.Sprintf("PostgreSQL's btree entry limit for pgstore's primary key on the key (a third of a %d-byte page); "+
+			"records: pgstore.MaxRecordBytes, half of PostgreSQL's 1 GB limit on a field and on a message", blockSize),
 	})
 }
 
@@ -23,8 +25,9 @@ func (s *Store) setBounds(blockSize int) {
 // PostgreSQL's 8 kB pages; longer keys that compress below it would fit,
 // but a random one does not), and every duration from 1ns, rounded up to
 // the server clock's microsecond, to math.MaxInt64: 292 years, far within
-// timestamptz (to the year 294276) and an interval's 64-bit microseconds.
-// It implements stores.Bounded.
+// timestamptz (to the year 294276) and an interval's 64-bit microseconds;
+// records up to MaxRecordBytes, kept for any such duration. It implements
+// stores.Bounded.
 func (s *Store) Bounds() stores.Bounds { return *s.bounds.Load() }
 
 // maxKeyBytes returns the length of the longest key that the table's

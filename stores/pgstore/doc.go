@@ -1,6 +1,6 @@
 // Package pgstore is a stores.Store on PostgreSQL (11 or later) through
-// pgx v5 (github.com/jackc/pgx/v5), a stores.Notifier and a
-// stores.SharedStore.
+// pgx v5 (github.com/jackc/pgx/v5), a stores.Notifier, a
+// stores.SharedStore and a stores.RecordStore.
 //
 // # Mechanism: a lease row per key
 //
@@ -71,7 +71,8 @@
 // under a second; their fences are then issued again only for a key whose
 // fences ran ahead of the clock.
 //
-// Rows are never deleted: a row per key ever locked stays (about 100 bytes
+// Rows are never deleted, but those of expired idempotency records (see
+// Idempotency records): a row per key ever locked stays (about 100 bytes
 // plus the key). Deleting free rows (token IS NULL OR expires_at <
 // clock_timestamp()) is safe for keys whose fences follow the clock (see
 // above).
@@ -254,6 +255,51 @@
 // table). A process of an older version reads a key held shared as held by
 // a token it does not know, so mixed versions exclude each other; it just
 // records no waiting writer.
+//
+// # Idempotency records
+//
+// A record key's claim is a plain lease row: ClaimRecord runs Acquire's
+// upsert, with its fence, abandon and undo machinery, and, in the same
+// round trip and implicit transaction, a read of the key's record. A
+// finished record lives in two places, written by FinishRecord in one
+// statement that requires the token's unexpired claim: the key's lease
+// row, whose token becomes the record's owner (a NUL byte,
+// "reqlock:record:" and the SHA-256 of the finishing token; such tokens are
+// reserved) and whose expiry becomes the end of the retention; and a row of
+// a third table beside the lease table, named after it
+// (reqlock_locks_records; a name past 63 bytes becomes reqlock_records_
+// and a digest):
+//
+//	CREATE TABLE IF NOT EXISTS reqlock_locks_records (
+//		key         bytea PRIMARY KEY,
+//		fingerprint bytea NOT NULL,
+//		response    bytea NOT NULL,
+//		fence       bigint NOT NULL,
+//		expires_at  timestamptz NOT NULL -- the lease row's, indexed for the purge
+//	)
+//
+// The state lives in the lease row, so that a claim and a record exclude
+// each other under its row lock, and Acquire, Release and Refresh, which
+// see a token no caller has, leave a record alone until its retention ends;
+// the fields live in their own table, so that the lease table keeps its
+// schema (no migration) and its rows their size. ClaimRecord's read runs
+// after its upsert with a snapshot of its own: a finish that the upsert
+// waited for is seen. A claim refused by a record returns it in the same
+// round trip; FinishRecord notifies a watched key's waiters, as a release
+// does.
+//
+// Records are kept up to MaxRecordBytes (half of PostgreSQL's 1 GB limit on
+// a field and on a message) for any retention the TTLs allow. Expired
+// records are deleted by FinishRecord itself: the same round trip deletes
+// up to 4 expired records, the earliest first, with the lease rows that
+// still hold them (a key claimed again keeps its row), taking only rows no
+// other call has locked (SKIP LOCKED), so that it waits for nothing. Every
+// finish deletes more than it adds, so expired records do not outnumber
+// what expired since the previous finishes, and stay bounded while records
+// are written; those left when writing stops are deleted by the next
+// finishes. A purged key's next claim draws its fence from the clock, as a
+// new row does (see Fencing). The role needs CREATE on the schema the first
+// time again, and SELECT, INSERT, UPDATE and DELETE on both tables.
 //
 // # The table
 //

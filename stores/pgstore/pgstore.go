@@ -34,9 +34,9 @@ const DefaultCallLimit = 5 * time.Second
 // by a schema, each of lower-case letters, digits and underscores.
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
 
-// Store is a stores.Store on PostgreSQL, a stores.Notifier and a
-// stores.SharedStore. It is safe
-// for concurrent use. Once NotifyRelease has been called it owns a
+// Store is a stores.Store on PostgreSQL, a stores.Notifier, a
+// stores.SharedStore and a stores.RecordStore. It is safe for concurrent
+// use. Once NotifyRelease has been called it owns a
 // listening connection and a goroutine until Close; while it owes the undo
 // of abandoned acquires, up to two goroutines more.
 type Store struct {
@@ -161,6 +161,12 @@ func (s *Store) setup(ctx context.Context) error {
 		return err
 	}
 	if err := s.createTable(ctx, holdersTable(s.table), s.q.createHolders); err != nil {
+		return err
+	}
+	if err := s.createTable(ctx, recordsTable(s.table), s.q.createRecords); err != nil {
+		return err
+	}
+	if err := s.createTable(ctx, recordsTable(s.table), s.q.createRecordsIndex); err != nil {
 		return err
 	}
 	var blockSize int

@@ -72,9 +72,10 @@ func openProxiedLimited(t testing.TB, limit time.Duration) (*faultproxy.Proxy, *
 // fault proxy, with a store whose call limit is proxiedCallLimit.
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Suite{
-		New:    func(t *testing.T) stores.Store { return open(t, "") },
-		Notify: true,
-		Shared: true,
+		New:     func(t *testing.T) stores.Store { return open(t, "") },
+		Notify:  true,
+		Shared:  true,
+		Records: true,
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
 			p, s := openProxiedLimited(t, proxiedCallLimit)
 			return s, []*faultproxy.Proxy{p}

@@ -36,6 +36,15 @@ type queries struct {
 	refreshShared string
 	writerWaits   string
 	withdraw      string
+
+	// Idempotency records (see record.go), in the records table beside
+	// the lease table.
+	createRecords      string
+	createRecordsIndex string
+	readRecord         string
+	finishRecord       string
+	ownRecord          string
+	purgeRecords       string
 }
 
 // Fragments shared by the statements. $3 is a duration in microseconds.
@@ -68,7 +77,12 @@ func newQueries(table string) queries {
 	// isMarker is true of a token that is a marker: the key has holders
 	// (see shared.go); l is the lease row.
 	isMarker := `coalesce(l.token = ` + byteaLiteral(holders.Marker) + `, false)`
-	r := strings.NewReplacer("{t}", t, "{free}", free, "{nowMicros}", nowMicros,
+	// isRecord is true of a lease row l that holds a record's owner (see
+	// holders.RecordOwner).
+	isRecord := `coalesce(substring(l.token FROM 1 FOR ` + strconv.Itoa(len(holders.RecordPrefix)) + `) = ` +
+		byteaLiteral(holders.RecordPrefix) + `, false)`
+	r := strings.NewReplacer("{t}", t, "{r}", quoteTable(recordsTable(table)),
+		"{rIndex}", pgx.Identifier{recordsIndex(table)}.Sanitize(), "{isRecord}", isRecord, "{free}", free, "{nowMicros}", nowMicros,
 		"{remaining}", remainingMicros, "{clockNow}", clockNow, "{watch}", watchFor,
 		"{h}", quoteTable(holdersTable(table)), "{isMarker}", isMarker,
 		"{marker}", byteaLiteral(holders.Marker),
@@ -328,7 +342,90 @@ func newQueries(table string) queries {
 			SELECT pg_notify($3::text, encode(g.key_sum, 'hex'))::text FROM gone AS g
 			WHERE NOT EXISTS (SELECT 1 FROM {h} AS h WHERE h.key_sum = g.key_sum AND h.writer
 			                  AND h.token_sum <> $2::bytea AND h.expires_at > clock_timestamp())`),
+
+		// A key's finished record: its fields, and its expiry, the same as
+		// its lease row's (the row holds the record's owner until then).
+		createRecords: r.Replace(`CREATE TABLE IF NOT EXISTS {r} (
+			key         bytea PRIMARY KEY,
+			fingerprint bytea NOT NULL,
+			response    bytea NOT NULL,
+			fence       bigint NOT NULL,
+			expires_at  timestamptz NOT NULL
+		)`),
+
+		// For purgeRecords, which takes the records that expired first.
+		createRecordsIndex: r.Replace(`CREATE INDEX IF NOT EXISTS {rIndex} ON {r} (expires_at)`),
+
+		// Reads the key's record while its lease row holds a record's
+		// owner; no row otherwise. Run after acquireOne, which locked the
+		// row and would have taken an expired record's, it reads the record
+		// that refused the claim, even when its retention ended in between.
+		// $1 key.
+		readRecord: r.Replace(`
+			SELECT r.fingerprint, r.response, r.fence FROM {r} AS r JOIN {t} AS l ON l.key = r.key
+			WHERE r.key = $1::bytea AND {isRecord}`),
+
+		// Replaces the token's unexpired claim on the key by the record:
+		// the row takes the owner $3 and the end of the retention $4 µs,
+		// the record's fields ($5 fingerprint, $6 response, $7 fence) go
+		// to the records table, and a watched key's waiters are notified
+		// on channel $8, as by a release. A row when it did.
+		finishRecord: r.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			fin AS (
+				UPDATE {t} AS l SET token = $3::bytea, expires_at = now.ts + $4::bigint * interval '1 microsecond'
+				FROM now WHERE l.key = $1::bytea AND l.token = $2::bytea AND l.expires_at > now.ts
+				RETURNING l.key, l.expires_at, l.watched_until > now.ts AS watched),
+			ins AS (
+				INSERT INTO {r} AS r (key, fingerprint, response, fence, expires_at)
+				SELECT fin.key, $5::bytea, $6::bytea, $7::bigint, fin.expires_at FROM fin
+				ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, response = EXCLUDED.response,
+					fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at)
+			SELECT CASE WHEN watched THEN pg_notify($8::text, encode(sha256(key), 'hex'))::text END FROM fin`),
+
+		// Whether the key holds the record of the owner $2, unexpired: run
+		// after finishRecord, with a snapshot of its own, it sees a finish
+		// that finishRecord waited for.
+		ownRecord: r.Replace(`
+			SELECT EXISTS (SELECT 1 FROM {t} WHERE key = $1::bytea AND token = $2::bytea AND expires_at > clock_timestamp())`),
+
+		// Deletes up to $1 expired records, the earliest first, and the
+		// lease rows that still hold them (a new claim of an expired
+		// record's key keeps its row). It waits for no lock: rows locked by
+		// another call (a finish, a claim, another purge) are left for a
+		// later purge. A record whose lease row is gone (deleted by hand)
+		// goes too. A deleted row's key starts its fences from the clock
+		// again (see Fencing in the package documentation).
+		purgeRecords: r.Replace(`
+			WITH cand AS (
+				SELECT key FROM {r} WHERE expires_at <= clock_timestamp()
+				ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED),
+			locked AS (
+				SELECT l.key FROM {t} AS l WHERE l.key IN (SELECT key FROM cand) FOR UPDATE SKIP LOCKED),
+			gone AS (
+				DELETE FROM {t} AS l USING locked
+				WHERE l.key = locked.key AND {isRecord} AND l.expires_at <= clock_timestamp())
+			DELETE FROM {r} AS r USING cand
+			WHERE r.key = cand.key AND (r.key IN (SELECT key FROM locked)
+			      OR NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.key = r.key))`),
 	}
+}
+
+// recordsTable names the records table of table (see holders.RecordsTable).
+func recordsTable(table string) string { return holders.RecordsTable(table, 63) }
+
+// recordsIndex names the index of the records table of table on its
+// expiries, in the table's schema.
+func recordsIndex(table string) string {
+	_, name, qualified := strings.Cut(recordsTable(table), ".")
+	if !qualified {
+		name = recordsTable(table)
+	}
+	if len(name)+len("_expires") <= 63 {
+		return name + "_expires"
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "reqlock_records_expires_" + hex.EncodeToString(sum[:8])
 }
 
 // holdersTable names the holders table of table (see holders.Table).

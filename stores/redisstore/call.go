@@ -26,6 +26,11 @@ type scriptCall struct {
 	script *Script
 	keys   []string // the script's keys
 	args   []any
+
+	// keyBuf and argBuf hold keys and args of a single-key acquire, so
+	// that they take no allocation of their own.
+	keyBuf [6]string
+	argBuf [5]any
 	reply  Reply
 	err    error
 

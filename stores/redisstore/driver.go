@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 
 	"github.com/reqlock/reqlock/stores"
 )
@@ -20,8 +21,8 @@ type Driver interface {
 	// Eval runs script with keys and args (each a string or an int64) on
 	// the node that serves the keys: EVALSHA of script.SHA1(), and EVAL of
 	// script.Source() when Redis answers that it has not cached it. It
-	// returns the script's integer reply in Reply.Int, or its array of
-	// integers in Reply.Ints. An error wraps stores.ErrUnreachable when no
+	// returns the script's integer reply in Reply.Int, its array of
+	// integers in Reply.Ints, or its string reply in Reply.Bulk. An error wraps stores.ErrUnreachable when no
 	// attempt of the call can have reached Redis; a Driver that retries a
 	// call makes its attempts inside Eval.
 	Eval(ctx context.Context, script *Script, keys []string, args []any) (Reply, error)
@@ -104,11 +105,13 @@ func (s *Script) Source() string { return s.src }
 // SHA1 returns the hex SHA1 digest of the source, for EVALSHA.
 func (s *Script) SHA1() string { return s.sha }
 
-// Reply is what a script answered: an integer in Int, or an array of
-// integers in Ints (never nil then).
+// Reply is what a script answered: an integer in Int, an array of integers
+// in Ints (never nil then), or a string in Bulk (never nil then, even when
+// empty).
 type Reply struct {
 	Int  int64
 	Ints []int64
+	Bulk []byte
 }
 
 // NewWithDriver returns a Store over d, as New does over a go-redis client.
@@ -118,7 +121,7 @@ func NewWithDriver(d Driver, opts ...Option) (*Store, error) {
 	if d == nil {
 		return nil, fmt.Errorf("%w: redisstore: driver is nil", stores.ErrInvalid)
 	}
-	s := &Store{driver: d, routing: d.Routing(), fenceRetention: DefaultFenceRetention}
+	s := &Store{driver: d, routing: d.Routing(), fenceRetention: DefaultFenceRetention, maxRecordBytes: DefaultMaxRecordBytes}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -126,6 +129,11 @@ func NewWithDriver(d Driver, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
 			stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
 	}
+	if s.maxRecordBytes < 1 || s.maxRecordBytes > MaxRecordBytesLimit {
+		return nil, fmt.Errorf("%w: redisstore: max record bytes %d is out of [1, %d]",
+			stores.ErrInvalid, s.maxRecordBytes, MaxRecordBytesLimit)
+	}
+	s.retentionArg = strconv.FormatInt(s.fenceRetention.Milliseconds(), 10)
 	return s, nil
 }
 

@@ -61,6 +61,8 @@ func (g *goRedis) Eval(ctx context.Context, script *Script, keys []string, args 
 	switch v := cmd.Val().(type) {
 	case int64:
 		return Reply{Int: v}, nil
+	case string:
+		return Reply{Bulk: append([]byte{}, v...)}, nil
 	case []any:
 		ints, err := cmd.Int64Slice()
 		if err != nil {

@@ -1,5 +1,7 @@
 -- Helpers prepended to every script that issues fences or refuses a waiter
 -- (see withLib in redisstore.go), so that one definition serves them all.
+-- Each script gets those it calls: each is a top-level "local function"
+-- that ends with a line "end", its comment right above it.
 
 -- now_us returns the server clock in microseconds.
 local function now_us()

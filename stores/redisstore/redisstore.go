@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -59,8 +60,84 @@ var (
 // withLib prepends the helpers of lib.lua, and the waiting writers' of
 // internal/redislua, to a script's source: Redis has no
 // include, and one definition keeps every script's fences and waiting marks
-// alike.
-func withLib(src string) string { return libSrc + redislua.Writers + src }
+// alike. It prepends only the helpers that src calls, and those they call:
+// Redis runs the whole source on every call, and each helper defined costs
+// the call a closure.
+func withLib(src string) string { return helpers.usedBy(src) + src }
+
+// helpers are the helpers of withLib.
+var helpers = parseHelpers(libSrc + redislua.Writers)
+
+// luaHelpers are the helper functions of a Lua library, in their order.
+type luaHelpers []luaHelper
+
+// luaHelper is one function of a Lua library: its name and its source, with
+// the comment above it.
+type luaHelper struct {
+	name, src string
+	call      *regexp.Regexp // matches a call of it
+}
+
+// parseHelpers splits src, a sequence of top-level "local function name("
+// definitions each ending with a line "end", into its helpers. Lines
+// outside a definition and its comment are left out.
+func parseHelpers(src string) luaHelpers {
+	var (
+		hs      luaHelpers
+		comment []string
+		cur     *luaHelper
+		body    []string
+	)
+	for _, line := range strings.SplitAfter(src, "\n") {
+		switch {
+		case cur != nil:
+			body = append(body, line)
+			if strings.TrimRight(line, "\r\n") == "end" {
+				cur.src = strings.Join(body, "")
+				hs = append(hs, *cur)
+				cur, body = nil, nil
+			}
+		case strings.HasPrefix(line, "local function "):
+			name := strings.TrimPrefix(line, "local function ")
+			name = name[:strings.IndexByte(name, '(')]
+			cur = &luaHelper{name: name, call: regexp.MustCompile(`(^|[^A-Za-z0-9_])` + name + `\(`)}
+			body = append(comment, line)
+			comment = nil
+		case strings.HasPrefix(line, "--"):
+			comment = append(comment, line)
+		default:
+			comment = nil
+		}
+	}
+	if cur != nil {
+		panic("redisstore: Lua helper " + cur.name + " has no closing end")
+	}
+	return hs
+}
+
+// usedBy returns the sources of the helpers that src calls, and of those they
+// call, in the library's order.
+func (hs luaHelpers) usedBy(src string) string {
+	need := make([]bool, len(hs))
+	callers := []string{src}
+	for len(callers) > 0 {
+		caller := callers[0]
+		callers = callers[1:]
+		for i, h := range hs {
+			if !need[i] && h.call.MatchString(caller) {
+				need[i] = true
+				callers = append(callers, h.src)
+			}
+		}
+	}
+	var b strings.Builder
+	for i, h := range hs {
+		if need[i] {
+			b.WriteString(h.src)
+		}
+	}
+	return b.String()
+}
 
 // allScripts lists every script of the package, for Load.
 func allScripts() []*Script {
@@ -70,17 +147,21 @@ func allScripts() []*Script {
 		acquireAllScript, releaseAllScript, refreshAllScript,
 		markAbandonedScript,
 		sharedAcquireScript, sharedReleaseScript, sharedRefreshScript,
+		claimRecordScript, finishRecordScript,
 	}
 }
 
 // Store is a stores.Store on Redis, and a stores.Notifier,
-// stores.FairStore and stores.SharedStore. It is safe
+// stores.FairStore, stores.SharedStore, stores.RecordStore and
+// stores.Bounded (for its records' size). It is safe
 // for concurrent use. Once NotifyRelease has been called it owns a pub/sub
 // connection and a goroutine until Close.
 type Store struct {
 	driver             Driver
 	routing            Routing // how the client spreads keys; see checkColocated
 	fenceRetention     time.Duration
+	maxRecordBytes     int // see WithMaxRecordBytes
+	retentionArg       any // fenceRetention in ms, as the scripts take it, boxed once
 	clientTimeoutsOnly bool
 	closeClient        func() error // closes the client Open made, last in Close
 
@@ -93,6 +174,8 @@ var (
 	_ stores.Notifier    = (*Store)(nil)
 	_ stores.FairStore   = (*Store)(nil)
 	_ stores.SharedStore = (*Store)(nil)
+	_ stores.RecordStore = (*Store)(nil)
+	_ stores.Bounded     = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -159,7 +242,9 @@ func (s *Store) Load(ctx context.Context) error {
 // released, owner-checked, once it returns. AcquireFair does the same.
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
-// duplicate or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot,
+// duplicate or unsorted key, a non-positive ttl, or a token that starts
+// like a record's value (see Idempotency records in the package
+// documentation); one wrapping ErrCrossSlot,
 // and so stores.ErrInvalid, when the keys span Cluster slots (or Ring
 // shards); the client's error, wrapped with stores.ErrUnreachable when the
 // call never reached Redis (no connection could be made); and ctx.Err()
@@ -168,19 +253,26 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
 		return stores.Grant{}, err
 	}
-	writerMark := func(key string) string { return writerMarkKey(key, token) }
-	script, scriptKeys := acquireScript, []string{keys[0], fenceKey(keys[0]), waitingKey(keys[0]),
-		abandonKey(keys[0], token), writerMark(keys[0]), writersKey(keys[0])}
-	if len(keys) > 1 {
+	if err := checkGrantToken(token); err != nil {
+		return stores.Grant{}, err
+	}
+	call := &scriptCall{store: s, script: acquireScript,
+		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
+	if len(keys) == 1 {
+		// The five sibling names in one allocation, the key and argument
+		// lists in the call's own arrays: see siblingNames.
+		call.keys = siblingNames(append(call.keyBuf[:0], keys[0]), keys[0], token,
+			":fence", ":waiting", ":abandoned:", ":writer:", ":writers")
+	} else {
 		if err := s.checkColocated(keys, true); err != nil {
 			return stores.Grant{}, err
 		}
-		script, scriptKeys = acquireAllScript,
+		writerMark := func(key string) string { return writerMarkKey(key, token) }
+		call.script, call.keys = acquireAllScript,
 			append(withSiblingKeys(keys, fenceKey, waitingKey, writerMark, writersKey), abandonKey(keys[0], token))
 	}
-	call := &scriptCall{store: s, script: script, keys: scriptKeys,
-		args: []any{token, milliseconds(ttl), s.fenceRetention.Milliseconds(), stores.FenceStride, writerWindowMS},
-		undo: undoRelease, undoKeys: keys, undoToken: token, ttl: ttl}
+	call.argBuf = [len(call.argBuf)]any{token, milliseconds(ttl), s.retentionArg, strideArg, writerWindowArg}
+	call.args = call.argBuf[:]
 	r, err := call.run(ctx)
 	if err != nil {
 		return stores.Grant{}, s.mapCrossSlot(err, keys, true)
@@ -207,7 +299,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 //
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
 // keys were absent or held another token, after ending the grant on the
-// others. A key overwritten with another type than a string (another
+// others, and at once for a token that starts like a record's value, which
+// holds no key. A key overwritten with another type than a string (another
 // program's data) counts as not held and is left as it is. keys must be
 // distinct and sorted and, with a *redis.ClusterClient, in one slot. It
 // returns an error wrapping stores.ErrInvalid for no keys or an empty,
@@ -218,8 +311,13 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
 	}
+	if err := notHeldByRecordToken(keys, token); err != nil {
+		return err
+	}
 	if len(keys) == 1 && keep <= 0 {
-		r, err := s.run(ctx, releaseScript, []string{keys[0], waitingKey(keys[0]), writerMarkKey(keys[0], token), writersKey(keys[0])}, token)
+		var keyBuf [4]string
+		scriptKeys := siblingNames(append(keyBuf[:0], keys[0]), keys[0], token, ":waiting", ":writer:", ":writers")
+		r, err := s.run(ctx, releaseScript, scriptKeys, token)
 		if err != nil {
 			return s.mapCrossSlot(err, keys, false)
 		}
@@ -262,6 +360,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // Refresh resets the TTL of every key to ttl if each holds token, in one
 // script and one round trip; when one does not, it changes nothing and
 // returns an error wrapping stores.ErrNotHeld that names the first such key.
+// A token that starts like a record's value holds no key: ErrNotHeld.
 // A key overwritten with another type than a string counts as not held.
 // keys must be distinct and sorted and, with a *redis.ClusterClient, in one
 // slot. It returns an error wrapping stores.ErrInvalid for no keys, an empty,
@@ -271,6 +370,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // when ctx has ended.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := notHeldByRecordToken(keys, token); err != nil {
 		return err
 	}
 	// Cancel-aware (see scriptCall.run): a waiter renewing a handed-off
@@ -326,6 +428,44 @@ func withSiblingKeys(keys []string, names ...func(string) string) []string {
 		}
 	}
 	return all
+}
+
+// siblingNames appends to dst the sibling keys of key (see siblingKey)
+// with each of suffixes, a suffix that ends in ':' followed by token:
+// what abandonKey, writerMarkKey, fenceKey and the other names of this
+// package give, with one allocation for all of them where each would take
+// one or two.
+func siblingNames(dst []string, key, token string, suffixes ...string) []string {
+	open, closed := "{", "}"
+	if hasHashTag(key) || strings.IndexByte(key, '}') >= 0 {
+		open, closed = "", ""
+	}
+	size := 0
+	for _, suffix := range suffixes {
+		size += len(open) + len(key) + len(closed) + len(suffix)
+		if strings.HasSuffix(suffix, ":") {
+			size += len(token)
+		}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	ends := make([]int, 0, 8)
+	for _, suffix := range suffixes {
+		b.WriteString(open)
+		b.WriteString(key)
+		b.WriteString(closed)
+		b.WriteString(suffix)
+		if strings.HasSuffix(suffix, ":") {
+			b.WriteString(token)
+		}
+		ends = append(ends, b.Len())
+	}
+	all, start := b.String(), 0
+	for _, end := range ends {
+		dst = append(dst, all[start:end])
+		start = end
+	}
+	return dst
 }
 
 // abandonKey names the mark that the Store abandoned token's acquisition of

@@ -418,8 +418,8 @@ func TestLoadCachesScripts(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	scripts := allScripts()
-	if len(scripts) != 12 {
-		t.Fatalf("allScripts lists %d scripts, want 12", len(scripts))
+	if len(scripts) != 14 {
+		t.Fatalf("allScripts lists %d scripts, want 14", len(scripts))
 	}
 	if got, want := log.take(), slices.Repeat([]string{"script load"}, len(scripts)); !slices.Equal(got, want) {
 		t.Fatalf("Load sent %v, want %v", got, want)

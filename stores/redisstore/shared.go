@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/reqlock/reqlock/stores"
@@ -30,6 +31,13 @@ func withSharedLib(src string) string { return withLib(sharedLibSrc + src) }
 
 // writerWindowMS is stores.WriterWindow as the scripts take it.
 var writerWindowMS = stores.WriterWindow.Milliseconds()
+
+// strideArg and writerWindowArg are stores.FenceStride and writerWindowMS
+// as script arguments, formatted and boxed once.
+var (
+	strideArg       any = strconv.Itoa(stores.FenceStride)
+	writerWindowArg any = strconv.FormatInt(writerWindowMS, 10)
+)
 
 // AcquireShared makes token a holder of key for ttl, as stores.SharedStore
 // describes, in one script and one round trip. While held shared, the lock

@@ -333,4 +333,13 @@
 // context's deadline: a dead minority does not stop it. With connect=lazy in
 // the URL it starts anyway, and calls fail with store errors until a quorum
 // answers. New sends nothing.
+//
+// # No idempotency records
+//
+// The Store does not implement stores.RecordStore. A record written to a
+// majority is not a safe answer: a later claim can be granted by another
+// majority, which shares only one node with the first, and that node may
+// have restarted empty since (the restart delay, max_ttl, protects locks,
+// which live a TTL, not records, kept for a retention of hours). A claim
+// would then run a request a second time instead of replaying its answer.
 package redlockstore

@@ -10,7 +10,8 @@
 // The subtests come in groups, named by their first element: Core (one key),
 // Multi (several keys in one call), Keep (releases that keep the keys held),
 // Notify (stores.Notifier), Fair (stores.FairStore), Shared and Limit
-// (stores.SharedStore: readers and writers, and at most N holders), Limits (keys and TTLs
+// (stores.SharedStore: readers and writers, and at most N holders), Records
+// (stores.RecordStore: idempotency records), Limits (keys and TTLs
 // at the edges of the store's stores.Bounds) and Faults (the promises that
 // must hold while the network or the server fails). A group of an
 // optional interface runs when the Suite declares it; its subtests are
@@ -47,6 +48,25 @@
 // cannot touch its successor's place, a retry counted once, each caller
 // admitted under its own limit). An exclusive probe of a shared key records
 // a waiting writer, so these subtests probe with AcquireShared.
+//
+// # Idempotency records
+//
+// A store that declares Records (stores.RecordStore) runs the Records group:
+// a finished record answers every later claim byte for byte (binary bodies,
+// empty ones, and records of the store's MaxRecordBytes, or 8 MiB) and no
+// Release or Refresh touches it; a claim is refused while another token's
+// holds the key and granted again to its own token; FinishRecord is
+// owner-checked (another token, an expired claim, a released one) and
+// changes nothing then, and a retry of it answers nil; a record is kept for
+// its retention and gone after it; a released claim leaves no record;
+// claims' fences follow Acquire's; records and retentions out of the
+// Bounds are refused with ErrInvalid before the store acts; of 16
+// concurrent claimers exactly one finishes and the others read its record;
+// a Notifier signals a finish. With Proxied, an abandoned claim (its reply
+// lost or late) leaves no claim, a finish whose reply is lost leaves the
+// record or the claim (never both, never two records), and a finish that
+// lands late, or from a claimer paused past its TTL, cannot finish over a
+// newer claim.
 //
 // # Faults
 //
@@ -139,6 +159,10 @@ type Suite struct {
 	// Shared and Limit groups run.
 	Shared bool
 
+	// Records declares that the store implements stores.RecordStore: the
+	// Records group runs.
+	Records bool
+
 	// ExpiryTTL is the TTL the expiry subtests give a lock: the shortest
 	// the store honours. Default 50ms.
 	ExpiryTTL time.Duration
@@ -206,10 +230,11 @@ const (
 type capability uint8
 
 const (
-	needNotify capability = 1 << iota // stores.Notifier
-	needFair                          // stores.FairStore
-	needProxy                         // Suite.Proxied: a network to fail
-	needShared                        // stores.SharedStore
+	needNotify  capability = 1 << iota // stores.Notifier
+	needFair                           // stores.FairStore
+	needProxy                          // Suite.Proxied: a network to fail
+	needShared                         // stores.SharedStore
+	needRecords                        // stores.RecordStore
 )
 
 // String names the interfaces of c.
@@ -223,6 +248,9 @@ func (c capability) String() string {
 	}
 	if c&needShared != 0 {
 		names = append(names, "Shared (stores.SharedStore)")
+	}
+	if c&needRecords != 0 {
+		names = append(names, "Records (stores.RecordStore)")
 	}
 	if c&needProxy != 0 {
 		names = append(names, "Proxied (a network between the store and its server; the store is InProcess)")
@@ -244,6 +272,7 @@ type env struct {
 	n  stores.Notifier    // nil unless the Suite declares Notify
 	f  stores.FairStore   // nil unless the Suite declares Fair
 	sh stores.SharedStore // nil unless the Suite declares Shared
+	rs stores.RecordStore // nil unless the Suite declares Records
 
 	prefix string // of every key of the subtest
 
@@ -300,6 +329,7 @@ func Run(t *testing.T, s Suite) {
 		{"Fair", fairTests},
 		{"Shared", sharedTests},
 		{"Limit", limitedTests},
+		{"Records", recordTests},
 		{"Limits", limitTests},
 		{"Faults", faultTests},
 	}
@@ -330,7 +360,7 @@ func checkCapabilities(t *testing.T, s Suite) (capability, stores.Bounds) {
 		bounds = b.Bounds()
 	}
 	switch {
-	case bounds.MinTTL < 0 || bounds.MaxTTL < 0 || bounds.MaxKeyBytes < 0:
+	case bounds.MinTTL < 0 || bounds.MaxTTL < 0 || bounds.MaxKeyBytes < 0 || bounds.MaxRecordBytes < 0 || bounds.MaxRetention < 0:
 		t.Fatalf("storetest: %T states negative Bounds %+v", store, bounds)
 	case bounds.MaxTTL > 0 && bounds.MaxTTL < bounds.MinTTL:
 		t.Fatalf("storetest: %T states a MaxTTL %v below its MinTTL %v", store, bounds.MaxTTL, bounds.MinTTL)
@@ -342,6 +372,7 @@ func checkCapabilities(t *testing.T, s Suite) (capability, stores.Bounds) {
 	_, isNotifier := store.(stores.Notifier)
 	_, isFair := store.(stores.FairStore)
 	_, isShared := store.(stores.SharedStore)
+	_, isRecords := store.(stores.RecordStore)
 	check := func(declared, implemented bool, field, iface string) {
 		t.Helper()
 		switch {
@@ -354,7 +385,11 @@ func checkCapabilities(t *testing.T, s Suite) (capability, stores.Bounds) {
 	check(s.Notify, isNotifier, "Notify", "stores.Notifier")
 	check(s.Fair, isFair, "Fair", "stores.FairStore")
 	check(s.Shared, isShared, "Shared", "stores.SharedStore")
+	check(s.Records, isRecords, "Records", "stores.RecordStore")
 	var c capability
+	if s.Records {
+		c |= needRecords
+	}
 	if s.Shared {
 		c |= needShared
 	}
@@ -420,6 +455,11 @@ func newEnv(t *testing.T, s Suite, tag string) *env {
 	if s.Shared {
 		if e.sh, ok = e.s.(stores.SharedStore); !ok {
 			t.Fatalf("%T from Suite.New does not implement stores.SharedStore", e.s)
+		}
+	}
+	if s.Records {
+		if e.rs, ok = e.s.(stores.RecordStore); !ok {
+			t.Fatalf("%T from Suite.New does not implement stores.RecordStore", e.s)
 		}
 	}
 	return e

@@ -314,4 +314,18 @@
 // store errors until it has a session, and the first call with one creates
 // the root; until a server has granted a session timeout, Bounds take the
 // one asked for.
+//
+// # No idempotency records
+//
+// The Store does not implement stores.RecordStore. A record must outlive
+// its writer's session (a retry may come after the instance that answered
+// first restarted), so it would be a persistent node, and nothing on the
+// server removes an expired persistent node: TTL nodes (ZooKeeper 3.5.3 and
+// later) are off unless the server runs with the system property
+// zookeeper.extendedTypesEnabled=true, which neither ZooKeeper's defaults
+// nor Debian's packaged 3.8 (which the tests run) set; and the Store has
+// no sweep of its own (its only sweep is of the ages it keeps in memory,
+// see TTLs and sessions). A record removed only when its key is claimed
+// again would leave the records of keys never retried behind for good:
+// growth without bound. Use another store for idempotency records.
 package zkstore

@@ -22,16 +22,17 @@ type config struct {
 	wait, ttl  time.Duration
 	stock      int64
 	note       string
-	scenario   string        // deduct (the default), reads or limit
+	scenario   string        // deduct (the default), library, reads or limit
 	work       time.Duration // reads and limit: the example's -work
 	pause      time.Duration // limit: how long one instance stays stopped
 }
 
 // The scenarios (-scenario).
 const (
-	scenarioDeduct = "deduct"
-	scenarioReads  = "reads"
-	scenarioLimit  = "limit"
+	scenarioDeduct  = "deduct"
+	scenarioLibrary = "library"
+	scenarioReads   = "reads"
+	scenarioLimit   = "limit"
 )
 
 // parseFlags parses httpbench's arguments; usage and flag errors go to out.
@@ -45,12 +46,13 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&cfg.clients, "clients", 50, "concurrent HTTP clients")
 	fs.IntVar(&cfg.skus, "skus", 1000, "SKUs; client c cycles through c, c+clients, ...")
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured time per service per round")
-	fs.IntVar(&cfg.rounds, "rounds", 3, "rounds, each the example then the baseline")
+	fs.IntVar(&cfg.rounds, "rounds", 3, "rounds, each every service in turn (deduct, library: the order reversed every other round)")
 	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured load per service before the first round")
 	fs.DurationVar(&cfg.wait, "wait", 2*time.Second, "lock wait of both services (the example's -wait)")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock TTL of both services (the example's -ttl)")
 	fs.Int64Var(&cfg.stock, "stock", 1_000_000_000_000, "initial stock of every SKU (the example's -stock): enough that no deduction runs out")
 	fs.StringVar(&cfg.scenario, "scenario", scenarioDeduct, "deduct: the example against the bsm/redislock service; "+
+		"library: one plain handler behind ginlock on rueidis, ginlock on go-redis and bsm/redislock; "+
 		"reads: report reads shared against exclusive; limit: an export limit of 3 through a stopped instance and a Redis restart (see the package doc)")
 	fs.DurationVar(&cfg.work, "work", 20*time.Millisecond, "reads and limit: each handler's work (the example's -work)")
 	fs.DurationVar(&cfg.pause, "pause", 12*time.Second, "limit: how long one instance stays stopped (SIGSTOP); longer than -ttl")
@@ -67,7 +69,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 // validate reports the first invalid setting, naming its flag.
 func (cfg config) validate() error {
 	switch cfg.scenario {
-	case scenarioDeduct:
+	case scenarioDeduct, scenarioLibrary:
 	case scenarioReads, scenarioLimit:
 		if cfg.redisAddr != "" {
 			return fmt.Errorf("-redis with -scenario %s: it starts a redis-server of its own (which limit restarts); drop -redis", cfg.scenario)
@@ -88,7 +90,7 @@ func (cfg config) validate() error {
 		}
 		return nil
 	default:
-		return fmt.Errorf("-scenario %q: want deduct, reads or limit", cfg.scenario)
+		return fmt.Errorf("-scenario %q: want deduct, library, reads or limit", cfg.scenario)
 	}
 	if cfg.redisAddr == "" {
 		return errors.New("-redis is required (bench/httpbench.sh starts a private redis-server and passes it)")

@@ -23,11 +23,17 @@ type target struct {
 	transport *http.Transport
 	client    *http.Client
 	ok        []int64 // per SKU index; client c writes only its own indexes
-	next      []int   // per client: how many of its SKUs it has sent so far
+	// Per SKU index, the 5xx answers: a deduction whose write reached
+	// Redis but whose reply came too late answers 503 (its timeout
+	// under load), so each may or may not have deducted.
+	unsure []int64
+	next   []int // per client: how many of its SKUs it has sent so far
+	stock  stockCmd
 }
 
-// newTarget prepares the load on svc over skus with n clients.
-func newTarget(svc *service, skus []string, clients int) *target {
+// newTarget prepares the load on svc over skus with n clients; stock reads
+// a SKU's stock from svc's Redis data.
+func newTarget(svc *service, skus []string, clients int, stock stockCmd) *target {
 	tr := &http.Transport{
 		MaxIdleConns:        clients,
 		MaxIdleConnsPerHost: clients,
@@ -36,7 +42,7 @@ func newTarget(svc *service, skus []string, clients int) *target {
 	}
 	return &target{
 		svc: svc, skus: skus, transport: tr, client: &http.Client{Transport: tr},
-		ok: make([]int64, len(skus)), next: make([]int, clients),
+		ok: make([]int64, len(skus)), unsure: make([]int64, len(skus)), next: make([]int, clients), stock: stock,
 	}
 }
 
@@ -90,8 +96,11 @@ func (t *target) load(ctx context.Context, d time.Duration) (window, error) {
 				}
 				r.latency = append(r.latency, time.Since(begin))
 				r.status[status]++
-				if status == http.StatusOK {
+				switch {
+				case status == http.StatusOK:
 					t.ok[i]++
+				case status >= 500:
+					t.unsure[i]++
 				}
 			}
 			results[c] = r

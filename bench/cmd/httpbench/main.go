@@ -5,7 +5,8 @@
 //
 // Both services run as processes of their own on loopback ports: the
 // example is its real binary (-inventory, or built from -reqlock-dir), run
-// with -redis, -addr 127.0.0.1:0, -stock, -wait and -ttl; the baseline is
+// with -redis (its stock on go-redis, its locks on rueidisstore), -addr
+// 127.0.0.1:0, -stock, -wait and -ttl; the baseline is
 // this binary re-executed with a hidden -serve-baseline flag. Each gets the
 // same load in turn: -clients HTTP clients (keep-alive, one connection
 // each) looping POST /skus/{id}/deduct with {"qty":1} over -skus SKUs,
@@ -13,23 +14,40 @@
 // two requests ever want the same lock (uncontended). A warm-up of -warmup
 // per service comes first (scripts loaded, connection pools filled, every
 // SKU's keys created), then -rounds rounds, each -duration of the example,
-// then -duration of the baseline.
+// then -duration of the baseline, in the reverse order every other round
+// (so that a drift of the machine's load favours neither).
 //
 // For each round and service it reports requests per second (every answer
 // counts, the answers other than 200 are listed), latency p50 and p99 (from
-// sending the request to reading the whole answer), the ratio of the
-// example's requests per second to the baseline's in that round, and the
-// median ratio over the rounds. Then, per service over all rounds, Redis
+// sending the request to reading the whole answer), the ratios of the
+// example's requests per second and p99 to the baseline's in that round,
+// and the median ratios over the rounds. Then, per service over all rounds, Redis
 // commands per request from INFO commandstats (commands that scripts call
 // included, connection set-up and INFO left out) with the calls of each
 // command, and the time Redis spent in script calls per request. Last, it
 // checks the stock of every SKU against the 200 answers it got: the initial
-// stock less one per 200.
+// stock less one per 200, and less up to one more per 5xx answer (a
+// deduction whose write landed before its answer timed out).
 //
 // Usage:
 //
 //	httpbench -redis 127.0.0.1:6379 [-inventory bin | -reqlock-dir ..]
 //	          [-clients 50] [-skus 1000] [-duration 5s] [-rounds 3] [-warmup 1s]
+//
+// # Scenario library
+//
+// -scenario library measures the lock library alone: three services of
+// package plainshop, each httpbench re-executed with a hidden -serve-plain
+// flag, run the same handler code (a GET and a SET of the string
+// plain:stock:<id> on a go-redis client) behind a different lock on
+// sku:<id>: ginlock on redisstore over rueidis (rueidisstore.Open, a
+// client of its own), ginlock on redisstore over the handler's go-redis
+// client, and a hand-written gin middleware on bsm/redislock over the
+// handler's client, the baseline. The load, rounds, report and stock check
+// are the deduct scenario's, with every service's ratios to the baseline;
+// -inventory and -reqlock-dir are not used.
+//
+//	httpbench -scenario library -redis 127.0.0.1:6379 [-clients 50] [-skus 1000] [-rounds 3]
 //
 // # Scenarios reads and limit
 //
@@ -68,7 +86,7 @@
 //	httpbench -scenario reads [-rounds 3] [-duration 5s] [-work 20ms] [-clients 50]
 //	httpbench -scenario limit [-pause 12s] [-ttl 10s] [-duration 5s] [-work 20ms]
 //
-// The deduct scenario writes only keys whose names hold "hb<run id>",
+// The deduct and library scenarios write only keys whose names hold "hb<run id>",
 // deletes them at the end, and flushes nothing. Point it at a Redis nobody else uses while it
 // runs: INFO commandstats counts every client's commands. bench/httpbench.sh
 // starts a private redis-server on a free loopback port, builds both
@@ -85,6 +103,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == serveBaselineFlag {
 		os.Exit(serveBaselineMain(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == servePlainFlag {
+		os.Exit(servePlainMain(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)

@@ -38,7 +38,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		_, err = benchReads(ctx, cfg, stdout)
 	case scenarioLimit:
 		_, err = benchLimit(ctx, cfg, stdout)
-	default:
+	default: // deduct, library
 		_, err = bench(ctx, cfg, stdout)
 	}
 	if err != nil {
@@ -52,26 +52,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 type roundResult struct {
 	w     window
 	delta map[string]int64 // INFO commandstats, after minus before
+	// The CPU time the service's process and the Redis server used in
+	// the window.
+	svcCPU, redisCPU time.Duration
 }
 
 // report is what bench printed, for tests.
 type report struct {
 	marker   string          // in the name of every key of the run
-	services []string        // the example, then the baseline
+	services []string        // deduct: the example, the baseline; library: plainLocks; the baseline last
 	rounds   [][]roundResult // per service, per round
-	ratios   []float64       // per round: the example's req/s over the baseline's
-	median   float64         // of ratios
+	// Per service but the baseline: per round its req/s over the
+	// baseline's, and its p99 over the baseline's; then their medians.
+	ratios, p99Ratios   [][]float64
+	medians, p99Medians []float64
 	// Per service over all rounds: the INFO commandstats delta and the
 	// requests; over the whole run: the 200 answers and the SKUs whose
 	// stock did not match them.
 	commands   []map[string]int64
 	requests   []int64
+	svcCPU     []time.Duration // per request
+	redisCPU   []time.Duration // per request
 	deductions []int64
 	mismatches [][]string
 }
 
-// bench starts both services, loads them in turn, prints its report to out
-// and returns it.
+// bench starts the services of the deduct or the library scenario, loads
+// them in turn, prints its report to out and returns it.
 func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err error) {
 	// The services get SIGKILL if the thread that started them dies
 	// (pdeathsig.Set): keep this goroutine on its thread until they
@@ -87,7 +94,7 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 	}
 
 	bin := cfg.inventory
-	if bin == "" {
+	if bin == "" && cfg.scenario == scenarioDeduct {
 		tmp, err := os.MkdirTemp("", "httpbench-")
 		if err != nil {
 			return nil, err
@@ -114,16 +121,32 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 		}
 	}()
 
-	inv, err := startInventory(bin, cfg)
-	if err != nil {
-		return nil, err
+	// The services, the baseline last, and how to read a SKU's stock
+	// from each.
+	var svcs []*service
+	var stock []stockCmd
+	if cfg.scenario == scenarioLibrary {
+		for _, lock := range plainLocks {
+			svc, err := startPlain(lock, cfg)
+			if err != nil {
+				return nil, err
+			}
+			defer svc.stop()
+			svcs, stock = append(svcs, svc), append(stock, plainStock)
+		}
+	} else {
+		inv, err := startInventory(bin, cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer inv.stop()
+		base, err := startBaseline(cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer base.stop()
+		svcs, stock = []*service{inv, base}, []stockCmd{hashStock, hashStock}
 	}
-	defer inv.stop()
-	base, err := startBaseline(cfg)
-	if err != nil {
-		return nil, err
-	}
-	defer base.stop()
 
 	skus := func(side string) []string {
 		s := make([]string, cfg.skus)
@@ -132,20 +155,40 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 		}
 		return s
 	}
-	targets := []*target{newTarget(inv, skus("a"), cfg.clients), newTarget(base, skus("b"), cfg.clients)}
-	rep = &report{marker: marker, rounds: make([][]roundResult, len(targets))}
-	for _, t := range targets {
+	var targets []*target
+	rep = &report{marker: marker, rounds: make([][]roundResult, len(svcs))}
+	for i, svc := range svcs {
+		t := newTarget(svc, skus(string(rune('a'+i))), cfg.clients, stock[i])
 		defer t.close()
-		rep.services = append(rep.services, t.svc.name)
+		targets = append(targets, t)
+		rep.services = append(rep.services, svc.name)
+	}
+	baseline := len(targets) - 1
+	baseName := rep.services[baseline]
+	nw := 0 // the width of the service column
+	for _, name := range rep.services {
+		nw = max(nw, len(name), len("service"))
 	}
 
-	fmt.Fprintf(out, "httpbench: POST /skus/{id}/deduct {\"qty\":1}, uncontended: %d clients, %d SKUs (client c: SKUs c, c+%d, ...), "+
-		"%d rounds of %v per service after a %v warm-up each\n",
-		cfg.clients, cfg.skus, cfg.clients, cfg.rounds, cfg.duration, cfg.warmup)
-	fmt.Fprintf(out, "reqlock:   examples/inventory %s (-framework gin): reqlock's ginlock route table, fenced stock scripts\n", bin)
-	fmt.Fprintf(out, "redislock: redislockshop (gin): bsm/redislock %s Obtain, ExponentialBackoff(16ms, 512ms) until the wait, release after the handler; the same stock scripts, unfenced\n",
+	redislockLine := fmt.Sprintf("bsm/redislock %s Obtain, ExponentialBackoff(16ms, 512ms) until the wait, release after the handler",
 		moduleVersion("github.com/bsm/redislock"))
-	fmt.Fprintf(out, "both: wait %v, ttl %v, stock %d per SKU; Redis %s at %s; %d CPUs, GOMAXPROCS %d here\n",
+	if cfg.scenario == scenarioLibrary {
+		fmt.Fprintf(out, "httpbench -scenario library: POST /skus/{id}/deduct {\"qty\":1}, uncontended: %d clients, %d SKUs (client c: SKUs c, c+%d, ...), "+
+			"%d rounds of %v per service (the order reversed every other round) after a %v warm-up each\n",
+			cfg.clients, cfg.skus, cfg.clients, cfg.rounds, cfg.duration, cfg.warmup)
+		fmt.Fprintf(out, "handler (the same code in every service): GET plain:stock:<id>, SET it less 1, on a go-redis client; lock on sku:<id> in front of it:\n")
+		fmt.Fprintf(out, "  %-15s  ginlock, redisstore on rueidis %s (rueidisstore.Open: a client of its own, every call pipelined)\n",
+			lockRueidis, moduleVersion("github.com/redis/rueidis"))
+		fmt.Fprintf(out, "  %-15s  ginlock, redisstore on go-redis %s (the handler's client)\n", lockGoRedis, moduleVersion("github.com/redis/go-redis/v9"))
+		fmt.Fprintf(out, "  %-15s  hand-written gin middleware: %s (the handler's client)\n", lockRedislock, redislockLine)
+	} else {
+		fmt.Fprintf(out, "httpbench: POST /skus/{id}/deduct {\"qty\":1}, uncontended: %d clients, %d SKUs (client c: SKUs c, c+%d, ...), "+
+			"%d rounds of %v per service (the order reversed every other round) after a %v warm-up each\n",
+			cfg.clients, cfg.skus, cfg.clients, cfg.rounds, cfg.duration, cfg.warmup)
+		fmt.Fprintf(out, "reqlock:   examples/inventory %s (-framework gin, -redis: locks in rueidisstore): reqlock's ginlock route table, fenced stock scripts\n", bin)
+		fmt.Fprintf(out, "redislock: redislockshop (gin): %s; the same stock scripts, unfenced\n", redislockLine)
+	}
+	fmt.Fprintf(out, "all: wait %v, ttl %v, stock %d per SKU; Redis %s at %s; %d CPUs, GOMAXPROCS %d here\n",
 		cfg.wait, cfg.ttl, cfg.stock, version, cfg.redisAddr, runtime.NumCPU(), runtime.GOMAXPROCS(0))
 	if cfg.note != "" {
 		fmt.Fprintf(out, "note: %s\n", cfg.note)
@@ -159,12 +202,28 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 		}
 	}
 
-	fmt.Fprintf(out, "\n%-5s  %-9s  %8s  %8s  %8s  %8s  %8s  %11s  %13s  %s\n",
-		"round", "service", "requests", "req/s", "p50", "p99", "cmds/req", "scripts/req", "redis µs/req", "other answers")
+	fmt.Fprintf(out, "\n%-5s  %-*s  %8s  %8s  %8s  %8s  %8s  %11s  %13s  %14s  %16s  %s\n",
+		"round", nw, "service", "requests", "req/s", "p50", "p99", "cmds/req", "scripts/req", "script µs/req",
+		"svc cpu µs/req", "redis cpu µs/req", "other answers")
 	results := rep.rounds
+	rep.ratios, rep.p99Ratios = make([][]float64, baseline), make([][]float64, baseline)
 	for r := 1; r <= cfg.rounds; r++ {
-		for i, t := range targets {
+		// Every other round in reverse order, so that a drift of the
+		// machine's load favours no service.
+		order := make([]int, len(targets))
+		for i := range order {
+			order[i] = i
+			if r%2 == 0 {
+				order[i] = len(targets) - 1 - i
+			}
+		}
+		for _, i := range order {
+			t := targets[i]
 			before, err := redisstats.CommandStats(ctx, rdb)
+			if err != nil {
+				return nil, err
+			}
+			svcBefore, redisBefore, err := cpuTimes(ctx, t.svc, rdb)
 			if err != nil {
 				return nil, err
 			}
@@ -172,56 +231,94 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 			if err != nil {
 				return nil, fmt.Errorf("round %d: %w", r, err)
 			}
+			svcAfter, redisAfter, err := cpuTimes(ctx, t.svc, rdb)
+			if err != nil {
+				return nil, err
+			}
 			after, err := redisstats.CommandStats(ctx, rdb)
 			if err != nil {
 				return nil, err
 			}
 			// Without the overhead commands: neither set-up nor INFO nor the
 			// example's start-up PING serves a request.
-			res := roundResult{w: w, delta: redisstats.WithoutOverhead(redisstats.Delta(before, after))}
+			res := roundResult{w: w, delta: redisstats.WithoutOverhead(redisstats.Delta(before, after)),
+				svcCPU: svcAfter - svcBefore, redisCPU: redisAfter - redisBefore}
 			results[i] = append(results[i], res)
 			n := float64(max(w.requests, 1))
-			fmt.Fprintf(out, "%-5d  %-9s  %8d  %8.0f  %8s  %8s  %8.2f  %11.2f  %12.1f  %s\n",
-				r, t.svc.name, w.requests, w.rate(), round(percentile(w.latency, 0.50)), round(percentile(w.latency, 0.99)),
+			fmt.Fprintf(out, "%-5d  %-*s  %8d  %8.0f  %8s  %8s  %8.2f  %11.2f  %13.1f  %14.1f  %16.1f  %s\n",
+				r, nw, t.svc.name, w.requests, w.rate(), round(percentile(w.latency, 0.50)), round(percentile(w.latency, 0.99)),
 				float64(commandCount(res.delta))/n, float64(redisstats.ScriptCalls(res.delta))/n, float64(redisstats.ScriptMicros(res.delta))/n,
-				otherAnswers(w.status))
+				micros(res.svcCPU)/n, micros(res.redisCPU)/n, otherAnswers(w.status))
 		}
-		ratio := results[0][r-1].w.rate() / results[1][r-1].w.rate()
-		rep.ratios = append(rep.ratios, ratio)
-		fmt.Fprintf(out, "%-5d  reqlock/redislock req/s: %.3fx\n", r, ratio)
+		base := results[baseline][r-1].w
+		for i := range baseline {
+			w := results[i][r-1].w
+			ratio := w.rate() / base.rate()
+			p99 := float64(percentile(w.latency, 0.99)) / float64(percentile(base.latency, 0.99))
+			rep.ratios[i], rep.p99Ratios[i] = append(rep.ratios[i], ratio), append(rep.p99Ratios[i], p99)
+			fmt.Fprintf(out, "%-5d  %s/%s req/s: %.3fx, p99: %.3fx\n", r, rep.services[i], baseName, ratio, p99)
+		}
 	}
-	rep.median = median(rep.ratios)
-	fmt.Fprintf(out, "\nmedian reqlock/redislock req/s over %d rounds: %.3fx (rounds: %s)\n", cfg.rounds, rep.median, ratioList(rep.ratios))
+	fmt.Fprintln(out)
+	for i := range baseline {
+		rep.medians = append(rep.medians, median(rep.ratios[i]))
+		rep.p99Medians = append(rep.p99Medians, median(rep.p99Ratios[i]))
+		fmt.Fprintf(out, "median %s/%s over %d rounds: req/s %.3fx (rounds: %s), p99 %.3fx (rounds: %s)\n",
+			rep.services[i], baseName, cfg.rounds, rep.medians[i], ratioList(rep.ratios[i]), rep.p99Medians[i], ratioList(rep.p99Ratios[i]))
+	}
 
 	fmt.Fprintf(out, "\nRedis commands per request over all rounds (INFO commandstats; script calls include the commands they make):\n")
 	for i, t := range targets {
 		total := map[string]int64{}
 		var requests int64
+		var svcCPU, redisCPU time.Duration
 		for _, res := range results[i] {
 			addDelta(total, res.delta)
 			requests += res.w.requests
+			svcCPU, redisCPU = svcCPU+res.svcCPU, redisCPU+res.redisCPU
 		}
 		rep.commands = append(rep.commands, total)
 		rep.requests = append(rep.requests, requests)
-		fmt.Fprintf(out, "  %-9s  %s\n", t.svc.name, perRequest(total, requests))
+		rep.svcCPU = append(rep.svcCPU, svcCPU/time.Duration(max(requests, 1)))
+		rep.redisCPU = append(rep.redisCPU, redisCPU/time.Duration(max(requests, 1)))
+		fmt.Fprintf(out, "  %-*s  %s\n", nw, t.svc.name, perRequest(total, requests))
 	}
 
-	fmt.Fprintf(out, "\nstock check (initial stock less one per 200 answer, warm-up included):\n")
+	// CPU per request does not depend on how much CPU the machine's other
+	// work left the run, as throughput does (but a busy machine's caches
+	// and context switches still raise it).
+	fmt.Fprintf(out, "\nCPU per request over all rounds (the service's process from /proc, Redis from INFO cpu; the load generator left out):\n")
+	for i, name := range rep.services {
+		both := rep.svcCPU[i] + rep.redisCPU[i]
+		fmt.Fprintf(out, "  %-*s  service %6.1f µs, Redis %5.1f µs, both %6.1f µs", nw, name,
+			micros(rep.svcCPU[i]), micros(rep.redisCPU[i]), micros(both))
+		if i != baseline {
+			fmt.Fprintf(out, " (%.3fx %s's; Redis %.3fx)", float64(both)/float64(rep.svcCPU[baseline]+rep.redisCPU[baseline]), baseName,
+				float64(rep.redisCPU[i])/float64(rep.redisCPU[baseline]))
+		}
+		fmt.Fprintln(out)
+	}
+
+	fmt.Fprintf(out, "\nstock check (initial stock less one per 200 answer, and maybe per 5xx answer, warm-up included):\n")
 	var bad []string
 	for _, t := range targets {
-		mism, err := stockMismatches(ctx, rdb, t, cfg.stock)
+		mism, unsure, err := stockMismatches(ctx, rdb, t, cfg.stock)
 		if err != nil {
 			return nil, err
 		}
-		var oks int64
-		for _, n := range t.ok {
-			oks += n
+		var oks, fives int64
+		for i := range t.ok {
+			oks, fives = oks+t.ok[i], fives+t.unsure[i]
 		}
 		rep.deductions = append(rep.deductions, oks)
 		rep.mismatches = append(rep.mismatches, mism)
-		fmt.Fprintf(out, "  %-9s  %d of %d SKUs exact after %d deductions\n", t.svc.name, len(t.skus)-len(mism), len(t.skus), oks)
+		fmt.Fprintf(out, "  %-*s  %d of %d SKUs exact after %d deductions", nw, t.svc.name, len(t.skus)-len(mism)-unsure, len(t.skus), oks)
+		if fives > 0 {
+			fmt.Fprintf(out, "; %d 5xx answers, %d SKUs below by at most theirs (the deduction landed, its answer timed out)", fives, unsure)
+		}
+		fmt.Fprintln(out)
 		for _, m := range mism[:min(len(mism), 5)] {
-			fmt.Fprintf(out, "             %s\n", m)
+			fmt.Fprintf(out, "  %*s  %s\n", nw, "", m)
 		}
 		bad = append(bad, mism...)
 	}
@@ -230,6 +327,18 @@ func bench(ctx context.Context, cfg config, out io.Writer) (rep *report, err err
 	}
 	return rep, nil
 }
+
+// cpuTimes returns the CPU time used so far by svc's process and by Redis.
+func cpuTimes(ctx context.Context, svc *service, rdb *redis.Client) (svcCPU, redisCPU time.Duration, err error) {
+	if svcCPU, err = svc.cpu(); err != nil {
+		return 0, 0, err
+	}
+	redisCPU, err = redisstats.ServerCPU(ctx, rdb)
+	return svcCPU, redisCPU, err
+}
+
+// micros is d in microseconds.
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // round rounds a latency for printing.
 func round(d time.Duration) time.Duration {

@@ -19,8 +19,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gin-gonic/gin"
+
+	"github.com/reqlock/reqlock"
 	"github.com/reqlock/reqlock/bench/internal/pdeathsig"
+	"github.com/reqlock/reqlock/bench/internal/plainshop"
 	"github.com/reqlock/reqlock/bench/internal/redislockshop"
+	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore"
+	"github.com/reqlock/reqlock/stores/redisstore/rueidisstore"
 )
 
 // serveBaselineFlag, as the first argument, makes httpbench serve the
@@ -69,6 +76,12 @@ func serveBaseline(ctx context.Context, url string, cfg redislockshop.Config, st
 	if err != nil {
 		return err
 	}
+	return listenAndServe(ctx, h, baselineListening, stdout)
+}
+
+// listenAndServe serves h on a free loopback port until ctx ends, once it
+// has printed listening and its base URL to stdout.
+func listenAndServe(ctx context.Context, h http.Handler, listening string, stdout io.Writer) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -76,7 +89,7 @@ func serveBaseline(ctx context.Context, url string, cfg redislockshop.Config, st
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "%shttp://%s\n", baselineListening, ln.Addr())
+	fmt.Fprintf(stdout, "%shttp://%s\n", listening, ln.Addr())
 	select {
 	case err := <-served:
 		return err
@@ -87,14 +100,135 @@ func serveBaseline(ctx context.Context, url string, cfg redislockshop.Config, st
 	return srv.Shutdown(sctx)
 }
 
-// service is one of the two services, running as a process of its own.
+// servePlainFlag, as the first argument, makes httpbench serve one of the
+// library scenario's services instead of measuring.
+const servePlainFlag = "-serve-plain"
+
+// plainListening starts the line a library scenario's service prints once
+// it listens.
+const plainListening = "plainshop: listening on "
+
+// The library scenario's services, by their lock (servePlainMain's -lock),
+// in the order the scenario loads them: the baseline last.
+const (
+	lockRueidis   = "ginlock-rueidis"
+	lockGoRedis   = "ginlock-goredis"
+	lockRedislock = "redislock"
+)
+
+// plainLocks are the library scenario's services.
+var plainLocks = []string{lockRueidis, lockGoRedis, lockRedislock}
+
+// servePlainMain serves plainshop behind the lock -lock on a free loopback
+// port until SIGINT or SIGTERM: flags -lock, -redis URL, -wait, -ttl,
+// -stock.
+func servePlainMain(args []string, stdout, stderr io.Writer) int {
+	cfg := redislockshop.DefaultConfig()
+	fs := flag.NewFlagSet("httpbench "+servePlainFlag, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	url := fs.String("redis", "", "Redis URL")
+	lock := fs.String("lock", "", strings.Join(plainLocks, ", "))
+	fs.DurationVar(&cfg.Wait, "wait", cfg.Wait, "lock wait")
+	fs.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "lock TTL")
+	fs.Int64Var(&cfg.DefaultStock, "stock", cfg.DefaultStock, "stock of a SKU never set")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := servePlain(ctx, *url, *lock, cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "plainshop:", err)
+		return 1
+	}
+	return 0
+}
+
+// rueidisTimeouts are the URL parameters that give the rueidis client the
+// 1s timeouts redislockshop.NewClient gives go-redis.
+const rueidisTimeouts = "dial_timeout=1s&read_timeout=1s&write_timeout=1s"
+
+func servePlain(ctx context.Context, url, lock string, cfg redislockshop.Config, stdout io.Writer) error {
+	client, err := redislockshop.NewClient(url)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	var mw gin.HandlerFunc
+	var store stores.Store
+	switch lock {
+	case lockRedislock:
+		mw, err = plainshop.Redislock(client, cfg)
+	case lockGoRedis:
+		// On the handlers' client, as redislock is.
+		store, err = redisstore.New(client)
+	case lockRueidis:
+		// A client of its own, as rueidisstore.Open makes it.
+		var rs *redisstore.Store
+		if rs, err = rueidisstore.Open(ctx, url+"?"+rueidisTimeouts); err == nil {
+			defer rs.Close()
+			store = rs
+		}
+	default:
+		return fmt.Errorf("-lock %q: want one of %s", lock, strings.Join(plainLocks, ", "))
+	}
+	if err != nil {
+		return err
+	}
+	if store != nil {
+		var locker *reqlock.Locker
+		if mw, locker, err = plainshop.Ginlock(store, cfg); err != nil {
+			return err
+		}
+		defer locker.Close(context.Background())
+	}
+	h, err := plainshop.New(client, mw, cfg)
+	if err != nil {
+		return err
+	}
+	return listenAndServe(ctx, h, plainListening, stdout)
+}
+
+// service is one of the services, running as a process of its own.
 type service struct {
-	name string // "reqlock" or "redislock"
+	name string // "reqlock", "redislock" or a library scenario's lock
 	base string // http://127.0.0.1:port
 
 	cmd    *exec.Cmd
 	exited chan struct{}
 	out    *syncBuffer // its stdout after the listening line, and its stderr
+}
+
+// clockTick is the unit of utime and stime in /proc/<pid>/stat: USER_HZ,
+// 100 per second on Linux (getconf CLK_TCK).
+const clockTick = 10 * time.Millisecond
+
+// cpu returns the CPU time the service's process has used so far, user
+// plus system, from /proc/<pid>/stat (Linux; 10ms steps).
+func (s *service) cpu() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("%s's CPU time: %w", s.name, err)
+	}
+	return parseProcCPU(string(b))
+}
+
+// parseProcCPU returns utime + stime of a /proc/<pid>/stat line: the 12th
+// and 13th fields after the command name, which ends at the last ')'.
+func parseProcCPU(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	f := strings.Fields(stat[i+1:])
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/<pid>/stat %.60q: too short", stat)
+	}
+	var ticks int64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/<pid>/stat: %w", err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * clockTick, nil
 }
 
 // startService runs cmd and waits for the line that starts with listening
@@ -168,6 +302,17 @@ func startBaseline(cfg config) (*service, error) {
 	cmd := exec.Command(self, serveBaselineFlag, "-redis", redisURL(cfg.redisAddr),
 		"-stock", strconv.FormatInt(cfg.stock, 10), "-wait", cfg.wait.String(), "-ttl", cfg.ttl.String())
 	return startService("redislock", cmd, baselineListening)
+}
+
+// startPlain re-executes this program to serve plainshop behind lock.
+func startPlain(lock string, cfg config) (*service, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, servePlainFlag, "-lock", lock, "-redis", redisURL(cfg.redisAddr),
+		"-stock", strconv.FormatInt(cfg.stock, 10), "-wait", cfg.wait.String(), "-ttl", cfg.ttl.String())
+	return startService(lock, cmd, plainListening)
 }
 
 // redisURL is the URL of db 0 at addr.

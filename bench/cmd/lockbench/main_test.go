@@ -105,6 +105,9 @@ func TestAllWorkloads(t *testing.T) {
 		case r.ScriptCPUPerAcq <= 0:
 			// Every library releases through a script.
 			t.Errorf("%s: script CPU %v per acquisition, want above 0 (commandstats usec)", name, r.ScriptCPUPerAcq)
+		case runtime.GOOS == "linux" && r.ClientCPUPerAcq <= 0:
+			// The workers' process (a child's, in multi) used some CPU.
+			t.Errorf("%s: client CPU %v per acquisition, want above 0 (getrusage)", name, r.ClientCPUPerAcq)
 		case r.RedisCPUPerAcq < r.ScriptCPUPerAcq/4:
 			// Redis's CPU (its rusage) covers its scripts, but commandstats
 			// times a script by the clock, which counts the moments a loaded

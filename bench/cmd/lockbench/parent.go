@@ -63,6 +63,7 @@ type libResult struct {
 	CommandsPerAcq  float64       `json:"commands_per_acquisition"`
 	RedisCPUPerAcq  time.Duration `json:"redis_cpu_per_acquisition_ns"`  // INFO cpu delta (user+sys), all clients
 	ScriptCPUPerAcq time.Duration `json:"script_cpu_per_acquisition_ns"` // commandstats usec of eval and evalsha
+	ClientCPUPerAcq time.Duration `json:"client_cpu_per_acquisition_ns"` // lockbench's own CPU in its workers, harness included
 
 	CommandDelta     map[string]int64 `json:"commandstats_delta"` // raw, every command
 	RoundTrips       int64            `json:"round_trips"`
@@ -300,6 +301,7 @@ func runLib(ctx context.Context, cfg config, harness *redis.Client, runID, workl
 		r.RoundTripsPerAcq = float64(r.RoundTrips) / float64(r.Acquisitions)
 		r.RedisCPUPerAcq = (cpuAfter - cpuBefore) / time.Duration(r.Acquisitions)
 		r.ScriptCPUPerAcq = time.Duration(redisstats.ScriptMicros(r.CommandDelta)) * time.Microsecond / time.Duration(r.Acquisitions)
+		r.ClientCPUPerAcq = time.Duration(res.CPU) / time.Duration(r.Acquisitions)
 	}
 	r.CounterTotal = total
 	r.LostUpdates = r.Acquisitions - res.RMWErrors - total

@@ -156,12 +156,13 @@ func printWorkload(w io.Writer, cfg config, workload string, results []*libResul
 	fmt.Fprintf(w, "\n== %s: %s, %v\n", workload, describe(cfg, workload), cfg.Duration)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "lib\tacq\tacq/s\twait p50\twait p99\twait max\ttimeouts\terrors\t"+
-		"handover p50\thandover p99\thandovers\tcmds/acq\tscript µs/acq\tredis µs/acq\trt/acq\tlost\t")
+		"handover p50\thandover p99\thandovers\tcmds/acq\tscript µs/acq\tredis µs/acq\tclient µs/acq\trt/acq\tlost\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%.2f\t%.1f\t%.1f\t%.2f\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%.2f\t%.1f\t%.1f\t%.1f\t%.2f\t%d\t\n",
 			r.Lib, r.Acquisitions, r.AcqPerSec, fmtDur(r.WaitP50), fmtDur(r.WaitP99), fmtDur(r.WaitMax),
 			r.Timeouts, r.Errors, handoverDur(r, r.HandoverP50), handoverDur(r, r.HandoverP99), r.Handovers,
-			r.CommandsPerAcq, micros(r.ScriptCPUPerAcq), micros(r.RedisCPUPerAcq), r.RoundTripsPerAcq, r.LostUpdates)
+			r.CommandsPerAcq, micros(r.ScriptCPUPerAcq), micros(r.RedisCPUPerAcq), micros(r.ClientCPUPerAcq),
+			r.RoundTripsPerAcq, r.LostUpdates)
 	}
 	_ = tw.Flush()
 	for _, r := range results {
@@ -221,6 +222,10 @@ How to read this:
   redis µs/acq  CPU time of the Redis server (INFO cpu, user + system) over the run, per
              acquisition: every client's commands, the harness's counter, and the server's own
              housekeeping, so a library with fewer acquisitions pays more of the latter.
+  client µs/acq  CPU time of the lockbench processes that ran the workers (getrusage, user +
+             system) from their start to their end, per acquisition: the library, its client's
+             own goroutines, the harness's counter GET + SET and Go's runtime. Judge it beside
+             redis µs/acq: on one machine the two share the CPUs.
   rt/acq     top-level round trips of the library's go-redis client, counted by a hook (a script
              call is one, EVALSHA falling back to EVAL two; connection handshakes excluded), per
              acquisition. The counter GET + SET go through a separate client.

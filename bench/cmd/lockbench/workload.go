@@ -72,6 +72,7 @@ type procResult struct {
 	HarnessSets   int64  `json:"harness_sets"`
 	RoundTrips    int64  `json:"round_trips"`
 	Handshakes    int64  `json:"handshakes"`
+	CPU           int64  `json:"cpu_ns"` // the process's CPU time (user + system) in runWorkers
 	FirstError    string `json:"first_error,omitempty"`
 }
 
@@ -106,6 +107,7 @@ func (r *procResult) merge(o *procResult) {
 	r.HarnessSets += o.HarnessSets
 	r.RoundTrips += o.RoundTrips
 	r.Handshakes += o.Handshakes
+	r.CPU += o.CPU
 	if r.FirstError == "" {
 		r.FirstError = o.FirstError
 	}
@@ -119,6 +121,7 @@ func (r *procResult) merge(o *procResult) {
 // when all have ended, or when ctx ends (then sooner).
 func runWorkers(ctx context.Context, lk locker, harness *redis.Client, s spec, wait time.Duration,
 	start, deadline time.Time) *procResult {
+	cpuBefore := processCPU()
 	results := make([]procResult, s.waiters)
 	var wg sync.WaitGroup
 	for w := range s.waiters {
@@ -127,7 +130,7 @@ func runWorkers(ctx context.Context, lk locker, harness *redis.Client, s spec, w
 		})
 	}
 	wg.Wait()
-	total := &procResult{}
+	total := &procResult{CPU: int64(processCPU() - cpuBefore)}
 	for i := range results {
 		total.merge(&results[i])
 	}

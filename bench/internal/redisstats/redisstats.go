@@ -1,5 +1,6 @@
 // Package redisstats reads what lockbench and httpbench measure on the Redis
-// server: INFO commandstats, per command, and the server's version.
+// server: INFO commandstats, per command, the server's CPU time (INFO cpu)
+// and its version.
 //
 // Stats, as CommandStats returns them, map each command (lower case, a
 // subcommand as "command|subcommand", as INFO names it) to its calls plus
@@ -11,9 +12,11 @@ package redisstats
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -161,4 +164,37 @@ func RedisVersion(ctx context.Context, c *redis.Client) (string, error) {
 		}
 	}
 	return "unknown", nil
+}
+
+// ServerCPU returns the CPU time the Redis server has used, user plus
+// system (used_cpu_user + used_cpu_sys of INFO cpu).
+func ServerCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	return ParseServerCPU(info)
+}
+
+// ParseServerCPU returns used_cpu_user + used_cpu_sys of an INFO cpu
+// answer; an answer with neither is an error.
+func ParseServerCPU(info string) (time.Duration, error) {
+	var total float64
+	found := 0
+	for line := range strings.SplitSeq(info, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu: %q: %w", line, err)
+		}
+		total += x
+		found++
+	}
+	if found == 0 {
+		return 0, errors.New("INFO cpu: no used_cpu_user or used_cpu_sys")
+	}
+	return time.Duration(total * float64(time.Second)), nil
 }

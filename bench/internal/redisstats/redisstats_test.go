@@ -4,6 +4,7 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 )
 
 // info is INFO commandstats as Redis 7.0 prints it (CRLF line ends), with a
@@ -94,5 +95,21 @@ func TestIsOverhead(t *testing.T) {
 		if IsOverhead(c) {
 			t.Errorf("IsOverhead(%q) = true", c)
 		}
+	}
+}
+
+// TestParseServerCPU: user plus system CPU of INFO cpu as Redis 7.0 prints
+// it; an answer without them is an error.
+func TestParseServerCPU(t *testing.T) {
+	got, err := ParseServerCPU("# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.500500\r\n" +
+		"used_cpu_sys_children:9.000000\r\nused_cpu_user_children:9.000000\r\nused_cpu_sys_main_thread:1.000000\r\n")
+	if want := 3750500 * time.Microsecond; err != nil || got != want {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	if _, err := ParseServerCPU("# CPU\r\n"); err == nil {
+		t.Error("an answer without used_cpu_*: no error")
+	}
+	if _, err := ParseServerCPU("used_cpu_sys:x\r\n"); err == nil {
+		t.Error("used_cpu_sys:x: no error")
 	}
 }

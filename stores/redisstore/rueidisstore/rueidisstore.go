@@ -113,17 +113,13 @@ var errCrossSlot = errors.New("CROSSSLOT Keys in request don't hash to the same 
 
 // Eval sends EVALSHA, then EVAL when Redis has not cached the script.
 func (d *driver) Eval(ctx context.Context, script *redisstore.Script, keys []string, args []any) (redisstore.Reply, error) {
-	strs, err := strArgs(args)
-	if err != nil {
-		return redisstore.Reply{}, err
-	}
-	cmd, err := d.build(false, script, keys, strs)
+	cmd, err := d.build(false, script, keys, args)
 	if err != nil {
 		return redisstore.Reply{}, err
 	}
 	resp := d.client.Do(ctx, cmd)
 	if re, ok := rueidis.IsRedisErr(resp.Error()); ok && re.IsNoScript() {
-		if cmd, err = d.build(true, script, keys, strs); err != nil {
+		if cmd, err = d.build(true, script, keys, args); err != nil {
 			return redisstore.Reply{}, err
 		}
 		resp = d.client.Do(ctx, cmd)
@@ -139,6 +135,16 @@ func (d *driver) Eval(ctx context.Context, script *redisstore.Script, keys []str
 		n, _ := msg.AsInt64()
 		return redisstore.Reply{Int: n}, nil
 	}
+	if msg.IsString() {
+		b, err := msg.AsBytes()
+		if err != nil {
+			return redisstore.Reply{}, fmt.Errorf("%w: %w", redisstore.ErrUnexpectedReply, err)
+		}
+		if b == nil {
+			b = []byte{}
+		}
+		return redisstore.Reply{Bulk: b}, nil
+	}
 	if msg.IsArray() {
 		ints, err := msg.AsIntSlice()
 		if err != nil {
@@ -152,7 +158,7 @@ func (d *driver) Eval(ctx context.Context, script *redisstore.Script, keys []str
 // build returns the EVALSHA (or, with eval, EVAL) command of script. A
 // Cluster client's builder panics on keys of different slots, which build
 // returns as errCrossSlot.
-func (d *driver) build(eval bool, script *redisstore.Script, keys, args []string) (cmd rueidis.Completed, err error) {
+func (d *driver) build(eval bool, script *redisstore.Script, keys []string, args []any) (cmd rueidis.Completed, err error) {
 	if d.cluster {
 		defer func() {
 			if r := recover(); r != nil {
@@ -164,30 +170,42 @@ func (d *driver) build(eval bool, script *redisstore.Script, keys, args []string
 			}
 		}()
 	}
+	// The arguments are appended one by one: no slice of them is made.
 	b := d.client.B()
 	if eval {
-		return b.Eval().Script(script.Source()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), nil
+		c := b.Eval().Script(script.Source()).Numkeys(int64(len(keys))).Key(keys...).Arg()
+		for _, a := range args {
+			s, err := strArg(a)
+			if err != nil {
+				return cmd, err
+			}
+			c = c.Arg(s)
+		}
+		return c.Build(), nil
 	}
-	return b.Evalsha().Sha1(script.SHA1()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), nil
+	c := b.Evalsha().Sha1(script.SHA1()).Numkeys(int64(len(keys))).Key(keys...).Arg()
+	for _, a := range args {
+		s, err := strArg(a)
+		if err != nil {
+			return cmd, err
+		}
+		c = c.Arg(s)
+	}
+	return c.Build(), nil
 }
 
-// strArgs returns the script arguments as Redis takes them: each a string
-// or an int64.
-func strArgs(args []any) ([]string, error) {
-	strs := make([]string, len(args))
-	for i, a := range args {
-		switch v := a.(type) {
-		case string:
-			strs[i] = v
-		case int64:
-			strs[i] = strconv.FormatInt(v, 10)
-		case int:
-			strs[i] = strconv.Itoa(v)
-		default:
-			return nil, fmt.Errorf("%w: rueidisstore: script argument %v of type %T", stores.ErrInvalid, a, a)
-		}
+// strArg returns a script argument as Redis takes it: a string or an
+// int64.
+func strArg(a any) (string, error) {
+	switch v := a.(type) {
+	case string:
+		return v, nil
+	case int64:
+		return strconv.FormatInt(v, 10), nil
+	case int:
+		return strconv.Itoa(v), nil
 	}
-	return strs, nil
+	return "", fmt.Errorf("%w: rueidisstore: script argument %v of type %T", stores.ErrInvalid, a, a)
 }
 
 // neverSent reports whether err says that the call never reached Redis: no

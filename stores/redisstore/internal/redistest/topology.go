@@ -24,10 +24,11 @@ type Dial = func(ctx context.Context, network, addr string) (net.Conn, error)
 // same servers through fault proxies, one per server.
 func Conformance[C any](t *testing.T, client C, newStore func(testing.TB, C) stores.Store, proxied func(*testing.T) (C, []*faultproxy.Proxy)) {
 	storetest.Run(t, storetest.Suite{
-		New:    func(t *testing.T) stores.Store { return newStore(t, client) },
-		Notify: true,
-		Fair:   true,
-		Shared: true,
+		New:     func(t *testing.T) stores.Store { return newStore(t, client) },
+		Notify:  true,
+		Fair:    true,
+		Shared:  true,
+		Records: true,
 		Proxied: func(t *testing.T) (stores.Store, []*faultproxy.Proxy) {
 			c, proxies := proxied(t)
 			return newStore(t, c), proxies
