@@ -3,7 +3,6 @@ package redlockstore
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock/stores"
@@ -11,31 +10,8 @@ import (
 )
 
 // runIDScript returns the server's run_id, which is the same for every
-// address and database a client reaches the server by, as integers (a
-// Driver reads integer replies): its length, then its hex digits 12 at a
-// time (48 bits, which a Lua number holds exactly); {} without a run_id.
-var runIDScript = redisstore.NewScript(`
-local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
-if not id then return {} end
-local out = {#id}
-for i = 1, #id, 12 do out[#out + 1] = tonumber(string.sub(id, i, i + 11), 16) end
-return out`)
-
-// runIDOf returns the run_id that runIDScript answered as ints, "" for none.
-func runIDOf(ints []int64) (string, error) {
-	if len(ints) == 0 {
-		return "", nil
-	}
-	n := int(ints[0])
-	if n <= 0 || len(ints) != 1+(n+11)/12 {
-		return "", fmt.Errorf("%w: run_id %v", ErrUnexpectedReply, ints)
-	}
-	var b strings.Builder
-	for i, v := range ints[1:] {
-		fmt.Fprintf(&b, "%0*x", min(12, n-12*i), v)
-	}
-	return b.String(), nil
-}
+// address and database a client reaches the server by; "" without one.
+var runIDScript = redisstore.NewScript(`return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''`)
 
 // identify learns the run_id of each node at first contact and fails, with
 // an error wrapping stores.ErrInvalid and ErrDuplicateNode, once two nodes
@@ -96,10 +72,7 @@ func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 			cctx, cancel := context.WithTimeout(base, timeout)
 			r, err := n.driver.Eval(cctx, runIDScript, nil, nil)
 			cancel()
-			var id string
-			if err == nil {
-				id, err = runIDOf(r.Ints)
-			}
+			id := string(r.Bulk)
 			n.failing.Store(err != nil)
 			if err != nil {
 				return
