@@ -80,6 +80,9 @@ func RefreshWaitsForHealthyStragglers(t *testing.T, c Client) {
 // including the gate) still holds for a moment.
 func RefusalNamesMostRefusedKey(t *testing.T, c Client) {
 	s, _, direct := proxiedNodes(t, c)
+	// Connections open and round trips known: the replies of the refusal
+	// come together, within the grace that waits for the last of them.
+	warm(t, s)
 	ctx := context.Background()
 	a, b := uniqueKey("held-a"), uniqueKey("held-b")
 	keys := []string{a, b}
