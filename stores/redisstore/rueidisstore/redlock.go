@@ -10,15 +10,16 @@ import (
 )
 
 // NewRedlock returns a redlockstore Store over nodes, one rueidis client
-// per independent Redis master (ForceSingleClient, as Open makes them), each
-// pipelining the calls of concurrent lock operations onto its connections.
+// per independent Redis master, each pipelining the calls of concurrent
+// lock operations onto its connections (best made as Open makes its
+// client: ForceSingleClient, AlwaysPipelining, DisableCache).
 // It is redlockstore.NewWithNodes with each node's Driver from NewDriver
 // (so a client with ClientOption.ConnLifetime must come wrapped by
 // ExpiringConns) and its address from the client, which ranks the nodes
 // as redlockstore's Algorithm says: every process must reach each node by
-// the same address. Each node's calls are bounded by the node timeout (set
-// ConnWriteTimeout no longer). The caller owns the clients and closes them
-// after the Store. It returns an error wrapping stores.ErrInvalid when
+// the same address. Each call is bounded by the node timeout through its
+// context, which rueidis honours. The caller owns the clients and closes
+// them after the Store. It returns an error wrapping stores.ErrInvalid when
 // there are fewer than 3 nodes, a node is nil, two nodes have one
 // address, or an option is invalid.
 func NewRedlock(nodes []rueidis.Client, opts ...redlockstore.Option) (*redlockstore.Store, error) {
