@@ -297,6 +297,18 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 			case r := <-replies:
 				receive(r)
 			case <-grace.C:
+				// Replies already here still count: select picks at
+				// random between them and the timer, and a burst of
+				// replies that came with it must not be cut in two.
+				for s.waitFor(flying) {
+					select {
+					case r := <-replies:
+						receive(r)
+						continue
+					default:
+					}
+					break
+				}
 				break late
 			case <-ctx.Done():
 				break late

@@ -79,7 +79,7 @@ func RefreshWaitsForHealthyStragglers(t *testing.T, c Client) {
 // names the key the most nodes refused with, not a key a minority (here
 // including the gate) still holds for a moment.
 func RefusalNamesMostRefusedKey(t *testing.T, c Client) {
-	s, _, direct := proxiedNodes(t, c)
+	s, proxies, direct := proxiedNodes(t, c)
 	// Connections open and round trips known: the replies of the refusal
 	// come together, within the grace that waits for the last of them.
 	warm(t, s)
@@ -102,7 +102,16 @@ func RefusalNamesMostRefusedKey(t *testing.T, c Client) {
 		}
 		t.Cleanup(func() { direct[i].(*redis.Client).Del(context.Background(), keys[0]) })
 	}
+	// Every reply 20ms late: the decision takes that long, and so does the
+	// grace after it, while the replies still come in one burst, so that a
+	// loaded machine's scheduling does not end the grace before the last.
+	for _, p := range proxies {
+		p.Delay(faultproxy.ToClient, 20*time.Millisecond)
+	}
 	g, err := s.Acquire(ctx, keys, uniqueKey("token"), 10*time.Second)
+	for _, p := range proxies {
+		p.Heal()
+	}
 	if err != nil || g.OK {
 		t.Fatalf("Acquire of both keys: %+v, %v: want a refusal", g, err)
 	}
