@@ -78,10 +78,13 @@ func (w recordingWriter) Flush() {
 // Hijack hijacks the connection, when the underlying writer can; the
 // response is then not recorded.
 func (w recordingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.rc.mu.Lock()
-	w.rc.hijacked = true
-	w.rc.mu.Unlock()
-	return http.NewResponseController(w.rc.w).Hijack()
+	conn, rw, err := http.NewResponseController(w.rc.w).Hijack()
+	if err == nil {
+		w.rc.mu.Lock()
+		w.rc.hijacked = true
+		w.rc.mu.Unlock()
+	}
+	return conn, rw, err
 }
 
 // Unwrap returns the underlying writer, for http.ResponseController.
