@@ -233,8 +233,8 @@ func reject(c *gin.Context, a middleware.Answerer, rej *middleware.Rejection) er
 	return nil
 }
 
-// recordedWriter is gin's writer with the body, status, flushes and hijack
-// the handler does going through a middleware.Recording's writer (which
+// recordedWriter is gin's writer with the body, status, early header,
+// flushes and hijack the handler does going through a middleware.Recording's writer (which
 // passes them on to gin's), so that a hijacked connection is never
 // recorded; the rest is gin's own, Status included, from which the
 // Recording takes the status gin sends.
@@ -248,6 +248,7 @@ func (w *recordedWriter) Write(b []byte) (int, error)       { return w.rec.Write
 func (w *recordedWriter) WriteString(s string) (int, error) { return w.rec.Write([]byte(s)) }
 func (w *recordedWriter) Unwrap() http.ResponseWriter       { return w.rec }
 func (w *recordedWriter) Flush()                            { _ = http.NewResponseController(w.rec).Flush() }
+func (w *recordedWriter) WriteHeaderNow()                   { w.rec.(interface{ WriteHeaderNow() }).WriteHeaderNow() }
 
 func (w *recordedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(w.rec).Hijack()

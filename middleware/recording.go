@@ -44,7 +44,9 @@ func newRecording(g *Guard, header http.Header) *Recording {
 //
 // When w has a method Status() int (gin's writer), the response's status is
 // taken from it once the handler returns, since such a writer may change
-// the status until the body is written.
+// the status until the body is written. A method WriteHeaderNow() of w
+// (gin's) is reached through the writer's own, which records the headers
+// it sends.
 func (rc *Recording) Writer(w http.ResponseWriter) http.ResponseWriter {
 	rc.mu.Lock()
 	rc.w = w
@@ -91,6 +93,15 @@ func (w recordingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		w.rc.mu.Unlock()
 	}
 	return conn, rw, err
+}
+
+// WriteHeaderNow sends the header at once, recording the headers as they go
+// out, when the underlying writer can (gin's); otherwise it does nothing.
+func (w recordingWriter) WriteHeaderNow() {
+	if now, ok := w.rc.w.(interface{ WriteHeaderNow() }); ok {
+		w.rc.write(nil)
+		now.WriteHeaderNow()
+	}
 }
 
 // Unwrap returns the underlying writer, for http.ResponseController.
