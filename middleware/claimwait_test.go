@@ -112,3 +112,57 @@ func TestClaimOutlivesTheRouteLockWait(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimKeptWhileTheHandlerOutlivesItsClient: on a route with the
+// watchdog, the claim of an idempotency key is kept while the handler runs
+// after its client left (the client's retry is the duplicate idempotency
+// is for): the retry waits for the handler, rather than claiming the key
+// once the TTL ran out and running it a second time.
+func TestClaimKeptWhileTheHandlerOutlivesItsClient(t *testing.T) {
+	const ttl = time.Second
+	sum := sha256.Sum256([]byte("\x00k3"))
+	recordKey := "items:" + hex.EncodeToString(sum[:])
+	for name, locker := range recordPrefixLockers(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			entered, finish := make(chan struct{}), make(chan struct{})
+			g := middleware.Must(middleware.New(locker, "item:<id>", middleware.WithName("items"),
+				middleware.WithIdempotency(middleware.Idempotency{Mode: middleware.IdempotencyRequired}),
+				middleware.WithTTL(ttl), middleware.WithWatchdog(), middleware.WithWait(30*time.Second)))
+			h := g.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				close(entered)
+				<-finish // a write in flight, which the client's leaving does not stop
+				_, _ = w.Write([]byte("ok"))
+			})
+			reqCtx, leave := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				req := httptest.NewRequestWithContext(reqCtx, http.MethodPost, "/items/3", strings.NewReader("x"))
+				req.SetPathValue("id", "3")
+				req.Header.Set("Idempotency-Key", "k3")
+				h.ServeHTTP(httptest.NewRecorder(), req)
+			}()
+			<-entered
+			leave()
+			poll := time.NewTicker(ttl / 20)
+			defer poll.Stop()
+			var claimed error
+			for deadline := time.Now().Add(3 * ttl); time.Now().Before(deadline) && claimed == nil; <-poll.C {
+				claim, _, err := locker.ClaimRecord(ctx, recordKey, 30*time.Second, 0)
+				switch {
+				case err == nil:
+					_ = claim.Release(ctx)
+					claimed = errors.New("a duplicate claimed the key while the first request's handler still ran, its client gone")
+				case !errors.Is(err, reqlock.ErrRecordInProgress):
+					claimed = err
+				}
+			}
+			close(finish)
+			<-done
+			if claimed != nil {
+				t.Fatal(claimed)
+			}
+		})
+	}
+}
