@@ -320,8 +320,11 @@ func (g *Guard) serveIdempotent(w http.ResponseWriter, req keyfunc.Request,
 	}
 	if g.cfg.Watchdog {
 		// The claim's TTL runs from now: keep it through the wait for the
-		// route's lock too, or a duplicate could claim the key meanwhile.
-		claim.KeepAlive(ctx)
+		// route's lock too, or a duplicate could claim the key meanwhile;
+		// and until the handler returns, even after the client left (its
+		// retry is the duplicate): the claim is always finished or
+		// released when the handler returns or panics, which stops it.
+		claim.KeepAlive(context.WithoutCancel(ctx))
 	}
 	lock, rej := g.enterKeys(r, key, keys)
 	if rej != nil || lock == nil {
