@@ -34,7 +34,7 @@ func TestClaimOutlivesTheRouteLockWait(t *testing.T) {
 					id, key = "2", "k2"
 				}
 				sum := sha256.Sum256([]byte("\x00" + key))
-				recordKey := "items:" + hex.EncodeToString(sum[:])
+				recordKey := "{" + hex.EncodeToString(sum[:]) + "}:items"
 				var runs atomic.Int32
 				opts := []middleware.Option{middleware.WithName("items"),
 					middleware.WithIdempotency(middleware.Idempotency{Mode: middleware.IdempotencyRequired}),
@@ -121,7 +121,7 @@ func TestClaimOutlivesTheRouteLockWait(t *testing.T) {
 func TestClaimKeptWhileTheHandlerOutlivesItsClient(t *testing.T) {
 	const ttl = time.Second
 	sum := sha256.Sum256([]byte("\x00k3"))
-	recordKey := "items:" + hex.EncodeToString(sum[:])
+	recordKey := "{" + hex.EncodeToString(sum[:]) + "}:items"
 	for name, locker := range recordPrefixLockers(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()

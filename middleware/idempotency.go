@@ -191,8 +191,8 @@ func newIdempotentRoute(locker *reqlock.Locker, cfg Config) (*idempotentRoute, e
 			"with retention %v: %w", ErrInvalidConfig, cfg.Name, idem.MaxBodyBytes, MaxRecordedHeaderBytes, recordOverhead,
 			idem.Retention, err)
 	}
-	if err := locker.CheckKeyLen(len(reqlock.RecordKeyPrefix) + len(cfg.Name) + 1 + sha256.Size*2); err != nil {
-		return nil, fmt.Errorf("%w: route %q: idempotency: the record keys of the route (its name and a hash): %w (shorten the route's name)",
+	if err := locker.CheckKeyLen(len(reqlock.RecordKeyPrefix) + len(recordKey(cfg.Name, "", ""))); err != nil {
+		return nil, fmt.Errorf("%w: route %q: idempotency: the record keys of the route (a hash and its name): %w (shorten the route's name)",
 			ErrInvalidConfig, cfg.Name, err)
 	}
 	r := &idempotentRoute{cfg: idem, header: http.CanonicalHeaderKey(idem.Header)}
@@ -242,16 +242,19 @@ func (ir *idempotentRoute) malformed(why string) *Rejection {
 		Detail: fmt.Sprintf("the header %q %s", ir.header, why)}
 }
 
-// recordKey is the record key of key in scope on the route name: the
-// route's name and a hash of scope and key, so that long or odd keys never
-// reach the store raw.
+// recordKey is the record key of key in scope on the route name: a hash of
+// scope and key, so that long or odd keys never reach the store raw, then
+// the route's name. The hash comes first, in braces: a Redis Cluster hash
+// tag (the first one in the key, whatever braces the name has), so that
+// the records of a route spread over the slots and a store's sibling keys
+// of a record key share its slot.
 func recordKey(name, scope, key string) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	h.Write(binary.AppendUvarint(n[:0], uint64(len(scope))))
 	io.WriteString(h, scope)
 	io.WriteString(h, key)
-	return name + ":" + hex.EncodeToString(h.Sum(nil))
+	return "{" + hex.EncodeToString(h.Sum(nil)) + "}:" + name
 }
 
 // fingerprint identifies a request for its idempotency key: a SHA-256,

@@ -50,15 +50,15 @@ func TestLockKeysNeverRecordKeys(t *testing.T) {
 			answer := func(w http.ResponseWriter, r *http.Request) { runs.Add(1); _, _ = w.Write([]byte("ok")) }
 			recorded := middleware.Must(middleware.New(locker, "item:<id>", idem, middleware.WithName("items"),
 				middleware.WithWait(100*time.Millisecond)))
-			tenant := middleware.Must(middleware.New(locker, "<header:X-Tenant>:<header:X-Route>:<id>",
+			tenant := middleware.Must(middleware.New(locker, "<header:X-Tenant>:{<header:X-Hash>}:<id>",
 				middleware.WithWait(100*time.Millisecond)))
 			mux := http.NewServeMux()
 			mux.Handle("POST /items/{id}", recorded.HandlerFunc(answer))
 			mux.Handle("POST /tenants/{id}", tenant.HandlerFunc(answer))
 
 			// The record key of the key "k" on the route "items" without a
-			// scope: the route's name and the SHA-256 of the scope's length
-			// (0) and the key.
+			// scope: the SHA-256 of the scope's length (0) and the key, in
+			// braces, and the route's name.
 			req := httptest.NewRequest(http.MethodPost, "/items/1", strings.NewReader("x"))
 			req.Header.Set("Idempotency-Key", "k")
 			rec := httptest.NewRecorder()
@@ -68,14 +68,14 @@ func TestLockKeysNeverRecordKeys(t *testing.T) {
 			}
 			sum := sha256.Sum256([]byte("\x00k"))
 			hash := hex.EncodeToString(sum[:])
-			req = httptest.NewRequest(http.MethodPost, "/tenants/"+hash, nil)
+			req = httptest.NewRequest(http.MethodPost, "/tenants/items", nil)
 			req.Header.Set("X-Tenant", "idem")
-			req.Header.Set("X-Route", "items")
+			req.Header.Set("X-Hash", hash)
 			rec = httptest.NewRecorder()
 			mux.ServeHTTP(rec, req)
 			if rec.Code != http.StatusBadRequest || runs.Load() != 1 {
 				t.Fatalf("a request whose lock key is the record key %q: %d %q (runs %d), want 400 and the handler not run",
-					reqlock.RecordKeyPrefix+"items:"+hash, rec.Code, rec.Body, runs.Load())
+					reqlock.RecordKeyPrefix+"{"+hash+"}:items", rec.Code, rec.Body, runs.Load())
 			}
 		})
 	}

@@ -180,14 +180,17 @@
 // waiting writers and waiting mark) unless the key holds a finished record,
 // which it returns instead (EXISTS, SET NX and GET: 3 commands). A record
 // is a string value of the key that starts with a NUL byte and names the
-// token that finished it, so no token equals it: Release, Refresh and
-// Acquire never act on it. FinishRecord (GET, SET ... PX retention, DEL of
-// the waiting key, and PUBLISH when a claimer was refused) replaces the
-// token's claim only, answers nil to a retry of the token that finished the
-// record, and is not undone after a failure of unknown outcome: it replaced
+// token that finished it, and no token that starts so is taken
+// (ClaimRecord, Acquire and AcquireFair refuse one with stores.ErrInvalid,
+// Release and Refresh answer stores.ErrNotHeld), so no token equals it:
+// Release, Refresh and Acquire never act on it. FinishRecord (GET, SET ...
+// PX retention, DEL of the waiting key, and PUBLISH when a claimer was
+// refused) replaces the token's claim only, answers nil to a retry of the
+// token that finished the record, and is not undone after a failure of unknown outcome: it replaced
 // the claim or changes nothing. Redis removes a record when its PX expires.
 // Bounds states the largest record (stores.Record.Size) the Store keeps:
-// DefaultMaxRecordBytes, 256 MiB, or less with WithMaxRecordBytes; keys,
+// DefaultMaxRecordBytes, 16 MiB (what a replica's link carries safely), or
+// up to MaxRecordBytesLimit with WithMaxRecordBytes; keys,
 // TTLs and retentions have no bound but Redis's own. A Driver returns a
 // record's value in Reply.Bulk.
 //

@@ -124,9 +124,9 @@ func NewWithDriver(d Driver, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: fence retention %v is below %v",
 			stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
 	}
-	if s.maxRecordBytes < 1 || s.maxRecordBytes > DefaultMaxRecordBytes {
+	if s.maxRecordBytes < 1 || s.maxRecordBytes > MaxRecordBytesLimit {
 		return nil, fmt.Errorf("%w: redisstore: max record bytes %d is out of [1, %d]",
-			stores.ErrInvalid, s.maxRecordBytes, DefaultMaxRecordBytes)
+			stores.ErrInvalid, s.maxRecordBytes, MaxRecordBytesLimit)
 	}
 	s.retentionArg = strconv.FormatInt(s.fenceRetention.Milliseconds(), 10)
 	return s, nil

@@ -48,10 +48,14 @@ var (
 // queue as Ahead, and, as Wait, the holder's remaining TTL, or, when
 // the key is free but another waiter heads the queue, that waiter's
 // remaining lease. It returns the client's error as is,
-// an error wrapping stores.ErrInvalid for an empty key, a non-positive ttl or a negative
-// lease, and ctx.Err() without acting when ctx has ended.
+// an error wrapping stores.ErrInvalid for an empty key, a non-positive ttl,
+// a negative lease or a token that starts like a record's value, and
+// ctx.Err() without acting when ctx has ended.
 func (s *Store) AcquireFair(ctx context.Context, key, token string, ttl, lease time.Duration) (stores.FairGrant, error) {
 	if err := args.CheckAcquireFair(ctx, key, ttl, lease); err != nil {
+		return stores.FairGrant{}, err
+	}
+	if err := checkGrantToken(token); err != nil {
 		return stores.FairGrant{}, err
 	}
 	call := &scriptCall{store: s, script: fairAcquireScript,

@@ -33,14 +33,22 @@ var (
 const recordPrefix = "\x00reqlock:record:1\x00"
 
 // DefaultMaxRecordBytes is the largest record (stores.Record.Size) a Store
-// keeps unless WithMaxRecordBytes says otherwise: half of Redis's 512 MB
-// limit on a string value (proto-max-bulk-len), which leaves room for the
-// token and the encoding.
-const DefaultMaxRecordBytes = 256 << 20
+// keeps unless WithMaxRecordBytes says otherwise: 16 MiB, far below what
+// Redis's default client-output-buffer-limit lets through a replica's link
+// (64mb soft for 60 s, 256mb hard). A larger record makes the master drop
+// its replicas and resync them in full, and a failover meanwhile loses the
+// record.
+const DefaultMaxRecordBytes = 16 << 20
+
+// MaxRecordBytesLimit is the most WithMaxRecordBytes takes: half of Redis's
+// 512 MB limit on a string value (proto-max-bulk-len), which leaves room
+// for the token and the encoding. Above 16 MiB, raise the replicas'
+// client-output-buffer-limit first.
+const MaxRecordBytesLimit = 256 << 20
 
 // WithMaxRecordBytes sets the largest record (stores.Record.Size) the Store
 // keeps, stated in its Bounds; FinishRecord refuses a larger one with
-// stores.ErrInvalid. Between 1 and DefaultMaxRecordBytes; default
+// stores.ErrInvalid. Between 1 and MaxRecordBytesLimit; default
 // DefaultMaxRecordBytes.
 func WithMaxRecordBytes(n int) Option {
 	return func(s *Store) { s.maxRecordBytes = n }
@@ -49,7 +57,7 @@ func WithMaxRecordBytes(n int) Option {
 // Bounds states the largest record the Store keeps (see WithMaxRecordBytes).
 // Keys, TTLs and retentions have no bound but Redis's own.
 func (s *Store) Bounds() stores.Bounds {
-	reason := "redisstore's record limit (default: half of Redis's 512 MB string limit)"
+	reason := "redisstore's default record limit (DefaultMaxRecordBytes: what a replica's link carries safely)"
 	if s.maxRecordBytes != DefaultMaxRecordBytes {
 		reason = "redisstore.WithMaxRecordBytes(" + strconv.Itoa(s.maxRecordBytes) + ")"
 	}
@@ -68,7 +76,10 @@ func (s *Store) Bounds() stores.Bounds {
 // are Acquire's: a claim it may have made is released, owner-checked. It
 // returns an error wrapping stores.ErrInvalid for an empty key, a
 // non-positive ttl or a token that starts with the prefix of a record's
-// value (a NUL byte, then "reqlock:record:").
+// value (a NUL byte, then "reqlock:record:"), and one wrapping
+// ErrCrossSlot, and so stores.ErrInvalid, when a Cluster refuses the key
+// because its sibling keys hash to another slot (a key with a '}' and no
+// hash tag; see fenceKey).
 func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Duration) (stores.Grant, *stores.Record, error) {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return stores.Grant{}, nil, err
@@ -82,7 +93,7 @@ func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Dur
 		undo: undoRelease, undoKeys: []string{key}, undoToken: token, ttl: ttl}
 	r, err := call.run(ctx)
 	if err != nil {
-		return stores.Grant{}, nil, err
+		return stores.Grant{}, nil, s.mapCrossSlot(err, []string{key}, true)
 	}
 	reply := r.Ints
 	switch {
@@ -111,9 +122,9 @@ func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Dur
 // either replaced the claim or will change nothing. It returns an error
 // wrapping stores.ErrInvalid for an empty key, a non-positive retention,
 // a record larger than the Store's MaxRecordBytes or a token refused as
-// in ClaimRecord; the client's error, wrapped with stores.ErrUnreachable
-// when the call never reached Redis; and ctx.Err() without acting when ctx
-// has ended.
+// in ClaimRecord; one wrapping ErrCrossSlot as in ClaimRecord; the
+// client's error, wrapped with stores.ErrUnreachable when the call never
+// reached Redis; and ctx.Err() without acting when ctx has ended.
 func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.Record, retention time.Duration) error {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return err
@@ -126,7 +137,7 @@ func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.
 		args: []any{token, encodeRecord(owner, rec), owner, milliseconds(retention)}}
 	r, err := call.run(ctx)
 	if err != nil {
-		return err
+		return s.mapCrossSlot(err, []string{key}, true)
 	}
 	switch {
 	case r.Ints != nil || r.Bulk != nil || r.Int < 0 || r.Int > 2:
@@ -142,8 +153,27 @@ func checkRecordArgs(ctx context.Context, key, token string) error {
 	if err := args.CheckShared(ctx, key, 0); err != nil {
 		return err
 	}
+	return checkGrantToken(token)
+}
+
+// checkGrantToken returns an error wrapping stores.ErrInvalid when token
+// starts like a record's value (see recordPrefix): no claim or lock is
+// granted to such a token, so that no record is taken for a grant of its
+// value, nor a grant for a record.
+func checkGrantToken(token string) error {
 	if strings.HasPrefix(token, recordPrefix) {
 		return fmt.Errorf("%w: redisstore: a token that starts like a record's value (%q)", stores.ErrInvalid, recordPrefix)
+	}
+	return nil
+}
+
+// notHeldByRecordToken returns an error wrapping stores.ErrNotHeld when
+// token starts like a record's value: it holds no key (see
+// checkGrantToken), and a Release or Refresh of it must not act on a
+// record whose value it equals.
+func notHeldByRecordToken(keys []string, token string) error {
+	if strings.HasPrefix(token, recordPrefix) {
+		return fmt.Errorf("%w: %q: a token that starts like a record's value holds no key", stores.ErrNotHeld, keys)
 	}
 	return nil
 }

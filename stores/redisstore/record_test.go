@@ -62,7 +62,7 @@ func TestRecordBounds(t *testing.T) {
 	if b := newStore(t, client).Bounds(); b.MaxRecordBytes != DefaultMaxRecordBytes || b.MaxKeyBytes != 0 || b.MaxTTL != 0 || b.MaxRetention != 0 {
 		t.Fatalf("default Bounds %+v, want MaxRecordBytes %d and nothing else bounded", b, DefaultMaxRecordBytes)
 	}
-	for _, n := range []int{0, -1, DefaultMaxRecordBytes + 1} {
+	for _, n := range []int{0, -1, MaxRecordBytesLimit + 1} {
 		if _, err := New(client, WithMaxRecordBytes(n)); !errors.Is(err, stores.ErrInvalid) {
 			t.Errorf("New with WithMaxRecordBytes(%d): %v, want ErrInvalid", n, err)
 		}

@@ -242,13 +242,18 @@ func (s *Store) Load(ctx context.Context) error {
 // released, owner-checked, once it returns. AcquireFair does the same.
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
-// duplicate or unsorted key, or a non-positive ttl; one wrapping ErrCrossSlot,
+// duplicate or unsorted key, a non-positive ttl, or a token that starts
+// like a record's value (see Idempotency records in the package
+// documentation); one wrapping ErrCrossSlot,
 // and so stores.ErrInvalid, when the keys span Cluster slots (or Ring
 // shards); the client's error, wrapped with stores.ErrUnreachable when the
 // call never reached Redis (no connection could be made); and ctx.Err()
 // without acting when ctx has ended.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := checkGrantToken(token); err != nil {
 		return stores.Grant{}, err
 	}
 	call := &scriptCall{store: s, script: acquireScript,
@@ -294,7 +299,8 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 //
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
 // keys were absent or held another token, after ending the grant on the
-// others. A key overwritten with another type than a string (another
+// others, and at once for a token that starts like a record's value, which
+// holds no key. A key overwritten with another type than a string (another
 // program's data) counts as not held and is left as it is. keys must be
 // distinct and sorted and, with a *redis.ClusterClient, in one slot. It
 // returns an error wrapping stores.ErrInvalid for no keys or an empty,
@@ -303,6 +309,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 // client's error as is; and ctx.Err() without acting when ctx has ended.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	if err := notHeldByRecordToken(keys, token); err != nil {
 		return err
 	}
 	if len(keys) == 1 && keep <= 0 {
@@ -351,6 +360,7 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // Refresh resets the TTL of every key to ttl if each holds token, in one
 // script and one round trip; when one does not, it changes nothing and
 // returns an error wrapping stores.ErrNotHeld that names the first such key.
+// A token that starts like a record's value holds no key: ErrNotHeld.
 // A key overwritten with another type than a string counts as not held.
 // keys must be distinct and sorted and, with a *redis.ClusterClient, in one
 // slot. It returns an error wrapping stores.ErrInvalid for no keys, an empty,
@@ -360,6 +370,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 // when ctx has ended.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := notHeldByRecordToken(keys, token); err != nil {
 		return err
 	}
 	// Cancel-aware (see scriptCall.run): a waiter renewing a handed-off
