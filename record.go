@@ -240,3 +240,9 @@ func (l *Locker) finishRecord(ctx context.Context, storeKey, token string, rec s
 func (l *Lock) isClaim() bool {
 	return slices.ContainsFunc(l.holds, func(h hold) bool { return h.g.claim })
 }
+
+// StoreKey returns Key as the store holds it, with the Locker's key prefix:
+// for a claim of ClaimRecord, the record key, which a script of the
+// application may owner-check against Token and replace by the record in
+// its own atomic step (see redisstore.NewRecordWrite).
+func (l *Lock) StoreKey() string { return l.locker.prefix + l.keys[0] }

@@ -41,6 +41,13 @@
 // The store must implement stores.RecordStore; a route that cannot work is
 // refused at start-up. docs/idempotency.md has the whole behaviour.
 //
+// A handler whose own write lives in the store of the records (the same
+// Redis) can write the record in the same atomic step as its write, so
+// that a retry after an unknown outcome gets the first answer:
+// IdempotencyOf gives it the request's record key, claim token, fence and
+// fingerprint, and IdempotentRequest.Record the record of its answer as the
+// middleware would encode it (see redisstore.RecordLua).
+//
 // An adapter serves a request with Guard.ServeResponse (or
 // Installation.ServeResponse), which can replay and record; Serve cannot,
 // and answers an idempotent route's requests 500.

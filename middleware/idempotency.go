@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -348,6 +349,7 @@ func (g *Guard) serveIdempotent(w http.ResponseWriter, req keyfunc.Request,
 			Err:    fmt.Errorf("%w: the claim of the idempotency key ran out", reqlock.ErrLockLost)})
 	}
 	rc := newRecording(g, w.Header())
+	rc.idem = newIdempotentRequest(rc, claim, fp)
 	hctx := reqlock.NewContext(context.WithValue(ctx, recordingKey{}, rc), claim)
 	if g.cfg.Watchdog {
 		hctx = claim.KeepAlive(hctx)
@@ -449,7 +451,20 @@ func (g *Guard) finish(ctx context.Context, claim *reqlock.Lock, lock *reqlock.L
 			g.releaseClaim(ctx, claim)
 			return
 		}
+		if declared := rc.recorded(); declared != nil && !bytes.Equal(declared, resp) {
+			g.logger.WarnContext(ctx, "reqlock: the handler recorded a response for its idempotency key that differs from the one it wrote; a replay gives the recorded one",
+				slog.String("route", g.cfg.Name))
+		}
+		// When the handler recorded the response itself, FinishRecord of
+		// the same token answers nil and leaves the handler's record.
 		err := claim.FinishRecord(ctx, stores.Record{Fingerprint: fp, Response: resp}, g.idem.cfg.Retention)
+		if err != nil && rc.recorded() != nil && errors.Is(err, reqlock.ErrNotHeld) {
+			// The handler's own record replaced the claim, and the claim's
+			// watchdog saw it as lost before FinishRecord: the record stands.
+			g.logger.DebugContext(ctx, "reqlock: the claim of an idempotency key the handler recorded was no longer held",
+				slog.String("route", g.cfg.Name), slog.Any("error", err))
+			return
+		}
 		if err != nil {
 			g.logger.WarnContext(ctx, "reqlock: recording a response for its idempotency key failed; a retry may run the handler again",
 				slog.String("route", g.cfg.Name), slog.Any("error", err))

@@ -29,6 +29,9 @@ type Recording struct {
 	rejected bool // a guard inside the route rejected the request
 	hijacked bool
 	flushed  int // the body's length at the first flush; -1 before
+
+	idem     *IdempotentRequest // the handler's view of the request's claim
+	declared []byte             // the response the handler recorded itself (IdempotentRequest.Record); nil if none
 }
 
 // newRecording returns the Recording of a response whose header map is
@@ -141,6 +144,13 @@ func (rc *Recording) write(b []byte) {
 		return
 	}
 	rc.body = append(rc.body, b...)
+}
+
+// recorded returns the response the handler recorded itself, or nil.
+func (rc *Recording) recorded() []byte {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.declared
 }
 
 // whyStatus is result's reason for a response whose status is not

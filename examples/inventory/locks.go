@@ -40,15 +40,18 @@ var getHead = []string{http.MethodGet, http.MethodHead}
 // spec without wait and ttl, which -wait and -ttl add. The SKU routes' keys
 // are in the sku: key space, so that all the routes that change a SKU
 // exclude each other on it; the report routes share report:<id>, read
-// shared and rebuilt exclusively; exports have a limit per tenant.
+// shared and rebuilt exclusively; exports have a limit per tenant. The
+// deduct and checkout routes take an optional Idempotency-Key (a request
+// without one runs as before); on a store that keeps no idempotency records
+// (ZooKeeper, filestore, Redlock) codeEntries leaves it out.
 // routes.yaml holds the same table with the default -wait and -ttl; a test
 // keeps the two equal. Every store of reqlock has shared locks
 // (stores.SharedStore), which the report and export specs need.
 var lockTable = []struct{ route, spec string }{
 	{routeSet, "@lock key=sku:<id> on-timeout=423 on-store-error=503"},
-	{routeDeduct, "@lock key=sku:<id> on-timeout=423 on-store-error=503"},
+	{routeDeduct, "@lock key=sku:<id> idempotency=optional on-timeout=423 on-store-error=503"},
 	{routeOrders, "@lock key=sku:<json:sku> on-timeout=423 on-store-error=503"},
-	{routeCheckout, "@lock key=sku:<json:items[*].sku> on-timeout=423 on-store-error=503"},
+	{routeCheckout, "@lock key=sku:<json:items[*].sku> idempotency=optional on-timeout=423 on-store-error=503"},
 	{routeReport, "@lock key=report:<id> mode=shared on-timeout=423 on-store-error=503"},
 	{routeRebuild, "@lock key=report:<id> on-timeout=423 on-store-error=503"},
 	{routeExports, "@lock key=tenant:<header:X-Tenant> limit=3 on-timeout=429 on-store-error=503"},
@@ -58,8 +61,9 @@ var lockTable = []struct{ route, spec string }{
 const codeSource = "inventory's built-in lock table"
 
 // codeEntries returns lockTable as route table entries, each with wait and
-// ttl (wait 0: try once).
-func codeEntries(wait, ttl time.Duration) ([]routetable.Entry, error) {
+// ttl (wait 0: try once), and idempotency only when records says the
+// Locker's store keeps idempotency records.
+func codeEntries(wait, ttl time.Duration, records bool) ([]routetable.Entry, error) {
 	w := "none"
 	if wait > 0 {
 		w = wait.String()
@@ -67,7 +71,11 @@ func codeEntries(wait, ttl time.Duration) ([]routetable.Entry, error) {
 	entries := make([]routetable.Entry, 0, len(lockTable))
 	var errs []error
 	for _, e := range lockTable {
-		entry, err := routetable.ParseEntry(e.route, fmt.Sprintf("%s wait=%s ttl=%s", e.spec, w, ttl), codeSource)
+		spec := e.spec
+		if !records {
+			spec = strings.Replace(spec, " idempotency=optional", "", 1)
+		}
+		entry, err := routetable.ParseEntry(e.route, fmt.Sprintf("%s wait=%s ttl=%s", spec, w, ttl), codeSource)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -84,7 +92,7 @@ func lockRoutes(cfg config, locker *reqlock.Locker) (*middleware.Routes, error) 
 	if cfg.routesFile != "" {
 		return middleware.LoadRoutes(locker, cfg.routesFile)
 	}
-	entries, err := codeEntries(cfg.wait, cfg.ttl)
+	entries, err := codeEntries(cfg.wait, cfg.ttl, locker.CheckRecords() == nil)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +146,12 @@ func (skuRequest) ContextValue(string) (any, bool) { return nil, false }
 type holder struct {
 	lock *reqlock.Lock
 	keys *skuKeys
+
+	// idem is the request's idempotency claim, nil without a key (or on a
+	// route without idempotency); render renders a reply as the router
+	// writes it, for a handler that records its answer itself.
+	idem   *middleware.IdempotentRequest
+	render func(reply) rendered
 }
 
 // fence returns the fence for writes to sku: the fence of sku's key in the

@@ -74,12 +74,22 @@
 // ServeMux). Built in, it is, with -wait and -ttl filled in:
 //
 //	PUT  /skus/{id}          @lock key=sku:<id>                  on-timeout=423 on-store-error=503
-//	POST /skus/{id}/deduct   @lock key=sku:<id>                  on-timeout=423 on-store-error=503
+//	POST /skus/{id}/deduct   @lock key=sku:<id> idempotency=optional  on-timeout=423 on-store-error=503
 //	POST /orders             @lock key=sku:<json:sku>            on-timeout=423 on-store-error=503
-//	POST /carts/checkout     @lock key=sku:<json:items[*].sku>   on-timeout=423 on-store-error=503
+//	POST /carts/checkout     @lock key=sku:<json:items[*].sku> idempotency=optional  on-timeout=423 on-store-error=503
 //	GET  /reports/{id}       @lock key=report:<id> mode=shared   on-timeout=423 on-store-error=503
 //	POST /reports/{id}/rebuild  @lock key=report:<id>            on-timeout=423 on-store-error=503
 //	POST /exports            @lock key=tenant:<header:X-Tenant> limit=3  on-timeout=429 on-store-error=503
+//
+// The deduct and checkout routes take an optional Idempotency-Key header
+// (docs/idempotency.md): a retry with the same key gets the first answer,
+// replayed, and a request without one runs as before. With the locks in the
+// stock's Redis (-redis without -store), the deduction writes its record in
+// the same Lua script that deducts, guarded by the key's claim, so that a
+// client whose deduction answered 503 "outcome unknown" and that retries
+// with the same key gets the first answer, never a second deduction. On a
+// store that keeps no idempotency records (ZooKeeper, filestore, Redlock)
+// the built-in table leaves idempotency out.
 //
 // On a store without shared locks (all but memstore today) the report read
 // and the export lock exclusively instead (mode and limit left out), and a
@@ -539,6 +549,9 @@ func buildApp(cfg config) (*app, error) {
 		lockStore, a.lockDesc = memstore.New(), "memstore (in memory)"
 	}
 	a.shop = &shop{store: stock, defaultStock: cfg.defaultStock, work: cfg.work, reports: newReports()}
+	// With the locks in the stock's Redis, a deduction with an idempotency
+	// key writes its record in the script that deducts (deductRecorded).
+	a.shop.records = cfg.redisURL != "" && cfg.storeURL == ""
 	if cfg.workLog != "" {
 		f, err := os.OpenFile(cfg.workLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 		if err != nil {

@@ -237,7 +237,7 @@ func TestMainBinary(t *testing.T) {
 	}
 	all := strings.Join(out, "\n")
 	for _, want := range []string{"framework nethttp", "memstore", "wait 2s, ttl 10s",
-		"inventory: lock POST /carts/checkout: @lock key=sku:<json:items[*].sku> on-timeout=423 on-store-error=503 wait=2s ttl=10s",
+		"inventory: lock POST /carts/checkout: @lock key=sku:<json:items[*].sku> idempotency=optional on-timeout=423 on-store-error=503 wait=2s ttl=10s",
 		"curl -s -X POST -d '{\"qty\":1}' " + base + "/skus/apple/deduct", base + "/carts/checkout", "curl -s " + base + "/metrics", "curl -s " + base + "/skus/apple"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("startup output lacks %q:\n%s", want, all)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -69,13 +70,22 @@ func echoSKU(c echo.Context) string { return echolock.Param(c, "id") }
 // with the route's SKU keys.
 func echoHolder(c echo.Context, keys *skuKeys) holder {
 	lock, _ := echolock.Lock(c)
-	return holder{lock: lock, keys: keys}
+	idem, _ := middleware.IdempotencyOf(c.Request())
+	return holder{lock: lock, keys: keys, idem: idem, render: renderEcho}
 }
 
-// echoReply writes rep as JSON.
+// renderEcho renders rep as echo's c.JSON does (a json.Encoder, with a
+// newline).
+func renderEcho(rep reply) rendered {
+	b, _ := json.Marshal(rep.body) // a reply body always marshals
+	return rendered{rep.status, echo.MIMEApplicationJSON, append(b, '\n')}
+}
+
+// echoReply writes rep as JSON, the bytes of c.JSON.
 func echoReply(c echo.Context, rep reply) error {
+	out := renderEcho(rep)
 	if v := rep.retryAfter(); v != "" {
 		c.Response().Header().Set("Retry-After", v)
 	}
-	return c.JSON(rep.status, rep.body)
+	return c.Blob(out.status, out.contentType, out.body)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -86,13 +87,25 @@ func newGinEngine() *gin.Engine {
 // with the route's SKU keys.
 func ginHolder(c *gin.Context, keys *skuKeys) holder {
 	lock, _ := ginlock.Lock(c)
-	return holder{lock: lock, keys: keys}
+	idem, _ := middleware.IdempotencyOf(c.Request)
+	return holder{lock: lock, keys: keys, idem: idem, render: renderGin}
 }
 
-// ginReply writes rep as JSON.
+// renderGin renders rep as gin's c.JSON does.
+func renderGin(rep reply) rendered {
+	b, _ := json.Marshal(rep.body) // a reply body always marshals
+	return rendered{rep.status, "application/json; charset=utf-8", b}
+}
+
+// ginReply writes rep as JSON, the bytes and header fields of c.JSON (not
+// c.Data's, which adds Content-Length: a handler that records its answer
+// itself records these fields).
 func ginReply(c *gin.Context, rep reply) {
+	out := renderGin(rep)
 	if v := rep.retryAfter(); v != "" {
 		c.Header("Retry-After", v)
 	}
-	c.JSON(rep.status, rep.body)
+	c.Header("Content-Type", out.contentType)
+	c.Status(out.status)
+	_, _ = c.Writer.Write(out.body)
 }

@@ -52,15 +52,24 @@ func netHTTPRoutes(s *shop, rt *middleware.Routes, metricsHandler http.Handler) 
 // route's SKU keys.
 func httpHolder(r *http.Request, keys *skuKeys) holder {
 	lock, _ := reqlock.FromContext(r.Context())
-	return holder{lock: lock, keys: keys}
+	idem, _ := middleware.IdempotencyOf(r)
+	return holder{lock: lock, keys: keys, idem: idem, render: renderNetHTTP}
+}
+
+// renderNetHTTP renders rep as writeReply writes it: JSON, as a
+// json.Encoder writes it (with a newline).
+func renderNetHTTP(rep reply) rendered {
+	b, _ := json.Marshal(rep.body) // a reply body always marshals
+	return rendered{rep.status, "application/json", append(b, '\n')}
 }
 
 // writeReply writes rep as JSON.
 func writeReply(w http.ResponseWriter, rep reply) {
+	out := renderNetHTTP(rep)
 	if v := rep.retryAfter(); v != "" {
 		w.Header().Set("Retry-After", v)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(rep.status)
-	_ = json.NewEncoder(w).Encode(rep.body) // a reply body always marshals
+	w.Header().Set("Content-Type", out.contentType)
+	w.WriteHeader(out.status)
+	_, _ = w.Write(out.body)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/reqlock"
+	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // Errors of the shop and its stock stores.
@@ -381,6 +382,105 @@ func (s *redisStock) DeductAll(ctx context.Context, ds []deduction, defaultStock
 	return nil, bad()
 }
 
+// recordStock is a stockStore that also writes a request's idempotency
+// record in the same atomic step as its deduction: redisStock, when the
+// Locker's records live in the same Redis.
+type recordStock interface {
+	// DeductRecord is DeductAll that first checks that the record key of
+	// rw holds the request's claim (else errClaimLost) and that each SKU's
+	// stock is still before[i], as the request read it under its lock
+	// (else errStockChanged), and that writes rw's record with the
+	// deduction. Nothing changes unless all pass.
+	DeductRecord(ctx context.Context, ds []deduction, defaultStock int64, before []int64, rw redisstore.RecordWrite) ([]int64, error)
+}
+
+// Errors of DeductRecord; nothing changed.
+var (
+	// errClaimLost means the request's idempotency claim no longer held
+	// its record key: it expired or was released, and a retry may run.
+	errClaimLost = errors.New("the idempotency claim was lost")
+	// errStockChanged means a SKU's stock changed after the request read
+	// it under its lock: a writer without the lock was there.
+	errStockChanged = errors.New("the stock changed since it was read")
+)
+
+// redisDeductRecordScript is redisDeductAllScript with the request's
+// idempotency record, in one atomic step. KEYS are the SKUs' hashes, then
+// the record key and its waiting key (redisstore.RecordWrite). ARGV[1] is
+// the default stock, ARGV[2..4] the claim's token, the record and its
+// retention in ms; then, per SKU i, ARGV[3i+2], ARGV[3i+3] and ARGV[3i+4]
+// its quantity, fence and the stock the request read. It returns {1,
+// left...}, or, changing nothing, {3} when the claim does not hold the
+// record key, {0, i, storedFence} for a stale fence, {4, i, stock} for a
+// stock that is not the one read.
+var redisDeductRecordScript = redis.NewScript(redisstore.RecordLua + `
+local n = #KEYS - 2
+if not reqlock_claimed(KEYS[n+1], ARGV[2]) then
+  return {3}
+end
+for i = 1, n do
+  local fence = tonumber(ARGV[3*i+3])
+  if fence > 0 then
+    local stored = tonumber(redis.call('HGET', KEYS[i], 'fence')) or 0
+    if fence < stored then
+      return {0, i, stored}
+    end
+  end
+end
+local stocks = {}
+for i = 1, n do
+  stocks[i] = redis.call('HGET', KEYS[i], 'stock')
+  local stock = stocks[i] or ARGV[1]
+  if stock ~= ARGV[3*i+4] then
+    return {4, i, stock}
+  end
+end
+local left = {1}
+for i = 1, n do
+  if not stocks[i] then
+    redis.call('HSET', KEYS[i], 'stock', ARGV[1])
+  end
+  left[i+1] = redis.call('HINCRBY', KEYS[i], 'stock', '-' .. ARGV[3*i+2])
+  if tonumber(ARGV[3*i+3]) > 0 then
+    redis.call('HSET', KEYS[i], 'fence', ARGV[3*i+3])
+  end
+end
+reqlock_record(KEYS[n+1], KEYS[n+2], ARGV[2], ARGV[3], ARGV[4])
+return left
+`)
+
+// DeductRecord implements recordStock with redisDeductRecordScript, one
+// round trip. The SKUs' hashes and the record key must live on one Redis
+// server (no Cluster).
+func (s *redisStock) DeductRecord(ctx context.Context, ds []deduction, defaultStock int64, before []int64, rw redisstore.RecordWrite) ([]int64, error) {
+	keys := make([]string, 0, len(ds)+2)
+	args := make([]any, 0, 4+3*len(ds))
+	args = append(args, defaultStock, rw.Token, rw.Value, rw.RetentionMS)
+	for i, d := range ds {
+		keys = append(keys, redisStockPrefix+d.SKU)
+		args = append(args, d.Qty, d.Fence, before[i])
+	}
+	keys = append(keys, rw.Key, rw.WaitingKey)
+	reply, err := redisDeductRecordScript.Run(ctx, s.client, keys, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("%w: deduct and record %d SKUs: %w", errStockStore, len(ds), err)
+	}
+	v, err := int64s(reply)
+	switch {
+	case err != nil || len(v) == 0:
+	case v[0] == 1 && len(v) == 1+len(ds):
+		return v[1:], nil
+	case v[0] == 3 && len(v) == 1:
+		return nil, errClaimLost
+	case v[0] == 0 && len(v) == 3 && v[1] >= 1 && v[1] <= int64(len(ds)):
+		d := ds[v[1]-1]
+		return nil, &staleFenceError{"deduct", d.SKU, d.Fence, v[2]}
+	case v[0] == 4 && len(v) == 3 && v[1] >= 1 && v[1] <= int64(len(ds)):
+		return nil, fmt.Errorf("%w: SKU %q has %d, read %d", errStockChanged, ds[v[1]-1].SKU, v[2], before[v[1]-1])
+	}
+	return nil, fmt.Errorf("%w: deduct and record %d SKUs: script answered %v", errStockStore, len(ds), reply)
+}
+
 // int64s converts a script's reply of integers and decimal strings.
 func int64s(reply []any) ([]int64, error) {
 	v := make([]int64, len(reply))
@@ -451,6 +551,20 @@ func (b *budgetStock) DeductAll(ctx context.Context, ds []deduction, defaultStoc
 	return left, err
 }
 
+// DeductRecord implements recordStock when the budget's store does.
+func (b *budgetStock) DeductRecord(ctx context.Context, ds []deduction, defaultStock int64, before []int64,
+	rw redisstore.RecordWrite) (left []int64, err error) {
+	rs, ok := b.store.(recordStock)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T keeps no idempotency records", errStockStore, b.store)
+	}
+	err = b.call(ctx, func(ctx context.Context) error {
+		left, err = rs.DeductRecord(ctx, ds, defaultStock, before, rw)
+		return err
+	})
+	return left, err
+}
+
 // shop holds the stock and the operations the handlers call. A handler
 // calls them on forRequest's shop.
 type shop struct {
@@ -458,6 +572,11 @@ type shop struct {
 	defaultStock int64         // stock of a SKU never set
 	work         time.Duration // simulated work between reading and writing
 	reports      *reports      // the report and export routes' state (reports.go)
+
+	// records is set when the stock store is a recordStock whose Redis
+	// holds the Locker's idempotency records too: a deduction with an
+	// idempotency key then writes its record in its own atomic step.
+	records bool
 
 	// testHookAfterRead, when set, runs in Deduct between the read and the
 	// work. Tests use it as a barrier; it is nil in the service.
@@ -591,7 +710,8 @@ var errOutcomeUnknown = errors.New("the write's outcome is unknown")
 // written returns the error of a write: a refusal (stale fence, short
 // stock) as it is, and any other failure as errOutcomeUnknown.
 func written(err error) error {
-	if err == nil || errors.Is(err, ErrStaleFence) || errors.Is(err, ErrInsufficientStock) {
+	if err == nil || errors.Is(err, ErrStaleFence) || errors.Is(err, ErrInsufficientStock) ||
+		errors.Is(err, errClaimLost) || errors.Is(err, errStockChanged) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", errOutcomeUnknown, err)
@@ -605,6 +725,16 @@ const maxBodyBytes = 64 << 10
 type reply struct {
 	status int
 	body   any
+}
+
+// rendered is a reply as a router writes it: the status, the Content-Type
+// and the body's bytes. Each router renders with its framework's JSON
+// conventions (renderNetHTTP, renderGin, renderEcho), and a deduction that
+// records its answer itself (deductRecorded) records the same bytes.
+type rendered struct {
+	status      int
+	contentType string
+	body        []byte
 }
 
 // stockBody is the answer of GET and PUT /skus/{id}.
@@ -709,6 +839,11 @@ func (s *shop) deduct(ctx context.Context, sku string, qty *int64, h holder) rep
 	if err != nil {
 		return s.errorReply(ctx, sku, 0, err)
 	}
+	if s.recorded(h) {
+		return s.deductRecorded(ctx, []deduction{{SKU: sku, Qty: *qty, Fence: fence}}, h, func(left []int64) reply {
+			return reply{http.StatusOK, deductBody{SKU: sku, Stock: left[0], Fence: fence}}
+		})
+	}
 	remaining, err := s.forRequest(h).Deduct(ctx, sku, *qty, fence, s.work)
 	if err != nil {
 		return s.errorReply(ctx, sku, remaining, err)
@@ -768,15 +903,90 @@ func (s *shop) checkoutReply(ctx context.Context, body io.Reader, h holder) repl
 		}
 		ds = append(ds, deduction{SKU: sku, Qty: qty[sku], Fence: fence})
 	}
+	answer := func(left []int64) reply {
+		lines := make([]cartLine, len(ds))
+		for i, d := range ds {
+			lines[i] = cartLine{SKU: d.SKU, Qty: d.Qty, Stock: left[i], Fence: d.Fence}
+		}
+		return reply{http.StatusOK, checkoutBody{Items: lines}}
+	}
+	if s.recorded(h) {
+		return s.deductRecorded(ctx, ds, h, answer)
+	}
 	left, err := s.forRequest(h).Checkout(ctx, ds, s.work)
 	if err != nil {
 		return s.errorReply(ctx, "", 0, err)
 	}
-	lines := make([]cartLine, len(ds))
+	return answer(left)
+}
+
+// recorded reports whether the request of h writes its idempotency record
+// itself, in the step of its deduction (deductRecorded): it has an
+// idempotency key, and the stock's Redis holds the records.
+func (s *shop) recorded(h holder) bool {
+	return s.records && h.idem != nil && h.render != nil
+}
+
+// deductRecorded is a deduction (one SKU) or a checkout (several) whose
+// request has an idempotency key, with the stock in the Redis of the
+// Locker's records: it reads each SKU with its fence, as Deduct and
+// Checkout do, and answers a short stock before the work; then it renders
+// the answer the deduction will give (answer of the stocks left), has the
+// middleware encode it as the route's record (IdempotentRequest.Record),
+// and deducts and writes that record in one script (recordStock), guarded
+// by the claim and the fences. So a client whose deduction answered 503
+// "outcome unknown" and that retries with the same key gets the first
+// answer if the script ran, and a deduction that runs once if it did not:
+// never two deductions.
+func (s *shop) deductRecorded(ctx context.Context, ds []deduction, h holder, answer func(left []int64) reply) reply {
+	st := s.forRequest(h)
+	before := make([]int64, len(ds))
+	var short []shortItem
 	for i, d := range ds {
-		lines[i] = cartLine{SKU: d.SKU, Qty: d.Qty, Stock: left[i], Fence: d.Fence}
+		stock, found, err := st.store.Read(ctx, d.SKU, d.Fence)
+		if err != nil {
+			return s.errorReply(ctx, d.SKU, 0, err)
+		}
+		if !found {
+			stock = s.defaultStock
+		}
+		before[i] = stock
+		if stock < d.Qty {
+			short = append(short, shortItem{SKU: d.SKU, Qty: d.Qty, Stock: stock})
+		}
 	}
-	return reply{http.StatusOK, checkoutBody{Items: lines}}
+	switch {
+	case short != nil && len(ds) == 1:
+		return s.errorReply(ctx, short[0].SKU, short[0].Stock,
+			fmt.Errorf("%w: SKU %q has %d, asked for %d", ErrInsufficientStock, short[0].SKU, short[0].Stock, short[0].Qty))
+	case short != nil:
+		return s.errorReply(ctx, "", 0, &shortError{short})
+	}
+	if s.testHookAfterRead != nil {
+		s.testHookAfterRead(ctx)
+	}
+	if err := simulateWork(ctx, s.work); err != nil {
+		return s.errorReply(ctx, "", 0, err)
+	}
+	left := make([]int64, len(ds))
+	for i, d := range ds {
+		left[i] = before[i] - d.Qty
+	}
+	rep := answer(left)
+	out := h.render(rep)
+	rec, err := h.idem.Record(out.status, http.Header{"Content-Type": {out.contentType}}, out.body)
+	if err != nil {
+		return reply{http.StatusInternalServerError, errorBody{Error: err.Error()}}
+	}
+	rw, err := redisstore.NewRecordWrite(h.idem.Key, h.idem.Token, rec, h.idem.Retention)
+	if err != nil {
+		return reply{http.StatusInternalServerError, errorBody{Error: err.Error()}}
+	}
+	rs, _ := st.store.(recordStock)
+	if _, err := rs.DeductRecord(ctx, ds, s.defaultStock, before, rw); err != nil {
+		return s.errorReply(ctx, "", 0, written(err))
+	}
+	return rep
 }
 
 // errorReply maps a shop error to its answer; sku names the SKU concerned,
@@ -813,6 +1023,8 @@ func (s *shop) errorReply(ctx context.Context, sku string, stock int64, err erro
 			Error: "stale fence: the lock expired before the write and a newer holder came first; nothing was changed",
 			SKU:   sku,
 		}}
+	case errors.Is(err, errClaimLost), errors.Is(err, errStockChanged):
+		return reply{http.StatusConflict, errorBody{Error: err.Error() + "; nothing was changed", SKU: sku}}
 	case errors.Is(err, errNotCovered):
 		return reply{http.StatusInternalServerError, errorBody{Error: err.Error(), SKU: sku}}
 	case errors.Is(err, errOutcomeUnknown):

@@ -231,3 +231,69 @@ func cutNumber(s string) (int64, string, error) {
 	n, err := strconv.ParseInt(num, 10, 64)
 	return n, rest, err
 }
+
+// RecordLua defines two Lua functions for a script of the application that
+// writes an idempotency record in the same atomic step as its own writes
+// (see RecordWrite): prepend it to the script's source.
+//
+//	reqlock_claimed(key, token)
+//	    true when key holds token's claim: check it before changing anything.
+//	reqlock_record(key, waiting, token, value, retention_ms)
+//	    replaces token's claim on key by the record value, kept for
+//	    retention_ms, and wakes the key's waiters, as FinishRecord does;
+//	    false, changing nothing, when key does not hold token's claim.
+//
+// FinishRecord of the same token afterwards answers nil and changes
+// nothing, so the record stays the script's.
+const RecordLua = `
+local function reqlock_claimed(key, token)
+  return redis.pcall('GET', key) == token
+end
+local function reqlock_record(key, waiting, token, value, retention_ms)
+  if redis.pcall('GET', key) ~= token then
+    return false
+  end
+  redis.call('SET', key, value, 'PX', retention_ms)
+  if redis.call('DEL', waiting) == 1 then
+    redis.call('PUBLISH', key, 'released')
+  end
+  return true
+end
+`
+
+// RecordWrite is what a script (see RecordLua) needs to write a record in
+// its own atomic step: pass Key and WaitingKey among the script's KEYS and
+// Token, Value and RetentionMS among its ARGV.
+//
+// On Redis Cluster every key of a script must be in one slot: WaitingKey
+// is in Key's, and the script's own keys must be too. A key's first hash
+// tag decides its slot, so with a hash tag in the Locker's key prefix
+// (reqlock.WithKeyPrefix("{shop}:")) and the same tag in the application's
+// keys ("{shop}:stock:A-1") the records (whose own tag comes later) and
+// those keys share one slot, and one shard.
+type RecordWrite struct {
+	Key         string // the record key, as the store holds it
+	WaitingKey  string // the key of its waiters, in Key's slot
+	Token       string // the claim's token: Key's value while the claim holds it
+	Value       string // the record, encoded as FinishRecord stores it
+	RetentionMS int64  // the record's retention, in milliseconds
+}
+
+// NewRecordWrite returns the RecordWrite of rec, finished by the claim of
+// token on key (the record key as the store holds it, such as
+// middleware.IdempotentRequest's Key), kept for retention. It returns an
+// error wrapping stores.ErrInvalid as FinishRecord does for an empty key, a
+// token refused by ClaimRecord, a non-positive retention or a record over
+// MaxRecordBytesLimit (the middleware checks its routes' records against
+// the Store's own limit at start-up).
+func NewRecordWrite(key, token string, rec stores.Record, retention time.Duration) (RecordWrite, error) {
+	if err := checkRecordArgs(context.Background(), key, token); err != nil {
+		return RecordWrite{}, err
+	}
+	if err := args.CheckRecord(stores.Bounds{MaxRecordBytes: MaxRecordBytesLimit, Reason: "redisstore's MaxRecordBytesLimit"},
+		rec, retention); err != nil {
+		return RecordWrite{}, err
+	}
+	return RecordWrite{Key: key, WaitingKey: waitingKey(key), Token: token,
+		Value: encodeRecord(recordOwner(token), rec), RetentionMS: milliseconds(retention)}, nil
+}

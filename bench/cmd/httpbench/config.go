@@ -25,6 +25,9 @@ type config struct {
 	scenario   string        // deduct (the default), library, reads or limit
 	work       time.Duration // reads and limit: the example's -work
 	pause      time.Duration // limit: how long one instance stays stopped
+	keys       int           // idempotency: the idempotency keys
+	freeze     time.Duration // idempotency: how long Redis stays stopped
+	delay      time.Duration // idempotency: before the keys are sent again
 }
 
 // The scenarios (-scenario).
@@ -33,6 +36,7 @@ const (
 	scenarioLibrary = "library"
 	scenarioReads   = "reads"
 	scenarioLimit   = "limit"
+	scenarioIdem    = "idempotency"
 )
 
 // parseFlags parses httpbench's arguments; usage and flag errors go to out.
@@ -53,9 +57,13 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.Int64Var(&cfg.stock, "stock", 1_000_000_000_000, "initial stock of every SKU (the example's -stock): enough that no deduction runs out")
 	fs.StringVar(&cfg.scenario, "scenario", scenarioDeduct, "deduct: the example against the bsm/redislock service; "+
 		"library: one plain handler behind ginlock on rueidis, ginlock on go-redis and bsm/redislock; "+
-		"reads: report reads shared against exclusive; limit: an export limit of 3 through a stopped instance and a Redis restart (see the package doc)")
-	fs.DurationVar(&cfg.work, "work", 20*time.Millisecond, "reads and limit: each handler's work (the example's -work)")
+		"reads: report reads shared against exclusive; limit: an export limit of 3 through a stopped instance and a Redis restart; "+
+		"idempotency: deductions sent 3 times with one Idempotency-Key through a stopped Redis (see the package doc)")
+	fs.DurationVar(&cfg.work, "work", 20*time.Millisecond, "reads, limit and idempotency: each handler's work (the example's -work)")
 	fs.DurationVar(&cfg.pause, "pause", 12*time.Second, "limit: how long one instance stays stopped (SIGSTOP); longer than -ttl")
+	fs.IntVar(&cfg.keys, "keys", 1000, "idempotency: the deductions, each with an Idempotency-Key of its own")
+	fs.DurationVar(&cfg.freeze, "freeze", 2*time.Second, "idempotency: how long Redis stays stopped (SIGSTOP)")
+	fs.DurationVar(&cfg.delay, "delay", time.Second, "idempotency: the pause before every key is sent again")
 	fs.StringVar(&cfg.note, "note", "", "a line for the report's header (httpbench.sh says which reqlock was built)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -70,6 +78,30 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 func (cfg config) validate() error {
 	switch cfg.scenario {
 	case scenarioDeduct, scenarioLibrary:
+	case scenarioIdem:
+		switch {
+		case cfg.redisAddr != "":
+			return fmt.Errorf("-redis with -scenario %s: it starts a redis-server of its own (which it stops); drop -redis", cfg.scenario)
+		case cfg.keys < 1:
+			return fmt.Errorf("-keys %d: want at least 1", cfg.keys)
+		case cfg.clients < 1:
+			return fmt.Errorf("-clients %d: want at least 1", cfg.clients)
+		case cfg.skus < 1:
+			return fmt.Errorf("-skus %d: want at least 1", cfg.skus)
+		case cfg.freeze <= 0:
+			return fmt.Errorf("-freeze %v: must be positive", cfg.freeze)
+		case cfg.delay < 0:
+			return fmt.Errorf("-delay %v: must not be negative", cfg.delay)
+		case cfg.work < 0:
+			return fmt.Errorf("-work %v: must not be negative", cfg.work)
+		case cfg.wait < 0:
+			return fmt.Errorf("-wait %v: must not be negative", cfg.wait)
+		case cfg.ttl < time.Millisecond:
+			return fmt.Errorf("-ttl %v: must be at least 1ms", cfg.ttl)
+		case cfg.stock < int64(cfg.keys):
+			return fmt.Errorf("-stock %d: want at least -keys (%d), so that no deduction runs out", cfg.stock, cfg.keys)
+		}
+		return nil
 	case scenarioReads, scenarioLimit:
 		if cfg.redisAddr != "" {
 			return fmt.Errorf("-redis with -scenario %s: it starts a redis-server of its own (which limit restarts); drop -redis", cfg.scenario)
@@ -90,7 +122,7 @@ func (cfg config) validate() error {
 		}
 		return nil
 	default:
-		return fmt.Errorf("-scenario %q: want deduct, library, reads or limit", cfg.scenario)
+		return fmt.Errorf("-scenario %q: want deduct, library, reads, limit or idempotency", cfg.scenario)
 	}
 	if cfg.redisAddr == "" {
 		return errors.New("-redis is required (bench/httpbench.sh starts a private redis-server and passes it)")

@@ -86,6 +86,25 @@
 //	httpbench -scenario reads [-rounds 3] [-duration 5s] [-work 20ms] [-clients 50]
 //	httpbench -scenario limit [-pause 12s] [-ttl 10s] [-duration 5s] [-work 20ms]
 //
+// # Scenario idempotency
+//
+// -scenario idempotency checks issue 23's exactly-once guarantee on a
+// redis-server httpbench starts itself (-redis is refused), through two
+// instances of the example (locks and stock in that Redis, each handler
+// working -work): -keys deductions of 1, key k on SKU k mod -skus, each
+// sent 3 times at once with its own Idempotency-Key over both instances,
+// -clients keys at a time; once a third of the keys are out Redis is
+// stopped with SIGSTOP for -freeze, then resumed. -delay after the last
+// answer, every key is sent once more and retried every 100ms until it
+// settles (an answer other than 503, 409 or 423). It reports the answers
+// by status per round, the keys with a 200, the replays, and the keys whose
+// first answer was 503 "outcome unknown" (replayed afterwards, or run once
+// on a retry), and exits 1 unless every key got a 200, every 200 of a key
+// is the same bytes, and every SKU's stock fell by exactly the number of
+// its keys that got a 200.
+//
+//	httpbench -scenario idempotency [-keys 1000] [-skus 1000] [-clients 50] [-freeze 2s] [-delay 1s] [-work 20ms]
+//
 // The deduct and library scenarios write only keys whose names hold "hb<run id>",
 // deletes them at the end, and flushes nothing. Point it at a Redis nobody else uses while it
 // runs: INFO commandstats counts every client's commands. bench/httpbench.sh

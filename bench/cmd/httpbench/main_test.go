@@ -438,6 +438,12 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"-scenario", "reads", "-redis", "127.0.0.1:1"}, 2, "drop -redis"},
 		{[]string{"-scenario", "limit", "-pause", "10s", "-ttl", "10s"}, 2, "-pause 10s"},
 		{[]string{"-scenario", "reads", "-clients", "1"}, 2, "-clients 1"},
+		{[]string{"-scenario", "idempotency", "-redis", "127.0.0.1:1"}, 2, "drop -redis"},
+		{[]string{"-scenario", "idempotency", "-keys", "0"}, 2, "-keys 0"},
+		{[]string{"-scenario", "idempotency", "-freeze", "0s"}, 2, "-freeze 0s"},
+		{[]string{"-scenario", "idempotency", "-delay", "-1s"}, 2, "-delay -1s"},
+		{[]string{"-scenario", "idempotency", "-skus", "0"}, 2, "-skus 0"},
+		{[]string{"-scenario", "idempotency", "-keys", "10", "-stock", "9"}, 2, "-stock 9"},
 		{[]string{"-redis", redisAddr, "-inventory", "/nonexistent/inventory", "-duration", "10ms"}, 1, "/nonexistent/inventory"},
 	} {
 		var stderr bytes.Buffer
@@ -469,5 +475,29 @@ func TestStockMismatches(t *testing.T) {
 	want := []string{skus[2] + ": stock 6, want 7 to 8 (1 answers 5xx)", skus[3] + ": stock 9, want 8"}
 	if unsure != 1 || !slices.Equal(bad, want) {
 		t.Errorf("got %q and %d unsure; want %q and 1", bad, unsure, want)
+	}
+}
+
+// TestIdempotencyRun runs the idempotency scenario small: 90 keys on 30
+// SKUs, Redis stopped for 1s. Every key gets a 200, every 200 of a key is
+// the same bytes, and each SKU fell by its keys' 200s; some answers were
+// 503 while Redis was stopped, and some 200s were replays.
+func TestIdempotencyRun(t *testing.T) {
+	cfg, err := parseFlags([]string{"-scenario", "idempotency", "-inventory", inventoryBin, "-keys", "90", "-skus", "30",
+		"-clients", "15", "-freeze", "1s", "-delay", "100ms"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	rep, err := benchIdempotency(t.Context(), cfg, &out)
+	t.Log(out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.ok != 90 || rep.fell != 90 || len(rep.differ)+len(rep.twice)+len(rep.noOK) != 0 {
+		t.Fatalf("report %+v: want 90 keys with a 200, a fall of 90, no violation", rep)
+	}
+	if rep.statuses[0][http.StatusServiceUnavailable] == 0 || rep.replays == 0 {
+		t.Fatalf("round 1 answered %v with %d replays: want 503s while Redis was stopped, and replays", rep.statuses[0], rep.replays)
 	}
 }

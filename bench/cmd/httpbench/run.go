@@ -38,6 +38,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		_, err = benchReads(ctx, cfg, stdout)
 	case scenarioLimit:
 		_, err = benchLimit(ctx, cfg, stdout)
+	case scenarioIdem:
+		_, err = benchIdempotency(ctx, cfg, stdout)
 	default: // deduct, library
 		_, err = bench(ctx, cfg, stdout)
 	}

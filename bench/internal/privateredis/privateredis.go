@@ -194,3 +194,27 @@ func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(len(lines)-n, 0):], " | ")
 }
+
+// Pause stops the server with SIGSTOP: it keeps its connections and
+// answers nothing until Resume, as a Redis in a long pause. It returns once
+// the process is stopped (on Linux).
+func (s *Server) Pause() error {
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+		if err != nil {
+			return nil // not Linux: the signal's return is the best we know
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return nil
+		}
+		time.Sleep(time.Millisecond) // polling the process state
+	}
+	return nil
+}
+
+// Resume continues a paused server with SIGCONT.
+func (s *Server) Resume() error { return s.cmd.Process.Signal(syscall.SIGCONT) }
