@@ -1,0 +1,86 @@
+package main
+
+// Review of issue 23's exactly-once path (deductRecorded): a script that ran
+// but whose reply was lost, retried by go-redis on a new connection.
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
+)
+
+// TestReview23cRetriedScriptAnswersItsRecord: the deduct-and-record script
+// reaches Redis and runs, and its reply is lost with its connection; go-redis
+// sends it again on a new connection, where it finds the key holding the
+// record it wrote itself. The request must answer that record (200), not
+// 409 "the idempotency claim was lost; nothing was changed": the stock fell,
+// and a retry of the key replays the 200.
+func TestReview23cRetriedScriptAnswersItsRecord(t *testing.T) {
+	for _, fw := range frameworks {
+		t.Run(fw, func(t *testing.T) {
+			addr := testredis.Addr(t)
+			proxy := faultproxy.New(t, addr)
+			cfg := testConfig(fw)
+			cfg.redisURL = "redis://" + proxy.Addr()
+			_, srv := startApp(t, cfg)
+			sku := redisSKU(t, "retried")
+			key := "k-" + sku
+
+			// The script is loaded, so that go-redis sends EVALSHA with its
+			// hash, the chunk cut after it reached Redis.
+			direct := redis.NewClient(&redis.Options{Addr: addr})
+			defer direct.Close()
+			if err := redisDeductRecordScript.Load(context.Background(), direct).Err(); err != nil {
+				t.Fatal(err)
+			}
+			hash := []byte(redisDeductRecordScript.Hash())
+			proxy.CutWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, hash) }, true)
+
+			send := func() idemAnswer {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/skus/"+sku+"/deduct", strings.NewReader(`{"qty":2}`))
+				req.Header.Set("Idempotency-Key", key)
+				return sendReq(t, req)
+			}
+			first := send()
+			if proxy.Armed() != 0 {
+				t.Fatalf("the script's reply was not cut (first answer %d %s)", first.status, first.body)
+			}
+			stock := stockOf(t, srv.URL, sku)
+			if stock != cfg.defaultStock-2 {
+				t.Fatalf("stock %d after one deduction of 2, want %d (first answer %d %s)", stock, cfg.defaultStock-2, first.status, first.body)
+			}
+			// The first answer is the record (200), or 503 "outcome unknown"
+			// when the stock client does not resend; never a 409 saying
+			// nothing changed. The retry replays the 200, byte for byte.
+			unknown := first.status == http.StatusServiceUnavailable && bytes.Contains(first.body, []byte("outcome is unknown"))
+			retry := send()
+			if first.status != http.StatusOK && !unknown || retry.status != http.StatusOK || !retry.replayed ||
+				first.status == http.StatusOK && !bytes.Equal(first.body, retry.body) {
+				t.Fatalf("the stock fell by 2; first answer %d %s, retry %d %s (replayed %v): want a 200 (or 503 outcome unknown), then the 200's replay",
+					first.status, bytes.TrimSpace(first.body), retry.status, bytes.TrimSpace(retry.body), retry.replayed)
+			}
+		})
+	}
+}
+
+// sendReq sends req and reads its answer.
+func sendReq(t *testing.T, req *http.Request) idemAnswer {
+	t.Helper()
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	if _, err := b.ReadFrom(resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	return idemAnswer{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"),
+		replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: b.Bytes()}
+}
