@@ -84,3 +84,35 @@ func sendReq(t *testing.T, req *http.Request) idemAnswer {
 	return idemAnswer{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"),
 		replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: b.Bytes()}
 }
+
+// TestReview23cRetriedCheckoutDeductsOnce: a checkout without an
+// idempotency key deducts in one script (redisDeductAllScript); when that
+// script runs and its reply is lost with its connection, go-redis must not
+// send it again: HINCRBY under the same fence would deduct a second time.
+func TestReview23cRetriedCheckoutDeductsOnce(t *testing.T) {
+	addr := testredis.Addr(t)
+	proxy := faultproxy.New(t, addr)
+	cfg := testConfig(frameworkNetHTTP)
+	cfg.redisURL = "redis://" + proxy.Addr()
+	_, srv := startApp(t, cfg)
+	apple, pear := redisSKU(t, "apple"), redisSKU(t, "pear")
+
+	direct := redis.NewClient(&redis.Options{Addr: addr})
+	defer direct.Close()
+	if err := redisDeductAllScript.Load(context.Background(), direct).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hash := []byte(redisDeductAllScript.Hash())
+	proxy.CutWhen(faultproxy.ToServer, func(chunk []byte) bool { return bytes.Contains(chunk, hash) }, true)
+
+	cart := `{"items":[{"sku":"` + apple + `","qty":1},{"sku":"` + pear + `","qty":2}]}`
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/carts/checkout", strings.NewReader(cart))
+	ans := sendReq(t, req)
+	if proxy.Armed() != 0 {
+		t.Fatalf("the script's reply was not cut (answer %d %s)", ans.status, ans.body)
+	}
+	if got := stockOf(t, srv.URL, pear); got != cfg.defaultStock-2 {
+		t.Fatalf("pear's stock is %d after one checkout of 2 (answered %d %s), want %d: the script ran twice",
+			got, ans.status, bytes.TrimSpace(ans.body), cfg.defaultStock-2)
+	}
+}
