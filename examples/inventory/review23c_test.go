@@ -116,3 +116,20 @@ func TestReview23cRetriedCheckoutDeductsOnce(t *testing.T) {
 			got, ans.status, bytes.TrimSpace(ans.body), cfg.defaultStock-2)
 	}
 }
+
+// TestReview23cStockClientNeverResends: the stock client does not resend a
+// call (go-redis's max_retries), and a -redis URL that asks it to is
+// refused.
+func TestReview23cStockClientNeverResends(t *testing.T) {
+	c, _, err := newRedisClient("redis://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.Options().MaxRetries; got != 0 { // -1, as NewClient keeps it: 0 tries again
+		t.Fatalf("the stock client's MaxRetries is %d, want 0 (no resend)", got)
+	}
+	if _, _, err := newRedisClient("redis://127.0.0.1:1?max_retries=2"); err == nil || !strings.Contains(err.Error(), "max_retries") {
+		t.Fatalf("a URL with max_retries=2: %v, want it refused", err)
+	}
+}
