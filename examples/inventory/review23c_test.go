@@ -8,7 +8,9 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/reqlock/reqlock/internal/testredis"
@@ -131,5 +133,61 @@ func TestReview23cStockClientNeverResends(t *testing.T) {
 	}
 	if _, _, err := newRedisClient("redis://127.0.0.1:1?max_retries=2"); err == nil || !strings.Contains(err.Error(), "max_retries") {
 		t.Fatalf("a URL with max_retries=2: %v, want it refused", err)
+	}
+}
+
+// TestReview23cLateScriptAfterRelease: the deduct-and-record script is held
+// on its way to Redis past the request's stock budget; the request answers
+// 503 "outcome unknown" and the middleware releases its claim. A retry of
+// the key claims it again and deducts; then the first script reaches Redis:
+// its owner check finds another token's claim or record and changes
+// nothing. The stock fell once, and a third send replays the retry's 200.
+func TestReview23cLateScriptAfterRelease(t *testing.T) {
+	proxy := faultproxy.New(t, testredis.Addr(t))
+	cfg := testConfig(frameworkNetHTTP)
+	cfg.redisURL = "redis://" + proxy.Addr()
+	a, srv := startApp(t, cfg)
+	sku := redisSKU(t, "late")
+	key := "k-" + sku
+	var armed atomic.Bool
+	armed.Store(true)
+	answered := make(chan (<-chan struct{}), 1)
+	a.shop.testHookAfterRead = func(context.Context) {
+		if armed.CompareAndSwap(true, false) {
+			answered <- proxy.DelayNextRequest(3 * time.Second) // the script, next on the wire
+		}
+	}
+	send := func() idemAnswer {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/skus/"+sku+"/deduct", strings.NewReader(`{"qty":2}`))
+		req.Header.Set("Idempotency-Key", key)
+		return sendReq(t, req)
+	}
+	first := send()
+	if first.status != http.StatusServiceUnavailable || !bytes.Contains(first.body, []byte("outcome is unknown")) {
+		t.Fatalf("first answer %d %s, want 503 outcome unknown", first.status, first.body)
+	}
+	var retry idemAnswer
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		retry = send() // 409 while the first's claim is not released yet
+		if retry.status != http.StatusConflict || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if retry.status != http.StatusOK || retry.replayed {
+		t.Fatalf("the retry answered %d %s (replayed %v), want a 200 of its own", retry.status, retry.body, retry.replayed)
+	}
+	select {
+	case <-<-answered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held script never reached Redis")
+	}
+	if got := stockOf(t, srv.URL, sku); got != cfg.defaultStock-2 {
+		t.Fatalf("stock %d, want %d: the late script deducted after the retry did", got, cfg.defaultStock-2)
+	}
+	third := send()
+	if third.status != http.StatusOK || !third.replayed || !bytes.Equal(third.body, retry.body) {
+		t.Fatalf("third send %d %s (replayed %v), want the retry's 200 replayed", third.status, third.body, third.replayed)
 	}
 }
