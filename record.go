@@ -12,7 +12,9 @@ import (
 
 // RecordKeyPrefix is put in front of every record key, after the Locker's
 // key prefix, so that the keys of idempotency records stay apart from lock
-// keys in the store: a lock key template should not start with it.
+// keys in the store: package middleware refuses a key template that starts
+// with it at start-up, and answers 400 to a request whose values render a
+// lock key that does; code that calls Obtain itself must not use it.
 const RecordKeyPrefix = "idem:"
 
 // recordOps is a stores.Store over the keys of a stores.RecordStore for

@@ -24,7 +24,9 @@
 package ginlock
 
 import (
+	"bufio"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 
@@ -231,9 +233,10 @@ func reject(c *gin.Context, a middleware.Answerer, rej *middleware.Rejection) er
 	return nil
 }
 
-// recordedWriter is gin's writer with the body and status the handler
-// writes going through a middleware.Recording's writer (which passes them
-// on to gin's); the rest is gin's own, Status included, from which the
+// recordedWriter is gin's writer with the body, status, early header,
+// flushes and hijack the handler does going through a middleware.Recording's writer (which
+// passes them on to gin's), so that a hijacked connection is never
+// recorded; the rest is gin's own, Status included, from which the
 // Recording takes the status gin sends.
 type recordedWriter struct {
 	gin.ResponseWriter
@@ -244,6 +247,12 @@ func (w *recordedWriter) WriteHeader(code int)              { w.rec.WriteHeader(
 func (w *recordedWriter) Write(b []byte) (int, error)       { return w.rec.Write(b) }
 func (w *recordedWriter) WriteString(s string) (int, error) { return w.rec.Write([]byte(s)) }
 func (w *recordedWriter) Unwrap() http.ResponseWriter       { return w.rec }
+func (w *recordedWriter) Flush()                            { _ = http.NewResponseController(w.rec).Flush() }
+func (w *recordedWriter) WriteHeaderNow()                   { w.rec.(interface{ WriteHeaderNow() }).WriteHeaderNow() }
+
+func (w *recordedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.rec).Hijack()
+}
 
 // Lock returns the lock the middleware holds for c's request.
 func Lock(c *gin.Context) (*reqlock.Lock, bool) {

@@ -128,6 +128,10 @@ func NewWithConfig(locker *reqlock.Locker, cfg Config) (*Guard, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: route %q: %w", ErrInvalidConfig, cfg.Name, err)
 		}
+		if strings.HasPrefix(raw, reqlock.RecordKeyPrefix) {
+			return nil, fmt.Errorf("%w: route %q: key template %q starts with %q, the prefix of idempotency record keys: "+
+				"its locks would fall on the records of requests", ErrInvalidConfig, cfg.Name, raw, reqlock.RecordKeyPrefix)
+		}
 		if err := locker.CheckKeyLen(tmpl.MaxLen()); err != nil {
 			return nil, fmt.Errorf("%w: route %q: key template %q renders keys of up to %d bytes (lower MaxValueLen to hash long values sooner): %w",
 				ErrInvalidConfig, cfg.Name, raw, tmpl.MaxLen(), err)
@@ -270,6 +274,9 @@ func (g *Guard) enterKeys(r *http.Request, key string, keys []string) (*reqlock.
 func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 	if !g.multi {
 		key, err := g.templates[0].Key(req)
+		if err == nil && strings.HasPrefix(key, reqlock.RecordKeyPrefix) {
+			return "", nil, errRecordPrefix
+		}
 		return key, nil, err
 	}
 	var keys []string
@@ -284,12 +291,23 @@ func (g *Guard) keys(req keyfunc.Request) (string, []string, error) {
 			keys = append(keys[:len(keys):len(keys)], ks...)
 		}
 	}
+	for _, k := range keys {
+		if strings.HasPrefix(k, reqlock.RecordKeyPrefix) {
+			return "", nil, errRecordPrefix
+		}
+	}
 	if len(keys) > g.cfg.MaxKeys {
 		// Each template stops at MaxKeys; several together may not.
 		return "", nil, fmt.Errorf("%w: the request yields %d keys", keyfunc.ErrTooManyKeys, len(keys))
 	}
 	return "", keys, nil
 }
+
+// errRecordPrefix is the error of a request whose values render a lock key
+// that starts with reqlock.RecordKeyPrefix (a template that does is refused
+// at start-up): such a lock would hold, or wait on, a record key.
+var errRecordPrefix = fmt.Errorf("%w: the request's values render a lock key that starts with %q, the prefix of idempotency record keys",
+	keyfunc.ErrBadValue, reqlock.RecordKeyPrefix)
 
 // Exit releases lock after the handler returned or panicked. The release
 // runs on a context the request's cancellation cannot end, bounded by the

@@ -322,6 +322,14 @@ func (g *Guard) serveIdempotent(w http.ResponseWriter, req keyfunc.Request,
 	case rec != nil:
 		return g.replay(w, rec, fp, reject)
 	}
+	if g.cfg.Watchdog {
+		// The claim's TTL runs from now: keep it through the wait for the
+		// route's lock too, or a duplicate could claim the key meanwhile;
+		// and until the handler returns, even after the client left (its
+		// retry is the duplicate): the claim is always finished or
+		// released when the handler returns or panics, which stops it.
+		claim.KeepAlive(context.WithoutCancel(ctx))
+	}
 	lock, rej := g.enterKeys(r, key, keys)
 	if rej != nil || lock == nil {
 		g.releaseClaim(ctx, claim)
@@ -329,6 +337,16 @@ func (g *Guard) serveIdempotent(w http.ResponseWriter, req keyfunc.Request,
 			rej = g.internalRejection(errors.New("reqlock/middleware: an idempotent route ran unlocked"))
 		}
 		return reject(rej)
+	}
+	if claim.Lost() != nil || !time.Now().Before(claim.ValidUntil()) {
+		// The claim ran out while the request waited for the route's lock
+		// (a wait longer than the TTL, without the watchdog): a duplicate
+		// may hold the key and run, so this request must not.
+		g.Exit(ctx, lock)
+		g.releaseClaim(ctx, claim)
+		return reject(&Rejection{Status: http.StatusConflict, Reason: ReasonLockLost,
+			Detail: "this request's claim of its idempotency key ran out while it waited for the lock; retry",
+			Err:    fmt.Errorf("%w: the claim of the idempotency key ran out", reqlock.ErrLockLost)})
 	}
 	rc := newRecording(g, w.Header())
 	rc.idem = newIdempotentRequest(rc, claim, fp)

@@ -28,6 +28,7 @@ type Recording struct {
 	over     bool // the body went over the route's limit
 	rejected bool // a guard inside the route rejected the request
 	hijacked bool
+	flushed  int // the body's length at the first flush; -1 before
 
 	idem     *IdempotentRequest // the handler's view of the request's claim
 	declared []byte             // the response the handler recorded itself (IdempotentRequest.Record); nil if none
@@ -36,7 +37,7 @@ type Recording struct {
 // newRecording returns the Recording of a response whose header map is
 // header, before the handler runs.
 func newRecording(g *Guard, header http.Header) *Recording {
-	return &Recording{g: g, before: header.Clone()}
+	return &Recording{g: g, before: header.Clone(), flushed: -1}
 }
 
 // Writer returns w, the writer the handler writes to, wrapped so that
@@ -46,7 +47,9 @@ func newRecording(g *Guard, header http.Header) *Recording {
 //
 // When w has a method Status() int (gin's writer), the response's status is
 // taken from it once the handler returns, since such a writer may change
-// the status until the body is written.
+// the status until the body is written. A method WriteHeaderNow() of w
+// (gin's) is reached through the writer's own, which records the headers
+// it sends.
 func (rc *Recording) Writer(w http.ResponseWriter) http.ResponseWriter {
 	rc.mu.Lock()
 	rc.w = w
@@ -75,16 +78,33 @@ func (w recordingWriter) WriteString(s string) (int, error) { return w.Write([]b
 // Flush flushes the underlying writer, when it can.
 func (w recordingWriter) Flush() {
 	w.rc.write(nil) // a flush writes the header
+	w.rc.mu.Lock()
+	if w.rc.flushed < 0 {
+		w.rc.flushed = len(w.rc.body)
+	}
+	w.rc.mu.Unlock()
 	_ = http.NewResponseController(w.rc.w).Flush()
 }
 
 // Hijack hijacks the connection, when the underlying writer can; the
 // response is then not recorded.
 func (w recordingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.rc.mu.Lock()
-	w.rc.hijacked = true
-	w.rc.mu.Unlock()
-	return http.NewResponseController(w.rc.w).Hijack()
+	conn, rw, err := http.NewResponseController(w.rc.w).Hijack()
+	if err == nil {
+		w.rc.mu.Lock()
+		w.rc.hijacked = true
+		w.rc.mu.Unlock()
+	}
+	return conn, rw, err
+}
+
+// WriteHeaderNow sends the header at once, recording the headers as they go
+// out, when the underlying writer can (gin's); otherwise it does nothing.
+func (w recordingWriter) WriteHeaderNow() {
+	if now, ok := w.rc.w.(interface{ WriteHeaderNow() }); ok {
+		w.rc.write(nil)
+		now.WriteHeaderNow()
+	}
 }
 
 // Unwrap returns the underlying writer, for http.ResponseController.
@@ -166,11 +186,34 @@ func (rc *Recording) result() ([]byte, string) {
 		return nil, fmt.Sprintf("the response body is over the route's idempotency max body of %d bytes", rc.g.idem.cfg.MaxBodyBytes)
 	}
 	fields := recordedHeader(rc.before, header)
+	if f, ok := rc.sniffed(status, header); ok {
+		fields = append(fields, f)
+		slices.SortFunc(fields, func(a, b field) int { return strings.Compare(a.name, b.name) })
+	}
 	resp, ok := encodeResponse(status, fields, rc.body)
 	if !ok {
 		return nil, fmt.Sprintf("the response headers are over %d bytes", MaxRecordedHeaderBytes)
 	}
 	return resp, ""
+}
+
+// sniffed returns the Content-Type field the response went out with when
+// the handler set none and a flush cut short what net/http sniffed it from:
+// the type of the body written before the first flush, or a field without
+// values when nothing was (net/http then sends none, and so does a replay
+// with this field). A replay of any other response sniffs its whole body
+// as the first answer did, or keeps the handler's field.
+func (rc *Recording) sniffed(status int, header http.Header) (field, bool) {
+	_, typed := header["Content-Type"]
+	if typed || rc.flushed < 0 || len(rc.body) == 0 || header.Get("Content-Encoding") != "" ||
+		header.Get("Transfer-Encoding") != "" || status == http.StatusNoContent || status == http.StatusNotModified {
+		return field{}, false
+	}
+	prefix := rc.body[:min(rc.flushed, len(rc.body))]
+	if len(prefix) == 0 {
+		return field{name: "Content-Type", values: []string{}}, true
+	}
+	return field{name: "Content-Type", values: []string{http.DetectContentType(prefix)}}, true
 }
 
 // recordedStatus reports whether a response with status is recorded: below
@@ -203,7 +246,7 @@ var notRecorded = []string{"Connection", "Date", "Keep-Alive", "Proxy-Connection
 func recordedHeader(before, header http.Header) []field {
 	var fields []field
 	for name, values := range header {
-		if slices.Contains(notRecorded, name) || strings.HasPrefix(name, http.TrailerPrefix) || len(values) == 0 {
+		if slices.Contains(notRecorded, name) || strings.HasPrefix(name, http.TrailerPrefix) {
 			continue
 		}
 		if old, ok := before[name]; ok && slices.Equal(old, values) {

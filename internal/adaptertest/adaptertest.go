@@ -189,6 +189,8 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("idempotency: 5xx, 401, 429, an oversized body and a panic are not recorded", s.testIdempotencyNotRecorded)
 	t.Run("idempotency: scope, optional keys, and stores without records", s.testIdempotencyScopeAndOptional)
 	t.Run("idempotency: a guard's rejection inside the route is not recorded", s.testIdempotencyInnerRejection)
+	t.Run("idempotency: a hijacked connection is not recorded", s.testIdempotencyHijacked)
+	t.Run("idempotency: a replay has the first answer's Content-Type, sniffed or none", s.testIdempotencyContentType)
 }
 
 type suite struct{ a Adapter }

@@ -88,6 +88,11 @@ type Script struct {
 	src, sha string
 }
 
+// NewScript returns the script with Lua source src, for a Driver's Eval:
+// for a store of another package that runs its own scripts on a Driver
+// (redlockstore's nodes).
+func NewScript(src string) *Script { return newScript(src) }
+
 // newScript returns the script with source src.
 func newScript(src string) *Script {
 	sum := sha1.Sum([]byte(src))

@@ -23,6 +23,11 @@ type goRedis struct {
 
 var _ Driver = (*goRedis)(nil)
 
+// NewDriver returns the Driver over a go-redis client that New uses, for
+// NewWithDriver or for a store of another package that runs its scripts on
+// a Driver (redlockstore's nodes). client must not be nil.
+func NewDriver(client redis.Scripter) Driver { return newGoRedis(client) }
+
 // newGoRedis returns the Driver over client.
 func newGoRedis(client redis.Scripter) *goRedis {
 	g := &goRedis{client: client, routing: routingOf(client)}

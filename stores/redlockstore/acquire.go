@@ -9,8 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/internal/callctx"
 	"github.com/reqlock/reqlock/stores"
 )
@@ -123,7 +121,7 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 	}
 	timeout := s.callTimeout(ttl)
 	call := func(ctx context.Context, i int) ([]int64, error) {
-		return script.Run(ctx, s.nodes[i].client, scriptKeys, argv...).Int64Slice()
+		return s.eval(ctx, i, script, scriptKeys, argv...)
 	}
 
 	// q grants make the lock; a refusal needs answers of a majority (a
@@ -299,6 +297,18 @@ func (s *Store) acquire(ctx context.Context, keys []string, token string, ttl ti
 			case r := <-replies:
 				receive(r)
 			case <-grace.C:
+				// Replies already here still count: select picks at
+				// random between them and the timer, and a burst of
+				// replies that came with it must not be cut in two.
+				for s.waitFor(flying) {
+					select {
+					case r := <-replies:
+						receive(r)
+						continue
+					default:
+					}
+					break
+				}
 				break late
 			case <-ctx.Done():
 				break late
@@ -594,7 +604,8 @@ func (s *Store) raise(ctx context.Context, keys []string, fences []int64, indexe
 	}
 	argv = append(argv, s.fenceRetention.Milliseconds())
 	return s.fanOut(ctx, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
-		n, err := raiseScript.Run(ctx, s.nodes[i].client, fks, argv...).Int64()
+		r, err := s.nodes[i].driver.Eval(ctx, raiseScript, fks, argv)
+		n := r.Int
 		return []int64{n}, err
 	})
 }
@@ -614,12 +625,12 @@ func (s *Store) refusalWait(pttl int64) time.Duration {
 // undoNodes returns the nodes to release: plain, those that granted, and
 // closing, those whose call failed with an unknown outcome, whose attempt
 // the release closes (a late arrival of the call then writes nothing).
-func undoNodes(granted, failed []reply) (plain, closing []int) {
+func (s *Store) undoNodes(granted, failed []reply) (plain, closing []int) {
 	for _, r := range granted {
 		plain = append(plain, r.node)
 	}
 	for _, r := range failed {
-		if mayHaveGranted(r) {
+		if s.mayHaveGranted(r) {
 			closing = append(closing, r.node)
 		}
 	}
@@ -629,10 +640,13 @@ func undoNodes(granted, failed []reply) (plain, closing []int) {
 // mayHaveGranted reports whether a failed call may have written: not when
 // it never reached the node, was refused by quarantine or by its closed
 // attempt, or failed in its script (which checks before it writes).
-func mayHaveGranted(r reply) bool {
-	var rerr redis.Error
+func (s *Store) mayHaveGranted(r reply) bool {
+	if r.err == nil {
+		return false
+	}
+	_, replyErr := s.nodes[r.node].driver.ReplyError(r.err)
 	return r.err != nil && !r.unreachable() && !errors.Is(r.err, ErrQuarantined) &&
-		!errors.Is(r.err, errClosed) && !errors.As(r.err, &rerr)
+		!errors.Is(r.err, errClosed) && !replyErr
 }
 
 // attemptOf is one Acquire call: its keys, token, attempt and TTL.
@@ -654,7 +668,7 @@ type attemptOf struct {
 // unknown, closing the attempt there. Until a node's reply is in, a
 // Release of the token closes the token on it (see endToken).
 func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted, failed []reply, released bool) {
-	plainNodes, closing := undoNodes(granted, failed)
+	plainNodes, closing := s.undoNodes(granted, failed)
 	if !released {
 		plainNodes = nil
 	}
@@ -701,7 +715,7 @@ func (s *Store) settle(a attemptOf, replies <-chan reply, flying []bool, granted
 		for range pending {
 			r := <-replies
 			granted := r.err == nil && len(r.vals) > 0 && r.vals[0] == 1
-			unknown := mayHaveGranted(r)
+			unknown := s.mayHaveGranted(r)
 			s.mu.Lock()
 			st.pending--
 			if st.acquiring[r.node]--; st.acquiring[r.node] == 0 {

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // reply is one node's answer to a script.
@@ -24,29 +22,41 @@ type reply struct {
 // unreachable reports whether the call never reached the node.
 func (r reply) unreachable() bool { return r.unsent }
 
-// neverSent reports whether a call of node n that failed with err never
-// reached the node: no connection could be dialled, or none came free in
-// time. A client that retries a command reports the last attempt's error,
-// and an earlier attempt may have reached the node: on such a client, no
-// failure is known to be unsent.
-func neverSent(n *node, err error) bool {
-	var op *net.OpError
-	return !n.retries && ((errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout))
+// unmark returns the error of a node call without the stores.ErrUnreachable
+// that its Driver wraps in a call that cannot have reached the node (no
+// connection could be dialled, or none came free in time, on every attempt
+// it made), and whether it was there: whether an operation reached the
+// store is the Store's to say, over all its nodes (see noQuorum). A
+// Driver wraps it as fmt.Errorf("%w: %w", stores.ErrUnreachable, err).
+func unmark(err error) (error, bool) {
+	if !errors.Is(err, stores.ErrUnreachable) {
+		return err, false
+	}
+	if m, ok := err.(interface{ Unwrap() []error }); ok {
+		var rest []error
+		for _, e := range m.Unwrap() {
+			if e != stores.ErrUnreachable {
+				rest = append(rest, e)
+			}
+		}
+		if len(rest) == 1 {
+			return rest[0], true
+		}
+		return errors.Join(rest...), true
+	}
+	return err, true
 }
 
-// retries reports whether client may send a command more than once in one
-// call: a go-redis client whose MaxRetries (as normalised) is positive, or
-// a client whose type does not tell.
-func retries(client redis.Scripter) bool {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().MaxRetries > 0
-	case *redis.ClusterClient:
-		return c.Options().MaxRedirects > 0
-	case *redis.Ring:
-		return c.Options().MaxRetries > 0
+// eval runs script on node i and returns its array of integers.
+func (s *Store) eval(ctx context.Context, i int, script *redisstore.Script, keys []string, args ...any) ([]int64, error) {
+	r, err := s.nodes[i].driver.Eval(ctx, script, keys, args)
+	if err != nil {
+		return nil, err
 	}
-	return true
+	if r.Ints == nil {
+		return nil, fmt.Errorf("%w: %d, want an array", ErrUnexpectedReply, r.Int)
+	}
+	return r.Ints, nil
 }
 
 // fanOut runs call on every node in indexes at once, each bounded by
@@ -104,6 +114,7 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 				out <- reply{node: i, err: fmt.Errorf("%w after %v", errStalled, time.Since(start).Round(time.Millisecond))}
 			})
 			vals, err := call(cctx, i)
+			err, unsent := unmark(err)
 			took := time.Since(start)
 			if unwatch() && err != nil {
 				err = fmt.Errorf("%w after %v: %w", errStalled, took.Round(time.Millisecond), err)
@@ -116,7 +127,7 @@ func (s *Store) fanOutInto(ctx context.Context, timeout time.Duration, indexes [
 			s.count(i, err)
 			s.health(i, err, took, timeout)
 			if !replied.Load() {
-				out <- reply{node: i, vals: vals, err: err, unsent: err != nil && neverSent(s.nodes[i], err)}
+				out <- reply{node: i, vals: vals, err: err, unsent: unsent}
 			}
 		}()
 	}

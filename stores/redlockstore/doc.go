@@ -2,6 +2,12 @@
 // independent Redis masters (5.0 or later, or Valkey, no Cluster between
 // them), granted while a majority of them holds it.
 //
+// Each node's calls go through a redisstore.Driver: New wraps go-redis
+// clients (redisstore.NewDriver), and NewWithNodes takes the Driver of any
+// client, such as rueidisstore.NewRedlock's over rueidis clients, which
+// pipeline the calls of concurrent locks onto one connection per node.
+// Everything below holds on either.
+//
 // # Algorithm
 //
 // Acquire runs one Lua script per node, each call bounded by a node timeout
@@ -135,9 +141,12 @@
 // (errors, timeouts, quarantine) make it impossible, Acquire returns an
 // error wrapping ErrNoQuorum that names each failed node and its error: a
 // store failure (503 upstream). It also wraps stores.ErrUnreachable when no
-// node was reached (every node's call failed to connect, on clients
-// that do not retry a command: with go-redis's retries, an earlier attempt
-// may have reached the node, so every failure counts as reached). Release
+// node was reached: every node's Driver said its call could not have
+// reached it (no connection could be dialled, on every attempt: the
+// go-redis Driver makes a retrying client's attempts itself, so it knows
+// whether an earlier attempt may have reached the node; on a go-redis
+// client whose type hides its retries, every failure counts as reached).
+// Release
 // returns stores.ErrNotHeld when a key was not released on a quorum of the
 // nodes that answered, and ErrNoQuorum when too few answered. NodeStats
 // counts each node's calls and failures, and WithNodeFailureHook reports

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // A node that keeps timing out (frozen, partitioned) is skipped: calls to
@@ -141,7 +143,7 @@ func (s *Store) pingOthers(i int, timeout time.Duration) {
 		}
 		wg.Go(func() {
 			start := time.Now()
-			if err := probeScript.Run(ctx, n.client, nil).Err(); err == nil {
+			if err := s.probeNode(ctx, n); err == nil {
 				s.health(j, nil, time.Since(start), timeout)
 			}
 		})
@@ -198,7 +200,7 @@ func (s *Store) startProbe(i int) {
 			}
 			ctx, cancel := context.WithTimeout(s.stop, s.nodeTimeout)
 			start := time.Now()
-			err := probeScript.Run(ctx, n.client, nil).Err()
+			err := s.probeNode(ctx, n)
 			cancel()
 			if s.stop.Err() != nil {
 				return
@@ -214,7 +216,13 @@ func (s *Store) startProbe(i int) {
 
 // probeScript is the probe of a skipped node: a script, as the Store's
 // calls are (a client that only runs scripts may be all it has).
-var probeScript = redis.NewScript(`return 1`)
+var probeScript = redisstore.NewScript(`return 1`)
+
+// probeNode sends the probe script to n.
+func (s *Store) probeNode(ctx context.Context, n *node) error {
+	_, err := n.driver.Eval(ctx, probeScript, nil, nil)
+	return err
+}
 
 // patience is how long a contended Acquire waits for the gate alone before
 // it asks the other nodes too: four times the gate's mean round trip plus

@@ -2,18 +2,16 @@ package redlockstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 // runIDScript returns the server's run_id, which is the same for every
-// address and database a client reaches the server by.
-var runIDScript = redis.NewScript(`return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')`)
+// address and database a client reaches the server by; "" without one.
+var runIDScript = redisstore.NewScript(`return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''`)
 
 // identify learns the run_id of each node at first contact and fails, with
 // an error wrapping stores.ErrInvalid and ErrDuplicateNode, once two nodes
@@ -72,12 +70,9 @@ func (s *Store) probe(ctx context.Context, timeout time.Duration, wait bool) {
 			n := s.nodes[i]
 			defer n.probing.Store(false)
 			cctx, cancel := context.WithTimeout(base, timeout)
-			// EVAL: one round trip, where EVALSHA may need a second.
-			id, err := runIDScript.Eval(cctx, n.client, nil).Text()
+			r, err := n.driver.Eval(cctx, runIDScript, nil, nil)
 			cancel()
-			if errors.Is(err, redis.Nil) {
-				id, err = "", nil // INFO without a run_id
-			}
+			id := string(r.Bulk)
 			n.failing.Store(err != nil)
 			if err != nil {
 				return

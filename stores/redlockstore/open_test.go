@@ -11,6 +11,7 @@ import (
 
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/internal/redlocktest"
 	"github.com/reqlock/reqlock/stores/redlockstore"
 	"github.com/reqlock/reqlock/stores/storetest"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
@@ -18,7 +19,7 @@ import (
 
 func TestOpen(t *testing.T) {
 	addrs := testservers.RedisNodeAddrs(t)
-	admit(t, clients(t, addrs))
+	redlocktest.Admit(t, redlocktest.Clients(t, addrs))
 	for name, url := range map[string]string{
 		"redlock":    "redlock://" + strings.Join(addrs, ",") + "/0?drift=0.02&drift_fixed=3ms&node_timeout=300ms&max_ttl=30s",
 		"redis list": "redis://" + strings.Join(addrs, "/0,redis://") + "/0?fence_retention=1h",
@@ -46,7 +47,7 @@ func TestOpen(t *testing.T) {
 			if _, err := s.Acquire(ctx, []string{"open:" + name}, "t1", 2*time.Minute); !errors.Is(err, stores.ErrInvalid) {
 				t.Errorf("Acquire with a TTL above max_ttl: %v, want ErrInvalid", err)
 			}
-			if _, err := grantOnce(ctx, s, "open:"+name, time.Second); err != nil {
+			if _, err := redlocktest.GrantOnce(ctx, s, "open:"+name, time.Second); err != nil {
 				t.Fatalf("a lock through the opened store: %v", err)
 			}
 		})
@@ -80,7 +81,7 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 
 func TestNewRejectsInvalid(t *testing.T) {
 	ok := func() []redis.Scripter {
-		return clients(t, []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"})
+		return redlocktest.Clients(t, []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"})
 	}
 	noTimeouts := ok()
 	noTimeouts[1] = redis.NewClient(&redis.Options{Addr: "127.0.0.1:2"})
@@ -111,7 +112,7 @@ func TestNewRejectsInvalid(t *testing.T) {
 // nodes answer (issue 19 item 6). A dead minority does not stop Open.
 func TestOpenUnreachable(t *testing.T) {
 	addrs := testservers.RedisNodeAddrs(t)[:3]
-	admit(t, clients(t, addrs))
+	redlocktest.Admit(t, redlocktest.Clients(t, addrs))
 	proxies := make([]*faultproxy.Proxy, len(addrs))
 	for i, a := range addrs {
 		proxies[i] = faultproxy.New(t, a)

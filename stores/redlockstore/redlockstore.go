@@ -111,10 +111,9 @@ type node struct {
 	name                         string
 	id                           string // canonical address, or the name
 	idHash                       uint64 // hash of id, for ranking
-	client                       redis.Scripter
+	driver                       redisstore.Driver
 	calls, failures, quarantines atomic.Uint64
 	failing                      atomic.Bool // its last call failed
-	retries                      bool        // its client may send a command twice (see neverSent)
 	runID                        atomic.Pointer[string]
 	probing                      atomic.Bool
 	clean                        nodeCleanup // guarded by Store.mu
@@ -174,7 +173,60 @@ func WithClientTimeoutsOnly() Option { return func(s *Store) { s.clientTimeouts 
 // the same address (also wrapping ErrDuplicateNode; localhost, 127.0.0.1
 // and ::1 are one host), or an option is invalid. The first Acquire also
 // refuses nodes that turn out to be one server (see Duplicate nodes).
+// Each node's calls go through redisstore.NewDriver; NewWithNodes takes
+// nodes on another client.
 func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
+	s, err := newStore(len(nodes), opts)
+	if err != nil {
+		return nil, err
+	}
+	ns := make([]Node, len(nodes))
+	for i, c := range nodes {
+		if isNil(c) {
+			return nil, fmt.Errorf("%w: redlockstore: node %d is nil", stores.ErrInvalid, i)
+		}
+		if enabled, known := callctx.ContextTimeoutEnabled(c); known && !enabled && !s.clientTimeouts {
+			return nil, fmt.Errorf("%w: redlockstore: the go-redis client of node %d ignores context deadlines, so a "+
+				"stalled node would hold calls past the node timeout; set ContextTimeoutEnabled: true in its options "+
+				"(or pass redlockstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid, i)
+		}
+		ns[i] = Node{Driver: redisstore.NewDriver(c)}
+		if rc, ok := c.(*redis.Client); ok {
+			ns[i].Addr = rc.Options().Addr
+		}
+	}
+	return s.addNodes(ns)
+}
+
+// Node is one Redis master of a Store on any client library: the
+// redisstore.Driver that runs its scripts (and its release signals), and
+// the address that names and ranks it.
+type Node struct {
+	// Driver runs the node's calls: redisstore.NewDriver over a go-redis
+	// client, or rueidisstore's over a rueidis client. Its Eval must wrap
+	// stores.ErrUnreachable exactly when the call cannot have reached the
+	// node, and honour the context's deadline.
+	Driver redisstore.Driver
+	// Addr is the node's host:port as every process names it (see
+	// Algorithm); "" ranks the node by its position instead.
+	Addr string
+}
+
+// NewWithNodes returns a Store over nodes, as New does over go-redis
+// clients: one Driver per node, such as rueidisstore.NewRedlock makes over
+// rueidis clients. It checks what New checks but the clients' options,
+// which it cannot see.
+func NewWithNodes(nodes []Node, opts ...Option) (*Store, error) {
+	s, err := newStore(len(nodes), opts)
+	if err != nil {
+		return nil, err
+	}
+	return s.addNodes(nodes)
+}
+
+// newStore returns a Store without nodes yet, for n nodes, with opts
+// applied and checked.
+func newStore(n int, opts []Option) (*Store, error) {
 	s := &Store{
 		nodeTimeout:    DefaultNodeTimeout,
 		maxTTL:         DefaultMaxTTL,
@@ -187,13 +239,12 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 		debts:          make(map[string][]*debt),
 		wake:           make(chan struct{}, 1),
 	}
-	s.stop, s.stopAll = context.WithCancel(context.Background())
 	for _, opt := range opts {
 		opt(s)
 	}
 	switch {
-	case len(nodes) < 3:
-		return nil, fmt.Errorf("%w: redlockstore: %d nodes; Redlock needs at least 3", stores.ErrInvalid, len(nodes))
+	case n < 3:
+		return nil, fmt.Errorf("%w: redlockstore: %d nodes; Redlock needs at least 3", stores.ErrInvalid, n)
 	case s.nodeTimeout <= 0:
 		return nil, fmt.Errorf("%w: redlockstore: node timeout %v is not positive", stores.ErrInvalid, s.nodeTimeout)
 	case s.maxTTL < MinTTL || s.maxTTL > MaxMaxTTL:
@@ -204,17 +255,17 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 	case s.fenceRetention < MinFenceRetention:
 		return nil, fmt.Errorf("%w: redlockstore: fence retention %v is below %v", stores.ErrInvalid, s.fenceRetention, MinFenceRetention)
 	}
-	for i, c := range nodes {
-		if isNil(c) {
+	return s, nil
+}
+
+// addNodes gives s its nodes and their release signals, and starts it.
+func (s *Store) addNodes(nodes []Node) (*Store, error) {
+	for i, nd := range nodes {
+		if nd.Driver == nil || isNil(nd.Driver) {
 			return nil, fmt.Errorf("%w: redlockstore: node %d is nil", stores.ErrInvalid, i)
 		}
-		if enabled, known := callctx.ContextTimeoutEnabled(c); known && !enabled && !s.clientTimeouts {
-			return nil, fmt.Errorf("%w: redlockstore: the go-redis client of node %d ignores context deadlines, so a "+
-				"stalled node would hold calls past the node timeout; set ContextTimeoutEnabled: true in its options "+
-				"(or pass redlockstore.WithClientTimeoutsOnly() to accept this)", stores.ErrInvalid, i)
-		}
-		n := &node{name: nodeName(c, i), client: c, retries: retries(c)}
-		n.id = canonicalAddr(c, i)
+		n := &node{name: nodeName(nd.Addr, i), driver: nd.Driver}
+		n.id = canonicalAddr(nd.Addr, i)
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(n.id))
 		n.idHash = h.Sum64()
@@ -230,13 +281,14 @@ func New(nodes []redis.Scripter, opts ...Option) (*Store, error) {
 	if s.clientTimeouts {
 		ropts = append(ropts, redisstore.WithClientTimeoutsOnly())
 	}
-	for i, c := range nodes {
-		notify, err := redisstore.New(c, ropts...)
+	for i, n := range s.nodes {
+		notify, err := redisstore.NewWithDriver(n.driver, ropts...)
 		if err != nil {
 			return nil, fmt.Errorf("redlockstore: node %d: %w", i, err)
 		}
 		s.notify = append(s.notify, notify)
 	}
+	s.stop, s.stopAll = context.WithCancel(context.Background())
 	return s, nil
 }
 
@@ -302,10 +354,10 @@ func (s *Store) drift(ttl time.Duration) time.Duration {
 	return time.Duration(float64(ttl)*s.driftFactor) + s.driftFixed
 }
 
-// nodeName names a node by its address when its client tells it.
-func nodeName(c redis.Scripter, i int) string {
-	if rc, ok := c.(*redis.Client); ok {
-		return rc.Options().Addr
+// nodeName names node i by its address, when known.
+func nodeName(addr string, i int) string {
+	if addr != "" {
+		return addr
 	}
 	return fmt.Sprintf("node %d", i)
 }
@@ -314,13 +366,11 @@ func nodeName(c redis.Scripter, i int) string {
 // checks: its address with the host in lower case, an IP address in its
 // canonical form, and localhost, 127.0.0.1 and ::1 as one loopback host
 // (the database number plays no part: two databases of one server are one
-// server); "node i" when the client does not tell its address.
-func canonicalAddr(c redis.Scripter, i int) string {
-	rc, ok := c.(*redis.Client)
-	if !ok {
+// server); "node i" when its address is not known.
+func canonicalAddr(addr string, i int) string {
+	if addr == "" {
 		return fmt.Sprintf("node %d", i)
 	}
-	addr := rc.Options().Addr
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return addr // a Unix socket's path
@@ -338,7 +388,7 @@ func canonicalAddr(c redis.Scripter, i int) string {
 }
 
 // isNil reports whether client is nil or a nil pointer in an interface.
-func isNil(client redis.Scripter) bool {
+func isNil(client any) bool {
 	if client == nil {
 		return true
 	}

@@ -64,8 +64,8 @@ func (s *Store) refresh(ctx context.Context, keys []string, token string, ttl ti
 	attempt := s.attempts.Add(1)
 	run := func(indexes []int, retake int) (<-chan reply, bool) {
 		return s.writes(ctx, token, st, ttl, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
-			return refreshScript.Run(ctx, s.nodes[i].client, scriptKeys, token, ttlMS, retake, s.maxTTL.Milliseconds(), attempt,
-				flag(kind.shared)).Int64Slice()
+			return s.eval(ctx, i, refreshScript, scriptKeys, token, ttlMS, retake, s.maxTTL.Milliseconds(), attempt,
+				flag(kind.shared))
 		})
 	}
 
@@ -244,7 +244,7 @@ func (s *Store) writes(ctx context.Context, token string, st *tokenState, ttl, t
 			if st.writing[r.node]--; st.writing[r.node] == 0 {
 				delete(st.writing, r.node)
 			}
-			if mayHaveGranted(r) {
+			if s.mayHaveGranted(r) {
 				if st.uncertain == nil {
 					st.uncertain = make(map[int]struct{})
 				}

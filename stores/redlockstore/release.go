@@ -347,7 +347,7 @@ func (s *Store) releaseOn(ctx context.Context, keys []string, token string, shar
 	}
 	return s.fanOut(ctx, timeout, indexes, func(ctx context.Context, i int) ([]int64, error) {
 		t := tombs[i]
-		return releaseScript.Run(ctx, s.nodes[i].client, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl), upTo,
-			flag(shared)).Int64Slice()
+		return s.eval(ctx, i, releaseScript, keys, token, keepMS, 1, t.attempt, milliseconds(t.ttl), upTo,
+			flag(shared))
 	})
 }

@@ -4,10 +4,9 @@ import (
 	_ "embed"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/reqlock/internal/redislua"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore"
 )
 
 var (
@@ -36,8 +35,8 @@ var (
 // newScript prepends to src the helpers every script may use: lib.lua, the
 // waiting writers' of internal/redislua (shared with redisstore) and
 // shared_lib.lua. Redis has no include.
-func newScript(src string) *redis.Script {
-	return redis.NewScript(libSrc + redislua.Writers + sharedLibSrc + src)
+func newScript(src string) *redisstore.Script {
+	return redisstore.NewScript(libSrc + redislua.Writers + sharedLibSrc + src)
 }
 
 // writerWindowMS is stores.WriterWindow as the scripts take it.

@@ -332,8 +332,9 @@ func (s *Store) pay(d *debt, i int, c owedCall, gen uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.nodeTimeout)
 	start := time.Now()
 	s.nodes[i].calls.Add(1)
-	vals, err := releaseScript.Run(ctx, s.nodes[i].client, d.keys, d.token, keepMS, 1, c.close,
-		milliseconds(c.closeTTL), c.upTo, flag(d.shared)).Int64Slice()
+	vals, err := s.eval(ctx, i, releaseScript, d.keys, d.token, keepMS, 1, c.close,
+		milliseconds(c.closeTTL), c.upTo, flag(d.shared))
+	err, _ = unmark(err)
 	took := time.Since(start)
 	cancel()
 	if err == nil && len(vals) != len(d.keys) {

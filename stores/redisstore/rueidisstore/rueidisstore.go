@@ -39,6 +39,11 @@
 //     client: a Store whose client is closed first keeps its pub/sub until
 //     Close or until Redis drops it, and stops notifying then.
 //
+// NewRedlock runs redlockstore's Store (Redlock over independent masters)
+// on rueidis nodes: each node's calls go through this package's Driver, so
+// what is said above of errors, cancellation and ConnLifetime holds per
+// node.
+//
 // This package is a Go module of its own, so that users of reqlock who do
 // not use rueidis do not inherit it.
 package rueidisstore

@@ -10,13 +10,16 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/reqlock/reqlock/internal/testredis"
+	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
 	"github.com/reqlock/reqlock/stores/redisstore"
 	"github.com/reqlock/reqlock/stores/redisstore/internal/redistest"
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
-func TestMain(m *testing.M) { os.Exit(testredis.Main(m)) }
+// TestMain serves testredis (one Redis) and testservers (the Redlock
+// nodes of redlock_test.go).
+func TestMain(m *testing.M) { os.Exit(testservers.Main(m, testredis.Main)) }
 
 // newClient returns a rueidis client of the Redis at addr, closed when the
 // test ends. forceSingle makes it the client Open makes (one Redis, always

@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"math"
 	"os"
 	"testing"
@@ -11,14 +12,19 @@ import (
 	redsyncredis "github.com/go-redsync/redsync/v4/redis"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/reqlock/reqlock/internal/testservers"
 	"github.com/reqlock/reqlock/stores"
+	"github.com/reqlock/reqlock/stores/redisstore/rueidisstore"
 	"github.com/reqlock/reqlock/stores/redlockstore"
 	"github.com/reqlock/reqlock/stores/storetest/storebench"
 )
 
 func TestMain(m *testing.M) { os.Exit(testservers.Main(m)) }
+
+// rounds is how many times BenchmarkRedlock runs each side, alternated.
+var rounds = flag.Int("bench-rounds", 1, "BenchmarkRedlock: rounds of every side, alternated")
 
 // lockTTL and lockWait are redsync's expiry and wait, as reqlock's.
 const (
@@ -84,16 +90,44 @@ func newStore(b *testing.B) stores.Store {
 	return store
 }
 
+// newRueidisStore returns a redlockstore.Store over the 5 nodes on rueidis
+// clients of its own (rueidisstore.NewRedlock), each as rueidisstore.Open
+// makes it: one Redis, every call pipelined, no client-side cache.
+func newRueidisStore(b *testing.B) stores.Store {
+	addrs := testservers.RedisNodeAddrs(b)
+	nodes := make([]rueidis.Client, len(addrs))
+	for i, a := range addrs {
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{a},
+			ForceSingleClient: true, AlwaysPipelining: true, DisableCache: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(c.Close)
+		if err := c.Do(context.Background(), c.B().Set().Key(redlockstore.MarkerKey).Value("0").Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+		nodes[i] = c
+	}
+	store, err := rueidisstore.NewRedlock(nodes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = store.Close() })
+	return store
+}
+
 // BenchmarkRedlock runs each workload of storebench for reqlock over
-// redlockstore and for redsync in turn, on the same 5 nodes: hot, spread
-// and sequential (storebench.Cycles).
+// redlockstore on go-redis (reqlock) and on rueidis (reqlock-rueidis), and
+// for redsync, in turn, alternated over -bench-rounds rounds, on the same 5
+// nodes: hot, spread and sequential (storebench.Cycles).
 func BenchmarkRedlock(b *testing.B) {
-	sides := []storebench.Side{storebench.Reqlock("reqlock", newStore), redsyncSide}
+	sides := []storebench.Side{storebench.Reqlock("reqlock", newStore),
+		storebench.Reqlock("reqlock-rueidis", newRueidisStore), redsyncSide}
 	for _, w := range storebench.Workloads() {
 		name := w.Name
 		if w == storebench.Cycles {
 			name = "sequential"
 		}
-		b.Run(name, func(b *testing.B) { storebench.Compare(b, w, 1, sides...) })
+		b.Run(name, func(b *testing.B) { storebench.Compare(b, w, *rounds, sides...) })
 	}
 }

@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"context"
@@ -21,12 +21,12 @@ import (
 
 // privateNodes starts 5 Redis servers of the test's own, admitted, and a
 // Store over them.
-func privateNodes(t *testing.T, opts ...redlockstore.Option) ([]*testservers.Server, *redlockstore.Store) {
+func privateNodes(t *testing.T, c Client, opts ...redlockstore.Option) ([]*testservers.Server, *redlockstore.Store) {
 	t.Helper()
 	servers := testservers.RedisNodes(t, 5)
 	nodes := clients(t, testservers.Addrs(servers))
 	admit(t, nodes)
-	return servers, newStore(t, nodes, opts...)
+	return servers, newStore(t, c, nodes, opts...)
 }
 
 // eventually polls f every 20ms until it returns nil or limit passes, and
@@ -60,13 +60,13 @@ func grantOnce(ctx context.Context, s *redlockstore.Store, key string, ttl time.
 	return g.Fences[0], nil
 }
 
-// TestQuorumLoss: with 3 of 5 nodes down, acquisitions fail with an error
+// QuorumLoss: with 3 of 5 nodes down, acquisitions fail with an error
 // that names the nodes (a store failure, not a refusal) within the wait;
 // once the nodes return, the same Store grants again.
-func TestQuorumLoss(t *testing.T) {
+func QuorumLoss(t *testing.T, c Client) {
 	var hookMu sync.Mutex
 	hooked := map[string]int{}
-	servers, s := privateNodes(t, redlockstore.WithNodeTimeout(500*time.Millisecond),
+	servers, s := privateNodes(t, c, redlockstore.WithNodeTimeout(500*time.Millisecond),
 		redlockstore.WithNodeFailureHook(func(node string, _ error) {
 			hookMu.Lock()
 			hooked[node]++
@@ -173,17 +173,17 @@ func fastFailClients(t testing.TB, addrs []string) []redis.Scripter {
 	return out
 }
 
-// TestKillTwoUnderLoad: 2 of 5 nodes killed while workers take turns on one
+// KillTwoUnderLoad: 2 of 5 nodes killed while workers take turns on one
 // key: no two holders ever, no lost update of a non-atomic counter, every
 // Obtain that starts more than recoveryBound after the kill succeeds or ends
 // by contention, never by a store failure, until the nodes return; then the
 // Store uses them again. Its clients fail fast on a killed node
 // (fastFailClients), as a Redlock deployment configures go-redis.
-func TestKillTwoUnderLoad(t *testing.T) {
+func KillTwoUnderLoad(t *testing.T, c Client) {
 	servers := testservers.RedisNodes(t, 5)
 	nodes := fastFailClients(t, testservers.Addrs(servers))
 	admit(t, nodes)
-	s := newStore(t, nodes, redlockstore.WithNodeTimeout(500*time.Millisecond))
+	s := newStore(t, c, nodes, redlockstore.WithNodeTimeout(500*time.Millisecond))
 	locker, err := reqlock.New(s)
 	if err != nil {
 		t.Fatal(err)
@@ -339,15 +339,15 @@ func TestKillTwoUnderLoad(t *testing.T) {
 		time.Duration(releaseDownMax.Load()).Round(time.Millisecond))
 }
 
-// TestRestartedEmptyNodeQuarantined: a node that held a lock and comes back
+// RestartedEmptyNodeQuarantined: a node that held a lock and comes back
 // empty must not let a second client take the lock through it; it takes
 // part again once the max TTL has passed, and the fence still grows.
-func TestRestartedEmptyNodeQuarantined(t *testing.T) {
+func RestartedEmptyNodeQuarantined(t *testing.T, c Client) {
 	const maxTTL = 1500 * time.Millisecond
-	servers, s := privateNodes(t, redlockstore.WithMaxTTL(maxTTL), redlockstore.WithNodeTimeout(500*time.Millisecond))
+	servers, s := privateNodes(t, c, redlockstore.WithMaxTTL(maxTTL), redlockstore.WithNodeTimeout(500*time.Millisecond))
 	ctx := context.Background()
 	key := "restart-empty"
-	gate := s.Gate(key)
+	gate := gate(s, key)
 	// The holder's quorum is the gate and two more; the other two are down
 	// while it is granted.
 	var others []int
@@ -403,11 +403,11 @@ func TestRestartedEmptyNodeQuarantined(t *testing.T) {
 	}
 }
 
-// TestFencesGrowAcrossQuorums: grants whose quorums differ (2 random nodes
+// FencesGrowAcrossQuorums: grants whose quorums differ (2 random nodes
 // down each round, some nodes restarted empty) get strictly growing fences.
-func TestFencesGrowAcrossQuorums(t *testing.T) {
+func FencesGrowAcrossQuorums(t *testing.T, c Client) {
 	const maxTTL = 500 * time.Millisecond
-	servers, s := privateNodes(t, redlockstore.WithMaxTTL(maxTTL), redlockstore.WithNodeTimeout(500*time.Millisecond))
+	servers, s := privateNodes(t, c, redlockstore.WithMaxTTL(maxTTL), redlockstore.WithNodeTimeout(500*time.Millisecond))
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	const key = "fences"

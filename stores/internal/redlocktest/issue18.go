@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // proxiedNodes returns a Store whose every connection to the 5 shared nodes
 // goes through a faultproxy of its own, the proxies, and direct clients of
 // the nodes to look at what they hold.
-func proxiedNodes(t *testing.T, opts ...redlockstore.Option) (*redlockstore.Store, []*faultproxy.Proxy, []redis.Scripter) {
+func proxiedNodes(t *testing.T, c Client, opts ...redlockstore.Option) (*redlockstore.Store, []*faultproxy.Proxy, []redis.Scripter) {
 	t.Helper()
 	addrs := testservers.RedisNodeAddrs(t)
 	direct := clients(t, addrs)
@@ -31,7 +31,7 @@ func proxiedNodes(t *testing.T, opts ...redlockstore.Option) (*redlockstore.Stor
 		proxies[i] = faultproxy.New(t, a)
 		paddrs[i] = proxies[i].Addr()
 	}
-	return newStore(t, clients(t, paddrs), opts...), proxies, direct
+	return newStore(t, c, clients(t, paddrs), opts...), proxies, direct
 }
 
 // uniqueKey returns a key no other test uses.
@@ -89,7 +89,7 @@ func warm(t *testing.T, s *redlockstore.Store) {
 		}
 	}
 	if err := eventually(5*time.Second, func() error {
-		if n := s.TokenStates(); n > 0 {
+		if n := tokenStates(s); n > 0 {
 			return fmt.Errorf("%d warm-up tokens with calls in flight", n)
 		}
 		return nil
@@ -98,12 +98,12 @@ func warm(t *testing.T, s *redlockstore.Store) {
 	}
 }
 
-// TestRefreshNeedsQuorumStillHeld (issue 18, defect 1): a holder whose lock
+// RefreshNeedsQuorumStillHeld (issue 18, defect 1): a holder whose lock
 // expired on a majority, which another Store then took and released, must
 // not revive it by Refresh through the one node that still held it.
-func TestRefreshNeedsQuorumStillHeld(t *testing.T) {
-	servers, s := privateNodes(t, redlockstore.WithNodeTimeout(300*time.Millisecond))
-	other := newStore(t, clients(t, testservers.Addrs(servers)))
+func RefreshNeedsQuorumStillHeld(t *testing.T, c Client) {
+	servers, s := privateNodes(t, c, redlockstore.WithNodeTimeout(300*time.Millisecond))
+	other := newStore(t, c, clients(t, testservers.Addrs(servers)))
 	direct := clients(t, testservers.Addrs(servers))
 	ctx := context.Background()
 	const key = "revive"
@@ -145,11 +145,11 @@ func TestRefreshNeedsQuorumStillHeld(t *testing.T) {
 	}
 }
 
-// TestRefreshRacingReleaseRetakesNothing (issue 18, defect 2): a Refresh
+// RefreshRacingReleaseRetakesNothing (issue 18, defect 2): a Refresh
 // that re-takes a node while a Release runs (replies 300ms late, within the
 // node timeout) must not leave the key held after Release returned.
-func TestRefreshRacingReleaseRetakesNothing(t *testing.T) {
-	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(3*time.Second))
+func RefreshRacingReleaseRetakesNothing(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(3*time.Second))
 	warm(t, s)
 	ctx := context.Background()
 	key := uniqueKey("refresh-release")
@@ -179,11 +179,11 @@ func TestRefreshRacingReleaseRetakesNothing(t *testing.T) {
 	}
 }
 
-// TestCancelledRefreshRetakeClosedByRelease (issue 18, defect 3): the
+// CancelledRefreshRetakeClosedByRelease (issue 18, defect 3): the
 // re-take of a Refresh whose context ended must not land after the lock's
 // Release.
-func TestCancelledRefreshRetakeClosedByRelease(t *testing.T) {
-	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(5*time.Second))
+func CancelledRefreshRetakeClosedByRelease(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(5*time.Second))
 	warm(t, s)
 	ctx := context.Background()
 	key := uniqueKey("cancelled-refresh")
@@ -233,11 +233,11 @@ func TestCancelledRefreshRetakeClosedByRelease(t *testing.T) {
 	}
 }
 
-// TestLateAcquireClosedByUndo (issue 18, defect 4): an acquire whose calls
+// LateAcquireClosedByUndo (issue 18, defect 4): an acquire whose calls
 // to 3 of 5 nodes arrive after the node timeout is undone, and the late
 // calls then write nothing.
-func TestLateAcquireClosedByUndo(t *testing.T) {
-	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(200*time.Millisecond))
+func LateAcquireClosedByUndo(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(200*time.Millisecond))
 	warm(t, s)
 	ctx := context.Background()
 	key := uniqueKey("late-acquire")
@@ -261,9 +261,9 @@ func TestLateAcquireClosedByUndo(t *testing.T) {
 	}
 }
 
-// TestDuplicateNodesRefused (issue 18, defect 5): one server given twice
+// DuplicateNodesRefused (issue 18, defect 5): one server given twice
 // must not count as two votes.
-func TestDuplicateNodesRefused(t *testing.T) {
+func DuplicateNodesRefused(t *testing.T, c Client) {
 	addrs := testservers.RedisNodeAddrs(t)
 	a, b := addrs[0], addrs[1]
 	_, port, _ := strings.Cut(a, ":")
@@ -286,7 +286,7 @@ func TestDuplicateNodesRefused(t *testing.T) {
 	p := faultproxy.New(t, a)
 	nodes := clients(t, []string{a, p.Addr(), b})
 	admit(t, nodes)
-	s := newStore(t, nodes)
+	s := newStore(t, c, nodes)
 	key := uniqueKey("duplicate")
 	g, err := s.Acquire(context.Background(), []string{key}, "t1", time.Second)
 	if !errors.Is(err, stores.ErrInvalid) || !errors.Is(err, redlockstore.ErrDuplicateNode) {
@@ -297,9 +297,9 @@ func TestDuplicateNodesRefused(t *testing.T) {
 	}
 }
 
-// TestNodeOrderIrrelevant (issue 18, defect 6): two processes that list the
+// NodeOrderIrrelevant (issue 18, defect 6): two processes that list the
 // nodes in different orders share each key's gate and release signals.
-func TestNodeOrderIrrelevant(t *testing.T) {
+func NodeOrderIrrelevant(t *testing.T, c Client) {
 	addrs := testservers.RedisNodeAddrs(t)
 	reversed := make([]string, len(addrs))
 	for i, a := range addrs {
@@ -307,10 +307,10 @@ func TestNodeOrderIrrelevant(t *testing.T) {
 	}
 	nodes := clients(t, addrs)
 	admit(t, nodes)
-	s1, s2 := newStore(t, nodes), newStore(t, clients(t, reversed))
+	s1, s2 := newStore(t, c, nodes), newStore(t, c, clients(t, reversed))
 	for i := range 20 {
 		key := uniqueKey(fmt.Sprintf("order%d", i))
-		if g1, g2 := s1.Gate(key), s2.Gate(key); addrs[g1] != reversed[g2] {
+		if g1, g2 := gate(s1, key), gate(s2, key); addrs[g1] != reversed[g2] {
 			t.Fatalf("key %q: gate %s in one order, %s in the other", key, addrs[g1], reversed[g2])
 		}
 	}
@@ -355,16 +355,16 @@ func TestNodeOrderIrrelevant(t *testing.T) {
 	}
 }
 
-// TestGateAloneDoesNotRefuseForever (issue 18, defect 7): a waiter that the
+// GateAloneDoesNotRefuseForever (issue 18, defect 7): a waiter that the
 // gate alone refuses, with the holder that refused it before, while the
 // holder's release reached every node but the gate, gets the lock at once.
-func TestGateAloneDoesNotRefuseForever(t *testing.T) {
-	holder, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(300*time.Millisecond))
-	waiter := newStore(t, direct)
+func GateAloneDoesNotRefuseForever(t *testing.T, c Client) {
+	holder, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(300*time.Millisecond))
+	waiter := newStore(t, c, direct)
 	warm(t, holder)
 	ctx := context.Background()
 	key := uniqueKey("gate-lost-release")
-	gate := holder.Gate(key)
+	gate := gate(holder, key)
 	if g, err := holder.Acquire(ctx, []string{key}, "holder", 10*time.Second); err != nil || !g.OK {
 		t.Fatalf("holder's Acquire: %+v, %v", g, err)
 	}
@@ -400,12 +400,12 @@ func TestGateAloneDoesNotRefuseForever(t *testing.T) {
 	}
 }
 
-// TestQuarantineNotShortByUptimeRounding (issue 18, defect 22): a node
+// QuarantineNotShortByUptimeRounding (issue 18, defect 22): a node
 // restarted empty late in a second takes part in no grant before it has been
 // up for the max TTL, although Redis rounds its uptime up by then.
-func TestQuarantineNotShortByUptimeRounding(t *testing.T) {
+func QuarantineNotShortByUptimeRounding(t *testing.T, c Client) {
 	const maxTTL = 2 * time.Second
-	servers, s := privateNodes(t, redlockstore.WithMaxTTL(maxTTL), redlockstore.WithNodeTimeout(300*time.Millisecond))
+	servers, s := privateNodes(t, c, redlockstore.WithMaxTTL(maxTTL), redlockstore.WithNodeTimeout(300*time.Millisecond))
 	ctx := context.Background()
 	// Nodes 3 and 4 down: every grant needs node 0.
 	servers[3].Kill()
@@ -436,12 +436,12 @@ func TestQuarantineNotShortByUptimeRounding(t *testing.T) {
 	}
 }
 
-// TestBounds: the Store states its range and refuses arguments out of it
+// Bounds: the Store states its range and refuses arguments out of it
 // itself, with ErrInvalid, before it acts.
-func TestBounds(t *testing.T) {
+func Bounds(t *testing.T, c Client) {
 	nodes := clients(t, testservers.RedisNodeAddrs(t))
 	admit(t, nodes)
-	s := newStore(t, nodes, redlockstore.WithMaxTTL(30*time.Second))
+	s := newStore(t, c, nodes, redlockstore.WithMaxTTL(30*time.Second))
 	b := s.Bounds()
 	if b.MaxKeyBytes != redlockstore.MaxKeyBytes || b.MinTTL != redlockstore.MinTTL || b.MaxTTL != 30*time.Second || b.Reason == "" {
 		t.Fatalf("Bounds() = %+v", b)

@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"context"
@@ -11,15 +11,15 @@ import (
 	"github.com/reqlock/reqlock/stores/redlockstore"
 )
 
-// TestCallsDuringClose: calls that start while Close runs (a Locker's
+// CallsDuringClose: calls that start while Close runs (a Locker's
 // background release of a failed acquire, say) do not race with Close's
 // wait for the background calls (run with -race), and calls after Close
 // fail at once with ErrClosed.
-func TestCallsDuringClose(t *testing.T) {
+func CallsDuringClose(t *testing.T, c Client) {
 	nodes := clients(t, testservers.RedisNodeAddrs(t))
 	admit(t, nodes)
 	for range 20 {
-		s, err := redlockstore.New(nodes)
+		s, err := c.open(t, nodes)
 		if err != nil {
 			t.Fatal(err)
 		}

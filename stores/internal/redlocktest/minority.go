@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"context"
@@ -168,13 +168,13 @@ func (st phaseStats) String() string {
 		st.p50.Round(10*time.Microsecond), st.p99.Round(10*time.Microsecond), st.max.Round(time.Millisecond), st.outcomes)
 }
 
-// TestFrozenMinority is issue 19's Redlock target: two instances under
+// FrozenMinority is issue 19's Redlock target: two instances under
 // steady load on a hot key and 16 others, 1s wait. With 2 of 5 nodes
 // frozen (SIGSTOP; the hot key's gate among them), at least 99% of the
 // requests succeed and their p50 latency is at most 3x the healthy p50 of
 // the same run, with no overlap and an exact stock; with 3 of 5 frozen,
 // every request fails with a store error within the wait.
-func TestFrozenMinority(t *testing.T) {
+func FrozenMinority(t *testing.T, c Client) {
 	if testing.Short() {
 		t.Skip("load test")
 	}
@@ -185,7 +185,7 @@ func TestFrozenMinority(t *testing.T) {
 	for range 2 {
 		nodes := clients(t, addrs)
 		admit(t, nodes)
-		store := newStore(t, nodes)
+		store := newStore(t, c, nodes)
 		if first == nil {
 			first = store
 		}
@@ -208,7 +208,7 @@ func TestFrozenMinority(t *testing.T) {
 	t.Logf("healthy:      %v", healthy)
 
 	// Freeze the hot key's gate and the node of its release signals.
-	gate, notify := first.Gate(shop.keys[0]), first.NotifyNode(shop.keys[0])
+	gate, notify := gate(first, shop.keys[0]), notifyNode(first, shop.keys[0])
 	frozen := []int{gate, notify}
 	for _, i := range frozen {
 		servers[i].Pause()

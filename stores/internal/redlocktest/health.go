@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"errors"
@@ -26,12 +26,12 @@ func skippedCalls(s *redlockstore.Store) []uint64 {
 	return out
 }
 
-// TestShortTimeoutsSkipNoNode: calls of a 10ms TTL (3ms each) that run out
+// ShortTimeoutsSkipNoNode: calls of a 10ms TTL (3ms each) that run out
 // on slow but answering nodes, as they do on a loaded machine, skip no
 // node: the next calls are all sent, and a longer TTL is granted once the
 // nodes are quick again.
-func TestShortTimeoutsSkipNoNode(t *testing.T) {
-	s, proxies, _ := proxiedNodes(t, redlockstore.WithNodeTimeout(time.Second))
+func ShortTimeoutsSkipNoNode(t *testing.T, c Client) {
+	s, proxies, _ := proxiedNodes(t, c, redlockstore.WithNodeTimeout(time.Second))
 	warm(t, s)
 	for _, p := range proxies {
 		p.Delay(faultproxy.Both, 100*time.Millisecond)
@@ -116,12 +116,12 @@ func frozenThree(t *testing.T, s *redlockstore.Store, proxies []*faultproxy.Prox
 	}
 }
 
-// TestTimingOutNodeSkipped: a node whose calls time out twice is skipped
+// TimingOutNodeSkipped: a node whose calls time out twice is skipped
 // (its calls fail at once with ErrNodeSkipped, counted in
 // NodeStat.Skipped), and its probe brings it back as soon as it answers.
-func TestTimingOutNodeSkipped(t *testing.T) {
+func TimingOutNodeSkipped(t *testing.T, c Client) {
 	const timeout = 500 * time.Millisecond
-	s, proxies, _ := proxiedNodes(t, redlockstore.WithNodeTimeout(timeout))
+	s, proxies, _ := proxiedNodes(t, c, redlockstore.WithNodeTimeout(timeout))
 	warm(t, s)
 	// A TTL that gives each call the node timeout, and whose owed releases
 	// (of the failed Acquires) are given up soon: such a release, sent to
@@ -161,9 +161,9 @@ func TestTimingOutNodeSkipped(t *testing.T) {
 	}
 }
 
-// TestCloseStopsProbes: Close ends the probes of skipped nodes that do not
+// CloseStopsProbes: Close ends the probes of skipped nodes that do not
 // answer, and leaves no goroutine of the Store behind.
-func TestCloseStopsProbes(t *testing.T) {
+func CloseStopsProbes(t *testing.T, c Client) {
 	const timeout = 500 * time.Millisecond
 	addrs := testservers.RedisNodeAddrs(t)
 	admit(t, clients(t, addrs))
@@ -177,7 +177,7 @@ func TestCloseStopsProbes(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		scripters[i] = c
 	}
-	s, err := redlockstore.New(scripters, redlockstore.WithNodeTimeout(timeout))
+	s, err := c.open(t, scripters, redlockstore.WithNodeTimeout(timeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,20 +217,20 @@ func storeGoroutines() []string {
 	buf := make([]byte, 1<<22)
 	var out []string
 	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-		if strings.Contains(strings.ReplaceAll(g, "redlockstore_test.", ""), "/stores/redlockstore.") {
+		if strings.Contains(g, "/stores/redlockstore.") {
 			out = append(out, g)
 		}
 	}
 	return out
 }
 
-// TestStalledCallEnded: an Acquire whose outcome needs a frozen node's
+// StalledCallEnded: an Acquire whose outcome needs a frozen node's
 // answer (2 nodes grant, 2 refuse) gets it at the node's stall time, while
 // the other nodes answer, not at the node timeout; the node is then
 // skipped.
-func TestStalledCallEnded(t *testing.T) {
+func StalledCallEnded(t *testing.T, c Client) {
 	const timeout = 5 * time.Second
-	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(timeout))
+	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(timeout))
 	warm(t, s)
 	key := uniqueKey("stalled")
 	for _, n := range direct[3:] {

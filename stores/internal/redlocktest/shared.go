@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"context"
@@ -13,15 +13,15 @@ import (
 	"github.com/reqlock/reqlock/stores/redlockstore"
 )
 
-// TestLimitQuorums: readers and a limit of 1 are granted by a majority, a
+// LimitQuorums: readers and a limit of 1 are granted by a majority, a
 // limit of 2 or more by every node only (see Shared and limited grants in
 // the package documentation): with one node holding the key for another
 // client, a limit of 3 is refused while a reader and a limit of 1 get in,
 // and a place of a limit of 3 that one node lost is not renewed.
-func TestLimitQuorums(t *testing.T) {
+func LimitQuorums(t *testing.T, c Client) {
 	nodes := clients(t, testservers.RedisNodeAddrs(t))
 	admit(t, nodes)
-	s := newStore(t, nodes, redlockstore.WithNodeTimeout(5*time.Second))
+	s := newStore(t, c, nodes, redlockstore.WithNodeTimeout(5*time.Second))
 	ctx := t.Context()
 	key := "redlock:limitquorums:" + t.Name() + time.Now().Format(time.RFC3339Nano)
 	one := nodes[0].(*redis.Client)

@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"context"
@@ -27,13 +27,13 @@ func slowMinority(t *testing.T, proxies []*faultproxy.Proxy) {
 	}
 }
 
-// TestReleaseWaitsForHealthyStragglers (issue 19 follow-up): once a quorum
+// ReleaseWaitsForHealthyStragglers (issue 19 follow-up): once a quorum
 // has released, Release gives the other nodes a short grace, so that on a
 // cluster whose nodes all answer a Release that returned nil leaves the key
 // held nowhere (the conformance suite's next refusal must not name a key a
 // minority still held for a moment).
-func TestReleaseWaitsForHealthyStragglers(t *testing.T) {
-	s, proxies, direct := proxiedNodes(t)
+func ReleaseWaitsForHealthyStragglers(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c)
 	warm(t, s)
 	ctx, key, token := context.Background(), uniqueKey("grace-release"), uniqueKey("token")
 	if g, err := s.Acquire(ctx, []string{key}, token, 10*time.Second); err != nil || !g.OK {
@@ -48,12 +48,12 @@ func TestReleaseWaitsForHealthyStragglers(t *testing.T) {
 	}
 }
 
-// TestRefreshWaitsForHealthyStragglers (issue 19 follow-up): as Release,
+// RefreshWaitsForHealthyStragglers (issue 19 follow-up): as Release,
 // Refresh gives the nodes still out a short grace once a quorum renewed:
 // on a cluster whose nodes all answer, the new TTL is on every node when
 // it returns.
-func TestRefreshWaitsForHealthyStragglers(t *testing.T) {
-	s, proxies, direct := proxiedNodes(t)
+func RefreshWaitsForHealthyStragglers(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c)
 	warm(t, s)
 	ctx, key, token := context.Background(), uniqueKey("grace-refresh"), uniqueKey("token")
 	if g, err := s.Acquire(ctx, []string{key}, token, 2*time.Second); err != nil || !g.OK {
@@ -75,11 +75,14 @@ func TestRefreshWaitsForHealthyStragglers(t *testing.T) {
 	}
 }
 
-// TestRefusalNamesMostRefusedKey (issue 19 follow-up): a refusal's Held
+// RefusalNamesMostRefusedKey (issue 19 follow-up): a refusal's Held
 // names the key the most nodes refused with, not a key a minority (here
 // including the gate) still holds for a moment.
-func TestRefusalNamesMostRefusedKey(t *testing.T) {
-	s, _, direct := proxiedNodes(t)
+func RefusalNamesMostRefusedKey(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c)
+	// Connections open and round trips known: the replies of the refusal
+	// come together, within the grace that waits for the last of them.
+	warm(t, s)
 	ctx := context.Background()
 	a, b := uniqueKey("held-a"), uniqueKey("held-b")
 	keys := []string{a, b}
@@ -91,7 +94,7 @@ func TestRefusalNamesMostRefusedKey(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = s.Release(context.Background(), keys[1:], "holder", 0) })
 	// A stale hold of the first key on a minority that includes the gate.
-	gate := s.Gate(keys[0])
+	gate := gate(s, keys[0])
 	stale := []int{gate, (gate + 1) % len(direct)}
 	for _, i := range stale {
 		if err := direct[i].(*redis.Client).Set(ctx, keys[0], "stale#1", 10*time.Second).Err(); err != nil {
@@ -99,7 +102,16 @@ func TestRefusalNamesMostRefusedKey(t *testing.T) {
 		}
 		t.Cleanup(func() { direct[i].(*redis.Client).Del(context.Background(), keys[0]) })
 	}
+	// Every reply 20ms late: the decision takes that long, and so does the
+	// grace after it, while the replies still come in one burst, so that a
+	// loaded machine's scheduling does not end the grace before the last.
+	for _, p := range proxies {
+		p.Delay(faultproxy.ToClient, 20*time.Millisecond)
+	}
 	g, err := s.Acquire(ctx, keys, uniqueKey("token"), 10*time.Second)
+	for _, p := range proxies {
+		p.Heal()
+	}
 	if err != nil || g.OK {
 		t.Fatalf("Acquire of both keys: %+v, %v: want a refusal", g, err)
 	}

@@ -1,4 +1,4 @@
-package redlockstore_test
+package redlocktest
 
 import (
 	"bytes"
@@ -18,12 +18,15 @@ import (
 	"github.com/reqlock/reqlock/stores/storetest/faultproxy"
 )
 
-// TestRetryingClientNotUnreachable: on clients that retry a command
+// RetryingClientNotUnreachable: on clients that retry a command
 // (go-redis's default MaxRetries), an acquire whose request reached every
 // node before its connection was cut, and whose client's retry then found
 // the nodes refusing connections, may have granted: it is not
 // ErrUnreachable, and the Store undoes it once the nodes can be reached.
-func TestRetryingClientNotUnreachable(t *testing.T) {
+func RetryingClientNotUnreachable(t *testing.T, c Client) {
+	if !c.Retries {
+		t.Skipf("%s sends a script once: there is no retry to find the nodes refusing", c.Name)
+	}
 	addrs := testservers.RedisNodeAddrs(t)
 	direct := clients(t, addrs)
 	admit(t, direct)
@@ -36,7 +39,7 @@ func TestRetryingClientNotUnreachable(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		nodes[i] = c
 	}
-	s := newStore(t, nodes)
+	s := newStore(t, c, nodes)
 	warm(t, s)
 	ctx := context.Background()
 	key := uniqueKey("retrying-client")
@@ -64,12 +67,12 @@ func TestRetryingClientNotUnreachable(t *testing.T) {
 	}
 }
 
-// TestUnreachableOnlyWhenNoNodeReached: an Acquire that 3 of 5 nodes fail
+// UnreachableOnlyWhenNoNodeReached: an Acquire that 3 of 5 nodes fail
 // to take (their connections refused) and the other 2 refuse (held by
 // another token) reached nodes: a store failure, but not ErrUnreachable,
 // which says that the call never reached the store.
-func TestUnreachableOnlyWhenNoNodeReached(t *testing.T) {
-	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(time.Second))
+func UnreachableOnlyWhenNoNodeReached(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(time.Second))
 	warm(t, s)
 	ctx := context.Background()
 	key := uniqueKey("reached")
@@ -88,11 +91,11 @@ func TestUnreachableOnlyWhenNoNodeReached(t *testing.T) {
 	}
 }
 
-// TestContextEndedDuringProbeSendsNothing: a first Acquire whose context
+// ContextEndedDuringProbeSendsNothing: a first Acquire whose context
 // ends while it waits for the nodes' identities (one node cut off) returns
 // the context's error, sends no acquire, and owes nothing.
-func TestContextEndedDuringProbeSendsNothing(t *testing.T) {
-	s, proxies, _ := proxiedNodes(t, redlockstore.WithNodeTimeout(2*time.Second))
+func ContextEndedDuringProbeSendsNothing(t *testing.T, c Client) {
+	s, proxies, _ := proxiedNodes(t, c, redlockstore.WithNodeTimeout(2*time.Second))
 	key := uniqueKey("probe-ctx")
 	counts := make([]func() int, len(proxies))
 	for i, p := range proxies {
@@ -112,15 +115,21 @@ func TestContextEndedDuringProbeSendsNothing(t *testing.T) {
 	}
 }
 
-// TestUncertainRefreshForgotten: the Store forgets that a Refresh call's
+// UncertainRefreshForgotten: the Store forgets that a Refresh call's
 // outcome was unknown (which a Release of the lock would need) once the
 // refresh's TTL has passed, also when the lock is never released: the
 // states of such tokens do not pile up.
-func TestUncertainRefreshForgotten(t *testing.T) {
+func UncertainRefreshForgotten(t *testing.T, c Client) {
+	if c.Pipelined {
+		// The next lock's Acquire goes on the connection the heal cut
+		// before the client noticed, fails on node 4, and its Refresh
+		// then leaves node 4 out: fewer Refreshes of unknown outcome.
+		t.Skipf("%s pipelines: the heal's cut fails the next call of node 4 (see Client.Pipelined)", c.Name)
+	}
 	// A TTL that outlasts the loop on a loaded machine: no state may be
 	// swept before every Refresh is done.
 	const locks, ttl = 5, 3 * time.Second
-	s, proxies, _ := proxiedNodes(t, redlockstore.WithNodeTimeout(100*time.Millisecond))
+	s, proxies, _ := proxiedNodes(t, c, redlockstore.WithNodeTimeout(100*time.Millisecond))
 	warm(t, s)
 	ctx := context.Background()
 	for i := range locks {
@@ -134,7 +143,7 @@ func TestUncertainRefreshForgotten(t *testing.T) {
 		}
 		proxies[4].Heal()
 	}
-	if n := s.TokenStates(); n != locks {
+	if n := tokenStates(s); n != locks {
 		t.Fatalf("%d token states after %d Refreshes of unknown outcome on node 4, want %d", n, locks, locks)
 	}
 	// Once the TTL has passed, the next Refresh sweeps them.
@@ -147,7 +156,7 @@ func TestUncertainRefreshForgotten(t *testing.T) {
 		if err := s.Refresh(ctx, []string{key}, "sweeper", time.Second); err != nil {
 			return err
 		}
-		if n := s.TokenStates(); n > 1 {
+		if n := tokenStates(s); n > 1 {
 			return fmt.Errorf("%d token states", n)
 		}
 		return nil
@@ -156,17 +165,17 @@ func TestUncertainRefreshForgotten(t *testing.T) {
 	}
 }
 
-// TestUnidentifiedNodeDoesNotVote: a second address of one server that
+// UnidentifiedNodeDoesNotVote: a second address of one server that
 // could not be reached when the Store asked the nodes for their run_ids
 // (issue 18, defect 5) must not count as a second vote once it answers:
 // with the third node down, that server alone grants nothing, and the
 // duplicate is found.
-func TestUnidentifiedNodeDoesNotVote(t *testing.T) {
+func UnidentifiedNodeDoesNotVote(t *testing.T, c Client) {
 	addrs := testservers.RedisNodeAddrs(t)
 	alias, third := faultproxy.New(t, addrs[0]), faultproxy.New(t, addrs[1])
 	nodes := clients(t, []string{addrs[0], alias.Addr(), third.Addr()})
 	admit(t, nodes)
-	s := newStore(t, nodes, redlockstore.WithNodeTimeout(time.Second))
+	s := newStore(t, c, nodes, redlockstore.WithNodeTimeout(time.Second))
 	ctx := context.Background()
 	alias.Refuse()
 	alias.Cut()
@@ -191,13 +200,13 @@ func TestUnidentifiedNodeDoesNotVote(t *testing.T) {
 	}
 }
 
-// TestRefreshOnFreshStore: a Store that never acquired (another Store of
+// RefreshOnFreshStore: a Store that never acquired (another Store of
 // the process did) renews a lock: its first Refresh learns the nodes'
 // identities, whose grants then count.
-func TestRefreshOnFreshStore(t *testing.T) {
+func RefreshOnFreshStore(t *testing.T, c Client) {
 	nodes := clients(t, testservers.RedisNodeAddrs(t))
 	admit(t, nodes)
-	a, b := newStore(t, nodes), newStore(t, nodes)
+	a, b := newStore(t, c, nodes), newStore(t, c, nodes)
 	ctx := context.Background()
 	key := uniqueKey("fresh-refresh")
 	if g, err := a.Acquire(ctx, []string{key}, "t", 10*time.Second); err != nil || !g.OK {
@@ -211,12 +220,12 @@ func TestRefreshOnFreshStore(t *testing.T) {
 	}
 }
 
-// TestRefreshAfterCancelledReleaseWritesNothing: a Release whose context is
+// RefreshAfterCancelledReleaseWritesNothing: a Release whose context is
 // cancelled while its calls are on their way (held back 500ms) returns, but
 // the token stays ended until the calls are in: a Refresh started then
 // writes nothing, and does not re-take a node behind the Release.
-func TestRefreshAfterCancelledReleaseWritesNothing(t *testing.T) {
-	s, proxies, direct := proxiedNodes(t, redlockstore.WithNodeTimeout(3*time.Second))
+func RefreshAfterCancelledReleaseWritesNothing(t *testing.T, c Client) {
+	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(3*time.Second))
 	warm(t, s)
 	ctx := context.Background()
 	key := uniqueKey("cancelled-release")
@@ -262,10 +271,10 @@ func TestRefreshAfterCancelledReleaseWritesNothing(t *testing.T) {
 	}
 }
 
-// TestNoGoroutineLeftAfterClose: after a Store has granted, renewed,
+// NoGoroutineLeftAfterClose: after a Store has granted, renewed,
 // refused, released and notified, with calls to a node it cannot reach still
 // out, and owes clean-up to that node, Close ends every goroutine it started.
-func TestNoGoroutineLeftAfterClose(t *testing.T) {
+func NoGoroutineLeftAfterClose(t *testing.T, c Client) {
 	addrs := testservers.RedisNodeAddrs(t)
 	direct := clients(t, addrs)
 	admit(t, direct)
@@ -280,7 +289,7 @@ func TestNoGoroutineLeftAfterClose(t *testing.T) {
 		nodes[i] = redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 		scripters[i] = nodes[i]
 	}
-	s, err := redlockstore.New(scripters, redlockstore.WithNodeTimeout(200*time.Millisecond))
+	s, closeClients, err := c.New(t, scripters, redlockstore.WithNodeTimeout(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,6 +337,7 @@ func TestNoGoroutineLeftAfterClose(t *testing.T) {
 	for _, n := range nodes {
 		_ = n.Close()
 	}
+	closeClients()
 	proxies[4].Heal()
 	if err := eventually(5*time.Second, func() error {
 		// The proxies serve open connections with goroutines of their
