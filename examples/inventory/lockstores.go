@@ -155,9 +155,17 @@ func newRedisClient(raw string) (*redis.Client, string, error) {
 	}
 	// Let a request's lock wait deadline, and its stock budget, bound a
 	// stalled Redis too; and bound each call without a deadline. go-redis
-	// retries a failed call (max_retries) and, within each try, a failed
-	// dial 5 times 100ms apart: for a dead Redis the two multiply into
-	// almost 2s; the retries of the call are enough.
+	// retries a failed dial 5 times 100ms apart within each try of a call:
+	// one dial a try is enough. It would also resend a call whose
+	// connection dropped before the reply (max_retries, 3 by default): a
+	// deduction script that ran would then run again and deduct twice
+	// (HINCRBY under the same fence). The client never resends: such a
+	// call fails, and the request answers 503 "outcome unknown".
+	if opts.MaxRetries > 0 {
+		return nil, "", fmt.Errorf("max_retries=%d: the stock client must not resend a deduction whose reply was lost "+
+			"(it would deduct twice); drop max_retries", opts.MaxRetries)
+	}
+	opts.MaxRetries = -1
 	opts.ContextTimeoutEnabled = true
 	for _, d := range []*time.Duration{&opts.ReadTimeout, &opts.WriteTimeout, &opts.DialTimeout} {
 		if *d == 0 {

@@ -390,7 +390,9 @@ type recordStock interface {
 	// rw holds the request's claim (else errClaimLost) and that each SKU's
 	// stock is still before[i], as the request read it under its lock
 	// (else errStockChanged), and that writes rw's record with the
-	// deduction. Nothing changes unless all pass.
+	// deduction. Nothing changes unless all pass. When the record key
+	// holds rw's record already (this deduction ran, and the client resent
+	// it), it changes nothing and returns the stocks that deduction left.
 	DeductRecord(ctx context.Context, ds []deduction, defaultStock int64, before []int64, rw redisstore.RecordWrite) ([]int64, error)
 }
 
@@ -410,12 +412,17 @@ var (
 // the default stock, ARGV[2..4] the claim's token, the record and its
 // retention in ms; then, per SKU i, ARGV[3i+2], ARGV[3i+3] and ARGV[3i+4]
 // its quantity, fence and the stock the request read. It returns {1,
-// left...}, or, changing nothing, {3} when the claim does not hold the
-// record key, {0, i, storedFence} for a stale fence, {4, i, stock} for a
-// stock that is not the one read.
+// left...}, or, changing nothing, {5} when the record key holds this
+// script's record already (it ran, and its client resent it after losing
+// the reply), {3} when the claim does not hold the record key, {0, i,
+// storedFence} for a stale fence, {4, i, stock} for a stock that is not
+// the one read.
 var redisDeductRecordScript = redis.NewScript(redisstore.RecordLua + `
 local n = #KEYS - 2
 if not reqlock_claimed(KEYS[n+1], ARGV[2]) then
+  if reqlock_recorded(KEYS[n+1], ARGV[3]) then
+    return {5}
+  end
   return {3}
 end
 for i = 1, n do
@@ -470,6 +477,14 @@ func (s *redisStock) DeductRecord(ctx context.Context, ds []deduction, defaultSt
 	case err != nil || len(v) == 0:
 	case v[0] == 1 && len(v) == 1+len(ds):
 		return v[1:], nil
+	case v[0] == 5 && len(v) == 1:
+		// This deduction ran already (a resent script): it found each
+		// stock at before[i], and left before[i] less the quantity.
+		left := make([]int64, len(ds))
+		for i, d := range ds {
+			left[i] = before[i] - d.Qty
+		}
+		return left, nil
 	case v[0] == 3 && len(v) == 1:
 		return nil, errClaimLost
 	case v[0] == 0 && len(v) == 3 && v[1] >= 1 && v[1] <= int64(len(ds)):

@@ -238,6 +238,13 @@ func cutNumber(s string) (int64, string, error) {
 //
 //	reqlock_claimed(key, token)
 //	    true when key holds token's claim: check it before changing anything.
+//	reqlock_recorded(key, value)
+//	    true when key holds the record value: this very write ran already.
+//	    A client that resends a script whose reply it lost (go-redis does,
+//	    on a dropped connection) finds the claim gone and its own record
+//	    in its place; the script must then answer as when it wrote it, not
+//	    as for a lost claim, or the request answers that nothing changed
+//	    while its side effect is there.
 //	reqlock_record(key, waiting, token, value, retention_ms)
 //	    replaces token's claim on key by the record value, kept for
 //	    retention_ms, and wakes the key's waiters, as FinishRecord does;
@@ -248,6 +255,9 @@ func cutNumber(s string) (int64, string, error) {
 const RecordLua = `
 local function reqlock_claimed(key, token)
   return redis.pcall('GET', key) == token
+end
+local function reqlock_recorded(key, value)
+  return redis.pcall('GET', key) == value
 end
 local function reqlock_record(key, waiting, token, value, retention_ms)
   if redis.pcall('GET', key) ~= token then
