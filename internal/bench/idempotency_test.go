@@ -200,3 +200,50 @@ func BenchmarkIdempotentRequest(b *testing.B) {
 		})
 	}
 }
+
+// idemAllocs pins the allocations of an idempotent request beyond those of
+// a locked one on the same adapter, on the in-memory store: with a new key
+// (the claim, the recording of the answer and its record) and a replay
+// (the claim that finds the record, and the recorded answer written back;
+// no lock). Measured when the pin was set, plus a margin of 2.
+var idemAllocs = map[bool]map[string][2]float64{ // race build -> adapter -> {new key, replay}
+	false: {"nethttp": {62, 19}, "gin": {59, 17}, "echo": {58, 19}},
+	true:  {"nethttp": {63, 19}, "gin": {60, 17}, "echo": {59, 19}},
+}
+
+// TestAllocsPerIdempotentRequest pins what idempotency adds to a locked
+// request's allocations (see idemAllocs), so that a change that allocates
+// more on either path fails here. The requests are built beforehand.
+func TestAllocsPerIdempotentRequest(t *testing.T) {
+	for i, a := range idemAdapters {
+		t.Run(a.name, func(t *testing.T) {
+			locked := allocsPerRequest(t, adapters[i].build(reqlock.MustNew(memstore.New())))
+			h := a.build(reqlock.MustNew(memstore.New()))
+			measure := func(req func(n int) *http.Request, replayed string) float64 {
+				const runs = 200
+				reqs := make([]*http.Request, runs+1) // AllocsPerRun runs once more to warm up
+				for n := range reqs {
+					reqs[n] = req(n)
+				}
+				n := 0
+				return testing.AllocsPerRun(runs, func() {
+					rec := httptest.NewRecorder()
+					h.ServeHTTP(rec, reqs[n])
+					if rec.Code != http.StatusOK || rec.Header().Get(middleware.ReplayedHeader) != replayed {
+						t.Fatalf("status %d, replayed %q (want %q): %s", rec.Code, rec.Header().Get(middleware.ReplayedHeader), replayed, rec.Body)
+					}
+					n++
+				})
+			}
+			newKey := measure(func(n int) *http.Request { return idemRequest(n%64, "new-"+strconv.Itoa(n)) }, "")
+			h.ServeHTTP(httptest.NewRecorder(), idemRequest(1, "recorded"))
+			replay := measure(func(int) *http.Request { return idemRequest(1, "recorded") }, "true")
+			want := idemAllocs[raceEnabled][a.name]
+			t.Logf("locked %v, idempotent with a new key %v (+%v), replay %v (+%v)", locked, newKey, newKey-locked, replay, replay-locked)
+			if newKey-locked > want[0] || replay-locked > want[1] {
+				t.Fatalf("idempotency adds %v allocations with a new key and %v on a replay to a locked request's %v, want at most %v and %v (race build: %v)",
+					newKey-locked, replay-locked, locked, want[0], want[1], raceEnabled)
+			}
+		})
+	}
+}
