@@ -253,14 +253,7 @@ func RefreshAfterCancelledReleaseWritesNothing(t *testing.T, c Client) {
 	for _, ch := range answered {
 		<-ch
 	}
-	if err := eventually(2*time.Second, func() error {
-		if h := holders(t, direct, key); strings.Join(h, "") != "" {
-			return fmt.Errorf("holders %q", h)
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("after the cancelled Release's calls landed, the key is held: %v", err)
-	}
+	freeSoon(t, direct, key, "the cancelled Release")
 }
 
 // NoGoroutineLeftAfterClose: after a Store has granted, renewed,
