@@ -251,7 +251,10 @@
 // a row per holder, named by the SHA-256 of the key and of the token, with
 // its own expiry by the server's clock, and a row per waiting writer. While
 // a key has holders its lease row holds a marker as its token (a NUL byte
-// and "reqlock:shared": tokens that start with a NUL byte are reserved),
+// and "reqlock:shared": tokens that start with a NUL byte are reserved for
+// such values, and refused: Acquire and ClaimRecord answer
+// stores.ErrInvalid, Release and Refresh stores.ErrNotHeld, before any
+// statement),
 // the longest holder's expiry and the key's fence, so that Acquire,
 // unchanged, reads the key as held and both kinds of grant draw fences
 // from one sequence.
@@ -307,7 +310,8 @@
 // MySQL), so that a new key's claim takes one round trip and a replay two.
 // A finished record lives in two places: the key's lease row, whose token
 // becomes the record's owner (a NUL byte, "reqlock:record:" and the SHA-256
-// of the finishing token: 48 bytes; tokens that start so are refused) and
+// of the finishing token: 48 bytes; no caller's token starts with a NUL
+// byte, see above) and
 // whose expiry becomes the end of the retention, so that Acquire, Release
 // and Refresh, unchanged, leave it alone; and a row of a third table beside
 // the lease table, named after it (reqlock_locks_records; a name past 64

@@ -414,8 +414,9 @@ func anys(keys []string) []any {
 // carried it, so that it cannot apply later; the error then wraps
 // stores.ErrAbandoned. It returns an error wrapping stores.ErrInvalid for
 // no keys, more than MaxKeysPerCall, an empty, duplicate, unsorted or too
-// long key (see Bounds), an empty or too long token or a non-positive ttl,
-// before any statement; ErrClosed after Close; ErrMisconfigured for a
+// long key (see Bounds), an empty or too long token, a token that starts
+// with a NUL byte (reserved) or a non-positive ttl, before any statement;
+// ErrClosed after Close; ErrMisconfigured for a
 // server or table the Store cannot use; ErrUnexpectedReply for a reply it
 // cannot read; and the driver's error otherwise, wrapped with
 // stores.ErrUnreachable when no connection could be made.
@@ -424,6 +425,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		return stores.Grant{}, err
 	}
 	if err := s.checkArgs(keys, token, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := args.CheckGrantToken(token, holders.Reserved); err != nil {
 		return stores.Grant{}, err
 	}
 	op := func(ctx context.Context, c *call[acquired]) (acquired, error) {
@@ -742,8 +746,11 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
 // error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
 // an empty, duplicate, unsorted or too long key (see Bounds), or an empty
-// or too long token, before any statement; ErrClosed after Close; one wrapping ErrContention after contentionAttempts losses to row
-// lock contention; and the driver's error otherwise.
+// or too long token, before any statement; one wrapping stores.ErrNotHeld
+// for a token that starts with a NUL byte (reserved: it holds no key),
+// before any statement; ErrClosed after Close; one wrapping ErrContention
+// after contentionAttempts losses to row lock contention; and the driver's
+// error otherwise.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
@@ -753,6 +760,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		durations = append(durations, keep)
 	}
 	if err := s.checkArgs(keys, token, durations...); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, holders.Reserved); err != nil {
 		return err
 	}
 	// A release is owed whether or not its caller waits: it tries again
@@ -812,8 +822,10 @@ func (s *Store) exec(ctx context.Context, query string, vals []any) (int64, erro
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
 // error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
 // an empty, duplicate, unsorted or too long key (see Bounds), an empty or
-// too long token or a non-positive ttl, before any statement; ErrClosed
-// after Close; one wrapping ErrContention after
+// too long token or a non-positive ttl, and one wrapping stores.ErrNotHeld
+// for a token that starts with a NUL byte (reserved: it holds no key),
+// before any statement; ErrClosed after Close; one wrapping ErrContention
+// after
 // contentionAttempts losses to row lock contention; and the driver's error
 // otherwise, wrapped with stores.ErrUnreachable when no connection could be
 // made. A lost connection is no lost lock: the lease is a row, which any
@@ -823,6 +835,9 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		return err
 	}
 	if err := s.checkArgs(keys, token, ttl); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, holders.Reserved); err != nil {
 		return err
 	}
 	_, err := detached(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {

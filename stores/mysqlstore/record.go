@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock/internal/holders"
@@ -49,9 +48,9 @@ func recordsTable(table string) string { return holders.RecordsTable(table, 64) 
 // is then read by a second statement, so that a replay takes two round
 // trips (a statement that writes returns no rows on MySQL).
 //
-// Its errors are Acquire's; it also returns an error wrapping
-// stores.ErrInvalid for a token that starts with the prefix of a record's
-// owner (a NUL byte, then "reqlock:record:").
+// Its errors are Acquire's, which refuses a token that starts with a NUL
+// byte, as a record's owner does (such tokens are reserved: see Shared and
+// limited grants in the package documentation).
 func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Duration) (stores.Grant, *stores.Record, error) {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return stores.Grant{}, nil, err
@@ -278,8 +277,5 @@ func checkRecordArgs(ctx context.Context, key, token string) error {
 	if err := args.CheckShared(ctx, key, 0); err != nil {
 		return err
 	}
-	if strings.HasPrefix(token, holders.RecordPrefix) {
-		return fmt.Errorf("%w: mysqlstore: a token that starts like a record's owner (%q)", stores.ErrInvalid, holders.RecordPrefix)
-	}
-	return nil
+	return args.CheckGrantToken(token, holders.Reserved)
 }
