@@ -99,6 +99,17 @@ type Store struct {
 	writers   holders.Writers         // the waiting-writer records it made; see shared.go
 	holdersTx *sql.TxOptions          // of the transactions on holders (see holdersIsolation), set by setup
 
+	// packet is the max_allowed_packet of Bounds().MaxRecordBytes (see
+	// recordBytes): the server's, read by setup, or assumedPacket until
+	// then; at most assumedPacket when Bounds was read before setup
+	// (stated, under packetMu), so that the Store keeps to what it stated.
+	packet   atomic.Int64
+	packetMu sync.Mutex
+	stated   bool
+	// clientPacket is the driver's own max_allowed_packet when Open knows
+	// it (its maxAllowedPacket parameter), else 0.
+	clientPacket int
+
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
 	mu     sync.RWMutex
@@ -237,6 +248,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		}
 	}
 	s.q = newQueries(quoteTable(s.table), quoteTable(holdersTable(s.table)), quoteTable(recordsTable(s.table)))
+	s.packet.Store(assumedPacket)
 	s.undo = undoqueue.New(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
 		go s.purgeLoop()
@@ -301,8 +313,9 @@ func (s *Store) begin() bool {
 	return true
 }
 
-// setup creates the table (unless WithoutCreateTable) and prepares the
-// one-key statements, once: a failure is returned and tried again by the
+// setup checks the session (autocommit), reads the server's
+// max_allowed_packet (see Bounds), creates the table (unless
+// WithoutCreateTable) and prepares the one-key statements, once: a failure is returned and tried again by the
 // next operation. The statements on several keys are prepared on first use.
 // One call at a time runs it; the others wait for it, or return when their
 // context ends. No call holds a connection while it waits (setup comes
@@ -320,13 +333,22 @@ func (s *Store) setup(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
-	var autocommit int
-	if err := s.db.QueryRowContext(ctx, "SELECT @@SESSION.autocommit").Scan(&autocommit); err != nil {
-		return fmt.Errorf("mysqlstore: reading autocommit: %w", markUnreachable(err))
+	var autocommit, packet int
+	if err := s.db.QueryRowContext(ctx, "SELECT @@SESSION.autocommit, @@SESSION.max_allowed_packet").Scan(&autocommit, &packet); err != nil {
+		return fmt.Errorf("mysqlstore: reading autocommit and max_allowed_packet: %w", markUnreachable(err))
 	}
 	if autocommit != 1 {
 		return errAutocommitOff
 	}
+	if s.clientPacket > 0 {
+		packet = min(packet, s.clientPacket)
+	}
+	s.packetMu.Lock()
+	if s.stated {
+		packet = min(packet, int(s.packet.Load()))
+	}
+	s.packet.Store(int64(packet))
+	s.packetMu.Unlock()
 	var err error
 	if s.holdersTx, err = s.holdersIsolation(ctx); err != nil {
 		return err
