@@ -247,7 +247,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
 		}
 	}
-	s.q = newQueries(quoteTable(s.table), quoteTable(holdersTable(s.table)), quoteTable(recordsTable(s.table)))
+	s.q = tableQueries(s.table)
 	s.packet.Store(assumedPacket)
 	s.undo = undoqueue.New(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
@@ -263,13 +263,30 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 // WithTable takes it; empty means DefaultTable. It returns an error wrapping
 // stores.ErrInvalid for an invalid name.
 func Schema(table string) (string, error) {
+	table, err := schemaTable(table)
+	if err != nil {
+		return "", err
+	}
+	return strings.ReplaceAll(schemaSQL, "{table}", quoteTable(table)), nil
+}
+
+// schemaTable checks table as Schema, HoldersSchema and RecordsSchema take
+// it: empty means DefaultTable; an invalid name is an error wrapping
+// stores.ErrInvalid.
+func schemaTable(table string) (string, error) {
 	if table == "" {
 		table = DefaultTable
 	}
 	if err := checkTable(table); err != nil {
 		return "", fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
 	}
-	return strings.ReplaceAll(schemaSQL, "{table}", quoteTable(table)), nil
+	return table, nil
+}
+
+// tableQueries returns the queries of a Store's table table, with its
+// holders and records tables.
+func tableQueries(table string) queries {
+	return newQueries(quoteTable(table), quoteTable(holdersTable(table)), quoteTable(recordsTable(table)))
 }
 
 // Table returns the name of the Store's table, as WithTable took it.

@@ -51,13 +51,11 @@ func recordBytes(packet int) int {
 // empty means DefaultTable. It returns an error wrapping stores.ErrInvalid
 // for an invalid name.
 func RecordsSchema(table string) (string, error) {
-	if table == "" {
-		table = DefaultTable
+	table, err := schemaTable(table)
+	if err != nil {
+		return "", err
 	}
-	if err := checkTable(table); err != nil {
-		return "", fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
-	}
-	return newQueries(quoteTable(table), quoteTable(holdersTable(table)), quoteTable(recordsTable(table))).createRecords, nil
+	return tableQueries(table).createRecords, nil
 }
 
 // recordsTable names the records table of table (see holders.RecordsTable).

@@ -19,13 +19,11 @@ import (
 // empty means DefaultTable. It returns an error wrapping stores.ErrInvalid
 // for an invalid name.
 func HoldersSchema(table string) (string, error) {
-	if table == "" {
-		table = DefaultTable
+	table, err := schemaTable(table)
+	if err != nil {
+		return "", err
 	}
-	if err := checkTable(table); err != nil {
-		return "", fmt.Errorf("%w: mysqlstore: %w", stores.ErrInvalid, err)
-	}
-	return newQueries(quoteTable(table), quoteTable(holdersTable(table)), quoteTable(recordsTable(table))).createHolders, nil
+	return tableQueries(table).createHolders, nil
 }
 
 // holdersTable names the holders table of table (see holders.Table).

@@ -37,25 +37,41 @@ func runDeduct(ctx context.Context, client redis.Scripter, stock string, w redis
 	return deductScript.Run(ctx, client, []string{stock, w.Key, w.WaitingKey}, w.Token, w.Value, w.RetentionMS).Int64()
 }
 
+// newStore returns a Store on client, closed when the test ends.
+func newStore(t *testing.T, client redis.Scripter) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// claimForScript claims the record key prefix+"rec" for the token "tok" for
+// a minute on s, for a script to record in: it returns the key, the key
+// prefix+"stock" for the script to deduct from, and the claim's fence.
+func claimForScript(t *testing.T, s *redisstore.Store, prefix string) (key, stock string, fence int64) {
+	t.Helper()
+	key, stock = prefix+"rec", prefix+"stock"
+	g, _, err := s.ClaimRecord(context.Background(), key, "tok", time.Minute)
+	if err != nil || !g.OK {
+		t.Fatalf("claim: %+v, %v", g, err)
+	}
+	return key, stock, g.Fences[0]
+}
+
 // TestRecordWriteInScript: a script that records with RecordWrite leaves
 // the record ClaimRecord returns; FinishRecord of the same token then
 // answers nil and changes nothing; a script of another token, or after the
 // claim was released, changes nothing.
 func TestRecordWriteInScript(t *testing.T) {
 	client := testredis.Client(t)
-	s, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newStore(t, client)
 	ctx := context.Background()
 	prefix := testredis.Prefix(t)
-	key, stock := prefix+"rec", prefix+"stock"
-	g, _, err := s.ClaimRecord(ctx, key, "tok", time.Minute)
-	if err != nil || !g.OK {
-		t.Fatalf("claim: %+v, %v", g, err)
-	}
-	rec := stores.Record{Fingerprint: "fp", Response: []byte("first"), Fence: g.Fences[0]}
+	key, stock, fence := claimForScript(t, s, prefix)
+	rec := stores.Record{Fingerprint: "fp", Response: []byte("first"), Fence: fence}
 	if _, err := redisstore.NewRecordWrite(key, "other", rec, 0); !errors.Is(err, stores.ErrInvalid) {
 		t.Fatalf("NewRecordWrite with retention 0: %v, want ErrInvalid", err)
 	}
@@ -114,11 +130,7 @@ func TestRecordWriteInScript(t *testing.T) {
 // with the same bytes it wrote.
 func TestIdempotentRequestRecordsInScript(t *testing.T) {
 	client := testredis.Client(t)
-	s, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newStore(t, client)
 	prefix := testredis.Prefix(t)
 	locker, err := reqlock.New(s, reqlock.WithKeyPrefix(prefix))
 	if err != nil {

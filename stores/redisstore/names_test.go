@@ -22,12 +22,12 @@ func TestSiblingNames(t *testing.T) {
 }
 
 // TestScriptHelpers checks that every script defines each helper of
-// lib.lua and internal/redislua it calls, before its body, and no other:
-// withLib prepends only those, since Redis makes a closure of each on
-// every call.
+// lib.lua, internal/redislua and grant_lib.lua it calls, before its body,
+// and no other: withLib prepends only those, since Redis makes a closure of
+// each on every call.
 func TestScriptHelpers(t *testing.T) {
 	if len(helpers) < 10 {
-		t.Fatalf("parsed %d helpers from lib.lua and writers.lua, want the 11 or so there are", len(helpers))
+		t.Fatalf("parsed %d helpers from lib.lua, writers.lua and grant_lib.lua, want the 12 or so there are", len(helpers))
 	}
 	defined := regexp.MustCompile(`(?m)^local function (\w+)\(`)
 	for _, script := range allScripts() {
@@ -56,7 +56,7 @@ func TestScriptHelpers(t *testing.T) {
 		want   []string
 	}{
 		{acquireScript, []string{"now_us", "issue_fence", "own_retry", "refuse_abandoned", "mark_waiting", "check_marks",
-			"held_shared", "writer_waits", "writer_granted"}},
+			"held_shared", "writer_waits", "writer_granted", "acquire_key"}},
 		{releaseScript, []string{"now_us", "writer_withdraws"}},
 	} {
 		var got []string

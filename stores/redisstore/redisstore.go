@@ -33,6 +33,8 @@ const MinFenceRetention = time.Minute
 var (
 	//go:embed lib.lua
 	libSrc string
+	//go:embed grant_lib.lua
+	grantLibSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed release.lua
@@ -57,16 +59,16 @@ var (
 	markAbandonedScript = newScript(markAbandonedSrc)
 )
 
-// withLib prepends the helpers of lib.lua, and the waiting writers' of
-// internal/redislua, to a script's source: Redis has no
-// include, and one definition keeps every script's fences and waiting marks
-// alike. It prepends only the helpers that src calls, and those they call:
+// withLib prepends the helpers of lib.lua, the waiting writers' of
+// internal/redislua and grant_lib.lua's (which calls both), in that order,
+// to a script's source: Redis has no include, and one definition keeps
+// every script's fences and waiting marks alike. It prepends only the helpers that src calls, and those they call:
 // Redis runs the whole source on every call, and each helper defined costs
 // the call a closure.
 func withLib(src string) string { return helpers.usedBy(src) + src }
 
 // helpers are the helpers of withLib.
-var helpers = parseHelpers(libSrc + redislua.Writers)
+var helpers = parseHelpers(libSrc + redislua.Writers + grantLibSrc)
 
 // luaHelpers are the helper functions of a Lua library, in their order.
 type luaHelpers []luaHelper

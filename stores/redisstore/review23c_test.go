@@ -37,19 +37,9 @@ func TestReview23cResentRecordScript(t *testing.T) {
 	proxy := faultproxy.New(t, addr)
 	client := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
-	s, err := redisstore.New(testredis.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
-	prefix := testredis.Prefix(t)
-	key, stock := prefix+"rec", prefix+"stock"
-	g, _, err := s.ClaimRecord(ctx, key, "tok", time.Minute)
-	if err != nil || !g.OK {
-		t.Fatalf("claim: %+v, %v", g, err)
-	}
-	w, err := redisstore.NewRecordWrite(key, "tok", stores.Record{Fingerprint: "fp", Response: []byte("first"), Fence: g.Fences[0]}, time.Minute)
+	key, stock, fence := claimForScript(t, newStore(t, testredis.Client(t)), testredis.Prefix(t))
+	w, err := redisstore.NewRecordWrite(key, "tok", stores.Record{Fingerprint: "fp", Response: []byte("first"), Fence: fence}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,10 +12,10 @@
 // The lock goes in front of the deduction as gin middleware on the key
 // sku:<id>, with the wait, TTL and release timeout of the Config:
 //
-//   - Redislock: bsm/redislock written by hand as redislockshop does
-//     (Obtain with ExponentialBackoff(RetryMin, RetryMax) until the wait,
-//     release after the handler, 423 with Retry-After when not obtained, 503
-//     when Redis fails), on the handlers' own client.
+//   - Redislock: bsm/redislock written by hand, with redislockshop's own
+//     Obtain, Refusal and Release (ExponentialBackoff(RetryMin, RetryMax)
+//     until the wait, release after the handler, 423 with Retry-After when
+//     not obtained, 503 when Redis fails), on the handlers' own client.
 //   - Ginlock: reqlock's ginlock on a Store (redisstore on the handlers'
 //     go-redis client, or rueidisstore on a rueidis client of its own),
 //     configured by the spec "@lock key=sku:<id> wait=… ttl=… on-timeout=423
@@ -31,7 +31,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/bsm/redislock"
 	"github.com/gin-gonic/gin"
@@ -79,47 +78,30 @@ func New(client *redis.Client, lock gin.HandlerFunc, cfg Config) (http.Handler, 
 // Redislock returns bsm/redislock's lock on sku:<id> as gin middleware over
 // client.
 func Redislock(client *redis.Client, cfg Config) (gin.HandlerFunc, error) {
-	switch {
-	case cfg.Wait < 0:
-		return nil, fmt.Errorf("plainshop: wait %v is negative", cfg.Wait)
-	case cfg.TTL < time.Millisecond:
-		return nil, fmt.Errorf("plainshop: ttl %v is below 1ms", cfg.TTL)
-	case cfg.Wait > 0 && (cfg.RetryMin <= 0 || cfg.RetryMax < cfg.RetryMin):
-		return nil, fmt.Errorf("plainshop: retry backoff %v..%v is not a range", cfg.RetryMin, cfg.RetryMax)
-	case cfg.ReleaseTimeout <= 0:
+	if err := redislockshop.CheckLock(cfg); err != nil {
+		return nil, fmt.Errorf("plainshop: %w", err)
+	}
+	if cfg.ReleaseTimeout <= 0 {
 		return nil, errors.New("plainshop: release timeout must be positive")
 	}
 	locks := redislock.New(client)
 	return func(c *gin.Context) {
 		ctx := c.Request.Context()
-		octx, cancel := ctx, context.CancelFunc(func() {})
-		var opts *redislock.Options // nil: one try
-		if cfg.Wait > 0 {
-			octx, cancel = context.WithTimeout(ctx, cfg.Wait)
-			// A strategy counts its attempts: a new one for every Obtain.
-			opts = &redislock.Options{RetryStrategy: redislock.ExponentialBackoff(cfg.RetryMin, cfg.RetryMax)}
-		}
-		lock, err := locks.Obtain(octx, LockPrefix+c.Param("id"), cfg.TTL, opts)
-		cancel()
-		switch {
-		case err == nil:
-		case ctx.Err() != nil: // the client went away
-			c.AbortWithStatus(499)
-			return
-		case errors.Is(err, redislock.ErrNotObtained), errors.Is(err, context.DeadlineExceeded):
-			c.Header("Retry-After", "1")
-			c.AbortWithStatusJSON(http.StatusLocked, errorBody{Error: "the SKU is locked by another request; retry later"})
-			return
-		default:
-			c.Header("Retry-After", "1")
-			c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Error: "the lock store is unavailable"})
+		lock, err := redislockshop.Obtain(ctx, locks, LockPrefix+c.Param("id"), cfg)
+		if err != nil {
+			switch redislockshop.Refusal(ctx, err) {
+			case redislockshop.StatusClientClosed:
+				c.AbortWithStatus(redislockshop.StatusClientClosed)
+			case http.StatusLocked:
+				c.Header("Retry-After", "1")
+				c.AbortWithStatusJSON(http.StatusLocked, errorBody{Error: "the SKU is locked by another request; retry later"})
+			default:
+				c.Header("Retry-After", "1")
+				c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Error: "the lock store is unavailable"})
+			}
 			return
 		}
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ReleaseTimeout)
-			defer cancel()
-			_ = lock.Release(rctx) // a release that failed expires with the TTL
-		}()
+		defer redislockshop.Release(ctx, lock, cfg)
 		c.Next()
 	}, nil
 }

@@ -162,13 +162,10 @@ type service struct {
 
 // New returns the service's routes on a gin engine over client.
 func New(client *redis.Client, cfg Config) (http.Handler, error) {
+	if err := CheckLock(cfg); err != nil {
+		return nil, fmt.Errorf("redislockshop: %w", err)
+	}
 	switch {
-	case cfg.Wait < 0:
-		return nil, fmt.Errorf("redislockshop: wait %v is negative", cfg.Wait)
-	case cfg.TTL < time.Millisecond:
-		return nil, fmt.Errorf("redislockshop: ttl %v is below 1ms", cfg.TTL)
-	case cfg.Wait > 0 && (cfg.RetryMin <= 0 || cfg.RetryMax < cfg.RetryMin):
-		return nil, fmt.Errorf("redislockshop: retry backoff %v..%v is not a range", cfg.RetryMin, cfg.RetryMax)
 	case cfg.StockTimeout <= 0 || cfg.ReleaseTimeout <= 0:
 		return nil, errors.New("redislockshop: stock and release timeouts must be positive")
 	case cfg.DefaultStock < 0:
@@ -234,25 +231,20 @@ func (s *service) deduct(c *gin.Context) {
 	qty := *req.Qty
 
 	ctx := c.Request.Context()
-	lock, err := s.obtain(ctx, LockPrefix+sku)
-	switch {
-	case err == nil:
-	case ctx.Err() != nil: // the client went away
-		c.AbortWithStatus(499)
-		return
-	case errors.Is(err, redislock.ErrNotObtained), errors.Is(err, context.DeadlineExceeded):
-		c.Header("Retry-After", "1")
-		c.JSON(http.StatusLocked, errorBody{Error: "the SKU is locked by another request; retry later", SKU: sku})
-		return
-	default:
-		unavailable(c, sku)
+	lock, err := Obtain(ctx, s.locks, LockPrefix+sku, s.cfg)
+	if err != nil {
+		switch Refusal(ctx, err) {
+		case StatusClientClosed:
+			c.AbortWithStatus(StatusClientClosed)
+		case http.StatusLocked:
+			c.Header("Retry-After", "1")
+			c.JSON(http.StatusLocked, errorBody{Error: "the SKU is locked by another request; retry later", SKU: sku})
+		default:
+			unavailable(c, sku)
+		}
 		return
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReleaseTimeout)
-		defer cancel()
-		_ = lock.Release(rctx) // a release that failed expires with the TTL
-	}()
+	defer Release(ctx, lock, s.cfg)
 
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StockTimeout)
 	defer cancel()
@@ -272,17 +264,61 @@ func (s *service) deduct(c *gin.Context) {
 	c.JSON(http.StatusOK, stockBody{SKU: sku, Stock: stock - qty})
 }
 
-// obtain takes the lock on key, waiting at most cfg.Wait.
-func (s *service) obtain(ctx context.Context, key string) (*redislock.Lock, error) {
-	if s.cfg.Wait == 0 {
-		return s.locks.Obtain(ctx, key, s.cfg.TTL, nil) // one try
+// CheckLock checks the fields of cfg that the lock uses, as New does: the
+// wait, the TTL and, for a wait, the backoff. Its errors have no package
+// prefix; the caller adds its own.
+func CheckLock(cfg Config) error {
+	switch {
+	case cfg.Wait < 0:
+		return fmt.Errorf("wait %v is negative", cfg.Wait)
+	case cfg.TTL < time.Millisecond:
+		return fmt.Errorf("ttl %v is below 1ms", cfg.TTL)
+	case cfg.Wait > 0 && (cfg.RetryMin <= 0 || cfg.RetryMax < cfg.RetryMin):
+		return fmt.Errorf("retry backoff %v..%v is not a range", cfg.RetryMin, cfg.RetryMax)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Wait)
+	return nil
+}
+
+// Obtain takes the lock on key with locks as a deduction does: one try when
+// cfg.Wait is 0, else redislock.ExponentialBackoff(cfg.RetryMin,
+// cfg.RetryMax) until the wait runs out, each lock with the lease cfg.TTL.
+func Obtain(ctx context.Context, locks *redislock.Client, key string, cfg Config) (*redislock.Lock, error) {
+	if cfg.Wait == 0 {
+		return locks.Obtain(ctx, key, cfg.TTL, nil) // one try
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Wait)
 	defer cancel()
 	// A strategy counts its attempts: a new one for every Obtain.
-	return s.locks.Obtain(ctx, key, s.cfg.TTL, &redislock.Options{
-		RetryStrategy: redislock.ExponentialBackoff(s.cfg.RetryMin, s.cfg.RetryMax),
+	return locks.Obtain(ctx, key, cfg.TTL, &redislock.Options{
+		RetryStrategy: redislock.ExponentialBackoff(cfg.RetryMin, cfg.RetryMax),
 	})
+}
+
+// StatusClientClosed is the status of a request whose client went away
+// (nginx's 499): no one reads the answer.
+const StatusClientClosed = 499
+
+// Refusal returns the status that answers a request on ctx whose Obtain
+// failed with err: StatusClientClosed when ctx is done (the client went
+// away), 423 Locked when the lock stayed held past the wait (redislock's
+// ErrNotObtained, or the wait's deadline), else 503: Redis failed.
+func Refusal(ctx context.Context, err error) int {
+	switch {
+	case ctx.Err() != nil:
+		return StatusClientClosed
+	case errors.Is(err, redislock.ErrNotObtained), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusLocked
+	default:
+		return http.StatusServiceUnavailable
+	}
+}
+
+// Release releases lock within cfg.ReleaseTimeout, even when ctx, the
+// request's, is done: a release that failed expires with the TTL.
+func Release(ctx context.Context, lock *redislock.Lock, cfg Config) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ReleaseTimeout)
+	defer cancel()
+	_ = lock.Release(rctx)
 }
 
 // read returns the stock of sku: the default for a SKU never set.

@@ -34,6 +34,26 @@ func proxiedNodes(t *testing.T, c Client, opts ...redlockstore.Option) (*redlock
 	return newStore(t, c, clients(t, paddrs), opts...), proxies, direct
 }
 
+// heldButNode4Lost returns a Store on proxied nodes (see proxiedNodes)
+// with the node timeout timeout, warmed, its proxies and direct clients, and
+// the key uniqueKey(name), which the Store holds for token for 10s on every
+// node but node 4: that one lost it (restarted empty, say), so that a
+// Refresh on top of the quorum re-takes it.
+func heldButNode4Lost(t *testing.T, c Client, timeout time.Duration, name, token string) (*redlockstore.Store, []*faultproxy.Proxy, []redis.Scripter, string) {
+	t.Helper()
+	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(timeout))
+	warm(t, s)
+	ctx := context.Background()
+	key := uniqueKey(name)
+	if g, err := s.Acquire(ctx, []string{key}, token, 10*time.Second); err != nil || !g.OK {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return s, proxies, direct, key
+}
+
 // uniqueKey returns a key no other test uses.
 func uniqueKey(name string) string { return fmt.Sprintf("%s:%d", name, rand.Int64()) }
 
@@ -149,17 +169,8 @@ func RefreshNeedsQuorumStillHeld(t *testing.T, c Client) {
 // that re-takes a node while a Release runs (replies 300ms late, within the
 // node timeout) must not leave the key held after Release returned.
 func RefreshRacingReleaseRetakesNothing(t *testing.T, c Client) {
-	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(3*time.Second))
-	warm(t, s)
+	s, proxies, direct, key := heldButNode4Lost(t, c, 3*time.Second, "refresh-release", "t1")
 	ctx := context.Background()
-	key := uniqueKey("refresh-release")
-	if g, err := s.Acquire(ctx, []string{key}, "t1", 10*time.Second); err != nil || !g.OK {
-		t.Fatalf("Acquire: %+v, %v", g, err)
-	}
-	// Node 4 lost the lock (restarted empty, say): a Refresh re-takes it.
-	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
-		t.Fatal(err)
-	}
 	for _, p := range proxies {
 		p.Delay(faultproxy.ToClient, 300*time.Millisecond)
 	}
@@ -183,16 +194,8 @@ func RefreshRacingReleaseRetakesNothing(t *testing.T, c Client) {
 // re-take of a Refresh whose context ended must not land after the lock's
 // Release.
 func CancelledRefreshRetakeClosedByRelease(t *testing.T, c Client) {
-	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(5*time.Second))
-	warm(t, s)
+	s, proxies, direct, key := heldButNode4Lost(t, c, 5*time.Second, "cancelled-refresh", "t1")
 	ctx := context.Background()
-	key := uniqueKey("cancelled-refresh")
-	if g, err := s.Acquire(ctx, []string{key}, "t1", 10*time.Second); err != nil || !g.OK {
-		t.Fatalf("Acquire: %+v, %v", g, err)
-	}
-	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
-		t.Fatal(err)
-	}
 	// Nodes 0-3 answer the Refresh 1s late (a Refresh decides once a
 	// quorum answered, and re-takes only on nodes that answered by then);
 	// node 4's next request after the Refresh's first, the re-take,

@@ -225,16 +225,8 @@ func RefreshOnFreshStore(t *testing.T, c Client) {
 // the token stays ended until the calls are in: a Refresh started then
 // writes nothing, and does not re-take a node behind the Release.
 func RefreshAfterCancelledReleaseWritesNothing(t *testing.T, c Client) {
-	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(3*time.Second))
-	warm(t, s)
+	s, proxies, direct, key := heldButNode4Lost(t, c, 3*time.Second, "cancelled-release", "t")
 	ctx := context.Background()
-	key := uniqueKey("cancelled-release")
-	if g, err := s.Acquire(ctx, []string{key}, "t", 10*time.Second); err != nil || !g.OK {
-		t.Fatalf("Acquire: %+v, %v", g, err)
-	}
-	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
-		t.Fatal(err)
-	}
 	var answered []<-chan struct{}
 	for _, p := range proxies[:4] {
 		answered = append(answered, p.DelayNextRequest(500*time.Millisecond))

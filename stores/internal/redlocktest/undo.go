@@ -78,18 +78,8 @@ func UndoSparesLaterAttempt(t *testing.T, c Client) {
 // way to the nodes) writes nothing, and above all does not re-take a node
 // the Release has already passed.
 func RefreshDuringReleaseWritesNothing(t *testing.T, c Client) {
-	s, proxies, direct := proxiedNodes(t, c, redlockstore.WithNodeTimeout(3*time.Second))
-	warm(t, s)
+	s, proxies, direct, key := heldButNode4Lost(t, c, 3*time.Second, "refresh-during-release", "t")
 	ctx := context.Background()
-	key := uniqueKey("refresh-during-release")
-	if g, err := s.Acquire(ctx, []string{key}, "t", 10*time.Second); err != nil || !g.OK {
-		t.Fatalf("Acquire: %+v, %v", g, err)
-	}
-	// Node 4 lost the lock (restarted empty, say): a Refresh on top of a
-	// quorum re-takes it.
-	if err := direct[4].(*redis.Client).Del(ctx, key).Err(); err != nil {
-		t.Fatal(err)
-	}
 	// The Release reaches node 4 at once, nodes 0-3 150ms late: below
 	// minStall (200ms), after which a node whose call has no answer while
 	// others answer is skipped (health.go), which would fail the Release
