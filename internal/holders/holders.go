@@ -23,9 +23,14 @@ import (
 	"time"
 )
 
-// Marker is the token of the lease row of a key held by holders. A NUL
-// byte first: no token a Locker makes starts with one, and the stores
-// document tokens that do as reserved.
+// Reserved starts every token of a lease row that is not a caller's
+// (Marker, RecordOwner): no token a Locker makes starts with it, and the
+// stores refuse tokens that do (storeargs.Checker.CheckGrantToken and
+// CheckHeldToken), so that no caller's token equals one of them.
+const Reserved = "\x00"
+
+// Marker is the token of the lease row of a key held by holders; it starts
+// with Reserved.
 const Marker = "\x00reqlock:shared"
 
 // IsMarker reports whether token is Marker.

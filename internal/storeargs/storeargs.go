@@ -1,6 +1,7 @@
 // Package storeargs checks the arguments of the stores under stores/, so that
 // every store refuses the same arguments with the same errors. Every error it
-// returns wraps stores.ErrInvalid and starts with the store's name.
+// returns wraps stores.ErrInvalid (CheckHeldToken's, stores.ErrNotHeld) and
+// starts with the store's name.
 package storeargs
 
 import (
@@ -99,6 +100,30 @@ func (c Checker) CheckKeys(keys []string) error {
 			return fmt.Errorf("%w: %s: keys are not sorted: %s before %s", stores.ErrInvalid, c,
 				stores.KeyForMessage(keys[i-1]), stores.KeyForMessage(keys[i]))
 		}
+	}
+	return nil
+}
+
+// CheckGrantToken returns an error unless token is free of reserved at its
+// start: reserved starts the values a store keeps in a key's token place
+// for itself (a finished record, a marker of shared holders), so no lock or
+// claim is granted to a token that could equal one. Acquire, AcquireFair
+// and ClaimRecord check it before they act.
+func (c Checker) CheckGrantToken(token, reserved string) error {
+	if strings.HasPrefix(token, reserved) {
+		return fmt.Errorf("%w: %s: a token that starts with %q is reserved for the store's own values", stores.ErrInvalid, c, reserved)
+	}
+	return nil
+}
+
+// CheckHeldToken returns an error wrapping stores.ErrNotHeld, naming keys,
+// when token starts with reserved: such a token holds no key (see
+// CheckGrantToken), and a Release or Refresh of it must not act on a value
+// of the store's that it equals. Release and Refresh check it before they
+// act.
+func (c Checker) CheckHeldToken(keys []string, token, reserved string) error {
+	if strings.HasPrefix(token, reserved) {
+		return fmt.Errorf("%w: %s: %s: a token that starts with %q holds no key", stores.ErrNotHeld, c, stores.KeyForMessage(keys[0]), reserved)
 	}
 	return nil
 }

@@ -176,3 +176,23 @@ func TestCheckOptions(t *testing.T) {
 		t.Errorf("no known options: error %v, want one ending (known: none)", err)
 	}
 }
+
+func TestReservedToken(t *testing.T) {
+	const c Checker = "teststore"
+	for _, token := range []string{"\x00", "\x00reqlock:record:x"} {
+		if err := c.CheckGrantToken(token, "\x00"); !errors.Is(err, stores.ErrInvalid) || !strings.HasPrefix(err.Error(), stores.ErrInvalid.Error()+": teststore: ") {
+			t.Errorf("CheckGrantToken(%q) = %v, want ErrInvalid from teststore", token, err)
+		}
+		if err := c.CheckHeldToken([]string{"k"}, token, "\x00"); !errors.Is(err, stores.ErrNotHeld) || !strings.Contains(err.Error(), `"k"`) {
+			t.Errorf("CheckHeldToken(%q) = %v, want ErrNotHeld naming the key", token, err)
+		}
+	}
+	for _, token := range []string{"t", "a\x00", ""} {
+		if err := c.CheckGrantToken(token, "\x00"); err != nil {
+			t.Errorf("CheckGrantToken(%q) = %v, want nil", token, err)
+		}
+		if err := c.CheckHeldToken([]string{"k"}, token, "\x00"); err != nil {
+			t.Errorf("CheckHeldToken(%q) = %v, want nil", token, err)
+		}
+	}
+}

@@ -19,8 +19,9 @@ import (
 )
 
 // ZooKeeper, MariaDB and PostgreSQL, which the tests share (one of each per
-// test binary when no environment variable names one); ZooKeeper and
-// PostgreSQL also as private servers, for failure tests.
+// test binary when no environment variable names one); ZooKeeper, MariaDB
+// and PostgreSQL also as private servers, for failure tests and servers
+// configured otherwise.
 
 // ZooKeeperServer starts a standalone ZooKeeper for the calling test. It
 // keeps its data across Restart and loses it with RestartEmpty.
@@ -143,20 +144,39 @@ func findMariaDB() error {
 	return nil
 }
 
-// startMySQL starts MariaDB with a database reqlock and a user reqlock with
-// a random password, and returns the DSN (go-sql-driver/mysql form).
-func startMySQL(g *group) (string, error) {
+// MySQLServer starts a MariaDB for the calling test, with options added to
+// its command line (such as "--max-allowed-packet=1M"), and returns it with
+// the DSN of its database reqlock (as MySQLDSN's): for a test that needs a
+// server configured otherwise than the shared one.
+func MySQLServer(tb testing.TB, options ...string) (s *Server, dsn string) {
+	tb.Helper()
+	needPrivate(tb, "MySQLServer", findMariaDB)
+	type started struct {
+		s   *Server
+		dsn string
+	}
+	v := private(tb, "mariadbd", func(g *group) (started, error) {
+		s, dsn, err := startMySQL(tb, g, options...)
+		return started{s, dsn}, err
+	})
+	return v.s, v.dsn
+}
+
+// startMySQL starts MariaDB, with options added to its command line, with a
+// database reqlock and a user reqlock with a random password, and returns
+// it and the DSN (go-sql-driver/mysql form).
+func startMySQL(tb testing.TB, g *group, options ...string) (*Server, string, error) {
 	mariadbd, err := findProgram("mariadbd")
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	port, err := freePort()
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
-	s, err := g.newServer(nil, "mariadbd", port)
+	s, err := g.newServer(tb, "mariadbd", port)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	var asUser []string
 	if os.Geteuid() == 0 {
@@ -169,16 +189,16 @@ func startMySQL(g *group) (string, error) {
 	install = append(install, "--datadir="+dataDir, "--auth-root-authentication-method=normal",
 		"--skip-test-db", "--skip-name-resolve")
 	if _, err := run(ctx, s.dir, nil, "mariadb-install-db", install...); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	s.args = func() []string {
-		return append(append([]string{mariadbd, "--no-defaults"}, asUser...),
+		return append(append(append([]string{mariadbd, "--no-defaults"}, asUser...),
 			"--datadir="+dataDir, "--socket="+sock, "--pid-file="+s.dir+"/mysqld.pid",
 			"--port="+strconv.Itoa(port), "--bind-address=127.0.0.1", "--skip-name-resolve",
 			"--skip-log-bin", "--performance-schema=OFF", "--innodb-buffer-pool-size=64M",
 			"--innodb-log-file-size=16M", "--innodb-flush-log-at-trx-commit=2",
 			"--innodb-buffer-pool-dump-at-shutdown=0", "--innodb-buffer-pool-load-at-startup=0",
-			"--max-connections=500")
+			"--max-connections=500"), options...)
 	}
 	// The socket is in this server's own directory: what answers there is it.
 	s.ready = func(ctx context.Context, _ int) error {
@@ -189,7 +209,7 @@ func startMySQL(g *group) (string, error) {
 		return err
 	}
 	if err := startAll(s); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	pw := rand.Text()
 	sql := fmt.Sprintf(`CREATE DATABASE reqlock;
@@ -198,7 +218,7 @@ func startMySQL(g *group) (string, error) {
 		DELETE FROM mysql.global_priv WHERE User = 'root' AND Host <> 'localhost';
 		FLUSH PRIVILEGES;`, pw)
 	if _, err := run(ctx, s.dir, nil, "mariadb", "--no-defaults", "-S", sock, "-uroot", "-e", sql); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	err = poll(ctx, s.current().done, func(ctx context.Context) error {
 		_, err := run(ctx, s.dir, nil, "mariadb", "--no-defaults", "-h127.0.0.1", "-P"+strconv.Itoa(port),
@@ -206,9 +226,9 @@ func startMySQL(g *group) (string, error) {
 		return err
 	})
 	if err != nil {
-		return "", fmt.Errorf("mariadbd on %s: reqlock cannot log in over TCP: %w; log: %s", s.addr, err, s.logTail())
+		return nil, "", fmt.Errorf("mariadbd on %s: reqlock cannot log in over TCP: %w; log: %s", s.addr, err, s.logTail())
 	}
-	return fmt.Sprintf("reqlock:%s@tcp(%s)/reqlock", pw, s.addr), nil
+	return s, fmt.Sprintf("reqlock:%s@tcp(%s)/reqlock", pw, s.addr), nil
 }
 
 // findPostgres returns the directory of initdb, postgres and psql: Debian

@@ -22,7 +22,9 @@
 // above when its variable is unset too).
 //
 // Private servers. RedisNodes, RedisCluster, SentinelSet, EtcdCluster,
-// ZooKeeperServer and PostgresServer start servers that one test owns, for failure tests: each Server can be
+// ZooKeeperServer, PostgresServer and MySQLServer start servers that one
+// test owns, for failure tests or a configuration of their own (MySQLServer
+// takes server options): each Server can be
 // killed, stopped, restarted on its port (with or without its data) and
 // paused. They are stopped when the test ends.
 //
@@ -221,7 +223,10 @@ func MySQLDSN(tb testing.TB) string {
 	if v := os.Getenv(EnvMySQLDSN); v != "" {
 		return v
 	}
-	return shared(tb, &mysqlShared, "MariaDB", EnvMySQLDSN, "mariadb-server", findMariaDB, startMySQL)
+	return shared(tb, &mysqlShared, "MariaDB", EnvMySQLDSN, "mariadb-server", findMariaDB, func(g *group) (string, error) {
+		_, dsn, err := startMySQL(nil, g)
+		return dsn, err
+	})
 }
 
 // PostgresDSN returns the URL of a PostgreSQL database reqlock owned by its

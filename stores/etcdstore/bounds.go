@@ -13,6 +13,12 @@ import (
 // per key.
 const MaxKeys = 64
 
+// reservedToken starts a finished record's value (see isRecord): Release and
+// Refresh answer stores.ErrNotHeld for a token that starts with it, which
+// holds no key (checkToken refuses it to every grant), as the other stores
+// do for the tokens they reserve.
+const reservedToken = "\x00"
+
 // checkToken refuses an empty token, and one with a NUL byte, which ends
 // the token in a holder key's value.
 func checkToken(token string) error {

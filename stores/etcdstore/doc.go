@@ -111,7 +111,9 @@
 //     stores.ErrInvalid as well: nothing was done. A reply larger than
 //     the client takes (its MaxCallRecvMsgSize) comes after etcd acted,
 //     and is an unknown outcome.
-//   - Tokens: not empty, no NUL byte. A token whose acquire returned
+//   - Tokens: not empty, no NUL byte (stores.ErrInvalid; Release and
+//     Refresh answer stores.ErrNotHeld for a token that starts with one,
+//     as a finished record's value does: it holds no key). A token whose acquire returned
 //     stores.ErrAbandoned serves no other: its abandon marks (below) make
 //     every later acquire of it fail with stores.ErrInvalid, and one
 //     granted before its undo landed is deleted by that undo. The Locker
@@ -137,8 +139,9 @@
 // transaction, owner-checked as Release is: the holder key's value
 // becomes a NUL byte, the token that finished it, a NUL byte, the
 // retention in milliseconds, and the record's fence, fingerprint and
-// response. No token starts with a NUL byte, so no owner check of a lock
-// matches a record, and a plain Acquire or AcquireShared of the key is
+// response. No token starts with a NUL byte (Acquire, AcquireFair and
+// ClaimRecord refuse one, Release and Refresh answer stores.ErrNotHeld for
+// it), so no owner check of a lock matches a record, and a plain Acquire or AcquireShared of the key is
 // refused (Wait: the retention) while it stands. A ClaimRecord refused by
 // the record reads it in the same transaction: a replay is one round
 // trip, a new key one for the claim and one for the finish.

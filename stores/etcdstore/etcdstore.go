@@ -534,7 +534,8 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 // same transaction it deletes token's writer records on the keys, held or
 // not (see AcquireShared). It returns an error wrapping stores.ErrNotHeld
 // when some key did not hold
-// token, after ending the grant on the others, one wrapping
+// token, after ending the grant on the others, and at once for a token
+// that starts with a NUL byte, which holds no key; one wrapping
 // stores.ErrInvalid for invalid arguments or arguments out of the Store's
 // Bounds, and ctx.Err() without acting when ctx has ended. While etcd does
 // not answer, the transaction is sent again (see "Leader changes" in the
@@ -546,6 +547,9 @@ func (s *Store) acquireTxn(ctx context.Context, holders []string, conds []client
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, reservedToken); err != nil {
 		return err
 	}
 	if err := errors.Join(checkToken(token), s.checkKeys(keys, token, keyOccurrences)); err != nil {
@@ -743,7 +747,8 @@ func (s *Store) readRefused(ctx context.Context, hs []string, token string, seq 
 // long as it would have, and an error wrapping ErrOvertaken (a store
 // failure: the Locker no longer trusts more than this call's TTL) when
 // not. Telling these apart from ErrNotHeld costs a second transaction, on
-// a refusal only. It returns an error wrapping stores.ErrInvalid for
+// a refusal only. A token that starts with a NUL byte holds no key:
+// ErrNotHeld, at once. It returns an error wrapping stores.ErrInvalid for
 // invalid arguments or arguments out of the Store's Bounds, and ctx.Err()
 // without acting when ctx has ended. While etcd does not answer, the
 // transaction is sent again (see "Leader changes" in the package
@@ -751,6 +756,9 @@ func (s *Store) readRefused(ctx context.Context, hs []string, token string, seq 
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	start, seq := s.begin()
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, reservedToken); err != nil {
 		return err
 	}
 	if err := errors.Join(checkToken(token), s.checkTTL("ttl", ttl), s.checkKeys(keys, token, keyOccurrences)); err != nil {

@@ -60,10 +60,11 @@
 // limit of every row format); tokens of up to MaxTokenLen (255) bytes; up to
 // MaxKeysPerCall (1000) keys in one call, so that a statement stays far
 // below the 65535 placeholders of a prepared statement and MySQL 5.7's
-// default max_allowed_packet (4 MB); and every TTL from 1ns to
-// math.MaxInt64, each rounded up to the microsecond of DATETIME(6): 292
-// years from the server's clock stay far within DATETIME (to the year 9999),
-// and their microseconds within a BIGINT.
+// default max_allowed_packet (4 MB); records of up to about half the
+// server's max_allowed_packet (see Idempotency records); and every TTL from
+// 1ns to math.MaxInt64, each rounded up to the microsecond of DATETIME(6):
+// 292 years from the server's clock stay far within DATETIME (to the year
+// 9999), and their microseconds within a BIGINT.
 //
 // # The server's clock
 //
@@ -251,7 +252,10 @@
 // a row per holder, named by the SHA-256 of the key and of the token, with
 // its own expiry by the server's clock, and a row per waiting writer. While
 // a key has holders its lease row holds a marker as its token (a NUL byte
-// and "reqlock:shared": tokens that start with a NUL byte are reserved),
+// and "reqlock:shared": tokens that start with a NUL byte are reserved for
+// such values, and refused: Acquire and ClaimRecord answer
+// stores.ErrInvalid, Release and Refresh stores.ErrNotHeld, before any
+// statement),
 // the longest holder's expiry and the key's fence, so that Acquire,
 // unchanged, reads the key as held and both kinds of grant draw fences
 // from one sequence.
@@ -307,7 +311,8 @@
 // MySQL), so that a new key's claim takes one round trip and a replay two.
 // A finished record lives in two places: the key's lease row, whose token
 // becomes the record's owner (a NUL byte, "reqlock:record:" and the SHA-256
-// of the finishing token: 48 bytes; tokens that start so are refused) and
+// of the finishing token: 48 bytes; no caller's token starts with a NUL
+// byte, see above) and
 // whose expiry becomes the end of the retention, so that Acquire, Release
 // and Refresh, unchanged, leave it alone; and a row of a third table beside
 // the lease table, named after it (reqlock_locks_records; a name past 64
@@ -323,17 +328,23 @@
 //
 // FinishRecord takes two statements, each of which checks the token's
 // unexpired claim itself: the first writes the fields, the second replaces
-// the claim by the owner, which makes the record. Fields written without
-// the owner (the claim ended in between, or the second statement was
-// lost) are never read, and the next finish of the key overwrites them; a
-// finish that lands late changes nothing. Records are kept up to
-// MaxRecordBytes (4 MiB less 64 KiB: FinishRecord's statement then fits
-// MySQL 5.7's default max_allowed_packet; the column holds 16 MiB), for any
-// retention the TTLs allow. The purge (WithPurge, Purge) deletes expired
-// records, and, like any row's, their lease rows once expired for the
-// purge's retention; a purged key's next claim draws its fence from the
-// clock. With WithoutCreateTable, create the records table from
-// RecordsSchema too.
+// the claim by the owner, which makes the record. Fields written without the
+// owner (the claim ended in between, or the second statement was lost) are
+// never read, and the next finish of the key overwrites them; a finish that
+// lands late changes nothing. Records are kept for any retention the TTLs
+// allow, up to what FinishRecord's statement takes within the server's
+// max_allowed_packet, which the Store reads when it starts (Open, or the
+// first call after New; until then it assumes 4 MiB, MySQL 5.7's default),
+// with every byte escaped as the driver interpolates it: about half the
+// packet (2 MiB less 5 KiB for 4 MiB, 8 MiB less 5 KiB for MariaDB's default
+// 16 MiB), at most MaxRecordBytes (16 MiB less 1 KiB, within the column's
+// MEDIUMBLOB), as Bounds states. A max_allowed_packet lowered after the
+// Store started, or a driver's maxAllowedPacket below the server's on a
+// *sql.DB given to New, makes a FinishRecord near the bound fail with the
+// driver's error. The purge (WithPurge, Purge) deletes expired records, and,
+// like any row's, their lease rows once expired for the purge's retention; a
+// purged key's next claim draws its fence from the clock. With
+// WithoutCreateTable, create the records table from RecordsSchema too.
 //
 // # No release notification, no fair mode
 //
@@ -348,11 +359,14 @@
 //
 // # Start-up
 //
-// Open connects, checks the sessions, creates the table and prepares the
-// statements, and fails, naming the address, when the server cannot be
+// Open connects, checks the sessions, reads max_allowed_packet (see
+// Idempotency records), creates the table and prepares the statements, and
+// fails, naming the address, when the server cannot be
 // reached within 5s (DefaultConnectTimeout) or its context's deadline. With
 // connect=lazy in the URL it sends nothing: calls fail with store errors
 // until the server answers, and the first call that reaches it sets the
 // table up (a problem with the sessions or the table is that call's error,
-// wrapping ErrMisconfigured). New sends nothing, as a lazy Open.
+// wrapping ErrMisconfigured). New sends nothing, as a lazy Open. Until the
+// Store has started, Bounds assume a max_allowed_packet of 4 MiB; a Locker
+// reads Bounds once, in reqlock.New.
 package mysqlstore

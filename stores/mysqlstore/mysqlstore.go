@@ -99,6 +99,17 @@ type Store struct {
 	writers   holders.Writers         // the waiting-writer records it made; see shared.go
 	holdersTx *sql.TxOptions          // of the transactions on holders (see holdersIsolation), set by setup
 
+	// packet is the max_allowed_packet of Bounds().MaxRecordBytes (see
+	// recordBytes): the server's, read by setup, or assumedPacket until
+	// then; at most assumedPacket when Bounds was read before setup
+	// (stated, under packetMu), so that the Store keeps to what it stated.
+	packet   atomic.Int64
+	packetMu sync.Mutex
+	stated   bool
+	// clientPacket is the driver's own max_allowed_packet when Open knows
+	// it (its maxAllowedPacket parameter), else 0.
+	clientPacket int
+
 	// mu guards closed; calls counts the operations in flight, which Close
 	// waits for.
 	mu     sync.RWMutex
@@ -237,6 +248,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		}
 	}
 	s.q = tableQueries(s.table)
+	s.packet.Store(assumedPacket)
 	s.undo = undoqueue.New(s.settle, s.undoLimit())
 	if s.purgeEvery > 0 {
 		go s.purgeLoop()
@@ -318,8 +330,9 @@ func (s *Store) begin() bool {
 	return true
 }
 
-// setup creates the table (unless WithoutCreateTable) and prepares the
-// one-key statements, once: a failure is returned and tried again by the
+// setup checks the session (autocommit), reads the server's
+// max_allowed_packet (see Bounds), creates the table (unless
+// WithoutCreateTable) and prepares the one-key statements, once: a failure is returned and tried again by the
 // next operation. The statements on several keys are prepared on first use.
 // One call at a time runs it; the others wait for it, or return when their
 // context ends. No call holds a connection while it waits (setup comes
@@ -337,13 +350,22 @@ func (s *Store) setup(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
-	var autocommit int
-	if err := s.db.QueryRowContext(ctx, "SELECT @@SESSION.autocommit").Scan(&autocommit); err != nil {
-		return fmt.Errorf("mysqlstore: reading autocommit: %w", markUnreachable(err))
+	var autocommit, packet int
+	if err := s.db.QueryRowContext(ctx, "SELECT @@SESSION.autocommit, @@SESSION.max_allowed_packet").Scan(&autocommit, &packet); err != nil {
+		return fmt.Errorf("mysqlstore: reading autocommit and max_allowed_packet: %w", markUnreachable(err))
 	}
 	if autocommit != 1 {
 		return errAutocommitOff
 	}
+	if s.clientPacket > 0 {
+		packet = min(packet, s.clientPacket)
+	}
+	s.packetMu.Lock()
+	if s.stated {
+		packet = min(packet, int(s.packet.Load()))
+	}
+	s.packet.Store(int64(packet))
+	s.packetMu.Unlock()
 	var err error
 	if s.holdersTx, err = s.holdersIsolation(ctx); err != nil {
 		return err
@@ -431,8 +453,9 @@ func anys(keys []string) []any {
 // carried it, so that it cannot apply later; the error then wraps
 // stores.ErrAbandoned. It returns an error wrapping stores.ErrInvalid for
 // no keys, more than MaxKeysPerCall, an empty, duplicate, unsorted or too
-// long key (see Bounds), an empty or too long token or a non-positive ttl,
-// before any statement; ErrClosed after Close; ErrMisconfigured for a
+// long key (see Bounds), an empty or too long token, a token that starts
+// with a NUL byte (reserved) or a non-positive ttl, before any statement;
+// ErrClosed after Close; ErrMisconfigured for a
 // server or table the Store cannot use; ErrUnexpectedReply for a reply it
 // cannot read; and the driver's error otherwise, wrapped with
 // stores.ErrUnreachable when no connection could be made.
@@ -441,6 +464,9 @@ func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl ti
 		return stores.Grant{}, err
 	}
 	if err := s.checkArgs(keys, token, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := args.CheckGrantToken(token, holders.Reserved); err != nil {
 		return stores.Grant{}, err
 	}
 	op := func(ctx context.Context, c *call[acquired]) (acquired, error) {
@@ -759,8 +785,11 @@ func readRows(ctx context.Context, tx *sql.Tx, read stmt, keys []string, token s
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
 // error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
 // an empty, duplicate, unsorted or too long key (see Bounds), or an empty
-// or too long token, before any statement; ErrClosed after Close; one wrapping ErrContention after contentionAttempts losses to row
-// lock contention; and the driver's error otherwise.
+// or too long token, before any statement; one wrapping stores.ErrNotHeld
+// for a token that starts with a NUL byte (reserved: it holds no key),
+// before any statement; ErrClosed after Close; one wrapping ErrContention
+// after contentionAttempts losses to row lock contention; and the driver's
+// error otherwise.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
 		return err
@@ -770,6 +799,9 @@ func (s *Store) Release(ctx context.Context, keys []string, token string, keep t
 		durations = append(durations, keep)
 	}
 	if err := s.checkArgs(keys, token, durations...); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, holders.Reserved); err != nil {
 		return err
 	}
 	// A release is owed whether or not its caller waits: it tries again
@@ -829,8 +861,10 @@ func (s *Store) exec(ctx context.Context, query string, vals []any) (int64, erro
 // It returns ctx.Err() as soon as ctx ends (the statement goes on); an
 // error wrapping stores.ErrInvalid for no keys, more than MaxKeysPerCall,
 // an empty, duplicate, unsorted or too long key (see Bounds), an empty or
-// too long token or a non-positive ttl, before any statement; ErrClosed
-// after Close; one wrapping ErrContention after
+// too long token or a non-positive ttl, and one wrapping stores.ErrNotHeld
+// for a token that starts with a NUL byte (reserved: it holds no key),
+// before any statement; ErrClosed after Close; one wrapping ErrContention
+// after
 // contentionAttempts losses to row lock contention; and the driver's error
 // otherwise, wrapped with stores.ErrUnreachable when no connection could be
 // made. A lost connection is no lost lock: the lease is a row, which any
@@ -840,6 +874,9 @@ func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl ti
 		return err
 	}
 	if err := s.checkArgs(keys, token, ttl); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, holders.Reserved); err != nil {
 		return err
 	}
 	_, err := detached(s, ctx, func(ctx context.Context, c *call[struct{}]) (struct{}, error) {

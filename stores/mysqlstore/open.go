@@ -85,6 +85,7 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		return nil, err
 	}
 	s.ownsDB = true
+	s.clientPacket = cfg.MaxAllowedPacket // 0: the driver reads the server's
 	if connect == storeargs.ConnectLazy {
 		return s, nil
 	}

@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/reqlock/reqlock/internal/holders"
@@ -15,12 +14,36 @@ import (
 
 var _ stores.RecordStore = (*Store)(nil)
 
-// MaxRecordBytes is the largest record (stores.Record.Size) a Store keeps,
-// stated in its Bounds: 4 MiB less 64 KiB, so that FinishRecord's statement
-// fits the smallest default max_allowed_packet of the servers the Store
-// supports (4 MB, MySQL 5.7), far within the records table's MEDIUMBLOB
-// (16 MiB).
-const MaxRecordBytes = 4<<20 - 64<<10
+// MaxRecordBytes is the largest record (stores.Record.Size) a Store keeps on
+// any server: 16 MiB less 1 KiB, within the records table's MEDIUMBLOB
+// (16 MiB less a byte, which also holds a byte of its own). A Store states
+// less in its Bounds when FinishRecord's statement would not fit the
+// server's max_allowed_packet (see recordBytes).
+const MaxRecordBytes = 16<<20 - 1<<10
+
+// assumedPacket is the max_allowed_packet that Bounds assumes until the
+// Store has read the server's: 4 MiB, the smallest default of the servers
+// the Store supports (MySQL 5.7).
+const assumedPacket = 4 << 20
+
+// statementReserve is what FinishRecord's statement holds besides the
+// record, escaped: its SQL, a key of up to MaxKeyLen and a token of up to
+// MaxTokenLen bytes, each byte escaped to two at most, and four numbers.
+const statementReserve = 8 << 10
+
+// recordBytes is the largest record whose FinishRecord statement fits a
+// max_allowed_packet of packet bytes, rounded down to KiB, at most
+// MaxRecordBytes and at least 1: the record's value (a byte and the record)
+// and statementReserve, with every byte of the value escaped to two, as the
+// driver interpolates a NUL, a quote or a backslash into an unprepared
+// statement (a prepared one sends them as they are). So 2 MiB less 5 KiB
+// for MySQL 5.7's default of 4 MiB, 8 MiB less 5 KiB for MariaDB's 16 MiB,
+// and MaxRecordBytes from about 32 MiB (MySQL 8's default is 64 MiB).
+func recordBytes(packet int) int {
+	n := (packet-statementReserve)/2 - 1
+	n &^= 1<<10 - 1
+	return max(min(n, MaxRecordBytes), 1)
+}
 
 // RecordsSchema returns the CREATE TABLE IF NOT EXISTS statement of the
 // records table of a Store's table (see Idempotency records in the package
@@ -47,9 +70,9 @@ func recordsTable(table string) string { return holders.RecordsTable(table, 64) 
 // is then read by a second statement, so that a replay takes two round
 // trips (a statement that writes returns no rows on MySQL).
 //
-// Its errors are Acquire's; it also returns an error wrapping
-// stores.ErrInvalid for a token that starts with the prefix of a record's
-// owner (a NUL byte, then "reqlock:record:").
+// Its errors are Acquire's, which refuses a token that starts with a NUL
+// byte, as a record's owner does (such tokens are reserved: see Shared and
+// limited grants in the package documentation).
 func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Duration) (stores.Grant, *stores.Record, error) {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
 		return stores.Grant{}, nil, err
@@ -202,7 +225,9 @@ func (s *Store) readRecord(ctx context.Context, key string) (*stores.Record, err
 // record, or changed nothing a reader sees. It returns an error wrapping
 // stores.ErrInvalid for an empty or too long key or token, a record or
 // retention out of Bounds, or a token refused as in ClaimRecord, before any
-// statement; ErrClosed after Close; and the driver's error otherwise,
+// statement of its own (a record larger than MaxRecordBytes before any
+// statement at all; one within it but above Bounds once the Store has
+// started, which reads the bound); ErrClosed after Close; and the driver's error otherwise,
 // wrapped with stores.ErrUnreachable when no connection could be made.
 func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.Record, retention time.Duration) error {
 	if err := checkRecordArgs(ctx, key, token); err != nil {
@@ -211,7 +236,7 @@ func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.
 	if err := s.checkArgs([]string{key}, token); err != nil {
 		return err
 	}
-	if err := args.CheckRecord(s.Bounds(), rec, retention); err != nil {
+	if err := args.CheckRecord(stores.Bounds{MaxRecordBytes: MaxRecordBytes}, rec, retention); err != nil {
 		return err
 	}
 	if !s.begin() {
@@ -220,6 +245,9 @@ func (s *Store) FinishRecord(ctx context.Context, key, token string, rec stores.
 	defer s.calls.Done()
 	if err := s.setup(ctx); err != nil {
 		return err
+	}
+	if err := args.CheckRecord(s.bounds(), rec, retention); err != nil {
+		return err // once setup has read the server's bound, before the record's statements
 	}
 	value := make([]byte, 0, 1+rec.Size())
 	value = append(append(append(value, 'r'), rec.Fingerprint...), rec.Response...)
@@ -276,8 +304,5 @@ func checkRecordArgs(ctx context.Context, key, token string) error {
 	if err := args.CheckShared(ctx, key, 0); err != nil {
 		return err
 	}
-	if strings.HasPrefix(token, holders.RecordPrefix) {
-		return fmt.Errorf("%w: mysqlstore: a token that starts like a record's owner (%q)", stores.ErrInvalid, holders.RecordPrefix)
-	}
-	return nil
+	return args.CheckGrantToken(token, holders.Reserved)
 }

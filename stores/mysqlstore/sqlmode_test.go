@@ -1,8 +1,10 @@
 package mysqlstore
 
 import (
+	"bytes"
 	"database/sql"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +57,8 @@ func modeDB(t *testing.T, mode string, interpolate bool) *sql.DB {
 // keys holding quotes, backslashes, NUL and bytes that are not UTF-8: grants,
 // refusals, refreshes, kept and plain releases, and the purge, which under
 // EMPTY_STRING_IS_NULL used to compare lock_key with an empty string, read
-// as NULL, and delete nothing, ever.
+// as NULL, and delete nothing, ever; and the idempotency records'
+// statements (claim, finish, replay, purge; issue 23).
 func TestSQLModes(t *testing.T) {
 	for _, m := range sqlModes {
 		for _, interpolate := range []bool{true, false} {
@@ -144,6 +147,88 @@ func checkSQLMode(t *testing.T, db *sql.DB) {
 		t.Fatalf("Acquire of the kept keys after a purge: %+v, %v; want refused", g, err)
 	}
 	checkSharedSQLMode(t, s, keys[2]+":shared")
+	checkRecordSQLMode(t, s, db, keys[2]+":record")
+}
+
+// checkRecordSQLMode runs the idempotency records' statements on s with
+// key (issue 23): a claim, a claim refused by it, a finish of a record of
+// empty and of escaped bytes, a retried finish, another token's finish, a
+// replay byte for byte, a Release of the finished claim, and, once the
+// record's retention has passed, a new claim and the purge of the record.
+func checkRecordSQLMode(t *testing.T, s *Store, db *sql.DB, key string) {
+	ctx := t.Context()
+	for i, rec := range []stores.Record{
+		{Fingerprint: "", Response: []byte{}, Fence: 0},
+		{Fingerprint: "fp'\"\\%_\x00", Response: []byte("body '\"\\\x00\xff\xfe\n\r\x1a || NULL"), Fence: -3},
+	} {
+		k := key + strconv.Itoa(i)
+		g, got, err := s.ClaimRecord(ctx, k, "a", time.Minute)
+		if err != nil || !g.OK || got != nil {
+			t.Fatalf("ClaimRecord of a new key: %+v, %+v, %v", g, got, err)
+		}
+		if g, got, err := s.ClaimRecord(ctx, k, "b", time.Minute); err != nil || g.OK || got != nil || g.Wait < 50*time.Second {
+			t.Fatalf("ClaimRecord of a claimed key: %+v, %+v, %v; want refused with about a minute left", g, got, err)
+		}
+		rec.Fence = g.Fences[0] + rec.Fence
+		if err := s.FinishRecord(ctx, k, "b", rec, time.Minute); !errors.Is(err, stores.ErrNotHeld) {
+			t.Fatalf("FinishRecord by another token: %v, want ErrNotHeld", err)
+		}
+		if err := s.FinishRecord(ctx, k, "a", rec, 300*time.Millisecond); err != nil {
+			t.Fatalf("FinishRecord: %v", err)
+		}
+		if err := s.FinishRecord(ctx, k, "a", rec, 300*time.Millisecond); err != nil {
+			t.Fatalf("a retried FinishRecord: %v, want nil", err)
+		}
+		if err := s.FinishRecord(ctx, k, "b", rec, time.Minute); !errors.Is(err, stores.ErrNotHeld) {
+			t.Fatalf("FinishRecord by another token over the record: %v, want ErrNotHeld", err)
+		}
+		g, got, err = s.ClaimRecord(ctx, k, "b", time.Minute)
+		if err != nil || g.OK || got == nil || got.Fingerprint != rec.Fingerprint || !bytes.Equal(got.Response, rec.Response) || got.Fence != rec.Fence {
+			t.Fatalf("replay: %+v, %+v, %v; want %+v", g, got, err, rec)
+		}
+		if err := s.Release(ctx, []string{k}, "a", 0); !errors.Is(err, stores.ErrNotHeld) {
+			t.Fatalf("Release of the finished claim: %v, want ErrNotHeld", err)
+		}
+	}
+	// The record's retention running out is the behaviour under test.
+	k := key + "1"
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		g, got, err := s.ClaimRecord(ctx, k, "c", time.Minute)
+		if err != nil {
+			t.Fatalf("ClaimRecord after the retention: %v", err)
+		}
+		if g.OK && got == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the record of 300ms retention still replayed after 10s: %+v, %+v", g, got)
+		}
+		<-tick.C
+	}
+	records := func() int {
+		t.Helper()
+		var n int
+		q := "SELECT COUNT(*) FROM " + quoteTable(recordsTable(s.table)) + " WHERE lock_key IN (?, ?)"
+		if err := db.QueryRowContext(ctx, q, []byte(key+"0"), []byte(key+"1")).Scan(&n); err != nil {
+			t.Fatalf("count records: %v", err)
+		}
+		return n
+	}
+	if n := records(); n == 0 {
+		t.Fatal("the expired records are gone before the purge")
+	}
+	if _, err := s.purgeRecords(ctx); err != nil {
+		t.Fatalf("purgeRecords: %v", err)
+	}
+	if n := records(); n != 0 {
+		t.Fatalf("%d expired records left after the purge", n)
+	}
+	if err := s.Release(ctx, []string{k}, "c", 0); err != nil {
+		t.Fatalf("Release of the new claim: %v", err)
+	}
 }
 
 // checkSharedSQLMode runs the shared grants' statements on s with key:

@@ -221,8 +221,10 @@
 //	)
 //
 // While a key has holders its lease row holds a marker as its token (a NUL
-// byte and "reqlock:shared": tokens that start with a NUL byte are
-// reserved), the longest holder's expiry and the key's fence, so that
+// byte and "reqlock:shared": tokens that start with a NUL byte are reserved
+// for such values, and refused: Acquire and ClaimRecord answer
+// stores.ErrInvalid, Release and Refresh stores.ErrNotHeld, before any
+// statement), the longest holder's expiry and the key's fence, so that
 // Acquire, unchanged, reads the key as held, and grants of either kind draw
 // their fences from the row's one sequence. AcquireShared is one round trip:
 // an implicit transaction that creates and locks the lease row, deletes the
@@ -264,8 +266,8 @@
 // finished record lives in two places, written by FinishRecord in one
 // statement that requires the token's unexpired claim: the key's lease
 // row, whose token becomes the record's owner (a NUL byte,
-// "reqlock:record:" and the SHA-256 of the finishing token; such tokens are
-// reserved) and whose expiry becomes the end of the retention; and a row of
+// "reqlock:record:" and the SHA-256 of the finishing token; no caller's
+// token starts with a NUL byte, see above) and whose expiry becomes the end of the retention; and a row of
 // a third table beside the lease table, named after it
 // (reqlock_locks_records; a name past 63 bytes becomes reqlock_records_
 // and a digest):

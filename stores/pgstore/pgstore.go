@@ -251,8 +251,10 @@ func (s *Store) isClosed() bool {
 // call whose reply was lost) is granted again with a fresh fence and TTL.
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
-// duplicate, unsorted or too long key (see Bounds), or a non-positive ttl,
-// before any statement, or when the server refuses a key as beyond its
+// duplicate, unsorted or too long key (see Bounds), a non-positive ttl or a
+// token that starts with a NUL byte (reserved: see Shared and limited
+// grants in the package documentation), before any statement, or when the
+// server refuses a key as beyond its
 // limits (SQLSTATE 54000); ctx.Err() without acting when ctx has ended;
 // ErrClosed after Close; an error wrapping stores.ErrAbandoned and ctx's
 // error when ctx ended while the statement was in flight, and one wrapping
@@ -263,6 +265,9 @@ func (s *Store) isClosed() bool {
 // connection could be made; and the server's error otherwise.
 func (s *Store) Acquire(ctx context.Context, keys []string, token string, ttl time.Duration) (stores.Grant, error) {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return stores.Grant{}, err
+	}
+	if err := args.CheckGrantToken(token, holders.Reserved); err != nil {
 		return stores.Grant{}, err
 	}
 	if err := args.CheckBounds(s.Bounds(), keys, ttl); err != nil {
@@ -439,12 +444,16 @@ func (s *Store) acquireAll(ctx context.Context, conn *pgxpool.Conn, keys [][]byt
 // It returns an error wrapping stores.ErrNotHeld, naming the keys, when some
 // keys were absent, expired or held another token, after ending the grant
 // on the others. It returns an error wrapping stores.ErrInvalid for no keys
-// or an empty, duplicate, unsorted or too long key (see Bounds), before any
-// statement; ctx.Err() without acting when ctx has ended; ErrClosed after
+// or an empty, duplicate, unsorted or too long key (see Bounds), and one
+// wrapping stores.ErrNotHeld for a token that starts with a NUL byte
+// (reserved: it holds no key), before any statement; ctx.Err() without acting when ctx has ended; ErrClosed after
 // Close; one wrapping stores.ErrUnreachable when no connection could be
 // made; and the server's error, or ctx's when it ended in flight, otherwise.
 func (s *Store) Release(ctx context.Context, keys []string, token string, keep time.Duration) error {
 	if err := args.CheckRelease(ctx, keys); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, holders.Reserved); err != nil {
 		return err
 	}
 	var durations []time.Duration
@@ -519,12 +528,17 @@ func (s *Store) release(ctx context.Context, keys []string, token string, keep t
 //
 // It returns an error wrapping stores.ErrInvalid for no keys, an empty,
 // duplicate, unsorted or too long key (see Bounds), or a non-positive ttl,
-// before any statement; ctx.Err() without acting when ctx has ended;
+// and one wrapping stores.ErrNotHeld for a token that starts with a NUL
+// byte (reserved: it holds no key), before any statement; ctx.Err() without
+// acting when ctx has ended;
 // ErrClosed after Close; one wrapping stores.ErrUnreachable when no
 // connection could be made; and the server's error, or ctx's when it ended
 // in flight, otherwise.
 func (s *Store) Refresh(ctx context.Context, keys []string, token string, ttl time.Duration) error {
 	if err := args.CheckAcquire(ctx, keys, ttl); err != nil {
+		return err
+	}
+	if err := args.CheckHeldToken(keys, token, holders.Reserved); err != nil {
 		return err
 	}
 	if err := args.CheckBounds(s.Bounds(), keys, ttl); err != nil {

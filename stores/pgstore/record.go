@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,8 +35,9 @@ const purgePerFinish = 4
 // Its errors, and what it does when ctx ends while the statement is in
 // flight, are Acquire's: a claim it made, or may yet make, is undone by the
 // Store. It returns an error wrapping stores.ErrInvalid for an empty or too
-// long key, a non-positive ttl or a token that starts with the prefix of a
-// record's owner (a NUL byte, then "reqlock:record:").
+// long key, a non-positive ttl or a token that starts with a NUL byte, as a
+// record's owner does (such tokens are reserved: see Shared and limited
+// grants in the package documentation).
 func (s *Store) ClaimRecord(ctx context.Context, key, token string, ttl time.Duration) (stores.Grant, *stores.Record, error) {
 	if err := s.checkRecordCall(ctx, key, token); err != nil {
 		return stores.Grant{}, nil, err
@@ -226,8 +226,8 @@ func (s *Store) checkRecordCall(ctx context.Context, key, token string) error {
 	if err := args.CheckShared(ctx, key, 0); err != nil {
 		return err
 	}
-	if strings.HasPrefix(token, holders.RecordPrefix) {
-		return fmt.Errorf("%w: pgstore: a token that starts like a record's owner (%q)", stores.ErrInvalid, holders.RecordPrefix)
+	if err := args.CheckGrantToken(token, holders.Reserved); err != nil {
+		return err
 	}
 	if s.isClosed() {
 		return ErrClosed

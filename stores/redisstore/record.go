@@ -160,22 +160,14 @@ func checkRecordArgs(ctx context.Context, key, token string) error {
 // starts like a record's value (see recordPrefix): no claim or lock is
 // granted to such a token, so that no record is taken for a grant of its
 // value, nor a grant for a record.
-func checkGrantToken(token string) error {
-	if strings.HasPrefix(token, recordPrefix) {
-		return fmt.Errorf("%w: redisstore: a token that starts like a record's value (%q)", stores.ErrInvalid, recordPrefix)
-	}
-	return nil
-}
+func checkGrantToken(token string) error { return args.CheckGrantToken(token, recordPrefix) }
 
 // notHeldByRecordToken returns an error wrapping stores.ErrNotHeld when
 // token starts like a record's value: it holds no key (see
 // checkGrantToken), and a Release or Refresh of it must not act on a
 // record whose value it equals.
 func notHeldByRecordToken(keys []string, token string) error {
-	if strings.HasPrefix(token, recordPrefix) {
-		return fmt.Errorf("%w: %q: a token that starts like a record's value holds no key", stores.ErrNotHeld, keys)
-	}
-	return nil
+	return args.CheckHeldToken(keys, token, recordPrefix)
 }
 
 // recordOwner returns the start of the value of a record token finished,
