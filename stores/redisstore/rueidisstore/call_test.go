@@ -34,11 +34,12 @@ func stacks() string {
 // rueidis on their callers' goroutines, with no goroutine of the Store's
 // per call (redisstore's scriptCall.inBackground, which a Driver that does
 // not honour cancellation needs), and return as soon as their callers
-// leave, abandoned (the Store undoes them).
+// leave, abandoned (the Store undoes them). The client pipelines on one
+// connection, which the warm-up opens (see newOneConnClient).
 func TestNoGoroutinePerCall(t *testing.T) {
 	const calls = 20
 	p := faultproxy.New(t, testredis.Addr(t))
-	s := newStore(t, newClient(t, p.Addr(), true))
+	s := newStore(t, newOneConnClient(t, p.Addr()))
 	prefix := testredis.Prefix(t)
 	redistest.Cycle(t, s, prefix+"warm", "t") // scripts cached, connections open
 	p.Stall(faultproxy.Both)

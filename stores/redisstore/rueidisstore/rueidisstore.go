@@ -18,7 +18,14 @@
 //     connection that pipelines (its default with client-side caching on,
 //     and always with ClientOption.AlwaysPipelining, which Open sets); on a
 //     connection that does not, an idle call with a deadline returns by
-//     that deadline only.
+//     that deadline only. Nor does it while a call waits for a connection
+//     to be opened: rueidis opens its pipeline connections to a server
+//     (ClientOption.PipelineMultiplex of them) on first use, and again after
+//     one broke, and the calls sent to that connection wait for its dial
+//     and handshake, bounded by ClientOption.Dialer.Timeout (5s by
+//     default; Open takes it from the URL's dial_timeout), however their
+//     contexts end. A server that accepts connections but does not answer
+//     (a paused Redis) holds such waiters that long.
 //   - rueidis does not retry a script (EVALSHA is not read-only), so each
 //     call is one attempt; it fails with an error wrapping
 //     stores.ErrUnreachable when no connection could be dialled for it.

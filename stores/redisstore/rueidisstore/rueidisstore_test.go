@@ -31,9 +31,25 @@ func newClient(tb testing.TB, addr string, forceSingle bool) rueidis.Client {
 	if forceSingle {
 		o.ForceSingleClient, o.AlwaysPipelining, o.DisableCache = true, true, true
 	}
+	return clientOf(tb, o)
+}
+
+// newOneConnClient is newClient(tb, addr, true) on one pipeline connection,
+// which the first call opens: rueidis opens its connections on first use,
+// and a call sent to one it has yet to open waits for its handshake however
+// the call's context ends (see the package documentation).
+func newOneConnClient(tb testing.TB, addr string) rueidis.Client {
+	tb.Helper()
+	return clientOf(tb, rueidis.ClientOption{InitAddress: []string{addr},
+		ForceSingleClient: true, AlwaysPipelining: true, DisableCache: true, PipelineMultiplex: -1})
+}
+
+// clientOf returns a client made with o, closed when the test ends.
+func clientOf(tb testing.TB, o rueidis.ClientOption) rueidis.Client {
+	tb.Helper()
 	c, err := rueidis.NewClient(o)
 	if err != nil {
-		tb.Fatalf("rueidis.NewClient(%s): %v", addr, err)
+		tb.Fatalf("rueidis.NewClient(%v): %v", o.InitAddress, err)
 	}
 	tb.Cleanup(c.Close)
 	return c
