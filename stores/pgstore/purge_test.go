@@ -82,10 +82,12 @@ func TestPurge(t *testing.T) {
 	}
 	acquire("expired", "a", time.Millisecond)
 	acquire("held", "a", time.Minute)
-	shared("shared-gone", "r1", time.Millisecond) // expired holders, the key not used again
-	shared("shared-gone", "r2", time.Millisecond)
+	// Holders that expire within a second (both of shared-gone's must be
+	// live when the second comes, lest it delete the first).
+	shared("shared-gone", "r1", time.Second) // expired holders, the key not used again
+	shared("shared-gone", "r2", time.Second)
 	shared("shared-live", "r1", time.Minute) // a live holder
-	shared("shared-then-held", "r1", time.Millisecond)
+	shared("shared-then-held", "r1", time.Second)
 	// A writer refused by shared-live's holder leaves a writer record,
 	// which ends after stores.WriterWindow.
 	if g, err := s.Acquire(ctx, []string{"shared-live"}, "w", time.Minute); err != nil || g.OK || !g.SharedHeld {
@@ -93,7 +95,7 @@ func TestPurge(t *testing.T) {
 	}
 	// watched: expired, but a refusal while it was held marks it watched
 	// for 30s.
-	acquire("watched", "a", 300*time.Millisecond)
+	acquire("watched", "a", time.Second)
 	if g, err := s.Acquire(ctx, []string{"watched"}, "b", time.Minute); err != nil || g.OK {
 		t.Fatalf("Acquire of a held key: %+v, %v; want refused", g, err)
 	}
@@ -125,7 +127,7 @@ func TestPurge(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the short holders and the writer record did not expire in 10s")
 		}
-		<-time.After(10 * time.Millisecond) // their own expiry (stores.WriterWindow at most)
+		<-time.After(10 * time.Millisecond) // their own expiry (a second at most)
 	}
 	acquire("shared-then-held", "x", time.Minute) // exclusive: it keeps the expired holder
 	n, err := s.Purge(ctx, pgstore.MinRetention)
