@@ -63,7 +63,8 @@
 // clock in microseconds since 1970) and becomes the row's fence. The row
 // survives release and expiry, and PostgreSQL keeps it across restarts, so
 // fences grow by at least the stride per grant. The clock term makes a new
-// row (first use, or a row deleted by hand, or a new table) start above
+// row (first use, a row purged (see Purge) or deleted by hand, or a new
+// table) start above
 // every fence an earlier row could have issued, as long as fences did not
 // run ahead of the clock (a key granted more than about a thousand times a
 // second) and the server's clock does not step back. With
@@ -71,11 +72,49 @@
 // under a second; their fences are then issued again only for a key whose
 // fences ran ahead of the clock.
 //
-// Rows are never deleted, but those of expired idempotency records (see
-// Idempotency records): a row per key ever locked stays (about 100 bytes
-// plus the key). Deleting free rows (token IS NULL OR expires_at <
-// clock_timestamp()) is safe for keys whose fences follow the clock (see
-// above).
+// # Purge
+//
+// Rows of keys no longer used are deleted by a purge, run by a goroutine of
+// the Store every hour (WithPurge: its interval, and a retention of 24h by
+// default, a minute at least; Close stops it and ends a purge in flight) or
+// by Purge. It deletes, in statements of up to 500 keys:
+//   - the lease rows that have been free (released, or expired) for the
+//     retention, whose fence the server clock has passed by the retention
+//     (fence + stores.FenceStride at most the clock in microseconds less the
+//     retention: the key was last granted longer ago than that), that are
+//     not watched (watched_until past; see Release notification) and have
+//     no row left in the holders table: never a held key, a key held shared,
+//     a claim or a live record, whose rows hold a token and an expiry to
+//     come;
+//   - the expired holders and waiting-writer records of every key (see
+//     Shared and limited grants), whether the key is used again or not;
+//   - expired idempotency records (see Idempotency records).
+//
+// A purged key's next grant creates its row again and draws its fence from
+// the clock (greatest(0 + stride, the clock): the statement found no row).
+// The purge deleted the row only when its fence plus the stride was at most
+// its own clock reading less the retention, so the new fence is a stride
+// above every fence the row held as long as the grant reads the clock less
+// than the retention before the purge did: the server's clock did not step back by
+// more than the retention in between (MinRetention, a minute, covers slewing
+// and small steps), and the grant's statement, which read the clock when it
+// began, did not wait for the purge's row lock longer than that (the
+// purge's statement holds it for one statement).
+//
+// The purge locks lease rows in key order, as every statement does, with
+// FOR UPDATE SKIP LOCKED, and then the expired holder rows of the keys it
+// locked, SKIP LOCKED too: it waits for no lock, so it cannot deadlock with
+// the Store's statements nor stall behind a grant in progress, and a row it
+// skipped waits for the next purge. It deletes a key's holders only while it
+// holds the key's lease row, which AcquireShared locks before it counts
+// them, so it never changes a count in progress, and it judges a lease row
+// on the row's latest version, which PostgreSQL reads again when it locks a
+// row changed since the statement began: a row granted meanwhile stays. The
+// purge finds the rows by a search of the lease table in key order, which
+// computes the SHA-256 of every key to look up its holders (the holders
+// table is keyed by the key's digest): a read of the table per run. Holder
+// rows whose lease row is gone (deleted by hand) are not found. The role
+// needs DELETE on the lease table.
 //
 // # Limits
 //
@@ -248,8 +287,9 @@
 //
 // A freed place, by release or by an expiry that AcquireShared cleans up,
 // notifies a watched key as a release does. Expired holders of a key are
-// deleted by its next AcquireShared; a key never acquired again keeps them
-// (a few dozen bytes each).
+// deleted by its next AcquireShared, or by the purge (see Purge), which
+// notifies nothing (an expiry sends no signal); so are the expired records
+// of waiting writers.
 //
 // An existing deployment keeps its lease table as it is: the first call of
 // this version creates the holders table beside it (the role needs CREATE
@@ -293,15 +333,18 @@
 // Records are kept up to MaxRecordBytes (half of PostgreSQL's 1 GB limit on
 // a field and on a message) for any retention the TTLs allow. Expired
 // records are deleted by FinishRecord itself: the same round trip deletes
-// up to 4 expired records, the earliest first, with the lease rows that
-// still hold them (a key claimed again keeps its row), taking only rows no
-// other call has locked (SKIP LOCKED), so that it waits for nothing. Every
-// finish deletes more than it adds, so expired records do not outnumber
-// what expired since the previous finishes, and stay bounded while records
-// are written; those left when writing stops are deleted by the next
-// finishes. A purged key's next claim draws its fence from the clock, as a
-// new row does (see Fencing). The role needs CREATE on the schema the first
-// time again, and SELECT, INSERT, UPDATE and DELETE on both tables.
+// up to 4 expired records, the earliest first, taking only records no
+// other call has locked, and whose lease row no other call has locked (a
+// claim that may read the record), so that it waits for nothing (SKIP
+// LOCKED). Every finish deletes more than it adds, so expired records do
+// not outnumber what expired since the previous finishes, and stay bounded
+// while records are written; those left when writing stops are deleted by
+// the next finishes or the purge (see Purge). The lease row of an expired
+// record stays, free to any claim, until the purge deletes it, as any free
+// row, once its fence is behind the clock by the retention; the key's next
+// claim then draws its fence from the clock. The role needs CREATE on the
+// schema the first time again, and SELECT, INSERT, UPDATE and DELETE on
+// both tables.
 //
 // # The table
 //
@@ -309,7 +352,8 @@
 // (default DefaultTable): lower-case letters, digits and underscores,
 // starting with a letter or underscore, at most 63 bytes, optionally
 // qualified by a schema of the same form. The role needs CREATE on the
-// schema the first time, and SELECT, INSERT and UPDATE on the table.
+// schema the first time, and SELECT, INSERT, UPDATE and DELETE (for the
+// purge) on the table.
 //
 // # Start-up
 //

@@ -36,9 +36,10 @@ var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0
 
 // Store is a stores.Store on PostgreSQL, a stores.Notifier, a
 // stores.SharedStore and a stores.RecordStore. It is safe for concurrent
-// use. Once NotifyRelease has been called it owns a
-// listening connection and a goroutine until Close; while it owes the undo
-// of abandoned acquires, up to two goroutines more.
+// use. It owns a purge goroutine (unless WithPurge turned it off) until
+// Close. Once NotifyRelease has been called it owns a listening connection
+// and a goroutine until Close; while it owes the undo of abandoned
+// acquires, up to two goroutines more.
 type Store struct {
 	pool     *pgxpool.Pool
 	ownsPool bool   // Open made the pool; Close closes it
@@ -64,6 +65,13 @@ type Store struct {
 	mu     sync.Mutex // guards notify and closed, and background.Add
 	notify *notifier  // nil until the first NotifyRelease
 	closed bool
+
+	purgeEvery   time.Duration      // see WithPurge; 0: no purge goroutine
+	retention    time.Duration      // the purge goroutine's
+	minRetention time.Duration      // MinRetention, lower in tests
+	purgeCtx     context.Context    // the purge goroutine's, cancelled by Close
+	stopPurge    context.CancelFunc // cancels purgeCtx
+	purgeDone    chan struct{}      // closed when the purge goroutine returns
 }
 
 var (
@@ -109,14 +117,16 @@ func WithLazyConnect() Option {
 // connections should run at READ COMMITTED (the default); Open sets that
 // whatever the server's default. New reads the server's page size, which
 // sets the longest key (see Bounds); WithLazyConnect leaves both to the
-// first call. New returns an error wrapping stores.ErrInvalid when pool is
-// nil or the table name is invalid, and the server's error when the table
-// cannot be created.
+// first call. New starts the purge goroutine (see WithPurge). It returns an
+// error wrapping stores.ErrInvalid when pool is nil, the table name is
+// invalid, the purge interval negative or the retention below
+// MinRetention, and the server's error when the table cannot be created.
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pgstore: pool is nil", stores.ErrInvalid)
 	}
-	s := &Store{pool: pool, table: DefaultTable, callLimit: DefaultCallLimit, setupTurn: make(chan struct{}, 1)}
+	s := &Store{pool: pool, table: DefaultTable, callLimit: DefaultCallLimit, setupTurn: make(chan struct{}, 1),
+		purgeEvery: DefaultPurgeInterval, retention: DefaultRetention, minRetention: MinRetention}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -127,15 +137,27 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if s.callLimit <= 0 {
 		return nil, fmt.Errorf("%w: pgstore: call limit %v is not positive", stores.ErrInvalid, s.callLimit)
 	}
+	if s.purgeEvery < 0 {
+		return nil, fmt.Errorf("%w: pgstore: purge interval %v is negative", stores.ErrInvalid, s.purgeEvery)
+	}
+	if s.retention < s.minRetention {
+		return nil, fmt.Errorf("%w: pgstore: purge retention %v is below %v", stores.ErrInvalid, s.retention, MinRetention)
+	}
 	s.undo = undoqueue.New(s.settle, s.callLimit)
 	s.channel = channelOf(s.table)
 	s.q = newQueries(s.table)
 	s.setBounds(defaultBlockSize)
-	if s.lazy {
-		return s, nil
+	if !s.lazy {
+		if err := s.setup(ctx); err != nil {
+			return nil, err
+		}
 	}
-	if err := s.setup(ctx); err != nil {
-		return nil, err
+	s.purgeCtx, s.stopPurge = context.WithCancel(context.Background())
+	s.purgeDone = make(chan struct{})
+	if s.purgeEvery > 0 {
+		go s.purgeLoop()
+	} else {
+		close(s.purgeDone)
 	}
 	return s, nil
 }
@@ -196,8 +218,9 @@ func (s *Store) createTable(ctx context.Context, table, ddl string) error {
 // Table returns the name of the Store's table.
 func (s *Store) Table() string { return s.table }
 
-// Close stops the listening connection of NotifyRelease, if any, waits for
-// the acquires in flight (each bounded by the call limit), gives the undo
+// Close stops the listening connection of NotifyRelease, if any, and the
+// purge goroutine (ending a purge in flight), waits for the acquires in
+// flight (each bounded by the call limit), gives the undo
 // of every acquire whose caller left one more try, within the call limit,
 // and closes the pool when Open made it; an undo that fails then is given
 // up, and its grant, if any, held until its TTL ends. Calls after Close
@@ -215,6 +238,8 @@ func (s *Store) Close() error {
 	if l != nil {
 		l.close()
 	}
+	s.stopPurge()
+	<-s.purgeDone
 	s.background.Wait()
 	s.undo.Close(s.callLimit)
 	if s.ownsPool {

@@ -45,6 +45,11 @@ type queries struct {
 	finishRecord       string
 	ownRecord          string
 	purgeRecords       string
+
+	// The purge (see purge.go).
+	purgeFirst string
+	purgeAfter string
+	purge      string
 }
 
 // Fragments shared by the statements. $3 is a duration in microseconds.
@@ -64,6 +69,23 @@ const (
 	// it or subscribed to it.
 	watchFor = `interval '30 seconds'`
 )
+
+// purgeable is true of a lease row l that the purge may delete, at the
+// clock reading now.ts and the retention {ret} in µs: free
+// (released, or expired for the retention), its fence behind the clock by
+// the retention (see Purge), and not watched. {stride} is
+// stores.FenceStride.
+const purgeable = `((l.token IS NULL OR l.expires_at <= now.ts - {ret}::bigint * interval '1 microsecond')
+	  AND l.fence + {stride} <= ` + nowMicros + ` - {ret}::bigint
+	  AND (l.watched_until IS NULL OR l.watched_until <= now.ts))`
+
+// purgeCandidates is the SQL of purgeFirst and purgeAfter, with {after} for
+// the condition on the keys after the last batch's.
+const purgeCandidates = `
+	SELECT l.key FROM {t} AS l, {clockNow}
+	WHERE {after} ({purgeable}
+	   OR EXISTS (SELECT 1 FROM {h} AS h WHERE h.key_sum = sha256(l.key) AND h.expires_at <= now.ts))
+	ORDER BY l.key LIMIT $2::int`
 
 // newQueries writes the statements for table, a name tableName accepts.
 func newQueries(table string) queries {
@@ -87,6 +109,11 @@ func newQueries(table string) queries {
 		"{h}", quoteTable(holdersTable(table)), "{isMarker}", isMarker,
 		"{marker}", byteaLiteral(holders.Marker),
 		"{writerWindow}", strconv.FormatInt(stores.WriterWindow.Microseconds(), 10))
+	// purgeableAt is purgeable with the retention in parameter ret.
+	purgeableAt := func(ret string) string {
+		return strings.NewReplacer("{ret}", ret, "{stride}", strconv.FormatInt(stores.FenceStride, 10)).Replace(purgeable)
+	}
+	candidates := strings.Replace(purgeCandidates, "{purgeable}", purgeableAt("$1"), 1)
 	return queries{
 		create: r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
 			key        bytea PRIMARY KEY,
@@ -389,25 +416,64 @@ func newQueries(table string) queries {
 		ownRecord: r.Replace(`
 			SELECT EXISTS (SELECT 1 FROM {t} WHERE key = $1::bytea AND token = $2::bytea AND expires_at > clock_timestamp())`),
 
-		// Deletes up to $1 expired records, the earliest first, and the
-		// lease rows that still hold them (a new claim of an expired
-		// record's key keeps its row). It waits for no lock: rows locked by
-		// another call (a finish, a claim, another purge) are left for a
-		// later purge. A record whose lease row is gone (deleted by hand)
-		// goes too. A deleted row's key starts its fences from the clock
-		// again (see Fencing in the package documentation).
+		// Deletes up to $1 expired records, the earliest first. Their lease
+		// rows stay, holding an expired owner (free to any claim), for the
+		// lease purge (see purge.go), which deletes a row only once its
+		// fence is behind the clock. It waits for no lock: records locked by
+		// another call (a finish, another purge), and those whose lease row
+		// is locked (a claim that may read the record), are left for a
+		// later purge. A record whose lease row is gone (deleted by hand, or
+		// by the lease purge while the record was locked) goes too.
 		purgeRecords: r.Replace(`
 			WITH cand AS (
 				SELECT key FROM {r} WHERE expires_at <= clock_timestamp()
 				ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED),
 			locked AS (
-				SELECT l.key FROM {t} AS l WHERE l.key IN (SELECT key FROM cand) FOR UPDATE SKIP LOCKED),
-			gone AS (
-				DELETE FROM {t} AS l USING locked
-				WHERE l.key = locked.key AND {isRecord} AND l.expires_at <= clock_timestamp())
+				SELECT l.key FROM {t} AS l WHERE l.key IN (SELECT key FROM cand) FOR UPDATE SKIP LOCKED)
 			DELETE FROM {r} AS r USING cand
 			WHERE r.key = cand.key AND (r.key IN (SELECT key FROM locked)
 			      OR NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.key = r.key))`),
+
+		// Find, without locking, the next keys, at most $2, in key order,
+		// that the purge statement may act on: rows it may delete
+		// (purgeable, at the retention $1 µs) and rows whose key has
+		// expired holders or writer records. purgeAfter takes the keys
+		// after $3.
+		purgeFirst: r.Replace(strings.Replace(candidates, "{after}", "", 1)),
+		purgeAfter: r.Replace(strings.Replace(candidates, "{after}", "l.key > $3::bytea AND", 1)),
+
+		// Locks the rows of the keys $1 in key order, skipping those
+		// another call has locked; deletes the expired holders and writer
+		// records of the locked keys, skipping rows another call has
+		// locked; and deletes the locked rows that are purgeable at the
+		// retention $2 µs and have no holders-table row left. It waits for
+		// no lock, so it cannot deadlock with the Store's statements. The
+		// lease row's own columns keep a row with live holders (its token
+		// is the marker, its expiry the longest holder's, set under its
+		// lock), read again on the row's latest version; the NOT EXISTS is
+		// a second guard, and keeps a row whose holder rows were skipped.
+		purge: r.Replace(strings.Replace(`
+			WITH now AS (SELECT clock_timestamp() AS ts),
+			locked AS (
+				SELECT l.key FROM {t} AS l WHERE l.key = ANY($1::bytea[])
+				ORDER BY l.key FOR UPDATE SKIP LOCKED),
+			expired AS (
+				SELECT h.key_sum, h.writer, h.token_sum FROM {h} AS h, now
+				WHERE h.key_sum IN (SELECT sha256(key) FROM locked) AND h.expires_at <= now.ts
+				FOR UPDATE OF h SKIP LOCKED),
+			gone AS (
+				DELETE FROM {h} AS h USING expired AS e
+				WHERE h.key_sum = e.key_sum AND h.writer = e.writer AND h.token_sum = e.token_sum
+				RETURNING h.key_sum, h.writer, h.token_sum),
+			freed AS (
+				DELETE FROM {t} AS l USING locked, now
+				WHERE l.key = locked.key AND {purgeable}
+				  AND NOT EXISTS (
+					SELECT 1 FROM {h} AS h WHERE h.key_sum = sha256(l.key)
+					  AND NOT EXISTS (SELECT 1 FROM gone AS g WHERE g.key_sum = h.key_sum
+					                  AND g.writer = h.writer AND g.token_sum = h.token_sum))
+				RETURNING 1)
+			SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM freed)`, "{purgeable}", purgeableAt("$2"), 1)),
 	}
 }
 

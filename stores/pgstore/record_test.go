@@ -9,11 +9,11 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// TestRecordsPurged: expired records, and the lease rows that still hold
-// them, are deleted by later FinishRecords (up to 4 each), so that records
-// do not grow without bound; a key claimed again after its record expired
-// keeps its row (the claim) and loses the record; a purged key's next
-// claim draws a fence above its record's.
+// TestRecordsPurged: expired records are deleted by later FinishRecords
+// (up to 4 each), so that records do not grow without bound, and the lease
+// rows that still hold them by the lease purge; a key claimed again after
+// its record expired keeps its row (the claim) and loses the record; a
+// purged key's next claim draws a fence above its record's.
 func TestRecordsPurged(t *testing.T) {
 	const table = "reqlock_test_records"
 	s := open(t, table)
@@ -67,8 +67,20 @@ func TestRecordsPurged(t *testing.T) {
 	if n := count(`SELECT count(*) FROM ` + table + `_records`); n != live {
 		t.Fatalf("%d records after %d finishes, want the %d live ones: the expired were not purged", n, live, live)
 	}
+	// The finishes leave the lease rows, which hold expired owners, to the
+	// lease purge: it deletes them once their fences are behind the clock
+	// by its retention (here 1ms, past the rows' fences and expiries).
+	if n := count(`SELECT count(*) FROM ` + table + ` WHERE key LIKE 'k%'`); n != expired {
+		t.Fatalf("%d lease rows of expired records' keys before the purge, want %d", n, expired)
+	}
+	if _, err := s.PurgeShort(t.Context(), time.Millisecond); err != nil {
+		t.Fatalf("purge: %v", err)
+	}
 	if n := count(`SELECT count(*) FROM ` + table + ` WHERE key LIKE 'k%'`); n != 1 {
-		t.Fatalf("%d lease rows of expired records' keys, want 1 (k0, claimed again)", n)
+		t.Fatalf("%d lease rows of expired records' keys after the purge, want 1 (k0, claimed again)", n)
+	}
+	if n := count(`SELECT count(*) FROM ` + table + `_records`); n != live {
+		t.Fatalf("%d records after the purge, want the %d live ones", n, live)
 	}
 	if n := count(`SELECT count(*) FROM ` + table + ` WHERE key = 'k0' AND token = 'b'`); n != 1 {
 		t.Fatal("k0's row does not hold its new claim after the purge")
