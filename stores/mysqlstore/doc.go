@@ -49,7 +49,9 @@
 // Rows of keys no longer used are deleted by a purge (WithPurge, default
 // every hour): a row released, or expired for the retention (default 24h),
 // whose fence the server clock has passed by the retention (the key was
-// last granted longer ago than that).
+// last granted longer ago than that), with the key's expired rows of the
+// holders table (see Shared and limited grants), and not while one of
+// those is unexpired.
 //
 // # Limits
 //
@@ -290,8 +292,18 @@
 // that token or the token releases it: other grants and releases pay
 // nothing. A record made through another Store, or before a restart, ends
 // at its expiry, at most WriterWindow after the writer's last refusal. A
-// key's expired holders are deleted by its next grant; the purge does not
-// visit the holders table.
+// key's expired holders and records are deleted by its next grant, or by
+// the purge (WithPurge, Purge), so that the holders table does not grow
+// with keys held shared once and never again: for each batch of lease rows
+// it would delete, a transaction locks them first, as every transaction on
+// a key's holders does (the lease row, then the holders), deletes their
+// expired holders and records, and deletes a lease row only when none of
+// them is left; then it deletes the rows of the holders table expired for
+// the retention, whatever their key (those of lease rows an older version
+// purged included), in transactions that lock holder rows alone. Expired
+// rows count for nothing, and a grant counts the holders it has locked, so
+// the purge never takes a place a grant counts; its deadlocks and lock
+// waits are retried as the other statements' are (see Contention).
 //
 // An existing deployment keeps its lease table as it is: the first call of
 // this version creates the holders table (unless WithoutCreateTable: create

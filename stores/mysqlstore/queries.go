@@ -164,6 +164,42 @@ ORDER BY lock_key LIMIT ?`
 	purgeSQL = `DELETE FROM {table}
 WHERE lock_key IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND
   AND fence + {stride} <= {micros} - ?`
+
+	// purgeLockSQL locks, in key order, the lease rows of the keys that
+	// purgeSQL may still delete, and returns their keys: the purge's
+	// transaction locks them before their holders, as every transaction on
+	// a key's holders does. Arguments: the keys, retention µs, retention µs.
+	purgeLockSQL = `SELECT lock_key FROM {table}
+WHERE lock_key IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND
+  AND fence + {stride} <= {micros} - ?
+ORDER BY lock_key FOR UPDATE`
+
+	// purgeHoldersSQL deletes the expired holders and writer records of
+	// keys whose lease rows the purge locked. Arguments: the key digests.
+	purgeHoldersSQL = `DELETE FROM {holders} WHERE key_sum IN ({keys}) AND expires_at <= {now}`
+
+	// purgeLiveSQL returns the digests of those keys that have rows left
+	// in the holders table (unexpired, after purgeHoldersSQL): their lease
+	// rows stay. Arguments: the key digests.
+	purgeLiveSQL = `SELECT DISTINCT key_sum FROM {holders} WHERE key_sum IN ({keys})`
+
+	// staleHoldersSQL finds, without locking, the next key digests that
+	// have holders or writer records expired for the retention, in digest
+	// order: the first ones with {after} empty, else those after a given
+	// digest, with {after} "key_sum > ? AND". Arguments: after when
+	// {after} is set, retention µs, limit.
+	staleHoldersSQL = `SELECT DISTINCT key_sum FROM {holders}
+WHERE {after} expires_at <= {now} - INTERVAL ? MICROSECOND
+ORDER BY key_sum LIMIT ?`
+
+	// purgeStaleSQL deletes the holders and writer records of the keys
+	// that have been expired for the retention, whatever their lease rows:
+	// those of keys whose lease rows are gone (purged by an earlier version,
+	// which left them) have no other way out. Expired rows count for
+	// nothing, and every locking read of a key's holders locks them before
+	// it counts them. Arguments: the key digests, retention µs.
+	purgeStaleSQL = `DELETE FROM {holders}
+WHERE key_sum IN ({keys}) AND expires_at <= {now} - INTERVAL ? MICROSECOND`
 )
 
 // The SQL of idempotency records (see record.go). {records} stands for the
@@ -294,6 +330,8 @@ type queries struct {
 	held, selectMany                    string
 	release, expire                     string
 	purgeFirst, purgeAfter, purge       string
+	purgeLock, purgeHolders, purgeLive  string
+	staleFirst, staleAfter, purgeStale  string
 
 	claimOne, readRecord, finishInsert, finishUpdate   string
 	ownRecord, purgeRecords, createRecords             string
@@ -324,16 +362,22 @@ func newQueries(quoted, holdersTable, recordsTable string) queries {
 		"{released}", releasedSQL,
 	)
 	return queries{
-		acquireOne:  r.Replace(acquireOneSQL),
-		acquireMany: r.Replace(acquireManySQL),
-		acquireRow:  r.Replace(acquireManyRowSQL),
-		held:        r.Replace(heldSQL),
-		selectMany:  r.Replace(selectManySQL),
-		release:     r.Replace(releaseSQL),
-		expire:      r.Replace(expireSQL),
-		purgeFirst:  strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "", 1),
-		purgeAfter:  strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "lock_key > ? AND", 1),
-		purge:       r.Replace(purgeSQL),
+		acquireOne:   r.Replace(acquireOneSQL),
+		acquireMany:  r.Replace(acquireManySQL),
+		acquireRow:   r.Replace(acquireManyRowSQL),
+		held:         r.Replace(heldSQL),
+		selectMany:   r.Replace(selectManySQL),
+		release:      r.Replace(releaseSQL),
+		expire:       r.Replace(expireSQL),
+		purgeFirst:   strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "", 1),
+		purgeAfter:   strings.Replace(r.Replace(purgeCandidatesSQL), "{after}", "lock_key > ? AND", 1),
+		purge:        r.Replace(purgeSQL),
+		purgeLock:    r.Replace(purgeLockSQL),
+		purgeHolders: r.Replace(purgeHoldersSQL),
+		purgeLive:    r.Replace(purgeLiveSQL),
+		staleFirst:   strings.Replace(r.Replace(staleHoldersSQL), "{after}", "", 1),
+		staleAfter:   strings.Replace(r.Replace(staleHoldersSQL), "{after}", "key_sum > ? AND", 1),
+		purgeStale:   r.Replace(purgeStaleSQL),
 
 		claimOne:      r.Replace(strings.Replace(acquireOneSQL, "IF({isMarker}, {sharedFlag}, 0)", "IF({isMarker}, {sharedFlag}, IF({isRecord}, {recordFlag}, 0))", 1)),
 		readRecord:    r.Replace(readRecordSQL),
