@@ -35,6 +35,12 @@ func TestNewRejectsInvalid(t *testing.T) {
 			t.Errorf("%s: New: %v; want stores.ErrInvalid naming %q", b.name, err, b.want)
 		}
 	}
+	// No purge goroutine: the retention is not used, so any is accepted.
+	if s, err := New(db, WithPurge(0, 0)); err != nil {
+		t.Errorf("New with WithPurge(0, 0), the purge goroutine off: %v", err)
+	} else {
+		_ = s.Close()
+	}
 	if _, err := Schema("x;DROP TABLE y"); !errors.Is(err, stores.ErrInvalid) {
 		t.Errorf("Schema of a bad name: %v, want stores.ErrInvalid", err)
 	}

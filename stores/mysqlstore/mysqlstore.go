@@ -182,11 +182,12 @@ func WithCallLimit(d time.Duration) Option {
 // WithPurge sets how often the Store deletes rows that have been free for
 // retention and whose fence the server clock has passed by retention (see
 // Purge), in a goroutine that Close stops. An interval of zero turns the
-// goroutine off (Purge can still be called). Default DefaultPurgeInterval
-// and DefaultRetention; retention at least MinRetention.
+// goroutine off (Purge can still be called), whatever the retention.
+// Default DefaultPurgeInterval and DefaultRetention; retention at least
+// MinRetention when interval is positive.
 func WithPurge(interval, retention time.Duration) Option {
 	return func(s *Store) error {
-		if interval < 0 || retention < MinRetention {
+		if interval < 0 || (interval > 0 && retention < MinRetention) {
 			return fmt.Errorf("WithPurge: interval %v must not be negative and retention %v at least %v",
 				interval, retention, MinRetention)
 		}

@@ -78,8 +78,8 @@
 // the Store every hour (WithPurge: its interval, and a retention of 24h by
 // default, a minute at least; Close stops it and ends a purge in flight) or
 // by Purge. It deletes, in statements of up to 500 keys:
-//   - the lease rows that have been free (released, or expired) for the
-//     retention, whose fence the server clock has passed by the retention
+//   - the lease rows that are released, or expired for the retention,
+//     whose fence the server clock has passed by the retention
 //     (fence + stores.FenceStride at most the clock in microseconds less the
 //     retention: the key was last granted longer ago than that), that are
 //     not watched (watched_until past; see Release notification) and have

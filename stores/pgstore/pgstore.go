@@ -140,7 +140,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if s.purgeEvery < 0 {
 		return nil, fmt.Errorf("%w: pgstore: purge interval %v is negative", stores.ErrInvalid, s.purgeEvery)
 	}
-	if s.retention < s.minRetention {
+	if s.purgeEvery > 0 && s.retention < s.minRetention {
 		return nil, fmt.Errorf("%w: pgstore: purge retention %v is below %v", stores.ErrInvalid, s.retention, MinRetention)
 	}
 	s.undo = undoqueue.New(s.settle, s.callLimit)

@@ -37,8 +37,9 @@ const (
 // WithPurge sets how often the Store purges (see Purge), in a goroutine
 // that New and Open start and Close stops, and the retention it purges
 // with. An interval of zero turns the goroutine off (Purge can still be
-// called). Default DefaultPurgeInterval and DefaultRetention; New refuses
-// a negative interval and a retention below MinRetention.
+// called), whatever the retention. Default DefaultPurgeInterval and
+// DefaultRetention; New refuses a negative interval, and a retention below
+// MinRetention with a positive interval.
 func WithPurge(interval, retention time.Duration) Option {
 	return func(s *Store) { s.purgeEvery, s.retention = interval, retention }
 }
@@ -50,13 +51,14 @@ func WithPurge(interval, retention time.Duration) Option {
 //   - the expired holders and waiting-writer records of keys held shared
 //     (see Shared and limited grants), whether or not the key is used
 //     again;
-//   - lease rows that have been free (released, or expired) for
-//     retention, whose fence the server clock has passed by retention (the
-//     key was last granted more than retention ago), that are not watched
-//     by a waiter and have no holders left.
+//   - lease rows that are released, or expired for retention, whose fence
+//     the server clock has passed by retention (the key was last granted
+//     more than retention ago), that are not watched by a waiter and have
+//     no holders left.
 //
 // A row that is held (a lock, a shared grant, a claim or a live record),
-// watched, or granted or expired less than retention ago stays. The next
+// watched, granted less than retention ago, or expired less than retention
+// ago stays. The next
 // grant of a purged key draws its fence from the server clock in
 // microseconds, which is then above every fence the row held, unless the
 // clock has stepped back by more than retention since (see Fencing in the
