@@ -221,20 +221,7 @@ func (s *Store) purgeCandidates(ctx context.Context, after []any, ret int64) ([]
 	if len(after) > 0 {
 		query = s.q.purgeAfter
 	}
-	rows, err := s.db.QueryContext(ctx, query, append(after, ret, ret, purgeBatch)...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var keys []string
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			return nil, err
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
+	return queryKeys(ctx, s.db, query, append(after, ret, ret, purgeBatch)...)
 }
 
 // purgeLoop purges every purgeEvery until Close.

@@ -2,10 +2,6 @@ package mysqlstore
 
 import (
 	"database/sql"
-	"fmt"
-	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,107 +140,5 @@ func TestPurgeOrphanHolders(t *testing.T) {
 	purgeUntil(t, s, 200*time.Millisecond, "the orphaned holder is still there", func() bool {
 		all, _ := holderRows(t, db, s, key)
 		return all == 0
-	})
-}
-
-// TestPurgeRacesShared: purges running while several goroutines take,
-// release and abandon places under a limit never let more than the limit
-// hold a key, and neither they nor the calls fail; once the traffic stops,
-// the keys' expired holders are gone.
-func TestPurgeRacesShared(t *testing.T) {
-	db := openDB(t)
-	s := newStore(t, db)
-	ctx := t.Context()
-	const (
-		limit   = 2
-		workers = 6
-		run     = 3 * time.Second
-	)
-	keys := testKeys(8)
-	var held [8]atomic.Int32 // the holders of each key this test counts
-	stop := make(chan struct{})
-	errs := make(chan error, workers+1)
-	var wg sync.WaitGroup
-	var grants, purged atomic.Int64
-	for w := range workers {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				n := rand.IntN(len(keys))
-				key, token := keys[n], fmt.Sprintf("w%d-%d", w, i)
-				if i%3 == 0 {
-					// A holder that never releases: its place expires
-					// and its row stays for the purge. It counts against
-					// the limit while it runs, so the counted holders
-					// stay within it all the more.
-					if _, err := s.AcquireShared(ctx, key, token, limit, 5*time.Millisecond); err != nil {
-						errs <- fmt.Errorf("AcquireShared: %w", err)
-						return
-					}
-					continue
-				}
-				g, err := s.AcquireShared(ctx, key, token, limit, time.Minute)
-				if err != nil {
-					errs <- fmt.Errorf("AcquireShared: %w", err)
-					return
-				}
-				if !g.OK {
-					continue
-				}
-				grants.Add(1)
-				if h := held[n].Add(1); h > limit {
-					errs <- fmt.Errorf("%d holders of %s under a limit of %d", h, key, limit)
-					return
-				}
-				held[n].Add(-1)
-				if err := s.ReleaseShared(ctx, key, token, 0); err != nil {
-					errs <- fmt.Errorf("ReleaseShared: %w", err)
-					return
-				}
-			}
-		})
-	}
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			n, err := s.purge(ctx, 10*time.Millisecond)
-			if err != nil {
-				errs <- fmt.Errorf("purge: %w", err)
-				return
-			}
-			purged.Add(n)
-		}
-	})
-	select {
-	case err := <-errs:
-		close(stop)
-		wg.Wait()
-		t.Fatal(err)
-	case <-time.After(run):
-	}
-	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if grants.Load() == 0 || purged.Load() == 0 {
-		t.Fatalf("%d grants, %d rows purged: the test raced nothing", grants.Load(), purged.Load())
-	}
-	purgeUntil(t, s, 10*time.Millisecond, "expired holders of keys no longer used are still there", func() bool {
-		for _, k := range keys {
-			if all, _ := holderRows(t, db, s, k); all > 0 {
-				return false
-			}
-		}
-		return true
 	})
 }

@@ -3,11 +3,8 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -202,139 +199,6 @@ func bytesOf(keys []string) [][]byte {
 		b[i] = []byte(k)
 	}
 	return b
-}
-
-// TestPurgeUnderTraffic: purges running without pause, at a retention of
-// 1ms, beside goroutines that acquire and release keys exclusively and
-// shared (limit 2), never fail, never let two exclusive holders, or an
-// exclusive and a shared one, or more than 2 shared ones hold a key at
-// once, and never let an exclusive grant's fence fall to or below an
-// earlier grant's on its key.
-func TestPurgeUnderTraffic(t *testing.T) {
-	const (
-		table = "reqlock_test_purge_traffic"
-		nkeys = 16
-		limit = 2
-	)
-	_, s := purgeStore(t, table, pgstore.WithPurge(0, pgstore.MinRetention))
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-	defer cancel()
-
-	var (
-		mu        sync.Mutex
-		exclusive [nkeys]int
-		sharedN   [nkeys]int
-		maxFence  [nkeys]int64 // of grants returned so far
-		lastExcl  [nkeys]int64 // of the latest exclusive grant
-		grants    atomic.Int64
-		failures  = make(chan string, 100)
-	)
-	fail := func(format string, args ...any) {
-		select {
-		case failures <- fmt.Sprintf(format, args...):
-		default:
-		}
-	}
-	keyName := func(k int) string { return fmt.Sprintf("traffic:%02d", k) }
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() { // exclusive
-			token := fmt.Sprint("x", w)
-			for i := 0; ctx.Err() == nil; i++ {
-				k := (w*7 + i) % nkeys
-				g, err := s.Acquire(ctx, []string{keyName(k)}, token, time.Minute)
-				if ctx.Err() != nil {
-					return
-				}
-				if err != nil {
-					fail("Acquire: %v", err)
-					return
-				}
-				if !g.OK {
-					continue
-				}
-				grants.Add(1)
-				mu.Lock()
-				if exclusive[k] != 0 || sharedN[k] != 0 {
-					fail("key %d granted exclusively while %d exclusive and %d shared hold it", k, exclusive[k], sharedN[k])
-				}
-				if g.Fences[0] <= maxFence[k] {
-					fail("key %d: exclusive fence %d after %d", k, g.Fences[0], maxFence[k])
-				}
-				exclusive[k]++
-				maxFence[k], lastExcl[k] = g.Fences[0], g.Fences[0]
-				mu.Unlock()
-				runtime.Gosched() // held a moment, counted
-				mu.Lock()
-				exclusive[k]--
-				mu.Unlock()
-				if err := s.Release(context.WithoutCancel(ctx), []string{keyName(k)}, token, 0); err != nil {
-					fail("Release: %v", err)
-					return
-				}
-			}
-		})
-		wg.Go(func() { // shared
-			token := fmt.Sprint("s", w)
-			for i := 0; ctx.Err() == nil; i++ {
-				k := (w*5 + i) % nkeys
-				g, err := s.AcquireShared(ctx, keyName(k), token, limit, time.Minute)
-				if ctx.Err() != nil {
-					return
-				}
-				if err != nil {
-					fail("AcquireShared: %v", err)
-					return
-				}
-				if !g.OK {
-					continue
-				}
-				grants.Add(1)
-				mu.Lock()
-				sharedN[k]++
-				if exclusive[k] != 0 || sharedN[k] > limit {
-					fail("key %d: %d shared holders beside %d exclusive, limit %d", k, sharedN[k], exclusive[k], limit)
-				}
-				if g.Fences[0] <= lastExcl[k] {
-					fail("key %d: shared fence %d after exclusive %d", k, g.Fences[0], lastExcl[k])
-				}
-				maxFence[k] = max(maxFence[k], g.Fences[0])
-				mu.Unlock()
-				runtime.Gosched()
-				mu.Lock()
-				sharedN[k]--
-				mu.Unlock()
-				if err := s.ReleaseShared(context.WithoutCancel(ctx), keyName(k), token, 0); err != nil {
-					fail("ReleaseShared: %v", err)
-					return
-				}
-			}
-		})
-	}
-	var purged, runs int64
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			n, err := s.PurgeShort(ctx, time.Millisecond)
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				fail("purge: %v", err)
-				return
-			}
-			purged += n
-			runs++
-		}
-	})
-	wg.Wait()
-	close(failures)
-	for f := range failures {
-		t.Error(f)
-	}
-	t.Logf("%d grants, %d purges deleted %d rows", grants.Load(), runs, purged)
-	if purged == 0 || grants.Load() == 0 {
-		t.Fatalf("%d grants, %d rows purged: the test saw no purge beside traffic", grants.Load(), purged)
-	}
 }
 
 // TestPurgeOptions: New refuses a negative purge interval and a retention

@@ -11,11 +11,11 @@ import (
 	"github.com/reqlock/reqlock/stores/pgstore"
 )
 
-// TestReviewPurgeBatches: 1201 free rows with binary keys (NUL, 0xff,
+// TestPurgeBatches: 1201 free rows with binary keys (NUL, 0xff,
 // prefixes of each other); while another transaction locks the first 600
 // in key order (more than a batch), a purge returns and deletes the other
 // 601; once they are unlocked, the next purge deletes them too.
-func TestReviewPurgeBatches(t *testing.T) {
+func TestPurgeBatches(t *testing.T) {
 	const table = "reqlock_test_review_batches"
 	db, s := purgeStore(t, table, pgstore.WithPurge(0, pgstore.MinRetention))
 	ctx := t.Context()
@@ -60,14 +60,14 @@ func TestReviewPurgeBatches(t *testing.T) {
 	}
 }
 
-// TestReviewPurgeTrafficExpiring: purges at a retention of 1ms beside
+// TestPurgeUnderTraffic: purges at a retention of 1ms beside
 // exclusive single- and multi-key grants and shared grants under limit 2,
 // a third of which die (never released, a TTL of 20ms) so that expired
 // holders and expired rows keep appearing: never two exclusive holders,
 // never an exclusive beside a shared one, never more than 2 live shared
 // ones, and every grant's fence is above every fence returned before the
 // call began.
-func TestReviewPurgeTrafficExpiring(t *testing.T) {
+func TestPurgeUnderTraffic(t *testing.T) {
 	const (
 		table = "reqlock_test_review_traffic"
 		nkeys = 6
@@ -207,37 +207,19 @@ func TestReviewPurgeTrafficExpiring(t *testing.T) {
 			}
 		})
 	}
-	var purged int64
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			n, err := s.PurgeShort(ctx, time.Millisecond)
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				fail("purge: %v", err)
-				return
-			}
-			purged += n
-		}
-	})
-	wg.Wait()
-	close(failures)
-	for f := range failures {
-		t.Error(f)
-	}
+	purged := purgeBeside(ctx, t, s, &wg, failures, fail)
 	t.Logf("%d grants, %d rows purged", grants, purged)
 	if purged == 0 || grants == 0 {
 		t.Fatalf("%d grants, %d purged: no purge beside traffic", grants, purged)
 	}
 }
 
-// TestReviewPurgeRecords: claims and finishes with a retention of 300ms
+// TestPurgeRecords: claims and finishes with a retention of 300ms
 // beside purges at a retention of 1ms: a claim that began within the
 // retention of a finish (less a margin) reads its record, never a grant,
 // and every claim granted has a fence above every fence returned before it
 // began.
-func TestReviewPurgeRecords(t *testing.T) {
+func TestPurgeRecords(t *testing.T) {
 	const (
 		table     = "reqlock_test_review_records"
 		retention = 300 * time.Millisecond
@@ -304,6 +286,18 @@ func TestReviewPurgeRecords(t *testing.T) {
 			}
 		})
 	}
+	purged := purgeBeside(ctx, t, s, &wg, failures, fail)
+	t.Logf("%d claims granted, %d rows purged", claims, purged)
+	if purged == 0 || claims == 0 {
+		t.Fatalf("%d claims, %d purged: no purge beside claims", claims, purged)
+	}
+}
+
+// purgeBeside purges s without pause, at a retention of 1ms, until ctx
+// ends, then waits for wg (the traffic's goroutines), reports the failures
+// they and the purge sent, and returns how many rows the purges deleted.
+func purgeBeside(ctx context.Context, t *testing.T, s *pgstore.Store, wg *sync.WaitGroup, failures chan string, fail func(string, ...any)) int64 {
+	t.Helper()
 	var purged int64
 	wg.Go(func() {
 		for ctx.Err() == nil {
@@ -323,8 +317,5 @@ func TestReviewPurgeRecords(t *testing.T) {
 	for f := range failures {
 		t.Error(f)
 	}
-	t.Logf("%d claims granted, %d rows purged", claims, purged)
-	if purged == 0 || claims == 0 {
-		t.Fatalf("%d claims, %d purged: no purge beside claims", claims, purged)
-	}
+	return purged
 }

@@ -17,9 +17,9 @@ import (
 	"github.com/reqlock/reqlock/stores"
 )
 
-// reviewTable returns a Store on its own table (dropped first), so that
+// ownTable returns a Store on its own table (dropped first), so that
 // the rows the test counts are its own.
-func reviewTable(t *testing.T, db *sql.DB, name string) *Store {
+func ownTable(t *testing.T, db *sql.DB, name string) *Store {
 	t.Helper()
 	for _, tb := range []string{name, holdersTable(name), recordsTable(name)} {
 		if _, err := db.ExecContext(t.Context(), "DROP TABLE IF EXISTS "+quoteTable(tb)); err != nil {
@@ -42,16 +42,16 @@ func countRows(t *testing.T, db *sql.DB, table string) int64 {
 	return n
 }
 
-// TestReviewPurgeBatches: more than two batches of stale holder rows
+// TestPurgeBatches: more than two batches of stale holder rows
 // (digests full of quote, backslash, NUL and space bytes) and of
 // purgeable lease rows with expired holders are all deleted by one purge,
 // whose count is the rows it deleted; both with prepared statements and
 // with the driver interpolating arguments (as Open's does).
-func TestReviewPurgeBatches(t *testing.T) {
+func TestPurgeBatches(t *testing.T) {
 	for _, interp := range []bool{false, true} {
 		t.Run(fmt.Sprintf("interpolate=%v", interp), func(t *testing.T) {
 			db := openDB(t, func(c *mysql.Config) { c.InterpolateParams = interp })
-			s := reviewTable(t, db, "reqlock_review_batches")
+			s := ownTable(t, db, "reqlock_review_batches")
 			ht := quoteTable(holdersTable(s.Table()))
 			ctx := t.Context()
 			// Orphans: 2*purgeBatch+1 keys, the first purgeBatch with two
@@ -111,18 +111,19 @@ func TestReviewPurgeBatches(t *testing.T) {
 	}
 }
 
-// TestReviewPurgeRacesHolders: while purges (of two Stores) run with a
+// TestPurgeRacesHolders: while purges (of two Stores) run with a
 // tiny retention, holders that reuse a few tokens (so that their rows
 // expire, go stale and are revived by the upsert) take places under a
 // limit, refresh and release them: no committed count of live holders
 // exceeds the limit, no holder that holds its place is told ErrNotHeld,
-// fences grow, and no call or purge fails.
-func TestReviewPurgeRacesHolders(t *testing.T) {
-	t.Run("read-committed", func(t *testing.T) { reviewRacesHolders(t, false) })
-	t.Run("repeatable-read", func(t *testing.T) { reviewRacesHolders(t, true) })
+// fences grow, no call or purge fails, and once the traffic stops the
+// keys' expired holders are purged.
+func TestPurgeRacesHolders(t *testing.T) {
+	t.Run("read-committed", func(t *testing.T) { racesHolders(t, false) })
+	t.Run("repeatable-read", func(t *testing.T) { racesHolders(t, true) })
 }
 
-func reviewRacesHolders(t *testing.T, rr bool) {
+func racesHolders(t *testing.T, rr bool) {
 	db := openDB(t)
 	s := newStore(t, db)
 	s2 := newStore(t, openDB(t))
@@ -245,12 +246,20 @@ func reviewRacesHolders(t *testing.T, rr bool) {
 	if grants.Load() == 0 || purged.Load() == 0 {
 		t.Fatalf("%d grants, %d rows purged: the test raced nothing", grants.Load(), purged.Load())
 	}
+	purgeUntil(t, s, time.Microsecond, "expired holders of keys no longer used are still there", func() bool {
+		for _, k := range keys {
+			if all, _ := holderRows(t, db, s, k); all > 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
-// TestReviewPurgeRacesWriters: exclusive Acquires refused by holders
+// TestPurgeRacesWriters: exclusive Acquires refused by holders
 // (writer records), AcquireShared and purges race: no call fails, the
 // exclusive grants never overlap a live shared holder.
-func TestReviewPurgeRacesWriters(t *testing.T) {
+func TestPurgeRacesWriters(t *testing.T) {
 	db := openDB(t)
 	s := newStore(t, db)
 	ctx := t.Context()
@@ -326,11 +335,11 @@ func TestReviewPurgeRacesWriters(t *testing.T) {
 	t.Logf("%d exclusive, %d shared grants, %d retries", exclusive.Load(), shared.Load(), s.Retries())
 }
 
-// TestReviewPurgeKeepsWriterRecord: a writer's unexpired record on a key
+// TestPurgeKeepsWriterRecord: a writer's unexpired record on a key
 // whose holders all left (its lease row released, purgeable by the lease
 // conditions) survives purges, with its lease row, and keeps refusing new
 // holders for the writer's window.
-func TestReviewPurgeKeepsWriterRecord(t *testing.T) {
+func TestPurgeKeepsWriterRecord(t *testing.T) {
 	db := openDB(t)
 	s := newStore(t, db)
 	ctx := t.Context()
@@ -363,11 +372,11 @@ func TestReviewPurgeKeepsWriterRecord(t *testing.T) {
 	}
 }
 
-// TestReviewPurgeHoldersSQLModes: the purge's statements on the holders
+// TestPurgeHoldersSQLModes: the purge's statements on the holders
 // table under every sql_mode, interpolated or prepared, for a key of
 // quotes, backslashes, NUL and non-UTF-8 bytes: a key held shared once,
 // with a writer's record, and an orphaned holder, all go.
-func TestReviewPurgeHoldersSQLModes(t *testing.T) {
+func TestPurgeHoldersSQLModes(t *testing.T) {
 	for _, m := range sqlModes {
 		for _, interpolate := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/%v", m.name, interpolate), func(t *testing.T) {
@@ -414,11 +423,11 @@ func holderRowsBytes(t *testing.T, db *sql.DB, s *Store, key string) (all, live 
 	return all, live
 }
 
-// TestReviewRefreshExpiredHolder: a holder whose place expired, before and
+// TestRefreshExpiredHolder: a holder whose place expired, before and
 // after a purge (its row still there, then deleted), is told ErrNotHeld
 // by RefreshShared and ReleaseShared, and is not revived: with a limit of
 // one, another token's grant after the expiry stands.
-func TestReviewRefreshExpiredHolder(t *testing.T) {
+func TestRefreshExpiredHolder(t *testing.T) {
 	db := openDB(t)
 	s := newStore(t, db)
 	ctx := t.Context()
