@@ -401,8 +401,8 @@ func TestPurgeHoldersSQLModes(t *testing.T) {
 					t.Fatal(err)
 				}
 				purgeUntil(t, s, 200*time.Millisecond, "the key's rows are still there", func() bool {
-					a, _ := holderRowsBytes(t, db, s, key)
-					b, _ := holderRowsBytes(t, db, s, orphan)
+					a, _ := holderRows(t, db, s, key)
+					b, _ := holderRows(t, db, s, orphan)
 					var n int
 					if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM reqlock_sqlmode WHERE lock_key = ?", []byte(key)).Scan(&n); err != nil {
 						t.Fatal(err)
@@ -412,15 +412,6 @@ func TestPurgeHoldersSQLModes(t *testing.T) {
 			})
 		}
 	}
-}
-
-func holderRowsBytes(t *testing.T, db *sql.DB, s *Store, key string) (all, live int) {
-	t.Helper()
-	if err := db.QueryRowContext(t.Context(), "SELECT COUNT(*), 0 FROM "+
-		quoteTable(holdersTable(s.Table()))+" WHERE key_sum = ?", holders.Digest(key)).Scan(&all, &live); err != nil {
-		t.Fatalf("count holders: %v", err)
-	}
-	return all, live
 }
 
 // TestRefreshExpiredHolder: a holder whose place expired, before and
